@@ -1,0 +1,40 @@
+# Thin wrapper over CMake/CTest. Every target bootstraps first, so on a
+# fresh Debian machine `make test` alone installs, builds and tests.
+#   make          build into build/ (build/igrad, build/libigrad.so)
+#   make test     build + run every test (unit, MPI, fuzz, CLI, Python)
+#   make asan     same tests under AddressSanitizer + UBSan (build-asan/)
+#   make bench    selection benchmarks (C, and against torch.topk)
+#   make demo     the main job (see README)
+BUILD  ?= build
+JOBS   ?= 2
+CMAKE_FLAGS ?=
+
+.PHONY: all bootstrap build test asan bench demo clean
+
+all: build
+
+bootstrap:
+	@scripts/bootstrap --with-python
+
+build: bootstrap
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >$(BUILD).configure.log 2>&1 \
+	  || { cat $(BUILD).configure.log; exit 1; }
+	@grep -E -- "-- (cJSON|cmocka|OpenBLAS|OpenMP|MPI|NCCL):" $(BUILD).configure.log | sed 's/^-- /  /'
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+asan: bootstrap
+	@$(MAKE) --no-print-directory build BUILD=build-asan CMAKE_FLAGS="-DIGRAD_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
+	cd build-asan && ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	$(BUILD)/igrad bench select
+	/usr/bin/python3 bench/select_vs_torch.py --igrad $(BUILD)/igrad
+
+demo: build
+	@scripts/demo
+
+clean:
+	rm -rf build build-asan build.configure.log build-asan.configure.log

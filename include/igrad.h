@@ -1,0 +1,464 @@
+/*
+ * igrad.h — the one public header of libigrad.
+ *
+ * igrad makes data-parallel LLM post-training cheaper to synchronize. After
+ * a sparsifier (Top-k, ADTopk) has dropped most of each gradient, igrad
+ * profiles which Transformer components (layer x Q/K/V/QKV/O/FC1/FC2) carry
+ * the important gradient, sends those every step, defers the rest into
+ * residual buffers released every R steps (nothing is lost), packs each
+ * step's payload into balanced buckets and exchanges it with real
+ * collectives.
+ *
+ * Objects (opaque handles, each with a create/free pair; free(NULL) is a
+ * no-op):
+ *   igrad_layout_t    ordered table of a model's trainable tensors
+ *   igrad_select_ws_t scratch space for selection (one per thread)
+ *   igrad_trace_t     per-step, per-component activity of retained entries
+ *   igrad_profile_t   component scores, threshold and important set
+ *
+ * Worked example (offline profiling, then reading the result):
+ *
+ *   igrad_layout_t *layout = NULL;
+ *   igrad_trace_t *trace = NULL;
+ *   igrad_select_ws_t *ws = NULL;
+ *   if (igrad_layout_from_hf_config("config.json", &layout) != IGRAD_OK) {
+ *       fprintf(stderr, "%s\n", igrad_last_error());
+ *       return 1;
+ *   }
+ *   igrad_trace_create(layout, &trace);
+ *   igrad_select_ws_create(&ws);
+ *   for (int64_t step = 0; step < steps; step++) {
+ *       compute_gradients(grads);                  // one float* per tensor
+ *       for (size_t t = 0; t < igrad_layout_count(layout); t++) {
+ *           igrad_tensor_info_t ti;
+ *           igrad_select_spec_t spec;
+ *           igrad_selection_t sel = {.index = idx, .value = val};
+ *           igrad_layout_tensor(layout, t, &ti);
+ *           igrad_select_spec(IGRAD_SPARSIFIER_ADTOPK, 0.01, 1.0, 0, step,
+ *                             ti.ndim, ti.shape, &spec);
+ *           igrad_select_ef(grads[t], residual[t], &spec, ti.name, ws, &sel);
+ *           igrad_trace_record(trace, step, t, sel.sumsq, sel.count);
+ *       }
+ *   }
+ *   igrad_trace_save(trace, "trace.csv");
+ *
+ *   igrad_profile_options_t opts = IGRAD_PROFILE_OPTIONS_INIT;
+ *   igrad_profile_t *profile = NULL;
+ *   igrad_profile_build(trace, &opts, &profile);
+ *   igrad_profile_save_json(profile, "profile.json");
+ *
+ * Errors: every fallible call returns igrad_status_t (0 is IGRAD_OK) and
+ * hands results back through pointers. igrad_last_error() explains the most
+ * recent failure of the calling thread (file, key or line where it applies).
+ * The library never calls exit() or abort() and never frees caller memory.
+ */
+#ifndef IGRAD_H
+#define IGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  define IGRAD_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#  define IGRAD_API __attribute__((visibility("default")))
+#else
+#  define IGRAD_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                  */
+/* ------------------------------------------------------------------------ */
+
+#define IGRAD_VERSION_MAJOR 0
+#define IGRAD_VERSION_MINOR 1
+#define IGRAD_VERSION_PATCH 0
+#define IGRAD_VERSION_NUMBER \
+    (IGRAD_VERSION_MAJOR * 10000 + IGRAD_VERSION_MINOR * 100 + IGRAD_VERSION_PATCH)
+
+/** @return IGRAD_VERSION_NUMBER of the library actually loaded (bindings
+ *  compare it with the version they were written for). */
+IGRAD_API unsigned igrad_version(void);
+
+/** @return "MAJOR.MINOR.PATCH" of the loaded library (static string). */
+IGRAD_API const char *igrad_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes and errors                                                  */
+/* ------------------------------------------------------------------------ */
+
+/** Status of every fallible call. The numbers are stable (bindings use them). */
+typedef enum igrad_status {
+    IGRAD_OK = 0,
+    IGRAD_E_INVALID = 1,     /**< bad argument or configuration value */
+    IGRAD_E_NOMEM = 2,       /**< allocation failed */
+    IGRAD_E_IO = 3,          /**< file could not be opened, read or written */
+    IGRAD_E_FORMAT = 4,      /**< malformed, truncated or inconsistent input */
+    IGRAD_E_UNSUPPORTED = 5, /**< e.g. an unknown model family */
+    IGRAD_E_NONFINITE = 6,   /**< NaN or Inf in a gradient */
+    IGRAD_E_MISMATCH = 7,    /**< layout/profile/config disagree (file or ranks) */
+    IGRAD_E_COMM = 8,        /**< a collective failed */
+    IGRAD_E_STATE = 9        /**< call out of order (e.g. end before begin) */
+} igrad_status_t;
+
+/** @return a short constant description of a status code. */
+IGRAD_API const char *igrad_status_str(igrad_status_t status);
+
+/** @return the message of the calling thread's most recent failure
+ *  ("" if none). Valid until the thread's next failing igrad call. */
+IGRAD_API const char *igrad_last_error(void);
+
+/** Frees memory the library allocated and handed to the caller (strings
+ *  returned through char** out-parameters). NULL is a no-op. */
+IGRAD_API void igrad_free(void *ptr);
+
+/* ------------------------------------------------------------------------ */
+/* Components                                                               */
+/* ------------------------------------------------------------------------ */
+
+/** Kind of a Transformer component. FC1 = up/gate projection, FC2 = down
+ *  projection; QKV = fused query/key/value. Anything outside a block
+ *  (embeddings, final norm, lm_head) and all norms are OTHER. */
+typedef enum igrad_kind {
+    IGRAD_KIND_Q = 0,
+    IGRAD_KIND_K = 1,
+    IGRAD_KIND_V = 2,
+    IGRAD_KIND_QKV = 3,
+    IGRAD_KIND_O = 4,
+    IGRAD_KIND_FC1 = 5,
+    IGRAD_KIND_FC2 = 6,
+    IGRAD_KIND_OTHER = 7,
+    IGRAD_KIND_COUNT = 8
+} igrad_kind_t;
+
+/** @return "Q", "K", "V", "QKV", "O", "FC1", "FC2" or "OTHER". */
+IGRAD_API const char *igrad_kind_name(igrad_kind_t kind);
+
+/** Parses a kind name (case-insensitive). @return IGRAD_E_INVALID if unknown. */
+IGRAD_API igrad_status_t igrad_kind_from_name(const char *name, igrad_kind_t *kind);
+
+/** Maps a parameter name of any supported family to its component.
+ *  Examples: "model.layers.3.self_attn.q_proj.weight" -> (3, Q);
+ *  "transformer.h.3.attn.c_attn.weight" -> (3, QKV);
+ *  "model.layers.3.block_sparse_moe.experts.5.w1.weight" -> (3, FC1);
+ *  "model.norm.weight" -> (-1, OTHER). Biases map with their projection.
+ *  @param layer receives the block index, or -1 for OTHER (may be NULL).
+ *  @return the kind. Never fails; unknown names are OTHER. Thread-safe. */
+IGRAD_API igrad_kind_t igrad_component_of(const char *name, int *layer);
+
+/* ------------------------------------------------------------------------ */
+/* Parameter layout                                                         */
+/* ------------------------------------------------------------------------ */
+
+#define IGRAD_MAX_DIMS 4
+
+/** Element type of a tensor (safetensors names: "F32", "BF16", ...). */
+typedef enum igrad_dtype {
+    IGRAD_DTYPE_F32 = 0,
+    IGRAD_DTYPE_F16 = 1,
+    IGRAD_DTYPE_BF16 = 2,
+    IGRAD_DTYPE_F64 = 3,
+    IGRAD_DTYPE_I8 = 4,
+    IGRAD_DTYPE_I16 = 5,
+    IGRAD_DTYPE_I32 = 6,
+    IGRAD_DTYPE_I64 = 7,
+    IGRAD_DTYPE_U8 = 8,
+    IGRAD_DTYPE_U16 = 9,
+    IGRAD_DTYPE_U32 = 10,
+    IGRAD_DTYPE_U64 = 11,
+    IGRAD_DTYPE_BOOL = 12,
+    IGRAD_DTYPE_F8_E4M3 = 13,
+    IGRAD_DTYPE_F8_E5M2 = 14,
+    IGRAD_DTYPE_COUNT = 15
+} igrad_dtype_t;
+
+/** @return the safetensors name of a dtype ("F32", ...). */
+IGRAD_API const char *igrad_dtype_name(igrad_dtype_t dtype);
+/** @return the size of one element in bytes (0 for an invalid dtype). */
+IGRAD_API size_t igrad_dtype_nbytes(igrad_dtype_t dtype);
+/** Parses a safetensors dtype name. @return IGRAD_E_INVALID if unknown. */
+IGRAD_API igrad_status_t igrad_dtype_from_name(const char *name, igrad_dtype_t *dtype);
+
+/** An ordered table of trainable tensors. Immutable once built, so one
+ *  layout may be shared by several threads and engines. */
+typedef struct igrad_layout igrad_layout_t;
+
+/** One row of a layout. Pointers stay valid while the layout lives. */
+typedef struct igrad_tensor_info {
+    const char *name;              /**< full parameter name */
+    igrad_dtype_t dtype;           /**< element type of the stored weights */
+    int ndim;                      /**< 0..IGRAD_MAX_DIMS */
+    int64_t shape[IGRAD_MAX_DIMS]; /**< unused dims are 1 */
+    int64_t count;                 /**< entries (product of shape) */
+    int64_t offset;                /**< entries before it in a flat buffer */
+    int layer;                     /**< block index, -1 for OTHER */
+    igrad_kind_t kind;             /**< component kind */
+    int is_bias;                   /**< 1 for bias vectors (name ends "bias") */
+    int component;                 /**< index into the layout's component
+                                        list, -1 for OTHER */
+} igrad_tensor_info_t;
+
+/** One (layer, kind) component: the tensors that map to it together. */
+typedef struct igrad_component_info {
+    int layer;
+    igrad_kind_t kind;
+    int64_t count;   /**< entries over all its tensors */
+    int tensors;     /**< number of tensors (weights and biases) */
+} igrad_component_info_t;
+
+/** Creates an empty layout to fill with igrad_layout_add(). */
+IGRAD_API igrad_status_t igrad_layout_create(igrad_layout_t **out);
+
+/** Appends a tensor. Its component is derived from the name.
+ *  @return IGRAD_E_INVALID for a duplicate name, ndim outside 0..4, a
+ *  non-positive dimension or an entry count that overflows int64. */
+IGRAD_API igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name,
+                                          igrad_dtype_t dtype, int ndim,
+                                          const int64_t *shape);
+
+/** Builds the exact parameter table that the Hugging Face implementation of
+ *  the config's family creates (model_type llama, mistral, qwen2, gemma,
+ *  opt, gpt2, gpt_neox, bloom, falcon, gptj, phi, mixtral).
+ *  @return IGRAD_E_IO, IGRAD_E_FORMAT (names the key) or
+ *  IGRAD_E_UNSUPPORTED (unknown model_type). */
+IGRAD_API igrad_status_t igrad_layout_from_hf_config(const char *path,
+                                                     igrad_layout_t **out);
+
+/** Same from a JSON text in memory; `source` names it in messages. */
+IGRAD_API igrad_status_t igrad_layout_from_hf_config_string(const char *json, size_t nbytes,
+                                                            const char *source,
+                                                            igrad_layout_t **out);
+
+/** Reads only the header of a .safetensors file (never the weights), so the
+ *  layout of a large checkpoint loads in milliseconds. Tensors keep the
+ *  header's order (sorted by data offset), "__metadata__" is skipped. */
+IGRAD_API igrad_status_t igrad_layout_from_safetensors(const char *path,
+                                                       igrad_layout_t **out);
+
+/** Same from the bytes of a safetensors file (at least its header); `source`
+ *  names it in messages. `file_nbytes` is the size of the whole file (the
+ *  header's data offsets are checked against it). */
+IGRAD_API igrad_status_t igrad_layout_from_safetensors_bytes(const void *bytes, size_t nbytes,
+                                                             uint64_t file_nbytes,
+                                                             const char *source,
+                                                             igrad_layout_t **out);
+
+/** Reads a text file of "name dim0 dim1 ..." or "name [d0, d1]" lines
+ *  ('#' starts a comment). dtype is F32. */
+IGRAD_API igrad_status_t igrad_layout_from_name_list(const char *path,
+                                                     igrad_layout_t **out);
+
+/** Picks the reader by content: a safetensors header, a JSON config, or a
+ *  name list. A directory is read as a checkpoint: model.safetensors if
+ *  present, else config.json. */
+IGRAD_API igrad_status_t igrad_layout_load(const char *path, igrad_layout_t **out);
+
+/** Frees a layout. NULL is a no-op. */
+IGRAD_API void igrad_layout_free(igrad_layout_t *layout);
+
+/** @return number of tensors. */
+IGRAD_API size_t igrad_layout_count(const igrad_layout_t *layout);
+/** @return total entries over all tensors. */
+IGRAD_API int64_t igrad_layout_total_count(const igrad_layout_t *layout);
+/** @return the model family ("llama", ...; "safetensors" or "names" when it
+ *  was not built from a config). */
+IGRAD_API const char *igrad_layout_family(const igrad_layout_t *layout);
+/** Copies row i into *out. @return IGRAD_E_INVALID if i is out of range. */
+IGRAD_API igrad_status_t igrad_layout_tensor(const igrad_layout_t *layout, size_t i,
+                                             igrad_tensor_info_t *out);
+/** @return index of the tensor with this name, or -1. */
+IGRAD_API int igrad_layout_find(const igrad_layout_t *layout, const char *name);
+/** @return number of (layer, kind) components (OTHER is not one). */
+IGRAD_API size_t igrad_layout_component_count(const igrad_layout_t *layout);
+/** Copies component i (ordered by layer, then kind). */
+IGRAD_API igrad_status_t igrad_layout_component(const igrad_layout_t *layout, size_t i,
+                                                igrad_component_info_t *out);
+/** @return a 64-bit hash of (names, dtypes, shapes) in order. Profiles and
+ *  saved state carry it so a file made for another model is refused. */
+IGRAD_API uint64_t igrad_layout_hash(const igrad_layout_t *layout);
+
+/** Renders the layout as the JSON object printed by `igrad layout --json`:
+ *  {"family", "total_numel", "tensors": [{"name","shape","numel","layer",
+ *  "kind"}...], "kinds": {"Q": weight tensors of kind Q, ...}}.
+ *  @param json_out receives a string to release with igrad_free(). */
+IGRAD_API igrad_status_t igrad_layout_to_json(const igrad_layout_t *layout, char **json_out);
+
+/* ------------------------------------------------------------------------ */
+/* Selection with error feedback                                            */
+/* ------------------------------------------------------------------------ */
+
+/** Sparsifier applied to the error-feedback-corrected gradient a = g + e. */
+typedef enum igrad_sparsifier {
+    IGRAD_SPARSIFIER_NONE = 0,   /**< dense: every entry is kept */
+    IGRAD_SPARSIFIER_TOPK = 1,   /**< exact top-k of |a| over the flat tensor */
+    IGRAD_SPARSIFIER_ADTOPK = 2  /**< row-wise top-k for 2-D tensors (ADTopk) */
+} igrad_sparsifier_t;
+
+/** @return "none", "topk" or "adtopk". */
+IGRAD_API const char *igrad_sparsifier_name(igrad_sparsifier_t sp);
+/** Parses a sparsifier name. @return IGRAD_E_INVALID if unknown. */
+IGRAD_API igrad_status_t igrad_sparsifier_from_name(const char *name, igrad_sparsifier_t *sp);
+
+/** @return the per-step budget of a tensor with n entries:
+ *  ceil(density * n), at least 1 and at most n (0 when n <= 0). */
+IGRAD_API int64_t igrad_budget(int64_t n, double density);
+
+/** What a selection keeps for one tensor at one step. A pure function of
+ *  (sparsifier, density, scale, interleave, step, shape), so every rank
+ *  computes the same spec. */
+typedef struct igrad_select_spec {
+    int row_wise;    /**< 1: per_row entries from each row, column indices */
+    int64_t rows;    /**< row_wise: shape[0]; else 1 */
+    int64_t cols;    /**< row_wise: entries per row; else n */
+    int64_t per_row; /**< row_wise: entries kept per row; else = count */
+    int64_t count;   /**< total entries kept (rows * per_row when row_wise) */
+    int64_t n;       /**< entries of the tensor */
+} igrad_select_spec_t;
+
+/** Computes a spec.
+ *  topk: count = min(n, ceil(scale * budget(n, density))), flat.
+ *  adtopk on a tensor with ndim >= 2 (rows = shape[0], cols = the rest):
+ *  per_row = min(cols, ceil(scale * max(1, ceil(density * cols)))),
+ *  row-wise; on 1-D tensors as topk. With interleave, odd steps select
+ *  the same count flat (row_wise = 0), even steps row-wise.
+ *  none: count = n, flat.
+ *  `scale` (>= 1 normally 1.0) lets a release send ceil(kappa*R*k).
+ *  @return IGRAD_E_INVALID for density outside (0, 1], scale <= 0 or a bad
+ *  shape. */
+IGRAD_API igrad_status_t igrad_select_spec(igrad_sparsifier_t sp, double density, double scale,
+                                           int interleave, int64_t step, int ndim,
+                                           const int64_t *shape, igrad_select_spec_t *out);
+
+/** Scratch space for igrad_select_ef(); grows as needed. Not thread-safe:
+ *  use one per thread. */
+typedef struct igrad_select_ws igrad_select_ws_t;
+IGRAD_API igrad_status_t igrad_select_ws_create(igrad_select_ws_t **out);
+IGRAD_API void igrad_select_ws_free(igrad_select_ws_t *ws);
+/** @return bytes currently held by the workspace. */
+IGRAD_API size_t igrad_select_ws_nbytes(const igrad_select_ws_t *ws);
+
+/** Output of one selection. The caller provides index and value arrays with
+ *  room for spec->count entries (index may be NULL for a dense spec). */
+typedef struct igrad_selection {
+    uint32_t *index; /**< ascending: flat index, or (row_wise) per row the
+                          column indices of that row, rows in order */
+    float *value;    /**< a at those positions */
+    int64_t count;   /**< entries written (= spec->count) */
+    int row_wise;    /**< copy of spec->row_wise */
+    double sumsq;    /**< sum of value^2 (for the activity trace) */
+} igrad_selection_t;
+
+/** Fused error feedback + selection + residual update, O(n):
+ *  a = grad + residual; keep the spec's entries of largest |a| (ties: the
+ *  lower index wins); residual = a with the kept entries set to 0.
+ *  grad and residual have spec->n floats; residual is updated in place.
+ *  @param name names the tensor in error messages (may be NULL).
+ *  @return IGRAD_E_NONFINITE if a has a NaN or Inf; the residual is then
+ *  untouched. */
+IGRAD_API igrad_status_t igrad_select_ef(const float *grad, float *residual,
+                                         const igrad_select_spec_t *spec, const char *name,
+                                         igrad_select_ws_t *ws, igrad_selection_t *out);
+
+/** Error feedback for a tensor that is not sent this step: residual += grad.
+ *  @return IGRAD_E_NONFINITE (residual untouched) on NaN/Inf. */
+IGRAD_API igrad_status_t igrad_residual_accumulate(const float *grad, float *residual,
+                                                   int64_t n, const char *name);
+
+/* ------------------------------------------------------------------------ */
+/* Activity trace and importance profile                                    */
+/* ------------------------------------------------------------------------ */
+
+/** Activity of retained gradient per step and component:
+ *  a[s,c] = sqrt(sum of retained v^2) / sqrt(n_c). */
+typedef struct igrad_trace igrad_trace_t;
+
+/** Creates an empty trace for a layout's components. */
+IGRAD_API igrad_status_t igrad_trace_create(const igrad_layout_t *layout, igrad_trace_t **out);
+/** Adds one tensor's selection at `step` (steps must not decrease; OTHER
+ *  tensors are ignored). */
+IGRAD_API igrad_status_t igrad_trace_record(igrad_trace_t *trace, int64_t step, size_t tensor,
+                                            double sumsq, int64_t retained);
+/** Writes the trace CSV: a "# igrad-trace ..." comment line carrying the
+ *  layout hash, then `step,layer,component,raw_activity,d_activity,numel,
+ *  retained_numel`. Written to a temporary name and renamed. */
+IGRAD_API igrad_status_t igrad_trace_save(const igrad_trace_t *trace, const char *path);
+/** Reads a trace CSV. @return IGRAD_E_FORMAT naming the line on bad input. */
+IGRAD_API igrad_status_t igrad_trace_load(const char *path, igrad_trace_t **out);
+IGRAD_API void igrad_trace_free(igrad_trace_t *trace);
+/** @return number of distinct steps recorded. */
+IGRAD_API size_t igrad_trace_step_count(const igrad_trace_t *trace);
+
+/** Options of igrad_profile_build(). Initialise with the macro. */
+typedef struct igrad_profile_options {
+    size_t size;          /**< sizeof(igrad_profile_options_t) */
+    double alpha;         /**< weight of magnitude in the score (0.7) */
+    const char *method;   /**< "knee", "otsu", "kmeans2", "gmm2",
+                               "percentile:P", "fixed:F" */
+    int64_t window_begin; /**< first step of the window (inclusive) */
+    int64_t window_end;   /**< end of the window (exclusive); -1 = to the end */
+} igrad_profile_options_t;
+
+#define IGRAD_PROFILE_OPTIONS_INIT \
+    { sizeof(igrad_profile_options_t), 0.7, "knee", 0, -1 }
+
+/** Scores, threshold and important set of a model's components. */
+typedef struct igrad_profile igrad_profile_t;
+
+/** One component of a profile. */
+typedef struct igrad_profile_entry {
+    int layer;
+    igrad_kind_t kind;
+    int64_t count;        /**< n_c */
+    double mean_activity; /**< mean of a[s,c] over the window */
+    double magnitude;     /**< min-max normalised mean activity */
+    double persistence;   /**< share of steps above the per-step median */
+    double score;         /**< alpha*magnitude + (1-alpha)*persistence */
+    int important;        /**< score >= threshold */
+} igrad_profile_entry_t;
+
+/** Computes the profile of a trace over the window.
+ *  @return IGRAD_E_INVALID for an empty window, an unknown method or alpha
+ *  outside [0, 1]. */
+IGRAD_API igrad_status_t igrad_profile_build(const igrad_trace_t *trace,
+                                             const igrad_profile_options_t *opts,
+                                             igrad_profile_t **out);
+/** Threshold tau over a set of scores by a partition method (see
+ *  igrad_profile_options_t.method). Exposed for tests and analysis. */
+IGRAD_API igrad_status_t igrad_partition(const double *scores, size_t n, const char *method,
+                                         double *tau);
+/** Writes the profile JSON (schema version, layout hash, method, alpha,
+ *  tau, window, components). Temporary name + rename. */
+IGRAD_API igrad_status_t igrad_profile_save_json(const igrad_profile_t *profile,
+                                                 const char *path);
+/** Writes the reference method's CSV: layer,component,final_score,
+ *  global_tau,is_important. */
+IGRAD_API igrad_status_t igrad_profile_save_csv(const igrad_profile_t *profile,
+                                                const char *path);
+/** Reads a profile JSON. If `layout` is not NULL its hash and components
+ *  must match the profile's (IGRAD_E_MISMATCH otherwise). */
+IGRAD_API igrad_status_t igrad_profile_load(const char *path, const igrad_layout_t *layout,
+                                            igrad_profile_t **out);
+IGRAD_API void igrad_profile_free(igrad_profile_t *profile);
+IGRAD_API size_t igrad_profile_count(const igrad_profile_t *profile);
+/** Copies entry i (ordered by layer, then kind). */
+IGRAD_API igrad_status_t igrad_profile_entry(const igrad_profile_t *profile, size_t i,
+                                             igrad_profile_entry_t *out);
+IGRAD_API double igrad_profile_threshold(const igrad_profile_t *profile);
+IGRAD_API uint64_t igrad_profile_layout_hash(const igrad_profile_t *profile);
+IGRAD_API const char *igrad_profile_method(const igrad_profile_t *profile);
+/** @return 1 if (layer, kind) is important, 0 if low-importance, -1 if the
+ *  profile has no such component. */
+IGRAD_API int igrad_profile_is_important(const igrad_profile_t *profile, int layer,
+                                         igrad_kind_t kind);
+
+/* ---- Engine and communicators (issue 3) are declared below this line. ---- */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IGRAD_H */

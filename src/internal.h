@@ -1,0 +1,89 @@
+/*
+ * internal.h — helpers shared by the library's source files (not installed).
+ *
+ * Error recording (IGRAD_FAIL_IF / IGRAD_CHECK and their goto-cleanup
+ * variants), 64-bit hashing, whole-file reading and crash-safe file writing.
+ * Functions here use the igrad__ prefix: visible across the library's files,
+ * hidden from its users (the shared library exports only IGRAD_API).
+ */
+#ifndef IGRAD_INTERNAL_H
+#define IGRAD_INTERNAL_H
+
+#include "igrad.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#if defined(__GNUC__)
+#  define IGRAD__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#  define IGRAD__PRINTF(a, b)
+#endif
+
+/* Records a failure for igrad_last_error() ("message [file.c:line]") and
+ * returns `status`, so it can be returned directly. */
+igrad_status_t igrad__fail(igrad_status_t status, const char *file, int line,
+                           const char *fmt, ...) IGRAD__PRINTF(4, 5);
+
+/* Return early with a recorded error when `cond` holds. */
+#define IGRAD_FAIL_IF(cond, status, ...)                                   \
+    do {                                                                   \
+        if (cond) return igrad__fail((status), __FILE__, __LINE__, __VA_ARGS__); \
+    } while (0)
+
+/* Propagate a non-OK status (its message was recorded where it arose). */
+#define IGRAD_CHECK(expr)                                                  \
+    do {                                                                   \
+        igrad_status_t igrad__s = (expr);                                  \
+        if (igrad__s != IGRAD_OK) return igrad__s;                         \
+    } while (0)
+
+/* Variants for functions with a `igrad_status_t st` variable and a
+ * `cleanup:` label that releases what was allocated so far. */
+#define IGRAD_FAIL_GOTO(cond, status, ...)                                 \
+    do {                                                                   \
+        if (cond) {                                                        \
+            st = igrad__fail((status), __FILE__, __LINE__, __VA_ARGS__);   \
+            goto cleanup;                                                  \
+        }                                                                  \
+    } while (0)
+
+#define IGRAD_CHECK_GOTO(expr)                                             \
+    do {                                                                   \
+        st = (expr);                                                       \
+        if (st != IGRAD_OK) goto cleanup;                                  \
+    } while (0)
+
+/* FNV-1a, 64-bit. Chain calls by passing the previous result as `h`;
+ * start from IGRAD__HASH_SEED. Stable across platforms and runs. */
+#define IGRAD__HASH_SEED 0xcbf29ce484222325ULL
+uint64_t igrad__hash_bytes(uint64_t h, const void *data, size_t nbytes);
+uint64_t igrad__hash_str(uint64_t h, const char *s);   /* includes the NUL */
+uint64_t igrad__hash_i64(uint64_t h, int64_t v);       /* little-endian bytes */
+uint64_t igrad__hash_f64(uint64_t h, double v);
+
+/* Reads a whole file into a NUL-terminated buffer (malloc'd, *nbytes
+ * excludes the NUL). Refuses files larger than max_nbytes with
+ * IGRAD_E_FORMAT ("<path>: file is N bytes, more than the M allowed"). */
+igrad_status_t igrad__read_file(const char *path, size_t max_nbytes, char **data,
+                                size_t *nbytes);
+
+/* Crash-safe writing: open "<path>.tmp.<pid>", write, then commit renames it
+ * over `path` (fsync'd), so a reader never sees a half-written file.
+ * abort removes the temporary. */
+typedef struct igrad__atomic_file {
+    FILE *fp;
+    char *final_path;
+    char *tmp_path;
+} igrad__atomic_file_t;
+igrad_status_t igrad__atomic_open(igrad__atomic_file_t *af, const char *path);
+igrad_status_t igrad__atomic_commit(igrad__atomic_file_t *af);
+void igrad__atomic_abort(igrad__atomic_file_t *af);
+
+/* strdup (NULL when out of memory). */
+char *igrad__strdup(const char *s);
+
+/* Returns a malloc'd string formatted like printf (NULL when out of memory). */
+char *igrad__strprintf(const char *fmt, ...) IGRAD__PRINTF(1, 2);
+
+#endif /* IGRAD_INTERNAL_H */

@@ -1,0 +1,35 @@
+/*
+ * cli.h — what the igrad CLI's subcommand files share: their entry points
+ * and small argument-parsing and printing helpers. The CLI uses only the
+ * public header (include/igrad.h) and the trainer.
+ */
+#ifndef IGRAD_CLI_H
+#define IGRAD_CLI_H
+
+#include <stdint.h>
+
+#include "igrad.h"
+
+/* Subcommands: each returns the process exit code (0 ok, 1 failure, 2 usage). */
+int cmd_layout(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
+int cmd_bench(int argc, char **argv);   /* dispatches to bench_* */
+int bench_select(int argc, char **argv); /* tools/bench_select.c */
+int bench_sync(int argc, char **argv);   /* tools/bench_sync.c */
+int cmd_train(int argc, char **argv);
+
+/* Argument helpers. An option is "--name VALUE" or "--name=VALUE".
+ * cli_opt: if argv[*i] is option `name`, stores its value (advancing *i past
+ * a separate value) and returns 1; returns -1 if the value is missing
+ * (after printing an error), 0 if argv[*i] is another argument. */
+int cli_opt(int argc, char **argv, int *i, const char *name, const char **value);
+/* Parses a whole decimal/float value or prints "igrad: --name: ..." and
+ * returns -1. */
+int cli_parse_i64(const char *name, const char *text, int64_t *out);
+int cli_parse_f64(const char *name, const char *text, double *out);
+/* Prints "igrad: <what>: <igrad_last_error()>" to stderr and returns 1. */
+int cli_fail(const char *what, igrad_status_t st);
+/* Formats a byte count as "123.4 KiB" into buf (returns buf). */
+const char *cli_human_bytes(double nbytes, char *buf, int size);
+
+#endif /* IGRAD_CLI_H */
