@@ -455,7 +455,23 @@ IGRAD_API const char *igrad_profile_method(const igrad_profile_t *profile);
 IGRAD_API int igrad_profile_is_important(const igrad_profile_t *profile, int layer,
                                          igrad_kind_t kind);
 
-/* ---- Engine and communicators (issue 3) are declared below this line. ---- */
+/* ------------------------------------------------------------------------ */
+/* Communicators                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* (section: comm) */
+
+/* ------------------------------------------------------------------------ */
+/* Schedule and packing policies                                            */
+/* ------------------------------------------------------------------------ */
+
+/* (section: schedule/pack) */
+
+/* ------------------------------------------------------------------------ */
+/* Sync engine                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* (section: engine) */
 
 #ifdef __cplusplus
 }
