@@ -1,0 +1,179 @@
+/*
+ * component.c — parameter name -> (layer, kind), and kind names.
+ *
+ * One name grammar covers every supported family: an optional "module."
+ * (DDP) prefix, a block marker ("layers.N", "h.N", "blocks.N"), then the
+ * module path inside the block, then "weight"/"bias". The kind comes from
+ * the last module token, read in the context of its parent (GPT-2's c_proj
+ * is O under "attn" but FC2 under "mlp"; "dense" is O only under an
+ * attention module; a bare "gate" is a MoE router, not a projection).
+ * Norms anywhere, embeddings, lm_head and unknown names are OTHER with
+ * layer -1. The table of a whole model (layout.c) and the HF family
+ * builders (layout_hf.c) live elsewhere.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "internal.h"
+
+#include <ctype.h>
+#include <string.h>
+#include <strings.h>
+
+static const char *const kind_names[IGRAD_KIND_COUNT] = {
+    "Q", "K", "V", "QKV", "O", "FC1", "FC2", "OTHER",
+};
+
+const char *igrad_kind_name(igrad_kind_t kind)
+{
+    if ((int)kind < 0 || kind >= IGRAD_KIND_COUNT) return "?";
+    return kind_names[kind];
+}
+
+igrad_status_t igrad_kind_from_name(const char *name, igrad_kind_t *kind)
+{
+    IGRAD_FAIL_IF(!name || !kind, IGRAD_E_INVALID, "igrad_kind_from_name: NULL argument");
+    for (int k = 0; k < IGRAD_KIND_COUNT; k++) {
+        if (strcasecmp(name, kind_names[k]) == 0) {
+            *kind = (igrad_kind_t)k;
+            return IGRAD_OK;
+        }
+    }
+    return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
+                       "unknown component kind '%s' (expected Q, K, V, QKV, O, FC1, FC2 "
+                       "or OTHER)", name);
+}
+
+/* Names are split into at most this many dot-separated tokens; anything
+ * deeper than any supported family is not a known projection. */
+#define MAX_TOKENS 16
+#define MAX_TOKEN_LEN 64
+
+typedef struct token {
+    const char *s;
+    size_t n;
+} token_t;
+
+static int tok_is(const token_t *t, const char *lit)
+{
+    size_t n = strlen(lit);
+    return t->n == n && memcmp(t->s, lit, n) == 0;
+}
+
+static int tok_in(const token_t *t, const char *const *lits)
+{
+    for (; *lits; lits++) {
+        if (tok_is(t, *lits)) return 1;
+    }
+    return 0;
+}
+
+/* Non-negative decimal without sign, below one million (block indices). */
+static int tok_index(const token_t *t)
+{
+    if (t->n == 0 || t->n > 6) return -1;
+    int v = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        if (!isdigit((unsigned char)t->s[i])) return -1;
+        v = v * 10 + (t->s[i] - '0');
+    }
+    return v;
+}
+
+/* Norms appear under many names: input_layernorm, post_attention_layernorm,
+ * self_attn_layer_norm, final_layer_norm, ln_1, ln_attn, q_norm, ... */
+static int tok_is_norm(const token_t *t)
+{
+    char buf[MAX_TOKEN_LEN + 1];
+    if (t->n > MAX_TOKEN_LEN) return 0;
+    for (size_t i = 0; i < t->n; i++) buf[i] = (char)tolower((unsigned char)t->s[i]);
+    buf[t->n] = '\0';
+    if (strstr(buf, "norm")) return 1;
+    if (strcmp(buf, "ln") == 0 || strncmp(buf, "ln_", 3) == 0) return 1;
+    return 0;
+}
+
+static const char *const attention_modules[] = {
+    "self_attn", "attn", "attention", "self_attention", "mixer", NULL,
+};
+static const char *const mlp_modules[] = {"mlp", "feed_forward", "ffn", NULL};
+
+static igrad_kind_t kind_of_module(const token_t *mod, const token_t *parent)
+{
+    static const char *const q[] = {"q_proj", "query", NULL};
+    static const char *const k[] = {"k_proj", "key", NULL};
+    static const char *const v[] = {"v_proj", "value", NULL};
+    static const char *const qkv[] = {"c_attn", "query_key_value", "qkv_proj", "Wqkv", NULL};
+    static const char *const o[] = {"o_proj", "out_proj", NULL};
+    static const char *const fc1[] = {"gate_proj", "up_proj", "gate_up_proj", "w1", "w3",
+                                      "fc1", "fc_in", "c_fc", "dense_h_to_4h", NULL};
+    static const char *const fc2[] = {"down_proj", "w2", "fc2", "fc_out", "dense_4h_to_h",
+                                      NULL};
+    int in_attn = parent && tok_in(parent, attention_modules);
+    int in_mlp = parent && tok_in(parent, mlp_modules);
+
+    if (tok_in(mod, q)) return IGRAD_KIND_Q;
+    if (tok_in(mod, k)) return IGRAD_KIND_K;
+    if (tok_in(mod, v)) return IGRAD_KIND_V;
+    if (tok_in(mod, qkv)) return IGRAD_KIND_QKV;
+    if (tok_in(mod, o)) return IGRAD_KIND_O;
+    if (tok_in(mod, fc1)) return IGRAD_KIND_FC1;
+    if (tok_in(mod, fc2)) return IGRAD_KIND_FC2;
+    /* Phi names its attention projections q, k, v and dense. */
+    if (in_attn && tok_is(mod, "q")) return IGRAD_KIND_Q;
+    if (in_attn && tok_is(mod, "k")) return IGRAD_KIND_K;
+    if (in_attn && tok_is(mod, "v")) return IGRAD_KIND_V;
+    if (in_attn && tok_is(mod, "dense")) return IGRAD_KIND_O;
+    /* GPT-2 reuses c_proj for the attention output and the MLP down
+     * projection. */
+    if (tok_is(mod, "c_proj")) {
+        if (in_attn) return IGRAD_KIND_O;
+        if (in_mlp) return IGRAD_KIND_FC2;
+    }
+    return IGRAD_KIND_OTHER;
+}
+
+igrad_kind_t igrad_component_of(const char *name, int *layer)
+{
+    if (layer) *layer = -1;
+    if (!name) return IGRAD_KIND_OTHER;
+
+    token_t tok[MAX_TOKENS];
+    int ntok = 0;
+    const char *p = name;
+    for (;;) {
+        const char *dot = strchr(p, '.');
+        size_t n = dot ? (size_t)(dot - p) : strlen(p);
+        if (ntok == MAX_TOKENS) return IGRAD_KIND_OTHER;
+        tok[ntok].s = p;
+        tok[ntok].n = n;
+        ntok++;
+        if (!dot) break;
+        p = dot + 1;
+    }
+
+    /* The first block marker followed by an index starts the block. */
+    static const char *const block_markers[] = {"layers", "h", "blocks", NULL};
+    int block = -1, index = -1;
+    for (int i = 0; i + 1 < ntok; i++) {
+        if (tok_in(&tok[i], block_markers)) {
+            index = tok_index(&tok[i + 1]);
+            if (index >= 0) {
+                block = i + 2;
+                break;
+            }
+        }
+    }
+    if (block < 0) return IGRAD_KIND_OTHER;
+
+    int end = ntok;
+    if (end > block && (tok_is(&tok[end - 1], "weight") || tok_is(&tok[end - 1], "bias")))
+        end--;
+    if (end <= block) return IGRAD_KIND_OTHER;
+    for (int i = block; i < end; i++) {
+        if (tok_is_norm(&tok[i])) return IGRAD_KIND_OTHER;
+    }
+    const token_t *mod = &tok[end - 1];
+    const token_t *parent = end - 2 >= block ? &tok[end - 2] : NULL;
+    igrad_kind_t kind = kind_of_module(mod, parent);
+    if (kind != IGRAD_KIND_OTHER && layer) *layer = index;
+    return kind;
+}

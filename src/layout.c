@@ -1,0 +1,332 @@
+/*
+ * layout.c — the parameter table: an ordered list of tensors with their
+ * flat-buffer offsets and components, dtype helpers, lookup by name, the
+ * layout hash, JSON rendering, the name-list reader/writer and the
+ * content-sniffing loader (igrad_layout_load).
+ *
+ * Not here: the name -> component rules (component.c), the Hugging Face
+ * config builders (layout_hf.c) and the safetensors header reader
+ * (safetensors.c).
+ *
+ * A layout is filled by igrad_layout_add() and immutable afterwards, so
+ * everything the accessors return (components, hash, name index) is kept
+ * up to date on every add rather than computed lazily: readers on several
+ * threads never write.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "layout_internal.h"
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+static const struct {
+    const char *name;
+    size_t nbytes;
+} dtypes[IGRAD_DTYPE_COUNT] = {
+    [IGRAD_DTYPE_F32] = {"F32", 4},      [IGRAD_DTYPE_F16] = {"F16", 2},
+    [IGRAD_DTYPE_BF16] = {"BF16", 2},    [IGRAD_DTYPE_F64] = {"F64", 8},
+    [IGRAD_DTYPE_I8] = {"I8", 1},        [IGRAD_DTYPE_I16] = {"I16", 2},
+    [IGRAD_DTYPE_I32] = {"I32", 4},      [IGRAD_DTYPE_I64] = {"I64", 8},
+    [IGRAD_DTYPE_U8] = {"U8", 1},        [IGRAD_DTYPE_U16] = {"U16", 2},
+    [IGRAD_DTYPE_U32] = {"U32", 4},      [IGRAD_DTYPE_U64] = {"U64", 8},
+    [IGRAD_DTYPE_BOOL] = {"BOOL", 1},    [IGRAD_DTYPE_F8_E4M3] = {"F8_E4M3", 1},
+    [IGRAD_DTYPE_F8_E5M2] = {"F8_E5M2", 1},
+};
+
+const char *igrad_dtype_name(igrad_dtype_t dtype)
+{
+    if ((int)dtype < 0 || dtype >= IGRAD_DTYPE_COUNT) return "?";
+    return dtypes[dtype].name;
+}
+
+size_t igrad_dtype_nbytes(igrad_dtype_t dtype)
+{
+    if ((int)dtype < 0 || dtype >= IGRAD_DTYPE_COUNT) return 0;
+    return dtypes[dtype].nbytes;
+}
+
+igrad_status_t igrad_dtype_from_name(const char *name, igrad_dtype_t *dtype)
+{
+    IGRAD_FAIL_IF(!name || !dtype, IGRAD_E_INVALID, "igrad_dtype_from_name: NULL argument");
+    /* Exact spelling: safetensors writes these upper-case names. */
+    for (int d = 0; d < IGRAD_DTYPE_COUNT; d++) {
+        if (strcmp(name, dtypes[d].name) == 0) {
+            *dtype = (igrad_dtype_t)d;
+            return IGRAD_OK;
+        }
+    }
+    return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__, "unknown dtype '%s'", name);
+}
+
+/* ---- the table --------------------------------------------------------- */
+
+typedef struct row {
+    char *name;
+    igrad_dtype_t dtype;
+    int ndim;
+    int64_t shape[IGRAD_MAX_DIMS];
+    int64_t count;
+    int64_t offset;
+    int layer;
+    igrad_kind_t kind;
+    int is_bias;
+    int component;
+} row_t;
+
+struct igrad_layout {
+    char *family;
+    row_t *rows;
+    size_t nrows, rows_cap;
+    igrad_component_info_t *comps; /* sorted by (layer, kind) */
+    size_t ncomps, comps_cap;
+    int64_t total;
+    uint64_t hash; /* running hash over the rows added so far */
+    size_t *slots; /* open-addressing name index: row + 1, 0 = empty */
+    size_t nslots; /* power of two, at least twice nrows */
+};
+
+igrad_status_t igrad_layout_create(igrad_layout_t **out)
+{
+    IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_layout_create: NULL out");
+    *out = NULL;
+    igrad_layout_t *l = calloc(1, sizeof *l);
+    IGRAD_FAIL_IF(!l, IGRAD_E_NOMEM, "layout: out of memory");
+    l->family = igrad__strdup("custom");
+    if (!l->family) {
+        free(l);
+        return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "layout: out of memory");
+    }
+    l->hash = IGRAD__HASH_SEED;
+    *out = l;
+    return IGRAD_OK;
+}
+
+void igrad_layout_free(igrad_layout_t *layout)
+{
+    if (!layout) return;
+    for (size_t i = 0; i < layout->nrows; i++) free(layout->rows[i].name);
+    free(layout->rows);
+    free(layout->comps);
+    free(layout->slots);
+    free(layout->family);
+    free(layout);
+}
+
+igrad_status_t igrad__layout_set_family(igrad_layout_t *layout, const char *family)
+{
+    char *f = igrad__strdup(family);
+    IGRAD_FAIL_IF(!f, IGRAD_E_NOMEM, "layout: out of memory");
+    free(layout->family);
+    layout->family = f;
+    return IGRAD_OK;
+}
+
+static size_t slot_of(const igrad_layout_t *l, const char *name)
+{
+    size_t mask = l->nslots - 1;
+    size_t s = (size_t)igrad__hash_str(IGRAD__HASH_SEED, name) & mask;
+    while (l->slots[s] != 0 && strcmp(l->rows[l->slots[s] - 1].name, name) != 0)
+        s = (s + 1) & mask;
+    return s;
+}
+
+static igrad_status_t grow_index(igrad_layout_t *l)
+{
+    if (l->nslots >= 2 * (l->nrows + 1)) return IGRAD_OK;
+    size_t n = l->nslots ? l->nslots * 2 : 64;
+    while (n < 2 * (l->nrows + 1)) n *= 2;
+    size_t *slots = calloc(n, sizeof *slots);
+    IGRAD_FAIL_IF(!slots, IGRAD_E_NOMEM, "layout: out of memory");
+    free(l->slots);
+    l->slots = slots;
+    l->nslots = n;
+    for (size_t i = 0; i < l->nrows; i++) l->slots[slot_of(l, l->rows[i].name)] = i + 1;
+    return IGRAD_OK;
+}
+
+static int comp_cmp(int layer_a, igrad_kind_t kind_a, int layer_b, igrad_kind_t kind_b)
+{
+    if (layer_a != layer_b) return layer_a < layer_b ? -1 : 1;
+    if (kind_a != kind_b) return kind_a < kind_b ? -1 : 1;
+    return 0;
+}
+
+/* Adds row `r` (already appended) to its component, inserting the
+ * component in (layer, kind) order and renumbering later ones. */
+static igrad_status_t attach_component(igrad_layout_t *l, row_t *r)
+{
+    size_t lo = 0, hi = l->ncomps;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (comp_cmp(l->comps[mid].layer, l->comps[mid].kind, r->layer, r->kind) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < l->ncomps && comp_cmp(l->comps[lo].layer, l->comps[lo].kind, r->layer, r->kind) == 0) {
+        l->comps[lo].count += r->count;
+        l->comps[lo].tensors += 1;
+        r->component = (int)lo;
+        return IGRAD_OK;
+    }
+    if (l->ncomps == l->comps_cap) {
+        size_t cap = l->comps_cap ? l->comps_cap * 2 : 32;
+        igrad_component_info_t *c = realloc(l->comps, cap * sizeof *c);
+        IGRAD_FAIL_IF(!c, IGRAD_E_NOMEM, "layout: out of memory");
+        l->comps = c;
+        l->comps_cap = cap;
+    }
+    memmove(&l->comps[lo + 1], &l->comps[lo], (l->ncomps - lo) * sizeof *l->comps);
+    l->ncomps++;
+    l->comps[lo] = (igrad_component_info_t){
+        .layer = r->layer, .kind = r->kind, .count = r->count, .tensors = 1};
+    /* Models are added block by block, so new components usually land at
+     * the end and this loop rarely renumbers anything. */
+    for (size_t i = 0; i + 1 < l->nrows; i++) {
+        if (l->rows[i].component >= (int)lo) l->rows[i].component++;
+    }
+    r->component = (int)lo;
+    return IGRAD_OK;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
+igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_dtype_t dtype,
+                                int ndim, const int64_t *shape)
+{
+    IGRAD_FAIL_IF(!layout || !name, IGRAD_E_INVALID, "igrad_layout_add: NULL argument");
+    IGRAD_FAIL_IF(name[0] == '\0', IGRAD_E_INVALID, "layout: empty tensor name");
+    IGRAD_FAIL_IF((int)dtype < 0 || dtype >= IGRAD_DTYPE_COUNT, IGRAD_E_INVALID,
+                  "layout: tensor '%s': invalid dtype %d", name, (int)dtype);
+    IGRAD_FAIL_IF(ndim < 0 || ndim > IGRAD_MAX_DIMS, IGRAD_E_INVALID,
+                  "layout: tensor '%s': %d dimensions (at most %d supported)", name, ndim,
+                  IGRAD_MAX_DIMS);
+    IGRAD_FAIL_IF(ndim > 0 && !shape, IGRAD_E_INVALID, "layout: tensor '%s': NULL shape", name);
+    IGRAD_FAIL_IF(layout->nrows >= (size_t)INT_MAX, IGRAD_E_INVALID,
+                  "layout: too many tensors");
+
+    row_t r = {.dtype = dtype, .ndim = ndim, .count = 1};
+    for (int d = 0; d < IGRAD_MAX_DIMS; d++) r.shape[d] = 1;
+    for (int d = 0; d < ndim; d++) {
+        IGRAD_FAIL_IF(shape[d] <= 0, IGRAD_E_INVALID,
+                      "layout: tensor '%s': dimension %d is %lld (must be positive)", name, d,
+                      (long long)shape[d]);
+        IGRAD_FAIL_IF(r.count > INT64_MAX / shape[d], IGRAD_E_INVALID,
+                      "layout: tensor '%s': entry count overflows int64", name);
+        r.shape[d] = shape[d];
+        r.count *= shape[d];
+    }
+    IGRAD_FAIL_IF(layout->total > INT64_MAX - r.count, IGRAD_E_INVALID,
+                  "layout: tensor '%s': total entry count overflows int64", name);
+
+    IGRAD_CHECK(grow_index(layout));
+    size_t slot = slot_of(layout, name);
+    IGRAD_FAIL_IF(layout->slots[slot] != 0, IGRAD_E_INVALID,
+                  "layout: duplicate tensor name '%s'", name);
+
+    if (layout->nrows == layout->rows_cap) {
+        size_t cap = layout->rows_cap ? layout->rows_cap * 2 : 64;
+        row_t *rows = realloc(layout->rows, cap * sizeof *rows);
+        IGRAD_FAIL_IF(!rows, IGRAD_E_NOMEM, "layout: out of memory");
+        layout->rows = rows;
+        layout->rows_cap = cap;
+    }
+    r.name = igrad__strdup(name);
+    IGRAD_FAIL_IF(!r.name, IGRAD_E_NOMEM, "layout: out of memory");
+    r.offset = layout->total;
+    r.kind = igrad_component_of(name, &r.layer);
+    r.is_bias = ends_with(name, "bias");
+    r.component = -1;
+
+    layout->rows[layout->nrows++] = r;
+    row_t *added = &layout->rows[layout->nrows - 1];
+    if (r.kind != IGRAD_KIND_OTHER) {
+        igrad_status_t st = attach_component(layout, added);
+        if (st != IGRAD_OK) {
+            layout->nrows--;
+            free(r.name);
+            return st;
+        }
+    }
+    layout->slots[slot] = layout->nrows;
+    layout->total += r.count;
+
+    uint64_t h = layout->hash;
+    h = igrad__hash_str(h, name);
+    h = igrad__hash_i64(h, (int64_t)dtype);
+    h = igrad__hash_i64(h, ndim);
+    for (int d = 0; d < ndim; d++) h = igrad__hash_i64(h, r.shape[d]);
+    layout->hash = h;
+    return IGRAD_OK;
+}
+
+size_t igrad_layout_count(const igrad_layout_t *layout) { return layout ? layout->nrows : 0; }
+
+int64_t igrad_layout_total_count(const igrad_layout_t *layout)
+{
+    return layout ? layout->total : 0;
+}
+
+const char *igrad_layout_family(const igrad_layout_t *layout)
+{
+    return layout ? layout->family : "";
+}
+
+igrad_status_t igrad_layout_tensor(const igrad_layout_t *layout, size_t i,
+                                   igrad_tensor_info_t *out)
+{
+    IGRAD_FAIL_IF(!layout || !out, IGRAD_E_INVALID, "igrad_layout_tensor: NULL argument");
+    IGRAD_FAIL_IF(i >= layout->nrows, IGRAD_E_INVALID,
+                  "layout: tensor index %zu out of range (%zu tensors)", i, layout->nrows);
+    const row_t *r = &layout->rows[i];
+    out->name = r->name;
+    out->dtype = r->dtype;
+    out->ndim = r->ndim;
+    memcpy(out->shape, r->shape, sizeof out->shape);
+    out->count = r->count;
+    out->offset = r->offset;
+    out->layer = r->layer;
+    out->kind = r->kind;
+    out->is_bias = r->is_bias;
+    out->component = r->component;
+    return IGRAD_OK;
+}
+
+int igrad_layout_find(const igrad_layout_t *layout, const char *name)
+{
+    if (!layout || !name || layout->nslots == 0) return -1;
+    size_t s = slot_of(layout, name);
+    return layout->slots[s] ? (int)(layout->slots[s] - 1) : -1;
+}
+
+size_t igrad_layout_component_count(const igrad_layout_t *layout)
+{
+    return layout ? layout->ncomps : 0;
+}
+
+igrad_status_t igrad_layout_component(const igrad_layout_t *layout, size_t i,
+                                      igrad_component_info_t *out)
+{
+    IGRAD_FAIL_IF(!layout || !out, IGRAD_E_INVALID, "igrad_layout_component: NULL argument");
+    IGRAD_FAIL_IF(i >= layout->ncomps, IGRAD_E_INVALID,
+                  "layout: component index %zu out of range (%zu components)", i,
+                  layout->ncomps);
+    *out = layout->comps[i];
+    return IGRAD_OK;
+}
+
+uint64_t igrad_layout_hash(const igrad_layout_t *layout)
+{
+    return layout ? layout->hash : IGRAD__HASH_SEED;
+}

@@ -1,0 +1,39 @@
+/*
+ * layout_internal.h — what the layout files (layout.c, layout_hf.c,
+ * safetensors.c) share with each other and with tests/fuzz targets:
+ * setting a layout's family, in-memory readers and the writers used to
+ * re-serialise a layout for round-trip checks. Not part of the public API.
+ */
+#ifndef IGRAD_LAYOUT_INTERNAL_H
+#define IGRAD_LAYOUT_INTERNAL_H
+
+#include "internal.h"
+
+/* Largest safetensors header we accept (the format itself caps it at
+ * 100 MB) and largest config / name list we read. */
+#define IGRAD__SAFETENSORS_MAX_HEADER (100u * 1000u * 1000u)
+#define IGRAD__TEXT_MAX_NBYTES (64u * 1024u * 1024u)
+
+/* Replaces the family string reported by igrad_layout_family(). */
+igrad_status_t igrad__layout_set_family(igrad_layout_t *layout, const char *family);
+
+/* Name-list reader on a text in memory (may contain NULs, which are
+ * rejected); `source` names it in messages ("source:LINE: ..."). */
+igrad_status_t igrad__layout_from_name_list_text(const char *text, size_t nbytes,
+                                                 const char *source, igrad_layout_t **out);
+
+/* Writes a layout as a name list ("name d0 d1 ...", one per line).
+ * *text is malloc'd and NUL-terminated. Fails with IGRAD_E_INVALID if a
+ * name cannot be written in that format (whitespace, '#', control
+ * characters). */
+igrad_status_t igrad__layout_to_name_list(const igrad_layout_t *layout, char **text,
+                                          size_t *nbytes);
+
+/* Writes the first 8 + N bytes of a safetensors file holding the layout
+ * (tensors packed in order); *data_nbytes receives the size of the data
+ * region that must follow for the file to be complete. *bytes is malloc'd. */
+igrad_status_t igrad__layout_to_safetensors_header(const igrad_layout_t *layout,
+                                                   unsigned char **bytes, size_t *nbytes,
+                                                   uint64_t *data_nbytes);
+
+#endif /* IGRAD_LAYOUT_INTERNAL_H */
