@@ -330,3 +330,317 @@ uint64_t igrad_layout_hash(const igrad_layout_t *layout)
 {
     return layout ? layout->hash : IGRAD__HASH_SEED;
 }
+
+/* ---- JSON rendering ---------------------------------------------------- */
+
+igrad_status_t igrad_layout_to_json(const igrad_layout_t *layout, char **json_out)
+{
+    IGRAD_FAIL_IF(!layout || !json_out, IGRAD_E_INVALID, "igrad_layout_to_json: NULL argument");
+    *json_out = NULL;
+    igrad_status_t st = IGRAD_OK;
+    int64_t weights[IGRAD_KIND_COUNT] = {0};
+    cJSON *root = cJSON_CreateObject();
+    IGRAD_FAIL_GOTO(!root, IGRAD_E_NOMEM, "layout: out of memory");
+    IGRAD_FAIL_GOTO(!cJSON_AddStringToObject(root, "family", layout->family) ||
+                        !cJSON_AddNumberToObject(root, "total_numel", (double)layout->total),
+                    IGRAD_E_NOMEM, "layout: out of memory");
+    cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
+    IGRAD_FAIL_GOTO(!tensors, IGRAD_E_NOMEM, "layout: out of memory");
+    for (size_t i = 0; i < layout->nrows; i++) {
+        const row_t *r = &layout->rows[i];
+        cJSON *t = cJSON_CreateObject();
+        IGRAD_FAIL_GOTO(!t, IGRAD_E_NOMEM, "layout: out of memory");
+        cJSON_AddItemToArray(tensors, t);
+        cJSON *shape = NULL;
+        IGRAD_FAIL_GOTO(!cJSON_AddStringToObject(t, "name", r->name) ||
+                            !(shape = cJSON_AddArrayToObject(t, "shape")),
+                        IGRAD_E_NOMEM, "layout: out of memory");
+        for (int d = 0; d < r->ndim; d++) {
+            cJSON *v = cJSON_CreateNumber((double)r->shape[d]);
+            IGRAD_FAIL_GOTO(!v, IGRAD_E_NOMEM, "layout: out of memory");
+            cJSON_AddItemToArray(shape, v);
+        }
+        IGRAD_FAIL_GOTO(!cJSON_AddNumberToObject(t, "numel", (double)r->count) ||
+                            !cJSON_AddNumberToObject(t, "layer", r->layer) ||
+                            !cJSON_AddStringToObject(t, "kind", igrad_kind_name(r->kind)),
+                        IGRAD_E_NOMEM, "layout: out of memory");
+        if (!r->is_bias) weights[r->kind]++;
+    }
+    cJSON *kinds = cJSON_AddObjectToObject(root, "kinds");
+    IGRAD_FAIL_GOTO(!kinds, IGRAD_E_NOMEM, "layout: out of memory");
+    for (int k = 0; k < IGRAD_KIND_COUNT; k++) {
+        IGRAD_FAIL_GOTO(!cJSON_AddNumberToObject(kinds, igrad_kind_name((igrad_kind_t)k),
+                                                 (double)weights[k]),
+                        IGRAD_E_NOMEM, "layout: out of memory");
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    IGRAD_FAIL_GOTO(!text, IGRAD_E_NOMEM, "layout: out of memory");
+    /* Hand out memory that igrad_free() (plain free) may release. */
+    *json_out = igrad__strdup(text);
+    cJSON_free(text);
+    IGRAD_FAIL_GOTO(!*json_out, IGRAD_E_NOMEM, "layout: out of memory");
+
+cleanup:
+    cJSON_Delete(root);
+    return st;
+}
+
+/* ---- name lists -------------------------------------------------------- */
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
+
+/* Parses a dimension at *p (digits only), advancing *p. */
+static int parse_dim(const char **p, const char *end, int64_t *out)
+{
+    const char *s = *p;
+    int64_t v = 0;
+    if (s >= end || !isdigit((unsigned char)*s)) return -1;
+    while (s < end && isdigit((unsigned char)*s)) {
+        int digit = *s - '0';
+        if (v > (INT64_MAX - digit) / 10) return -1;
+        v = v * 10 + digit;
+        s++;
+    }
+    *p = s;
+    *out = v;
+    return 0;
+}
+
+/* One non-empty, comment-stripped line: "name d0 d1", "name [d0, d1]" or
+ * "name (d0, d1,)". Returns 0 and fills name/ndim/shape, or -1 with a
+ * reason in *why. */
+static int parse_line(const char *s, const char *end, char **name, int *ndim, int64_t *shape,
+                      const char **why)
+{
+    const char *n0 = s;
+    while (s < end && !is_space(*s) && *s != '[' && *s != '(') s++;
+    size_t nlen = (size_t)(s - n0);
+    while (s < end && is_space(*s)) s++;
+    *ndim = 0;
+    if (s == end) {
+        *why = "no shape after the name";
+        return -1;
+    }
+    char close = 0;
+    if (*s == '[') close = ']';
+    if (*s == '(') close = ')';
+    if (close) s++;
+    for (;;) {
+        while (s < end && is_space(*s)) s++;
+        if (s == end) break;
+        if (close && *s == close) break;
+        if (*ndim == IGRAD_MAX_DIMS) {
+            *why = "more than 4 dimensions";
+            return -1;
+        }
+        if (parse_dim(&s, end, &shape[*ndim]) != 0) {
+            *why = "a dimension is not a non-negative integer";
+            return -1;
+        }
+        if (shape[*ndim] == 0) {
+            *why = "a dimension is 0";
+            return -1;
+        }
+        (*ndim)++;
+        while (s < end && is_space(*s)) s++;
+        if (close && s < end && *s == ',') s++;
+        else if (close && s < end && *s != close) {
+            *why = "expected ',' between dimensions";
+            return -1;
+        }
+    }
+    if (close) {
+        if (s == end) {
+            *why = close == ']' ? "missing ']'" : "missing ')'";
+            return -1;
+        }
+        s++;
+        while (s < end && is_space(*s)) s++;
+        if (s != end) {
+            *why = "unexpected text after the shape";
+            return -1;
+        }
+    } else if (*ndim == 0) {
+        *why = "no shape after the name";
+        return -1;
+    }
+    if (nlen == 0) {
+        *why = "missing tensor name";
+        return -1;
+    }
+    *name = malloc(nlen + 1);
+    if (!*name) {
+        *why = "out of memory";
+        return -1;
+    }
+    memcpy(*name, n0, nlen);
+    (*name)[nlen] = '\0';
+    return 0;
+}
+
+igrad_status_t igrad__layout_from_name_list_text(const char *text, size_t nbytes,
+                                                 const char *source, igrad_layout_t **out)
+{
+    *out = NULL;
+    const char *src = source ? source : "<names>";
+    igrad_layout_t *l = NULL;
+    igrad_status_t st = IGRAD_OK;
+    IGRAD_CHECK_GOTO(igrad_layout_create(&l));
+    IGRAD_CHECK_GOTO(igrad__layout_set_family(l, "names"));
+    const char *p = text, *end = text + nbytes;
+    long line = 0;
+    while (p < end) {
+        line++;
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        const char *le = eol ? eol : end;
+        const char *hash = memchr(p, '#', (size_t)(le - p));
+        const char *ce = hash ? hash : le;
+        const char *s = p;
+        p = eol ? eol + 1 : end;
+        for (const char *c = s; c < ce; c++) {
+            IGRAD_FAIL_GOTO((unsigned char)*c < 0x20 && !is_space(*c), IGRAD_E_FORMAT,
+                            "%s:%ld: control character 0x%02x", src, line,
+                            (unsigned)(unsigned char)*c);
+        }
+        while (s < ce && is_space(*s)) s++;
+        while (ce > s && is_space(ce[-1])) ce--;
+        if (s == ce) continue;
+        char *name = NULL;
+        int ndim = 0;
+        int64_t shape[IGRAD_MAX_DIMS];
+        const char *why = NULL;
+        IGRAD_FAIL_GOTO(parse_line(s, ce, &name, &ndim, shape, &why) != 0, IGRAD_E_FORMAT,
+                        "%s:%ld: %s", src, line, why);
+        if (igrad_layout_find(l, name) >= 0) {
+            st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
+                             "%s:%ld: duplicate tensor name '%s'", src, line, name);
+            free(name);
+            goto cleanup;
+        }
+        st = igrad_layout_add(l, name, IGRAD_DTYPE_F32, ndim, shape);
+        free(name);
+        if (st != IGRAD_OK) {
+            char why_add[512];
+            snprintf(why_add, sizeof why_add, "%s", igrad_last_error());
+            st = igrad__fail(st == IGRAD_E_INVALID ? IGRAD_E_FORMAT : st, __FILE__, __LINE__,
+                             "%s:%ld: %s", src, line, why_add);
+            goto cleanup;
+        }
+    }
+    IGRAD_FAIL_GOTO(l->nrows == 0, IGRAD_E_FORMAT, "%s: no tensors in the name list", src);
+
+cleanup:
+    if (st != IGRAD_OK) {
+        igrad_layout_free(l);
+        return st;
+    }
+    *out = l;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_layout_from_name_list(const char *path, igrad_layout_t **out)
+{
+    IGRAD_FAIL_IF(!out || !path, IGRAD_E_INVALID, "igrad_layout_from_name_list: NULL argument");
+    *out = NULL;
+    char *text = NULL;
+    size_t n = 0;
+    IGRAD_CHECK(igrad__read_file(path, IGRAD__TEXT_MAX_NBYTES, &text, &n));
+    igrad_status_t st = igrad__layout_from_name_list_text(text, n, path, out);
+    free(text);
+    return st;
+}
+
+igrad_status_t igrad__layout_to_name_list(const igrad_layout_t *layout, char **text,
+                                          size_t *nbytes)
+{
+    *text = NULL;
+    *nbytes = 0;
+    size_t cap = 64, len = 0;
+    for (size_t i = 0; i < layout->nrows; i++) {
+        const char *name = layout->rows[i].name;
+        for (const char *c = name; *c; c++) {
+            IGRAD_FAIL_IF((unsigned char)*c <= 0x20 || *c == '#' || *c == '[' || *c == '(' ||
+                              *c == 0x7f,
+                          IGRAD_E_INVALID,
+                          "layout: tensor name '%s' cannot be written in a name list", name);
+        }
+        cap += strlen(name) + 2 + IGRAD_MAX_DIMS * 21;
+    }
+    char *buf = malloc(cap);
+    IGRAD_FAIL_IF(!buf, IGRAD_E_NOMEM, "layout: out of memory");
+    for (size_t i = 0; i < layout->nrows; i++) {
+        const row_t *r = &layout->rows[i];
+        len += (size_t)snprintf(buf + len, cap - len, "%s [", r->name);
+        for (int d = 0; d < r->ndim; d++)
+            len += (size_t)snprintf(buf + len, cap - len, "%s%lld", d ? ", " : "",
+                                    (long long)r->shape[d]);
+        len += (size_t)snprintf(buf + len, cap - len, "]\n");
+    }
+    *text = buf;
+    *nbytes = len;
+    return IGRAD_OK;
+}
+
+/* ---- loading by content ------------------------------------------------ */
+
+static int is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int is_file(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+igrad_status_t igrad_layout_load(const char *path, igrad_layout_t **out)
+{
+    IGRAD_FAIL_IF(!out || !path, IGRAD_E_INVALID, "igrad_layout_load: NULL argument");
+    *out = NULL;
+    if (is_dir(path)) {
+        char *st_path = igrad__strprintf("%s/model.safetensors", path);
+        char *cfg_path = igrad__strprintf("%s/config.json", path);
+        igrad_status_t st;
+        if (!st_path || !cfg_path)
+            st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
+        else if (is_file(st_path))
+            st = igrad_layout_from_safetensors(st_path, out);
+        else if (is_file(cfg_path))
+            st = igrad_layout_from_hf_config(cfg_path, out);
+        else
+            st = igrad__fail(IGRAD_E_IO, __FILE__, __LINE__,
+                             "%s: directory has neither model.safetensors nor config.json",
+                             path);
+        free(st_path);
+        free(cfg_path);
+        return st;
+    }
+
+    FILE *fp = fopen(path, "rb");
+    IGRAD_FAIL_IF(!fp, IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    unsigned char head[64];
+    size_t got = fread(head, 1, sizeof head, fp);
+    int err = ferror(fp);
+    struct stat sb;
+    int stat_ok = fstat(fileno(fp), &sb) == 0;
+    fclose(fp);
+    IGRAD_FAIL_IF(err || !stat_ok, IGRAD_E_IO, "%s: read failed", path);
+
+    /* safetensors: a little-endian length that fits the file, then '{'.
+     * A JSON text can have '{' at byte 8 too, but its first 8 bytes read
+     * as a length far beyond any file. */
+    if (got >= 9 && head[8] == '{') {
+        uint64_t hlen = 0;
+        for (int i = 0; i < 8; i++) hlen |= (uint64_t)head[i] << (8 * i);
+        if (hlen + 8 <= (uint64_t)sb.st_size && hlen <= IGRAD__SAFETENSORS_MAX_HEADER)
+            return igrad_layout_from_safetensors(path, out);
+    }
+    size_t i = 0;
+    if (got >= 3 && head[0] == 0xEF && head[1] == 0xBB && head[2] == 0xBF) i = 3;
+    while (i < got && (head[i] == ' ' || head[i] == '\t' || head[i] == '\r' || head[i] == '\n'))
+        i++;
+    if (i < got && head[i] == '{') return igrad_layout_from_hf_config(path, out);
+    return igrad_layout_from_name_list(path, out);
+}
