@@ -459,7 +459,176 @@ IGRAD_API int igrad_profile_is_important(const igrad_profile_t *profile, int lay
 /* Communicators                                                            */
 /* ------------------------------------------------------------------------ */
 
-/* (section: comm) */
+/* A communicator runs the collectives of one group of ranks. The engine
+ * never calls MPI itself: it talks to an igrad_comm_t, whose backend is
+ *   "self"    one rank, no MPI needed (collectives are copies),
+ *   "mpi"     a duplicate of a caller's MPI communicator,
+ *   "custom"  the caller's callbacks (igrad_comm_ops_t), e.g. the Python
+ *             binding running collectives through torch.distributed.
+ *
+ * Collective calls must be made by every rank of the comm in the same order
+ * with the same sizes, dtypes and roots (as in MPI). Arguments are checked
+ * locally: an invalid argument on one rank returns IGRAD_E_INVALID there
+ * and leaves the other ranks waiting, so agree on arguments first.
+ * A comm may be used by one thread at a time.
+ *
+ *   igrad_comm_t *comm = NULL;
+ *   igrad_comm_create_mpi(NULL, &comm);              // MPI_COMM_WORLD
+ *   igrad_comm_request_t *req[2];
+ *   igrad_comm_iallgather(comm, idx, m * 4, all_idx, &req[0]);
+ *   igrad_comm_iallreduce(comm, dense, dense, n, IGRAD_DTYPE_F32,
+ *                         IGRAD_REDUCE_SUM, &req[1]); // in place
+ *   ... pack the next bucket ...
+ *   igrad_comm_wait(comm, req[1]);
+ *   igrad_comm_wait(comm, req[0]);
+ *   igrad_comm_free(comm);                            // before MPI_Finalize
+ */
+typedef struct igrad_comm igrad_comm_t;
+
+/** A non-blocking collective in flight. Every request must be passed to
+ *  igrad_comm_wait() exactly once; wait releases it. */
+typedef struct igrad_comm_request igrad_comm_request_t;
+
+/** Reduction of igrad_comm_allreduce(). MAX over I64 flags agrees on "did
+ *  any rank fail"; MAX == MIN over a hash agrees on "all ranks equal". */
+typedef enum igrad_reduce_op {
+    IGRAD_REDUCE_SUM = 0,
+    IGRAD_REDUCE_MAX = 1,
+    IGRAD_REDUCE_MIN = 2
+} igrad_reduce_op_t;
+
+/** Callbacks of a custom backend. `user` is the pointer given to
+ *  igrad_comm_create_custom(). Each returns IGRAD_OK or a failure status
+ *  (a value that is not an igrad_status_t is reported as IGRAD_E_COMM).
+ *  Buffers are as described at the igrad_comm_* wrappers below; send may
+ *  equal recv (in place) and must then be handled. Sizes are never above
+ *  what the wrapper was given; when nbytes or count is 0 the buffers may
+ *  point to a dummy byte. */
+typedef struct igrad_comm_ops {
+    /** sizeof(igrad_comm_ops_t) as the caller compiled it. Smaller than
+     *  this version's size is refused; a larger (newer) table is accepted
+     *  and its unknown trailing fields are ignored. */
+    size_t size;
+    /* Required. */
+    igrad_status_t (*allgather)(void *user, const void *send, size_t nbytes, void *recv);
+    igrad_status_t (*allreduce)(void *user, const void *send, void *recv, size_t count,
+                                igrad_dtype_t dtype, igrad_reduce_op_t op);
+    igrad_status_t (*bcast)(void *user, void *buf, size_t nbytes, int root);
+    igrad_status_t (*barrier)(void *user);
+    /* Optional non-blocking variants. Each stores an opaque handle of the
+     * caller's in *handle (left NULL: the operation already completed, and
+     * test/wait are not called for it). When a variant is NULL, the
+     * blocking callback runs at issue time and waiting is a no-op. `wait`
+     * is required if either exists. */
+    igrad_status_t (*iallgather)(void *user, const void *send, size_t nbytes, void *recv,
+                                 void **handle);
+    igrad_status_t (*iallreduce)(void *user, const void *send, void *recv, size_t count,
+                                 igrad_dtype_t dtype, igrad_reduce_op_t op, void **handle);
+    /** Completes the operation and releases the handle. Called exactly once
+     *  per non-NULL handle, also after test reported it done, also when it
+     *  fails. */
+    igrad_status_t (*wait)(void *user, void *handle);
+    /** Optional: sets *done (0/1) without blocking. */
+    igrad_status_t (*test)(void *user, void *handle, int *done);
+    /** Optional: text explaining the last failing callback, copied into
+     *  igrad_last_error() (may return NULL). */
+    const char *(*error_message)(void *user);
+    /** Optional: called once by igrad_comm_free() to release `user`. */
+    void (*destroy)(void *user);
+} igrad_comm_ops_t;
+
+/** Creates a one-rank communicator (rank 0 of 1). Needs no MPI. */
+IGRAD_API igrad_status_t igrad_comm_create_self(igrad_comm_t **out);
+
+/** Wraps an MPI communicator. Collective over its ranks: it MPI_Comm_dup's
+ *  the communicator (igrad's traffic never mixes with the caller's) and
+ *  sets MPI_ERRORS_RETURN on the duplicate, so a failing MPI call returns
+ *  IGRAD_E_COMM with MPI's error text and the operation's name instead of
+ *  aborting the process. The caller's communicator is not modified.
+ *  @param mpi_comm points to an MPI_Comm (passed by pointer so that igrad.h
+ *  needs no mpi.h); NULL means MPI_COMM_WORLD.
+ *  @return IGRAD_E_STATE if MPI is not initialized or already finalized,
+ *  IGRAD_E_INVALID for MPI_COMM_NULL, IGRAD_E_UNSUPPORTED if the library
+ *  was built without MPI. */
+IGRAD_API igrad_status_t igrad_comm_create_mpi(const void *mpi_comm, igrad_comm_t **out);
+
+/** Creates a communicator whose collectives are the caller's callbacks.
+ *  The table is copied; `user` is borrowed (see ops->destroy).
+ *  @param rank, size this process's rank in [0, size) and the group size.
+ *  @return IGRAD_E_INVALID (naming the field) for a table that is too
+ *  small, lacks a required callback, or has i* callbacks without wait, or
+ *  for a bad rank/size. */
+IGRAD_API igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
+                                                  int rank, int size, igrad_comm_t **out);
+
+/** Frees a communicator; NULL is a no-op. For "mpi" it frees the duplicate
+ *  communicator, which MPI requires to happen before MPI_Finalize (after
+ *  MPI_Finalize only igrad's memory is released). Wait for every request
+ *  first: requests still pending are leaked, not cancelled. */
+IGRAD_API void igrad_comm_free(igrad_comm_t *comm);
+
+/** @return this process's rank (-1 for a NULL comm). */
+IGRAD_API int igrad_comm_rank(const igrad_comm_t *comm);
+/** @return the number of ranks (0 for a NULL comm). */
+IGRAD_API int igrad_comm_size(const igrad_comm_t *comm);
+/** @return "self", "mpi" or "custom" ("" for a NULL comm). */
+IGRAD_API const char *igrad_comm_backend(const igrad_comm_t *comm);
+
+/** Every rank contributes `nbytes` bytes from `send`; `recv` receives
+ *  size * nbytes bytes: rank r's block at recv + r * nbytes. In place:
+ *  send == recv + rank * nbytes (this rank's block already there); any
+ *  other overlap of send and recv is IGRAD_E_INVALID. Buffers may be NULL
+ *  when nbytes is 0. Messages above INT_MAX bytes are split internally.
+ *  @return IGRAD_E_COMM (with the backend's message) if the collective
+ *  failed. */
+IGRAD_API igrad_status_t igrad_comm_allgather(igrad_comm_t *comm, const void *send,
+                                              size_t nbytes, void *recv);
+
+/** Element-wise reduction of `count` elements over all ranks into `recv`
+ *  on every rank. dtype is IGRAD_DTYPE_F32, F64 or I64 (others:
+ *  IGRAD_E_INVALID). In place: send == recv; any other overlap is
+ *  IGRAD_E_INVALID. Floating-point sums may differ in the last bits
+ *  between backends (the summation order is the backend's). */
+IGRAD_API igrad_status_t igrad_comm_allreduce(igrad_comm_t *comm, const void *send,
+                                              void *recv, size_t count, igrad_dtype_t dtype,
+                                              igrad_reduce_op_t op);
+
+/** Copies `nbytes` bytes of `buf` on rank `root` into `buf` on every rank.
+ *  @return IGRAD_E_INVALID for a root outside [0, size). */
+IGRAD_API igrad_status_t igrad_comm_bcast(igrad_comm_t *comm, void *buf, size_t nbytes,
+                                          int root);
+
+/** Returns once every rank has entered the barrier. */
+IGRAD_API igrad_status_t igrad_comm_barrier(igrad_comm_t *comm);
+
+/** Non-blocking igrad_comm_allgather(): starts it and returns a request in
+ *  *req. `send` must stay unchanged and `recv` untouched until the request
+ *  is waited. Several requests may be in flight and waited in any order
+ *  (issue order must be the same on every rank). With MPI, an operation
+ *  advances while the process is inside MPI calls (igrad_comm_test(),
+ *  igrad_comm_wait(), other collectives). On failure *req is NULL. */
+IGRAD_API igrad_status_t igrad_comm_iallgather(igrad_comm_t *comm, const void *send,
+                                               size_t nbytes, void *recv,
+                                               igrad_comm_request_t **req);
+
+/** Non-blocking igrad_comm_allreduce() (same buffer rules as iallgather). */
+IGRAD_API igrad_status_t igrad_comm_iallreduce(igrad_comm_t *comm, const void *send,
+                                               void *recv, size_t count,
+                                               igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                               igrad_comm_request_t **req);
+
+/** Completes a request and releases it (also when it failed: do not wait
+ *  it again). NULL is a no-op returning IGRAD_OK.
+ *  @return IGRAD_E_INVALID if req was issued by another comm (it is then
+ *  not released), IGRAD_E_COMM if the operation failed. */
+IGRAD_API igrad_status_t igrad_comm_wait(igrad_comm_t *comm, igrad_comm_request_t *req);
+
+/** Sets *done to 1 if the request has completed, 0 otherwise, without
+ *  releasing it (igrad_comm_wait() is still required). Backends that
+ *  cannot test without blocking complete the operation here, so a loop
+ *  on test always terminates. */
+IGRAD_API igrad_status_t igrad_comm_test(igrad_comm_t *comm, igrad_comm_request_t *req,
+                                         int *done);
 
 /* ------------------------------------------------------------------------ */
 /* Schedule and packing policies                                            */

@@ -1,0 +1,413 @@
+/*
+ * comm.c — the generic communicator layer: argument checks shared by every
+ * backend, the public igrad_comm_* wrappers, request bookkeeping, the
+ * blocking fallback for backends without non-blocking functions, and the
+ * custom backend (an adapter from the caller's igrad_comm_ops_t callbacks).
+ *
+ * The self backend lives in comm_self.c and the MPI backend in comm_mpi.c.
+ * When the library is built without MPI, igrad_comm_create_mpi() is defined
+ * here and reports IGRAD_E_UNSUPPORTED, so the API is the same everywhere.
+ */
+#include "comm_internal.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Backends are never handed NULL buffers: a zero-sized operation points
+ * at this byte instead, so no backend needs its own NULL special case. */
+static unsigned char comm_dummy[8];
+
+igrad_status_t igrad__comm_new(const igrad__comm_vtable_t *vt, const char *backend,
+                               int rank, int size, void *impl, igrad_comm_t **out)
+{
+    igrad_comm_t *comm = calloc(1, sizeof *comm);
+    IGRAD_FAIL_IF(!comm, IGRAD_E_NOMEM, "out of memory creating a %s communicator", backend);
+    comm->vt = vt;
+    comm->backend = backend;
+    comm->rank = rank;
+    comm->size = size;
+    comm->impl = impl;
+    *out = comm;
+    return IGRAD_OK;
+}
+
+void igrad_comm_free(igrad_comm_t *comm)
+{
+    if (!comm) return;
+    if (comm->vt->destroy) comm->vt->destroy(comm);
+    free(comm);
+}
+
+int igrad_comm_rank(const igrad_comm_t *comm) { return comm ? comm->rank : -1; }
+int igrad_comm_size(const igrad_comm_t *comm) { return comm ? comm->size : 0; }
+const char *igrad_comm_backend(const igrad_comm_t *comm) { return comm ? comm->backend : ""; }
+
+/* ---- argument checks ---------------------------------------------------- */
+
+/* Do [a, a+na) and [b, b+nb) share a byte? Compared as integers because
+ * relational operators on pointers into different objects are undefined. */
+static int ranges_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    if (na == 0 || nb == 0) return 0;
+    return pa < pb + nb && pb < pa + na;
+}
+
+static igrad_status_t check_allgather(const igrad_comm_t *comm, const char *what,
+                                      const void **send, size_t nbytes, void **recv)
+{
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "%s: comm is NULL", what);
+    if (nbytes == 0) {
+        *send = comm_dummy;
+        *recv = comm_dummy;
+        return IGRAD_OK;
+    }
+    IGRAD_FAIL_IF(!*send || !*recv, IGRAD_E_INVALID, "%s: %s buffer is NULL (nbytes %zu)",
+                  what, !*send ? "send" : "recv", nbytes);
+    IGRAD_FAIL_IF(nbytes > SIZE_MAX / (size_t)comm->size, IGRAD_E_INVALID,
+                  "%s: %zu bytes from each of %d ranks overflow size_t", what, nbytes,
+                  comm->size);
+    size_t total = nbytes * (size_t)comm->size;
+    const unsigned char *own = (const unsigned char *)*recv + (size_t)comm->rank * nbytes;
+    IGRAD_FAIL_IF(*send != (const void *)own && ranges_overlap(*send, nbytes, *recv, total),
+                  IGRAD_E_INVALID,
+                  "%s: send overlaps recv; in place, send must be recv + rank * nbytes",
+                  what);
+    return IGRAD_OK;
+}
+
+static igrad_status_t check_allreduce(const igrad_comm_t *comm, const char *what,
+                                      const void **send, void **recv, size_t count,
+                                      igrad_dtype_t dtype, igrad_reduce_op_t op)
+{
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "%s: comm is NULL", what);
+    IGRAD_FAIL_IF(dtype != IGRAD_DTYPE_F32 && dtype != IGRAD_DTYPE_F64 &&
+                      dtype != IGRAD_DTYPE_I64,
+                  IGRAD_E_INVALID, "%s: dtype %d (%s) is not supported; use F32, F64 or I64",
+                  what, (int)dtype,
+                  igrad_dtype_nbytes(dtype) ? igrad_dtype_name(dtype) : "invalid");
+    IGRAD_FAIL_IF(op != IGRAD_REDUCE_SUM && op != IGRAD_REDUCE_MAX && op != IGRAD_REDUCE_MIN,
+                  IGRAD_E_INVALID, "%s: unknown reduce op %d", what, (int)op);
+    if (count == 0) {
+        *send = comm_dummy;
+        *recv = comm_dummy;
+        return IGRAD_OK;
+    }
+    size_t elem = igrad_dtype_nbytes(dtype);
+    IGRAD_FAIL_IF(!*send || !*recv, IGRAD_E_INVALID, "%s: %s buffer is NULL (count %zu)", what,
+                  !*send ? "send" : "recv", count);
+    IGRAD_FAIL_IF(count > SIZE_MAX / elem, IGRAD_E_INVALID,
+                  "%s: %zu elements overflow size_t bytes", what, count);
+    IGRAD_FAIL_IF(*send != (const void *)*recv &&
+                      ranges_overlap(*send, count * elem, *recv, count * elem),
+                  IGRAD_E_INVALID, "%s: send and recv overlap without being equal", what);
+    return IGRAD_OK;
+}
+
+static igrad_status_t check_request_out(igrad_comm_request_t **req, const char *what)
+{
+    IGRAD_FAIL_IF(!req, IGRAD_E_INVALID, "%s: req is NULL", what);
+    *req = NULL;
+    return IGRAD_OK;
+}
+
+/* ---- blocking wrappers ------------------------------------------------- */
+
+igrad_status_t igrad_comm_allgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                    void *recv)
+{
+    IGRAD_CHECK(check_allgather(comm, "igrad_comm_allgather", &send, nbytes, &recv));
+    return comm->vt->allgather(comm, send, nbytes, recv);
+}
+
+igrad_status_t igrad_comm_allreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                    size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op)
+{
+    IGRAD_CHECK(check_allreduce(comm, "igrad_comm_allreduce", &send, &recv, count, dtype, op));
+    return comm->vt->allreduce(comm, send, recv, count, dtype, op);
+}
+
+igrad_status_t igrad_comm_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root)
+{
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_comm_bcast: comm is NULL");
+    IGRAD_FAIL_IF(root < 0 || root >= comm->size, IGRAD_E_INVALID,
+                  "igrad_comm_bcast: root %d outside [0, %d)", root, comm->size);
+    if (nbytes == 0) buf = comm_dummy;
+    IGRAD_FAIL_IF(!buf, IGRAD_E_INVALID, "igrad_comm_bcast: buf is NULL (nbytes %zu)", nbytes);
+    return comm->vt->bcast(comm, buf, nbytes, root);
+}
+
+igrad_status_t igrad_comm_barrier(igrad_comm_t *comm)
+{
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_comm_barrier: comm is NULL");
+    return comm->vt->barrier(comm);
+}
+
+/* ---- non-blocking wrappers ---------------------------------------------- */
+
+static igrad_status_t request_new(igrad_comm_t *comm, const char *op,
+                                  igrad_comm_request_t **out)
+{
+    igrad_comm_request_t *req = calloc(1, sizeof *req);
+    IGRAD_FAIL_IF(!req, IGRAD_E_NOMEM, "%s: out of memory for a request", op);
+    req->comm = comm;
+    req->op = op;
+    *out = req;
+    return IGRAD_OK;
+}
+
+/* Hands a started (or failed) request to the caller; a failed start leaves
+ * nothing behind, since the backend has nothing in flight to wait for. */
+static igrad_status_t request_issued(igrad_comm_request_t *req, igrad_status_t st,
+                                     igrad_comm_request_t **out)
+{
+    if (st != IGRAD_OK) {
+        free(req);
+        return st;
+    }
+    req->comm->pending++;
+    *out = req;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_comm_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                     void *recv, igrad_comm_request_t **out)
+{
+    IGRAD_CHECK(check_request_out(out, "igrad_comm_iallgather"));
+    IGRAD_CHECK(check_allgather(comm, "igrad_comm_iallgather", &send, nbytes, &recv));
+    igrad_comm_request_t *req = NULL;
+    IGRAD_CHECK(request_new(comm, "iallgather", &req));
+    igrad_status_t st;
+    if (comm->vt->iallgather) {
+        st = comm->vt->iallgather(comm, send, nbytes, recv, req);
+    } else {
+        st = comm->vt->allgather(comm, send, nbytes, recv);
+        req->done = 1;
+    }
+    return request_issued(req, st, out);
+}
+
+igrad_status_t igrad_comm_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                     size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                     igrad_comm_request_t **out)
+{
+    IGRAD_CHECK(check_request_out(out, "igrad_comm_iallreduce"));
+    IGRAD_CHECK(check_allreduce(comm, "igrad_comm_iallreduce", &send, &recv, count, dtype, op));
+    igrad_comm_request_t *req = NULL;
+    IGRAD_CHECK(request_new(comm, "iallreduce", &req));
+    igrad_status_t st;
+    if (comm->vt->iallreduce) {
+        st = comm->vt->iallreduce(comm, send, recv, count, dtype, op, req);
+    } else {
+        st = comm->vt->allreduce(comm, send, recv, count, dtype, op);
+        req->done = 1;
+    }
+    return request_issued(req, st, out);
+}
+
+igrad_status_t igrad_comm_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
+{
+    if (!req) return IGRAD_OK;
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_comm_wait: comm is NULL");
+    IGRAD_FAIL_IF(req->comm != comm, IGRAD_E_INVALID,
+                  "igrad_comm_wait: the %s request belongs to another communicator", req->op);
+    igrad_status_t st = IGRAD_OK;
+    /* A request the backend completed at issue time, or whose handle it
+     * released in test, has nothing left in flight. */
+    if (req->handle) st = comm->vt->wait(comm, req);
+    comm->pending--;
+    free(req);
+    return st;
+}
+
+igrad_status_t igrad_comm_test(igrad_comm_t *comm, igrad_comm_request_t *req, int *done)
+{
+    IGRAD_FAIL_IF(!done, IGRAD_E_INVALID, "igrad_comm_test: done is NULL");
+    *done = 0;
+    IGRAD_FAIL_IF(!comm || !req, IGRAD_E_INVALID, "igrad_comm_test: %s is NULL",
+                  !comm ? "comm" : "req");
+    IGRAD_FAIL_IF(req->comm != comm, IGRAD_E_INVALID,
+                  "igrad_comm_test: the %s request belongs to another communicator", req->op);
+    if (!req->done && !req->handle) req->done = 1;
+    if (!req->done) {
+        igrad_status_t st;
+        if (comm->vt->test) {
+            st = comm->vt->test(comm, req, &req->done);
+        } else {
+            /* No way to ask without blocking: finish it, so polling loops
+             * terminate; the handle is gone, wait only releases. */
+            st = comm->vt->wait(comm, req);
+            req->handle = NULL;
+            req->done = 1;
+        }
+        IGRAD_CHECK(st);
+    }
+    *done = req->done;
+    return IGRAD_OK;
+}
+
+/* ---- custom backend --------------------------------------------------- */
+
+typedef struct custom_impl {
+    igrad_comm_ops_t ops;
+    void *user;
+} custom_impl_t;
+
+/* The callbacks return whatever the caller's language produced; anything
+ * that is not a failure status we know becomes IGRAD_E_COMM. */
+static igrad_status_t custom_result(const custom_impl_t *impl, int rc, const char *op)
+{
+    if (rc == IGRAD_OK) return IGRAD_OK;
+    igrad_status_t st = rc > IGRAD_OK && rc <= IGRAD_E_STATE ? (igrad_status_t)rc
+                                                              : IGRAD_E_COMM;
+    const char *msg = impl->ops.error_message ? impl->ops.error_message(impl->user) : NULL;
+    return igrad__fail(st, __FILE__, __LINE__, "custom comm: %s callback returned %d (%s)%s%s",
+                       op, rc, igrad_status_str(st), msg && *msg ? ": " : "",
+                       msg ? msg : "");
+}
+
+static igrad_status_t custom_allgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                       void *recv)
+{
+    custom_impl_t *impl = comm->impl;
+    return custom_result(impl, (int)impl->ops.allgather(impl->user, send, nbytes, recv),
+                         "allgather");
+}
+
+static igrad_status_t custom_allreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                       size_t count, igrad_dtype_t dtype,
+                                       igrad_reduce_op_t op)
+{
+    custom_impl_t *impl = comm->impl;
+    return custom_result(
+        impl, (int)impl->ops.allreduce(impl->user, send, recv, count, dtype, op), "allreduce");
+}
+
+static igrad_status_t custom_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root)
+{
+    custom_impl_t *impl = comm->impl;
+    return custom_result(impl, (int)impl->ops.bcast(impl->user, buf, nbytes, root), "bcast");
+}
+
+static igrad_status_t custom_barrier(igrad_comm_t *comm)
+{
+    custom_impl_t *impl = comm->impl;
+    return custom_result(impl, (int)impl->ops.barrier(impl->user), "barrier");
+}
+
+/* A callback that succeeds without a handle has nothing in flight. */
+static igrad_status_t custom_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                        void *recv, igrad_comm_request_t *req)
+{
+    custom_impl_t *impl = comm->impl;
+    void *handle = NULL;
+    IGRAD_CHECK(custom_result(
+        impl, (int)impl->ops.iallgather(impl->user, send, nbytes, recv, &handle),
+        "iallgather"));
+    req->handle = handle;
+    req->done = handle == NULL;
+    return IGRAD_OK;
+}
+
+static igrad_status_t custom_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                        size_t count, igrad_dtype_t dtype,
+                                        igrad_reduce_op_t op, igrad_comm_request_t *req)
+{
+    custom_impl_t *impl = comm->impl;
+    void *handle = NULL;
+    IGRAD_CHECK(custom_result(
+        impl,
+        (int)impl->ops.iallreduce(impl->user, send, recv, count, dtype, op, &handle),
+        "iallreduce"));
+    req->handle = handle;
+    req->done = handle == NULL;
+    return IGRAD_OK;
+}
+
+static igrad_status_t custom_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
+{
+    custom_impl_t *impl = comm->impl;
+    igrad_status_t st =
+        custom_result(impl, (int)impl->ops.wait(impl->user, req->handle), "wait");
+    req->handle = NULL;
+    return st;
+}
+
+static igrad_status_t custom_test(igrad_comm_t *comm, igrad_comm_request_t *req, int *done)
+{
+    custom_impl_t *impl = comm->impl;
+    int flag = 0;
+    IGRAD_CHECK(
+        custom_result(impl, (int)impl->ops.test(impl->user, req->handle, &flag), "test"));
+    *done = flag != 0;
+    return IGRAD_OK;
+}
+
+static void custom_destroy(igrad_comm_t *comm)
+{
+    custom_impl_t *impl = comm->impl;
+    if (impl->ops.destroy) impl->ops.destroy(impl->user);
+    free(impl);
+}
+
+igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user, int rank,
+                                        int size, igrad_comm_t **out)
+{
+    IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_comm_create_custom: out is NULL");
+    *out = NULL;
+    IGRAD_FAIL_IF(!ops, IGRAD_E_INVALID, "igrad_comm_create_custom: ops is NULL");
+    IGRAD_FAIL_IF(ops->size < sizeof(igrad_comm_ops_t), IGRAD_E_INVALID,
+                  "igrad_comm_create_custom: ops->size is %zu, this library needs %zu "
+                  "(set it to sizeof(igrad_comm_ops_t))",
+                  ops->size, sizeof(igrad_comm_ops_t));
+    IGRAD_FAIL_IF(size < 1 || rank < 0 || rank >= size, IGRAD_E_INVALID,
+                  "igrad_comm_create_custom: rank %d, size %d (need 0 <= rank < size)", rank,
+                  size);
+    const char *missing = !ops->allgather ? "allgather"
+                          : !ops->allreduce ? "allreduce"
+                          : !ops->bcast ? "bcast"
+                          : !ops->barrier ? "barrier"
+                          : (ops->iallgather || ops->iallreduce) && !ops->wait ? "wait"
+                          : NULL;
+    IGRAD_FAIL_IF(missing, IGRAD_E_INVALID,
+                  "igrad_comm_create_custom: ops->%s is NULL but required", missing);
+
+    /* The vtable is per comm because which non-blocking callbacks exist is
+     * the caller's choice; NULL entries select comm.c's fallbacks. */
+    typedef struct custom_comm_block {
+        custom_impl_t impl;
+        igrad__comm_vtable_t vt;
+    } custom_comm_block_t;
+    custom_comm_block_t *block = calloc(1, sizeof *block);
+    IGRAD_FAIL_IF(!block, IGRAD_E_NOMEM, "igrad_comm_create_custom: out of memory");
+    block->impl.ops = *ops; /* a larger (newer) table: its known prefix */
+    block->impl.ops.size = sizeof(igrad_comm_ops_t);
+    block->impl.user = user;
+    block->vt = (igrad__comm_vtable_t){
+        .allgather = custom_allgather,
+        .allreduce = custom_allreduce,
+        .bcast = custom_bcast,
+        .barrier = custom_barrier,
+        .iallgather = ops->iallgather ? custom_iallgather : NULL,
+        .iallreduce = ops->iallreduce ? custom_iallreduce : NULL,
+        .wait = ops->wait ? custom_wait : NULL,
+        .test = ops->test ? custom_test : NULL,
+        .destroy = custom_destroy,
+    };
+    /* impl is the first member, so custom_destroy's free(impl) frees the
+     * whole block, vtable included. */
+    igrad_status_t st = igrad__comm_new(&block->vt, "custom", rank, size, &block->impl, out);
+    if (st != IGRAD_OK) free(block);
+    return st;
+}
+
+#ifndef IGRAD_HAVE_MPI
+igrad_status_t igrad_comm_create_mpi(const void *mpi_comm, igrad_comm_t **out)
+{
+    (void)mpi_comm;
+    if (out) *out = NULL;
+    return igrad__fail(IGRAD_E_UNSUPPORTED, __FILE__, __LINE__,
+                       "igrad_comm_create_mpi: libigrad was built without MPI");
+}
+#endif

@@ -1,0 +1,85 @@
+/*
+ * comm_internal.h — what the communicator files (comm.c, comm_self.c,
+ * comm_mpi.c, later comm_nccl.c) and the engine share: the layout of
+ * igrad_comm_t and igrad_comm_request_t and the backend table behind them.
+ *
+ * The public igrad_comm_ops_t (igrad.h) is the table *callers* fill for the
+ * custom backend; this internal table is what every backend, custom
+ * included, presents to the generic layer in comm.c. They differ because a
+ * built-in backend records its own error messages (with the MPI text) and
+ * keeps its per-request state in igrad's request object, while a caller's
+ * callbacks only return a status and an opaque handle.
+ *
+ * Argument checking lives in comm.c only: a backend function is called
+ * with a valid comm, buffers that are non-NULL (or a dummy when the size is
+ * 0), recv sized size*nbytes for allgather, an allreduce dtype of F32, F64
+ * or I64 and a valid op, and a root in range. Callers of the backend table
+ * other than comm.c (tests that need an error only MPI itself can raise)
+ * take those checks on themselves.
+ */
+#ifndef IGRAD_COMM_INTERNAL_H
+#define IGRAD_COMM_INTERNAL_H
+
+#include "internal.h"
+
+typedef struct igrad__comm_vtable {
+    /* Blocking collectives. Return IGRAD_OK or a recorded error. */
+    igrad_status_t (*allgather)(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                void *recv);
+    igrad_status_t (*allreduce)(igrad_comm_t *comm, const void *send, void *recv,
+                                size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op);
+    igrad_status_t (*bcast)(igrad_comm_t *comm, void *buf, size_t nbytes, int root);
+    igrad_status_t (*barrier)(igrad_comm_t *comm);
+    /* Non-blocking: start the operation and keep its state in req->handle
+     * (or complete it now and set req->done). May be NULL: comm.c then
+     * runs the blocking function and marks the request done. */
+    igrad_status_t (*iallgather)(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                 void *recv, igrad_comm_request_t *req);
+    igrad_status_t (*iallreduce)(igrad_comm_t *comm, const void *send, void *recv,
+                                 size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                 igrad_comm_request_t *req);
+    /* Completes a request that is not done and releases req->handle, also
+     * when the operation failed. Required when either i* function exists. */
+    igrad_status_t (*wait)(igrad_comm_t *comm, igrad_comm_request_t *req);
+    /* Sets *done without blocking (the handle stays until wait). May be
+     * NULL: comm.c then waits, which always makes progress. */
+    igrad_status_t (*test)(igrad_comm_t *comm, igrad_comm_request_t *req, int *done);
+    /* Releases comm->impl (not the comm itself). May be NULL. */
+    void (*destroy)(igrad_comm_t *comm);
+} igrad__comm_vtable_t;
+
+struct igrad_comm {
+    const igrad__comm_vtable_t *vt;
+    const char *backend;  /* "self", "mpi", "custom" (static string) */
+    int rank;
+    int size;
+    void *impl;           /* backend state, owned by the backend */
+    int64_t pending;      /* requests issued and not yet waited */
+};
+
+struct igrad_comm_request {
+    igrad_comm_t *comm;   /* the comm that issued it (checked by wait) */
+    const char *op;       /* "iallgather" / "iallreduce", for messages */
+    int done;             /* completed: wait only releases */
+    void *handle;         /* backend state of an operation in flight */
+};
+
+/* Allocates a comm around a backend's table and state. On failure `impl`
+ * is left to the caller. */
+igrad_status_t igrad__comm_new(const igrad__comm_vtable_t *vt, const char *backend,
+                               int rank, int size, void *impl, igrad_comm_t **out);
+
+/* Test hooks of the MPI backend, defined only when comm_mpi.c is built.
+ * Declared unconditionally because IGRAD_HAVE_MPI reaches the library's
+ * own objects, not the tests that link it (only MPI tests call these).
+ *
+ * MPI counts are int, so messages are cut into pieces of at most
+ * `max_count` elements (bytes for allgather and bcast); the default is
+ * INT_MAX. Tests lower it to drive the splitting code with small buffers. @return IGRAD_E_INVALID if `comm` is
+ * not an MPI comm or max_count is 0 or above INT_MAX. */
+igrad_status_t igrad__comm_mpi_set_max_count(igrad_comm_t *comm, size_t max_count);
+/* Copies the library's duplicated MPI_Comm into *(MPI_Comm *)mpi_comm_out
+ * (void * keeps mpi.h out of this header). */
+igrad_status_t igrad__comm_mpi_handle(const igrad_comm_t *comm, void *mpi_comm_out);
+
+#endif /* IGRAD_COMM_INTERNAL_H */

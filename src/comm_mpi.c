@@ -1,0 +1,374 @@
+/*
+ * comm_mpi.c — the MPI backend (compiled only when CMake finds MPI, which
+ * also defines IGRAD_HAVE_MPI). It works on a duplicate of the caller's
+ * communicator with MPI_ERRORS_RETURN, so igrad's collectives never match
+ * the caller's messages and a failing MPI call becomes IGRAD_E_COMM with
+ * MPI's own error text instead of aborting a process that may be hosting
+ * Python.
+ *
+ * MPI counts are int. Rather than refuse larger messages, every operation
+ * is cut into pieces of at most max_count elements (INT_MAX by default):
+ * allreduce and bcast pieces are contiguous runs; an allgather piece at
+ * byte offset o gathers each rank's bytes [o, o+n) with a receive datatype
+ * whose extent is the whole per-rank block, so the pieces land where one
+ * large allgather would have put them. Non-blocking operations keep one
+ * MPI_Request per piece. Argument checks live in comm.c; they also keep
+ * away the few argument errors (aliased send/recv buffers) that Open MPI
+ * reports through MPI_COMM_WORLD's error handler whatever the handler of
+ * the communicator in use.
+ */
+#include "comm_internal.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct mpi_impl {
+    MPI_Comm comm;    /* the library's duplicate; freed by mpi_destroy */
+    size_t max_count; /* largest count handed to one MPI call */
+} mpi_impl_t;
+
+/* State of one non-blocking operation: its pieces' requests. */
+typedef struct mpi_request {
+    int count;
+    MPI_Request reqs[]; /* count entries */
+} mpi_request_t;
+
+/* Records "<what> failed: <MPI's text>" and returns IGRAD_E_COMM. */
+static igrad_status_t mpi_fail(int rc, const char *what, const char *file, int line)
+{
+    char text[MPI_MAX_ERROR_STRING + 1];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS || len < 0) len = 0;
+    text[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING] = '\0';
+    return igrad__fail(IGRAD_E_COMM, file, line, "%s failed: %s (MPI error %d)", what,
+                       len > 0 ? text : "unknown MPI error", rc);
+}
+
+#define MPI_CHECK(call, what)                                                   \
+    do {                                                                        \
+        int mpi_rc_ = (call);                                                   \
+        if (mpi_rc_ != MPI_SUCCESS) return mpi_fail(mpi_rc_, what, __FILE__, __LINE__); \
+    } while (0)
+
+static size_t piece_count(size_t n, size_t max_count)
+{
+    return n == 0 ? 1 : (n - 1) / max_count + 1;
+}
+
+static MPI_Datatype mpi_dtype(igrad_dtype_t dtype)
+{
+    switch (dtype) {
+    case IGRAD_DTYPE_F32: return MPI_FLOAT;
+    case IGRAD_DTYPE_F64: return MPI_DOUBLE;
+    default: return MPI_INT64_T; /* comm.c admits only F32, F64 and I64 */
+    }
+}
+
+static MPI_Op mpi_op(igrad_reduce_op_t op)
+{
+    switch (op) {
+    case IGRAD_REDUCE_MAX: return MPI_MAX;
+    case IGRAD_REDUCE_MIN: return MPI_MIN;
+    default: return MPI_SUM;
+    }
+}
+
+/* Allocates the request state for `pieces` operations (all MPI_REQUEST_NULL,
+ * so waiting on a partly issued set is safe). */
+static igrad_status_t request_state_new(size_t pieces, const char *what, mpi_request_t **out)
+{
+    IGRAD_FAIL_IF(pieces > INT_MAX, IGRAD_E_INVALID,
+                  "%s: %zu pieces are more than one MPI_Waitall can take", what, pieces);
+    mpi_request_t *state = malloc(sizeof *state + pieces * sizeof(MPI_Request));
+    IGRAD_FAIL_IF(!state, IGRAD_E_NOMEM, "%s: out of memory for %zu MPI requests", what,
+                  pieces);
+    state->count = (int)pieces;
+    for (size_t i = 0; i < pieces; i++) state->reqs[i] = MPI_REQUEST_NULL;
+    *out = state;
+    return IGRAD_OK;
+}
+
+/* After a piece failed to start, the pieces already started still use the
+ * caller's buffers: let them finish before reporting the failure. */
+static igrad_status_t abandon_pieces(mpi_request_t *state, igrad_status_t st)
+{
+    MPI_Waitall(state->count, state->reqs, MPI_STATUSES_IGNORE);
+    free(state);
+    return st;
+}
+
+/* ---- allgather ----------------------------------------------------------- */
+
+/* Gathers bytes [off, off+n) of every rank's nbytes-byte block, blocking
+ * (req NULL) or not. */
+static igrad_status_t allgather_piece(const mpi_impl_t *impl, const void *send, size_t nbytes,
+                                      void *recv, size_t off, size_t n, int in_place,
+                                      MPI_Request *req)
+{
+    const char *what = req ? "MPI_Iallgather" : "MPI_Allgather";
+    const void *sbuf = in_place ? MPI_IN_PLACE : (const unsigned char *)send + off;
+    void *rbuf = (unsigned char *)recv + off;
+    if (n == nbytes) {
+        /* The whole block in one piece: no derived datatype needed. */
+        if (req)
+            MPI_CHECK(MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, (int)n, MPI_BYTE,
+                                     impl->comm, req),
+                      what);
+        else
+            MPI_CHECK(MPI_Allgather(sbuf, (int)n, MPI_BYTE, rbuf, (int)n, MPI_BYTE,
+                                    impl->comm),
+                      what);
+        return IGRAD_OK;
+    }
+    MPI_Datatype piece, block;
+    MPI_CHECK(MPI_Type_contiguous((int)n, MPI_BYTE, &piece), "MPI_Type_contiguous");
+    int rc = MPI_Type_create_resized(piece, 0, (MPI_Aint)nbytes, &block);
+    MPI_Type_free(&piece);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Type_create_resized", __FILE__, __LINE__);
+    rc = MPI_Type_commit(&block);
+    if (rc == MPI_SUCCESS) {
+        if (req)
+            rc = MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, 1, block, impl->comm, req);
+        else
+            rc = MPI_Allgather(sbuf, (int)n, MPI_BYTE, rbuf, 1, block, impl->comm);
+    } else {
+        what = "MPI_Type_commit";
+    }
+    /* Freeing a datatype that a pending operation uses is allowed: MPI
+     * releases it when the operation completes. */
+    MPI_Type_free(&block);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, what, __FILE__, __LINE__);
+    return IGRAD_OK;
+}
+
+static igrad_status_t mpi_gather_all(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                     void *recv, mpi_request_t *state)
+{
+    const mpi_impl_t *impl = comm->impl;
+    const unsigned char *own = (const unsigned char *)recv + (size_t)comm->rank * nbytes;
+    int in_place = nbytes > 0 && send == (const void *)own;
+    size_t pieces = piece_count(nbytes, impl->max_count);
+    for (size_t i = 0; i < pieces; i++) {
+        size_t off = i * impl->max_count;
+        size_t n = nbytes - off < impl->max_count ? nbytes - off : impl->max_count;
+        IGRAD_CHECK(allgather_piece(impl, send, nbytes, recv, off, n, in_place,
+                                    state ? &state->reqs[i] : NULL));
+    }
+    return IGRAD_OK;
+}
+
+static igrad_status_t mpi_allgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                    void *recv)
+{
+    return mpi_gather_all(comm, send, nbytes, recv, NULL);
+}
+
+static igrad_status_t mpi_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                     void *recv, igrad_comm_request_t *req)
+{
+    const mpi_impl_t *impl = comm->impl;
+    mpi_request_t *state = NULL;
+    IGRAD_CHECK(request_state_new(piece_count(nbytes, impl->max_count),
+                                  "igrad_comm_iallgather", &state));
+    igrad_status_t st = mpi_gather_all(comm, send, nbytes, recv, state);
+    if (st != IGRAD_OK) return abandon_pieces(state, st);
+    req->handle = state;
+    return IGRAD_OK;
+}
+
+/* ---- allreduce ----------------------------------------------------------- */
+
+static igrad_status_t mpi_reduce_all(igrad_comm_t *comm, const void *send, void *recv,
+                                     size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                     mpi_request_t *state)
+{
+    const mpi_impl_t *impl = comm->impl;
+    size_t elem = igrad_dtype_nbytes(dtype);
+    int in_place = count > 0 && send == (const void *)recv;
+    size_t pieces = piece_count(count, impl->max_count);
+    for (size_t i = 0; i < pieces; i++) {
+        size_t off = i * impl->max_count;
+        size_t n = count - off < impl->max_count ? count - off : impl->max_count;
+        const void *sbuf = in_place ? MPI_IN_PLACE : (const unsigned char *)send + off * elem;
+        void *rbuf = (unsigned char *)recv + off * elem;
+        if (state)
+            MPI_CHECK(MPI_Iallreduce(sbuf, rbuf, (int)n, mpi_dtype(dtype), mpi_op(op),
+                                     impl->comm, &state->reqs[i]),
+                      "MPI_Iallreduce");
+        else
+            MPI_CHECK(MPI_Allreduce(sbuf, rbuf, (int)n, mpi_dtype(dtype), mpi_op(op),
+                                    impl->comm),
+                      "MPI_Allreduce");
+    }
+    return IGRAD_OK;
+}
+
+static igrad_status_t mpi_allreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                    size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op)
+{
+    return mpi_reduce_all(comm, send, recv, count, dtype, op, NULL);
+}
+
+static igrad_status_t mpi_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                     size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                     igrad_comm_request_t *req)
+{
+    const mpi_impl_t *impl = comm->impl;
+    mpi_request_t *state = NULL;
+    IGRAD_CHECK(request_state_new(piece_count(count, impl->max_count),
+                                  "igrad_comm_iallreduce", &state));
+    igrad_status_t st = mpi_reduce_all(comm, send, recv, count, dtype, op, state);
+    if (st != IGRAD_OK) return abandon_pieces(state, st);
+    req->handle = state;
+    return IGRAD_OK;
+}
+
+/* ---- bcast, barrier, completion ----------------------------------------- */
+
+static igrad_status_t mpi_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root)
+{
+    const mpi_impl_t *impl = comm->impl;
+    size_t pieces = piece_count(nbytes, impl->max_count);
+    for (size_t i = 0; i < pieces; i++) {
+        size_t off = i * impl->max_count;
+        size_t n = nbytes - off < impl->max_count ? nbytes - off : impl->max_count;
+        MPI_CHECK(MPI_Bcast((unsigned char *)buf + off, (int)n, MPI_BYTE, root, impl->comm),
+                  "MPI_Bcast");
+    }
+    return IGRAD_OK;
+}
+
+static igrad_status_t mpi_barrier(igrad_comm_t *comm)
+{
+    const mpi_impl_t *impl = comm->impl;
+    MPI_CHECK(MPI_Barrier(impl->comm), "MPI_Barrier");
+    return IGRAD_OK;
+}
+
+static igrad_status_t mpi_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
+{
+    (void)comm;
+    mpi_request_t *state = req->handle;
+    int rc = MPI_Waitall(state->count, state->reqs, MPI_STATUSES_IGNORE);
+    free(state);
+    req->handle = NULL;
+    if (rc != MPI_SUCCESS) {
+        char what[64];
+        snprintf(what, sizeof what, "MPI_Waitall on an %s", req->op);
+        return mpi_fail(rc, what, __FILE__, __LINE__);
+    }
+    return IGRAD_OK;
+}
+
+static igrad_status_t mpi_test(igrad_comm_t *comm, igrad_comm_request_t *req, int *done)
+{
+    (void)comm;
+    mpi_request_t *state = req->handle;
+    int flag = 0;
+    int rc = MPI_Testall(state->count, state->reqs, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        char what[64];
+        snprintf(what, sizeof what, "MPI_Testall on an %s", req->op);
+        return mpi_fail(rc, what, __FILE__, __LINE__);
+    }
+    *done = flag != 0;
+    return IGRAD_OK;
+}
+
+static void mpi_destroy(igrad_comm_t *comm)
+{
+    mpi_impl_t *impl = comm->impl;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    /* After MPI_Finalize no MPI call is allowed; the duplicate died with
+     * MPI, only our memory is left to release. */
+    if (!finalized && impl->comm != MPI_COMM_NULL) MPI_Comm_free(&impl->comm);
+    free(impl);
+}
+
+static const igrad__comm_vtable_t mpi_vtable = {
+    .allgather = mpi_allgather,
+    .allreduce = mpi_allreduce,
+    .bcast = mpi_bcast,
+    .barrier = mpi_barrier,
+    .iallgather = mpi_iallgather,
+    .iallreduce = mpi_iallreduce,
+    .wait = mpi_wait,
+    .test = mpi_test,
+    .destroy = mpi_destroy,
+};
+
+igrad_status_t igrad_comm_create_mpi(const void *mpi_comm, igrad_comm_t **out)
+{
+    IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_comm_create_mpi: out is NULL");
+    *out = NULL;
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    IGRAD_FAIL_IF(!initialized, IGRAD_E_STATE,
+                  "igrad_comm_create_mpi: MPI is not initialized (call MPI_Init first)");
+    IGRAD_FAIL_IF(finalized, IGRAD_E_STATE,
+                  "igrad_comm_create_mpi: MPI has already been finalized");
+    MPI_Comm parent = mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD;
+    IGRAD_FAIL_IF(parent == MPI_COMM_NULL, IGRAD_E_INVALID,
+                  "igrad_comm_create_mpi: the communicator is MPI_COMM_NULL");
+    int inter = 0;
+    MPI_CHECK(MPI_Comm_test_inter(parent, &inter), "igrad_comm_create_mpi: MPI_Comm_test_inter");
+    IGRAD_FAIL_IF(inter, IGRAD_E_INVALID,
+                  "igrad_comm_create_mpi: intercommunicators are not supported");
+
+    igrad_status_t st = IGRAD_OK;
+    mpi_impl_t *impl = calloc(1, sizeof *impl);
+    IGRAD_FAIL_IF(!impl, IGRAD_E_NOMEM, "igrad_comm_create_mpi: out of memory");
+    impl->comm = MPI_COMM_NULL;
+    impl->max_count = INT_MAX;
+    int rank = 0, size = 0, rc;
+    /* A failing dup reports through the caller's error handler: the
+     * duplicate's own handler can only be set once it exists. */
+    rc = MPI_Comm_dup(parent, &impl->comm);
+    if (rc != MPI_SUCCESS) {
+        impl->comm = MPI_COMM_NULL; /* undefined after a failed dup */
+        st = mpi_fail(rc, "igrad_comm_create_mpi: MPI_Comm_dup", __FILE__, __LINE__);
+        goto cleanup;
+    }
+    rc = MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+        st = mpi_fail(rc, "igrad_comm_create_mpi: MPI_Comm_set_errhandler", __FILE__,
+                      __LINE__);
+        goto cleanup;
+    }
+    MPI_Comm_set_name(impl->comm, "igrad");
+    MPI_Comm_rank(impl->comm, &rank);
+    MPI_Comm_size(impl->comm, &size);
+    IGRAD_CHECK_GOTO(igrad__comm_new(&mpi_vtable, "mpi", rank, size, impl, out));
+    return IGRAD_OK;
+
+cleanup:
+    if (impl->comm != MPI_COMM_NULL) MPI_Comm_free(&impl->comm);
+    free(impl);
+    return st;
+}
+
+/* ---- test hooks (comm_internal.h) -------------------------------------- */
+
+igrad_status_t igrad__comm_mpi_set_max_count(igrad_comm_t *comm, size_t max_count)
+{
+    IGRAD_FAIL_IF(!comm || comm->vt != &mpi_vtable, IGRAD_E_INVALID,
+                  "igrad__comm_mpi_set_max_count: not an MPI communicator");
+    IGRAD_FAIL_IF(max_count == 0 || max_count > INT_MAX, IGRAD_E_INVALID,
+                  "igrad__comm_mpi_set_max_count: %zu outside [1, INT_MAX]", max_count);
+    mpi_impl_t *impl = comm->impl;
+    impl->max_count = max_count;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__comm_mpi_handle(const igrad_comm_t *comm, void *mpi_comm_out)
+{
+    IGRAD_FAIL_IF(!comm || comm->vt != &mpi_vtable || !mpi_comm_out, IGRAD_E_INVALID,
+                  "igrad__comm_mpi_handle: not an MPI communicator");
+    const mpi_impl_t *impl = comm->impl;
+    memcpy(mpi_comm_out, &impl->comm, sizeof impl->comm);
+    return IGRAD_OK;
+}

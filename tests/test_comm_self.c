@@ -1,0 +1,759 @@
+/*
+ * test_comm_self.c — communicators without MPI: the self backend, the
+ * custom backend driven by a small callback table written here (a complete
+ * in-process backend of 1 rank, or of 2 ranks whose peer is simulated),
+ * the generic layer's fallbacks for missing non-blocking callbacks, error
+ * propagation from callbacks, and argument checking.
+ *
+ * The MPI backend is tested by tests/mpi_comm.c under mpirun.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "comm_internal.h" /* pending counter; tests link the static library */
+#include "igrad.h"
+
+#define assert_f64_equal(got, want)                                               \
+    do {                                                                          \
+        double g_ = (got), w_ = (want);                                           \
+        if (!(g_ == w_)) fail_msg("%s = %.17g, expected %.17g", #got, g_, w_);    \
+    } while (0)
+
+#define assert_i64_equal(got, want)                                               \
+    do {                                                                          \
+        int64_t g_ = (got), w_ = (want);                                          \
+        if (g_ != w_)                                                             \
+            fail_msg("%s = %" PRId64 ", expected %" PRId64, #got, g_, w_);        \
+    } while (0)
+
+#define assert_status(call, want)                                                 \
+    do {                                                                          \
+        igrad_status_t s_ = (call);                                               \
+        if (s_ != (want))                                                         \
+            fail_msg("%s returned %d (%s), expected %d (%s); last error: %s", #call, \
+                     (int)s_, igrad_status_str(s_), (int)(want),                  \
+                     igrad_status_str(want), igrad_last_error());                 \
+    } while (0)
+
+#define assert_error_mentions(text)                                               \
+    do {                                                                          \
+        if (!strstr(igrad_last_error(), (text)))                                  \
+            fail_msg("last error \"%s\" does not mention \"%s\"", igrad_last_error(), \
+                     (text));                                                     \
+    } while (0)
+
+static void fill_bytes(unsigned char *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(seed * 131u + i * 7u + 1u);
+}
+
+/* ---- self backend -------------------------------------------------------- */
+
+static void test_self_basics(void **state)
+{
+    (void)state;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_self(&comm), IGRAD_OK);
+    assert_int_equal(igrad_comm_rank(comm), 0);
+    assert_int_equal(igrad_comm_size(comm), 1);
+    assert_string_equal(igrad_comm_backend(comm), "self");
+    assert_status(igrad_comm_barrier(comm), IGRAD_OK);
+    igrad_comm_free(comm);
+
+    assert_int_equal(igrad_comm_rank(NULL), -1);
+    assert_int_equal(igrad_comm_size(NULL), 0);
+    assert_string_equal(igrad_comm_backend(NULL), "");
+    igrad_comm_free(NULL);
+    assert_status(igrad_comm_create_self(NULL), IGRAD_E_INVALID);
+}
+
+static void test_self_allgather(void **state)
+{
+    (void)state;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_self(&comm), IGRAD_OK);
+    static const size_t sizes[] = {0, 1, 3, 7, 1000, 4097};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        unsigned char *send = malloc(n + 1), *recv = malloc(n + 1), *want = malloc(n + 1);
+        assert_non_null(send);
+        assert_non_null(recv);
+        assert_non_null(want);
+        fill_bytes(send, n, (unsigned)s);
+        memcpy(want, send, n);
+        memset(recv, 0xEE, n + 1);
+        assert_status(igrad_comm_allgather(comm, send, n, recv), IGRAD_OK);
+        assert_memory_equal(recv, want, n);
+        assert_int_equal(recv[n], 0xEE); /* nothing written past size * nbytes */
+        /* in place: this rank's block already sits in recv */
+        assert_status(igrad_comm_allgather(comm, recv, n, recv), IGRAD_OK);
+        assert_memory_equal(recv, want, n);
+        free(send);
+        free(recv);
+        free(want);
+    }
+    assert_status(igrad_comm_allgather(comm, NULL, 0, NULL), IGRAD_OK);
+    igrad_comm_free(comm);
+}
+
+static void test_self_allreduce(void **state)
+{
+    (void)state;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_self(&comm), IGRAD_OK);
+    enum { N = 37 };
+    static const igrad_reduce_op_t ops[] = {IGRAD_REDUCE_SUM, IGRAD_REDUCE_MAX,
+                                            IGRAD_REDUCE_MIN};
+    for (size_t o = 0; o < 3; o++) {
+        float f[N], fr[N];
+        double d[N], dr[N];
+        int64_t q[N], qr[N];
+        for (int i = 0; i < N; i++) {
+            f[i] = (float)i * 0.25f - 3.0f;
+            d[i] = (double)i * 1e-3 - 0.01;
+            q[i] = ((int64_t)1 << 60) - (int64_t)i * 3; /* beyond double's 2^53 */
+        }
+        assert_status(igrad_comm_allreduce(comm, f, fr, N, IGRAD_DTYPE_F32, ops[o]), IGRAD_OK);
+        assert_status(igrad_comm_allreduce(comm, d, dr, N, IGRAD_DTYPE_F64, ops[o]), IGRAD_OK);
+        assert_status(igrad_comm_allreduce(comm, q, qr, N, IGRAD_DTYPE_I64, ops[o]), IGRAD_OK);
+        for (int i = 0; i < N; i++) {
+            assert_f64_equal(fr[i], (float)i * 0.25f - 3.0f);
+            assert_f64_equal(dr[i], (double)i * 1e-3 - 0.01);
+            assert_i64_equal(qr[i], ((int64_t)1 << 60) - (int64_t)i * 3);
+        }
+        assert_status(igrad_comm_allreduce(comm, q, q, N, IGRAD_DTYPE_I64, ops[o]), IGRAD_OK);
+        assert_memory_equal(q, qr, sizeof q);
+    }
+    assert_status(igrad_comm_allreduce(comm, NULL, NULL, 0, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM),
+                  IGRAD_OK);
+    igrad_comm_free(comm);
+}
+
+static void test_self_bcast(void **state)
+{
+    (void)state;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_self(&comm), IGRAD_OK);
+    unsigned char buf[33], want[33];
+    fill_bytes(buf, sizeof buf, 5);
+    memcpy(want, buf, sizeof buf);
+    assert_status(igrad_comm_bcast(comm, buf, sizeof buf, 0), IGRAD_OK);
+    assert_memory_equal(buf, want, sizeof buf);
+    assert_status(igrad_comm_bcast(comm, buf, sizeof buf, 1), IGRAD_E_INVALID);
+    assert_error_mentions("root 1");
+    assert_status(igrad_comm_bcast(comm, buf, sizeof buf, -1), IGRAD_E_INVALID);
+    assert_status(igrad_comm_bcast(comm, NULL, 0, 0), IGRAD_OK);
+    assert_status(igrad_comm_bcast(comm, NULL, 4, 0), IGRAD_E_INVALID);
+    igrad_comm_free(comm);
+}
+
+static void test_self_nonblocking(void **state)
+{
+    (void)state;
+    igrad_comm_t *comm = NULL, *other = NULL;
+    assert_status(igrad_comm_create_self(&comm), IGRAD_OK);
+    assert_status(igrad_comm_create_self(&other), IGRAD_OK);
+    unsigned char send[10], recv[10];
+    fill_bytes(send, sizeof send, 9);
+    double d[4] = {1.5, -2.5, 3.0, 0.0}, dr[4] = {0};
+    igrad_comm_request_t *r1 = NULL, *r2 = NULL;
+    assert_status(igrad_comm_iallgather(comm, send, sizeof send, recv, &r1), IGRAD_OK);
+    assert_status(igrad_comm_iallreduce(comm, d, dr, 4, IGRAD_DTYPE_F64, IGRAD_REDUCE_SUM, &r2),
+                  IGRAD_OK);
+    assert_non_null(r1);
+    assert_non_null(r2);
+    assert_i64_equal(comm->pending, 2);
+    int done = -1;
+    assert_status(igrad_comm_test(comm, r2, &done), IGRAD_OK);
+    assert_int_equal(done, 1);
+    /* a request is bound to its comm: waiting it elsewhere is refused and
+     * leaves it intact */
+    assert_status(igrad_comm_wait(other, r2), IGRAD_E_INVALID);
+    assert_status(igrad_comm_test(other, r2, &done), IGRAD_E_INVALID);
+    assert_status(igrad_comm_wait(comm, r2), IGRAD_OK);
+    assert_status(igrad_comm_wait(comm, r1), IGRAD_OK);
+    assert_i64_equal(comm->pending, 0);
+    assert_memory_equal(recv, send, sizeof send);
+    for (int i = 0; i < 4; i++) assert_f64_equal(dr[i], d[i]);
+    assert_status(igrad_comm_wait(comm, NULL), IGRAD_OK);
+    igrad_comm_free(comm);
+    igrad_comm_free(other);
+}
+
+static void test_invalid_arguments(void **state)
+{
+    (void)state;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_self(&comm), IGRAD_OK);
+    float buf[16] = {0};
+    igrad_comm_request_t sentinel = {0};
+    igrad_comm_request_t *req = &sentinel; /* must be reset to NULL */
+
+    assert_status(igrad_comm_allgather(NULL, buf, 4, buf), IGRAD_E_INVALID);
+    assert_error_mentions("comm is NULL");
+    assert_status(igrad_comm_allgather(comm, NULL, 4, buf), IGRAD_E_INVALID);
+    assert_error_mentions("send");
+    assert_status(igrad_comm_allgather(comm, buf, 4, NULL), IGRAD_E_INVALID);
+    assert_error_mentions("recv");
+    /* partial overlap: neither separate nor this rank's block */
+    assert_status(igrad_comm_allgather(comm, (char *)buf + 1, 8, buf), IGRAD_E_INVALID);
+    assert_error_mentions("overlap");
+
+    assert_status(igrad_comm_allreduce(NULL, buf, buf, 4, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM),
+                  IGRAD_E_INVALID);
+    assert_status(igrad_comm_allreduce(comm, buf, buf, 4, IGRAD_DTYPE_F16, IGRAD_REDUCE_SUM),
+                  IGRAD_E_INVALID);
+    assert_error_mentions("F16");
+    assert_status(igrad_comm_allreduce(comm, buf, buf, 4, (igrad_dtype_t)99, IGRAD_REDUCE_SUM),
+                  IGRAD_E_INVALID);
+    assert_status(igrad_comm_allreduce(comm, buf, buf, 4, IGRAD_DTYPE_F32, (igrad_reduce_op_t)7),
+                  IGRAD_E_INVALID);
+    assert_error_mentions("op 7");
+    assert_status(igrad_comm_allreduce(comm, buf, buf + 1, 4, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM),
+                  IGRAD_E_INVALID);
+    assert_error_mentions("overlap");
+    assert_status(igrad_comm_allreduce(comm, NULL, buf, 4, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM),
+                  IGRAD_E_INVALID);
+    /* adjacent, not overlapping */
+    assert_status(igrad_comm_allreduce(comm, buf, buf + 4, 4, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM),
+                  IGRAD_OK);
+
+    assert_status(igrad_comm_bcast(NULL, buf, 4, 0), IGRAD_E_INVALID);
+    assert_status(igrad_comm_barrier(NULL), IGRAD_E_INVALID);
+
+    assert_status(igrad_comm_iallgather(comm, buf, 4, buf + 8, NULL), IGRAD_E_INVALID);
+    assert_status(igrad_comm_iallgather(comm, NULL, 4, buf, &req), IGRAD_E_INVALID);
+    assert_null(req);
+    req = &sentinel;
+    assert_status(igrad_comm_iallreduce(comm, buf, buf, 4, IGRAD_DTYPE_U8, IGRAD_REDUCE_SUM, &req),
+                  IGRAD_E_INVALID);
+    assert_null(req);
+    assert_status(igrad_comm_iallreduce(comm, buf, buf, 4, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM,
+                                        NULL),
+                  IGRAD_E_INVALID);
+    assert_status(igrad_comm_test(comm, NULL, NULL), IGRAD_E_INVALID);
+    int done = 7;
+    assert_status(igrad_comm_test(comm, NULL, &done), IGRAD_E_INVALID);
+    assert_int_equal(done, 0);
+    assert_i64_equal(comm->pending, 0);
+    igrad_comm_free(comm);
+}
+
+/* ---- a custom backend written against the public callback table --------- */
+
+enum { CB_ALLGATHER, CB_ALLREDUCE, CB_BCAST, CB_BARRIER, CB_IALLGATHER, CB_IALLREDUCE,
+       CB_WAIT, CB_TEST, CB_COUNT };
+
+/* An in-process backend of `size` ranks (1 or 2) seen from `rank`. With
+ * two ranks the peer is simulated: its allgather block is the bitwise
+ * complement of ours, and its allreduce contribution is each of our
+ * values plus one. Non-blocking operations are deferred: nothing reaches
+ * recv until test (after `polls_to_finish` polls) or wait runs them. */
+typedef struct fake {
+    int rank, size;
+    int calls[CB_COUNT];
+    int outstanding;      /* handles given out and not yet waited */
+    int polls_to_finish;
+    int fail_status;      /* nonzero: every callback returns it */
+    const char *message;  /* what error_message reports */
+    int destroyed;
+} fake_t;
+
+typedef struct fake_op {
+    int is_reduce;
+    const void *send;
+    void *recv;
+    size_t nbytes, count;
+    igrad_dtype_t dtype;
+    igrad_reduce_op_t op;
+    int polls;
+    int finished;
+} fake_op_t;
+
+static void fake_gather(const fake_t *f, const void *send, size_t nbytes, void *recv)
+{
+    unsigned char *own = (unsigned char *)recv + (size_t)f->rank * nbytes;
+    if ((const void *)own != send) memmove(own, send, nbytes);
+    if (f->size == 2) {
+        unsigned char *peer = (unsigned char *)recv + (size_t)(1 - f->rank) * nbytes;
+        for (size_t i = 0; i < nbytes; i++) peer[i] = (unsigned char)~own[i];
+    }
+}
+
+static double fake_combine(const fake_t *f, double x, igrad_reduce_op_t op)
+{
+    if (f->size == 1) return x;
+    double peer = x + 1;
+    return op == IGRAD_REDUCE_SUM ? x + peer : op == IGRAD_REDUCE_MAX ? peer : x;
+}
+
+static void fake_reduce(const fake_t *f, const void *send, void *recv, size_t count,
+                        igrad_dtype_t dtype, igrad_reduce_op_t op)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (dtype == IGRAD_DTYPE_F32)
+            ((float *)recv)[i] = (float)fake_combine(f, ((const float *)send)[i], op);
+        else if (dtype == IGRAD_DTYPE_F64)
+            ((double *)recv)[i] = fake_combine(f, ((const double *)send)[i], op);
+        else {
+            int64_t x = ((const int64_t *)send)[i];
+            ((int64_t *)recv)[i] = f->size == 1 ? x
+                                   : op == IGRAD_REDUCE_SUM ? 2 * x + 1
+                                   : op == IGRAD_REDUCE_MAX ? x + 1
+                                                            : x;
+        }
+    }
+}
+
+static igrad_status_t fake_allgather(void *user, const void *send, size_t nbytes, void *recv)
+{
+    fake_t *f = user;
+    f->calls[CB_ALLGATHER]++;
+    if (f->fail_status) return (igrad_status_t)f->fail_status;
+    fake_gather(f, send, nbytes, recv);
+    return IGRAD_OK;
+}
+
+static igrad_status_t fake_allreduce(void *user, const void *send, void *recv, size_t count,
+                                     igrad_dtype_t dtype, igrad_reduce_op_t op)
+{
+    fake_t *f = user;
+    f->calls[CB_ALLREDUCE]++;
+    if (f->fail_status) return (igrad_status_t)f->fail_status;
+    fake_reduce(f, send, recv, count, dtype, op);
+    return IGRAD_OK;
+}
+
+static igrad_status_t fake_bcast(void *user, void *buf, size_t nbytes, int root)
+{
+    fake_t *f = user;
+    f->calls[CB_BCAST]++;
+    if (f->fail_status) return (igrad_status_t)f->fail_status;
+    /* the simulated peer, when root, sends all-0x5A */
+    if (root != f->rank) memset(buf, 0x5A, nbytes);
+    return IGRAD_OK;
+}
+
+static igrad_status_t fake_barrier(void *user)
+{
+    fake_t *f = user;
+    f->calls[CB_BARRIER]++;
+    return (igrad_status_t)f->fail_status;
+}
+
+static igrad_status_t fake_start(fake_t *f, fake_op_t op, void **handle)
+{
+    if (f->fail_status) return (igrad_status_t)f->fail_status;
+    fake_op_t *p = malloc(sizeof *p);
+    if (!p) return IGRAD_E_NOMEM;
+    *p = op;
+    f->outstanding++;
+    *handle = p;
+    return IGRAD_OK;
+}
+
+static igrad_status_t fake_iallgather(void *user, const void *send, size_t nbytes, void *recv,
+                                      void **handle)
+{
+    fake_t *f = user;
+    f->calls[CB_IALLGATHER]++;
+    fake_op_t op = {.is_reduce = 0, .send = send, .recv = recv, .nbytes = nbytes};
+    return fake_start(f, op, handle);
+}
+
+static igrad_status_t fake_iallreduce(void *user, const void *send, void *recv, size_t count,
+                                      igrad_dtype_t dtype, igrad_reduce_op_t op, void **handle)
+{
+    fake_t *f = user;
+    f->calls[CB_IALLREDUCE]++;
+    fake_op_t o = {.is_reduce = 1, .send = send, .recv = recv, .count = count,
+                   .dtype = dtype, .op = op};
+    return fake_start(f, o, handle);
+}
+
+static void fake_finish(const fake_t *f, fake_op_t *p)
+{
+    if (p->finished) return;
+    if (p->is_reduce)
+        fake_reduce(f, p->send, p->recv, p->count, p->dtype, p->op);
+    else
+        fake_gather(f, p->send, p->nbytes, p->recv);
+    p->finished = 1;
+}
+
+static igrad_status_t fake_wait(void *user, void *handle)
+{
+    fake_t *f = user;
+    f->calls[CB_WAIT]++;
+    fake_finish(f, handle);
+    free(handle);
+    f->outstanding--;
+    return (igrad_status_t)f->fail_status;
+}
+
+static igrad_status_t fake_test(void *user, void *handle, int *done)
+{
+    fake_t *f = user;
+    fake_op_t *p = handle;
+    f->calls[CB_TEST]++;
+    if (++p->polls >= f->polls_to_finish) fake_finish(f, p);
+    *done = p->finished;
+    return (igrad_status_t)f->fail_status;
+}
+
+static const char *fake_error_message(void *user)
+{
+    return ((fake_t *)user)->message;
+}
+
+static void fake_destroy(void *user)
+{
+    ((fake_t *)user)->destroyed++;
+}
+
+static igrad_comm_ops_t fake_ops(int nonblocking)
+{
+    igrad_comm_ops_t ops = {
+        .size = sizeof(igrad_comm_ops_t),
+        .allgather = fake_allgather,
+        .allreduce = fake_allreduce,
+        .bcast = fake_bcast,
+        .barrier = fake_barrier,
+        .error_message = fake_error_message,
+        .destroy = fake_destroy,
+    };
+    if (nonblocking) {
+        ops.iallgather = fake_iallgather;
+        ops.iallreduce = fake_iallreduce;
+        ops.wait = fake_wait;
+        ops.test = fake_test;
+    }
+    return ops;
+}
+
+static void test_custom_validation(void **state)
+{
+    (void)state;
+    fake_t f = {.rank = 0, .size = 1};
+    igrad_comm_t sentinel = {0};
+    igrad_comm_t *comm = &sentinel; /* must be reset to NULL */
+    igrad_comm_ops_t ops = fake_ops(1);
+
+    assert_status(igrad_comm_create_custom(NULL, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_null(comm);
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, NULL), IGRAD_E_INVALID);
+
+    ops.size = sizeof(igrad_comm_ops_t) - 1;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->size");
+    ops.size = 0;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+
+    static const char *const names[] = {"allgather", "allreduce", "bcast", "barrier"};
+    for (int i = 0; i < 4; i++) {
+        ops = fake_ops(1);
+        if (i == 0) ops.allgather = NULL;
+        if (i == 1) ops.allreduce = NULL;
+        if (i == 2) ops.bcast = NULL;
+        if (i == 3) ops.barrier = NULL;
+        assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+        char want[32];
+        snprintf(want, sizeof want, "ops->%s", names[i]);
+        assert_error_mentions(want);
+    }
+    ops = fake_ops(1);
+    ops.wait = NULL;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->wait");
+    ops.iallgather = NULL; /* iallreduce alone still needs wait */
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+
+    ops = fake_ops(1);
+    assert_status(igrad_comm_create_custom(&ops, &f, 1, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("rank 1, size 1");
+    assert_status(igrad_comm_create_custom(&ops, &f, -1, 2, &comm), IGRAD_E_INVALID);
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 0, &comm), IGRAD_E_INVALID);
+    assert_null(comm);
+    assert_int_equal(f.destroyed, 0);
+
+    /* a table from a newer header (larger size) is accepted */
+    struct {
+        igrad_comm_ops_t ops;
+        void (*future_callback)(void);
+    } newer = {fake_ops(0), NULL};
+    newer.ops.size = sizeof newer;
+    assert_status(igrad_comm_create_custom(&newer.ops, &f, 0, 1, &comm), IGRAD_OK);
+    assert_string_equal(igrad_comm_backend(comm), "custom");
+    igrad_comm_free(comm);
+    assert_int_equal(f.destroyed, 1);
+}
+
+/* Without non-blocking callbacks, i* run the blocking callback at issue
+ * time and wait is a no-op. */
+static void test_custom_blocking_fallback(void **state)
+{
+    (void)state;
+    fake_t f = {.rank = 0, .size = 1};
+    igrad_comm_ops_t ops = fake_ops(0);
+    ops.destroy = NULL; /* optional */
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    assert_int_equal(igrad_comm_rank(comm), 0);
+    assert_int_equal(igrad_comm_size(comm), 1);
+
+    unsigned char send[13], recv[13] = {0};
+    fill_bytes(send, sizeof send, 3);
+    igrad_comm_request_t *r1 = NULL, *r2 = NULL;
+    assert_status(igrad_comm_iallgather(comm, send, sizeof send, recv, &r1), IGRAD_OK);
+    assert_int_equal(f.calls[CB_ALLGATHER], 1);
+    assert_memory_equal(recv, send, sizeof send); /* already there before wait */
+
+    int64_t q[3] = {5, -7, INT64_MAX}, qr[3] = {0};
+    assert_status(igrad_comm_iallreduce(comm, q, qr, 3, IGRAD_DTYPE_I64, IGRAD_REDUCE_MAX, &r2),
+                  IGRAD_OK);
+    assert_int_equal(f.calls[CB_ALLREDUCE], 1);
+    for (int i = 0; i < 3; i++) assert_i64_equal(qr[i], q[i]);
+
+    int done = 0;
+    assert_status(igrad_comm_test(comm, r1, &done), IGRAD_OK);
+    assert_int_equal(done, 1);
+    assert_status(igrad_comm_wait(comm, r2), IGRAD_OK);
+    assert_status(igrad_comm_wait(comm, r1), IGRAD_OK);
+    assert_int_equal(f.calls[CB_ALLGATHER], 1);
+    assert_int_equal(f.calls[CB_ALLREDUCE], 1);
+    assert_int_equal(f.calls[CB_WAIT] + f.calls[CB_TEST], 0);
+    assert_i64_equal(comm->pending, 0);
+    igrad_comm_free(comm);
+    assert_int_equal(f.destroyed, 0);
+}
+
+/* Deferred operations complete only through test/wait; several in flight
+ * waited in an order other than issue order; each handle waited once. */
+static void test_custom_nonblocking(void **state)
+{
+    (void)state;
+    fake_t f = {.rank = 0, .size = 1, .polls_to_finish = 2};
+    igrad_comm_ops_t ops = fake_ops(1);
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+
+    enum { K = 6, N = 9 };
+    float send[K][N], recv[K][N];
+    igrad_comm_request_t *req[K];
+    for (int k = 0; k < K; k++) {
+        for (int i = 0; i < N; i++) {
+            send[k][i] = (float)(k * 100 + i);
+            recv[k][i] = -1.0f;
+        }
+        if (k % 2)
+            assert_status(igrad_comm_iallgather(comm, send[k], sizeof send[k], recv[k], &req[k]),
+                          IGRAD_OK);
+        else
+            assert_status(igrad_comm_iallreduce(comm, send[k], recv[k], N, IGRAD_DTYPE_F32,
+                                                IGRAD_REDUCE_SUM, &req[k]),
+                          IGRAD_OK);
+    }
+    assert_int_equal(f.outstanding, K);
+    assert_i64_equal(comm->pending, K);
+    for (int k = 0; k < K; k++) assert_f64_equal(recv[k][0], -1.0); /* nothing yet */
+
+    int done = -1;
+    assert_status(igrad_comm_test(comm, req[3], &done), IGRAD_OK);
+    assert_int_equal(done, 0);
+    assert_status(igrad_comm_test(comm, req[3], &done), IGRAD_OK);
+    assert_int_equal(done, 1);
+    assert_status(igrad_comm_test(comm, req[3], &done), IGRAD_OK); /* stays done */
+    assert_int_equal(done, 1);
+    assert_int_equal(f.calls[CB_TEST], 2);
+    assert_int_equal(f.calls[CB_WAIT], 0);
+    assert_f64_equal(recv[3][N - 1], send[3][N - 1]);
+
+    static const int order[K] = {4, 1, 5, 3, 0, 2};
+    for (int j = 0; j < K; j++) assert_status(igrad_comm_wait(comm, req[order[j]]), IGRAD_OK);
+    assert_int_equal(f.calls[CB_WAIT], K);
+    assert_int_equal(f.outstanding, 0);
+    assert_i64_equal(comm->pending, 0);
+    for (int k = 0; k < K; k++)
+        for (int i = 0; i < N; i++) assert_f64_equal(recv[k][i], send[k][i]);
+
+    /* no test callback: igrad_comm_test completes by waiting, and the
+     * handle is not waited a second time */
+    igrad_comm_free(comm);
+    ops.test = NULL;
+    memset(f.calls, 0, sizeof f.calls);
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    igrad_comm_request_t *r = NULL;
+    assert_status(igrad_comm_iallgather(comm, send[0], sizeof send[0], recv[0], &r), IGRAD_OK);
+    assert_status(igrad_comm_test(comm, r, &done), IGRAD_OK);
+    assert_int_equal(done, 1);
+    assert_int_equal(f.calls[CB_WAIT], 1);
+    assert_status(igrad_comm_wait(comm, r), IGRAD_OK);
+    assert_int_equal(f.calls[CB_WAIT], 1);
+    assert_int_equal(f.outstanding, 0);
+    igrad_comm_free(comm);
+    assert_int_equal(f.destroyed, 2);
+}
+
+/* A two-rank backend: recv holds size * nbytes, this rank's block at
+ * rank * nbytes, and the reductions combine both ranks' values. */
+static void test_custom_two_ranks(void **state)
+{
+    (void)state;
+    fake_t f = {.rank = 1, .size = 2, .polls_to_finish = 1};
+    igrad_comm_ops_t ops = fake_ops(1);
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_custom(&ops, &f, 1, 2, &comm), IGRAD_OK);
+    assert_int_equal(igrad_comm_rank(comm), 1);
+    assert_int_equal(igrad_comm_size(comm), 2);
+
+    enum { NB = 11 };
+    unsigned char send[NB], recv[2 * NB];
+    fill_bytes(send, NB, 1);
+    assert_status(igrad_comm_allgather(comm, send, NB, recv), IGRAD_OK);
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(recv[i], (unsigned char)~send[i]);
+        assert_int_equal(recv[NB + i], send[i]);
+    }
+    /* in place: rank 1's block is recv + NB */
+    memset(recv, 0, sizeof recv);
+    memcpy(recv + NB, send, NB);
+    assert_status(igrad_comm_allgather(comm, recv + NB, NB, recv), IGRAD_OK);
+    for (int i = 0; i < NB; i++) assert_int_equal(recv[i], (unsigned char)~send[i]);
+    /* rank 0's block is not where rank 1's data may come from */
+    assert_status(igrad_comm_allgather(comm, recv, NB, recv), IGRAD_E_INVALID);
+
+    double d[5] = {0.5, -1.25, 3.0, 1e10, -2.0};
+    int64_t q[5] = {1, -1, (int64_t)1 << 60, -5, 0};
+    for (int o = 0; o < 3; o++) {
+        igrad_reduce_op_t op = (igrad_reduce_op_t)o;
+        double dr[5];
+        int64_t qr[5];
+        memcpy(qr, q, sizeof q);
+        assert_status(igrad_comm_allreduce(comm, d, dr, 5, IGRAD_DTYPE_F64, op), IGRAD_OK);
+        igrad_comm_request_t *r = NULL;
+        assert_status(igrad_comm_iallreduce(comm, qr, qr, 5, IGRAD_DTYPE_I64, op, &r), IGRAD_OK);
+        assert_status(igrad_comm_wait(comm, r), IGRAD_OK);
+        for (int i = 0; i < 5; i++) {
+            /* the peer contributes value + 1 */
+            double dw = op == IGRAD_REDUCE_SUM ? 2 * d[i] + 1
+                        : op == IGRAD_REDUCE_MAX ? d[i] + 1 : d[i];
+            int64_t qw = op == IGRAD_REDUCE_SUM ? 2 * q[i] + 1
+                         : op == IGRAD_REDUCE_MAX ? q[i] + 1 : q[i];
+            assert_f64_equal(dr[i], dw);
+            assert_i64_equal(qr[i], qw);
+        }
+    }
+    unsigned char b[4] = {1, 2, 3, 4};
+    assert_status(igrad_comm_bcast(comm, b, sizeof b, 0), IGRAD_OK);
+    assert_int_equal(b[3], 0x5A);
+    assert_status(igrad_comm_bcast(comm, b, sizeof b, 2), IGRAD_E_INVALID);
+    assert_int_equal(f.calls[CB_BCAST], 1);
+    igrad_comm_free(comm);
+}
+
+/* Callback failures become igrad statuses with the callback's name and the
+ * backend's own message. */
+static void test_custom_errors(void **state)
+{
+    (void)state;
+    fake_t f = {.rank = 0, .size = 1, .polls_to_finish = 1};
+    igrad_comm_ops_t ops = fake_ops(1);
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    float x[4] = {1, 2, 3, 4}, y[4];
+
+    f.fail_status = IGRAD_E_COMM;
+    f.message = "peer 3 timed out";
+    assert_status(igrad_comm_allreduce(comm, x, y, 4, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM),
+                  IGRAD_E_COMM);
+    assert_error_mentions("allreduce");
+    assert_error_mentions("peer 3 timed out");
+    assert_status(igrad_comm_barrier(comm), IGRAD_E_COMM);
+    assert_error_mentions("barrier");
+
+    f.fail_status = 42; /* not a status: reported as a communication error */
+    f.message = NULL;
+    assert_status(igrad_comm_allgather(comm, x, sizeof x, y), IGRAD_E_COMM);
+    assert_error_mentions("returned 42");
+    f.fail_status = -1;
+    assert_status(igrad_comm_bcast(comm, x, sizeof x, 0), IGRAD_E_COMM);
+    assert_error_mentions("returned -1");
+    f.fail_status = IGRAD_E_NOMEM;
+    assert_status(igrad_comm_bcast(comm, x, sizeof x, 0), IGRAD_E_NOMEM);
+
+    /* a failed start hands back no request and leaves nothing pending */
+    igrad_comm_request_t sentinel = {0};
+    igrad_comm_request_t *r = &sentinel;
+    f.fail_status = IGRAD_E_COMM;
+    assert_status(igrad_comm_iallgather(comm, x, sizeof x, y, &r), IGRAD_E_COMM);
+    assert_null(r);
+    assert_error_mentions("iallgather");
+    assert_i64_equal(comm->pending, 0);
+
+    /* a failure found at wait still releases the request and the handle */
+    f.fail_status = 0;
+    assert_status(igrad_comm_iallreduce(comm, x, y, 4, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM, &r),
+                  IGRAD_OK);
+    f.fail_status = IGRAD_E_COMM;
+    f.message = "lost";
+    assert_status(igrad_comm_wait(comm, r), IGRAD_E_COMM);
+    assert_error_mentions("wait");
+    assert_int_equal(f.outstanding, 0);
+    assert_i64_equal(comm->pending, 0);
+
+    f.fail_status = 0;
+    assert_status(igrad_comm_iallreduce(comm, x, y, 4, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM, &r),
+                  IGRAD_OK);
+    f.fail_status = IGRAD_E_COMM;
+    int done = -1;
+    assert_status(igrad_comm_test(comm, r, &done), IGRAD_E_COMM);
+    assert_error_mentions("test");
+    assert_int_equal(done, 0);
+    f.fail_status = 0;
+    assert_status(igrad_comm_wait(comm, r), IGRAD_OK);
+    assert_int_equal(f.outstanding, 0);
+    igrad_comm_free(comm);
+}
+
+/* This executable never initializes MPI: the MPI backend must say so
+ * (or, in a build without MPI, that it is unsupported), not crash. */
+static void test_mpi_without_init(void **state)
+{
+    (void)state;
+    igrad_comm_t sentinel = {0};
+    igrad_comm_t *comm = &sentinel;
+    igrad_status_t st = igrad_comm_create_mpi(NULL, &comm);
+    if (st != IGRAD_E_STATE && st != IGRAD_E_UNSUPPORTED)
+        fail_msg("igrad_comm_create_mpi returned %d (%s), expected %d or %d", (int)st,
+                 igrad_status_str(st), IGRAD_E_STATE, IGRAD_E_UNSUPPORTED);
+    assert_null(comm);
+    assert_error_mentions(st == IGRAD_E_STATE ? "not initialized" : "without MPI");
+    assert_status(igrad_comm_create_mpi(NULL, NULL), st == IGRAD_E_STATE ? IGRAD_E_INVALID
+                                                                          : IGRAD_E_UNSUPPORTED);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_self_basics),
+        cmocka_unit_test(test_self_allgather),
+        cmocka_unit_test(test_self_allreduce),
+        cmocka_unit_test(test_self_bcast),
+        cmocka_unit_test(test_self_nonblocking),
+        cmocka_unit_test(test_invalid_arguments),
+        cmocka_unit_test(test_custom_validation),
+        cmocka_unit_test(test_custom_blocking_fallback),
+        cmocka_unit_test(test_custom_nonblocking),
+        cmocka_unit_test(test_custom_two_ranks),
+        cmocka_unit_test(test_custom_errors),
+        cmocka_unit_test(test_mpi_without_init),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
