@@ -22,6 +22,7 @@ static void usage(FILE *fp)
             "  bench select           fused error-feedback top-k vs a streaming pass\n"
             "  bench sync             sync methods over MPI on a model layout\n"
             "  train                  reference LLaMA-style trainer (under mpirun)\n"
+            "  model init|eval|bench  the trainer's model: create, check, time\n"
             "  version                print the library version\n");
 }
 
@@ -44,6 +45,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "profile")) return cmd_profile(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "model")) return cmd_model(argc - 1, argv + 1);
     fprintf(stderr, "igrad: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;
