@@ -634,7 +634,70 @@ IGRAD_API igrad_status_t igrad_comm_test(igrad_comm_t *comm, igrad_comm_request_
 /* Schedule and packing policies                                            */
 /* ------------------------------------------------------------------------ */
 
-/* (section: schedule/pack) */
+/** Defaults of the release schedule and the risk packing policy
+ *  (DESIGN.md §3). */
+#define IGRAD_DEFAULT_RELEASE_PERIOD 4    /**< R: a low component is released every R steps */
+#define IGRAD_DEFAULT_RELEASE_KEEP 0.25   /**< kappa: a release sends ceil(kappa*R*k) entries */
+#define IGRAD_DEFAULT_RISK_LAMBDA 1.0     /**< risk policy: cost = mean + lambda*std */
+
+/** When a low-importance component is released. Each gets a phase
+ *  phi in [0, R) and is sent at the steps where step mod R == phi;
+ *  important components and OTHER tensors are sent every step. */
+typedef enum igrad_schedule {
+    IGRAD_SCHEDULE_ALIGNED = 0,  /**< phi = R-1 for all: releases at steps R-1, 2R-1, ... */
+    IGRAD_SCHEDULE_STAGGERED = 1 /**< phases balance the release bytes over the R steps
+                                      (longest-processing-time); the default */
+} igrad_schedule_t;
+
+/** @return "aligned" or "staggered" ("unknown" for other values). */
+IGRAD_API const char *igrad_schedule_name(igrad_schedule_t schedule);
+/** Parses a schedule name (case-insensitive). @return IGRAD_E_INVALID if
+ *  unknown. */
+IGRAD_API igrad_status_t igrad_schedule_from_name(const char *name,
+                                                  igrad_schedule_t *schedule);
+
+/** How a step's payload blocks (a tensor's selection cut at block_entries)
+ *  are assigned to buckets. Every policy is deterministic and depends only
+ *  on block sizes and keys (never on timings), so all ranks agree. */
+typedef enum igrad_pack_policy {
+    IGRAD_PACK_DIRECT = 0,     /**< buckets fixed once on the full layout; deferred
+                                    blocks leave holes (naive baseline) */
+    IGRAD_PACK_SEQUENTIAL = 1, /**< blocks in readiness order; a bucket closes once
+                                    its load reaches total/B */
+    IGRAD_PACK_GREEDY = 2,     /**< largest block first into the lightest bucket (LPT) */
+    IGRAD_PACK_RISK = 3,       /**< greedy on mean + lambda*std of each block's
+                                    observed size history */
+    IGRAD_PACK_CONTIGUOUS = 4  /**< optimal contiguous split of the readiness order
+                                    (smallest largest bucket), so buckets can
+                                    launch during backward */
+} igrad_pack_policy_t;
+
+/** @return "direct", "sequential", "greedy", "risk" or "contiguous"
+ *  ("unknown" for other values). */
+IGRAD_API const char *igrad_pack_policy_name(igrad_pack_policy_t policy);
+/** Parses a packing policy name (case-insensitive). @return
+ *  IGRAD_E_INVALID if unknown. */
+IGRAD_API igrad_status_t igrad_pack_policy_from_name(const char *name,
+                                                     igrad_pack_policy_t *policy);
+
+/** Balance of one step's buckets, computed from their loads (bytes). */
+typedef struct igrad_pack_metrics {
+    double imbalance;   /**< max/min load; +inf when some bucket is empty while
+                             another is not; 1.0 when all are empty */
+    double cv;          /**< coefficient of variation: population std / mean
+                             over all buckets (0 when the mean is 0) */
+    int overflow;       /**< buckets with load > 1.05 * mean */
+    int empty;          /**< buckets with load 0 (they issue no collective) */
+    double max_nbytes;  /**< largest load */
+    double min_nbytes;  /**< smallest load */
+    double mean_nbytes; /**< mean load over all buckets */
+} igrad_pack_metrics_t;
+
+/** Computes the metrics of `nbuckets` bucket loads (bytes, finite, >= 0).
+ *  @return IGRAD_E_INVALID for nbuckets < 1, NULL pointers or a negative or
+ *  non-finite load. Thread-safe. */
+IGRAD_API igrad_status_t igrad_pack_metrics_compute(const double *loads, int nbuckets,
+                                                    igrad_pack_metrics_t *out);
 
 /* ------------------------------------------------------------------------ */
 /* Sync engine                                                              */
