@@ -169,9 +169,9 @@ size_t igrad__pack_scratch_nbytes(size_t max_blocks, int nbuckets);
  *   contiguous  blocks in readiness order split into consecutive runs,
  *               bucket j holding run j, minimising the largest bucket
  *               (exact: binary search on the integer answer with a greedy
- *               feasibility test). Among optimal splits it cuts each run
- *               where the running total is closest to j/B of the total
- *               (ties: the earlier cut), and never leaves a bucket empty
+ *               feasibility test). Among optimal splits it ends bucket j
+ *               where the running total is closest to (j+1)/B of the
+ *               total (ties: the earlier cut), and never leaves a bucket empty
  *               when nblocks >= B. With fewer blocks, block i of the
  *               readiness order gets bucket i.
  * bucket[nblocks] receives the assignment (indexed like blocks). loads
