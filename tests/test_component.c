@@ -1,0 +1,265 @@
+/*
+ * test_component.c — parameter name -> (layer, kind): one case per naming
+ * pattern of every supported family, the tricky ones (norms inside blocks,
+ * biases, DDP "module." prefix, bare base-model names, lm_head, MoE router),
+ * kind names, and per-kind weight counts of every shipped config checked
+ * against counts worked out by hand from the architecture.
+ *
+ * The table machinery itself (offsets, hash, readers) is tested in
+ * test_layout.c.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "igrad.h"
+
+typedef struct name_case {
+    const char *name;
+    int layer;
+    igrad_kind_t kind;
+} name_case_t;
+
+#define Q IGRAD_KIND_Q
+#define K IGRAD_KIND_K
+#define V IGRAD_KIND_V
+#define QKV IGRAD_KIND_QKV
+#define O IGRAD_KIND_O
+#define FC1 IGRAD_KIND_FC1
+#define FC2 IGRAD_KIND_FC2
+#define OTHER IGRAD_KIND_OTHER
+
+static const name_case_t cases[] = {
+    /* llama / mistral / qwen2 / gemma */
+    {"model.layers.3.self_attn.q_proj.weight", 3, Q},
+    {"model.layers.3.self_attn.k_proj.weight", 3, K},
+    {"model.layers.3.self_attn.v_proj.weight", 3, V},
+    {"model.layers.3.self_attn.o_proj.weight", 3, O},
+    {"model.layers.3.mlp.gate_proj.weight", 3, FC1},
+    {"model.layers.3.mlp.up_proj.weight", 3, FC1},
+    {"model.layers.3.mlp.down_proj.weight", 3, FC2},
+    {"model.layers.31.self_attn.q_proj.bias", 31, Q}, /* qwen2 bias */
+    {"model.layers.0.input_layernorm.weight", -1, OTHER},
+    {"model.layers.0.post_attention_layernorm.weight", -1, OTHER},
+    {"model.embed_tokens.weight", -1, OTHER},
+    {"model.norm.weight", -1, OTHER},
+    {"lm_head.weight", -1, OTHER},
+    /* mixtral */
+    {"model.layers.3.block_sparse_moe.experts.5.w1.weight", 3, FC1},
+    {"model.layers.3.block_sparse_moe.experts.5.w3.weight", 3, FC1},
+    {"model.layers.3.block_sparse_moe.experts.7.w2.weight", 3, FC2},
+    {"model.layers.3.block_sparse_moe.gate.weight", -1, OTHER},
+    /* opt */
+    {"model.decoder.layers.4.self_attn.q_proj.weight", 4, Q},
+    {"model.decoder.layers.4.self_attn.k_proj.bias", 4, K},
+    {"model.decoder.layers.4.self_attn.v_proj.weight", 4, V},
+    {"model.decoder.layers.4.self_attn.out_proj.weight", 4, O},
+    {"model.decoder.layers.4.fc1.weight", 4, FC1},
+    {"model.decoder.layers.4.fc2.bias", 4, FC2},
+    {"model.decoder.layers.4.self_attn_layer_norm.weight", -1, OTHER},
+    {"model.decoder.layers.4.final_layer_norm.bias", -1, OTHER},
+    {"model.decoder.embed_positions.weight", -1, OTHER},
+    {"model.decoder.project_in.weight", -1, OTHER},
+    {"model.decoder.final_layer_norm.weight", -1, OTHER},
+    /* gpt2 */
+    {"transformer.h.3.attn.c_attn.weight", 3, QKV},
+    {"transformer.h.3.attn.c_attn.bias", 3, QKV},
+    {"transformer.h.3.attn.c_proj.weight", 3, O},
+    {"transformer.h.3.mlp.c_fc.weight", 3, FC1},
+    {"transformer.h.3.mlp.c_proj.weight", 3, FC2},
+    {"transformer.h.3.mlp.c_proj.bias", 3, FC2},
+    {"transformer.h.3.ln_1.weight", -1, OTHER},
+    {"transformer.h.3.ln_2.bias", -1, OTHER},
+    {"transformer.h.3.attn.bias", -1, OTHER}, /* old checkpoints: causal mask buffer */
+    {"transformer.wte.weight", -1, OTHER},
+    {"transformer.wpe.weight", -1, OTHER},
+    {"transformer.ln_f.weight", -1, OTHER},
+    /* gpt_neox / pythia */
+    {"gpt_neox.layers.5.attention.query_key_value.weight", 5, QKV},
+    {"gpt_neox.layers.5.attention.dense.weight", 5, O},
+    {"gpt_neox.layers.5.mlp.dense_h_to_4h.bias", 5, FC1},
+    {"gpt_neox.layers.5.mlp.dense_4h_to_h.weight", 5, FC2},
+    {"gpt_neox.layers.5.input_layernorm.weight", -1, OTHER},
+    {"gpt_neox.embed_in.weight", -1, OTHER},
+    {"gpt_neox.final_layer_norm.weight", -1, OTHER},
+    {"embed_out.weight", -1, OTHER},
+    /* bloom and falcon */
+    {"transformer.h.7.self_attention.query_key_value.weight", 7, QKV},
+    {"transformer.h.7.self_attention.dense.bias", 7, O},
+    {"transformer.h.7.mlp.dense_h_to_4h.weight", 7, FC1},
+    {"transformer.h.7.mlp.dense_4h_to_h.weight", 7, FC2},
+    {"transformer.word_embeddings_layernorm.weight", -1, OTHER},
+    {"transformer.h.7.ln_attn.weight", -1, OTHER},
+    {"transformer.h.7.ln_mlp.bias", -1, OTHER},
+    /* gptj */
+    {"transformer.h.2.attn.q_proj.weight", 2, Q},
+    {"transformer.h.2.attn.k_proj.weight", 2, K},
+    {"transformer.h.2.attn.v_proj.weight", 2, V},
+    {"transformer.h.2.attn.out_proj.weight", 2, O},
+    {"transformer.h.2.mlp.fc_in.weight", 2, FC1},
+    {"transformer.h.2.mlp.fc_out.bias", 2, FC2},
+    {"lm_head.bias", -1, OTHER},
+    /* phi (transformers naming and the short q/k/v/dense form) */
+    {"model.layers.9.self_attn.q_proj.weight", 9, Q},
+    {"model.layers.9.self_attn.dense.weight", 9, O},
+    {"model.layers.9.self_attn.q.weight", 9, Q},
+    {"model.layers.9.self_attn.k.bias", 9, K},
+    {"model.layers.9.self_attn.v.weight", 9, V},
+    {"model.layers.9.mlp.fc1.weight", 9, FC1},
+    {"model.layers.9.mlp.fc2.bias", 9, FC2},
+    {"model.layers.9.self_attn.q_layernorm.weight", -1, OTHER},
+    {"model.final_layernorm.weight", -1, OTHER},
+    /* DDP prefix and bare base models */
+    {"module.model.layers.2.mlp.down_proj.weight", 2, FC2},
+    {"module.transformer.h.11.attn.c_attn.weight", 11, QKV},
+    {"layers.9.mlp.up_proj.weight", 9, FC1},
+    {"h.4.attn.c_proj.bias", 4, O},
+    {"decoder.layers.1.fc2.weight", 1, FC2},
+    {"layers.0.self_attn.o_proj.weight", 0, O},
+    /* unknown and malformed names */
+    {"", -1, OTHER},
+    {"weight", -1, OTHER},
+    {"model.layers.x.self_attn.q_proj.weight", -1, OTHER},
+    {"model.layers.3", -1, OTHER},
+    {"model.layers.3.weight", -1, OTHER},
+    {"model.layers.3.mlp.dense.weight", -1, OTHER}, /* "dense" is O only under attention */
+    {"model.layers.3.self_attn.rotary_emb.inv_freq", -1, OTHER},
+    {"model.layers.99999999.self_attn.q_proj.weight", -1, OTHER}, /* index too large */
+    {"vision.encoder.blocks.1.attn.qkv.weight", -1, OTHER},
+};
+
+static void test_component_of_names(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int layer = 12345;
+        igrad_kind_t kind = igrad_component_of(cases[i].name, &layer);
+        if (kind != cases[i].kind || layer != cases[i].layer)
+            fail_msg("'%s': got (%d, %s), expected (%d, %s)", cases[i].name, layer,
+                     igrad_kind_name(kind), cases[i].layer, igrad_kind_name(cases[i].kind));
+    }
+    /* layer pointer is optional, NULL name is OTHER */
+    assert_int_equal(igrad_component_of("model.layers.1.mlp.up_proj.weight", NULL), FC1);
+    int layer = 7;
+    assert_int_equal(igrad_component_of(NULL, &layer), OTHER);
+    assert_int_equal(layer, -1);
+}
+
+static void test_kind_names(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"Q", "K", "V", "QKV", "O", "FC1", "FC2", "OTHER"};
+    for (int k = 0; k < IGRAD_KIND_COUNT; k++) {
+        assert_string_equal(igrad_kind_name((igrad_kind_t)k), names[k]);
+        igrad_kind_t back = IGRAD_KIND_COUNT;
+        assert_int_equal(igrad_kind_from_name(names[k], &back), IGRAD_OK);
+        assert_int_equal(back, k);
+    }
+    igrad_kind_t kind;
+    assert_int_equal(igrad_kind_from_name("fc1", &kind), IGRAD_OK);
+    assert_int_equal(kind, FC1);
+    assert_int_equal(igrad_kind_from_name("qkv", &kind), IGRAD_OK);
+    assert_int_equal(kind, QKV);
+    assert_int_equal(igrad_kind_from_name("FC3", &kind), IGRAD_E_INVALID);
+    if (!strstr(igrad_last_error(), "FC3")) fail_msg("message: %s", igrad_last_error());
+    assert_int_equal(igrad_kind_from_name("", &kind), IGRAD_E_INVALID);
+    assert_string_equal(igrad_kind_name((igrad_kind_t)99), "?");
+}
+
+/* ---- per-kind counts of the shipped configs ----------------------------- */
+
+static const char *source_dir(void)
+{
+    static char dir[4096];
+    const char *env = getenv("IGRAD_SOURCE_DIR");
+    if (env && *env) return env;
+    /* Fallback for runs outside CTest: this file lives in <src>/tests/. */
+    snprintf(dir, sizeof dir, "%s", __FILE__);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, "..");
+    return dir;
+}
+
+typedef struct family_case {
+    const char *config;
+    int layers;
+    /* weight tensors (biases not counted) of Q, K, V, QKV, O, FC1, FC2, OTHER */
+    int weights[IGRAD_KIND_COUNT];
+    int components; /* (layer, kind) pairs */
+} family_case_t;
+
+static const family_case_t families[] = {
+    {"llama-2-7b", 32, {32, 32, 32, 0, 32, 64, 32, 67}, 32 * 6},
+    {"llama-100m", 12, {12, 12, 12, 0, 12, 24, 12, 26}, 12 * 6},
+    {"mistral-7b", 32, {32, 32, 32, 0, 32, 64, 32, 67}, 32 * 6},
+    {"qwen2-0.5b", 24, {24, 24, 24, 0, 24, 48, 24, 50}, 24 * 6},
+    {"gemma-2b", 18, {18, 18, 18, 0, 18, 36, 18, 38}, 18 * 6},
+    /* 8 experts x (w1, w3) x 32 layers = 512 FC1; OTHER has the 32 routers */
+    {"mixtral-8x7b", 32, {32, 32, 32, 0, 32, 512, 256, 99}, 32 * 6},
+    {"opt-125m", 12, {12, 12, 12, 0, 12, 12, 12, 27}, 12 * 6},
+    {"opt-350m", 24, {24, 24, 24, 0, 24, 24, 24, 52}, 24 * 6},
+    {"gpt2", 12, {0, 0, 0, 12, 12, 12, 12, 27}, 12 * 4},
+    {"pythia-160m", 12, {0, 0, 0, 12, 12, 12, 12, 27}, 12 * 4},
+    {"bloom-560m", 24, {0, 0, 0, 24, 24, 24, 24, 51}, 24 * 4},
+    {"falcon-7b", 32, {0, 0, 0, 32, 32, 32, 32, 34}, 32 * 4},
+    {"gpt-j-6b", 28, {28, 28, 28, 0, 28, 28, 28, 31}, 28 * 6},
+    {"phi-2", 32, {32, 32, 32, 0, 32, 32, 32, 35}, 32 * 6},
+};
+
+static void test_family_kind_counts(void **state)
+{
+    (void)state;
+    for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
+        const family_case_t *fc = &families[f];
+        char path[4200];
+        snprintf(path, sizeof path, "%s/configs/%s.json", source_dir(), fc->config);
+        igrad_layout_t *l = NULL;
+        if (igrad_layout_from_hf_config(path, &l) != IGRAD_OK)
+            fail_msg("%s: %s", path, igrad_last_error());
+        int weights[IGRAD_KIND_COUNT] = {0};
+        int max_layer = -1;
+        for (size_t i = 0; i < igrad_layout_count(l); i++) {
+            igrad_tensor_info_t t;
+            assert_int_equal(igrad_layout_tensor(l, i, &t), IGRAD_OK);
+            if (!t.is_bias) weights[t.kind]++;
+            if (t.layer > max_layer) max_layer = t.layer;
+            /* OTHER always has layer -1 and no component; others both */
+            if (t.kind == OTHER && (t.layer != -1 || t.component != -1))
+                fail_msg("%s: %s is OTHER with layer %d component %d", fc->config, t.name,
+                         t.layer, t.component);
+            if (t.kind != OTHER && (t.layer < 0 || t.component < 0))
+                fail_msg("%s: %s is %s with layer %d component %d", fc->config, t.name,
+                         igrad_kind_name(t.kind), t.layer, t.component);
+        }
+        for (int k = 0; k < IGRAD_KIND_COUNT; k++) {
+            if (weights[k] != fc->weights[k])
+                fail_msg("%s: %d %s weight tensors, expected %d", fc->config, weights[k],
+                         igrad_kind_name((igrad_kind_t)k), fc->weights[k]);
+        }
+        if (max_layer != fc->layers - 1)
+            fail_msg("%s: last layer %d, expected %d", fc->config, max_layer, fc->layers - 1);
+        if ((int)igrad_layout_component_count(l) != fc->components)
+            fail_msg("%s: %zu components, expected %d", fc->config,
+                     igrad_layout_component_count(l), fc->components);
+        igrad_layout_free(l);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_component_of_names),
+        cmocka_unit_test(test_kind_names),
+        cmocka_unit_test(test_family_kind_counts),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1007 @@
+/*
+ * test_layout.c — the parameter table and its readers: add/offsets/
+ * components against a brute-force recomputation, hash sensitivity,
+ * published parameter counts of every shipped HF config, config vs a real
+ * safetensors file written here (sparse, so a 93 GB Mixtral file costs
+ * nothing), content-sniffing load, name lists, to_json, and bad input of
+ * every kind with a check that the message names the culprit.
+ *
+ * Name -> component rules are tested in test_component.c; random inputs in
+ * tests/fuzz_safetensors.c and tests/fuzz_hf_config.c.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "igrad.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+#define EXPECT_FAIL(expr, want, needle)                                                 \
+    do {                                                                                \
+        igrad_status_t got_ = (expr);                                                   \
+        if (got_ != (want))                                                             \
+            fail_msg("%s: status %d (%s), expected %d; message: %s", #expr, (int)got_,   \
+                     igrad_status_str(got_), (int)(want), igrad_last_error());           \
+        expect_msg(#expr, (needle));                                                    \
+    } while (0)
+
+static void expect_msg(const char *expr, const char *needle)
+{
+    if (needle && !strstr(igrad_last_error(), needle))
+        fail_msg("%s: message '%s' does not mention '%s'", expr, igrad_last_error(), needle);
+}
+
+#define EXPECT_OK(expr)                                                                 \
+    do {                                                                                \
+        igrad_status_t got_ = (expr);                                                   \
+        if (got_ != IGRAD_OK)                                                           \
+            fail_msg("%s: status %d (%s): %s", #expr, (int)got_, igrad_status_str(got_), \
+                     igrad_last_error());                                               \
+    } while (0)
+
+static char tmpdir[256];
+
+static int setup_tmpdir(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/igrad-test-layout-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_tmpdir(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *source_dir(void)
+{
+    static char dir[4096];
+    const char *env = getenv("IGRAD_SOURCE_DIR");
+    if (env && *env) return env;
+    snprintf(dir, sizeof dir, "%s", __FILE__); /* <src>/tests/test_layout.c */
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, "..");
+    return dir;
+}
+
+static void config_path(const char *name, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s/configs/%s.json", source_dir(), name);
+}
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *fp = fopen(path, "wb");
+    if (!fp) fail_msg("cannot create %s", path);
+    if (fwrite(data, 1, n, fp) != n) fail_msg("cannot write %s", path);
+    fclose(fp);
+}
+
+static void tmp_path(char *buf, size_t size, const char *name)
+{
+    snprintf(buf, size, "%s/%s", tmpdir, name);
+}
+
+/* ---- core table --------------------------------------------------------- */
+
+static void test_add_offsets_components(void **state)
+{
+    (void)state;
+    igrad_layout_t *l = NULL;
+    EXPECT_OK(igrad_layout_create(&l));
+    assert_int_equal(igrad_layout_count(l), 0);
+    assert_int_equal(igrad_layout_total_count(l), 0);
+    assert_int_equal(igrad_layout_component_count(l), 0);
+
+    /* Out of layer order on purpose, so components must be re-sorted. */
+    struct {
+        const char *name;
+        int ndim;
+        int64_t shape[4];
+    } rows[] = {
+        {"model.embed_tokens.weight", 2, {10, 4}},
+        {"model.layers.1.mlp.up_proj.weight", 2, {6, 4}},
+        {"model.layers.1.self_attn.q_proj.weight", 2, {4, 4}},
+        {"model.layers.0.mlp.down_proj.weight", 2, {4, 6}},
+        {"model.layers.0.self_attn.q_proj.weight", 2, {4, 4}},
+        {"model.layers.0.self_attn.q_proj.bias", 1, {4}},
+        {"model.layers.1.mlp.gate_proj.weight", 2, {6, 4}},
+        {"model.layers.0.input_layernorm.weight", 1, {4}},
+        {"scale", 0, {0}},
+        {"conv.weight", 4, {2, 3, 5, 7}},
+    };
+    size_t n = sizeof rows / sizeof rows[0];
+    for (size_t i = 0; i < n; i++)
+        EXPECT_OK(igrad_layout_add(l, rows[i].name, IGRAD_DTYPE_BF16, rows[i].ndim, rows[i].shape));
+    assert_int_equal(igrad_layout_count(l), n);
+    assert_string_equal(igrad_layout_family(l), "custom");
+
+    int64_t offset = 0;
+    for (size_t i = 0; i < n; i++) {
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, i, &t));
+        assert_string_equal(t.name, rows[i].name);
+        assert_int_equal(t.dtype, IGRAD_DTYPE_BF16);
+        assert_int_equal(t.ndim, rows[i].ndim);
+        int64_t count = 1;
+        for (int d = 0; d < 4; d++) {
+            int64_t want = d < rows[i].ndim ? rows[i].shape[d] : 1;
+            assert_int_equal(t.shape[d], want);
+            count *= want;
+        }
+        assert_int_equal(t.count, count);
+        assert_int_equal(t.offset, offset);
+        offset += count;
+        int layer;
+        igrad_kind_t kind = igrad_component_of(rows[i].name, &layer);
+        assert_int_equal(t.kind, kind);
+        assert_int_equal(t.layer, layer);
+        size_t len = strlen(rows[i].name);
+        assert_int_equal(t.is_bias, len >= 4 && !strcmp(rows[i].name + len - 4, "bias"));
+        assert_int_equal(igrad_layout_find(l, rows[i].name), (int)i);
+    }
+    assert_int_equal(igrad_layout_total_count(l), offset);
+    assert_int_equal(igrad_layout_find(l, "model.layers.0"), -1);
+    assert_int_equal(igrad_layout_find(l, ""), -1);
+
+    /* Brute force: for each (layer, kind) pair present, in (layer, kind)
+     * order, the sum of counts and number of tensors. */
+    size_t nc = igrad_layout_component_count(l);
+    size_t expect_index = 0;
+    for (int layer = 0; layer < 4; layer++) {
+        for (int k = 0; k < IGRAD_KIND_OTHER; k++) {
+            int64_t count = 0;
+            int tensors = 0;
+            for (size_t i = 0; i < n; i++) {
+                igrad_tensor_info_t t;
+                igrad_layout_tensor(l, i, &t);
+                if (t.layer == layer && (int)t.kind == k) {
+                    count += t.count;
+                    tensors++;
+                    /* the tensor points at this component */
+                    assert_int_equal(t.component, (int)expect_index);
+                }
+            }
+            if (!tensors) continue;
+            igrad_component_info_t c;
+            EXPECT_OK(igrad_layout_component(l, expect_index, &c));
+            assert_int_equal(c.layer, layer);
+            assert_int_equal(c.kind, k);
+            assert_int_equal(c.count, count);
+            assert_int_equal(c.tensors, tensors);
+            expect_index++;
+        }
+    }
+    assert_int_equal(nc, expect_index);
+    assert_int_equal(nc, 4); /* (0,Q) (0,FC2) (1,Q) (1,FC1) */
+
+    igrad_tensor_info_t t;
+    igrad_component_info_t c;
+    EXPECT_FAIL(igrad_layout_tensor(l, n, &t), IGRAD_E_INVALID, "out of range");
+    EXPECT_FAIL(igrad_layout_component(l, nc, &c), IGRAD_E_INVALID, "out of range");
+    igrad_layout_free(l);
+    igrad_layout_free(NULL);
+}
+
+static void test_add_errors(void **state)
+{
+    (void)state;
+    igrad_layout_t *l = NULL;
+    EXPECT_OK(igrad_layout_create(&l));
+    int64_t ok[2] = {3, 4};
+    EXPECT_OK(igrad_layout_add(l, "a.weight", IGRAD_DTYPE_F32, 2, ok));
+    EXPECT_FAIL(igrad_layout_add(l, "a.weight", IGRAD_DTYPE_F32, 2, ok), IGRAD_E_INVALID,
+                "duplicate tensor name 'a.weight'");
+    int64_t five[5] = {1, 1, 1, 1, 1};
+    EXPECT_FAIL(igrad_layout_add(l, "b", IGRAD_DTYPE_F32, 5, five), IGRAD_E_INVALID, "'b'");
+    EXPECT_FAIL(igrad_layout_add(l, "b", IGRAD_DTYPE_F32, -1, five), IGRAD_E_INVALID, "'b'");
+    int64_t zero[2] = {3, 0};
+    EXPECT_FAIL(igrad_layout_add(l, "c", IGRAD_DTYPE_F32, 2, zero), IGRAD_E_INVALID,
+                "must be positive");
+    int64_t neg[1] = {-2};
+    EXPECT_FAIL(igrad_layout_add(l, "c", IGRAD_DTYPE_F32, 1, neg), IGRAD_E_INVALID, "-2");
+    int64_t huge[2] = {INT64_C(1) << 32, INT64_C(1) << 32};
+    EXPECT_FAIL(igrad_layout_add(l, "d", IGRAD_DTYPE_F32, 2, huge), IGRAD_E_INVALID,
+                "overflows");
+    int64_t big[1] = {INT64_MAX - 5};
+    EXPECT_FAIL(igrad_layout_add(l, "e", IGRAD_DTYPE_F32, 1, big), IGRAD_E_INVALID,
+                "total entry count overflows");
+    EXPECT_FAIL(igrad_layout_add(l, "", IGRAD_DTYPE_F32, 2, ok), IGRAD_E_INVALID, "empty");
+    EXPECT_FAIL(igrad_layout_add(l, "f", IGRAD_DTYPE_COUNT, 2, ok), IGRAD_E_INVALID, "dtype");
+    EXPECT_FAIL(igrad_layout_add(l, NULL, IGRAD_DTYPE_F32, 2, ok), IGRAD_E_INVALID, NULL);
+    /* Failed adds leave the table as it was. */
+    assert_int_equal(igrad_layout_count(l), 1);
+    assert_int_equal(igrad_layout_total_count(l), 12);
+    igrad_layout_free(l);
+}
+
+static void test_dtypes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        size_t nbytes;
+    } want[IGRAD_DTYPE_COUNT] = {
+        {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I8", 1},
+        {"I16", 2}, {"I32", 4}, {"I64", 8},  {"U8", 1},  {"U16", 2},
+        {"U32", 4}, {"U64", 8}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+    };
+    for (int d = 0; d < IGRAD_DTYPE_COUNT; d++) {
+        assert_string_equal(igrad_dtype_name((igrad_dtype_t)d), want[d].name);
+        assert_int_equal(igrad_dtype_nbytes((igrad_dtype_t)d), want[d].nbytes);
+        igrad_dtype_t back;
+        EXPECT_OK(igrad_dtype_from_name(want[d].name, &back));
+        assert_int_equal(back, d);
+    }
+    igrad_dtype_t dt;
+    EXPECT_FAIL(igrad_dtype_from_name("F128", &dt), IGRAD_E_INVALID, "F128");
+    assert_int_equal(igrad_dtype_nbytes(IGRAD_DTYPE_COUNT), 0);
+}
+
+static igrad_layout_t *small_layout(const char *n2, igrad_dtype_t dt2, int64_t d2)
+{
+    igrad_layout_t *l = NULL;
+    int64_t a[2] = {4, 8};
+    int64_t b[1] = {d2};
+    igrad_layout_create(&l);
+    igrad_layout_add(l, "model.layers.0.self_attn.q_proj.weight", IGRAD_DTYPE_F32, 2, a);
+    igrad_layout_add(l, n2, dt2, 1, b);
+    return l;
+}
+
+static void test_hash(void **state)
+{
+    (void)state;
+    const char *n = "model.norm.weight";
+    igrad_layout_t *base = small_layout(n, IGRAD_DTYPE_F32, 8);
+    igrad_layout_t *same = small_layout(n, IGRAD_DTYPE_F32, 8);
+    igrad_layout_t *name = small_layout("model.norm.bias", IGRAD_DTYPE_F32, 8);
+    igrad_layout_t *dtype = small_layout(n, IGRAD_DTYPE_F16, 8);
+    igrad_layout_t *shape = small_layout(n, IGRAD_DTYPE_F32, 9);
+    igrad_layout_t *empty = NULL;
+    igrad_layout_create(&empty);
+    assert_int_equal(igrad_layout_count(base), 2);
+    assert_true(igrad_layout_hash(base) == igrad_layout_hash(same));
+    assert_true(igrad_layout_hash(base) != igrad_layout_hash(name));
+    assert_true(igrad_layout_hash(base) != igrad_layout_hash(dtype));
+    assert_true(igrad_layout_hash(base) != igrad_layout_hash(shape));
+    assert_true(igrad_layout_hash(base) != igrad_layout_hash(empty));
+    /* [4, 8] and [32] have the same count but are different tensors. */
+    igrad_layout_t *flat = NULL;
+    int64_t s32[1] = {32}, s48[2] = {4, 8};
+    igrad_layout_create(&flat);
+    igrad_layout_add(flat, "x", IGRAD_DTYPE_F32, 1, s32);
+    igrad_layout_t *mat = NULL;
+    igrad_layout_create(&mat);
+    igrad_layout_add(mat, "x", IGRAD_DTYPE_F32, 2, s48);
+    assert_true(igrad_layout_hash(flat) != igrad_layout_hash(mat));
+    igrad_layout_free(base);
+    igrad_layout_free(same);
+    igrad_layout_free(name);
+    igrad_layout_free(dtype);
+    igrad_layout_free(shape);
+    igrad_layout_free(empty);
+    igrad_layout_free(flat);
+    igrad_layout_free(mat);
+}
+
+/* ---- HF configs --------------------------------------------------------- */
+
+static const struct {
+    const char *config;
+    const char *family;
+    int64_t total;   /* published parameter count */
+    size_t tensors;  /* len(list(model.named_parameters())) */
+    igrad_dtype_t dtype;
+} published[] = {
+    {"gpt2", "gpt2", 124439808, 148, IGRAD_DTYPE_F32},
+    {"opt-125m", "opt", 125239296, 196, IGRAD_DTYPE_F16},
+    {"opt-350m", "opt", 331196416, 388, IGRAD_DTYPE_F16},
+    {"pythia-160m", "gpt_neox", 162322944, 148, IGRAD_DTYPE_F16},
+    {"llama-2-7b", "llama", 6738415616, 291, IGRAD_DTYPE_F16},
+    {"mistral-7b", "mistral", 7241732096, 291, IGRAD_DTYPE_BF16},
+    {"mixtral-8x7b", "mixtral", 46702792704, 995, IGRAD_DTYPE_BF16},
+    {"qwen2-0.5b", "qwen2", 494032768, 290, IGRAD_DTYPE_BF16},
+    {"gemma-2b", "gemma", 2506172416, 164, IGRAD_DTYPE_BF16},
+    {"phi-2", "phi", 2779683840, 453, IGRAD_DTYPE_F16},
+    {"bloom-560m", "bloom", 559214592, 293, IGRAD_DTYPE_F32},
+    {"gpt-j-6b", "gptj", 6050882784, 285, IGRAD_DTYPE_F32},
+    {"falcon-7b", "falcon", 6921720704, 195, IGRAD_DTYPE_BF16},
+    /* not published: 12 x (4 x 768^2 + 3 x 768 x 2048 + 2 x 768) + 768 + 32000 x 768 */
+    {"llama-100m", "llama", 109529856, 110, IGRAD_DTYPE_F32},
+};
+
+static void test_published_counts(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
+        char path[4200];
+        config_path(published[i].config, path, sizeof path);
+        igrad_layout_t *l = NULL;
+        EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+        if (igrad_layout_total_count(l) != published[i].total)
+            fail_msg("%s: %lld parameters, published %lld", published[i].config,
+                     (long long)igrad_layout_total_count(l), (long long)published[i].total);
+        if (igrad_layout_count(l) != published[i].tensors)
+            fail_msg("%s: %zu tensors, expected %zu", published[i].config,
+                     igrad_layout_count(l), published[i].tensors);
+        assert_string_equal(igrad_layout_family(l), published[i].family);
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, 0, &t));
+        assert_int_equal(t.dtype, published[i].dtype);
+        igrad_layout_free(l);
+    }
+}
+
+static igrad_layout_t *from_json_text(const char *json)
+{
+    igrad_layout_t *l = NULL;
+    if (igrad_layout_from_hf_config_string(json, strlen(json), "test.json", &l) != IGRAD_OK)
+        fail_msg("config: %s", igrad_last_error());
+    return l;
+}
+
+static void expect_shape(const igrad_layout_t *l, const char *name, int64_t d0, int64_t d1)
+{
+    int i = igrad_layout_find(l, name);
+    if (i < 0) fail_msg("tensor %s missing", name);
+    igrad_tensor_info_t t;
+    igrad_layout_tensor(l, (size_t)i, &t);
+    int ndim = d1 ? 2 : 1;
+    if (t.ndim != ndim || t.shape[0] != d0 || (d1 && t.shape[1] != d1))
+        fail_msg("%s: shape [%lld, %lld] (ndim %d), expected [%lld, %lld]", name,
+                 (long long)t.shape[0], (long long)t.shape[1], t.ndim, (long long)d0,
+                 (long long)d1);
+}
+
+static void expect_absent(const igrad_layout_t *l, const char *name)
+{
+    if (igrad_layout_find(l, name) >= 0) fail_msg("tensor %s should not exist", name);
+}
+
+static void test_config_details(void **state)
+{
+    (void)state;
+    char path[4200];
+    igrad_layout_t *l = NULL;
+
+    /* GQA widths, qwen2 biases on q/k/v only, tied head */
+    config_path("qwen2-0.5b", path, sizeof path);
+    EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+    expect_shape(l, "model.layers.0.self_attn.q_proj.weight", 896, 896);
+    expect_shape(l, "model.layers.0.self_attn.k_proj.weight", 128, 896);
+    expect_shape(l, "model.layers.0.self_attn.k_proj.bias", 128, 0);
+    expect_absent(l, "model.layers.0.self_attn.o_proj.bias");
+    expect_absent(l, "lm_head.weight");
+    igrad_layout_free(l);
+
+    /* gemma: explicit head_dim, tied by default (no key in the config) */
+    config_path("gemma-2b", path, sizeof path);
+    EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+    expect_shape(l, "model.layers.17.self_attn.q_proj.weight", 2048, 2048);
+    expect_shape(l, "model.layers.17.self_attn.v_proj.weight", 256, 2048);
+    expect_absent(l, "lm_head.weight");
+    igrad_layout_free(l);
+
+    /* opt-350m: projections, post-norm (no final layer norm), head width */
+    config_path("opt-350m", path, sizeof path);
+    EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+    expect_shape(l, "model.decoder.embed_tokens.weight", 50272, 512);
+    expect_shape(l, "model.decoder.embed_positions.weight", 2050, 1024);
+    expect_shape(l, "model.decoder.project_out.weight", 512, 1024);
+    expect_shape(l, "model.decoder.project_in.weight", 1024, 512);
+    expect_absent(l, "model.decoder.final_layer_norm.weight");
+    expect_absent(l, "model.decoder.project_in.bias");
+    /* k, v, q, out order inside the attention module */
+    assert_int_equal(igrad_layout_find(l, "model.decoder.layers.0.self_attn.k_proj.weight") + 4,
+                     igrad_layout_find(l, "model.decoder.layers.0.self_attn.q_proj.weight"));
+    igrad_layout_free(l);
+
+    /* gpt2: Conv1D weights are [in, out] */
+    config_path("gpt2", path, sizeof path);
+    EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+    expect_shape(l, "transformer.h.0.attn.c_attn.weight", 768, 2304);
+    expect_shape(l, "transformer.h.11.mlp.c_proj.weight", 3072, 768);
+    expect_absent(l, "lm_head.weight");
+    igrad_layout_free(l);
+
+    /* falcon-7b: multi-query qkv, one norm per block, no biases */
+    config_path("falcon-7b", path, sizeof path);
+    EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+    expect_shape(l, "transformer.h.0.self_attention.query_key_value.weight", 4544 + 128, 4544);
+    expect_absent(l, "transformer.h.0.self_attention.query_key_value.bias");
+    expect_absent(l, "transformer.h.0.post_attention_layernorm.weight");
+    expect_shape(l, "transformer.h.0.input_layernorm.bias", 4544, 0);
+    igrad_layout_free(l);
+
+    /* gpt-j: lm_head has a bias; rotary has no parameters */
+    config_path("gpt-j-6b", path, sizeof path);
+    EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+    expect_shape(l, "lm_head.bias", 50400, 0);
+    expect_shape(l, "transformer.h.0.mlp.fc_in.weight", 16384, 4096);
+    expect_absent(l, "transformer.h.0.attn.q_proj.bias");
+    igrad_layout_free(l);
+
+    /* mixtral: router and experts */
+    config_path("mixtral-8x7b", path, sizeof path);
+    EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+    expect_shape(l, "model.layers.31.block_sparse_moe.gate.weight", 8, 4096);
+    expect_shape(l, "model.layers.31.block_sparse_moe.experts.7.w2.weight", 4096, 14336);
+    igrad_layout_free(l);
+
+    /* falcon new decoder architecture (40b-like): GQA qkv, ln_attn/ln_mlp */
+    l = from_json_text("{\"model_type\": \"falcon\", \"hidden_size\": 64, "
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, "
+                       "\"num_kv_heads\": 2, \"vocab_size\": 100, \"new_decoder_architecture\": "
+                       "true, \"parallel_attn\": true, \"bias\": false}");
+    expect_shape(l, "transformer.h.1.self_attention.query_key_value.weight", (2 * 2 + 8) * 8, 64);
+    expect_shape(l, "transformer.h.1.ln_attn.weight", 64, 0);
+    expect_shape(l, "transformer.h.1.ln_mlp.bias", 64, 0);
+    expect_absent(l, "transformer.h.1.input_layernorm.weight");
+    igrad_layout_free(l);
+
+    /* falcon sequential (not parallel): both norms, plain 3H qkv with bias */
+    l = from_json_text("{\"model_type\": \"falcon\", \"hidden_size\": 64, "
+                       "\"num_hidden_layers\": 1, \"num_attention_heads\": 8, "
+                       "\"vocab_size\": 100, \"multi_query\": false, \"parallel_attn\": false, "
+                       "\"bias\": true, \"tie_word_embeddings\": false}");
+    expect_shape(l, "transformer.h.0.self_attention.query_key_value.bias", 192, 0);
+    expect_shape(l, "transformer.h.0.post_attention_layernorm.weight", 64, 0);
+    expect_shape(l, "lm_head.weight", 100, 64);
+    assert_true(igrad_layout_find(l, "transformer.h.0.post_attention_layernorm.weight") <
+                igrad_layout_find(l, "transformer.h.0.input_layernorm.weight"));
+    igrad_layout_free(l);
+
+    /* llama with attention and mlp biases, tie off by default, GQA */
+    l = from_json_text("{\"model_type\": \"llama\", \"hidden_size\": 32, "
+                       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
+                       "\"num_key_value_heads\": 2, \"intermediate_size\": 48, "
+                       "\"vocab_size\": 50, \"attention_bias\": true, \"mlp_bias\": true}");
+    expect_shape(l, "model.layers.0.self_attn.k_proj.weight", 16, 32);
+    expect_shape(l, "model.layers.0.self_attn.o_proj.bias", 32, 0);
+    expect_shape(l, "model.layers.0.mlp.down_proj.bias", 32, 0);
+    expect_shape(l, "lm_head.weight", 50, 32);
+    igrad_tensor_info_t t;
+    igrad_layout_tensor(l, 0, &t);
+    assert_int_equal(t.dtype, IGRAD_DTYPE_F32); /* no torch_dtype: F32 */
+    igrad_layout_free(l);
+
+    /* phi with qk_layernorm and GQA; opt without elementwise-affine norms */
+    l = from_json_text("{\"model_type\": \"phi\", \"hidden_size\": 32, "
+                       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
+                       "\"num_key_value_heads\": 1, \"intermediate_size\": 64, "
+                       "\"vocab_size\": 50, \"qk_layernorm\": true, \"dtype\": \"bfloat16\"}");
+    expect_shape(l, "model.layers.0.self_attn.q_layernorm.weight", 8, 0);
+    expect_shape(l, "model.layers.0.self_attn.v_proj.bias", 8, 0);
+    igrad_layout_tensor(l, 0, &t);
+    assert_int_equal(t.dtype, IGRAD_DTYPE_BF16);
+    igrad_layout_free(l);
+    l = from_json_text("{\"model_type\": \"opt\", \"hidden_size\": 16, \"num_hidden_layers\": 1,"
+                       "\"ffn_dim\": 32, \"vocab_size\": 40, \"max_position_embeddings\": 10,"
+                       "\"layer_norm_elementwise_affine\": false, \"enable_bias\": false}");
+    assert_int_equal(igrad_layout_count(l), 2 + 6);
+    igrad_layout_free(l);
+}
+
+static void test_config_errors(void **state)
+{
+    (void)state;
+    igrad_layout_t *l = (igrad_layout_t *)0x1;
+    const char *j;
+
+    j = "{\"model_type\": \"t5\", \"hidden_size\": 8}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l),
+                IGRAD_E_UNSUPPORTED, "'t5'");
+    assert_null(l);
+    if (!strstr(igrad_last_error(), "llama") || !strstr(igrad_last_error(), "mixtral") ||
+        !strstr(igrad_last_error(), "cfg.json"))
+        fail_msg("message should list the supported families: %s", igrad_last_error());
+
+    j = "{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 2, \"vocab_size\": 10}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "'intermediate_size'");
+    j = "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_positions\": 4, \"vocab_size\": 10}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "'n_embd'");
+    j = "{\"model_type\": \"llama\", \"hidden_size\": \"8\"}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "'hidden_size' must be an integer");
+    j = "{\"model_type\": \"llama\", \"hidden_size\": 8.5}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "'hidden_size'");
+    j = "{\"model_type\": \"llama\", \"hidden_size\": -8}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "'hidden_size'");
+    j = "{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 3, \"intermediate_size\": 8, \"vocab_size\": 10}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "divisible");
+    j = "{\"model_type\": \"opt\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+        "\"ffn_dim\": 8, \"vocab_size\": 10, \"max_position_embeddings\": 4, "
+        "\"do_layer_norm_before\": 1}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "'do_layer_norm_before' must be true or false");
+    j = "{\"model_type\": \"llama\", \"torch_dtype\": \"int4\"}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "'int4'");
+    j = "{\"model_type\": 7}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "'model_type'");
+    j = "{\"hidden_size\": 8}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "missing required key 'model_type'");
+    j = "{\"model_type\": \"llama\",";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "malformed JSON");
+    j = "[1, 2]";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "not a JSON object");
+    j = "{\"model_type\": \"llama\"} x";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "trailing");
+    j = "{\"model_type\": \"mixtral\", \"hidden_size\": 8, \"num_hidden_layers\": 1024, "
+        "\"num_attention_heads\": 2, \"intermediate_size\": 8, \"vocab_size\": 10, "
+        "\"num_local_experts\": 1024}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "experts");
+    j = "{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 100000}";
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
+                "'num_hidden_layers'");
+
+    char path[512];
+    tmp_path(path, sizeof path, "missing.json");
+    EXPECT_FAIL(igrad_layout_from_hf_config(path, &l), IGRAD_E_IO, "missing.json");
+    tmp_path(path, sizeof path, "bad.json");
+    j = "{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 2}";
+    write_file(path, j, strlen(j));
+    EXPECT_FAIL(igrad_layout_from_hf_config(path, &l), IGRAD_E_FORMAT, "bad.json");
+    if (!strstr(igrad_last_error(), "'num_attention_heads'"))
+        fail_msg("message: %s", igrad_last_error());
+}
+
+/* ---- safetensors -------------------------------------------------------- */
+
+/* The test's own writer (independent of the library's): header JSON with
+ * the tensors packed in layout order, padded with spaces to 8 bytes, then
+ * a sparse data region of the right size. */
+static size_t test_dtype_size(igrad_dtype_t dt)
+{
+    switch (dt) {
+    case IGRAD_DTYPE_F32: return 4;
+    case IGRAD_DTYPE_F16:
+    case IGRAD_DTYPE_BF16: return 2;
+    default: return 0;
+    }
+}
+
+static void write_safetensors(const igrad_layout_t *l, const char *path)
+{
+    size_t cap = 256 + igrad_layout_count(l) * 512, len = 0;
+    char *json = malloc(cap);
+    assert_non_null(json);
+    uint64_t at = 0;
+    len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (size_t i = 0; i < igrad_layout_count(l); i++) {
+        igrad_tensor_info_t t;
+        igrad_layout_tensor(l, i, &t);
+        size_t es = test_dtype_size(t.dtype);
+        assert_true(es > 0);
+        uint64_t nb = (uint64_t)t.count * es;
+        len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[",
+                                t.name, igrad_dtype_name(t.dtype));
+        for (int d = 0; d < t.ndim; d++)
+            len += (size_t)snprintf(json + len, cap - len, "%s%lld", d ? "," : "",
+                                    (long long)t.shape[d]);
+        len += (size_t)snprintf(json + len, cap - len, "],\"data_offsets\":[%llu,%llu]}",
+                                (unsigned long long)at, (unsigned long long)(at + nb));
+        at += nb;
+    }
+    len += (size_t)snprintf(json + len, cap - len, "}");
+    assert_true(len < cap);
+    while (len % 8) json[len++] = ' ';
+    unsigned char n8[8];
+    for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(n8, 1, 8, fp), 8);
+    assert_int_equal(fwrite(json, 1, len, fp), len);
+    assert_int_equal(fflush(fp), 0);
+    assert_int_equal(ftruncate(fileno(fp), (off_t)(8 + len + at)), 0);
+    fclose(fp);
+    free(json);
+}
+
+static void expect_same_table(const igrad_layout_t *a, const igrad_layout_t *b, const char *what)
+{
+    if (igrad_layout_count(a) != igrad_layout_count(b))
+        fail_msg("%s: %zu vs %zu tensors", what, igrad_layout_count(a), igrad_layout_count(b));
+    for (size_t i = 0; i < igrad_layout_count(a); i++) {
+        igrad_tensor_info_t x, y;
+        igrad_layout_tensor(a, i, &x);
+        igrad_layout_tensor(b, i, &y);
+        if (strcmp(x.name, y.name) || x.dtype != y.dtype || x.ndim != y.ndim ||
+            memcmp(x.shape, y.shape, sizeof x.shape) || x.offset != y.offset ||
+            x.component != y.component)
+            fail_msg("%s: row %zu differs: %s vs %s", what, i, x.name, y.name);
+    }
+    if (igrad_layout_hash(a) != igrad_layout_hash(b))
+        fail_msg("%s: hash %016llx vs %016llx", what, (unsigned long long)igrad_layout_hash(a),
+                 (unsigned long long)igrad_layout_hash(b));
+}
+
+static void test_config_vs_safetensors(void **state)
+{
+    (void)state;
+    static const char *const configs[] = {"gpt2", "opt-350m", "pythia-160m", "llama-100m",
+                                          "qwen2-0.5b", "mixtral-8x7b", "phi-2", "falcon-7b"};
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        char cfg[4200], st_path[512];
+        config_path(configs[c], cfg, sizeof cfg);
+        snprintf(st_path, sizeof st_path, "%s/%s.safetensors", tmpdir, configs[c]);
+        igrad_layout_t *from_cfg = NULL, *from_st = NULL, *loaded = NULL;
+        EXPECT_OK(igrad_layout_from_hf_config(cfg, &from_cfg));
+        write_safetensors(from_cfg, st_path);
+        EXPECT_OK(igrad_layout_from_safetensors(st_path, &from_st));
+        expect_same_table(from_cfg, from_st, configs[c]);
+        assert_string_equal(igrad_layout_family(from_st), "safetensors");
+        EXPECT_OK(igrad_layout_load(st_path, &loaded));
+        expect_same_table(from_cfg, loaded, configs[c]);
+        assert_string_equal(igrad_layout_family(loaded), "safetensors");
+        igrad_layout_free(loaded);
+        EXPECT_OK(igrad_layout_load(cfg, &loaded));
+        assert_string_equal(igrad_layout_family(loaded), igrad_layout_family(from_cfg));
+        igrad_layout_free(from_cfg);
+        igrad_layout_free(from_st);
+        igrad_layout_free(loaded);
+        remove(st_path);
+    }
+}
+
+/* Header-only buffer: 8-byte length + json; file size adds data_nbytes. */
+static igrad_status_t st_parse(const char *json, uint64_t data_nbytes, igrad_layout_t **out)
+{
+    size_t n = strlen(json);
+    unsigned char *buf = malloc(8 + n);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    memcpy(buf + 8, json, n);
+    igrad_status_t st =
+        igrad_layout_from_safetensors_bytes(buf, 8 + n, 8 + n + data_nbytes, "t.safetensors", out);
+    free(buf);
+    return st;
+}
+
+static void test_safetensors_good(void **state)
+{
+    (void)state;
+    igrad_layout_t *l = NULL;
+    /* Header order differs from data order: the layout follows the data.
+     * A zero-size tensor is skipped; __metadata__ is skipped. */
+    const char *j = "{\"b\":{\"dtype\":\"F16\",\"shape\":[2,3],\"data_offsets\":[16,28]},"
+                    "\"__metadata__\":{\"format\":\"pt\"},"
+                    "\"empty\":{\"dtype\":\"F32\",\"shape\":[0,5],\"data_offsets\":[16,16]},"
+                    "\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                    "\"s\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[28,36]}}   ";
+    EXPECT_OK(st_parse(j, 36, &l));
+    assert_int_equal(igrad_layout_count(l), 3);
+    igrad_tensor_info_t t;
+    igrad_layout_tensor(l, 0, &t);
+    assert_string_equal(t.name, "a");
+    igrad_layout_tensor(l, 1, &t);
+    assert_string_equal(t.name, "b");
+    assert_int_equal(t.dtype, IGRAD_DTYPE_F16);
+    assert_int_equal(t.offset, 4);
+    igrad_layout_tensor(l, 2, &t);
+    assert_string_equal(t.name, "s");
+    assert_int_equal(t.ndim, 0);
+    assert_int_equal(t.count, 1);
+    assert_int_equal(igrad_layout_find(l, "empty"), -1);
+    igrad_layout_free(l);
+    /* more data than the tensors use is allowed */
+    EXPECT_OK(st_parse(j, 100, &l));
+    igrad_layout_free(l);
+}
+
+static void test_safetensors_errors(void **state)
+{
+    (void)state;
+    igrad_layout_t *l = NULL;
+    char path[512];
+    static const struct {
+        const char *json;
+        uint64_t data;
+        const char *needle;
+    } bad[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, "malformed JSON"},
+        {"[1,2]", 0, "not a JSON object"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 16,
+         "duplicate tensor name 'a'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, "negative"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,10]}}", 10,
+         "not an integer"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],"
+         "\"data_offsets\":[0,8]}}", 8, "overflows"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,8]}}", 8, "too large"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
+         "5 dimensions"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":\"2\",\"data_offsets\":[0,8]}}", 8,
+         "'shape' is not an array"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 8,
+         "span 4 bytes"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8,
+         "end before begin"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 8,
+         "not [begin, end]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 8,
+         "past the data region"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 16, "overlap"},
+        {"{\"a\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         "unknown dtype 'F33'"},
+        {"{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "missing 'dtype'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8, "missing 'shape'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "missing 'data_offsets'"},
+        {"{\"a\":[1]}", 0, "tensor 'a' is not an object"},
+        {"{\"__metadata__\":{}}", 0, "no tensors"},
+        {"{\"__metadata__\":7,\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         8, "'__metadata__' is not an object"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} x", 8, "trailing"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        l = NULL;
+        igrad_status_t st = st_parse(bad[i].json, bad[i].data, &l);
+        if (st != IGRAD_E_FORMAT)
+            fail_msg("case %zu: status %d, expected FORMAT (%s)", i, (int)st, bad[i].json);
+        assert_null(l);
+        if (!strstr(igrad_last_error(), bad[i].needle) ||
+            !strstr(igrad_last_error(), "t.safetensors"))
+            fail_msg("case %zu: message '%s' lacks '%s'", i, igrad_last_error(), bad[i].needle);
+    }
+
+    /* Header length beyond the file, truncated header, tiny files: via
+     * real files, which is where these happen. */
+    unsigned char buf[64] = {0};
+    const char *j = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    size_t n = strlen(j);
+
+    tmp_path(path, sizeof path, "long.safetensors");
+    buf[0] = 200; /* announces 200 header bytes, file has fewer */
+    memcpy(buf + 8, j, 40);
+    write_file(path, buf, 48);
+    EXPECT_FAIL(igrad_layout_from_safetensors(path, &l), IGRAD_E_FORMAT, "larger than the file");
+
+    tmp_path(path, sizeof path, "huge.safetensors");
+    memset(buf, 0xff, 8);
+    write_file(path, buf, 16);
+    EXPECT_FAIL(igrad_layout_from_safetensors(path, &l), IGRAD_E_FORMAT, "allowed");
+
+    tmp_path(path, sizeof path, "short.safetensors");
+    write_file(path, buf, 5);
+    EXPECT_FAIL(igrad_layout_from_safetensors(path, &l), IGRAD_E_FORMAT, "too short");
+
+    /* In memory: the caller gave fewer bytes than the header announces. */
+    unsigned char *mem = malloc(8 + n);
+    for (int i = 0; i < 8; i++) mem[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    memcpy(mem + 8, j, n);
+    EXPECT_FAIL(igrad_layout_from_safetensors_bytes(mem, 8 + n - 10, 8 + n + 4, "mem", &l),
+                IGRAD_E_FORMAT, "truncated header");
+    EXPECT_OK(igrad_layout_from_safetensors_bytes(mem, 8 + n, 8 + n + 4, "mem", &l));
+    igrad_layout_free(l);
+    /* data region missing from the file: offsets past its end */
+    EXPECT_FAIL(igrad_layout_from_safetensors_bytes(mem, 8 + n, 8 + n, "mem", &l),
+                IGRAD_E_FORMAT, "past the data region");
+    mem[8 + 10] = '\0';
+    EXPECT_FAIL(igrad_layout_from_safetensors_bytes(mem, 8 + n, 8 + n + 4, "mem", &l),
+                IGRAD_E_FORMAT, "NUL");
+    free(mem);
+
+    tmp_path(path, sizeof path, "nope.safetensors");
+    EXPECT_FAIL(igrad_layout_from_safetensors(path, &l), IGRAD_E_IO, "nope.safetensors");
+}
+
+/* ---- name lists, load dispatch, JSON ------------------------------------ */
+
+static void test_name_list(void **state)
+{
+    (void)state;
+    char path[512];
+    igrad_layout_t *l = NULL;
+    tmp_path(path, sizeof path, "names.txt");
+    const char *good = "# a model\n"
+                       "\n"
+                       "model.embed_tokens.weight 100 16   # trailing comment\n"
+                       "model.layers.0.self_attn.q_proj.weight [16, 16]\r\n"
+                       "  model.layers.0.self_attn.q_proj.bias (16,)\n"
+                       "model.layers.0.mlp.up_proj.weight\t(32,16)\n"
+                       "scalar []\n"
+                       "conv [2, 3, 4, 5]";
+    write_file(path, good, strlen(good));
+    EXPECT_OK(igrad_layout_from_name_list(path, &l));
+    assert_string_equal(igrad_layout_family(l), "names");
+    assert_int_equal(igrad_layout_count(l), 6);
+    assert_int_equal(igrad_layout_total_count(l), 1600 + 256 + 16 + 512 + 1 + 120);
+    expect_shape(l, "model.layers.0.self_attn.q_proj.bias", 16, 0);
+    expect_shape(l, "model.layers.0.mlp.up_proj.weight", 32, 16);
+    igrad_tensor_info_t t;
+    igrad_layout_tensor(l, 1, &t);
+    assert_int_equal(t.kind, IGRAD_KIND_Q);
+    assert_int_equal(t.dtype, IGRAD_DTYPE_F32);
+    igrad_layout_free(l);
+    /* igrad_layout_load sniffs it as a name list */
+    EXPECT_OK(igrad_layout_load(path, &l));
+    assert_string_equal(igrad_layout_family(l), "names");
+    igrad_layout_free(l);
+
+    static const struct {
+        const char *text;
+        const char *needle;
+    } bad[] = {
+        {"a 1 2\nb 3 x\n", "names.txt:2:"},
+        {"a 1 2\n\n# c\nb [3, 4\n", "names.txt:4: missing ']'"},
+        {"a 1\nb (3 4)\n", "names.txt:2: expected ','"},
+        {"a 1\nb\n", "names.txt:2: no shape"},
+        {"a 1\na 2\n", "names.txt:2: duplicate tensor name 'a'"},
+        {"a 1 2 3 4 5\n", "names.txt:1: more than 4"},
+        {"a 0\n", "names.txt:1: a dimension is 0"},
+        {"a -1\n", "names.txt:1:"},
+        {"a [1] junk\n", "names.txt:1: unexpected text"},
+        {"a 99999999999999999999\n", "names.txt:1:"},
+        {"a 4294967296 4294967296\n", "names.txt:1:"},
+        {"[2, 3]\n", "names.txt:1: missing tensor name"},
+        {"# only comments\n\n", "no tensors"},
+        {"a 1\n\x01 2\n", "names.txt:2: control character"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(path, bad[i].text, strlen(bad[i].text));
+        l = NULL;
+        igrad_status_t st = igrad_layout_from_name_list(path, &l);
+        if (st != IGRAD_E_FORMAT || l)
+            fail_msg("case %zu: status %d, expected FORMAT", i, (int)st);
+        if (!strstr(igrad_last_error(), bad[i].needle))
+            fail_msg("case %zu: message '%s' lacks '%s'", i, igrad_last_error(), bad[i].needle);
+    }
+}
+
+static void test_load_dispatch(void **state)
+{
+    (void)state;
+    char path[1100], dir[512], cfg[4200];
+    igrad_layout_t *l = NULL;
+
+    /* A config whose byte 8 is '{' must not be taken for safetensors. */
+    const char *j = "{\"a_b\": {}, \"model_type\": \"gpt2\", \"n_embd\": 8, \"n_layer\": 1, "
+                    "\"n_head\": 2, \"n_positions\": 4, \"vocab_size\": 10}";
+    assert_int_equal(j[8], '{');
+    tmp_path(path, sizeof path, "brace.json");
+    write_file(path, j, strlen(j));
+    EXPECT_OK(igrad_layout_load(path, &l));
+    assert_string_equal(igrad_layout_family(l), "gpt2");
+    igrad_layout_free(l);
+
+    /* A directory: model.safetensors wins over config.json */
+    tmp_path(dir, sizeof dir, "ckpt");
+    assert_int_equal(mkdir(dir, 0755), 0);
+    EXPECT_FAIL(igrad_layout_load(dir, &l), IGRAD_E_IO, "neither");
+    config_path("opt-125m", cfg, sizeof cfg);
+    igrad_layout_t *ref = NULL;
+    EXPECT_OK(igrad_layout_from_hf_config(cfg, &ref));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = NULL;
+    FILE *fp = fopen(cfg, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    text = malloc((size_t)size);
+    assert_int_equal(fread(text, 1, (size_t)size, fp), (size_t)size);
+    fclose(fp);
+    write_file(path, text, (size_t)size);
+    free(text);
+    EXPECT_OK(igrad_layout_load(dir, &l));
+    assert_string_equal(igrad_layout_family(l), "opt");
+    expect_same_table(ref, l, "dir/config.json");
+    igrad_layout_free(l);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    write_safetensors(ref, path);
+    EXPECT_OK(igrad_layout_load(dir, &l));
+    assert_string_equal(igrad_layout_family(l), "safetensors");
+    expect_same_table(ref, l, "dir/model.safetensors");
+    igrad_layout_free(l);
+    igrad_layout_free(ref);
+
+    tmp_path(path, sizeof path, "absent");
+    EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_IO, "absent");
+}
+
+static void test_to_json(void **state)
+{
+    (void)state;
+    char cfg[4200];
+    config_path("llama-2-7b", cfg, sizeof cfg);
+    igrad_layout_t *l = NULL;
+    EXPECT_OK(igrad_layout_from_hf_config(cfg, &l));
+    char *text = NULL;
+    EXPECT_OK(igrad_layout_to_json(l, &text));
+    cJSON *root = cJSON_Parse(text);
+    assert_non_null(root);
+    /* exactly these four keys, in this order */
+    static const char *const keys[] = {"family", "total_numel", "tensors", "kinds"};
+    int nkeys = 0;
+    for (cJSON *it = root->child; it; it = it->next, nkeys++) {
+        assert_true(nkeys < 4);
+        assert_string_equal(it->string, keys[nkeys]);
+    }
+    assert_int_equal(nkeys, 4);
+    assert_string_equal(cJSON_GetObjectItem(root, "family")->valuestring, "llama");
+    assert_true(cJSON_GetObjectItem(root, "total_numel")->valuedouble == 6738415616.0);
+    cJSON *tensors = cJSON_GetObjectItem(root, "tensors");
+    assert_int_equal(cJSON_GetArraySize(tensors), 291);
+    cJSON *t1 = cJSON_GetArrayItem(tensors, 1);
+    static const char *const tkeys[] = {"name", "shape", "numel", "layer", "kind"};
+    int ntk = 0;
+    for (cJSON *it = t1->child; it; it = it->next, ntk++) {
+        assert_true(ntk < 5);
+        assert_string_equal(it->string, tkeys[ntk]);
+    }
+    assert_int_equal(ntk, 5);
+    assert_string_equal(cJSON_GetObjectItem(t1, "name")->valuestring,
+                        "model.layers.0.self_attn.q_proj.weight");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(t1, "shape")), 2);
+    assert_int_equal(cJSON_GetObjectItem(t1, "numel")->valueint, 4096 * 4096);
+    assert_int_equal(cJSON_GetObjectItem(t1, "layer")->valueint, 0);
+    assert_string_equal(cJSON_GetObjectItem(t1, "kind")->valuestring, "Q");
+    cJSON *t0 = cJSON_GetArrayItem(tensors, 0);
+    assert_int_equal(cJSON_GetObjectItem(t0, "layer")->valueint, -1);
+    assert_string_equal(cJSON_GetObjectItem(t0, "kind")->valuestring, "OTHER");
+    cJSON *kinds = cJSON_GetObjectItem(root, "kinds");
+    assert_int_equal(cJSON_GetArraySize(kinds), 8);
+    static const int want[IGRAD_KIND_COUNT] = {32, 32, 32, 0, 32, 64, 32, 67};
+    for (int k = 0; k < IGRAD_KIND_COUNT; k++) {
+        cJSON *v = cJSON_GetObjectItem(kinds, igrad_kind_name((igrad_kind_t)k));
+        assert_non_null(v);
+        if (v->valueint != want[k])
+            fail_msg("kinds.%s = %d, expected %d", igrad_kind_name((igrad_kind_t)k), v->valueint,
+                     want[k]);
+    }
+    cJSON_Delete(root);
+    igrad_free(text);
+    igrad_layout_free(l);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_add_offsets_components),
+        cmocka_unit_test(test_add_errors),
+        cmocka_unit_test(test_dtypes),
+        cmocka_unit_test(test_hash),
+        cmocka_unit_test(test_published_counts),
+        cmocka_unit_test(test_config_details),
+        cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_config_vs_safetensors),
+        cmocka_unit_test(test_safetensors_good),
+        cmocka_unit_test(test_safetensors_errors),
+        cmocka_unit_test(test_name_list),
+        cmocka_unit_test(test_load_dispatch),
+        cmocka_unit_test(test_to_json),
+    };
+    return cmocka_run_group_tests(tests, setup_tmpdir, teardown_tmpdir);
+}
