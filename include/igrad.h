@@ -391,6 +391,33 @@ IGRAD_API igrad_status_t igrad_trace_load(const char *path, igrad_trace_t **out)
 IGRAD_API void igrad_trace_free(igrad_trace_t *trace);
 /** @return number of distinct steps recorded. */
 IGRAD_API size_t igrad_trace_step_count(const igrad_trace_t *trace);
+/** Tells the trace which sparsifier and density produced the selections it
+ *  records; both go into the CSV comment line and into profiles built from
+ *  it. Until set they are "unknown" and 0.
+ *  @return IGRAD_E_INVALID for an unknown sparsifier or density outside
+ *  (0, 1]. */
+IGRAD_API igrad_status_t igrad_trace_set_sparsifier(igrad_trace_t *trace, igrad_sparsifier_t sp,
+                                                    double density);
+/** @return the hash of the layout the trace was made for; 0 = unknown (a
+ *  CSV read without its "# igrad-trace" line). */
+IGRAD_API uint64_t igrad_trace_layout_hash(const igrad_trace_t *trace);
+/** @return the sparsifier name ("adtopk", ...; "unknown" if never set). */
+IGRAD_API const char *igrad_trace_sparsifier(const igrad_trace_t *trace);
+/** @return the density (0 if unknown). */
+IGRAD_API double igrad_trace_density(const igrad_trace_t *trace);
+/** @return number of components (columns) of the trace. */
+IGRAD_API size_t igrad_trace_component_count(const igrad_trace_t *trace);
+/** Copies component i (ordered by layer, then kind). `tensors` is 0 for a
+ *  trace read from a file (the CSV does not carry it). */
+IGRAD_API igrad_status_t igrad_trace_component(const igrad_trace_t *trace, size_t i,
+                                               igrad_component_info_t *out);
+/** @return the step number of the i-th recorded step, -1 if out of range. */
+IGRAD_API int64_t igrad_trace_step(const igrad_trace_t *trace, size_t i);
+/** Activity a[s,c] and retained entries of component c at the s-th step
+ *  (indices, not step numbers). Either output may be NULL. */
+IGRAD_API igrad_status_t igrad_trace_value(const igrad_trace_t *trace, size_t step_index,
+                                           size_t component, double *activity,
+                                           int64_t *retained);
 
 /** Options of igrad_profile_build(). Initialise with the macro. */
 typedef struct igrad_profile_options {
@@ -420,14 +447,44 @@ typedef struct igrad_profile_entry {
     int important;        /**< score >= threshold */
 } igrad_profile_entry_t;
 
-/** Computes the profile of a trace over the window.
- *  @return IGRAD_E_INVALID for an empty window, an unknown method or alpha
- *  outside [0, 1]. */
+/** Computes the profile of a trace over the window: the trace's steps s
+ *  with window_begin <= s < window_end.
+ *  magnitude = min-max normalised mean activity (1 for all if all equal);
+ *  persistence = share of window steps where a[s,c] is strictly above the
+ *  median over components of a[s,.] (mean of the middle two for an even
+ *  count); score = alpha*magnitude + (1-alpha)*persistence; tau by
+ *  opts->method (NULL = "knee"), see igrad_partition().
+ *  @return IGRAD_E_INVALID for an empty window (the message names the
+ *  trace's step range), an unknown method, alpha outside [0, 1] or a trace
+ *  without components. */
 IGRAD_API igrad_status_t igrad_profile_build(const igrad_trace_t *trace,
                                              const igrad_profile_options_t *opts,
                                              igrad_profile_t **out);
-/** Threshold tau over a set of scores by a partition method (see
- *  igrad_profile_options_t.method). Exposed for tests and analysis. */
+/** Threshold tau over a set of scores by a partition method; a component
+ *  is important when score >= tau. Exposed for tests and analysis.
+ *  - "knee": scores sorted descending, index and score normalised to
+ *    [0, 1]; tau = the score of the point farthest from the chord between
+ *    the first and last point (ties: the first). The knee point itself is
+ *    important: on a two-level set with fewer high than low scores, it is
+ *    the highest low score.
+ *  - "otsu": 256-bin histogram over [min, max]; the bin boundary that
+ *    maximises the between-class variance; tau = the smallest score at or
+ *    above it. Differs from kmeans2 only through the binning.
+ *  - "kmeans2": exact two-cluster split of the sorted scores with minimum
+ *    within-cluster SSE; tau = the smallest score of the upper cluster.
+ *  - "gmm2": two Gaussians fitted by EM (start: means at the 25th/75th
+ *    percentiles, overall variance, equal weights; variance floor
+ *    (1e-3 (max - min))^2; at most 1000 iterations, relative log-likelihood
+ *    tolerance 1e-10); tau = the point between the means where the
+ *    posteriors are equal (the midpoint of the means if there is none).
+ *  - "percentile:P": P in [0, 100], linear interpolation (numpy's default).
+ *  - "fixed:F": F in (0, 1]; the m = max(1, ceil(F n)) highest scores are
+ *    important, tau = the m-th largest (ceil with 1e-9 relative slack, so
+ *    that 0.07 * 100 counts as 7).
+ *  tau is clamped into [min, max]. All scores equal (or n = 1): tau = that
+ *  value for every method, all are important.
+ *  @return IGRAD_E_INVALID for an unknown method, a malformed parameter,
+ *  n = 0 or a non-finite score. */
 IGRAD_API igrad_status_t igrad_partition(const double *scores, size_t n, const char *method,
                                          double *tau);
 /** Writes the profile JSON (schema version, layout hash, method, alpha,
@@ -435,11 +492,17 @@ IGRAD_API igrad_status_t igrad_partition(const double *scores, size_t n, const c
 IGRAD_API igrad_status_t igrad_profile_save_json(const igrad_profile_t *profile,
                                                  const char *path);
 /** Writes the reference method's CSV: layer,component,final_score,
- *  global_tau,is_important. */
+ *  global_tau,is_important (is_important is 1 or 0; scores and tau with 17
+ *  significant digits so that final_score >= global_tau reproduces it). */
 IGRAD_API igrad_status_t igrad_profile_save_csv(const igrad_profile_t *profile,
                                                 const char *path);
-/** Reads a profile JSON. If `layout` is not NULL its hash and components
- *  must match the profile's (IGRAD_E_MISMATCH otherwise). */
+/** Reads a profile JSON and checks all of it (schema, version, types,
+ *  ranges, kinds, duplicate components, important == (score >= tau));
+ *  IGRAD_E_FORMAT names the file and the key or component.
+ *  If `layout` is not NULL its hash and components (layer, kind, numel)
+ *  must match the profile's (IGRAD_E_MISMATCH otherwise); a profile whose
+ *  layout hash is unknown (0x0000000000000000, made from a trace without
+ *  its comment line) is checked on the components only. */
 IGRAD_API igrad_status_t igrad_profile_load(const char *path, const igrad_layout_t *layout,
                                             igrad_profile_t **out);
 IGRAD_API void igrad_profile_free(igrad_profile_t *profile);
@@ -454,6 +517,17 @@ IGRAD_API const char *igrad_profile_method(const igrad_profile_t *profile);
  *  profile has no such component. */
 IGRAD_API int igrad_profile_is_important(const igrad_profile_t *profile, int layer,
                                          igrad_kind_t kind);
+/** @return the sparsifier the trace was made with ("unknown" if not said). */
+IGRAD_API const char *igrad_profile_sparsifier(const igrad_profile_t *profile);
+/** @return the sparsifier's density (0 if unknown). */
+IGRAD_API double igrad_profile_density(const igrad_profile_t *profile);
+/** @return alpha, the weight of magnitude in the score. */
+IGRAD_API double igrad_profile_alpha(const igrad_profile_t *profile);
+/** The window [begin, end) the profile was built over (end resolved when
+ *  it was -1: last step + 1) and the number of trace steps inside it. Any
+ *  output may be NULL. */
+IGRAD_API void igrad_profile_window(const igrad_profile_t *profile, int64_t *begin,
+                                    int64_t *end, size_t *steps);
 
 /* ------------------------------------------------------------------------ */
 /* Communicators                                                            */
