@@ -31,7 +31,9 @@ igrad_status_t igrad__layout_to_name_list(const igrad_layout_t *layout, char **t
 
 /* Writes the first 8 + N bytes of a safetensors file holding the layout
  * (tensors packed in order); *data_nbytes receives the size of the data
- * region that must follow for the file to be complete. *bytes is malloc'd. */
+ * region that must follow for the file to be complete. *bytes is malloc'd.
+ * IGRAD_E_INVALID if the data would exceed 2^53 bytes (what the reader
+ * accepts). */
 igrad_status_t igrad__layout_to_safetensors_header(const igrad_layout_t *layout,
                                                    unsigned char **bytes, size_t *nbytes,
                                                    uint64_t *data_nbytes);
