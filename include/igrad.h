@@ -235,7 +235,10 @@ IGRAD_API igrad_status_t igrad_layout_from_hf_config_string(const char *json, si
 
 /** Reads only the header of a .safetensors file (never the weights), so the
  *  layout of a large checkpoint loads in milliseconds. Tensors keep the
- *  header's order (sorted by data offset), "__metadata__" is skipped. */
+ *  header's order (sorted by data offset), "__metadata__" is skipped, and
+ *  so are tensors with a zero dimension (no entries, nothing to sync).
+ *  @return IGRAD_E_IO, or IGRAD_E_FORMAT naming the file and the tensor or
+ *  key (bad length, JSON, dtype, shape, offsets, duplicate names). */
 IGRAD_API igrad_status_t igrad_layout_from_safetensors(const char *path,
                                                        igrad_layout_t **out);
 
@@ -247,8 +250,9 @@ IGRAD_API igrad_status_t igrad_layout_from_safetensors_bytes(const void *bytes, 
                                                              const char *source,
                                                              igrad_layout_t **out);
 
-/** Reads a text file of "name dim0 dim1 ..." or "name [d0, d1]" lines
- *  ('#' starts a comment). dtype is F32. */
+/** Reads a text file of "name dim0 dim1 ...", "name [d0, d1]" or
+ *  "name (d0, d1)" lines ('#' starts a comment, "name []" is a scalar).
+ *  dtype is F32. @return IGRAD_E_FORMAT naming the file and line. */
 IGRAD_API igrad_status_t igrad_layout_from_name_list(const char *path,
                                                      igrad_layout_t **out);
 
@@ -265,7 +269,7 @@ IGRAD_API size_t igrad_layout_count(const igrad_layout_t *layout);
 /** @return total entries over all tensors. */
 IGRAD_API int64_t igrad_layout_total_count(const igrad_layout_t *layout);
 /** @return the model family ("llama", ...; "safetensors" or "names" when it
- *  was not built from a config). */
+ *  was not built from a config, "custom" when built with igrad_layout_add). */
 IGRAD_API const char *igrad_layout_family(const igrad_layout_t *layout);
 /** Copies row i into *out. @return IGRAD_E_INVALID if i is out of range. */
 IGRAD_API igrad_status_t igrad_layout_tensor(const igrad_layout_t *layout, size_t i,
