@@ -382,15 +382,33 @@ typedef struct igrad_trace igrad_trace_t;
 
 /** Creates an empty trace for a layout's components. */
 IGRAD_API igrad_status_t igrad_trace_create(const igrad_layout_t *layout, igrad_trace_t **out);
-/** Adds one tensor's selection at `step` (steps must not decrease; OTHER
- *  tensors are ignored). */
+/** Adds one tensor's selection at `step`: sumsq (sum of the retained
+ *  values squared) and the retained count accumulate into the tensor's
+ *  component at that step; OTHER tensors are ignored. Components not
+ *  recorded at a step have activity 0 and retained 0 there.
+ *  @return IGRAD_E_INVALID if the step decreases or is outside [0, 2^53),
+ *  sumsq is negative or not finite, the component would retain more than
+ *  its entries (a tensor recorded twice), or the trace was loaded from a
+ *  file. A failed call changes nothing. */
 IGRAD_API igrad_status_t igrad_trace_record(igrad_trace_t *trace, int64_t step, size_t tensor,
                                             double sumsq, int64_t retained);
-/** Writes the trace CSV: a "# igrad-trace ..." comment line carrying the
- *  layout hash, then `step,layer,component,raw_activity,d_activity,numel,
- *  retained_numel`. Written to a temporary name and renamed. */
+/** Writes the trace CSV: the comment line "# igrad-trace v1
+ *  layout_hash=0x<16 hex> sparsifier=<name> density=<g>" (pandas:
+ *  comment='#'), then `step,layer,component,raw_activity,d_activity,numel,
+ *  retained_numel`, one row per step and component (layer, then kind).
+ *  Floats are printed with %.9g; d_activity is raw_activity minus the
+ *  component's raw_activity at the previous step (0 at the first).
+ *  Written to a temporary name and renamed. */
 IGRAD_API igrad_status_t igrad_trace_save(const igrad_trace_t *trace, const char *path);
-/** Reads a trace CSV. @return IGRAD_E_FORMAT naming the line on bad input. */
+/** Reads a trace CSV. The comment line is optional (without it the layout
+ *  hash is 0 = unknown); other '#' lines and blank lines are skipped.
+ *  The first step's rows define the components; every step must list the
+ *  same ones with the same numel. d_activity is checked to be a finite
+ *  number but recomputed, not kept.
+ *  @return IGRAD_E_FORMAT naming the file and line for a wrong header,
+ *  missing or extra columns, an empty, non-numeric, negative or
+ *  non-finite field, an unknown kind, decreasing steps, a duplicate or
+ *  missing component, numel changing, retained > numel, or no rows. */
 IGRAD_API igrad_status_t igrad_trace_load(const char *path, igrad_trace_t **out);
 IGRAD_API void igrad_trace_free(igrad_trace_t *trace);
 /** @return number of distinct steps recorded. */

@@ -409,8 +409,7 @@ static igrad_status_t check_integer(const json_ctx_t *cx, const char *key, doubl
     return IGRAD_OK;
 }
 
-/* 2^53: the largest range where every integer has an exact double. */
-#define MAX_EXACT_INT 9007199254740992.0
+#define MAX_EXACT_INT ((double)IGRAD__MAX_EXACT_INT)
 
 static igrad_status_t read_component(json_ctx_t *cx, const cJSON *o, double tau,
                                      igrad_profile_entry_t *en)

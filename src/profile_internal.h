@@ -16,6 +16,11 @@
 #define IGRAD__TRACE_MAX_NBYTES (1024u * 1024u * 1024u)
 #define IGRAD__PROFILE_MAX_NBYTES (64u * 1024u * 1024u)
 
+/* Steps and entry counts stay below 2^53 so that they are exact in the
+ * profile JSON (JSON numbers are doubles to most readers) and step + 1
+ * cannot overflow. */
+#define IGRAD__MAX_EXACT_INT ((int64_t)1 << 53)
+
 /* A trace is a dense [steps x components] table. Components are ordered by
  * (layer, kind). A trace made by igrad_trace_create() also knows which
  * component each layout tensor feeds (tensor_comp) and keeps the exact sum

@@ -161,8 +161,8 @@ igrad_status_t igrad_trace_record(igrad_trace_t *trace, int64_t step, size_t ten
     IGRAD_FAIL_IF(tensor >= trace->ntensors, IGRAD_E_INVALID,
                   "igrad_trace_record: tensor %zu out of range (layout has %zu)", tensor,
                   trace->ntensors);
-    IGRAD_FAIL_IF(step < 0, IGRAD_E_INVALID, "igrad_trace_record: negative step %lld",
-                  (long long)step);
+    IGRAD_FAIL_IF(step < 0 || step >= IGRAD__MAX_EXACT_INT, IGRAD_E_INVALID,
+                  "igrad_trace_record: step %lld is outside [0, 2^53)", (long long)step);
     IGRAD_FAIL_IF(trace->nsteps && step < trace->steps[trace->nsteps - 1], IGRAD_E_INVALID,
                   "igrad_trace_record: step %lld after step %lld (steps must not decrease)",
                   (long long)step, (long long)trace->steps[trace->nsteps - 1]);
@@ -588,8 +588,8 @@ static igrad_status_t parse_row(reader_t *r, char *line, size_t line_no)
     }
     int64_t step = 0, layer = 0, numel = 0, retained = 0;
     double raw = 0, d = 0;
-    if (!parse_i64_field(field[0], &step) || step < 0) {
-        return FORMAT_FAIL(r, line_no, "step '%s' is not a non-negative integer", field[0]);
+    if (!parse_i64_field(field[0], &step) || step < 0 || step >= IGRAD__MAX_EXACT_INT) {
+        return FORMAT_FAIL(r, line_no, "step '%s' is not an integer in [0, 2^53)", field[0]);
     }
     if (!parse_i64_field(field[1], &layer) || layer < 0 || layer > INT_MAX) {
         return FORMAT_FAIL(r, line_no, "layer '%s' is not a non-negative integer", field[1]);
@@ -607,8 +607,8 @@ static igrad_status_t parse_row(reader_t *r, char *line, size_t line_no)
     if (!parse_f64_field(field[4], &d) || !isfinite(d)) {
         return FORMAT_FAIL(r, line_no, "d_activity '%s' is not a finite number", field[4]);
     }
-    if (!parse_i64_field(field[5], &numel) || numel < 1) {
-        return FORMAT_FAIL(r, line_no, "numel '%s' is not a positive integer", field[5]);
+    if (!parse_i64_field(field[5], &numel) || numel < 1 || numel > IGRAD__MAX_EXACT_INT) {
+        return FORMAT_FAIL(r, line_no, "numel '%s' is not an integer in [1, 2^53]", field[5]);
     }
     if (!parse_i64_field(field[6], &retained) || retained < 0) {
         return FORMAT_FAIL(r, line_no, "retained_numel '%s' is not a non-negative integer",

@@ -197,6 +197,8 @@ static void test_record_errors(void **state)
     assert_int_equal(igrad_trace_set_sparsifier(t, IGRAD_SPARSIFIER_TOPK, 0.0), IGRAD_E_INVALID);
     assert_int_equal(igrad_trace_set_sparsifier(t, IGRAD_SPARSIFIER_TOPK, 1.5), IGRAD_E_INVALID);
     assert_int_equal(igrad_trace_set_sparsifier(t, (igrad_sparsifier_t)9, 0.1), IGRAD_E_INVALID);
+    igrad_trace_free(t);
+    t = (igrad_trace_t *)1;
     assert_int_equal(igrad_trace_create(NULL, &t), IGRAD_E_INVALID);
     assert_null(t);
     igrad_layout_free(l);
