@@ -184,7 +184,8 @@ static int dump_eval(const char *path, const model_t *m, int B, int T)
     ts[1] = (checkpoint_tensor_t){"targets", IGRAD_DTYPE_I32, 2, {B, T}, m->acts.targets};
     ts[2] = (checkpoint_tensor_t){"logits", IGRAD_DTYPE_F32, 3,
                                   {B, T, m->config.vocab_size}, m->acts.logits};
-    ts[3] = (checkpoint_tensor_t){"loss", IGRAD_DTYPE_F32, 0, {0}, &m->loss};
+    float loss_f32 = (float)m->loss;
+    ts[3] = (checkpoint_tensor_t){"loss", IGRAD_DTYPE_F32, 0, {0}, &loss_f32};
     for (int i = 0; i < m->n_tensors; i++) {
         const model_tensor_t *t = &m->tensors[i];
         snprintf(names[i], sizeof names[i], "grad.%s", t->name);

@@ -276,7 +276,7 @@ igrad_status_t model_create(const model_config_t *cfg, model_t **out)
     if (!m) return trainer_fail(IGRAD_E_NOMEM, "out of memory for the model");
     m->config = *cfg;
     m->head_dim = cfg->dim / cfg->n_head;
-    m->loss = -1.0f;
+    m->loss = -1.0;
     size_t max_tensors = 3 + 9 * (size_t)cfg->n_layer;
     m->tensors = calloc(max_tensors, sizeof *m->tensors);
     m->p.layers = calloc((size_t)cfg->n_layer, sizeof *m->p.layers);
@@ -305,6 +305,7 @@ void model_free(model_t *m)
 {
     if (!m) return;
     free(m->acts.mem);
+    free(m->acts.losses);
     free(m->acts.inputs);
     free(m->acts.targets);
     free(m->rope_cos);
@@ -410,17 +411,20 @@ static igrad_status_t ensure_acts(model_t *m, int B, int T)
     size_t Dq = H * hd, Dqkv = Dq + 2 * (size_t)c->n_kv_head * hd;
     size_t att = BT * H * (size_t)T; /* B * H * T * T */
     size_t per_layer = BT * (C + 1 + Dqkv + Dq + C + C + 1 + 2 * F + F) + att;
-    size_t total = (L + 1) * BT * C + L * per_layer + BT * (C + 2 + 2 * V) +
+    size_t total = (L + 1) * BT * C + L * per_layer + BT * (C + 1 + 2 * V) +
                    BT * (C + C + Dqkv + Dq + 2 * F + F) + att;
     free(a->mem);
+    free(a->losses);
     free(a->inputs);
     free(a->targets);
     memset(a, 0, sizeof *a);
     a->mem = malloc(total * sizeof(float));
+    a->losses = malloc(BT * sizeof(double));
     a->inputs = malloc(BT * sizeof(int32_t));
     a->targets = malloc(BT * sizeof(int32_t));
-    if (!a->mem || !a->inputs || !a->targets) {
+    if (!a->mem || !a->losses || !a->inputs || !a->targets) {
         free(a->mem);
+        free(a->losses);
         free(a->inputs);
         free(a->targets);
         memset(a, 0, sizeof *a);
@@ -444,7 +448,6 @@ static igrad_status_t ensure_acts(model_t *m, int B, int T)
     CARVE(lnf_rstd, BT);
     CARVE(logits, BT * V);
     CARVE(dlogits, BT * V);
-    CARVE(losses, BT);
     CARVE(dresid, BT * C);
     CARVE(dln, BT * C);
     CARVE(dqkv, BT * Dqkv);
@@ -719,7 +722,7 @@ static void residual_forward(float *out, const float *a, const float *b, size_t 
  * a zero gradient. Per-row losses are summed in row order afterwards, so
  * the result does not depend on the thread count. @return the loss (0 when
  * count is 0). */
-static double crossentropy_forward(float *dlogits, float *losses, const float *logits,
+static double crossentropy_forward(float *dlogits, double *losses, const float *logits,
                                    const int32_t *targets, int BT, int V, int64_t count)
 {
     double inv = count > 0 ? 1.0 / (double)count : 0.0;
@@ -730,7 +733,7 @@ static double crossentropy_forward(float *dlogits, float *losses, const float *l
         int tgt = targets[i];
         if (tgt == MODEL_IGNORE_INDEX) {
             memset(dz, 0, (size_t)V * sizeof(float));
-            losses[i] = 0.0f;
+            losses[i] = 0.0;
             continue;
         }
         double mx = z[0];
@@ -738,7 +741,7 @@ static double crossentropy_forward(float *dlogits, float *losses, const float *l
         double sum = 0.0;
         for (int j = 0; j < V; j++) sum += exp(z[j] - mx);
         double lse = mx + log(sum);
-        losses[i] = (float)(lse - z[tgt]);
+        losses[i] = lse - z[tgt];
         for (int j = 0; j < V; j++) dz[j] = (float)(exp(z[j] - lse) * inv);
         dz[tgt] -= (float)inv;
     }
@@ -766,7 +769,7 @@ igrad_status_t model_forward(model_t *m, const int32_t *inputs, const int32_t *t
 {
     const model_config_t *c = &m->config;
     m->have_forward = 0;
-    m->loss = -1.0f;
+    m->loss = -1.0;
     if (B < 1 || T < 1 || T > c->max_seq_len)
         return trainer_fail(IGRAD_E_INVALID, "forward: B=%d T=%d (need B >= 1, 1 <= T <= %d)",
                             B, T, c->max_seq_len);
@@ -828,7 +831,7 @@ igrad_status_t model_forward(model_t *m, const int32_t *inputs, const int32_t *t
 
     if (targets) {
         memcpy(a->targets, targets, bt * sizeof(int32_t));
-        m->loss = (float)crossentropy_forward(a->dlogits, a->losses, a->logits, targets, BT, V,
+        m->loss = crossentropy_forward(a->dlogits, a->losses, a->logits, targets, BT, V,
                                               count);
         m->loss_count = count;
         m->have_forward = 1;

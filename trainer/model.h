@@ -115,7 +115,6 @@ typedef struct model_acts {
     float *lnf_rstd;      /* (BT) */
     float *logits;        /* (BT, V) */
     float *dlogits;       /* (BT, V) d loss / d logits (filled by forward when targets given) */
-    float *losses;        /* (BT) per-position cross-entropy (0 where masked) */
     /* backward scratch, reused by every layer */
     float *dresid;        /* (BT, C) gradient of the residual stream */
     float *dln;           /* (BT, C) gradient of a norm output */
@@ -124,6 +123,7 @@ typedef struct model_acts {
     float *datty;         /* (BT, H*hd) */
     float *dgu;           /* (BT, 2F) */
     float *dmlph;         /* (BT, F) */
+    double *losses;       /* (BT) per-position cross-entropy (0 where masked) */
     int32_t *inputs;      /* (BT) copy of the last forward's inputs */
     int32_t *targets;     /* (BT) copy of its targets (MODEL_IGNORE_INDEX = masked) */
 } model_acts_t;
@@ -141,7 +141,8 @@ typedef struct model {
     float *rope_cos;          /* (maxT, hd/2) */
     float *rope_sin;          /* (maxT, hd/2) */
     model_acts_t acts;
-    float loss;               /* mean cross-entropy of the last forward with targets, or -1 */
+    double loss;              /* mean cross-entropy of the last forward with targets, or -1
+                                 (double: finite-difference checks need its low bits) */
     int64_t loss_count;       /* targets that counted (not masked) in it */
     int have_forward;         /* backward needs a forward with targets first */
 } model_t;
