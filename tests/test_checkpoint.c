@@ -310,6 +310,18 @@ static void test_bad_inputs(void **state)
     write_file(st_path, longer, good_n + 4);
     assert_fails_with(checkpoint_load_model(dir, &out), IGRAD_E_FORMAT, st_path,
                       "after the last tensor");
+    /* a tensor named twice (valid JSON, invalid safetensors) */
+    static const char dup_header[] =
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
+    size_t dn = strlen(dup_header);
+    memset(bad, ' ', 8 + dn + 8 + 8);
+    for (int i = 0; i < 8; i++) bad[i] = (char)(i == 0 ? (dn + 7) / 8 * 8 : 0);
+    memcpy(bad + 8, dup_header, dn);
+    memset(bad + 8 + (dn + 7) / 8 * 8, 0, 8);
+    write_file(st_path, bad, 8 + (dn + 7) / 8 * 8 + 8);
+    assert_fails_with(checkpoint_load_params(st_path, m), IGRAD_E_FORMAT, "'a' appears twice",
+                      st_path);
     write_file(st_path, good, good_n);
     assert_int_equal(checkpoint_load_model(dir, &out), IGRAD_OK);
     model_free(out);

@@ -477,6 +477,14 @@ static igrad_status_t st_open(st_file_t *f, const char *path)
         order[f->n] = e;
         f->n++;
     }
+    /* cJSON keeps duplicate keys; safetensors forbids them. */
+    for (int i = 0; i < f->n; i++)
+        for (int j = 0; j < i; j++)
+            if (!strcmp(f->entries[i].name, f->entries[j].name)) {
+                st = trainer_fail(IGRAD_E_FORMAT, "%s: tensor '%s' appears twice in the header",
+                                  path, f->entries[i].name);
+                goto cleanup;
+            }
     /* The data section must be exactly the tensors, back to back. */
     qsort(order, (size_t)f->n, sizeof *order, cmp_begin);
     uint64_t pos = 0;
