@@ -799,7 +799,339 @@ IGRAD_API igrad_status_t igrad_pack_metrics_compute(const double *loads, int nbu
 /* Sync engine                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* (section: engine) */
+/* The engine runs one synchronization step on every rank (DESIGN.md §2):
+ * error feedback, the importance gate and release schedule, selection,
+ * balanced bucket packing, the collectives and the averaged result, with
+ * per-step statistics. Every rank creates its engine with the same layout,
+ * profile and config; the engine checks that they agree.
+ *
+ *   igrad_config_t cfg = IGRAD_CONFIG_INIT;          // method ig, rho 1%
+ *   igrad_engine_t *eng = NULL;
+ *   igrad_comm_create_mpi(NULL, &comm);
+ *   if (igrad_engine_create(layout, profile, &cfg, comm, &eng) != IGRAD_OK)
+ *       fail(igrad_last_error());                    // same status on every rank
+ *   for (int64_t step = 0; step < steps; step++) {
+ *       backward(grads);                             // grads[t]: float* per tensor
+ *       igrad_status_t st = igrad_engine_sync(eng, step, grads);
+ *       if (st == IGRAD_E_NONFINITE) continue;       // every rank skips it
+ *       optimizer_step(grads);                       // grads = mean over ranks
+ *   }
+ *   igrad_engine_save_state(eng, "state.rank3.bin");
+ *   igrad_engine_free(eng);
+ *
+ * Two-phase use (the caller runs the collectives, e.g. through NCCL or
+ * torch.distributed):
+ *   const igrad_bucket_t *b; size_t nb;
+ *   igrad_engine_begin(eng, step, grads, &b, &nb);
+ *   for (i < nb) b[i].kind == IGRAD_BUCKET_GATHER
+ *                    ? allgather(b[i].send, b[i].send_nbytes, b[i].recv)
+ *                    : allreduce_sum_in_place((float *)b[i].recv, b[i].count);
+ *   igrad_engine_end(eng, step, grads);
+ *
+ * Wire format. A gather bucket is one allgather of send_nbytes per rank;
+ * recv holds every rank's bytes in rank order (size * send_nbytes). Its
+ * bytes are [values (F32) of every block][32-bit indices][16-bit indices];
+ * every rank's block of a bucket has the same size because budgets are
+ * known to all ranks. Row-wise (adtopk) selections send column indices,
+ * 16-bit when the row has at most 65535 entries and index_dtype allows.
+ * A reduce bucket is an in-place SUM all-reduce of `count` F32 values
+ * (send == recv): the selected entries scattered into zeros over the dense
+ * range of the bucket's tensors (or rows) — the same average as the sparse
+ * path at a different wire cost (sums may differ in the last bits, as the
+ * summation order is the backend's). The engine divides by the number of
+ * ranks exactly once, when it unpacks.
+ */
+
+/** What a run synchronizes (DESIGN.md §3, "Methods"). */
+typedef enum igrad_method {
+    IGRAD_METHOD_DENSE = 0,       /**< all-reduce of the full gradient; no residuals */
+    IGRAD_METHOD_TOPK_SYNC = 1,   /**< every tensor's top-k every step */
+    IGRAD_METHOD_ADTOPK_SYNC = 2, /**< every tensor's ADTopk every step */
+    IGRAD_METHOD_IAD = 3,         /**< importance-aware deferral: important components
+                                       and OTHER every step, low components at their
+                                       release step with the sparsifier's normal
+                                       budget k; one collective per sent tensor */
+    IGRAD_METHOD_IG = 4           /**< iad + release budget ceil(kappa*R*k) + balanced
+                                       bucket packing (the full system) */
+} igrad_method_t;
+
+/** @return "dense", "topk_sync", "adtopk_sync", "iad" or "ig" ("unknown"
+ *  for other values). */
+IGRAD_API const char *igrad_method_name(igrad_method_t method);
+/** Parses a method name (case-insensitive). @return IGRAD_E_INVALID if
+ *  unknown. */
+IGRAD_API igrad_status_t igrad_method_from_name(const char *name, igrad_method_t *method);
+
+/** What happens to the gradient of a low-importance component at a step
+ *  where it is not sent. */
+typedef enum igrad_residual_policy {
+    IGRAD_RESIDUAL_ON = 0,  /**< accumulate it in the residual (nothing is lost) */
+    IGRAD_RESIDUAL_DROP = 1 /**< ablation: discard grad + residual (the residual
+                                 becomes 0); stats report the discarded mass */
+} igrad_residual_policy_t;
+
+/** @return "on" or "drop" ("unknown" for other values). */
+IGRAD_API const char *igrad_residual_policy_name(igrad_residual_policy_t policy);
+/** Parses "on" or "drop" (case-insensitive). */
+IGRAD_API igrad_status_t igrad_residual_policy_from_name(const char *name,
+                                                         igrad_residual_policy_t *policy);
+
+/** Which collective carries a bucket of a sparse method. */
+typedef enum igrad_collective {
+    IGRAD_COLLECTIVE_AUTO = 0,   /**< per bucket and step, the smaller modelled wire
+                                      cost: allgather (P-1)*m*(index+value bytes)
+                                      vs all-reduce 2(P-1)/P*n*4 (ties: gather) */
+    IGRAD_COLLECTIVE_GATHER = 1, /**< always allgather of (index, value) */
+    IGRAD_COLLECTIVE_REDUCE = 2  /**< always all-reduce of the dense range */
+} igrad_collective_t;
+
+/** @return "auto", "gather" or "reduce" ("unknown" for other values). */
+IGRAD_API const char *igrad_collective_name(igrad_collective_t collective);
+/** Parses a collective name (case-insensitive). */
+IGRAD_API igrad_status_t igrad_collective_from_name(const char *name,
+                                                    igrad_collective_t *collective);
+
+/** Engine configuration. Initialise with IGRAD_CONFIG_INIT, then change
+ *  fields. Every rank must use the same values (checked, except threads). */
+typedef struct igrad_config {
+    size_t size;                      /**< sizeof(igrad_config_t) as compiled */
+    igrad_method_t method;            /**< IGRAD_METHOD_IG */
+    igrad_sparsifier_t sparsifier;    /**< iad/ig: TOPK or ADTOPK (ADTOPK). topk_sync
+                                           and adtopk_sync imply theirs, dense none;
+                                           the field is then ignored */
+    int interleave;                   /**< adtopk: odd steps flat (0) */
+    double density;                   /**< rho in (0, 1] (0.01) */
+    int release_period;               /**< R >= 1 (4) */
+    double release_keep;              /**< kappa in (0, 1] (0.25); ig only */
+    igrad_schedule_t schedule;        /**< release phases (STAGGERED) */
+    igrad_residual_policy_t residual; /**< ON; DROP is an ablation */
+    igrad_pack_policy_t pack;         /**< CONTIGUOUS: optimal among splits that keep
+                                           backward-readiness order, so a bucket can
+                                           launch as soon as its gradients exist;
+                                           GREEDY balances slightly better but mixes
+                                           early and late tensors */
+    int buckets;                      /**< B >= 1 (4); iad ignores it */
+    int64_t block_entries;            /**< a tensor's selection is cut into blocks of
+                                           at most this many entries (whole rows for
+                                           row-wise selections) (65536) */
+    double risk_lambda;               /**< risk policy: mean + lambda*std (1.0) */
+    int64_t verify_every;             /**< agreement check every this many steps
+                                           (100); 0 = only at create and load */
+    igrad_dtype_t value_dtype;        /**< values on the wire: F32 (others are
+                                           IGRAD_E_UNSUPPORTED for now) */
+    igrad_dtype_t index_dtype;        /**< U16: 16-bit indices wherever they fit
+                                           (column indices of rows of <= 65535
+                                           entries, flat indices of tensors of
+                                           <= 65535 entries), 32-bit elsewhere;
+                                           U32: always 32-bit (U16) */
+    igrad_collective_t collective;    /**< AUTO; dense always all-reduces */
+    int threads;                      /**< OpenMP threads for selection; 0 = the
+                                           OpenMP default. Results never depend on it */
+} igrad_config_t;
+
+#define IGRAD_CONFIG_INIT                                                          \
+    { sizeof(igrad_config_t), IGRAD_METHOD_IG, IGRAD_SPARSIFIER_ADTOPK, 0, 0.01,     \
+      IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
+      IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 65536, \
+      IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
+      IGRAD_COLLECTIVE_AUTO, 0 }
+
+/** Checks every field. @return IGRAD_E_INVALID with a message naming the
+ *  field and its value ("config.density is 0 (must be in (0, 1])"), or
+ *  IGRAD_E_UNSUPPORTED for a wire dtype this version does not implement.
+ *  A size smaller than this version's struct is IGRAD_E_INVALID; a larger
+ *  (newer) one is accepted and its trailing fields ignored. */
+IGRAD_API igrad_status_t igrad_config_validate(const igrad_config_t *config);
+
+/** One synchronization engine per rank. Not thread-safe: one thread calls
+ *  it at a time (selection itself runs on `threads` OpenMP threads). */
+typedef struct igrad_engine igrad_engine_t;
+
+/** Builds the plan and allocates everything a step needs: per tensor
+ *  whether it is sent every step (important components and OTHER tensors)
+ *  or released at its phase, its budgets, the bucket map, zeroed
+ *  residuals and the workspaces. Then checks, on every rank, that all
+ *  ranks agree on layout, profile (important set), config and plan.
+ *  Collective over `comm`: every rank calls it; when one rank fails (bad
+ *  config, mismatched profile, out of memory) every rank fails, and no
+ *  rank hangs.
+ *  @param layout copied (it may be freed afterwards).
+ *  @param profile required for iad and ig, ignored otherwise (may be
+ *  NULL); copied. Its components must be the layout's.
+ *  @param comm borrowed: it must outlive the engine.
+ *  @return IGRAD_E_INVALID (config, NULL argument; the message names the
+ *  field), IGRAD_E_UNSUPPORTED, IGRAD_E_MISMATCH (profile vs layout, or
+ *  ranks disagree: the message names the first differing item, e.g.
+ *  "config.density differs: rank 0 has 0.01, rank 1 has 0.02"),
+ *  IGRAD_E_NOMEM, IGRAD_E_COMM. On failure *out is NULL and nothing leaks. */
+IGRAD_API igrad_status_t igrad_engine_create(const igrad_layout_t *layout,
+                                             const igrad_profile_t *profile,
+                                             const igrad_config_t *config, igrad_comm_t *comm,
+                                             igrad_engine_t **out);
+
+/** Frees an engine (not its comm or trace). NULL is a no-op. */
+IGRAD_API void igrad_engine_free(igrad_engine_t *engine);
+
+/** Collective of a bucket (see the wire format above). */
+typedef enum igrad_bucket_kind {
+    IGRAD_BUCKET_GATHER = 0, /**< allgather send_nbytes from every rank into recv */
+    IGRAD_BUCKET_REDUCE = 1  /**< in-place SUM all-reduce of count F32 at recv */
+} igrad_bucket_kind_t;
+
+/** One collective of a step, as returned by igrad_engine_begin(). The
+ *  buffers belong to the engine and stay valid until igrad_engine_end(). */
+typedef struct igrad_bucket {
+    igrad_bucket_kind_t kind;
+    int index;           /**< bucket number in the plan (iad: position of the
+                              tensor in the step's readiness order) */
+    const void *send;    /**< this rank's bytes (reduce: == recv) */
+    size_t send_nbytes;
+    void *recv;          /**< gather: size * send_nbytes bytes; reduce: count F32 */
+    size_t recv_nbytes;
+    igrad_dtype_t dtype; /**< gather: U8 (count = send_nbytes); reduce: F32 */
+    size_t count;
+} igrad_bucket_t;
+
+/** Statistics of the most recent step. */
+typedef struct igrad_step_stats {
+    int64_t step;
+    int skipped;              /**< 1: the step failed (non-finite or argument error
+                                   on some rank); residuals are unchanged */
+    int64_t tensors_sent;     /**< tensors selected and sent this step */
+    int64_t entries_sent;     /**< entries this rank sent (dense: all) */
+    int deferred_components;  /**< low-importance components not sent this step */
+    int released_components;  /**< low-importance components released this step */
+    int64_t payload_nbytes;   /**< bytes this rank contributes: sum of send_nbytes */
+    double wire_nbytes;       /**< modelled bytes moved per rank: allgather
+                                   (P-1)*send_nbytes, all-reduce 2(P-1)/P*count*4 */
+    double select_ms;         /**< finiteness check, error feedback, selection */
+    double pack_ms;           /**< planning and copying into buckets */
+    double comm_ms;           /**< agreement and collectives (sync only; the two-
+                                   phase API counts only the engine's own) */
+    double unpack_ms;         /**< averaging into the caller's gradients */
+    double total_ms;          /**< the whole step inside the engine */
+    int buckets;              /**< collectives issued (non-empty buckets) */
+    int gather_buckets;       /**< of which allgather */
+    int reduce_buckets;       /**< of which all-reduce */
+    int bucket_count;         /**< planned buckets, empty ones included (B; iad:
+                                   tensors sent) */
+    const int64_t *bucket_loads; /**< [bucket_count] planned bytes per bucket; valid
+                                      until the next step or free */
+    double imbalance;         /**< max/min bucket load (igrad_pack_metrics_t) */
+    double cv;                /**< coefficient of variation of the loads */
+    int overflow;             /**< buckets above 1.05 x mean */
+    double residual_norm;     /**< L2 norm over all residuals after the step */
+    double dropped_sumsq;     /**< residual=drop: sum of squares discarded this step */
+} igrad_step_stats_t;
+
+/** First half of a step: agrees with the other ranks that every gradient
+ *  is finite (and, every verify_every steps, that plans still agree), then
+ *  error feedback + selection for the tensors sent at `step` (the others
+ *  accumulate into their residual, or are dropped), packs the payload and
+ *  returns the step's collectives (empty buckets are left out).
+ *  Collective: every rank calls it with the same step.
+ *  @param grads one pointer per tensor, layout order, each to count floats;
+ *  read only (until igrad_engine_end() writes the result).
+ *  @param buckets receives an array valid until igrad_engine_end().
+ *  @return IGRAD_E_NONFINITE on every rank when any rank's grad + residual
+ *  has a NaN or Inf (the message names the tensor on that rank and the
+ *  rank elsewhere); IGRAD_E_INVALID on every rank for a NULL pointer on
+ *  any rank (naming the tensor); IGRAD_E_MISMATCH for a failed periodic
+ *  agreement check; IGRAD_E_STATE after a begin without end. After a
+ *  failure residuals are bit-identical to before and no end is needed. */
+IGRAD_API igrad_status_t igrad_engine_begin(igrad_engine_t *engine, int64_t step,
+                                            float *const *grads,
+                                            const igrad_bucket_t **buckets, size_t *nbuckets);
+
+/** Second half: unpacks the buckets (whose collectives the caller ran)
+ *  into grads: grads[t] = (1/P) sum over ranks of what they sent of t,
+ *  zero where nothing arrived (including tensors not sent this step).
+ *  @return IGRAD_E_STATE without a matching begin (same step),
+ *  IGRAD_E_INVALID for a NULL pointer (the step stays open). */
+IGRAD_API igrad_status_t igrad_engine_end(igrad_engine_t *engine, int64_t step,
+                                          float *const *grads);
+
+/** begin + the engine's communicator + end, pipelined: bucket i+1 is
+ *  packed while bucket i is in flight (non-blocking collectives), and each
+ *  bucket is unpacked as it completes, in bucket order (so every rank ends
+ *  with bit-identical gradients). Errors as begin, plus IGRAD_E_COMM. */
+IGRAD_API igrad_status_t igrad_engine_sync(igrad_engine_t *engine, int64_t step,
+                                           float *const *grads);
+
+/** Copies the statistics of the most recent step (zeros before the first). */
+IGRAD_API igrad_status_t igrad_engine_last_stats(const igrad_engine_t *engine,
+                                                 igrad_step_stats_t *out);
+
+/** The plan of one tensor. */
+typedef struct igrad_tensor_plan {
+    int every_step;        /**< 1: sent every step (important component or OTHER) */
+    int important;         /**< component judged important (OTHER: 1; methods
+                                without a profile: 1) */
+    int component;         /**< layout component index, -1 for OTHER */
+    int phase;             /**< release phase in [0, R), -1 when every_step */
+    int64_t count;         /**< entries sent at a normal step (dense: all) */
+    int64_t release_count; /**< entries sent at a release step (0 if every_step) */
+    int row_wise;          /**< 1 if even steps select row-wise (adtopk, 2-D) */
+    int index_nbytes;      /**< index bytes per entry at even steps (0 dense) */
+    int64_t step_nbytes;   /**< payload bytes at a normal even step */
+    int64_t release_nbytes;/**< payload bytes at an even release step */
+} igrad_tensor_plan_t;
+
+/** Copies tensor t's plan. @return IGRAD_E_INVALID if t is out of range. */
+IGRAD_API igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *engine, size_t t,
+                                                  igrad_tensor_plan_t *out);
+
+/** @return the payload bytes a step will send (sum of the sent tensors'
+ *  entries x wire bytes per entry, as if every bucket were a gather),
+ *  a pure function of the plan and step; -1 for a NULL engine. */
+IGRAD_API int64_t igrad_engine_predict_payload(const igrad_engine_t *engine, int64_t step);
+
+/** @return tensor t's residual (count floats; NULL for method dense or t
+ *  out of range). Valid until the engine is freed; read-only. */
+IGRAD_API const float *igrad_engine_residual(const igrad_engine_t *engine, size_t t);
+
+/** Records every later selection into `trace` (igrad_trace_record with the
+ *  selection's sumsq and count), so a run can profile itself. The trace
+ *  must be made for the same layout and outlive its use; NULL stops
+ *  recording. @return IGRAD_E_MISMATCH for a trace of another layout. */
+IGRAD_API igrad_status_t igrad_engine_set_trace(igrad_engine_t *engine, igrad_trace_t *trace);
+
+/** Copies the configuration the engine was created with. */
+IGRAD_API igrad_status_t igrad_engine_config(const igrad_engine_t *engine,
+                                             igrad_config_t *out);
+
+/** @return the step of the most recent completed begin (-1 before the
+ *  first; restored by igrad_engine_load_state()). */
+IGRAD_API int64_t igrad_engine_step(const igrad_engine_t *engine);
+
+/** @return bytes the engine holds: residuals, buffers, workspaces. */
+IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
+
+/** Writes this rank's state: residuals, step, hashes and the risk policy's
+ *  size history, so that a resumed run continues exactly. One file per
+ *  rank (the caller picks names such as "state.rank3.bin"). Written to a
+ *  temporary name and renamed, so a crash never leaves a partial file.
+ *  Local (not collective). Format (host byte order, little-endian on
+ *  every supported platform):
+ *    "IGRADST\0" magic, u32 version (1), u32 rank, u32 size, u32 nitems,
+ *    nitems x (u64 value) — the agreement items (layout, profile, config
+ *    fields, plan) in the engine's fixed order,
+ *    i64 step, i64 steps begun, u64 ntensors, u64 residual count,
+ *    f32 residuals (layout order),
+ *    u64 history count, then u64 keys, i64 n, f64 mean, f64 m2 arrays,
+ *    u64 FNV-1a checksum of every byte before it. */
+IGRAD_API igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine,
+                                                 const char *path);
+
+/** Reads a state written by igrad_engine_save_state() into an engine built
+ *  the same way. Collective: every rank loads its own file; if any rank
+ *  fails, every rank fails and no engine changes.
+ *  @return IGRAD_E_IO, IGRAD_E_FORMAT (truncated, corrupt: bad magic,
+ *  version, sizes or checksum), IGRAD_E_MISMATCH (another layout, profile,
+ *  config or plan: the message names the first differing item, or a
+ *  saved rank/size that is not this rank's; or the ranks' files are from
+ *  different steps). */
+IGRAD_API igrad_status_t igrad_engine_load_state(igrad_engine_t *engine, const char *path);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,1740 @@
+/*
+ * engine.c — the sync engine (DESIGN.md §2): method/config names and
+ * validation, the plan built at create (per tensor: every step or released
+ * at a phase, budgets for normal and release steps, block cuts, buffer
+ * sizes for the largest step), the cross-rank agreement check, and one
+ * step: finiteness agreement, error feedback + selection on OpenMP
+ * threads, packing into buckets, the collectives (two-phase or pipelined)
+ * and unpacking the average into the caller's gradients, with statistics.
+ *
+ * Not here: saving and loading a rank's state (engine_state.c); the gate,
+ * phases and release budgets (schedule.c); bucket policies (pack.c);
+ * selection itself (select.c); the collectives (comm*.c).
+ *
+ * Why the step is shaped the way it is:
+ *  - Nothing is written before every rank knows that every gradient is
+ *    finite: a read-only pass checks grad + residual, then one tiny
+ *    allgather agrees on it, so a NaN on one rank fails the step on all
+ *    ranks with every residual bit-identical (the caller skips the step).
+ *    The same exchange carries argument errors (a NULL gradient) and, every
+ *    verify_every calls, the agreement items, so no rank is ever left
+ *    waiting in a collective the others skipped.
+ *  - Which tensors are sent, their budgets and the bucket plan depend only
+ *    on (plan, step) and byte counts, so every rank issues the same
+ *    collectives without talking about it.
+ *  - Every buffer is sized at create for the largest step of the release
+ *    cycle; a step allocates nothing (selection workspaces grow once).
+ *  - Buckets are unpacked in bucket order and ranks in rank order, so every
+ *    rank computes bit-identical averages.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "engine_internal.h"
+#include "schedule.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define VALUE_NBYTES 4 /* F32 on the wire */
+
+/* ------------------------------------------------------------------------ */
+/* Names                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* ASCII-only case folding, so parsing does not depend on the C locale. */
+static int name_equal(const char *a, const char *b)
+{
+    for (;; a++, b++) {
+        int ca = (unsigned char)*a, cb = (unsigned char)*b;
+        if (ca >= 'A' && ca <= 'Z') ca += 'a' - 'A';
+        if (cb >= 'A' && cb <= 'Z') cb += 'a' - 'A';
+        if (ca != cb) return 0;
+        if (ca == 0) return 1;
+    }
+}
+
+static const char *const method_names[] = {"dense", "topk_sync", "adtopk_sync", "iad", "ig"};
+static const char *const residual_names[] = {"on", "drop"};
+static const char *const collective_names[] = {"auto", "gather", "reduce"};
+#define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+const char *igrad_method_name(igrad_method_t method)
+{
+    int m = (int)method;
+    return m >= 0 && m < COUNT_OF(method_names) ? method_names[m] : "unknown";
+}
+
+const char *igrad_residual_policy_name(igrad_residual_policy_t policy)
+{
+    int p = (int)policy;
+    return p >= 0 && p < COUNT_OF(residual_names) ? residual_names[p] : "unknown";
+}
+
+const char *igrad_collective_name(igrad_collective_t collective)
+{
+    int c = (int)collective;
+    return c >= 0 && c < COUNT_OF(collective_names) ? collective_names[c] : "unknown";
+}
+
+/* Index of `name` in `names`, or -1. */
+static int find_name(const char *name, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (name_equal(name, names[i])) return i;
+    return -1;
+}
+
+igrad_status_t igrad_method_from_name(const char *name, igrad_method_t *method)
+{
+    IGRAD_FAIL_IF(!name || !method, IGRAD_E_INVALID, "method name: NULL argument");
+    int i = find_name(name, method_names, COUNT_OF(method_names));
+    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID,
+                  "unknown method \"%s\" (dense, topk_sync, adtopk_sync, iad, ig)", name);
+    *method = (igrad_method_t)i;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_residual_policy_from_name(const char *name, igrad_residual_policy_t *policy)
+{
+    IGRAD_FAIL_IF(!name || !policy, IGRAD_E_INVALID, "residual policy name: NULL argument");
+    int i = find_name(name, residual_names, COUNT_OF(residual_names));
+    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID, "unknown residual policy \"%s\" (on, drop)", name);
+    *policy = (igrad_residual_policy_t)i;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_collective_from_name(const char *name, igrad_collective_t *collective)
+{
+    IGRAD_FAIL_IF(!name || !collective, IGRAD_E_INVALID, "collective name: NULL argument");
+    int i = find_name(name, collective_names, COUNT_OF(collective_names));
+    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID, "unknown collective \"%s\" (auto, gather, reduce)",
+                  name);
+    *collective = (igrad_collective_t)i;
+    return IGRAD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                            */
+/* ------------------------------------------------------------------------ */
+
+static int method_defers(igrad_method_t m)
+{
+    return m == IGRAD_METHOD_IAD || m == IGRAD_METHOD_IG;
+}
+
+igrad_status_t igrad_config_validate(const igrad_config_t *c)
+{
+    IGRAD_FAIL_IF(!c, IGRAD_E_INVALID, "config is NULL");
+    IGRAD_FAIL_IF(c->size < sizeof(igrad_config_t), IGRAD_E_INVALID,
+                  "config.size is %zu, but this igrad's igrad_config_t has %zu bytes "
+                  "(initialise it with IGRAD_CONFIG_INIT)",
+                  c->size, sizeof(igrad_config_t));
+    IGRAD_FAIL_IF((int)c->method < 0 || (int)c->method >= COUNT_OF(method_names),
+                  IGRAD_E_INVALID, "config.method is %d (dense, topk_sync, adtopk_sync, iad, ig)",
+                  (int)c->method);
+    IGRAD_FAIL_IF((int)c->sparsifier < 0 || (int)c->sparsifier > IGRAD_SPARSIFIER_ADTOPK,
+                  IGRAD_E_INVALID, "config.sparsifier is %d (none, topk, adtopk)",
+                  (int)c->sparsifier);
+    IGRAD_FAIL_IF(method_defers(c->method) && c->sparsifier == IGRAD_SPARSIFIER_NONE,
+                  IGRAD_E_INVALID,
+                  "config.sparsifier is none, but method %s needs topk or adtopk "
+                  "(method dense sends everything)",
+                  igrad_method_name(c->method));
+    IGRAD_FAIL_IF(c->interleave != 0 && c->interleave != 1, IGRAD_E_INVALID,
+                  "config.interleave is %d (must be 0 or 1)", c->interleave);
+    IGRAD_FAIL_IF(!(c->density > 0.0 && c->density <= 1.0), IGRAD_E_INVALID,
+                  "config.density is %g (must be in (0, 1])", c->density);
+    IGRAD_FAIL_IF(c->release_period < 1 || c->release_period > IGRAD__SCHEDULE_MAX_PERIOD,
+                  IGRAD_E_INVALID, "config.release_period is %d (must be in [1, %d])",
+                  c->release_period, IGRAD__SCHEDULE_MAX_PERIOD);
+    IGRAD_FAIL_IF(!(c->release_keep > 0.0 && c->release_keep <= 1.0), IGRAD_E_INVALID,
+                  "config.release_keep is %g (must be in (0, 1])", c->release_keep);
+    IGRAD_FAIL_IF(c->schedule != IGRAD_SCHEDULE_ALIGNED && c->schedule != IGRAD_SCHEDULE_STAGGERED,
+                  IGRAD_E_INVALID, "config.schedule is %d (aligned, staggered)",
+                  (int)c->schedule);
+    IGRAD_FAIL_IF((int)c->residual < 0 || (int)c->residual >= COUNT_OF(residual_names),
+                  IGRAD_E_INVALID, "config.residual is %d (on, drop)", (int)c->residual);
+    IGRAD_FAIL_IF((int)c->pack < 0 || (int)c->pack > IGRAD_PACK_CONTIGUOUS, IGRAD_E_INVALID,
+                  "config.pack is %d (direct, sequential, greedy, risk, contiguous)",
+                  (int)c->pack);
+    IGRAD_FAIL_IF(c->buckets < 1 || c->buckets > IGRAD__PACK_MAX_BUCKETS, IGRAD_E_INVALID,
+                  "config.buckets is %d (must be in [1, %d])", c->buckets,
+                  IGRAD__PACK_MAX_BUCKETS);
+    IGRAD_FAIL_IF(c->block_entries < 1, IGRAD_E_INVALID,
+                  "config.block_entries is %lld (must be >= 1)", (long long)c->block_entries);
+    IGRAD_FAIL_IF(!(c->risk_lambda >= 0.0 && c->risk_lambda <= DBL_MAX), IGRAD_E_INVALID,
+                  "config.risk_lambda is %g (must be a finite value >= 0)", c->risk_lambda);
+    IGRAD_FAIL_IF(c->verify_every < 0, IGRAD_E_INVALID,
+                  "config.verify_every is %lld (must be >= 0; 0 = only at create)",
+                  (long long)c->verify_every);
+    IGRAD_FAIL_IF(c->value_dtype == IGRAD_DTYPE_F16 || c->value_dtype == IGRAD_DTYPE_BF16,
+                  IGRAD_E_UNSUPPORTED,
+                  "config.value_dtype %s is not implemented yet (values travel as F32)",
+                  igrad_dtype_name(c->value_dtype));
+    IGRAD_FAIL_IF(c->value_dtype != IGRAD_DTYPE_F32, IGRAD_E_INVALID,
+                  "config.value_dtype is %s (must be F32)", igrad_dtype_name(c->value_dtype));
+    IGRAD_FAIL_IF(c->index_dtype != IGRAD_DTYPE_U16 && c->index_dtype != IGRAD_DTYPE_U32,
+                  IGRAD_E_INVALID,
+                  "config.index_dtype is %s (U16: 16-bit where indices fit, U32: always 32-bit)",
+                  igrad_dtype_name(c->index_dtype));
+    IGRAD_FAIL_IF((int)c->collective < 0 || (int)c->collective >= COUNT_OF(collective_names),
+                  IGRAD_E_INVALID, "config.collective is %d (auto, gather, reduce)",
+                  (int)c->collective);
+    IGRAD_FAIL_IF(c->threads < 0 || c->threads > 4096, IGRAD_E_INVALID,
+                  "config.threads is %d (must be in [0, 4096]; 0 = OpenMP default)", c->threads);
+    return IGRAD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Agreement items                                                          */
+/* ------------------------------------------------------------------------ */
+
+const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
+    [IGRAD__ITEM_VERSION] = {"igrad version", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_TENSORS] = {"layout tensor count", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_LAYOUT] = {"layout", IGRAD__ITEM_HASH, 1},
+    [IGRAD__ITEM_COMPONENTS] = {"layout component count", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_PROFILE] = {"profile", IGRAD__ITEM_HASH, 1},
+    [IGRAD__ITEM_CFG_METHOD] = {"config.method", IGRAD__ITEM_METHOD, 1},
+    [IGRAD__ITEM_CFG_SPARSIFIER] = {"config.sparsifier", IGRAD__ITEM_SPARSIFIER, 1},
+    [IGRAD__ITEM_CFG_INTERLEAVE] = {"config.interleave", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_DENSITY] = {"config.density", IGRAD__ITEM_F64, 1},
+    [IGRAD__ITEM_CFG_RELEASE_PERIOD] = {"config.release_period", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_RELEASE_KEEP] = {"config.release_keep", IGRAD__ITEM_F64, 1},
+    [IGRAD__ITEM_CFG_SCHEDULE] = {"config.schedule", IGRAD__ITEM_SCHEDULE, 1},
+    [IGRAD__ITEM_CFG_RESIDUAL] = {"config.residual", IGRAD__ITEM_RESIDUAL, 1},
+    [IGRAD__ITEM_CFG_PACK] = {"config.pack", IGRAD__ITEM_PACK, 1},
+    [IGRAD__ITEM_CFG_BUCKETS] = {"config.buckets", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_BLOCK_ENTRIES] = {"config.block_entries", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_RISK_LAMBDA] = {"config.risk_lambda", IGRAD__ITEM_F64, 1},
+    [IGRAD__ITEM_CFG_VERIFY_EVERY] = {"config.verify_every", IGRAD__ITEM_I64, 0},
+    [IGRAD__ITEM_CFG_VALUE_DTYPE] = {"config.value_dtype", IGRAD__ITEM_DTYPE, 1},
+    [IGRAD__ITEM_CFG_INDEX_DTYPE] = {"config.index_dtype", IGRAD__ITEM_DTYPE, 1},
+    [IGRAD__ITEM_CFG_COLLECTIVE] = {"config.collective", IGRAD__ITEM_COLLECTIVE, 1},
+    [IGRAD__ITEM_PLAN] = {"plan", IGRAD__ITEM_HASH, 1},
+    [IGRAD__ITEM_STEP] = {"step", IGRAD__ITEM_I64, 0},
+    [IGRAD__ITEM_CALLS] = {"engine step count", IGRAD__ITEM_I64, 0},
+    [IGRAD__ITEM_HISTORY] = {"risk size history", IGRAD__ITEM_HASH, 0},
+};
+
+static uint64_t f64_bits(double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
+}
+
+void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes)
+{
+    int64_t s = (int64_t)value;
+    switch (igrad__items[i].type) {
+    case IGRAD__ITEM_I64: snprintf(buf, nbytes, "%lld", (long long)s); return;
+    case IGRAD__ITEM_F64: {
+        double d;
+        memcpy(&d, &value, sizeof d);
+        /* the short form when it reads back exactly, else all digits */
+        snprintf(buf, nbytes, "%g", d);
+        if (strtod(buf, NULL) != d) snprintf(buf, nbytes, "%.17g", d);
+        return;
+    }
+    case IGRAD__ITEM_HASH:
+        snprintf(buf, nbytes, "0x%016llx", (unsigned long long)value);
+        return;
+    case IGRAD__ITEM_METHOD: snprintf(buf, nbytes, "%s", igrad_method_name((igrad_method_t)s)); return;
+    case IGRAD__ITEM_SPARSIFIER:
+        snprintf(buf, nbytes, "%s", igrad_sparsifier_name((igrad_sparsifier_t)s));
+        return;
+    case IGRAD__ITEM_SCHEDULE:
+        snprintf(buf, nbytes, "%s", igrad_schedule_name((igrad_schedule_t)s));
+        return;
+    case IGRAD__ITEM_RESIDUAL:
+        snprintf(buf, nbytes, "%s", igrad_residual_policy_name((igrad_residual_policy_t)s));
+        return;
+    case IGRAD__ITEM_PACK:
+        snprintf(buf, nbytes, "%s", igrad_pack_policy_name((igrad_pack_policy_t)s));
+        return;
+    case IGRAD__ITEM_DTYPE: {
+        const char *nm = igrad_dtype_name((igrad_dtype_t)s);
+        snprintf(buf, nbytes, "%s", nm ? nm : "?");
+        return;
+    }
+    case IGRAD__ITEM_COLLECTIVE:
+        snprintf(buf, nbytes, "%s", igrad_collective_name((igrad_collective_t)s));
+        return;
+    }
+    snprintf(buf, nbytes, "%llu", (unsigned long long)value);
+}
+
+/* The items that depend only on what the engine was built from. */
+static void static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profile_hash,
+                         uint64_t plan_hash)
+{
+    const igrad_config_t *c = &e->cfg;
+    uint64_t *v = e->items;
+    v[IGRAD__ITEM_VERSION] = (uint64_t)IGRAD_VERSION_NUMBER;
+    v[IGRAD__ITEM_TENSORS] = (uint64_t)e->ntensors;
+    v[IGRAD__ITEM_LAYOUT] = layout_hash;
+    v[IGRAD__ITEM_COMPONENTS] = (uint64_t)e->ncomp;
+    v[IGRAD__ITEM_PROFILE] = profile_hash;
+    v[IGRAD__ITEM_CFG_METHOD] = (uint64_t)(int64_t)c->method;
+    v[IGRAD__ITEM_CFG_SPARSIFIER] = (uint64_t)(int64_t)c->sparsifier;
+    v[IGRAD__ITEM_CFG_INTERLEAVE] = (uint64_t)(int64_t)c->interleave;
+    v[IGRAD__ITEM_CFG_DENSITY] = f64_bits(c->density);
+    v[IGRAD__ITEM_CFG_RELEASE_PERIOD] = (uint64_t)(int64_t)c->release_period;
+    v[IGRAD__ITEM_CFG_RELEASE_KEEP] = f64_bits(c->release_keep);
+    v[IGRAD__ITEM_CFG_SCHEDULE] = (uint64_t)(int64_t)c->schedule;
+    v[IGRAD__ITEM_CFG_RESIDUAL] = (uint64_t)(int64_t)c->residual;
+    v[IGRAD__ITEM_CFG_PACK] = (uint64_t)(int64_t)c->pack;
+    v[IGRAD__ITEM_CFG_BUCKETS] = (uint64_t)(int64_t)c->buckets;
+    v[IGRAD__ITEM_CFG_BLOCK_ENTRIES] = (uint64_t)c->block_entries;
+    v[IGRAD__ITEM_CFG_RISK_LAMBDA] = f64_bits(c->risk_lambda);
+    v[IGRAD__ITEM_CFG_VERIFY_EVERY] = (uint64_t)c->verify_every;
+    v[IGRAD__ITEM_CFG_VALUE_DTYPE] = (uint64_t)(int64_t)c->value_dtype;
+    v[IGRAD__ITEM_CFG_INDEX_DTYPE] = (uint64_t)(int64_t)c->index_dtype;
+    v[IGRAD__ITEM_CFG_COLLECTIVE] = (uint64_t)(int64_t)c->collective;
+    v[IGRAD__ITEM_PLAN] = plan_hash;
+}
+
+void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)
+{
+    e->items[IGRAD__ITEM_STEP] = (uint64_t)step;
+    e->items[IGRAD__ITEM_CALLS] = (uint64_t)e->calls;
+    e->items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->hist);
+}
+
+double igrad__engine_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Agreement across ranks                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define AGREE_WORDS (3 + IGRAD__NITEMS)
+
+/* Second exchange after a layout mismatch: per-tensor hashes. */
+static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
+                                    const char *context)
+{
+    size_t T = e->ntensors;
+    uint64_t *all = malloc((size_t)nranks * T * sizeof *all + 1);
+    /* Only after a mismatch, so an allocation failure here (which would
+     * leave the other ranks in the exchange) is as rare as can be. */
+    if (!all) return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
+                                 "%s: layout differs between ranks (out of memory naming "
+                                 "the tensor)", context);
+    igrad_status_t st = igrad_comm_allgather(comm, e->tensor_hash, T * sizeof *all, all);
+    if (st != IGRAD_OK) {
+        free(all);
+        return st;
+    }
+    for (size_t t = 0; t < T; t++)
+        for (int r = 1; r < nranks; r++)
+            if (all[(size_t)r * T + t] != all[t]) {
+                free(all);
+                return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                                   "%s: layout differs at tensor %s (index %zu): rank 0 and "
+                                   "rank %d have a different name, dtype or shape there",
+                                   context, e->t[t].name, t, r);
+            }
+    free(all);
+    return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                       "%s: layout differs between ranks (same tensors, other family?)",
+                       context);
+}
+
+/* Second exchange after a profile mismatch: the important flags. */
+static igrad_status_t profile_detail(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
+                                     const char *context)
+{
+    size_t C = e->ncomp;
+    unsigned char *all = malloc((size_t)nranks * C + 1);
+    if (!all) return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
+                                 "%s: profile differs between ranks (out of memory naming "
+                                 "the component)", context);
+    igrad_status_t st = igrad_comm_allgather(comm, e->comp_important, C, all);
+    if (st != IGRAD_OK) {
+        free(all);
+        return st;
+    }
+    for (size_t c = 0; c < C; c++)
+        for (int r = 1; r < nranks; r++)
+            if (all[(size_t)r * C + c] != all[c]) {
+                int imp0 = all[c];
+                free(all);
+                return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                                   "%s: profile differs at component (%d, %s): rank 0 has it "
+                                   "%s, rank %d %s",
+                                   context, e->comp_layer[c], igrad_kind_name(e->comp_kind[c]),
+                                   imp0 ? "important" : "low-importance", r,
+                                   imp0 ? "low-importance" : "important");
+            }
+    free(all);
+    return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                       "%s: profile differs between ranks (one rank has none?)", context);
+}
+
+igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
+                                   uint64_t *buf, igrad_status_t status, int64_t detail,
+                                   const char *local_msg, const uint64_t *items,
+                                   int check_items, const char *context)
+{
+    uint64_t mine[AGREE_WORDS];
+    memset(mine, 0, sizeof mine);
+    mine[0] = (uint64_t)status;
+    mine[1] = (uint64_t)detail;
+    mine[2] = (uint64_t)(check_items != 0);
+    if (items) memcpy(mine + 3, items, IGRAD__NITEMS * sizeof *items);
+    IGRAD_CHECK(igrad_comm_allgather(comm, mine, sizeof mine, buf));
+
+    int failed = -1, check = 0;
+    for (int r = 0; r < nranks; r++) {
+        const uint64_t *w = buf + (size_t)r * AGREE_WORDS;
+        if (w[0] != 0 && failed < 0) failed = r;
+        check |= w[2] != 0;
+    }
+    if (failed >= 0) {
+        if (status != IGRAD_OK)
+            return igrad__fail(status, __FILE__, __LINE__, "%s", local_msg ? local_msg : "");
+        const uint64_t *w = buf + (size_t)failed * AGREE_WORDS;
+        igrad_status_t fs = (igrad_status_t)w[0];
+        int64_t det = (int64_t)w[1];
+        if (e && e->t && det >= 0 && (size_t)det < e->ntensors)
+            return igrad__fail(fs, __FILE__, __LINE__,
+                               "%s failed on rank %d (%s) at tensor %s; every rank fails it",
+                               context, failed, igrad_status_str(fs), e->t[det].name);
+        return igrad__fail(fs, __FILE__, __LINE__, "%s failed on rank %d (%s); every rank fails it",
+                           context, failed, igrad_status_str(fs));
+    }
+    if (!check) return IGRAD_OK;
+
+    for (int i = 0; i < IGRAD__NITEMS; i++) {
+        uint64_t v0 = buf[3 + i];
+        for (int r = 1; r < nranks; r++) {
+            uint64_t vr = buf[(size_t)r * AGREE_WORDS + 3 + (size_t)i];
+            if (vr == v0) continue;
+            if (i == IGRAD__ITEM_LAYOUT) return layout_detail(e, comm, nranks, context);
+            if (i == IGRAD__ITEM_PROFILE) return profile_detail(e, comm, nranks, context);
+            char a[64], b[64];
+            igrad__item_format(i, v0, a, sizeof a);
+            igrad__item_format(i, vr, b, sizeof b);
+            return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                               "%s: %s differs: rank 0 has %s, rank %d has %s", context,
+                               igrad__items[i].name, a, r, b);
+        }
+    }
+    return IGRAD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Building the plan                                                        */
+/* ------------------------------------------------------------------------ */
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Wire index bytes of one selection spec. */
+static int index_nbytes(const igrad_engine_t *e, const igrad_select_spec_t *sp)
+{
+    if (e->sp == IGRAD_SPARSIFIER_NONE) return 0;
+    int64_t range = sp->row_wise ? sp->cols : sp->n; /* indices are < range */
+    if (e->cfg.index_dtype == IGRAD_DTYPE_U16 && range <= 65536) return 2;
+    return 4;
+}
+
+/* Checks that a profile describes the layout's components. */
+static igrad_status_t check_profile(const igrad_profile_t *profile,
+                                    const igrad_layout_t *layout)
+{
+    size_t nc = igrad_layout_component_count(layout), np = igrad_profile_count(profile);
+    IGRAD_FAIL_IF(np != nc, IGRAD_E_MISMATCH,
+                  "profile does not match the layout: %zu components in the profile, %zu in "
+                  "the layout",
+                  np, nc);
+    uint64_t ph = igrad_profile_layout_hash(profile), lh = igrad_layout_hash(layout);
+    IGRAD_FAIL_IF(ph != 0 && ph != lh, IGRAD_E_MISMATCH,
+                  "profile does not match the layout: made for layout 0x%016llx, this layout "
+                  "is 0x%016llx",
+                  (unsigned long long)ph, (unsigned long long)lh);
+    for (size_t c = 0; c < nc; c++) {
+        igrad_component_info_t ci;
+        igrad_profile_entry_t pe;
+        IGRAD_CHECK(igrad_layout_component(layout, c, &ci));
+        IGRAD_CHECK(igrad_profile_entry(profile, c, &pe));
+        IGRAD_FAIL_IF(ci.layer != pe.layer || ci.kind != pe.kind || ci.count != pe.count,
+                      IGRAD_E_MISMATCH,
+                      "profile does not match the layout at component %zu: profile has "
+                      "(%d, %s) with %lld entries, layout (%d, %s) with %lld",
+                      c, pe.layer, igrad_kind_name(pe.kind), (long long)pe.count, ci.layer,
+                      igrad_kind_name(ci.kind), (long long)ci.count);
+    }
+    return IGRAD_OK;
+}
+
+/* Copies the layout's tensors and components into the engine. */
+static igrad_status_t copy_layout(igrad_engine_t *e, const igrad_layout_t *layout)
+{
+    size_t T = igrad_layout_count(layout);
+    IGRAD_FAIL_IF(T == 0, IGRAD_E_INVALID, "igrad_engine_create: the layout has no tensors");
+    IGRAD_FAIL_IF(T > UINT32_MAX, IGRAD_E_INVALID,
+                  "igrad_engine_create: %zu tensors, more than block keys can address", T);
+    e->ntensors = T;
+    e->t = calloc(T, sizeof *e->t);
+    e->tensor_hash = calloc(T, sizeof *e->tensor_hash);
+    IGRAD_FAIL_IF(!e->t || !e->tensor_hash, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    size_t names_nbytes = 0;
+    for (size_t i = 0; i < T; i++) {
+        igrad_tensor_info_t ti;
+        IGRAD_CHECK(igrad_layout_tensor(layout, i, &ti));
+        names_nbytes += strlen(ti.name) + 1;
+    }
+    e->names = malloc(names_nbytes);
+    IGRAD_FAIL_IF(!e->names, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    char *p = e->names;
+    for (size_t i = 0; i < T; i++) {
+        igrad_tensor_info_t ti;
+        IGRAD_CHECK(igrad_layout_tensor(layout, i, &ti));
+        igrad__engine_tensor_t *tp = &e->t[i];
+        size_t len = strlen(ti.name) + 1;
+        memcpy(p, ti.name, len);
+        tp->name = p;
+        p += len;
+        tp->ndim = ti.ndim;
+        for (int d = 0; d < IGRAD_MAX_DIMS; d++) tp->shape[d] = ti.shape[d];
+        tp->n = ti.count;
+        tp->comp = ti.component;
+        IGRAD_FAIL_IF(ti.count > (int64_t)UINT32_MAX + 1, IGRAD_E_INVALID,
+                      "tensor %s has %lld entries, more than 32-bit indices address", ti.name,
+                      (long long)ti.count);
+        uint64_t h = igrad__hash_str(IGRAD__HASH_SEED, ti.name);
+        h = igrad__hash_i64(h, (int64_t)ti.dtype);
+        h = igrad__hash_i64(h, ti.ndim);
+        for (int d = 0; d < ti.ndim; d++) h = igrad__hash_i64(h, ti.shape[d]);
+        e->tensor_hash[i] = h;
+    }
+    size_t C = igrad_layout_component_count(layout);
+    e->ncomp = C;
+    size_t Cn = C ? C : 1;
+    e->comp_layer = calloc(Cn, sizeof *e->comp_layer);
+    e->comp_kind = calloc(Cn, sizeof *e->comp_kind);
+    e->comp_count = calloc(Cn, sizeof *e->comp_count);
+    e->comp_important = calloc(Cn, 1);
+    e->comp_phase = calloc(Cn, sizeof *e->comp_phase);
+    IGRAD_FAIL_IF(!e->comp_layer || !e->comp_kind || !e->comp_count || !e->comp_important ||
+                      !e->comp_phase,
+                  IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    for (size_t c = 0; c < C; c++) {
+        igrad_component_info_t ci;
+        IGRAD_CHECK(igrad_layout_component(layout, c, &ci));
+        e->comp_layer[c] = ci.layer;
+        e->comp_kind[c] = ci.kind;
+        e->comp_count[c] = ci.count;
+        e->comp_important[c] = 1;
+    }
+    return IGRAD_OK;
+}
+
+/* Specs, index widths and block cuts of every tensor. */
+static igrad_status_t plan_tensors(igrad_engine_t *e)
+{
+    const igrad_config_t *c = &e->cfg;
+    double rscale = c->method == IGRAD_METHOD_IG
+                        ? igrad__release_scale(c->release_keep, c->release_period)
+                        : 1.0;
+    for (size_t i = 0; i < e->ntensors; i++) {
+        igrad__engine_tensor_t *tp = &e->t[i];
+        for (int rel = 0; rel < 2; rel++)
+            for (int par = 0; par < 2; par++) {
+                igrad_select_spec_t *sp = &tp->spec[rel][par];
+                IGRAD_CHECK(igrad_select_spec(e->sp, c->density, rel ? rscale : 1.0,
+                                              c->interleave, par, tp->ndim, tp->shape, sp));
+                tp->idx_nbytes[rel][par] = index_nbytes(e, sp);
+                int64_t blk = c->block_entries;
+                if (sp->row_wise) {
+                    /* whole rows per block, so a block's row is known from
+                     * its position and indices can be column indices */
+                    int64_t rows_per = blk / sp->per_row;
+                    blk = sp->per_row * (rows_per > 0 ? rows_per : 1);
+                }
+                tp->blk_entries[rel][par] = blk;
+                tp->nblocks[rel][par] = igrad__pack_split_count(sp->count, blk);
+            }
+    }
+    return IGRAD_OK;
+}
+
+/* Bytes a tensor sends at a step kind. */
+static int64_t tensor_nbytes(const igrad__engine_tensor_t *tp, int rel, int par)
+{
+    return tp->spec[rel][par].count * (VALUE_NBYTES + tp->idx_nbytes[rel][par]);
+}
+
+/* Floats a tensor needs in reduce buckets (its dense segments). */
+static int64_t tensor_dense_cap(const igrad_engine_t *e, const igrad__engine_tensor_t *tp,
+                                int rel, int par)
+{
+    const igrad_select_spec_t *sp = &tp->spec[rel][par];
+    int64_t nb = tp->nblocks[rel][par];
+    if (e->sp == IGRAD_SPARSIFIER_NONE || sp->row_wise || nb <= 1 || e->per_tensor_buckets)
+        return tp->n;
+    /* flat blocks of one tensor in k buckets carry the whole tensor k times */
+    return tp->n * (nb < e->nb_max ? nb : e->nb_max);
+}
+
+/* Phases: important components and OTHER every step, the rest by the
+ * schedule, weighted by their release payload. */
+static igrad_status_t plan_phases(igrad_engine_t *e, const igrad_profile_t *profile)
+{
+    size_t C = e->ncomp;
+    for (size_t c = 0; c < C; c++) e->comp_phase[c] = IGRAD__PHASE_EVERY;
+    if (e->deferral) {
+        for (size_t c = 0; c < C; c++) {
+            int imp = igrad_profile_is_important(profile, e->comp_layer[c], e->comp_kind[c]);
+            IGRAD_FAIL_IF(imp < 0, IGRAD_E_MISMATCH,
+                          "profile has no component (%d, %s) of the layout", e->comp_layer[c],
+                          igrad_kind_name(e->comp_kind[c]));
+            e->comp_important[c] = (unsigned char)imp;
+        }
+        if (C > 0) {
+            int64_t *rel_nbytes = calloc(C, sizeof *rel_nbytes);
+            IGRAD_FAIL_IF(!rel_nbytes, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+            for (size_t i = 0; i < e->ntensors; i++)
+                if (e->t[i].comp >= 0) rel_nbytes[e->t[i].comp] += tensor_nbytes(&e->t[i], 1, 0);
+            igrad_status_t st =
+                igrad__schedule_assign(e->cfg.schedule, e->cfg.release_period, C, rel_nbytes,
+                                       e->comp_important, e->comp_phase);
+            free(rel_nbytes);
+            IGRAD_CHECK(st);
+        }
+    }
+    for (size_t i = 0; i < e->ntensors; i++) {
+        igrad__engine_tensor_t *tp = &e->t[i];
+        tp->important = tp->comp < 0 ? 1 : e->comp_important[tp->comp];
+        tp->phase = tp->comp < 0 ? IGRAD__PHASE_EVERY : e->comp_phase[tp->comp];
+    }
+    return IGRAD_OK;
+}
+
+typedef struct phase_sum {
+    int phase;
+    int64_t v[4]; /* entries, blocks, bytes, dense floats */
+} phase_sum_t;
+
+static int cmp_phase(const void *pa, const void *pb)
+{
+    const phase_sum_t *a = pa, *b = pb;
+    return (a->phase > b->phase) - (a->phase < b->phase);
+}
+
+/* Largest step of the cycle, per quantity: everything sent every step plus
+ * the heaviest phase's releases (each quantity maximised on its own, so
+ * the result bounds every step). */
+static igrad_status_t plan_maxima(igrad_engine_t *e, int64_t out[4])
+{
+    int64_t every[4] = {0, 0, 0, 0};
+    size_t nlow = 0;
+    for (size_t i = 0; i < e->ntensors; i++)
+        if (e->t[i].phase >= 0) nlow++;
+    phase_sum_t *low = calloc(nlow ? nlow : 1, sizeof *low);
+    IGRAD_FAIL_IF(!low, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < e->ntensors; i++) {
+        const igrad__engine_tensor_t *tp = &e->t[i];
+        int rel = tp->phase >= 0;
+        int64_t v[4];
+        v[0] = tp->spec[rel][0].count; /* the same on both parities */
+        v[1] = max64(tp->nblocks[rel][0], tp->nblocks[rel][1]);
+        v[2] = max64(tensor_nbytes(tp, rel, 0), tensor_nbytes(tp, rel, 1));
+        v[3] = max64(tensor_dense_cap(e, tp, rel, 0), tensor_dense_cap(e, tp, rel, 1));
+        if (!rel) {
+            for (int q = 0; q < 4; q++) every[q] += v[q];
+        } else {
+            low[k].phase = tp->phase;
+            memcpy(low[k].v, v, sizeof v);
+            k++;
+        }
+    }
+    qsort(low, nlow, sizeof *low, cmp_phase);
+    int64_t best[4] = {0, 0, 0, 0};
+    for (size_t a = 0; a < nlow;) {
+        int64_t sum[4] = {0, 0, 0, 0};
+        size_t b = a;
+        for (; b < nlow && low[b].phase == low[a].phase; b++)
+            for (int q = 0; q < 4; q++) sum[q] += low[b].v[q];
+        for (int q = 0; q < 4; q++) best[q] = max64(best[q], sum[q]);
+        a = b;
+    }
+    free(low);
+    for (int q = 0; q < 4; q++) out[q] = every[q] + best[q];
+    return IGRAD_OK;
+}
+
+/* Blocks of every tensor at its normal budget (even step), readiness order. */
+static igrad_status_t full_blocks(const igrad_engine_t *e, igrad__pack_block_t **out,
+                                  size_t *nout)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < e->ntensors; i++) n += (size_t)e->t[i].nblocks[0][0];
+    igrad__pack_block_t *b = calloc(n ? n : 1, sizeof *b);
+    IGRAD_FAIL_IF(!b, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    size_t m = 0;
+    for (size_t k = e->ntensors; k-- > 0;) {
+        const igrad__engine_tensor_t *tp = &e->t[k];
+        m += (size_t)igrad__pack_split((uint32_t)k, tp->spec[0][0].count,
+                                       tp->blk_entries[0][0],
+                                       VALUE_NBYTES + tp->idx_nbytes[0][0],
+                                       (int64_t)(e->ntensors - 1 - k), b + m);
+    }
+    *out = b;
+    *nout = m;
+    return IGRAD_OK;
+}
+
+static uint64_t plan_hash(const igrad_engine_t *e)
+{
+    uint64_t h = igrad__schedule_hash(IGRAD__HASH_SEED, e->cfg.schedule, e->cfg.release_period,
+                                      e->cfg.release_keep, e->ncomp, e->comp_phase);
+    for (size_t i = 0; i < e->ntensors; i++) {
+        const igrad__engine_tensor_t *tp = &e->t[i];
+        h = igrad__hash_i64(h, tp->phase);
+        for (int rel = 0; rel < 2; rel++)
+            for (int par = 0; par < 2; par++) {
+                const igrad_select_spec_t *sp = &tp->spec[rel][par];
+                h = igrad__hash_i64(h, sp->row_wise);
+                h = igrad__hash_i64(h, sp->per_row);
+                h = igrad__hash_i64(h, sp->count);
+                h = igrad__hash_i64(h, tp->idx_nbytes[rel][par]);
+                h = igrad__hash_i64(h, tp->blk_entries[rel][par]);
+            }
+    }
+    h = igrad__pack_map_hash(h, &e->map);
+    return h;
+}
+
+static uint64_t profile_hash(const igrad_engine_t *e)
+{
+    if (!e->deferral) return 0;
+    uint64_t h = igrad__hash_i64(IGRAD__HASH_SEED, (int64_t)e->ncomp);
+    for (size_t c = 0; c < e->ncomp; c++) {
+        h = igrad__hash_i64(h, e->comp_layer[c]);
+        h = igrad__hash_i64(h, (int64_t)e->comp_kind[c]);
+        h = igrad__hash_i64(h, e->comp_count[c]);
+        h = igrad__hash_i64(h, e->comp_important[c]);
+    }
+    return h;
+}
+
+static int cmp_work(const void *pa, const void *pb, const igrad_engine_t *e)
+{
+    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+    if (e->t[a].n != e->t[b].n) return e->t[a].n > e->t[b].n ? -1 : 1;
+    return (a > b) - (a < b);
+}
+
+/* Static work order for the selection threads: largest tensors first, so
+ * the dynamic schedule ends with small ones (an insertion sort: a few
+ * hundred tensors, once). */
+static void sort_work(igrad_engine_t *e)
+{
+    for (size_t i = 0; i < e->ntensors; i++) e->work[i] = (uint32_t)i;
+    for (size_t i = 1; i < e->ntensors; i++) {
+        uint32_t x = e->work[i];
+        size_t j = i;
+        while (j > 0 && cmp_work(&e->work[j - 1], &x, e) > 0) {
+            e->work[j] = e->work[j - 1];
+            j--;
+        }
+        e->work[j] = x;
+    }
+}
+
+static igrad_status_t build(igrad_engine_t *e, const igrad_layout_t *layout,
+                            const igrad_profile_t *profile, const igrad_config_t *config,
+                            igrad_comm_t *comm)
+{
+    IGRAD_FAIL_IF(!layout, IGRAD_E_INVALID, "igrad_engine_create: layout is NULL");
+    IGRAD_CHECK(igrad_config_validate(config));
+    memcpy(&e->cfg, config, sizeof e->cfg);
+    e->cfg.size = sizeof e->cfg;
+    const igrad_config_t *c = &e->cfg;
+    e->comm = comm;
+    e->rank = igrad_comm_rank(comm);
+    e->nranks = igrad_comm_size(comm);
+    e->last_step = -1;
+    switch (c->method) {
+    case IGRAD_METHOD_DENSE: e->sp = IGRAD_SPARSIFIER_NONE; break;
+    case IGRAD_METHOD_TOPK_SYNC: e->sp = IGRAD_SPARSIFIER_TOPK; break;
+    case IGRAD_METHOD_ADTOPK_SYNC: e->sp = IGRAD_SPARSIFIER_ADTOPK; break;
+    default: e->sp = c->sparsifier; break;
+    }
+    e->deferral = method_defers(c->method);
+    e->per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
+    IGRAD_FAIL_IF(e->deferral && !profile, IGRAD_E_INVALID,
+                  "igrad_engine_create: method %s needs a profile (igrad_profile_build or "
+                  "igrad_profile_load)",
+                  igrad_method_name(c->method));
+    if (e->deferral) IGRAD_CHECK(check_profile(profile, layout));
+
+    IGRAD_CHECK(copy_layout(e, layout));
+    size_t T = e->ntensors;
+    e->nb_max = e->per_tensor_buckets ? (int)(T < INT32_MAX ? T : INT32_MAX) : c->buckets;
+    IGRAD_CHECK(plan_tensors(e));
+    IGRAD_CHECK(plan_phases(e, profile));
+
+    if (c->pack == IGRAD_PACK_DIRECT && !e->per_tensor_buckets) {
+        igrad__pack_block_t *full = NULL;
+        size_t nfull = 0;
+        IGRAD_CHECK(full_blocks(e, &full, &nfull));
+        igrad_status_t st = igrad__pack_map_build(full, nfull, c->buckets, &e->map);
+        free(full);
+        IGRAD_CHECK(st);
+    }
+    if (c->pack == IGRAD_PACK_RISK && !e->per_tensor_buckets) {
+        size_t nkeys = 0;
+        for (size_t i = 0; i < T; i++) {
+            const igrad__engine_tensor_t *tp = &e->t[i];
+            nkeys += (size_t)max64(max64(tp->nblocks[0][0], tp->nblocks[0][1]),
+                                   max64(tp->nblocks[1][0], tp->nblocks[1][1]));
+        }
+        uint64_t *keys = malloc((nkeys ? nkeys : 1) * sizeof *keys);
+        IGRAD_FAIL_IF(!keys, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+        size_t k = 0;
+        for (size_t i = 0; i < T; i++) {
+            const igrad__engine_tensor_t *tp = &e->t[i];
+            int64_t nb = max64(max64(tp->nblocks[0][0], tp->nblocks[0][1]),
+                               max64(tp->nblocks[1][0], tp->nblocks[1][1]));
+            for (int64_t b = 0; b < nb; b++) keys[k++] = igrad__pack_key((uint32_t)i, (uint32_t)b);
+        }
+        igrad_status_t st = igrad__pack_history_init(&e->hist, keys, nkeys);
+        free(keys);
+        IGRAD_CHECK(st);
+    }
+
+    /* buffers for the largest step */
+    int64_t mx[4];
+    IGRAD_CHECK(plan_maxima(e, mx));
+    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+    size_t P = (size_t)e->nranks;
+    e->max_entries = dense ? 0 : (size_t)mx[0];
+    e->max_blocks = (size_t)mx[1];
+    size_t slack = (size_t)e->nb_max * 8; /* each bucket's offset is 8-aligned */
+    if (dense || c->collective == IGRAD_COLLECTIVE_REDUCE) {
+        e->send_arena_nbytes = 0;
+        e->recv_arena_nbytes = (size_t)mx[3] * sizeof(float) + slack;
+    } else {
+        /* A reduce bucket under auto is chosen only when 4n < P*send/2,
+         * so its floats fit in the room of its gather. */
+        e->send_arena_nbytes = (size_t)mx[2] + slack;
+        e->recv_arena_nbytes = P * (size_t)mx[2] + slack;
+    }
+
+    size_t nbm = (size_t)e->nb_max, mb = e->max_blocks ? e->max_blocks : 1;
+    e->stage_off = calloc(T, sizeof *e->stage_off);
+    e->sent = calloc(T, 1);
+    e->rel = calloc(T, 1);
+    e->work = calloc(T, sizeof *e->work);
+    e->tstatus = calloc(T, sizeof *e->tstatus);
+    e->tsumsq = calloc(T, sizeof *e->tsumsq);
+    e->tnorm = calloc(T, sizeof *e->tnorm);
+    e->tdropped = calloc(T, sizeof *e->tdropped);
+    e->blocks = calloc(mb, sizeof *e->blocks);
+    e->binfo = calloc(mb, sizeof *e->binfo);
+    e->bucket_of = calloc(mb, sizeof *e->bucket_of);
+    e->order = calloc(mb, sizeof *e->order);
+    e->start = calloc(nbm + 1, sizeof *e->start);
+    e->loads = calloc(nbm, sizeof *e->loads);
+    e->bk = calloc(nbm, sizeof *e->bk);
+    e->desc = calloc(nbm, sizeof *e->desc);
+    IGRAD_FAIL_IF(!e->stage_off || !e->sent || !e->rel || !e->work || !e->tstatus ||
+                      !e->tsumsq || !e->tnorm || !e->tdropped || !e->blocks || !e->binfo ||
+                      !e->bucket_of || !e->order || !e->start || !e->loads || !e->bk ||
+                      !e->desc,
+                  IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    sort_work(e);
+    if (!e->per_tensor_buckets) {
+        e->pack_scratch_nbytes = igrad__pack_scratch_nbytes(mb, c->buckets);
+        e->pack_scratch = malloc(e->pack_scratch_nbytes);
+        IGRAD_FAIL_IF(!e->pack_scratch, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    }
+    if (e->max_entries) {
+        e->stage_idx = malloc(e->max_entries * sizeof *e->stage_idx);
+        e->stage_val = malloc(e->max_entries * sizeof *e->stage_val);
+        IGRAD_FAIL_IF(!e->stage_idx || !e->stage_val, IGRAD_E_NOMEM,
+                      "igrad_engine_create: out of memory for %zu staged entries",
+                      e->max_entries);
+    }
+    e->send_arena = malloc(e->send_arena_nbytes ? e->send_arena_nbytes : 1);
+    e->recv_arena = malloc(e->recv_arena_nbytes ? e->recv_arena_nbytes : 1);
+    IGRAD_FAIL_IF(!e->send_arena || !e->recv_arena, IGRAD_E_NOMEM,
+                  "igrad_engine_create: out of memory for %zu + %zu bytes of buckets",
+                  e->send_arena_nbytes, e->recv_arena_nbytes);
+
+    if (!dense) {
+        int64_t total = 0;
+        for (size_t i = 0; i < T; i++) total += e->t[i].n;
+        e->residual_count = total;
+        /* calloc: zero pages come from the kernel lazily */
+        e->residual_mem = calloc((size_t)total, sizeof(float));
+        IGRAD_FAIL_IF(!e->residual_mem, IGRAD_E_NOMEM,
+                      "igrad_engine_create: out of memory for %lld residual entries",
+                      (long long)total);
+        int64_t off = 0;
+        for (size_t i = 0; i < T; i++) {
+            e->t[i].residual = e->residual_mem + off;
+            off += e->t[i].n;
+        }
+    }
+
+#ifdef _OPENMP
+    e->nthreads = c->threads > 0 ? c->threads : omp_get_max_threads();
+#else
+    e->nthreads = 1;
+#endif
+    if (e->nthreads < 1) e->nthreads = 1;
+    e->ws = calloc((size_t)e->nthreads, sizeof *e->ws);
+    IGRAD_FAIL_IF(!e->ws, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    for (int i = 0; i < e->nthreads; i++) IGRAD_CHECK(igrad_select_ws_create(&e->ws[i]));
+
+    static_items(e, igrad_layout_hash(layout), profile_hash(e), plan_hash(e));
+    e->calls = 0;
+    igrad__engine_dynamic_items(e, -1);
+    e->stats.step = -1;
+    return IGRAD_OK;
+}
+
+void igrad_engine_free(igrad_engine_t *e)
+{
+    if (!e) return;
+    if (e->ws)
+        for (int i = 0; i < e->nthreads; i++) igrad_select_ws_free(e->ws[i]);
+    free(e->ws);
+    igrad__pack_map_free(&e->map);
+    igrad__pack_history_free(&e->hist);
+    free(e->t);
+    free(e->names);
+    free(e->tensor_hash);
+    free(e->comp_layer);
+    free(e->comp_kind);
+    free(e->comp_count);
+    free(e->comp_important);
+    free(e->comp_phase);
+    free(e->residual_mem);
+    free(e->stage_idx);
+    free(e->stage_val);
+    free(e->stage_off);
+    free(e->sent);
+    free(e->rel);
+    free(e->work);
+    free(e->tstatus);
+    free(e->tsumsq);
+    free(e->tnorm);
+    free(e->tdropped);
+    free(e->blocks);
+    free(e->binfo);
+    free(e->bucket_of);
+    free(e->order);
+    free(e->start);
+    free(e->loads);
+    free(e->bk);
+    free(e->desc);
+    free(e->pack_scratch);
+    free(e->send_arena);
+    free(e->recv_arena);
+    free(e->agree_buf);
+    free(e);
+}
+
+igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                                   const igrad_config_t *config, igrad_comm_t *comm,
+                                   igrad_engine_t **out)
+{
+    IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_engine_create: out is NULL");
+    *out = NULL;
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_engine_create: comm is NULL");
+    int nranks = igrad_comm_size(comm);
+    IGRAD_FAIL_IF(nranks < 1, IGRAD_E_INVALID, "igrad_engine_create: comm has %d ranks", nranks);
+    /* The exchange buffer first: without it this rank could not even take
+     * part in telling the others that it failed. */
+    uint64_t *abuf = calloc((size_t)nranks * AGREE_WORDS, sizeof *abuf);
+    IGRAD_FAIL_IF(!abuf, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+
+    igrad_status_t st;
+    igrad_engine_t *e = calloc(1, sizeof *e);
+    if (!e) st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "igrad_engine_create: out of memory");
+    else st = build(e, layout, profile, config, comm);
+    char msg[1024] = "";
+    if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    igrad_status_t ag = igrad__engine_agree(st == IGRAD_OK ? e : NULL, comm, nranks, abuf, st,
+                                            -1, msg, st == IGRAD_OK ? e->items : NULL, 1,
+                                            "engine create");
+    if (ag != IGRAD_OK) {
+        igrad_engine_free(e);
+        free(abuf);
+        return ag;
+    }
+    e->agree_buf = abuf;
+    *out = e;
+    return IGRAD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* One step: checks and selection                                           */
+/* ------------------------------------------------------------------------ */
+
+/* First index where a = g (+ e) is not finite, or -1. Blocks of constant
+ * length so the flag loop vectorizes. */
+#define CHECK_BLK 256
+static int64_t first_nonfinite(const float *restrict g, const float *restrict e, int64_t n)
+{
+    int64_t i = 0;
+    for (; i < n; i += CHECK_BLK) {
+        int64_t len = n - i < CHECK_BLK ? n - i : CHECK_BLK;
+        int bad = 0;
+        if (len == CHECK_BLK) {
+            if (e)
+                for (int j = 0; j < CHECK_BLK; j++) bad |= !(fabsf(g[i + j] + e[i + j]) <= FLT_MAX);
+            else
+                for (int j = 0; j < CHECK_BLK; j++) bad |= !(fabsf(g[i + j]) <= FLT_MAX);
+        } else {
+            for (int64_t j = 0; j < len; j++)
+                bad |= !(fabsf(g[i + j] + (e ? e[i + j] : 0.0f)) <= FLT_MAX);
+        }
+        if (bad)
+            for (int64_t j = 0; j < len; j++)
+                if (!(fabsf(g[i + j] + (e ? e[i + j] : 0.0f)) <= FLT_MAX)) return i + j;
+    }
+    return -1;
+}
+
+static int step_parity(const igrad_engine_t *e, int64_t step)
+{
+    return e->cfg.interleave && step % 2 != 0;
+}
+
+/* Local argument and finiteness checks; records the message. */
+static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const *grads,
+                                   int64_t *bad_tensor)
+{
+    *bad_tensor = -1;
+    IGRAD_FAIL_IF(!grads, IGRAD_E_INVALID, "step %lld: grads is NULL", (long long)step);
+    for (size_t t = 0; t < e->ntensors; t++)
+        if (!grads[t]) {
+            *bad_tensor = (int64_t)t;
+            return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
+                               "step %lld: grads[%zu] (%s) is NULL", (long long)step, t,
+                               e->t[t].name);
+        }
+    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+    int64_t T = (int64_t)e->ntensors;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#endif
+    for (int64_t w = 0; w < T; w++) {
+        uint32_t t = e->work[w];
+        e->tstatus[t] = first_nonfinite(grads[t], dense ? NULL : e->t[t].residual, e->t[t].n);
+    }
+    for (size_t t = 0; t < e->ntensors; t++) {
+        int64_t i = e->tstatus[t];
+        if (i < 0) continue;
+        *bad_tensor = (int64_t)t;
+        float g = grads[t][i], r = dense ? 0.0f : e->t[t].residual[i];
+        if (isfinite(g) && isfinite(r))
+            return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
+                               "step %lld: %s: grad + residual overflows at index %lld (grad "
+                               "%g, residual %g); the step is skipped on every rank",
+                               (long long)step, e->t[t].name, (long long)i, (double)g,
+                               (double)r);
+        return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
+                           "step %lld: %s: non-finite value at index %lld (grad %g, residual "
+                           "%g); the step is skipped on every rank",
+                           (long long)step, e->t[t].name, (long long)i, (double)g, (double)r);
+    }
+    return IGRAD_OK;
+}
+
+static double sumsq_f(const float *x, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+/* Error feedback + selection of sent tensors, accumulate (or drop) the
+ * rest, on e->nthreads threads. */
+static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
+{
+    int64_t T = (int64_t)e->ntensors;
+    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
+    int64_t off = 0;
+    for (size_t t = 0; t < e->ntensors; t++) {
+        e->stage_off[t] = off;
+        e->tsumsq[t] = e->tnorm[t] = e->tdropped[t] = 0.0;
+        e->tstatus[t] = IGRAD_OK;
+        if (e->sent[t]) off += e->t[t].spec[e->rel[t]][step_parity(e, e->cur_step)].count;
+    }
+    int par = step_parity(e, e->cur_step);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#endif
+    for (int64_t w = 0; w < T; w++) {
+#ifdef _OPENMP
+        int tid = omp_get_thread_num();
+#else
+        int tid = 0;
+#endif
+        uint32_t t = e->work[w];
+        igrad__engine_tensor_t *tp = &e->t[t];
+        const float *restrict g = grads[t];
+        float *restrict r = tp->residual;
+        int64_t n = tp->n;
+        if (e->sent[t]) {
+            igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
+                                     .value = e->stage_val + e->stage_off[t]};
+            e->tstatus[t] = igrad_select_ef(g, r, &tp->spec[e->rel[t]][par], tp->name,
+                                            e->ws[tid], &sel);
+            e->tsumsq[t] = sel.sumsq;
+        } else if (!drop) {
+            for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
+        } else {
+            double s = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                double a = (double)(g[i] + r[i]);
+                s += a * a;
+            }
+            memset(r, 0, (size_t)n * sizeof *r);
+            e->tdropped[t] = s;
+        }
+        e->tnorm[t] = sumsq_f(r, n);
+    }
+    for (size_t t = 0; t < e->ntensors; t++)
+        if (e->tstatus[t] != IGRAD_OK)
+            return igrad__fail((igrad_status_t)e->tstatus[t], __FILE__, __LINE__,
+                               "step %lld: selection of %s failed (%s) after the ranks agreed; "
+                               "this engine is out of step with the other ranks",
+                               (long long)e->cur_step, e->t[t].name,
+                               igrad_status_str((igrad_status_t)e->tstatus[t]));
+    return IGRAD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* One step: blocks and buckets                                             */
+/* ------------------------------------------------------------------------ */
+
+static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
+
+/* Cuts the sent tensors into blocks (readiness order: last tensor first),
+ * assigns them to buckets and lays the buckets out in the arenas. */
+static igrad_status_t plan_step(igrad_engine_t *e)
+{
+    int par = step_parity(e, e->cur_step);
+    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+    size_t T = e->ntensors, m = 0;
+    int nsent = 0;
+    for (size_t k = T; k-- > 0;) {
+        if (!e->sent[k]) continue;
+        const igrad__engine_tensor_t *tp = &e->t[k];
+        int rel = e->rel[k];
+        const igrad_select_spec_t *sp = &tp->spec[rel][par];
+        int64_t blk = tp->blk_entries[rel][par];
+        int idxb = tp->idx_nbytes[rel][par];
+        int64_t nb = igrad__pack_split((uint32_t)k, sp->count, blk, VALUE_NBYTES + idxb,
+                                       (int64_t)(T - 1 - k), e->blocks + m);
+        for (int64_t b = 0; b < nb; b++) {
+            igrad__engine_block_t *bi = &e->binfo[m + (size_t)b];
+            memset(bi, 0, sizeof *bi);
+            bi->tensor = (uint32_t)k;
+            bi->idx_nbytes = idxb;
+            bi->row_wise = sp->row_wise;
+            bi->first = b * blk;
+            bi->count = e->blocks[m + (size_t)b].entries;
+            if (dense) {
+                bi->seg_begin = bi->first;
+                bi->seg_count = bi->count;
+            } else if (sp->row_wise) {
+                bi->row0 = bi->first / sp->per_row;
+                bi->seg_begin = bi->row0 * sp->cols;
+                bi->seg_count = bi->count / sp->per_row * sp->cols;
+            } else {
+                bi->seg_begin = 0;
+                bi->seg_count = tp->n;
+            }
+            if (e->per_tensor_buckets) e->bucket_of[m + (size_t)b] = nsent;
+        }
+        m += (size_t)nb;
+        nsent++;
+    }
+    e->nblk = m;
+
+    int nplan;
+    if (e->per_tensor_buckets) {
+        nplan = nsent;
+        for (int j = 0; j < nplan; j++) e->loads[j] = 0;
+        for (size_t i = 0; i < m; i++) e->loads[e->bucket_of[i]] += e->blocks[i].nbytes;
+    } else {
+        nplan = e->cfg.buckets;
+        igrad__pack_config_t pc = {.policy = e->cfg.pack,
+                                   .nbuckets = nplan,
+                                   .risk_lambda = e->cfg.risk_lambda,
+                                   .history = e->hist.count ? &e->hist : NULL,
+                                   .map = &e->map};
+        IGRAD_CHECK(igrad__pack_plan(&pc, e->blocks, m, e->pack_scratch, e->pack_scratch_nbytes,
+                                     e->bucket_of, e->loads));
+        if (e->hist.count) IGRAD_CHECK(igrad__pack_history_update(&e->hist, e->blocks, m));
+    }
+    e->nplanned = nplan;
+    if (nplan > 0) IGRAD_CHECK(igrad__pack_bucket_order(e->bucket_of, m, nplan, e->start, e->order));
+
+    size_t P = (size_t)e->nranks;
+    size_t send_off = 0, recv_off = 0;
+    size_t nbk = 0;
+    for (int j = 0; j < nplan; j++) {
+        size_t first = e->start[j], cnt = e->start[j + 1] - first;
+        if (cnt == 0) continue;
+        igrad__engine_bucket_t *bk = &e->bk[nbk];
+        memset(bk, 0, sizeof *bk);
+        bk->index = j;
+        bk->first = first;
+        bk->nblocks = cnt;
+        int64_t entries = 0, gbytes = 0, dcount = 0;
+        const igrad__engine_block_t *prev = NULL;
+        for (size_t q = 0; q < cnt; q++) {
+            igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
+            entries += bi->count;
+            gbytes += bi->count * (VALUE_NBYTES + bi->idx_nbytes);
+            /* flat blocks of one tensor share its whole-tensor segment */
+            int shares = !dense && !bi->row_wise && prev && prev->tensor == bi->tensor;
+            bi->seg_owner = !shares;
+            if (shares) {
+                bi->dense_off = prev->dense_off;
+            } else {
+                bi->dense_off = (size_t)dcount;
+                dcount += bi->seg_count;
+            }
+            prev = bi;
+        }
+        bk->entries = entries;
+        int reduce;
+        if (dense || e->cfg.collective == IGRAD_COLLECTIVE_REDUCE) reduce = 1;
+        else if (e->cfg.collective == IGRAD_COLLECTIVE_GATHER || P == 1) reduce = 0;
+        else reduce = 8 * dcount < (int64_t)P * gbytes; /* 2(P-1)/P*4n < (P-1)*bytes */
+        if (reduce) {
+            bk->kind = IGRAD_BUCKET_REDUCE;
+            bk->dense_count = (size_t)dcount;
+            bk->recv_off = recv_off;
+            bk->recv_nbytes = (size_t)dcount * sizeof(float);
+            recv_off = align8(recv_off + bk->recv_nbytes);
+        } else {
+            bk->kind = IGRAD_BUCKET_GATHER;
+            size_t v = 0;
+            for (size_t q = 0; q < cnt; q++) {
+                igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
+                bi->val_off = v;
+                v += (size_t)bi->count * VALUE_NBYTES;
+            }
+            for (int width = 4; width >= 2; width -= 2)
+                for (size_t q = 0; q < cnt; q++) {
+                    igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
+                    if (bi->idx_nbytes != width) continue;
+                    bi->idx_off = v;
+                    v += (size_t)bi->count * (size_t)width;
+                }
+            bk->send_off = send_off;
+            bk->send_nbytes = v;
+            send_off = align8(send_off + v);
+            bk->recv_off = recv_off;
+            bk->recv_nbytes = P * v;
+            recv_off = align8(recv_off + bk->recv_nbytes);
+        }
+        nbk++;
+    }
+    if (send_off > e->send_arena_nbytes || recv_off > e->recv_arena_nbytes)
+        return igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
+                           "step %lld needs %zu + %zu bucket bytes, the plan sized %zu + %zu "
+                           "(internal error)",
+                           (long long)e->cur_step, send_off, recv_off, e->send_arena_nbytes,
+                           e->recv_arena_nbytes);
+    e->nbk = nbk;
+    for (size_t j = 0; j < nbk; j++) {
+        igrad__engine_bucket_t *bk = &e->bk[j];
+        igrad_bucket_t *d = &e->desc[j];
+        d->kind = bk->kind;
+        d->index = bk->index;
+        d->recv = e->recv_arena + bk->recv_off;
+        d->recv_nbytes = bk->recv_nbytes;
+        if (bk->kind == IGRAD_BUCKET_REDUCE) {
+            d->send = d->recv;
+            d->send_nbytes = bk->recv_nbytes;
+            d->dtype = IGRAD_DTYPE_F32;
+            d->count = bk->dense_count;
+        } else {
+            d->send = e->send_arena + bk->send_off;
+            d->send_nbytes = bk->send_nbytes;
+            d->dtype = IGRAD_DTYPE_U8;
+            d->count = bk->send_nbytes;
+        }
+    }
+    return IGRAD_OK;
+}
+
+/* Copies bucket j's blocks into its send bytes (gather) or dense floats. */
+static void pack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    const igrad__engine_bucket_t *bk = &e->bk[j];
+    int par = step_parity(e, e->cur_step);
+    if (bk->kind == IGRAD_BUCKET_GATHER) {
+        unsigned char *dst = e->send_arena + bk->send_off;
+        for (size_t q = 0; q < bk->nblocks; q++) {
+            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            int64_t src = e->stage_off[bi->tensor] + bi->first;
+            memcpy(dst + bi->val_off, e->stage_val + src, (size_t)bi->count * sizeof(float));
+            if (bi->idx_nbytes == 4) {
+                memcpy(dst + bi->idx_off, e->stage_idx + src, (size_t)bi->count * 4);
+            } else {
+                const uint32_t *in = e->stage_idx + src;
+                unsigned char *o = dst + bi->idx_off;
+                for (int64_t k = 0; k < bi->count; k++) {
+                    uint16_t s = (uint16_t)in[k];
+                    memcpy(o + 2 * k, &s, 2);
+                }
+            }
+        }
+        return;
+    }
+    float *buf = (float *)(void *)(e->recv_arena + bk->recv_off);
+    if (e->sp == IGRAD_SPARSIFIER_NONE) {
+        for (size_t q = 0; q < bk->nblocks; q++) {
+            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            memcpy(buf + bi->dense_off, grads[bi->tensor] + bi->first,
+                   (size_t)bi->count * sizeof(float));
+        }
+        return;
+    }
+    memset(buf, 0, bk->dense_count * sizeof(float));
+    for (size_t q = 0; q < bk->nblocks; q++) {
+        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
+        int64_t src = e->stage_off[bi->tensor] + bi->first;
+        const uint32_t *idx = e->stage_idx + src;
+        const float *val = e->stage_val + src;
+        float *d = buf + bi->dense_off;
+        if (bi->row_wise) {
+            const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
+            int64_t rows = bi->count / sp->per_row;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t k = 0; k < sp->per_row; k++)
+                    d[r * sp->cols + idx[r * sp->per_row + k]] = val[r * sp->per_row + k];
+        } else {
+            for (int64_t k = 0; k < bi->count; k++) d[idx[k]] = val[k];
+        }
+    }
+}
+
+static inline float read_value(const unsigned char *p, int64_t k)
+{
+    float v;
+    memcpy(&v, p + 4 * k, 4);
+    return v;
+}
+
+static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
+{
+    if (width == 4) {
+        uint32_t i;
+        memcpy(&i, p + 4 * k, 4);
+        return i;
+    }
+    uint16_t s;
+    memcpy(&s, p + 2 * k, 2);
+    return s;
+}
+
+/* Adds bucket j's contributions of every rank, divided by P, into grads
+ * (the dense method assigns: its segments tile every tensor). */
+static void unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    const igrad__engine_bucket_t *bk = &e->bk[j];
+    int par = step_parity(e, e->cur_step);
+    const float pf = (float)e->nranks;
+    if (bk->kind == IGRAD_BUCKET_REDUCE) {
+        const float *buf = (const float *)(const void *)(e->recv_arena + bk->recv_off);
+        int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+        for (size_t q = 0; q < bk->nblocks; q++) {
+            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            if (!bi->seg_owner) continue;
+            float *restrict g = grads[bi->tensor] + bi->seg_begin;
+            const float *restrict s = buf + bi->dense_off;
+            if (dense)
+                for (int64_t k = 0; k < bi->seg_count; k++) g[k] = s[k] / pf;
+            else
+                for (int64_t k = 0; k < bi->seg_count; k++) g[k] += s[k] / pf;
+        }
+        return;
+    }
+    for (int r = 0; r < e->nranks; r++) {
+        const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
+        for (size_t q = 0; q < bk->nblocks; q++) {
+            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
+            float *g = grads[bi->tensor];
+            const unsigned char *vp = base + bi->val_off, *ip = base + bi->idx_off;
+            /* A rank's bytes start at r * send_nbytes, which need not be
+             * 4-aligned: read through memcpy. */
+            if (bi->row_wise) {
+                const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
+                int64_t rows = bi->count / sp->per_row, k = 0;
+                for (int64_t rr = 0; rr < rows; rr++) {
+                    float *grow = g + (bi->row0 + rr) * sp->cols;
+                    for (int64_t c = 0; c < sp->per_row; c++, k++)
+                        grow[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) / pf;
+                }
+            } else {
+                for (int64_t k = 0; k < bi->count; k++)
+                    g[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) / pf;
+            }
+        }
+    }
+}
+
+/* Zeroes the gradients that unpacking adds into (sparse methods: all). */
+static void zero_grads(igrad_engine_t *e, float *const *grads)
+{
+    if (e->sp == IGRAD_SPARSIFIER_NONE) return;
+    int64_t T = (int64_t)e->ntensors;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#endif
+    for (int64_t w = 0; w < T; w++) {
+        uint32_t t = e->work[w];
+        memset(grads[t], 0, (size_t)e->t[t].n * sizeof(float));
+    }
+}
+
+/* Everything before packing: checks, agreement, gate, selection, plan. */
+static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const *grads)
+{
+    double t0 = igrad__engine_now_ms();
+    const int64_t *loads = e->stats.bucket_loads;
+    memset(&e->stats, 0, sizeof e->stats);
+    e->stats.step = step;
+    e->stats.bucket_loads = loads;
+    e->t_start = t0;
+    e->cur_step = step;
+
+    int64_t bad = -1;
+    igrad_status_t st = local_checks(e, step, grads, &bad);
+    char msg[1024] = "";
+    if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    double t1 = igrad__engine_now_ms();
+    int check = e->cfg.verify_every > 0 && e->calls > 0 && e->calls % e->cfg.verify_every == 0;
+    igrad__engine_dynamic_items(e, step);
+    char context[64];
+    snprintf(context, sizeof context, "step %lld", (long long)step);
+    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, bad, msg,
+                                            e->items, check, context);
+    e->calls++;
+    double t2 = igrad__engine_now_ms();
+    e->stats.select_ms = t1 - t0;
+    e->stats.comm_ms = t2 - t1;
+    if (ag != IGRAD_OK) {
+        e->stats.skipped = 1;
+        e->stats.total_ms = t2 - t0;
+        return ag;
+    }
+
+    for (size_t t = 0; t < e->ntensors; t++) {
+        int ph = e->t[t].phase;
+        e->sent[t] = (unsigned char)igrad__schedule_sent(ph, e->cfg.release_period, step);
+        e->rel[t] = (unsigned char)(ph >= 0);
+    }
+    if (e->sp != IGRAD_SPARSIFIER_NONE) IGRAD_CHECK(select_all(e, grads));
+    double t3 = igrad__engine_now_ms();
+    e->stats.select_ms += t3 - t2;
+    IGRAD_CHECK(plan_step(e));
+    e->stats.pack_ms = igrad__engine_now_ms() - t3;
+    return IGRAD_OK;
+}
+
+/* Statistics and the trace, once the step's result is in grads. */
+static igrad_status_t finish_step(igrad_engine_t *e)
+{
+    igrad_step_stats_t *s = &e->stats;
+    int par = step_parity(e, e->cur_step);
+    double P = (double)e->nranks;
+    for (size_t t = 0; t < e->ntensors; t++) {
+        if (!e->sent[t]) continue;
+        s->tensors_sent++;
+        s->entries_sent += e->t[t].spec[e->rel[t]][par].count;
+    }
+    for (size_t c = 0; c < e->ncomp; c++) {
+        int ph = e->comp_phase[c];
+        if (ph < 0) continue;
+        if (igrad__schedule_sent(ph, e->cfg.release_period, e->cur_step)) s->released_components++;
+        else s->deferred_components++;
+    }
+    for (size_t j = 0; j < e->nbk; j++) {
+        const igrad__engine_bucket_t *bk = &e->bk[j];
+        if (bk->kind == IGRAD_BUCKET_GATHER) {
+            s->gather_buckets++;
+            s->payload_nbytes += (int64_t)bk->send_nbytes;
+            s->wire_nbytes += (P - 1.0) * (double)bk->send_nbytes;
+        } else {
+            s->reduce_buckets++;
+            s->payload_nbytes += (int64_t)bk->recv_nbytes;
+            s->wire_nbytes += 2.0 * (P - 1.0) / P * (double)bk->recv_nbytes;
+        }
+    }
+    s->buckets = (int)e->nbk;
+    s->bucket_count = e->nplanned;
+    s->bucket_loads = e->loads;
+    if (e->nplanned > 0) {
+        igrad_pack_metrics_t pm;
+        IGRAD_CHECK(igrad__pack_metrics(e->loads, e->nplanned, &pm));
+        s->imbalance = pm.imbalance;
+        s->cv = pm.cv;
+        s->overflow = pm.overflow;
+    } else {
+        s->imbalance = 1.0;
+    }
+    double norm = 0.0, dropped = 0.0;
+    if (e->sp != IGRAD_SPARSIFIER_NONE)
+        for (size_t t = 0; t < e->ntensors; t++) {
+            norm += e->tnorm[t];
+            dropped += e->tdropped[t];
+        }
+    s->residual_norm = sqrt(norm);
+    s->dropped_sumsq = dropped;
+    e->last_step = e->cur_step;
+    e->state = IGRAD__ENGINE_IDLE;
+    s->total_ms = igrad__engine_now_ms() - e->t_start;
+    if (e->trace && e->sp != IGRAD_SPARSIFIER_NONE)
+        for (size_t t = 0; t < e->ntensors; t++)
+            if (e->sent[t])
+                IGRAD_CHECK(igrad_trace_record(e->trace, e->cur_step, t, e->tsumsq[t],
+                                               e->t[t].spec[e->rel[t]][par].count));
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const *grads,
+                                  const igrad_bucket_t **buckets, size_t *nbuckets)
+{
+    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_begin: engine is NULL");
+    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
+                  "igrad_engine_begin: step %lld is still open (call igrad_engine_end first)",
+                  (long long)e->cur_step);
+    IGRAD_FAIL_IF(!buckets || !nbuckets, IGRAD_E_INVALID,
+                  "igrad_engine_begin: buckets or nbuckets is NULL");
+    *buckets = NULL;
+    *nbuckets = 0;
+    IGRAD_CHECK(step_prepare(e, step, grads));
+    double t0 = igrad__engine_now_ms();
+    for (size_t j = 0; j < e->nbk; j++) pack_bucket(e, j, grads);
+    e->stats.pack_ms += igrad__engine_now_ms() - t0;
+    e->state = IGRAD__ENGINE_BEGUN;
+    *buckets = e->desc;
+    *nbuckets = e->nbk;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *grads)
+{
+    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_end: engine is NULL");
+    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_BEGUN, IGRAD_E_STATE,
+                  "igrad_engine_end: no step is open (call igrad_engine_begin first)");
+    IGRAD_FAIL_IF(step != e->cur_step, IGRAD_E_STATE,
+                  "igrad_engine_end: step %lld, but step %lld is open", (long long)step,
+                  (long long)e->cur_step);
+    IGRAD_FAIL_IF(!grads, IGRAD_E_INVALID, "igrad_engine_end: grads is NULL");
+    for (size_t t = 0; t < e->ntensors; t++)
+        IGRAD_FAIL_IF(!grads[t], IGRAD_E_INVALID, "igrad_engine_end: grads[%zu] (%s) is NULL",
+                      t, e->t[t].name);
+    double t0 = igrad__engine_now_ms();
+    zero_grads(e, grads);
+    for (size_t j = 0; j < e->nbk; j++) unpack_bucket(e, j, grads);
+    e->stats.unpack_ms = igrad__engine_now_ms() - t0;
+    return finish_step(e);
+}
+
+igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *grads)
+{
+    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_sync: engine is NULL");
+    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
+                  "igrad_engine_sync: step %lld is open (call igrad_engine_end first)",
+                  (long long)e->cur_step);
+    IGRAD_CHECK(step_prepare(e, step, grads));
+
+    igrad_status_t st = IGRAD_OK;
+    double pack_ms = 0.0, comm_ms = 0.0, unpack_ms = 0.0, a, b;
+    size_t issued = 0, done = 0;
+    int zeroed = 0;
+    for (size_t j = 0; j < e->nbk && st == IGRAD_OK; j++) {
+        a = igrad__engine_now_ms();
+        pack_bucket(e, j, grads);
+        b = igrad__engine_now_ms();
+        pack_ms += b - a;
+        const igrad_bucket_t *d = &e->desc[j];
+        if (d->kind == IGRAD_BUCKET_GATHER)
+            st = igrad_comm_iallgather(e->comm, d->send, d->send_nbytes, d->recv, &e->bk[j].req);
+        else
+            st = igrad_comm_iallreduce(e->comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
+                                       IGRAD_REDUCE_SUM, &e->bk[j].req);
+        a = igrad__engine_now_ms();
+        comm_ms += a - b;
+        if (st != IGRAD_OK) break;
+        issued++;
+        if (!zeroed) {
+            /* while the first bucket is in flight */
+            zero_grads(e, grads);
+            zeroed = 1;
+            b = igrad__engine_now_ms();
+            unpack_ms += b - a;
+            a = b;
+        }
+        /* unpack, in order, the buckets that have already arrived */
+        while (done + 1 < issued) {
+            int ready = 0;
+            st = igrad_comm_test(e->comm, e->bk[done].req, &ready);
+            if (st != IGRAD_OK || !ready) break;
+            st = igrad_comm_wait(e->comm, e->bk[done].req);
+            e->bk[done].req = NULL;
+            b = igrad__engine_now_ms();
+            comm_ms += b - a;
+            if (st != IGRAD_OK) break;
+            unpack_bucket(e, done, grads);
+            done++;
+            a = igrad__engine_now_ms();
+            unpack_ms += a - b;
+        }
+    }
+    if (st == IGRAD_OK && !zeroed) {
+        a = igrad__engine_now_ms();
+        zero_grads(e, grads);
+        unpack_ms += igrad__engine_now_ms() - a;
+    }
+    while (done < issued) {
+        a = igrad__engine_now_ms();
+        igrad_status_t ws = igrad_comm_wait(e->comm, e->bk[done].req);
+        e->bk[done].req = NULL;
+        b = igrad__engine_now_ms();
+        comm_ms += b - a;
+        if (ws != IGRAD_OK && st == IGRAD_OK) st = ws;
+        if (st == IGRAD_OK) {
+            unpack_bucket(e, done, grads);
+            unpack_ms += igrad__engine_now_ms() - b;
+        }
+        done++;
+    }
+    e->stats.pack_ms += pack_ms;
+    e->stats.comm_ms += comm_ms;
+    e->stats.unpack_ms = unpack_ms;
+    if (st != IGRAD_OK) {
+        e->state = IGRAD__ENGINE_IDLE;
+        return st;
+    }
+    return finish_step(e);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Accessors                                                                */
+/* ------------------------------------------------------------------------ */
+
+igrad_status_t igrad_engine_last_stats(const igrad_engine_t *e, igrad_step_stats_t *out)
+{
+    IGRAD_FAIL_IF(!e || !out, IGRAD_E_INVALID, "igrad_engine_last_stats: NULL argument");
+    *out = e->stats;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *e, size_t t,
+                                        igrad_tensor_plan_t *out)
+{
+    IGRAD_FAIL_IF(!e || !out, IGRAD_E_INVALID, "igrad_engine_tensor_plan: NULL argument");
+    IGRAD_FAIL_IF(t >= e->ntensors, IGRAD_E_INVALID,
+                  "igrad_engine_tensor_plan: tensor %zu out of range (%zu tensors)", t,
+                  e->ntensors);
+    const igrad__engine_tensor_t *tp = &e->t[t];
+    memset(out, 0, sizeof *out);
+    out->every_step = tp->phase < 0;
+    out->important = tp->important;
+    out->component = tp->comp;
+    out->phase = tp->phase;
+    out->count = tp->spec[0][0].count;
+    out->release_count = tp->phase >= 0 ? tp->spec[1][0].count : 0;
+    out->row_wise = tp->spec[0][0].row_wise;
+    out->index_nbytes = tp->idx_nbytes[0][0];
+    out->step_nbytes = tensor_nbytes(tp, 0, 0);
+    out->release_nbytes = tp->phase >= 0 ? tensor_nbytes(tp, 1, 0) : 0;
+    return IGRAD_OK;
+}
+
+int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
+{
+    if (!e) return -1;
+    int par = step_parity(e, step);
+    int64_t total = 0;
+    for (size_t t = 0; t < e->ntensors; t++) {
+        const igrad__engine_tensor_t *tp = &e->t[t];
+        if (!igrad__schedule_sent(tp->phase, e->cfg.release_period, step)) continue;
+        total += tensor_nbytes(tp, tp->phase >= 0, par);
+    }
+    return total;
+}
+
+const float *igrad_engine_residual(const igrad_engine_t *e, size_t t)
+{
+    if (!e || t >= e->ntensors) return NULL;
+    return e->t[t].residual;
+}
+
+igrad_status_t igrad_engine_set_trace(igrad_engine_t *e, igrad_trace_t *trace)
+{
+    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_set_trace: engine is NULL");
+    if (trace) {
+        uint64_t th = igrad_trace_layout_hash(trace);
+        IGRAD_FAIL_IF(igrad_trace_component_count(trace) != e->ncomp ||
+                          (th != 0 && th != e->items[IGRAD__ITEM_LAYOUT]),
+                      IGRAD_E_MISMATCH,
+                      "igrad_engine_set_trace: the trace was made for another layout (%zu "
+                      "components, layout 0x%016llx; the engine has %zu, 0x%016llx)",
+                      igrad_trace_component_count(trace), (unsigned long long)th, e->ncomp,
+                      (unsigned long long)e->items[IGRAD__ITEM_LAYOUT]);
+        IGRAD_CHECK(igrad_trace_set_sparsifier(trace, e->sp, e->cfg.density));
+    }
+    e->trace = trace;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_engine_config(const igrad_engine_t *e, igrad_config_t *out)
+{
+    IGRAD_FAIL_IF(!e || !out, IGRAD_E_INVALID, "igrad_engine_config: NULL argument");
+    *out = e->cfg;
+    return IGRAD_OK;
+}
+
+int64_t igrad_engine_step(const igrad_engine_t *e) { return e ? e->last_step : -1; }
+
+size_t igrad_engine_workspace_nbytes(const igrad_engine_t *e)
+{
+    if (!e) return 0;
+    size_t T = e->ntensors, mb = e->max_blocks, nb = (size_t)e->nb_max;
+    size_t n = sizeof *e + T * (sizeof *e->t + sizeof *e->tensor_hash + sizeof *e->stage_off +
+                                2 + sizeof *e->work + sizeof *e->tstatus + 3 * sizeof(double));
+    n += (size_t)e->residual_count * sizeof(float);
+    n += e->max_entries * (sizeof(uint32_t) + sizeof(float));
+    n += mb * (sizeof *e->blocks + sizeof *e->binfo + sizeof *e->bucket_of + sizeof *e->order);
+    n += nb * (sizeof *e->start + sizeof *e->loads + sizeof *e->bk + sizeof *e->desc);
+    n += e->pack_scratch_nbytes + e->send_arena_nbytes + e->recv_arena_nbytes;
+    n += e->map.count * (sizeof(uint64_t) + sizeof(int));
+    n += e->hist.count * (sizeof(uint64_t) + sizeof(int64_t) + 2 * sizeof(double));
+    for (int i = 0; i < e->nthreads; i++) n += igrad_select_ws_nbytes(e->ws[i]);
+    return n;
+}

@@ -1,0 +1,218 @@
+/*
+ * engine_internal.h — what engine.c (plan, step, agreement) and
+ * engine_state.c (save/load of a rank's state) share: the engine's layout
+ * in memory and the agreement items, the fixed list of values every rank
+ * must have in common (layout, profile, config fields, plan), which the
+ * cross-rank check and the state file both compare one by one so that a
+ * difference is reported by name.
+ *
+ * Not here: the public API (igrad.h "Sync engine"), the schedule
+ * (schedule.h) and the packing policies (pack.h).
+ */
+#ifndef IGRAD_ENGINE_INTERNAL_H
+#define IGRAD_ENGINE_INTERNAL_H
+
+#include "internal.h"
+#include "pack.h"
+
+/* ---- agreement items ---------------------------------------------------- */
+
+/* How an item's 64-bit value is shown in a message. */
+typedef enum igrad__item_type {
+    IGRAD__ITEM_I64,       /* signed integer */
+    IGRAD__ITEM_F64,       /* double, bit pattern */
+    IGRAD__ITEM_HASH,      /* 64-bit hash, hex */
+    IGRAD__ITEM_METHOD,    /* igrad_method_t */
+    IGRAD__ITEM_SPARSIFIER,
+    IGRAD__ITEM_SCHEDULE,
+    IGRAD__ITEM_RESIDUAL,
+    IGRAD__ITEM_PACK,
+    IGRAD__ITEM_DTYPE,
+    IGRAD__ITEM_COLLECTIVE
+} igrad__item_type_t;
+
+/* Item indices, in the order a mismatch is looked for: the first differing
+ * item is the one reported, so the layout comes before what depends on it. */
+enum {
+    IGRAD__ITEM_VERSION,
+    IGRAD__ITEM_TENSORS,    /* layout tensor count */
+    IGRAD__ITEM_LAYOUT,     /* layout hash (detail: per-tensor hashes) */
+    IGRAD__ITEM_COMPONENTS, /* layout component count */
+    IGRAD__ITEM_PROFILE,    /* hash of the important set (detail: per component) */
+    IGRAD__ITEM_CFG_METHOD,
+    IGRAD__ITEM_CFG_SPARSIFIER,
+    IGRAD__ITEM_CFG_INTERLEAVE,
+    IGRAD__ITEM_CFG_DENSITY,
+    IGRAD__ITEM_CFG_RELEASE_PERIOD,
+    IGRAD__ITEM_CFG_RELEASE_KEEP,
+    IGRAD__ITEM_CFG_SCHEDULE,
+    IGRAD__ITEM_CFG_RESIDUAL,
+    IGRAD__ITEM_CFG_PACK,
+    IGRAD__ITEM_CFG_BUCKETS,
+    IGRAD__ITEM_CFG_BLOCK_ENTRIES,
+    IGRAD__ITEM_CFG_RISK_LAMBDA,
+    IGRAD__ITEM_CFG_VERIFY_EVERY, /* ranks only: results do not depend on it */
+    IGRAD__ITEM_CFG_VALUE_DTYPE,
+    IGRAD__ITEM_CFG_INDEX_DTYPE,
+    IGRAD__ITEM_CFG_COLLECTIVE,
+    IGRAD__ITEM_PLAN,       /* phases, budgets, block cuts, direct map */
+    IGRAD__ITEM_STEP,       /* step of the call (ranks only) */
+    IGRAD__ITEM_CALLS,      /* begin calls so far */
+    IGRAD__ITEM_HISTORY,    /* risk policy's size history */
+    IGRAD__NITEMS
+};
+
+typedef struct igrad__item_desc {
+    const char *name;          /* "config.density", "layout", ... */
+    igrad__item_type_t type;
+    int in_state;              /* compared when a state file is loaded */
+} igrad__item_desc_t;
+
+extern const igrad__item_desc_t igrad__items[IGRAD__NITEMS];
+
+/* Formats item i's value for a message ("0.01", "ig", "0x1234..."). */
+void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes);
+
+/* ---- the engine ----------------------------------------------------------- */
+
+/* One tensor's plan. Index [rel][par]: rel = 1 at a release step, par = 1
+ * on odd steps (only differs from even with interleave). */
+typedef struct igrad__engine_tensor {
+    const char *name;                   /* in engine->names */
+    int ndim;
+    int64_t shape[IGRAD_MAX_DIMS];
+    int64_t n;                          /* entries */
+    int comp;                           /* component index, -1 for OTHER */
+    int important;                      /* component important (OTHER: 1) */
+    int phase;                          /* IGRAD__PHASE_EVERY or [0, R) */
+    igrad_select_spec_t spec[2][2];
+    int idx_nbytes[2][2];               /* index bytes per entry on the wire */
+    int64_t blk_entries[2][2];          /* block size (whole rows if row-wise) */
+    int64_t nblocks[2][2];
+    float *residual;                    /* n floats (NULL for dense) */
+} igrad__engine_tensor_t;
+
+/* One block of a step: a run of a tensor's selected entries. */
+typedef struct igrad__engine_block {
+    uint32_t tensor;
+    int idx_nbytes;          /* 0 (dense method), 2 or 4 */
+    int row_wise;
+    int seg_owner;           /* reduce: this block opens its dense segment */
+    int64_t first, count;    /* entries [first, first+count) of the selection */
+    int64_t row0;            /* row-wise: first row */
+    int64_t seg_begin;       /* dense segment: tensor entries [seg_begin, +seg_count) */
+    int64_t seg_count;
+    size_t val_off, idx_off; /* gather: offsets in a rank's bytes of the bucket */
+    size_t dense_off;        /* reduce: offset (floats) of the segment in the bucket */
+} igrad__engine_block_t;
+
+/* One bucket of a step. */
+typedef struct igrad__engine_bucket {
+    igrad_bucket_kind_t kind;
+    int index;
+    size_t first, nblocks;   /* its blocks: order[first .. first + nblocks) */
+    int64_t entries;
+    size_t send_off, send_nbytes;  /* in send_arena (gather) */
+    size_t recv_off, recv_nbytes;  /* in recv_arena */
+    size_t dense_count;            /* reduce: floats */
+    igrad_comm_request_t *req;
+} igrad__engine_bucket_t;
+
+enum { IGRAD__ENGINE_IDLE = 0, IGRAD__ENGINE_BEGUN = 1 };
+
+struct igrad_engine {
+    igrad_config_t cfg;                 /* copy, size = sizeof */
+    igrad_comm_t *comm;                 /* borrowed */
+    int rank, nranks;
+    igrad_trace_t *trace;               /* borrowed, may be NULL */
+    igrad_sparsifier_t sp;              /* effective sparsifier */
+    int deferral;                       /* iad / ig */
+    int per_tensor_buckets;             /* iad */
+    int nb_max;                         /* bucket slots: B, or tensors for iad */
+    int nthreads;
+
+    size_t ntensors;
+    igrad__engine_tensor_t *t;
+    char *names;                        /* all names, NUL-separated */
+    uint64_t *tensor_hash;              /* (ntensors) for mismatch messages */
+    size_t ncomp;
+    int *comp_layer;                    /* (ncomp) */
+    igrad_kind_t *comp_kind;            /* (ncomp) */
+    int64_t *comp_count;                /* (ncomp) */
+    unsigned char *comp_important;      /* (ncomp) */
+    int *comp_phase;                    /* (ncomp) */
+
+    uint64_t items[IGRAD__NITEMS];      /* static items (step/calls/history
+                                           filled when exchanged) */
+    igrad__pack_map_t map;              /* direct policy */
+    igrad__pack_history_t hist;         /* risk policy */
+
+    float *residual_mem;                /* all residuals, layout order */
+    int64_t residual_count;
+
+    /* per-step scratch, sized at create for the largest step */
+    size_t max_entries, max_blocks;
+    uint32_t *stage_idx;                /* selections, concatenated */
+    float *stage_val;
+    int64_t *stage_off;                 /* (ntensors) offset of t's selection */
+    unsigned char *sent;                /* (ntensors) sent this step */
+    unsigned char *rel;                 /* (ntensors) released this step */
+    uint32_t *work;                     /* (ntensors) sent tensors, largest first */
+    int64_t *tstatus;                   /* (ntensors) per-tensor results */
+    double *tsumsq;                     /* (ntensors) selection sum of squares */
+    double *tnorm;                      /* (ntensors) residual sum of squares */
+    double *tdropped;                   /* (ntensors) dropped sum of squares */
+    igrad__pack_block_t *blocks;        /* (max_blocks) */
+    igrad__engine_block_t *binfo;       /* (max_blocks) */
+    int *bucket_of;                     /* (max_blocks) */
+    size_t *order;                      /* (max_blocks) */
+    size_t *start;                      /* (nb_max + 1) */
+    int64_t *loads;                     /* (nb_max) */
+    igrad__engine_bucket_t *bk;         /* (nb_max) */
+    igrad_bucket_t *desc;               /* (nb_max) */
+    void *pack_scratch;
+    size_t pack_scratch_nbytes;
+    unsigned char *send_arena;
+    size_t send_arena_nbytes;
+    unsigned char *recv_arena;
+    size_t recv_arena_nbytes;
+    uint64_t *agree_buf;                /* nranks * (2 + IGRAD__NITEMS) */
+    igrad_select_ws_t **ws;             /* (nthreads) */
+
+    /* the step in progress / last step */
+    int state;
+    int64_t cur_step;
+    size_t nblk;                        /* blocks this step */
+    size_t nbk;                         /* non-empty buckets this step */
+    int nplanned;                       /* planned buckets (bucket_count) */
+    int64_t last_step;
+    int64_t calls;                      /* begin calls that reached the agreement */
+    igrad_step_stats_t stats;
+    double t_start;                     /* ms clock at begin */
+};
+
+/* Fills the items that change with the run (step, calls, history) into
+ * items[] of the engine (the static ones were set at create). */
+void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step);
+
+/* Exchanges (status, detail, items) with every rank and decides:
+ *  - some rank failed (status != OK): returns the first failing rank's
+ *    status; that rank keeps its own message (local_msg), the others get
+ *    "<context> failed on rank R (<status>)[ at tensor NAME]" (detail >= 0
+ *    names tensor `detail`);
+ *  - all OK and check_items: compares the items in order and returns
+ *    IGRAD_E_MISMATCH naming the first differing one (a second exchange
+ *    names the tensor or component where layouts or profiles differ);
+ *  - else IGRAD_OK.
+ * `e` may be partly built (or NULL) when `status` is not OK; buf holds
+ * nranks * (3 + IGRAD__NITEMS) values. Collective: every rank makes the
+ * same exchanges whatever its own status. */
+igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
+                                   uint64_t *buf, igrad_status_t status, int64_t detail,
+                                   const char *local_msg, const uint64_t *items,
+                                   int check_items, const char *context);
+
+/* Milliseconds on a monotonic clock. */
+double igrad__engine_now_ms(void);
+
+#endif /* IGRAD_ENGINE_INTERNAL_H */
