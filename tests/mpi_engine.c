@@ -1,0 +1,701 @@
+/*
+ * mpi_engine.c — the sync engine over MPI (CTest runs it with -np 2 and
+ * -np 4). Every rank's gradient is a deterministic function of (rank, step,
+ * tensor, index), so each rank can recompute what every other rank sends.
+ *
+ *  - topk_sync: the result equals the average of every rank's top-k of
+ *    (g + residual), computed here by a full sort per rank with each rank's
+ *    error feedback simulated independently; every rank ends with
+ *    bit-identical gradients (hash compared by MIN/MAX all-reduce).
+ *  - dense: equals MPI_Allreduce / P.
+ *  - ig over 100 steps: conservation (sum over ranks of sum g - e equals
+ *    P x sum of the averaged results), every deferred tensor arrives only
+ *    at its phase, payload bytes = the engine's prediction = a prediction
+ *    recomputed here from the budget and schedule rules.
+ *  - two-phase with this test running MPI_Allgather / MPI_Allreduce =
+ *    igrad_engine_sync.
+ *  - save at step 50, fresh engine, load, run to 100 = uninterrupted.
+ *  - one rank with another density or another profile: IGRAD_E_MISMATCH on
+ *    every rank naming it; NaN on one rank: IGRAD_E_NONFINITE on every rank,
+ *    residuals unchanged; none of it hangs.
+ *
+ * Checks only count failures, so every rank reaches every collective; the
+ * counts are summed at the end and every rank exits nonzero on any failure.
+ */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <math.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "igrad.h"
+#include "schedule.h"
+
+static int failures;
+static int me, np;
+
+#define CHECK(cond, ...)                                                               \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            failures++;                                                                \
+            fprintf(stderr, "[rank %d] %s:%d: %s: ", me, __FILE__, __LINE__, #cond);   \
+            fprintf(stderr, __VA_ARGS__);                                              \
+            fputc('\n', stderr);                                                       \
+        }                                                                              \
+    } while (0)
+
+#define CHECK_STATUS(call, want)                                                       \
+    do {                                                                               \
+        igrad_status_t s_ = (call);                                                    \
+        CHECK(s_ == (want), "%s returned %d (%s), expected %d; last error: %s", #call, \
+              (int)s_, igrad_status_str(s_), (int)(want), igrad_last_error());         \
+    } while (0)
+
+#define CHECK_OK(call) CHECK_STATUS(call, IGRAD_OK)
+
+/* Unrecoverable setup failure: abort every rank rather than hang. */
+#define REQUIRE(cond)                                                                   \
+    do {                                                                                \
+        if (!(cond)) {                                                                  \
+            fprintf(stderr, "[rank %d] %s:%d: required: %s (%s)\n", me, __FILE__, __LINE__, \
+                    #cond, igrad_last_error());                                         \
+            MPI_Abort(MPI_COMM_WORLD, 2);                                               \
+        }                                                                               \
+    } while (0)
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static igrad_layout_t *make_layout(void)
+{
+    igrad_layout_t *L = NULL;
+    REQUIRE(igrad_layout_create(&L) == IGRAD_OK);
+    int64_t emb[2] = {200, 24}, sq[2] = {24, 24}, up[2] = {48, 24}, down[2] = {24, 48};
+    int64_t vec[1] = {24};
+    char name[128];
+    REQUIRE(igrad_layout_add(L, "model.embed_tokens.weight", IGRAD_DTYPE_F32, 2, emb) == IGRAD_OK);
+    static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    for (int l = 0; l < 3; l++) {
+        for (int a = 0; a < 4; a++) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, attn[a]);
+            REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, sq) == IGRAD_OK);
+        }
+        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
+        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, up) == IGRAD_OK);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
+        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, down) == IGRAD_OK);
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 1, vec) == IGRAD_OK);
+    }
+    REQUIRE(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, 1, vec) == IGRAD_OK);
+    return L;
+}
+
+static igrad_profile_t *make_profile(const igrad_layout_t *L, const char *method)
+{
+    igrad_trace_t *tr = NULL;
+    REQUIRE(igrad_trace_create(L, &tr) == IGRAD_OK);
+    for (int64_t s = 0; s < 4; s++)
+        for (size_t t = 0; t < igrad_layout_count(L); t++) {
+            igrad_tensor_info_t ti;
+            REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
+            if (ti.component < 0) continue;
+            double act = (double)((ti.component * 7) % 5 + 1) + 0.1 * (double)s;
+            REQUIRE(igrad_trace_record(tr, s, t, act * act, 1) == IGRAD_OK);
+        }
+    igrad_profile_options_t opts = IGRAD_PROFILE_OPTIONS_INIT;
+    opts.method = method;
+    igrad_profile_t *p = NULL;
+    REQUIRE(igrad_profile_build(tr, &opts, &p) == IGRAD_OK);
+    igrad_trace_free(tr);
+    return p;
+}
+
+typedef struct grads {
+    size_t T;
+    int64_t *n;
+    float **g;
+} grads_t;
+
+static grads_t grads_new(const igrad_layout_t *L)
+{
+    grads_t G;
+    G.T = igrad_layout_count(L);
+    G.n = calloc(G.T, sizeof *G.n);
+    G.g = calloc(G.T, sizeof *G.g);
+    REQUIRE(G.n && G.g);
+    for (size_t t = 0; t < G.T; t++) {
+        igrad_tensor_info_t ti;
+        REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
+        G.n[t] = ti.count;
+        G.g[t] = calloc((size_t)ti.count, sizeof(float));
+        REQUIRE(G.g[t]);
+    }
+    return G;
+}
+
+static void grads_free(grads_t *G)
+{
+    for (size_t t = 0; t < G->T; t++) free(G->g[t]);
+    free(G->g);
+    free(G->n);
+}
+
+/* Rank r's gradient at a step. */
+static float grad_value(int rank, int64_t step, size_t t, int64_t i)
+{
+    uint64_t u = mix64(mix64((uint64_t)rank * 7919u + 1) ^ mix64((uint64_t)step * 1000003u + t) ^
+                       (uint64_t)i * 0x9e3779b97f4a7c15ULL);
+    float x = (float)((double)(u >> 40) / 16777216.0) * 2.0f - 1.0f;
+    if ((u & 0xff) == 0) x *= 10.0f;
+    return (0.2f + 0.25f * (float)(t % 4)) * x;
+}
+
+static void grads_fill(grads_t *G, int rank, int64_t step)
+{
+    for (size_t t = 0; t < G->T; t++)
+        for (int64_t i = 0; i < G->n[t]; i++) G->g[t][i] = grad_value(rank, step, t, i);
+}
+
+static void grads_copy(grads_t *d, const grads_t *s)
+{
+    for (size_t t = 0; t < s->T; t++) memcpy(d->g[t], s->g[t], (size_t)s->n[t] * sizeof(float));
+}
+
+static uint64_t grads_hash(const grads_t *G)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t t = 0; t < G->T; t++) {
+        const unsigned char *p = (const unsigned char *)G->g[t];
+        for (size_t i = 0; i < (size_t)G->n[t] * sizeof(float); i++) {
+            h ^= p[i];
+            h *= 0x100000001b3ULL;
+        }
+    }
+    return h;
+}
+
+/* Every rank holds the same gradients (bitwise). */
+static void check_identical(const grads_t *G, const char *what)
+{
+    uint64_t h = grads_hash(G), lo = 0, hi = 0;
+    MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    CHECK(lo == hi && lo == h, "%s: gradients differ between ranks (hash %llx, min %llx, max %llx)",
+          what, (unsigned long long)h, (unsigned long long)lo, (unsigned long long)hi);
+}
+
+static igrad_engine_t *create(const igrad_layout_t *L, const igrad_profile_t *P,
+                              const igrad_config_t *c, igrad_comm_t *comm)
+{
+    igrad_engine_t *e = NULL;
+    igrad_status_t st = igrad_engine_create(L, P, c, comm, &e);
+    CHECK(st == IGRAD_OK, "engine create: %s (%s)", igrad_status_str(st), igrad_last_error());
+    REQUIRE(e);
+    return e;
+}
+
+/* ---- topk_sync against an independent reference --------------------------- */
+
+typedef struct ranked {
+    float mag;
+    int64_t i;
+} ranked_t;
+
+static int cmp_ranked(const void *pa, const void *pb)
+{
+    const ranked_t *a = pa, *b = pb;
+    if (a->mag != b->mag) return a->mag > b->mag ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+static void test_topk_sync(igrad_comm_t *comm, const igrad_layout_t *L)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.density = 0.03;
+    c.block_entries = 5; /* several blocks per tensor, split over buckets */
+    c.buckets = 3;
+    igrad_engine_t *e = create(L, NULL, &c, comm);
+    grads_t G = grads_new(L);
+    size_t T = G.T;
+    /* every rank's residual, simulated here */
+    float ***res = calloc((size_t)np, sizeof *res);
+    REQUIRE(res);
+    for (int r = 0; r < np; r++) {
+        res[r] = calloc(T, sizeof *res[r]);
+        REQUIRE(res[r]);
+        for (size_t t = 0; t < T; t++) {
+            res[r][t] = calloc((size_t)G.n[t], sizeof(float));
+            REQUIRE(res[r][t]);
+        }
+    }
+    for (int64_t s = 0; s < 4; s++) {
+        grads_fill(&G, me, s);
+        CHECK_OK(igrad_engine_sync(e, s, G.g));
+        for (size_t t = 0; t < T; t++) {
+            int64_t n = G.n[t], k = igrad_budget(n, c.density);
+            double *want = calloc((size_t)n, sizeof *want), *scale = calloc((size_t)n, sizeof *scale);
+            ranked_t *rk = malloc((size_t)n * sizeof *rk);
+            float *a = malloc((size_t)n * sizeof *a);
+            REQUIRE(want && scale && rk && a);
+            for (int r = 0; r < np; r++) {
+                for (int64_t i = 0; i < n; i++) {
+                    a[i] = grad_value(r, s, t, i) + res[r][t][i];
+                    rk[i].mag = fabsf(a[i]);
+                    rk[i].i = i;
+                }
+                qsort(rk, (size_t)n, sizeof *rk, cmp_ranked);
+                for (int64_t i = 0; i < n; i++) res[r][t][i] = a[i];
+                for (int64_t j = 0; j < k; j++) {
+                    int64_t i = rk[j].i;
+                    want[i] += (double)a[i] / np;
+                    scale[i] += fabs((double)a[i]) / np;
+                    res[r][t][i] = 0.0f;
+                }
+            }
+            for (int64_t i = 0; i < n; i++) {
+                /* float sums of P terms: rounding relative to the terms */
+                double tol = 1e-6 * scale[i];
+                if (!(fabs((double)G.g[t][i] - want[i]) <= tol)) {
+                    CHECK(0, "topk_sync step %lld tensor %zu entry %lld: got %.9g, reference %.9g",
+                          (long long)s, t, (long long)i, (double)G.g[t][i], want[i]);
+                    break;
+                }
+            }
+            const float *mine = igrad_engine_residual(e, t);
+            for (int64_t i = 0; i < n; i++)
+                if (mine[i] != res[me][t][i]) {
+                    CHECK(0, "topk_sync step %lld tensor %zu residual %lld: %.9g, reference %.9g",
+                          (long long)s, t, (long long)i, (double)mine[i], (double)res[me][t][i]);
+                    break;
+                }
+            free(a);
+            free(rk);
+            free(want);
+            free(scale);
+        }
+        check_identical(&G, "topk_sync");
+    }
+    for (int r = 0; r < np; r++) {
+        for (size_t t = 0; t < T; t++) free(res[r][t]);
+        free(res[r]);
+    }
+    free(res);
+    grads_free(&G);
+    igrad_engine_free(e);
+}
+
+/* ---- dense ---------------------------------------------------------------------- */
+
+static void test_dense(igrad_comm_t *comm, const igrad_layout_t *L)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_DENSE;
+    c.block_entries = 300;
+    igrad_engine_t *e = create(L, NULL, &c, comm);
+    grads_t G = grads_new(L), R = grads_new(L), A = grads_new(L);
+    for (int64_t s = 0; s < 2; s++) {
+        grads_fill(&G, me, s);
+        for (size_t t = 0; t < G.T; t++) {
+            MPI_Allreduce(G.g[t], R.g[t], (int)G.n[t], MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            for (int64_t i = 0; i < G.n[t]; i++) A.g[t][i] = fabsf(G.g[t][i]);
+            MPI_Allreduce(MPI_IN_PLACE, A.g[t], (int)G.n[t], MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        }
+        CHECK_OK(igrad_engine_sync(e, s, G.g));
+        for (size_t t = 0; t < G.T; t++)
+            for (int64_t i = 0; i < G.n[t]; i++) {
+                double want = (double)R.g[t][i] / np;
+                /* summation orders differ: rounding relative to the terms */
+                if (!(fabs(G.g[t][i] - want) <= 1e-6 * (double)A.g[t][i] / np)) {
+                    CHECK(0, "dense tensor %zu entry %lld: %.9g, MPI_Allreduce/P %.9g", t,
+                          (long long)i, (double)G.g[t][i], want);
+                    break;
+                }
+            }
+        check_identical(&G, "dense");
+        igrad_step_stats_t st;
+        CHECK_OK(igrad_engine_last_stats(e, &st));
+        double wire = 2.0 * (np - 1) / np * (double)igrad_layout_total_count(L) * 4;
+        CHECK(fabs(st.wire_nbytes - wire) <= 1e-6 * wire, "dense wire %.1f, model %.1f",
+              st.wire_nbytes, wire);
+    }
+    grads_free(&G);
+    grads_free(&R);
+    grads_free(&A);
+    igrad_engine_free(e);
+}
+
+/* ---- ig over 100 steps ------------------------------------------------------- */
+
+static void expect_tensor(const igrad_tensor_info_t *ti, const igrad_config_t *c, int release,
+                          int64_t *count, int *idxb)
+{
+    int64_t n = ti->count, range;
+    if (c->sparsifier == IGRAD_SPARSIFIER_ADTOPK && ti->ndim >= 2) {
+        int64_t rows = ti->shape[0], cols = n / rows;
+        int64_t per_row = igrad_budget(cols, c->density);
+        if (release)
+            per_row = igrad__release_per_row(per_row, cols, c->release_keep, c->release_period);
+        *count = rows * per_row;
+        range = cols;
+    } else {
+        int64_t k = igrad_budget(n, c->density);
+        if (release) k = igrad__release_count(k, n, c->release_keep, c->release_period);
+        *count = k;
+        range = n;
+    }
+    *idxb = range <= 65536 ? 2 : 4;
+}
+
+static void test_ig(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.density = 0.05;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    c.verify_every = 7; /* the periodic check runs too */
+    igrad_engine_t *e = create(L, P, &c, comm);
+    grads_t G = grads_new(L);
+    size_t T = G.T;
+    double **din = calloc(T, sizeof *din), **dout = calloc(T, sizeof *dout);
+    double **mag = calloc(T, sizeof *mag);
+    int *phase = calloc(T, sizeof *phase);
+    int64_t *pstep = calloc(T, sizeof *pstep), *prel = calloc(T, sizeof *prel);
+    REQUIRE(din && dout && mag && phase && pstep && prel);
+    int nlow = 0;
+    for (size_t t = 0; t < T; t++) {
+        din[t] = calloc((size_t)G.n[t], sizeof(double));
+        dout[t] = calloc((size_t)G.n[t], sizeof(double));
+        mag[t] = calloc((size_t)G.n[t], sizeof(double));
+        REQUIRE(din[t] && dout[t] && mag[t]);
+        igrad_tensor_plan_t tp;
+        CHECK_OK(igrad_engine_tensor_plan(e, t, &tp));
+        phase[t] = tp.phase;
+        nlow += tp.phase >= 0;
+        igrad_tensor_info_t ti;
+        REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
+        int64_t cnt;
+        int idxb;
+        expect_tensor(&ti, &c, 0, &cnt, &idxb);
+        pstep[t] = cnt * (4 + idxb);
+        expect_tensor(&ti, &c, 1, &cnt, &idxb);
+        prel[t] = cnt * (4 + idxb);
+        CHECK(tp.step_nbytes == pstep[t], "tensor %zu: plan %lld bytes/step, expected %lld", t,
+              (long long)tp.step_nbytes, (long long)pstep[t]);
+    }
+    CHECK(nlow > 0, "the profile leaves no low-importance tensor");
+
+    for (int64_t s = 0; s < 100; s++) {
+        grads_fill(&G, me, s);
+        for (size_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < G.n[t]; i++) {
+                din[t][i] += G.g[t][i];
+                mag[t][i] += fabs((double)G.g[t][i]);
+            }
+        int64_t predicted = igrad__schedule_step_nbytes(T, phase, c.release_period, pstep, prel, s);
+        CHECK(igrad_engine_predict_payload(e, s) == predicted, "step %lld: predict %lld vs %lld",
+              (long long)s, (long long)igrad_engine_predict_payload(e, s), (long long)predicted);
+        CHECK_OK(igrad_engine_sync(e, s, G.g));
+        igrad_step_stats_t st;
+        CHECK_OK(igrad_engine_last_stats(e, &st));
+        CHECK(st.payload_nbytes == predicted, "step %lld: payload %lld, predicted %lld",
+              (long long)s, (long long)st.payload_nbytes, (long long)predicted);
+        CHECK(fabs(st.wire_nbytes - (double)(np - 1) * (double)predicted) < 0.5,
+              "step %lld: wire %.1f, model %.1f", (long long)s, st.wire_nbytes,
+              (double)(np - 1) * (double)predicted);
+        for (size_t t = 0; t < T; t++) {
+            int due = igrad__schedule_sent(phase[t], c.release_period, s);
+            igrad_tensor_info_t ti;
+            REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
+            int64_t cnt;
+            int idxb;
+            expect_tensor(&ti, &c, phase[t] >= 0, &cnt, &idxb);
+            int64_t nz = 0;
+            for (int64_t i = 0; i < G.n[t]; i++) {
+                nz += G.g[t][i] != 0.0f;
+                dout[t][i] += G.g[t][i];
+            }
+            if (due)
+                CHECK(nz >= cnt && nz <= cnt * np,
+                      "step %lld tensor %s due: %lld nonzero, budget %lld per rank", (long long)s,
+                      ti.name, (long long)nz, (long long)cnt);
+            else
+                CHECK(nz == 0, "step %lld tensor %s (phase %d) not due but %lld entries arrived",
+                      (long long)s, ti.name, phase[t], (long long)nz);
+        }
+        if (s % 25 == 0) check_identical(&G, "ig");
+    }
+    /* conservation: sum_r (sum g_r - e_r) = P x sum of averages */
+    for (size_t t = 0; t < T; t++) {
+        const float *r = igrad_engine_residual(e, t);
+        for (int64_t i = 0; i < G.n[t]; i++) din[t][i] -= r[i];
+        MPI_Allreduce(MPI_IN_PLACE, din[t], (int)G.n[t], MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, mag[t], (int)G.n[t], MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        double err = 0.0, ref = 0.0;
+        for (int64_t i = 0; i < G.n[t]; i++) {
+            double d = din[t][i] - np * dout[t][i];
+            err += d * d;
+            ref += mag[t][i] * mag[t][i];
+        }
+        CHECK(sqrt(err) <= 1e-4 * sqrt(ref), "tensor %zu: conservation error %.9g vs 1e-4 x %.9g",
+              t, sqrt(err), sqrt(ref));
+    }
+    for (size_t t = 0; t < T; t++) {
+        free(din[t]);
+        free(dout[t]);
+        free(mag[t]);
+    }
+    free(din);
+    free(dout);
+    free(mag);
+    free(phase);
+    free(pstep);
+    free(prel);
+    grads_free(&G);
+    igrad_engine_free(e);
+}
+
+/* ---- two-phase with MPI run here --------------------------------------------- */
+
+static void two_phase_vs_sync(igrad_comm_t *comm, const igrad_layout_t *L,
+                              const igrad_profile_t *P, igrad_config_t c, int exact,
+                              const char *what)
+{
+    igrad_engine_t *a = create(L, P, &c, comm), *b = create(L, P, &c, comm);
+    grads_t Ga = grads_new(L), Gb = grads_new(L);
+    for (int64_t s = 0; s < 9; s++) {
+        grads_fill(&Ga, me, s);
+        grads_copy(&Gb, &Ga);
+        CHECK_OK(igrad_engine_sync(a, s, Ga.g));
+        const igrad_bucket_t *bk = NULL;
+        size_t nb = 0;
+        CHECK_OK(igrad_engine_begin(b, s, Gb.g, &bk, &nb));
+        for (size_t j = 0; j < nb; j++) {
+            if (bk[j].kind == IGRAD_BUCKET_GATHER) {
+                CHECK(bk[j].recv_nbytes == bk[j].send_nbytes * (size_t)np, "%s: recv %zu",
+                      what, bk[j].recv_nbytes);
+                MPI_Allgather(bk[j].send, (int)bk[j].send_nbytes, MPI_BYTE, bk[j].recv,
+                              (int)bk[j].send_nbytes, MPI_BYTE, MPI_COMM_WORLD);
+            } else {
+                CHECK(bk[j].send == bk[j].recv && bk[j].dtype == IGRAD_DTYPE_F32, "%s: reduce",
+                      what);
+                MPI_Allreduce(MPI_IN_PLACE, bk[j].recv, (int)bk[j].count, MPI_FLOAT, MPI_SUM,
+                              MPI_COMM_WORLD);
+            }
+        }
+        CHECK_OK(igrad_engine_end(b, s, Gb.g));
+        for (size_t t = 0; t < Ga.T; t++) {
+            /* all-reduce sums may be ordered differently by the two calls:
+             * rounding relative to the tensor's largest value */
+            float big = 0.0f;
+            for (int64_t i = 0; i < Ga.n[t]; i++) big = fmaxf(big, fabsf(Ga.g[t][i]));
+            for (int64_t i = 0; i < Ga.n[t]; i++) {
+                float x = Ga.g[t][i], y = Gb.g[t][i];
+                int same = exact ? memcmp(&x, &y, sizeof x) == 0
+                                 : fabsf(x - y) <= 1e-5f * big;
+                if (!same) {
+                    CHECK(0, "%s step %lld tensor %zu entry %lld: sync %.9g, two-phase %.9g",
+                          what, (long long)s, t, (long long)i, (double)x, (double)y);
+                    t = Ga.T - 1;
+                    break;
+                }
+            }
+        }
+    }
+    for (size_t t = 0; t < Ga.T; t++) {
+        const float *ra = igrad_engine_residual(a, t), *rb = igrad_engine_residual(b, t);
+        if (ra && rb)
+            CHECK(memcmp(ra, rb, (size_t)Ga.n[t] * sizeof(float)) == 0,
+                  "%s: residual of tensor %zu differs", what, t);
+    }
+    grads_free(&Ga);
+    grads_free(&Gb);
+    igrad_engine_free(a);
+    igrad_engine_free(b);
+}
+
+/* ---- save / load ------------------------------------------------------------------- */
+
+static void test_resume(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
+{
+    char dir[128] = "/tmp/igrad_mpi_engine_XXXXXX";
+    if (me == 0) REQUIRE(mkdtemp(dir) != NULL);
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    char path[256];
+    snprintf(path, sizeof path, "%s/state.rank%d.bin", dir, me);
+
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.density = 0.05;
+    c.pack = IGRAD_PACK_RISK;
+    c.block_entries = 40;
+    igrad_engine_t *a = create(L, P, &c, comm), *b = create(L, P, &c, comm);
+    grads_t Ga = grads_new(L), Gb = grads_new(L);
+    for (int64_t s = 0; s < 100; s++) {
+        grads_fill(&Ga, me, s);
+        grads_copy(&Gb, &Ga);
+        CHECK_OK(igrad_engine_sync(a, s, Ga.g));
+        if (s == 50) {
+            CHECK_OK(igrad_engine_save_state(b, path));
+            igrad_engine_free(b);
+            b = create(L, P, &c, comm);
+            CHECK_OK(igrad_engine_load_state(b, path));
+        }
+        CHECK_OK(igrad_engine_sync(b, s, Gb.g));
+        if (s >= 50 && (s % 10 == 0 || s == 99))
+            for (size_t t = 0; t < Ga.T; t++)
+                CHECK(memcmp(Ga.g[t], Gb.g[t], (size_t)Ga.n[t] * sizeof(float)) == 0,
+                      "resume: step %lld tensor %zu differs from the uninterrupted run",
+                      (long long)s, t);
+    }
+    for (size_t t = 0; t < Ga.T; t++)
+        CHECK(memcmp(igrad_engine_residual(a, t), igrad_engine_residual(b, t),
+                     (size_t)Ga.n[t] * sizeof(float)) == 0,
+              "resume: residual of tensor %zu differs", t);
+
+    /* one rank's file missing: every rank fails, no engine changes */
+    char other[256];
+    snprintf(other, sizeof other, "%s/state.rank%d.bin", dir, me == np - 1 ? 1000 : me);
+    float before = igrad_engine_residual(b, 0)[0];
+    CHECK_OK(igrad_engine_save_state(a, path));
+    CHECK_STATUS(igrad_engine_load_state(b, other), IGRAD_E_IO);
+    CHECK(igrad_engine_residual(b, 0)[0] == before, "a failed load changed the residual");
+    /* another rank's file */
+    snprintf(other, sizeof other, "%s/state.rank%d.bin", dir, (me + 1) % np);
+    MPI_Barrier(MPI_COMM_WORLD);
+    CHECK_STATUS(igrad_engine_load_state(b, other), IGRAD_E_MISMATCH);
+
+    MPI_Barrier(MPI_COMM_WORLD);
+    unlink(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me == 0) rmdir(dir);
+    grads_free(&Ga);
+    grads_free(&Gb);
+    igrad_engine_free(a);
+    igrad_engine_free(b);
+}
+
+/* ---- agreement and faults ------------------------------------------------------------ */
+
+static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    if (me == 1) c.density = 0.02;
+    igrad_engine_t *e = (igrad_engine_t *)(uintptr_t)1;
+    CHECK_STATUS(igrad_engine_create(L, P, &c, comm, &e), IGRAD_E_MISMATCH);
+    CHECK(e == NULL, "engine not NULL after a failed create");
+    CHECK(strstr(igrad_last_error(), "config.density differs: rank 0 has 0.01, rank 1 has 0.02"),
+          "message: %s", igrad_last_error());
+
+    igrad_profile_t *P2 = make_profile(L, "fixed:0.7");
+    igrad_config_t d = IGRAD_CONFIG_INIT;
+    CHECK_STATUS(igrad_engine_create(L, me == np - 1 ? P2 : P, &d, comm, &e), IGRAD_E_MISMATCH);
+    CHECK(strstr(igrad_last_error(), "profile differs at component ("), "message: %s",
+          igrad_last_error());
+    igrad_profile_free(P2);
+
+    /* an invalid config on one rank fails every rank */
+    igrad_config_t x = IGRAD_CONFIG_INIT;
+    if (me == 0) x.buckets = 0;
+    CHECK_STATUS(igrad_engine_create(L, P, &x, comm, &e), IGRAD_E_INVALID);
+    if (me != 0)
+        CHECK(strstr(igrad_last_error(), "rank 0"), "message: %s", igrad_last_error());
+    else
+        CHECK(strstr(igrad_last_error(), "config.buckets is 0"), "message: %s",
+              igrad_last_error());
+}
+
+static void test_nonfinite(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.verify_every = 1;
+    igrad_engine_t *e = create(L, P, &c, comm);
+    grads_t G = grads_new(L);
+    for (int64_t s = 0; s < 3; s++) {
+        grads_fill(&G, me, s);
+        CHECK_OK(igrad_engine_sync(e, s, G.g));
+    }
+    int64_t total = igrad_layout_total_count(L);
+    float *snap = malloc((size_t)total * sizeof *snap);
+    REQUIRE(snap);
+    int64_t off = 0;
+    for (size_t t = 0; t < G.T; t++) {
+        memcpy(snap + off, igrad_engine_residual(e, t), (size_t)G.n[t] * sizeof(float));
+        off += G.n[t];
+    }
+    grads_fill(&G, me, 3);
+    size_t victim = 5;
+    if (me == np - 1) G.g[victim][7] = NAN;
+    CHECK_STATUS(igrad_engine_sync(e, 3, G.g), IGRAD_E_NONFINITE);
+    igrad_tensor_info_t ti;
+    REQUIRE(igrad_layout_tensor(L, victim, &ti) == IGRAD_OK);
+    CHECK(strstr(igrad_last_error(), ti.name), "message does not name %s: %s", ti.name,
+          igrad_last_error());
+    if (me != np - 1) {
+        char want[32];
+        snprintf(want, sizeof want, "rank %d", np - 1);
+        CHECK(strstr(igrad_last_error(), want), "message does not name %s: %s", want,
+              igrad_last_error());
+    }
+    off = 0;
+    for (size_t t = 0; t < G.T; t++) {
+        CHECK(memcmp(snap + off, igrad_engine_residual(e, t), (size_t)G.n[t] * sizeof(float)) == 0,
+              "residual of tensor %zu changed by the failed step", t);
+        off += G.n[t];
+    }
+    /* NULL pointer on one rank */
+    grads_fill(&G, me, 3);
+    float *keep = G.g[2];
+    if (me == 0) G.g[2] = NULL;
+    CHECK_STATUS(igrad_engine_sync(e, 3, G.g), IGRAD_E_INVALID);
+    G.g[2] = keep;
+    /* the step can be retried on every rank */
+    CHECK_OK(igrad_engine_sync(e, 3, G.g));
+    check_identical(&G, "after a skipped step");
+    free(snap);
+    grads_free(&G);
+    igrad_engine_free(e);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
+    igrad_comm_t *comm = NULL;
+    REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
+    igrad_layout_t *L = make_layout();
+    igrad_profile_t *P = make_profile(L, "fixed:0.4");
+
+    test_topk_sync(comm, L);
+    test_dense(comm, L);
+    test_ig(comm, L, P);
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.density = 0.05;
+    c.block_entries = 30;
+    two_phase_vs_sync(comm, L, P, c, 1, "two-phase ig (gather)");
+    c.collective = IGRAD_COLLECTIVE_REDUCE;
+    two_phase_vs_sync(comm, L, P, c, np == 2, "two-phase ig (reduce)");
+    c.method = IGRAD_METHOD_IAD;
+    c.collective = IGRAD_COLLECTIVE_AUTO;
+    two_phase_vs_sync(comm, L, P, c, 1, "two-phase iad");
+    test_resume(comm, L, P);
+    test_mismatch(comm, L, P);
+    test_nonfinite(comm, L, P);
+
+    igrad_profile_free(P);
+    igrad_layout_free(L);
+    igrad_comm_free(comm);
+    int total = 0;
+    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (me == 0) printf("mpi_engine on %d ranks: %d failure(s)\n", np, total);
+    MPI_Finalize();
+    return total ? 1 : 0;
+}
