@@ -7,7 +7,7 @@
  * activity trace (profile.c).
  *
  * How one selection runs, exactly and in O(n):
- *  pass 1, read-only over grad and residual: a is formed in blocks of BLK;
+ *  pass 1, read-only over grad and residual: a is formed in small blocks;
  *    each block is checked for NaN/Inf and compared with a threshold, and
  *    entries with |a| >= threshold are appended, in index order, to a
  *    candidate buffer. The threshold is a high order statistic of a few
@@ -39,12 +39,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BLK 16                  /* entries per block of pass 1 */
+/* The AVX2 pass-1 kernel is compiled on x86-64 and chosen at run time. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define IGRAD__HAVE_AVX2 1
+#include <immintrin.h>
+#else
+#define IGRAD__HAVE_AVX2 0
+#endif
+
+/* The scan kernels are written once with optional arguments (NULL) and
+ * must be inlined into each specialised caller to be vectorized. */
+#if defined(__GNUC__)
+#define FORCE_INLINE static inline __attribute__((always_inline))
+#else
+#define FORCE_INLINE static inline
+#endif
+
+#define BLK 16                  /* entries per block of the portable pass 1 */
+#define BLK_MAX 64              /* largest block of any pass-1 kernel */
 #define CHUNK 4096              /* entries per chunk of pass 2 */
 #define ROW_BUFFERED_MAX 65536  /* rows (or flat tensors) up to this many
                                    entries keep a copy of a (256 KiB) */
 #define QSELECT_MAX 2048        /* quickselect below, radix select above */
 #define STREAM_SAMPLES 16384    /* most samples for a long range */
+#define HINT_SCALE 0.9f         /* next row's threshold / this row's k-th */
 
 /* ------------------------------------------------------------------------ */
 /* Names, budgets, specs                                                    */
@@ -163,11 +181,13 @@ struct igrad_select_ws {
     uint32_t *cidx; /* candidate indices, ascending */
     float *cval;    /* candidate values a */
     size_t ccap;
-    uint32_t *keys; /* scratch for order statistics (samples, compaction) */
+    uint32_t *keys; /* order statistics: samples or candidate keys, then
+                       twice as much room for kth_largest */
     size_t kcap;
     float *row;     /* a of one buffered row */
     size_t rcap;
-    int policy;     /* IGRAD__SELECT_* */
+    int policy;     /* IGRAD__SELECT_* threshold policy (tests) */
+    int kernel;     /* IGRAD__SELECT_KERNEL_* (tests) */
 };
 
 igrad_status_t igrad_select_ws_create(igrad_select_ws_t **out)
@@ -198,6 +218,11 @@ size_t igrad_select_ws_nbytes(const igrad_select_ws_t *ws)
 void igrad__select_ws_force(igrad_select_ws_t *ws, int policy)
 {
     if (ws) ws->policy = policy;
+}
+
+void igrad__select_ws_kernel(igrad_select_ws_t *ws, int kernel)
+{
+    if (ws) ws->kernel = kernel;
 }
 
 /* Grows one array to hold at least `count` elements of `size` bytes (the
@@ -255,29 +280,32 @@ static inline float float_of(uint32_t u)
 
 /* k-th largest (1-based, 1 <= k <= m) of keys[0..m), by three rounds of
  * most-significant-digit radix (11 + 10 + 10 bits of the 31 that matter).
- * Each round keeps only the keys of the digit holding the answer, in
- * place, so the work is at most 2m per round whatever the data. */
-static uint32_t radix_kth(uint32_t *keys, size_t m, size_t k)
+ * The first round reads keys and copies the keys of the digit holding the
+ * answer to tmp (room for m); later rounds filter tmp in place. At most 2m
+ * steps per round whatever the data; keys is not modified. */
+static uint32_t radix_kth(const uint32_t *keys, size_t m, size_t k, uint32_t *tmp)
 {
     static const int shift[3] = {20, 10, 0};
     static const uint32_t mask[3] = {0x7ffu, 0x3ffu, 0x3ffu};
     uint32_t hist[2048];
     uint32_t prefix = 0;
+    const uint32_t *src = keys;
     for (int round = 0; round < 3; round++) {
         int sh = shift[round];
         uint32_t mk = mask[round];
         memset(hist, 0, (mk + 1) * sizeof hist[0]);
-        for (size_t i = 0; i < m; i++) hist[(keys[i] >> sh) & mk]++;
+        for (size_t i = 0; i < m; i++) hist[(src[i] >> sh) & mk]++;
         uint32_t d = mk;
         size_t above = 0;
         while (above + hist[d] < k) above += hist[d--];
         k -= above;
         size_t w = 0;
         for (size_t i = 0; i < m; i++) {
-            uint32_t x = keys[i];
-            keys[w] = x;
+            uint32_t x = src[i];
+            tmp[w] = x;
             w += ((x >> sh) & mk) == d;
         }
+        src = tmp;
         m = w;
         prefix |= d << sh;
     }
@@ -291,37 +319,43 @@ static inline uint32_t median3(uint32_t a, uint32_t b, uint32_t c)
     return a > b ? a : b;
 }
 
-/* k-th largest (1-based) of keys[0..m); reorders keys. Quickselect with a
- * three-way partition (ties cost nothing) for small sets; radix select for
- * large ones, and as the fallback once quickselect has used up a budget of
- * rounds, so the worst case stays linear. */
-static uint32_t kth_largest(uint32_t *keys, size_t m, size_t k)
+/* k-th largest (1-based) of keys[0..m), which is not modified; tmp has
+ * room for 2m keys. Small sets: quickselect whose partition is branch-free
+ * (every key is written to both ends of the other buffer, and only the
+ * side it belongs to advances), because the compares of a selection are
+ * coin flips to a branch predictor. Large sets, and any quickselect that
+ * has not converged after 32 rounds: radix select, so the worst case stays
+ * linear. */
+static uint32_t kth_largest(const uint32_t *keys, size_t m, size_t k, uint32_t *tmp)
 {
-    if (m > QSELECT_MAX) return radix_kth(keys, m, k);
-    size_t lo = 0, hi = m, t = k - 1; /* t: 0-based position, descending */
-    int rounds = 24;
-    while (hi - lo > 1) {
-        if (rounds-- == 0) return radix_kth(keys + lo, hi - lo, t - lo + 1);
-        uint32_t p = median3(keys[lo], keys[lo + (hi - lo) / 2], keys[hi - 1]);
-        /* [lo, lt) > p, [lt, i) == p, [gt, hi) < p */
-        size_t lt = lo, i = lo, gt = hi;
-        while (i < gt) {
-            uint32_t x = keys[i];
-            if (x > p) {
-                keys[i++] = keys[lt];
-                keys[lt++] = x;
-            } else if (x < p) {
-                keys[i] = keys[--gt];
-                keys[gt] = x;
-            } else {
-                i++;
-            }
+    if (m > QSELECT_MAX) return radix_kth(keys, m, k, tmp);
+    const uint32_t *src = keys;
+    uint32_t *half[2] = {tmp, tmp + m};
+    size_t t = k - 1; /* 0-based position, descending */
+    for (int round = 0; m > 1; round++) {
+        uint32_t *dst = half[round & 1];
+        if (round == 32) return radix_kth(src, m, t + 1, dst);
+        uint32_t p = median3(src[0], src[m / 2], src[m - 1]);
+        size_t ng = 0, nl = 0; /* > p from the front, < p from the back */
+        for (size_t i = 0; i < m; i++) {
+            uint32_t x = src[i];
+            dst[ng] = x;
+            dst[m - 1 - nl] = x;
+            ng += x > p;
+            nl += x < p;
         }
-        if (t < lt) hi = lt;
-        else if (t < gt) return p;
-        else lo = gt;
+        if (t < ng) {
+            src = dst;
+            m = ng;
+        } else if (t < m - nl) {
+            return p;
+        } else {
+            t -= m - nl;
+            src = dst + (m - nl);
+            m = nl;
+        }
     }
-    return keys[lo];
+    return src[0];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -332,10 +366,11 @@ typedef struct cands {
     uint32_t *idx;     /* ascending */
     float *val;
     size_t c;          /* entries held */
-    size_t cap;        /* == len, or >= k + BLK so a compaction makes room */
+    size_t cap;        /* == len, or >= k + BLK_MAX so that a compaction
+                          makes room for a whole block */
     size_t k;          /* entries to keep */
     float thr;         /* admission: |a| >= thr */
-    uint32_t *scratch; /* >= cap keys */
+    uint32_t *scratch; /* room for 3 * cap keys */
     int compactions;
 } cands_t;
 
@@ -343,11 +378,11 @@ typedef struct cands {
  * index), keeping index order, and raises the threshold above the k-th
  * value: from now on an entry must beat it strictly, since an equal one
  * comes later and loses the tie. Requires c >= k. */
-static void cands_compact(cands_t *cs)
+static uint32_t cands_compact(cands_t *cs)
 {
     size_t c = cs->c, k = cs->k;
     for (size_t i = 0; i < c; i++) cs->scratch[i] = key_of(cs->val[i]);
-    uint32_t kth = kth_largest(cs->scratch, c, k);
+    uint32_t kth = kth_largest(cs->scratch, c, k, cs->scratch + c);
     size_t greater = 0;
     for (size_t i = 0; i < c; i++) greater += key_of(cs->val[i]) > kth;
     size_t ties = k - greater, w = 0;
@@ -362,121 +397,177 @@ static void cands_compact(cands_t *cs)
     cs->c = w;
     cs->thr = nextafterf(float_of(kth), INFINITY);
     cs->compactions++;
+    return kth;
 }
 
-/* Bit 0: some |a| >= thr; bit 1: some a is NaN or Inf. Branch-free so the
- * compiler turns it into a few vector compares per block. */
-static inline int block_flags_ge(const float *restrict g, const float *restrict e, int nb,
-                                 float thr)
+/* Pass 1 kernels. A scan walks x[0..len) (a = x + y, or a = x when y is
+ * NULL), optionally stores a, and appends every entry with |a| >= cs->thr
+ * to the candidates, indices offset by `base`. One compare per entry does
+ * both jobs: !(|a| < thr) also holds for NaN and Inf, and the rare flagged
+ * entries are sorted out one by one. @return the first index (relative to
+ * x) whose a is not finite, or -1.
+ * Two implementations with identical results: portable C in blocks of BLK
+ * (the compiler vectorizes the block test), and AVX2 in blocks of 64 whose
+ * compare mask lets the slow path visit only the flagged entries. */
+
+/* What a scan reads and writes; always a constant, so that each inlined
+ * copy of a kernel is specialised and its block loop vectorized. */
+enum { SCAN_Y = 1, SCAN_STORE = 2 };
+
+FORCE_INLINE float a_at(int mode, const float *x, const float *y, int64_t i)
 {
-    int hit = 0, bad = 0;
-    for (int j = 0; j < nb; j++) {
-        float m = fabsf(g[j] + e[j]);
-        hit |= m >= thr;
-        bad |= !(m <= FLT_MAX);
-    }
-    return hit | (bad << 1);
+    return (mode & SCAN_Y) ? x[i] + y[i] : x[i];
 }
 
-static inline int block_flags_a(const float *restrict a, int nb, float thr)
+/* Appends entry i if |a| >= thr, branch-free: the slot is written anyway
+ * and only a passing entry advances the count. @return 0, or 1 if a is not
+ * finite (nothing appended). */
+FORCE_INLINE int append_one(cands_t *cs, float v, int64_t index)
 {
-    int hit = 0;
-    for (int j = 0; j < nb; j++) hit |= fabsf(a[j]) >= thr;
-    return hit;
+    float m = fabsf(v);
+    if (!(m <= FLT_MAX)) return 1;
+    cs->idx[cs->c] = (uint32_t)index;
+    cs->val[cs->c] = v;
+    cs->c += m >= cs->thr;
+    return 0;
 }
 
-/* Same as block_flags_ge, also storing a (buffered rows). */
-static inline int block_fill(const float *restrict g, const float *restrict e,
-                             float *restrict a, int nb, float thr)
+FORCE_INLINE int64_t scan_generic(int mode, const float *restrict x, const float *restrict y,
+                                  float *restrict store, int64_t len, int64_t base,
+                                  cands_t *cs)
 {
-    int hit = 0, bad = 0;
-    for (int j = 0; j < nb; j++) {
-        float x = g[j] + e[j];
-        float m = fabsf(x);
-        a[j] = x;
-        hit |= m >= thr;
-        bad |= !(m <= FLT_MAX);
-    }
-    return hit | (bad << 1);
-}
-
-static int first_bad(const float *g, const float *e, int nb)
-{
-    for (int j = 0; j < nb; j++)
-        if (!(fabsf(g[j] + e[j]) <= FLT_MAX)) return j;
-    return nb; /* unreachable when called on a flagged block */
-}
-
-/* Appends the block's entries with |a| >= thr (branch-free: every entry is
- * written, only the passing ones advance the count). Makes room first. */
-static inline void block_append(cands_t *cs, const float *a_or_g, const float *e, int64_t base,
-                                int nb)
-{
-    if (cs->c + (size_t)nb > cs->cap) cands_compact(cs);
-    size_t c = cs->c;
-    float thr = cs->thr;
-    uint32_t *restrict idx = cs->idx;
-    float *restrict val = cs->val;
-    for (int j = 0; j < nb; j++) {
-        float x = e ? a_or_g[j] + e[j] : a_or_g[j];
-        idx[c] = (uint32_t)(base + j);
-        val[c] = x;
-        c += fabsf(x) >= thr;
-    }
-    cs->c = c;
-}
-
-/* Pass 1 straight from grad and residual. @return the first index whose a
- * is not finite, or -1. */
-static int64_t collect_ge(const float *restrict g, const float *restrict e, int64_t len,
-                          cands_t *cs)
-{
-    int64_t i = 0;
-    for (; i + BLK <= len; i += BLK) {
-        int f = block_flags_ge(g + i, e + i, BLK, cs->thr);
-        if (__builtin_expect(f != 0, 0)) {
-            if (f & 2) return i + first_bad(g + i, e + i, BLK);
-            block_append(cs, g + i, e + i, i, BLK);
+    for (int64_t i = 0; i < len; i += BLK) {
+        int nb = len - i < BLK ? (int)(len - i) : BLK;
+        float thr = cs->thr;
+        int flag = 0;
+        if (nb == BLK) { /* constant trip count: vectorized */
+            for (int j = 0; j < BLK; j++) {
+                float v = a_at(mode, x, y, i + j);
+                if (mode & SCAN_STORE) store[i + j] = v;
+                flag |= !(fabsf(v) < thr);
+            }
+        } else {
+            for (int j = 0; j < nb; j++) {
+                float v = a_at(mode, x, y, i + j);
+                if (mode & SCAN_STORE) store[i + j] = v;
+                flag |= !(fabsf(v) < thr);
+            }
         }
-    }
-    if (i < len) {
-        int nb = (int)(len - i);
-        int f = block_flags_ge(g + i, e + i, nb, cs->thr);
-        if (f & 2) return i + first_bad(g + i, e + i, nb);
-        if (f) block_append(cs, g + i, e + i, i, nb);
+        if (__builtin_expect(flag, 0)) {
+            if (cs->c + (size_t)nb > cs->cap) cands_compact(cs);
+            for (int j = 0; j < nb; j++)
+                if (append_one(cs, a_at(mode, x, y, i + j), base + i + j)) return i + j;
+        }
     }
     return -1;
 }
 
-/* Pass 1 of a buffered row: also stores a. With have_thr = 0 it only fills
- * and checks (the threshold comes from samples of a afterwards). */
-static int64_t collect_fill(const float *restrict g, const float *restrict e,
-                            float *restrict a, int64_t len, cands_t *cs, int have_thr)
+static int64_t scan_ge_generic(const float *x, const float *y, int64_t len, cands_t *cs)
 {
-    float thr = have_thr ? cs->thr : INFINITY;
-    for (int64_t i = 0; i < len; i += BLK) {
-        int nb = len - i < BLK ? (int)(len - i) : BLK;
-        int f = nb == BLK ? block_fill(g + i, e + i, a + i, BLK, thr)
-                          : block_fill(g + i, e + i, a + i, nb, thr);
-        if (__builtin_expect(f != 0, 0)) {
-            if (f & 2) return i + first_bad(g + i, e + i, nb);
-            if (have_thr) {
-                block_append(cs, a + i, NULL, i, nb);
-                thr = cs->thr;
+    return scan_generic(SCAN_Y, x, y, NULL, len, 0, cs);
+}
+static int64_t scan_fill_generic(const float *x, const float *y, float *a, int64_t len,
+                                 cands_t *cs)
+{
+    return scan_generic(SCAN_Y | SCAN_STORE, x, y, a, len, 0, cs);
+}
+static int64_t scan_a_generic(const float *a, int64_t len, cands_t *cs)
+{
+    return scan_generic(0, a, NULL, NULL, len, 0, cs);
+}
+
+#if IGRAD__HAVE_AVX2
+#define AVX2_FN __attribute__((target("avx2"))) static
+#define AVX2_INLINE __attribute__((target("avx2"), always_inline)) static inline
+
+AVX2_INLINE int64_t scan_avx2(int mode, const float *restrict x, const float *restrict y,
+                              float *restrict store, int64_t len, cands_t *cs)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int64_t i = 0;
+    for (; i + 64 <= len; i += 64) {
+        __m256 thr = _mm256_set1_ps(cs->thr);
+        uint64_t flag = 0;
+        for (int j = 0; j < 64; j += 8) {
+            __m256 v = _mm256_loadu_ps(x + i + j);
+            if (mode & SCAN_Y) v = _mm256_add_ps(v, _mm256_loadu_ps(y + i + j));
+            if (mode & SCAN_STORE) _mm256_storeu_ps(store + i + j, v);
+            __m256 ge = _mm256_cmp_ps(_mm256_and_ps(v, absmask), thr, _CMP_NLT_UQ);
+            flag |= (uint64_t)(uint32_t)_mm256_movemask_ps(ge) << j;
+        }
+        if (__builtin_expect(flag != 0, 0)) {
+            if (cs->c + 64 > cs->cap) cands_compact(cs);
+            while (flag) {
+                int j = __builtin_ctzll(flag);
+                flag &= flag - 1;
+                if (append_one(cs, a_at(mode, x, y, i + j), i + j)) return i + j;
             }
         }
     }
+    if (i < len) {
+        int64_t bad = scan_generic(mode, x + i, (mode & SCAN_Y) ? y + i : NULL,
+                                   (mode & SCAN_STORE) ? store + i : NULL, len - i, i, cs);
+        if (bad >= 0) return i + bad;
+    }
     return -1;
 }
 
-/* Candidates from a stored row of a (all finite by now). */
-static void collect_a(const float *restrict a, int64_t len, cands_t *cs)
+AVX2_FN int64_t scan_ge_avx2(const float *x, const float *y, int64_t len, cands_t *cs)
 {
-    for (int64_t i = 0; i < len; i += BLK) {
-        int nb = len - i < BLK ? (int)(len - i) : BLK;
-        int f = nb == BLK ? block_flags_a(a + i, BLK, cs->thr) : block_flags_a(a + i, nb, cs->thr);
-        if (f) block_append(cs, a + i, NULL, i, nb);
+    return scan_avx2(SCAN_Y, x, y, NULL, len, cs);
+}
+AVX2_FN int64_t scan_fill_avx2(const float *x, const float *y, float *a, int64_t len,
+                               cands_t *cs)
+{
+    return scan_avx2(SCAN_Y | SCAN_STORE, x, y, a, len, cs);
+}
+AVX2_FN int64_t scan_a_avx2(const float *a, int64_t len, cands_t *cs)
+{
+    return scan_avx2(0, a, NULL, NULL, len, cs);
+}
+#endif
+
+static int use_avx2(const igrad_select_ws_t *ws)
+{
+#if IGRAD__HAVE_AVX2
+    return ws->kernel != IGRAD__SELECT_KERNEL_GENERIC && __builtin_cpu_supports("avx2");
+#else
+    (void)ws;
+    return 0;
+#endif
+}
+
+/* Pass 1 straight from grad and residual. */
+static int64_t scan_ge(const igrad_select_ws_t *ws, const float *g, const float *e,
+                       int64_t len, cands_t *cs)
+{
+#if IGRAD__HAVE_AVX2
+    if (use_avx2(ws)) return scan_ge_avx2(g, e, len, cs);
+#endif
+    (void)ws;
+    return scan_ge_generic(g, e, len, cs);
+}
+
+/* Pass 1 of a buffered row: also stores a into ws->row. */
+static int64_t scan_fill(const igrad_select_ws_t *ws, const float *g, const float *e,
+                         int64_t len, cands_t *cs)
+{
+#if IGRAD__HAVE_AVX2
+    if (use_avx2(ws)) return scan_fill_avx2(g, e, ws->row, len, cs);
+#endif
+    return scan_fill_generic(g, e, ws->row, len, cs);
+}
+
+/* Candidates from the stored row (all finite by now). */
+static void scan_a(const igrad_select_ws_t *ws, int64_t len, cands_t *cs)
+{
+#if IGRAD__HAVE_AVX2
+    if (use_avx2(ws)) {
+        scan_a_avx2(ws->row, len, cs);
+        return;
     }
+#endif
+    scan_a_generic(ws->row, len, cs);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -526,33 +617,34 @@ static size_t cap_for(int64_t len, size_t k, int buffered, int policy)
 {
     size_t cap;
     if (policy == IGRAD__SELECT_FORCE_LOW) {
-        cap = k + BLK + k / 8; /* a compaction every k/8 appends */
+        cap = k + BLK_MAX + k / 8; /* a compaction every k/8 appends */
     } else if (buffered && take_all(len, k)) {
         cap = (size_t)len;
     } else {
         size_t m = samples_for(len, buffered);
         size_t r = sample_rank(m, k, len, 3.0);
         double expect = r ? (double)len * (double)r / (double)m : (double)len;
-        cap = (size_t)fmin(2.0 * expect, (double)len) + 4 * BLK;
-        if (cap < 2 * k + 4 * BLK) cap = 2 * k + 4 * BLK;
+        cap = (size_t)fmin(2.0 * expect, (double)len) + BLK_MAX;
+        if (cap < 2 * k + BLK_MAX) cap = 2 * k + BLK_MAX;
     }
-    if (cap < k + BLK) cap = k + BLK;
+    if (cap < k + BLK_MAX) cap = k + BLK_MAX;
     if (cap > (size_t)len) cap = (size_t)len;
     return cap;
 }
 
-/* Thresholds of the attempts of pass 1, from m sampled keys: ranks r1 and
- * r2 (0 = take all), then 0, which always admits enough. The test policies
+/* Thresholds of the attempts of pass 1, from m sampled keys (keys[0..m),
+ * room for 2m more after them): ranks r1 and r2 (0 = take all), then 0,
+ * which always admits enough. The test policies
  * replace them: FORCE_HIGH with the largest sample (some candidates, too
  * few when k > len/m), then +Inf (none); FORCE_LOW with 0 throughout. */
 static void attempt_thresholds(int policy, uint32_t *keys, size_t m, size_t r1, size_t r2,
                                float thr[3])
 {
-    thr[0] = r1 ? float_of(kth_largest(keys, m, r1)) : 0.0f;
-    thr[1] = r2 ? float_of(kth_largest(keys, m, r2)) : 0.0f;
+    thr[0] = r1 ? float_of(kth_largest(keys, m, r1, keys + m)) : 0.0f;
+    thr[1] = r2 ? float_of(kth_largest(keys, m, r2, keys + m)) : 0.0f;
     thr[2] = 0.0f;
     if (policy == IGRAD__SELECT_FORCE_HIGH) {
-        thr[0] = m ? float_of(kth_largest(keys, m, 1)) : INFINITY;
+        thr[0] = m ? float_of(kth_largest(keys, m, 1, keys + m)) : INFINITY;
         thr[1] = INFINITY;
     } else if (policy == IGRAD__SELECT_FORCE_LOW) {
         thr[0] = thr[1] = 0.0f;
@@ -563,11 +655,22 @@ static void attempt_thresholds(int policy, uint32_t *keys, size_t m, size_t r1, 
 /* Selecting k of one range                                                 */
 /* ------------------------------------------------------------------------ */
 
-static void cands_emit(cands_t *cs, uint32_t *oidx, float *oval)
+/* Writes the exact top k (requires c >= k). @return the k-th largest |a|. */
+static float cands_emit(cands_t *cs, uint32_t *oidx, float *oval)
 {
-    if (cs->c > cs->k) cands_compact(cs);
+    uint32_t kth;
+    if (cs->c > cs->k) {
+        kth = cands_compact(cs);
+    } else {
+        kth = UINT32_MAX;
+        for (size_t i = 0; i < cs->k; i++) {
+            uint32_t x = key_of(cs->val[i]);
+            kth = x < kth ? x : kth;
+        }
+    }
     memcpy(oidx, cs->idx, cs->k * sizeof *oidx);
     memcpy(oval, cs->val, cs->k * sizeof *oval);
+    return float_of(kth);
 }
 
 /* Top k of a range too long to buffer, reading grad and residual directly;
@@ -575,7 +678,7 @@ static void cands_emit(cands_t *cs, uint32_t *oidx, float *oval)
  * lower sampled one, then 0 (always enough; compactions keep it linear).
  * @return the first non-finite index, or -1 (selection in oidx/oval). */
 static int64_t select_stream(igrad_select_ws_t *ws, const float *g, const float *e,
-                             int64_t len, size_t k, uint32_t *oidx, float *oval)
+                             int64_t len, size_t k, size_t cap, uint32_t *oidx, float *oval)
 {
     size_t m = samples_for(len, 0);
     size_t r1 = sample_rank(m, k, len, 3.0);
@@ -588,11 +691,11 @@ static int64_t select_stream(igrad_select_ws_t *ws, const float *g, const float 
     }
     float thr[3];
     attempt_thresholds(ws->policy, ws->keys, m, r1, r2, thr);
-    cands_t cs = {ws->cidx, ws->cval, 0, cap_for(len, k, 0, ws->policy), k, 0.0f, ws->keys, 0};
+    cands_t cs = {ws->cidx, ws->cval, 0, cap, k, 0.0f, ws->keys, 0};
     for (int attempt = 0; attempt < 3; attempt++) {
         cs.c = 0;
         cs.thr = thr[attempt];
-        int64_t bad = collect_ge(g, e, len, &cs);
+        int64_t bad = scan_ge(ws, g, e, len, &cs);
         if (bad >= 0) return bad;
         if (cs.c >= k) break;
     }
@@ -600,49 +703,97 @@ static int64_t select_stream(igrad_select_ws_t *ws, const float *g, const float 
     return -1;
 }
 
-/* Top k of a range that fits in cache, through ws->row. *hint is the
- * threshold to try first (NaN: none) and receives the one to try next. */
-static int64_t select_buffered(igrad_select_ws_t *ws, const float *g, const float *e,
-                               int64_t len, size_t k, float *hint, uint32_t *oidx,
-                               float *oval)
+/* Candidates of a stored row (ws->row) when there was no threshold to try
+ * or it admitted too few: thresholds from samples of the row, then rescans
+ * of it, which stay in cache. */
+static void select_buffered_sampled(igrad_select_ws_t *ws, int64_t len, cands_t *cs)
 {
-    float *a = ws->row;
-    int all = take_all(len, k);
+    size_t k = cs->k;
     int policy = ws->policy;
-    int have_hint = !all && policy == IGRAD__SELECT_NORMAL && !isnan(*hint);
-    cands_t cs = {ws->cidx, ws->cval, 0, cap_for(len, k, 1, policy), k, 0.0f, ws->keys, 0};
-    cs.thr = have_hint ? *hint : 0.0f;
-    int64_t bad = collect_fill(g, e, a, len, &cs, have_hint);
-    if (bad >= 0) return bad;
-    if (have_hint && cs.c >= k) {
-        if (cs.compactions) *hint = NAN; /* too low: sample the next row */
-        cands_emit(&cs, oidx, oval);
-        return -1;
-    }
-
-    size_t m = all ? 0 : samples_for(len, 1);
-    size_t r1 = all ? 0 : sample_rank(m, k, len, 3.0);
+    size_t m = samples_for(len, 1);
+    size_t r1 = sample_rank(m, k, len, 3.0);
     size_t r2 = r1 ? sample_rank(m, 4 * k, len, 4.0) : 0;
     if (!r1) m = 0;
     uint64_t s = 0xb0ffe7ULL ^ (uint64_t)len;
     for (size_t j = 0; j < m; j++) {
         int64_t p = (int64_t)(((splitmix64(&s) >> 32) * (uint64_t)len) >> 32);
-        ws->keys[j] = key_of(a[p]);
+        ws->keys[j] = key_of(ws->row[p]);
     }
     float thr[3];
     attempt_thresholds(policy, ws->keys, m, r1, r2, thr);
-    *hint = NAN;
     for (int attempt = 0; attempt < 3; attempt++) {
-        cs.c = 0;
-        cs.thr = thr[attempt];
-        cs.compactions = 0;
-        collect_a(a, len, &cs);
-        if (cs.c >= k) {
-            if (attempt == 0 && !cs.compactions && r1) *hint = thr[0];
-            break;
-        }
+        cs->c = 0;
+        cs->thr = thr[attempt];
+        scan_a(ws, len, cs);
+        if (cs->c >= k) break;
     }
-    cands_emit(&cs, oidx, oval);
+}
+
+/* Top k of a range where every entry is a candidate (a short row, or k a
+ * large share of the range): a into ws->row, the keys of |a|, the k-th
+ * largest key, then a filter in index order; k = 1 is a first-maximum
+ * scan. Needs ws->row, ws->cidx and ws->cval for len entries and ws->keys
+ * for 3 len. */
+static int64_t select_direct(igrad_select_ws_t *ws, const float *restrict g,
+                             const float *restrict e, int64_t len, size_t k, uint32_t *oidx,
+                             float *oval)
+{
+    float *restrict a = ws->row;
+    uint32_t *restrict keys = ws->keys;
+    int bad = 0;
+    for (int64_t i = 0; i < len; i++) {
+        float v = g[i] + e[i];
+        a[i] = v;
+        keys[i] = key_of(v);
+        bad |= !(fabsf(v) <= FLT_MAX);
+    }
+    if (bad) {
+        for (int64_t i = 0;; i++)
+            if (!(fabsf(a[i]) <= FLT_MAX)) return i;
+    }
+    if (k == 1) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < len; i++)
+            if (keys[i] > keys[best]) best = i;
+        oidx[0] = (uint32_t)best;
+        oval[0] = a[best];
+        return -1;
+    }
+    uint32_t kth = kth_largest(keys, (size_t)len, k, keys + len);
+    size_t greater = 0;
+    for (int64_t i = 0; i < len; i++) greater += keys[i] > kth;
+    size_t ties = k - greater, w = 0;
+    uint32_t *restrict idx = ws->cidx;
+    float *restrict val = ws->cval;
+    for (int64_t i = 0; i < len; i++) { /* branch-free, like cands_compact */
+        int keep = keys[i] > kth || (keys[i] == kth && ties > 0);
+        ties -= keys[i] == kth && ties > 0;
+        idx[w] = (uint32_t)i;
+        val[w] = a[i];
+        w += (size_t)keep;
+    }
+    memcpy(oidx, idx, k * sizeof *oidx);
+    memcpy(oval, val, k * sizeof *oval);
+    return -1;
+}
+
+/* Top k of a range that fits in cache, through ws->row. *hint is the
+ * threshold to try first (NaN: none) and receives the one to try next. */
+static int64_t select_buffered(igrad_select_ws_t *ws, const float *g, const float *e,
+                               int64_t len, size_t k, size_t cap, float *hint,
+                               uint32_t *oidx, float *oval)
+{
+    if (take_all(len, k)) return select_direct(ws, g, e, len, k, oidx, oval);
+    int have_hint = ws->policy == IGRAD__SELECT_NORMAL && !isnan(*hint);
+    cands_t cs = {ws->cidx, ws->cval, 0, cap, k, 0.0f, ws->keys, 0};
+    cs.thr = have_hint ? *hint : INFINITY; /* Inf: only fill and check */
+    int64_t bad = scan_fill(ws, g, e, len, &cs);
+    if (bad >= 0) return bad;
+    if (!(have_hint && cs.c >= k)) select_buffered_sampled(ws, len, &cs);
+    /* Rows of one matrix look alike: a little below this row's k-th value
+     * admits about 2k entries of the next row when it is like this one (a
+     * normal's 99th percentile times 0.9 is its 98th). */
+    *hint = cands_emit(&cs, oidx, oval) * HINT_SCALE;
     return -1;
 }
 
@@ -650,34 +801,63 @@ static int64_t select_buffered(igrad_select_ws_t *ws, const float *g, const floa
 /* Passes over the whole tensor                                             */
 /* ------------------------------------------------------------------------ */
 
-/* Pass 2: e = g + e, then the kept entries (ascending, relative to the
- * range) are zeroed while their chunk is in cache. */
 static inline void add_into(const float *restrict g, float *restrict e, int64_t len)
 {
     for (int64_t i = 0; i < len; i++) e[i] = g[i] + e[i];
 }
 
-static void write_residual(const float *restrict g, float *restrict e, int64_t len,
-                           const uint32_t *kept, size_t nkept)
+/* Pass 2 over the whole tensor: e = g + e in chunks, and the kept entries
+ * of each chunk are zeroed while it is still in cache. kept holds per_row
+ * ascending column indices for each of `rows` rows of `cols` entries (a
+ * flat selection is one row; rows = 0: nothing kept). */
+static void write_residual(const float *restrict g, float *restrict e, int64_t n,
+                           const uint32_t *kept, int64_t rows, int64_t cols, int64_t per_row)
 {
-    size_t j = 0;
-    for (int64_t s = 0; s < len; s += CHUNK) {
-        int64_t end = len - s < CHUNK ? len : s + CHUNK;
+    int64_t r = 0, j = 0; /* the next kept entry: row r, its j-th */
+    for (int64_t s = 0; s < n; s += CHUNK) {
+        int64_t end = n - s < CHUNK ? n : s + CHUNK;
         /* A constant trip count lets -O2 vectorize without an epilogue. */
         if (end - s == CHUNK) add_into(g + s, e + s, CHUNK);
         else add_into(g + s, e + s, end - s);
-        while (j < nkept && (int64_t)kept[j] < end) e[kept[j++]] = 0.0f;
+        while (r < rows) {
+            int64_t flat = r * cols + kept[r * per_row + j];
+            if (flat >= end) break;
+            e[flat] = 0.0f;
+            if (++j == per_row) {
+                j = 0;
+                r++;
+            }
+        }
     }
+}
+
+/* Sum of squares in double, in eight fixed lanes (vectorizable, and the
+ * same order whatever the caller), combined in a fixed order. */
+static double sumsq_of(const float *v, int64_t n)
+{
+    double lane[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) lane[j] += (double)v[i + j] * (double)v[i + j];
+    for (int j = 0; i < n; i++, j++) lane[j] += (double)v[i] * (double)v[i];
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
 /* Read-only check of a = g + e. @return first non-finite index or -1. */
 static int64_t check_finite(const float *restrict g, const float *restrict e, int64_t len)
 {
-    int64_t i = 0;
-    for (; i + BLK <= len; i += BLK)
-        if (block_flags_ge(g + i, e + i, BLK, INFINITY) & 2) return i + first_bad(g + i, e + i, BLK);
-    if (i < len && (block_flags_ge(g + i, e + i, (int)(len - i), INFINITY) & 2))
-        return i + first_bad(g + i, e + i, (int)(len - i));
+    for (int64_t i = 0; i < len; i += CHUNK) {
+        int64_t nb = len - i < CHUNK ? len - i : CHUNK;
+        int bad = 0;
+        if (nb == CHUNK) { /* constant trip count: vectorized */
+            for (int64_t j = 0; j < CHUNK; j++) bad |= !(fabsf(g[i + j] + e[i + j]) <= FLT_MAX);
+        } else {
+            for (int64_t j = 0; j < nb; j++) bad |= !(fabsf(g[i + j] + e[i + j]) <= FLT_MAX);
+        }
+        if (bad)
+            for (int64_t j = 0; j < nb; j++)
+                if (!(fabsf(g[i + j] + e[i + j]) <= FLT_MAX)) return i + j;
+    }
     return -1;
 }
 
@@ -716,33 +896,41 @@ static igrad_status_t check_spec(const igrad_select_spec_t *sp)
     return IGRAD_OK;
 }
 
-/* Everything is kept: values = a, residual = 0. */
+/* a = g + e into val[0..len) with a NaN/Inf check. @return nonzero if some
+ * a is not finite. */
+static inline int add_check(const float *restrict g, const float *restrict e,
+                            float *restrict val, int64_t len)
+{
+    int bad = 0;
+    for (int64_t i = 0; i < len; i++) {
+        float x = g[i] + e[i];
+        val[i] = x;
+        bad |= !(fabsf(x) <= FLT_MAX);
+    }
+    return bad;
+}
+
+/* Everything is kept: values = a, residual = 0. Pass 1 fills values (and
+ * indices) chunk by chunk; the residual is cleared only once all of a is
+ * known to be finite. */
 static igrad_status_t select_dense(const float *restrict g, float *restrict e,
                                    const igrad_select_spec_t *spec, const char *name,
                                    igrad_selection_t *out)
 {
     int64_t n = spec->n;
     float *restrict val = out->value;
-    int bad = 0;
-    for (int64_t i = 0; i < n; i += BLK) {
-        int nb = n - i < BLK ? (int)(n - i) : BLK;
-        int b = 0;
-        for (int j = 0; j < nb; j++) {
-            float x = g[i + j] + e[i + j];
-            val[i + j] = x;
-            b |= !(fabsf(x) <= FLT_MAX);
-        }
-        if (b) {
-            bad = 1;
-            break;
-        }
+    for (int64_t s = 0; s < n; s += CHUNK) {
+        int64_t len = n - s < CHUNK ? n - s : CHUNK;
+        int bad = len == CHUNK ? add_check(g + s, e + s, val + s, CHUNK)
+                               : add_check(g + s, e + s, val + s, len);
+        if (bad) return fail_nonfinite(name, g, e, s + check_finite(g + s, e + s, len));
     }
-    if (bad) return fail_nonfinite(name, g, e, check_finite(g, e, n));
-    memset(e, 0, (size_t)n * sizeof *e);
     if (out->index) {
-        int64_t cols = spec->row_wise ? spec->cols : n;
-        for (int64_t i = 0; i < n; i++) out->index[i] = (uint32_t)(i % cols);
+        int64_t rows = spec->row_wise ? spec->rows : 1, cols = n / rows;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) out->index[r * cols + c] = (uint32_t)c;
     }
+    memset(e, 0, (size_t)n * sizeof *e);
     return IGRAD_OK;
 }
 
@@ -765,9 +953,12 @@ igrad_status_t igrad_select_ef(const float *grad, float *residual,
         int64_t len = spec->row_wise ? spec->cols : spec->n;
         size_t k = (size_t)(spec->row_wise ? spec->per_row : spec->count);
         int buffered = len <= ROW_BUFFERED_MAX;
-        size_t ccap = cap_for(len, k, buffered, ws->policy);
+        size_t cap = cap_for(len, k, buffered, ws->policy);
         size_t m = samples_for(len, buffered);
-        IGRAD_CHECK(ws_reserve(ws, ccap, ccap > m ? ccap : m, buffered ? (size_t)len : 0));
+        size_t most = cap > m ? cap : m;
+        if (buffered && (size_t)len > most) most = (size_t)len; /* select_direct */
+        /* keys: samples or candidate keys, and twice that for selecting */
+        IGRAD_CHECK(ws_reserve(ws, buffered ? most : cap, 3 * most, buffered ? (size_t)len : 0));
 
         float hint = NAN;
         for (int64_t r = 0; r < rows; r++) {
@@ -775,20 +966,16 @@ igrad_status_t igrad_select_ef(const float *grad, float *residual,
             const float *e = residual + r * len;
             uint32_t *oidx = out->index + (size_t)r * k;
             float *oval = out->value + (size_t)r * k;
-            int64_t bad = buffered ? select_buffered(ws, g, e, len, k, &hint, oidx, oval)
-                                   : select_stream(ws, g, e, len, k, oidx, oval);
+            int64_t bad = buffered ? select_buffered(ws, g, e, len, k, cap, &hint, oidx, oval)
+                                   : select_stream(ws, g, e, len, k, cap, oidx, oval);
             if (bad >= 0) return fail_nonfinite(name, grad, residual, r * len + bad);
         }
-        for (int64_t r = 0; r < rows; r++)
-            write_residual(grad + r * len, residual + r * len, len,
-                           out->index + (size_t)r * k, k);
+        write_residual(grad, residual, spec->n, out->index, rows, len, (int64_t)k);
     }
 
-    double sumsq = 0.0;
-    for (int64_t i = 0; i < spec->count; i++) sumsq += (double)out->value[i] * out->value[i];
     out->count = spec->count;
     out->row_wise = spec->row_wise;
-    out->sumsq = sumsq;
+    out->sumsq = sumsq_of(out->value, spec->count);
     return IGRAD_OK;
 }
 
@@ -801,6 +988,6 @@ igrad_status_t igrad_residual_accumulate(const float *grad, float *residual, int
                   (long long)n);
     int64_t bad = check_finite(grad, residual, n);
     if (bad >= 0) return fail_nonfinite(name, grad, residual, bad);
-    write_residual(grad, residual, n, NULL, 0);
+    write_residual(grad, residual, n, NULL, 0, 1, 1);
     return IGRAD_OK;
 }

@@ -1,9 +1,10 @@
 /*
  * select_internal.h — internals of select.c that tests (and later the
- * engine) may reach: a knob that forces the selection's threshold policy so
+ * engine) may reach: knobs that force the selection's threshold policy, so
  * that the rare recovery paths (too few candidates, buffer overflow and
- * compaction) run on small inputs. Results never depend on the policy, only
- * the time does; the public API lives in include/igrad.h.
+ * compaction) run on small inputs, and its pass-1 kernel. Results never
+ * depend on either, only the time does; the public API lives in
+ * include/igrad.h.
  */
 #ifndef IGRAD_SELECT_INTERNAL_H
 #define IGRAD_SELECT_INTERNAL_H
@@ -22,5 +23,10 @@ enum {
 
 /* Sets the policy used by later igrad_select_ef() calls on `ws`. */
 void igrad__select_ws_force(igrad_select_ws_t *ws, int policy);
+
+/* Pass-1 kernels: AUTO takes AVX2 where the CPU has it, GENERIC forces the
+ * portable C one (both give identical results; tests run both). */
+enum { IGRAD__SELECT_KERNEL_AUTO = 0, IGRAD__SELECT_KERNEL_GENERIC = 1 };
+void igrad__select_ws_kernel(igrad_select_ws_t *ws, int kernel);
 
 #endif /* IGRAD_SELECT_INTERNAL_H */

@@ -5,9 +5,9 @@
  * (valid and invalid), topk on many sizes and distributions (ties, all
  * equal, negatives, heavy tails, k = 1, k = n, n = 1), adtopk per row,
  * interleave, none, the recovery paths forced through the workspace policy,
- * NaN/Inf handling (residual bit-identical), conservation over 200 steps of
- * sends and deferrals, and determinism. No timings here (see
- * `igrad bench select`).
+ * both pass-1 kernels (AVX2 and portable C), NaN/Inf handling (residual
+ * bit-identical), conservation over 200 steps of sends and deferrals, and
+ * determinism. No timings here (see `igrad bench select`).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -168,16 +168,23 @@ static void check_against_reference(const float *g, const float *e0,
             want_sumsq += (double)want_val[r * per + j] * want_val[r * per + j];
         }
 
-    igrad_selection_t sel = {.index = idx, .value = val};
-    igrad_status_t st = igrad_select_ef(g, e, spec, "t", ws, &sel);
-    if (st != IGRAD_OK) print_error("%s\n", igrad_last_error());
-    assert_int_equal(st, IGRAD_OK);
-    assert_int_equal(sel.count, k);
-    assert_int_equal(sel.row_wise, spec->row_wise);
-    expect_same_u32(idx, want, k, "index");
-    expect_same_floats(val, want_val, k, "value");
-    expect_same_floats(e, want_e, n, "residual");
-    assert_float_equal(sel.sumsq, want_sumsq, 1e-9 * (want_sumsq + 1e-30));
+    /* both pass-1 kernels (AVX2 where the CPU has it, and portable C) */
+    for (int kernel = 0; kernel < 2; kernel++) {
+        igrad__select_ws_kernel(ws, kernel ? IGRAD__SELECT_KERNEL_GENERIC
+                                           : IGRAD__SELECT_KERNEL_AUTO);
+        memcpy(e, e0, (size_t)n * sizeof *e);
+        igrad_selection_t sel = {.index = idx, .value = val};
+        igrad_status_t st = igrad_select_ef(g, e, spec, "t", ws, &sel);
+        if (st != IGRAD_OK) print_error("%s\n", igrad_last_error());
+        assert_int_equal(st, IGRAD_OK);
+        assert_int_equal(sel.count, k);
+        assert_int_equal(sel.row_wise, spec->row_wise);
+        expect_same_u32(idx, want, k, "index");
+        expect_same_floats(val, want_val, k, "value");
+        expect_same_floats(e, want_e, n, "residual");
+        assert_float_equal(sel.sumsq, want_sumsq, 1e-9 * (want_sumsq + 1e-30));
+    }
+    igrad__select_ws_kernel(ws, IGRAD__SELECT_KERNEL_AUTO);
     free(a);
     free(e);
     free(want_e);
@@ -695,8 +702,10 @@ static void check_nonfinite(const igrad_select_spec_t *spec, int64_t pos, float 
     assert_int_equal(igrad_select_ws_create(&ws), IGRAD_OK);
     char want[64];
     snprintf(want, sizeof want, "index %lld", (long long)pos);
-    for (int p = 0; p < 3; p++) {
-        igrad__select_ws_force(ws, policies[p]);
+    for (int p = 0; p < 6; p++) {
+        igrad__select_ws_force(ws, policies[p % 3]);
+        igrad__select_ws_kernel(ws, p < 3 ? IGRAD__SELECT_KERNEL_AUTO
+                                          : IGRAD__SELECT_KERNEL_GENERIC);
         igrad_selection_t sel = {.index = idx, .value = val};
         assert_int_equal(igrad_select_ef(g, e, spec, "model.layers.0.mlp.up_proj.weight", ws,
                                          &sel), IGRAD_E_NONFINITE);
