@@ -1,0 +1,57 @@
+"""igrad — importance-aware sparse-gradient synchronization for
+data-parallel post-training, as a Python package over the C library
+libigrad (ctypes; no compiled extension).
+
+    import igrad
+    igrad.library_version()              # "0.1.0" of the loaded libigrad
+    layout = igrad.Layout.load("config.json")
+    profile = igrad.build_profile("trace.csv", window=(50, 200), out="profile.json")
+
+The PyTorch integration is the submodule igrad.torch (imported on demand,
+so this package works without torch): layout_from_module, IgradState +
+hook for DDP, GradientSynchronizer for manual or DeepSpeed-style loops,
+Profiler, and TorchComm (a communicator over torch.distributed).
+
+Every failing library call raises igrad.IgradError (subclasses per
+status: InvalidArgumentError, FileError, FormatError, MismatchError,
+NonFiniteError, CommError, StateError, ...) carrying igrad_last_error().
+The library is found through IGRAD_LIBRARY, next to this package, or in
+the repository's build/ directory; a library whose major.minor differ
+from this package's is refused with ImportError.
+"""
+from ._lib import (CommError, FileError, FormatError, IgradError,  # noqa: F401
+                   InvalidArgumentError, MismatchError, NonFiniteError, OutOfMemoryError,
+                   StateError, UnsupportedError, __version__, load_library)
+from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace,  # noqa: F401
+                   config_to_dict, make_config, partition, select_spec)
+from .profile import build_profile  # noqa: F401
+
+_LIB = load_library()  # fails at import (ImportError) when no usable library
+
+
+def library_version():
+    """"MAJOR.MINOR.PATCH" of the loaded libigrad."""
+    return _LIB.dll.igrad_version_string().decode()
+
+
+def library_path():
+    """Path of the loaded libigrad."""
+    return _LIB.path
+
+
+def component_of(name):
+    """(layer, kind) of a parameter name, e.g. (3, "Q"); (-1, "OTHER")
+    outside the Transformer blocks."""
+    import ctypes
+    from ._lib import KIND_NAMES
+    layer = ctypes.c_int()
+    kind = _LIB.dll.igrad_component_of(name.encode(), ctypes.byref(layer))
+    return layer.value, KIND_NAMES[kind]
+
+
+def __getattr__(name):
+    # `igrad.torch` without an explicit import, loaded only when used.
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError("module 'igrad' has no attribute %r" % name)

@@ -1,0 +1,712 @@
+"""core.py — Python objects over libigrad's handles: Layout, Trace,
+Profile, Comm (self and custom backends), engine configuration and Engine.
+
+Each object owns one C handle and frees it when it is garbage collected
+(or on close()). Arguments are plain Python values and buffer addresses
+(ints); nothing here imports torch, so the package is usable without it.
+The PyTorch integration (DDP hook, GradientSynchronizer, Profiler, a
+communicator over torch.distributed) lives in igrad/torch.py.
+"""
+import ctypes
+import itertools
+import threading
+import traceback
+
+from . import _lib as L
+
+
+def _b(text):
+    return text.encode("utf-8") if isinstance(text, str) else text
+
+
+def _s(raw):
+    return raw.decode("utf-8", "replace") if raw is not None else None
+
+
+def _enum_from_name(kind, value):
+    """Enum value for a name (e.g. ("method", "ig")), or the int itself."""
+    if isinstance(value, int):
+        return value
+    out = ctypes.c_int()
+    L.lib().call("igrad_%s_from_name" % kind, _b(str(value)), ctypes.byref(out))
+    return out.value
+
+
+class _Handle:
+    """Base of the handle owners: `_h` is the C pointer (int), `_free` the
+    name of the function that releases it."""
+
+    _free = None
+
+    def __init__(self, handle):
+        self._h = handle
+        self._lib = L.lib()
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise L.StateError("%s is closed" % type(self).__name__)
+        return self._h
+
+    def close(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and self._free:
+            getattr(self._lib.dll, self._free)(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+
+# ---------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------
+
+class Layout(_Handle):
+    """An ordered table of trainable tensors (igrad_layout_t)."""
+
+    _free = "igrad_layout_free"
+
+    @classmethod
+    def from_tensors(cls, tensors):
+        """tensors: iterable of (name, shape) or (name, shape, dtype name)."""
+        lib = L.lib()
+        h = ctypes.c_void_p()
+        lib.call("igrad_layout_create", ctypes.byref(h))
+        self = cls(h.value)
+        for item in tensors:
+            name, shape = item[0], tuple(int(d) for d in item[1])
+            dtype = item[2] if len(item) > 2 else "F32"
+            if len(shape) > L.MAX_DIMS:
+                # Only the entry count and the leading dimension (rows of a
+                # row-wise selection) matter to igrad: fold the rest.
+                rest = 1
+                for d in shape[1:]:
+                    rest *= d
+                shape = (shape[0], rest)
+            arr = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+            lib.call("igrad_layout_add", self._h, _b(name), L.DTYPE[dtype.upper()],
+                     len(shape), arr)
+        return self
+
+    @classmethod
+    def load(cls, path):
+        """Reads a HF config.json, a safetensors header, a name list or a
+        checkpoint directory (igrad_layout_load)."""
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_layout_load", _b(str(path)), ctypes.byref(h))
+        return cls(h.value)
+
+    def __len__(self):
+        return int(self._lib.igrad_layout_count(self.handle))
+
+    def tensor(self, i):
+        """Row i as a dict (name, shape, count, offset, layer, kind, ...)."""
+        info = L.TensorInfo()
+        self._lib.call("igrad_layout_tensor", self.handle, i, ctypes.byref(info))
+        return {"name": _s(info.name), "shape": tuple(info.shape[:info.ndim]),
+                "count": info.count, "offset": info.offset, "layer": info.layer,
+                "kind": L.KIND_NAMES[info.kind], "is_bias": bool(info.is_bias),
+                "component": info.component}
+
+    @property
+    def names(self):
+        return [self.tensor(i)["name"] for i in range(len(self))]
+
+    def find(self, name):
+        """Index of the tensor called `name`, or -1."""
+        return int(self._lib.igrad_layout_find(self.handle, _b(name)))
+
+    @property
+    def total_count(self):
+        return int(self._lib.igrad_layout_total_count(self.handle))
+
+    @property
+    def hash(self):
+        return int(self._lib.igrad_layout_hash(self.handle))
+
+    @property
+    def family(self):
+        return _s(self._lib.igrad_layout_family(self.handle))
+
+    def components(self):
+        out = []
+        info = L.ComponentInfo()
+        for i in range(int(self._lib.igrad_layout_component_count(self.handle))):
+            self._lib.call("igrad_layout_component", self.handle, i, ctypes.byref(info))
+            out.append({"layer": info.layer, "kind": L.KIND_NAMES[info.kind],
+                        "count": info.count, "tensors": info.tensors})
+        return out
+
+    def to_json(self):
+        p = ctypes.c_void_p()
+        self._lib.call("igrad_layout_to_json", self.handle, ctypes.byref(p))
+        try:
+            return ctypes.string_at(p.value).decode()
+        finally:
+            self._lib.igrad_free(p.value)
+
+
+# ---------------------------------------------------------------------------
+# Trace and profile
+# ---------------------------------------------------------------------------
+
+class Trace(_Handle):
+    """Per-step, per-component activity of retained entries (igrad_trace_t)."""
+
+    _free = "igrad_trace_free"
+
+    @classmethod
+    def create(cls, layout, sparsifier=None, density=None):
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_trace_create", layout.handle, ctypes.byref(h))
+        self = cls(h.value)
+        if sparsifier is not None:
+            self.set_sparsifier(sparsifier, density)
+        return self
+
+    @classmethod
+    def load(cls, path):
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_trace_load", _b(str(path)), ctypes.byref(h))
+        return cls(h.value)
+
+    def set_sparsifier(self, sparsifier, density):
+        sp = L.SPARSIFIERS[sparsifier] if isinstance(sparsifier, str) else int(sparsifier)
+        self._lib.call("igrad_trace_set_sparsifier", self.handle, sp, float(density))
+
+    def record(self, step, tensor, sumsq, retained):
+        self._lib.call("igrad_trace_record", self.handle, int(step), int(tensor),
+                       float(sumsq), int(retained))
+
+    def save(self, path):
+        self._lib.call("igrad_trace_save", self.handle, _b(str(path)))
+
+    def __len__(self):
+        return int(self._lib.igrad_trace_step_count(self.handle))
+
+    def steps(self):
+        return [int(self._lib.igrad_trace_step(self.handle, i)) for i in range(len(self))]
+
+    def components(self):
+        out = []
+        info = L.ComponentInfo()
+        for i in range(int(self._lib.igrad_trace_component_count(self.handle))):
+            self._lib.call("igrad_trace_component", self.handle, i, ctypes.byref(info))
+            out.append({"layer": info.layer, "kind": L.KIND_NAMES[info.kind],
+                        "count": info.count})
+        return out
+
+    def value(self, step_index, component):
+        """(activity, retained) of a component at the step_index-th step."""
+        a, r = ctypes.c_double(), ctypes.c_int64()
+        self._lib.call("igrad_trace_value", self.handle, step_index, component,
+                       ctypes.byref(a), ctypes.byref(r))
+        return a.value, r.value
+
+    @property
+    def layout_hash(self):
+        return int(self._lib.igrad_trace_layout_hash(self.handle))
+
+    @property
+    def sparsifier(self):
+        return _s(self._lib.igrad_trace_sparsifier(self.handle))
+
+    @property
+    def density(self):
+        return float(self._lib.igrad_trace_density(self.handle))
+
+
+def parse_window(window):
+    """None, (a, b) (b None = to the end) or "A:B" / "A:" / ":B" -> (a, b)
+    with b = -1 for "to the end"."""
+    if window is None:
+        return 0, -1
+    if isinstance(window, str):
+        if window.count(":") != 1:
+            raise L.InvalidArgumentError("window %r is not A:B, A: or :B" % window)
+        a, b = window.split(":")
+        window = (int(a) if a else 0, int(b) if b else None)
+    a, b = window
+    return int(a or 0), (-1 if b is None else int(b))
+
+
+class Profile(_Handle):
+    """Component scores, threshold and important set (igrad_profile_t)."""
+
+    _free = "igrad_profile_free"
+
+    @classmethod
+    def build(cls, trace, window=None, method="knee", alpha=0.7):
+        opts = L.ProfileOptions()
+        opts.size = ctypes.sizeof(L.ProfileOptions)
+        opts.alpha = float(alpha)
+        opts.method = _b(method)
+        opts.window_begin, opts.window_end = parse_window(window)
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_profile_build", trace.handle, ctypes.byref(opts), ctypes.byref(h))
+        return cls(h.value)
+
+    @classmethod
+    def load(cls, path, layout=None):
+        """Reads a profile JSON; with a layout, refuses a profile made for
+        another model (MismatchError)."""
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_profile_load", _b(str(path)), layout.handle if layout else None,
+                     ctypes.byref(h))
+        return cls(h.value)
+
+    def save_json(self, path):
+        self._lib.call("igrad_profile_save_json", self.handle, _b(str(path)))
+
+    def save_csv(self, path):
+        self._lib.call("igrad_profile_save_csv", self.handle, _b(str(path)))
+
+    def entries(self):
+        out = []
+        e = L.ProfileEntry()
+        for i in range(int(self._lib.igrad_profile_count(self.handle))):
+            self._lib.call("igrad_profile_entry", self.handle, i, ctypes.byref(e))
+            out.append({"layer": e.layer, "kind": L.KIND_NAMES[e.kind], "count": e.count,
+                        "mean_activity": e.mean_activity, "magnitude": e.magnitude,
+                        "persistence": e.persistence, "score": e.score,
+                        "important": bool(e.important)})
+        return out
+
+    @property
+    def threshold(self):
+        return float(self._lib.igrad_profile_threshold(self.handle))
+
+    @property
+    def layout_hash(self):
+        return int(self._lib.igrad_profile_layout_hash(self.handle))
+
+    @property
+    def method(self):
+        return _s(self._lib.igrad_profile_method(self.handle))
+
+    @property
+    def sparsifier(self):
+        return _s(self._lib.igrad_profile_sparsifier(self.handle))
+
+    @property
+    def density(self):
+        return float(self._lib.igrad_profile_density(self.handle))
+
+    @property
+    def alpha(self):
+        return float(self._lib.igrad_profile_alpha(self.handle))
+
+    @property
+    def window(self):
+        b, e, n = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_size_t()
+        self._lib.igrad_profile_window(self.handle, ctypes.byref(b), ctypes.byref(e),
+                                       ctypes.byref(n))
+        return b.value, e.value
+
+    def is_important(self, layer, kind):
+        k = L.KIND_NAMES.index(kind) if isinstance(kind, str) else int(kind)
+        return int(self._lib.igrad_profile_is_important(self.handle, int(layer), k))
+
+    def important(self):
+        """[(layer, kind)] of the important components."""
+        return [(e["layer"], e["kind"]) for e in self.entries() if e["important"]]
+
+
+def partition(scores, method="knee"):
+    """Threshold over scores by a partition method (igrad_partition)."""
+    arr = (ctypes.c_double * max(1, len(scores)))(*scores)
+    tau = ctypes.c_double()
+    L.lib().call("igrad_partition", arr, len(scores), _b(method), ctypes.byref(tau))
+    return tau.value
+
+
+# ---------------------------------------------------------------------------
+# Selection (used by the Profiler and by tests)
+# ---------------------------------------------------------------------------
+
+def select_spec(sparsifier, density, shape, step=0, interleave=False, scale=1.0):
+    """The selection spec of a tensor of `shape` at `step` (a SelectSpec)."""
+    sp = L.SPARSIFIERS[sparsifier] if isinstance(sparsifier, str) else int(sparsifier)
+    shape = tuple(int(d) for d in shape)
+    if len(shape) > L.MAX_DIMS:
+        rest = 1
+        for d in shape[1:]:
+            rest *= d
+        shape = (shape[0], rest)
+    arr = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+    spec = L.SelectSpec()
+    L.lib().call("igrad_select_spec", sp, float(density), float(scale), int(bool(interleave)),
+                 int(step), len(shape), arr, ctypes.byref(spec))
+    return spec
+
+
+class SelectWorkspace(_Handle):
+    """Scratch space of igrad_select_ef (one per thread)."""
+
+    _free = "igrad_select_ws_free"
+
+    def __init__(self):
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_select_ws_create", ctypes.byref(h))
+        super().__init__(h.value)
+        self._idx = None
+        self._val = None
+
+    def select_ef(self, grad_addr, residual_addr, spec, name=None, index_addr=None,
+                  value_addr=None):
+        """Fused error feedback + selection on raw float32 buffers.
+        Returns the Selection; index/value land in the given buffers or in
+        scratch arrays of this workspace (valid until the next call)."""
+        n = max(1, spec.count)
+        if index_addr is None or value_addr is None:
+            if self._idx is None or len(self._idx) < n:
+                self._idx = (ctypes.c_uint32 * n)()
+                self._val = (ctypes.c_float * n)()
+            index_addr = ctypes.addressof(self._idx)
+            value_addr = ctypes.addressof(self._val)
+        sel = L.Selection()
+        sel.index = ctypes.cast(index_addr, ctypes.POINTER(ctypes.c_uint32))
+        sel.value = ctypes.cast(value_addr, ctypes.POINTER(ctypes.c_float))
+        self._lib.call("igrad_select_ef", grad_addr, residual_addr, ctypes.byref(spec),
+                       _b(name) if name else None, self.handle, ctypes.byref(sel))
+        return sel
+
+
+# ---------------------------------------------------------------------------
+# Communicators
+# ---------------------------------------------------------------------------
+
+class Comm(_Handle):
+    """A communicator (igrad_comm_t): `Comm.self_()` for one rank, or
+    `Comm.custom(backend, rank, size)` whose collectives call the methods of
+    a Python object:
+        allgather(send, nbytes, recv)               addresses (ints)
+        allreduce(send, recv, count, dtype, op)     dtype "F32"/"F64"/"I64",
+                                                    op "sum"/"max"/"min"
+        bcast(buf, nbytes, root)
+        barrier()
+    and optionally iallgather/iallreduce (same arguments, return a handle
+    object or None when already complete) with wait(handle) and
+    test(handle) -> bool. An exception in a callback becomes IGRAD_E_COMM,
+    its text the library's error message."""
+
+    _free = "igrad_comm_free"
+
+    @classmethod
+    def self_(cls):
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_comm_create_self", ctypes.byref(h))
+        return cls(h.value)
+
+    @classmethod
+    def custom(cls, backend, rank, size):
+        bridge = _CustomBridge(backend)
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_comm_create_custom", ctypes.byref(bridge.ops), None, int(rank),
+                     int(size), ctypes.byref(h))
+        self = cls(h.value)
+        self._bridge = bridge  # the callbacks must outlive the C comm
+        return self
+
+    def close(self):
+        super().close()
+        self._bridge = None
+
+    @property
+    def rank(self):
+        return int(self._lib.igrad_comm_rank(self.handle))
+
+    @property
+    def size(self):
+        return int(self._lib.igrad_comm_size(self.handle))
+
+    @property
+    def backend(self):
+        return _s(self._lib.igrad_comm_backend(self.handle))
+
+
+_DTYPE_NAMES = {0: "F32", 3: "F64", 7: "I64"}
+_OP_NAMES = {L.REDUCE_SUM: "sum", L.REDUCE_MAX: "max", L.REDUCE_MIN: "min"}
+
+
+class _CustomBridge:
+    """The ctypes callback table of a custom comm. Exceptions never cross
+    into C: they are caught, kept for error_message(), and reported as
+    IGRAD_E_COMM. Non-blocking handles are small integers (never 0) that
+    map to the backend's handle objects."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.error = b""
+        self._err_buf = ctypes.create_string_buffer(1)
+        self.handles = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        ops = L.CommOps()
+        ops.size = ctypes.sizeof(L.CommOps)
+        self._fns = [
+            L.ALLGATHER_FN(self._allgather), L.ALLREDUCE_FN(self._allreduce),
+            L.BCAST_FN(self._bcast), L.BARRIER_FN(self._barrier)]
+        ops.allgather, ops.allreduce, ops.bcast, ops.barrier = self._fns
+        if hasattr(backend, "iallgather") and hasattr(backend, "wait"):
+            more = [L.IALLGATHER_FN(self._iallgather), L.IALLREDUCE_FN(self._iallreduce),
+                    L.WAIT_FN(self._wait), L.TEST_FN(self._test)]
+            self._fns += more
+            ops.iallgather, ops.iallreduce, ops.wait, ops.test = more
+        msg = L.ERRMSG_FN(self._error_message)
+        self._fns.append(msg)
+        ops.error_message = msg
+        self.ops = ops
+
+    def _guard(self, fn, *args):
+        try:
+            fn(*args)
+            return 0
+        except Exception as e:  # noqa: BLE001 - reported to C as IGRAD_E_COMM
+            self.error = ("%s: %s" % (type(e).__name__, e)).encode("utf-8", "replace")
+            self.trace = traceback.format_exc()
+            return 8
+
+    def _allgather(self, user, send, nbytes, recv):
+        if not nbytes:
+            return 0
+        return self._guard(self.backend.allgather, send, nbytes, recv)
+
+    def _allreduce(self, user, send, recv, count, dtype, op):
+        if not count:
+            return 0
+        return self._guard(self.backend.allreduce, send, recv, count, _DTYPE_NAMES[dtype],
+                           _OP_NAMES[op])
+
+    def _bcast(self, user, buf, nbytes, root):
+        if not nbytes:
+            return 0
+        return self._guard(self.backend.bcast, buf, nbytes, root)
+
+    def _barrier(self, user):
+        return self._guard(self.backend.barrier)
+
+    def _keep(self, out, handle):
+        if handle is None:
+            out[0] = None
+            return
+        with self._lock:
+            key = next(self._ids)
+            self.handles[key] = handle
+        out[0] = key
+
+    def _iallgather(self, user, send, nbytes, recv, out):
+        out[0] = None
+        if not nbytes:
+            return 0
+        return self._guard(lambda: self._keep(out, self.backend.iallgather(send, nbytes,
+                                                                            recv)))
+
+    def _iallreduce(self, user, send, recv, count, dtype, op, out):
+        out[0] = None
+        if not count:
+            return 0
+        return self._guard(lambda: self._keep(out, self.backend.iallreduce(
+            send, recv, count, _DTYPE_NAMES[dtype], _OP_NAMES[op])))
+
+    def _wait(self, user, key):
+        with self._lock:
+            handle = self.handles.pop(key, None)
+        if handle is None:  # completed by test() already
+            return 0
+        return self._guard(self.backend.wait, handle)
+
+    def _test(self, user, key, done):
+        def run():
+            test = getattr(self.backend, "test", None)
+            if test is None:  # no test: complete it now (the contract allows it)
+                self.backend.wait(self.handles[key])
+                self.handles[key] = None
+                done[0] = 1
+            else:
+                done[0] = 1 if (self.handles[key] is None or test(self.handles[key])) else 0
+        return self._guard(run)
+
+    def _error_message(self, user):
+        self._err_buf = ctypes.create_string_buffer(self.error)
+        return ctypes.addressof(self._err_buf)
+
+
+# ---------------------------------------------------------------------------
+# Engine
+# ---------------------------------------------------------------------------
+
+CONFIG_DEFAULTS = {
+    "method": "ig", "sparsifier": "adtopk", "interleave": False, "density": 0.01,
+    "release_period": 4, "release_keep": 0.25, "schedule": "staggered", "residual": "on",
+    "pack": "contiguous", "buckets": 4, "block_entries": 65536, "risk_lambda": 1.0,
+    "verify_every": 100, "value_dtype": "F32", "index_dtype": "U16", "collective": "auto",
+    "threads": 0,
+}
+
+
+def make_config(**kw):
+    """An igrad_config_t from keyword arguments (names as in CONFIG_DEFAULTS;
+    enum fields take names: method="ig", pack="greedy", ...). Unknown keys
+    are an InvalidArgumentError; the library validates the values."""
+    unknown = set(kw) - set(CONFIG_DEFAULTS)
+    if unknown:
+        raise L.InvalidArgumentError("unknown config field(s): %s (known: %s)" % (
+            ", ".join(sorted(unknown)), ", ".join(CONFIG_DEFAULTS)))
+    v = dict(CONFIG_DEFAULTS)
+    v.update({k: x for k, x in kw.items() if x is not None})
+    c = L.Config()
+    c.size = ctypes.sizeof(L.Config)
+    c.method = _enum_from_name("method", v["method"])
+    sp = v["sparsifier"]
+    c.sparsifier = L.SPARSIFIERS[sp] if isinstance(sp, str) else int(sp)
+    c.interleave = int(bool(v["interleave"]))
+    c.density = float(v["density"])
+    c.release_period = int(v["release_period"])
+    c.release_keep = float(v["release_keep"])
+    c.schedule = _enum_from_name("schedule", v["schedule"])
+    c.residual = _enum_from_name("residual_policy", v["residual"])
+    c.pack = _enum_from_name("pack_policy", v["pack"])
+    c.buckets = int(v["buckets"])
+    c.block_entries = int(v["block_entries"])
+    c.risk_lambda = float(v["risk_lambda"])
+    c.verify_every = int(v["verify_every"])
+    c.value_dtype = _enum_from_name("dtype", str(v["value_dtype"]).upper())
+    c.index_dtype = _enum_from_name("dtype", str(v["index_dtype"]).upper())
+    c.collective = _enum_from_name("collective", v["collective"])
+    c.threads = int(v["threads"])
+    L.lib().call("igrad_config_validate", ctypes.byref(c))
+    return c
+
+
+def config_to_dict(c):
+    """The config struct as a dict of names (the inverse of make_config)."""
+    lib = L.lib()
+    return {
+        "method": _s(lib.igrad_method_name(c.method)),
+        "sparsifier": _s(lib.igrad_sparsifier_name(c.sparsifier)),
+        "interleave": bool(c.interleave), "density": c.density,
+        "release_period": c.release_period, "release_keep": c.release_keep,
+        "schedule": _s(lib.igrad_schedule_name(c.schedule)),
+        "residual": _s(lib.igrad_residual_policy_name(c.residual)),
+        "pack": _s(lib.igrad_pack_policy_name(c.pack)), "buckets": c.buckets,
+        "block_entries": c.block_entries, "risk_lambda": c.risk_lambda,
+        "verify_every": c.verify_every,
+        "value_dtype": _s(lib.igrad_dtype_name(c.value_dtype)),
+        "index_dtype": _s(lib.igrad_dtype_name(c.index_dtype)),
+        "collective": _s(lib.igrad_collective_name(c.collective)), "threads": c.threads,
+    }
+
+
+class BucketDesc:
+    """One collective of a step (a copy of igrad_bucket_t)."""
+
+    __slots__ = ("kind", "index", "send", "send_nbytes", "recv", "recv_nbytes", "dtype",
+                 "count")
+
+    def __init__(self, b):
+        self.kind = "gather" if b.kind == L.BUCKET_GATHER else "reduce"
+        self.index = b.index
+        self.send, self.send_nbytes = b.send, b.send_nbytes
+        self.recv, self.recv_nbytes = b.recv, b.recv_nbytes
+        self.dtype = b.dtype
+        self.count = b.count
+
+    def __repr__(self):
+        return "BucketDesc(%s, index=%d, send_nbytes=%d, recv_nbytes=%d)" % (
+            self.kind, self.index, self.send_nbytes, self.recv_nbytes)
+
+
+STATS_FIELDS = [f for f, _ in L.StepStats._fields_ if f != "bucket_loads"]
+
+
+def _addr_array(addrs):
+    return (ctypes.c_void_p * max(1, len(addrs)))(*addrs)
+
+
+class Engine(_Handle):
+    """One rank's synchronization engine (igrad_engine_t). `grads` arguments
+    are lists of addresses of contiguous float32 buffers, one per layout
+    tensor in layout order."""
+
+    _free = "igrad_engine_free"
+
+    def __init__(self, layout, profile, config, comm):
+        if not isinstance(config, L.Config):
+            config = make_config(**(config or {}))
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_engine_create", layout.handle,
+                     profile.handle if profile is not None else None, ctypes.byref(config),
+                     comm.handle, ctypes.byref(h))
+        super().__init__(h.value)
+        self.comm = comm  # borrowed by the engine: keep it alive
+        self.ntensors = len(layout)
+        self._trace = None
+
+    def _grads(self, grads):
+        if len(grads) != self.ntensors:
+            raise L.InvalidArgumentError("%d gradient buffers for a layout of %d tensors"
+                                         % (len(grads), self.ntensors))
+        return _addr_array(grads)
+
+    def begin(self, step, grads):
+        arr = self._grads(grads)
+        bp = ctypes.POINTER(L.Bucket)()
+        nb = ctypes.c_size_t()
+        self._lib.call("igrad_engine_begin", self.handle, int(step), arr, ctypes.byref(bp),
+                       ctypes.byref(nb))
+        return [BucketDesc(bp[i]) for i in range(nb.value)]
+
+    def end(self, step, grads):
+        self._lib.call("igrad_engine_end", self.handle, int(step), self._grads(grads))
+
+    def sync(self, step, grads):
+        self._lib.call("igrad_engine_sync", self.handle, int(step), self._grads(grads))
+
+    def stats(self):
+        s = L.StepStats()
+        self._lib.call("igrad_engine_last_stats", self.handle, ctypes.byref(s))
+        out = {f: getattr(s, f) for f in STATS_FIELDS}
+        out["bucket_loads"] = [s.bucket_loads[i] for i in range(s.bucket_count)] \
+            if s.bucket_loads else []
+        return out
+
+    def tensor_plan(self, t):
+        p = L.TensorPlan()
+        self._lib.call("igrad_engine_tensor_plan", self.handle, int(t), ctypes.byref(p))
+        return {f: getattr(p, f) for f, _ in L.TensorPlan._fields_}
+
+    def predict_payload(self, step):
+        return int(self._lib.igrad_engine_predict_payload(self.handle, int(step)))
+
+    def residual_address(self, t):
+        """Address of tensor t's residual (read-only), or None (dense)."""
+        p = self._lib.igrad_engine_residual(self.handle, int(t))
+        return ctypes.cast(p, ctypes.c_void_p).value if p else None
+
+    def set_trace(self, trace):
+        self._lib.call("igrad_engine_set_trace", self.handle,
+                       trace.handle if trace is not None else None)
+        self._trace = trace  # borrowed by the engine
+
+    def config(self):
+        c = L.Config()
+        self._lib.call("igrad_engine_config", self.handle, ctypes.byref(c))
+        return c
+
+    @property
+    def step(self):
+        return int(self._lib.igrad_engine_step(self.handle))
+
+    @property
+    def workspace_nbytes(self):
+        return int(self._lib.igrad_engine_workspace_nbytes(self.handle))
+
+    def save_state(self, path):
+        self._lib.call("igrad_engine_save_state", self.handle, _b(str(path)))
+
+    def load_state(self, path):
+        self._lib.call("igrad_engine_load_state", self.handle, _b(str(path)))

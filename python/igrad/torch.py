@@ -1,0 +1,828 @@
+"""igrad.torch — PyTorch integration of libigrad.
+
+    layout_from_module(model)          Layout of the trainable parameters
+    TorchComm(group)                   igrad communicator over torch.distributed
+    IgradState(model, profile=..., method="ig", ...)
+    hook(state, bucket)                DDP communication hook
+                                       (ddp.register_comm_hook(state, hook))
+    GradientSynchronizer(named_parameters, state).synchronize(step)
+                                       loops without DDP, DeepSpeed-style engines
+    Profiler(model, sparsifier="adtopk", density=0.01)
+                                       records the activity trace of a run
+
+How the DDP hook runs one step. DDP calls the hook once per gradient
+bucket, in bucket order, and waits for the returned futures only when
+backward has finished (Reducer::finalize_backward). The hook therefore
+collects the buckets, returning a pending future for each, and when the
+last bucket arrives (bucket.is_last()) runs one engine step over the whole
+model: engine.begin (agreement, error feedback, selection, packing),
+the step's collectives through torch.distributed on the process group,
+engine.end (the average of every rank's selections, written in place into
+the gradients, which are views of the bucket buffers), then completes every
+future with its bucket's buffer. One step over the whole model is what the
+C trainer runs, so selection, release schedule, bucket packing and byte
+statistics are exactly the C engine's for the same layout, profile and
+config, whatever DDP's bucketing. Parameters are identified by name (a
+{parameter: name} map built once from named_parameters()), never by bucket
+index, because DDP rebuilds its buckets after the first iteration.
+
+Values are averaged by the engine: DDP does not divide the hook's result
+by the world size.
+
+Non-finite gradients (AMP overflow): the engine agrees over the ranks that
+the step is skipped and leaves every residual unchanged; the hook then
+returns the buckets as DDP's default all-reduce would (nonfinite=
+"allreduce", the default), so every rank sees the overflow and GradScaler
+skips the step on all ranks alike; with nonfinite="keep" each rank's
+local, unmodified gradients are returned. Either way the skip is in
+state.last_stats["skipped"] and state.skipped_steps.
+
+Not here: the C-level objects (igrad/core.py) and library loading
+(igrad/_lib.py).
+"""
+import ctypes
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import _lib as L
+from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace, config_to_dict,
+                   make_config, select_spec)
+
+__all__ = ["layout_from_module", "named_trainable_parameters", "TorchComm", "IgradState",
+           "hook", "GradientSynchronizer", "Profiler"]
+
+_TORCH_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                 torch.float64: "F64"}
+
+
+# ---------------------------------------------------------------------------
+# Parameters and layout
+# ---------------------------------------------------------------------------
+
+def _strip_prefix(name):
+    # DistributedDataParallel (and DataParallel) wrap the model as `.module`.
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def named_trainable_parameters(model):
+    """[(name, parameter)] of the parameters that require grad, in
+    named_parameters() order, with a DDP "module." prefix removed. `model`
+    is a Module (DDP or not) or an iterable of (name, parameter)."""
+    items = model.named_parameters() if hasattr(model, "named_parameters") else model
+    out, seen = [], set()
+    for name, p in items:
+        if not p.requires_grad or id(p) in seen:  # tied weights count once
+            continue
+        seen.add(id(p))
+        out.append((_strip_prefix(name), p))
+    return out
+
+
+def layout_from_module(model):
+    """The igrad Layout of a model's trainable parameters (names and shapes
+    from named_parameters(), only those that require grad; a DDP "module."
+    prefix is stripped). Tensors of more than 4 dimensions keep their first
+    dimension and fold the rest (rows of a row-wise selection)."""
+    return Layout.from_tensors([(n, tuple(p.shape) if p.dim() else (), _TORCH_DTYPES.get(
+        p.dtype, "F32")) for n, p in named_trainable_parameters(model)])
+
+
+# ---------------------------------------------------------------------------
+# Raw buffers as tensors
+# ---------------------------------------------------------------------------
+
+_CTYPES = {torch.uint8: ctypes.c_uint8, torch.float32: ctypes.c_float,
+           torch.float64: ctypes.c_double, torch.int64: ctypes.c_int64}
+_DT = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64}
+
+
+def _wrap(addr, count, dtype):
+    """A CPU tensor over `count` elements at `addr` (no copy). The memory
+    belongs to the library; the tensor must not outlive the call."""
+    arr = (_CTYPES[dtype] * count).from_address(addr)
+    return torch.frombuffer(arr, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------
+# Communicator over torch.distributed
+# ---------------------------------------------------------------------------
+
+def _global_rank(group, group_rank):
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    if hasattr(dist, "get_global_rank"):  # 2.x
+        return dist.get_global_rank(group, group_rank)
+    from torch.distributed import distributed_c10d as c10d  # 1.13
+    return c10d._get_global_rank(group, group_rank)
+
+
+class TorchComm:
+    """Collectives of a torch.distributed process group (gloo, NCCL or any
+    other backend), in the form that igrad's custom communicator and the
+    engine's two-phase step need: buffers are raw addresses of CPU memory
+    owned by the library. With NCCL the bytes are staged through the
+    current CUDA device. `comm()` returns the igrad Comm over this object
+    (made once)."""
+
+    _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+    def __init__(self, group=None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        backend = dist.get_backend(group)
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if str(backend) == "nccl" else torch.device("cpu"))
+        self._comm = None
+
+    def comm(self):
+        if self._comm is None:
+            self._comm = Comm.custom(self, self.rank, self.size)
+        return self._comm
+
+    # Staging for devices other than the CPU: (device tensor, host tensor) pairs
+    # whose device result is copied back at wait().
+    def _dev(self, t):
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    def _issue_allgather(self, send, nbytes, recv):
+        r = _wrap(recv, nbytes * self.size, torch.uint8)
+        s = _wrap(send, nbytes, torch.uint8)
+        lo, hi = recv, recv + nbytes * self.size
+        if lo <= send < hi:  # in place: the input must not alias an output
+            s = s.clone()
+        rd = self._dev(r)
+        work = dist.all_gather(list(rd.split(nbytes)), self._dev(s), group=self.group,
+                               async_op=True)
+        return (work, rd, r)
+
+    def _issue_allreduce(self, send, recv, count, dtype, op):
+        dt = _DT[dtype]
+        r = _wrap(recv, count, dt)
+        if send != recv:
+            r.copy_(_wrap(send, count, dt))
+        rd = self._dev(r)
+        work = dist.all_reduce(rd, op=self._OPS[op], group=self.group, async_op=True)
+        return (work, rd, r)
+
+    def wait(self, handle):
+        work, dev, host = handle
+        work.wait()
+        if dev is not host:
+            host.copy_(dev)
+
+    def test(self, handle):
+        return handle[0].is_completed()
+
+    # igrad_comm_ops_t callbacks (see core.Comm.custom)
+    def allgather(self, send, nbytes, recv):
+        self.wait(self._issue_allgather(send, nbytes, recv))
+
+    def allreduce(self, send, recv, count, dtype, op):
+        self.wait(self._issue_allreduce(send, recv, count, dtype, op))
+
+    def iallgather(self, send, nbytes, recv):
+        return self._issue_allgather(send, nbytes, recv)
+
+    def iallreduce(self, send, recv, count, dtype, op):
+        return self._issue_allreduce(send, recv, count, dtype, op)
+
+    def bcast(self, buf, nbytes, root):
+        t = _wrap(buf, nbytes, torch.uint8)
+        d = self._dev(t)
+        dist.broadcast(d, src=_global_rank(self.group, root), group=self.group)
+        if d is not t:
+            t.copy_(d)
+
+    def barrier(self):
+        dist.barrier(group=self.group)
+
+    def run_buckets(self, buckets):
+        """Runs an engine step's collectives (igrad.core.BucketDesc list):
+        all issued in bucket order, then waited in the same order."""
+        handles = []
+        for b in buckets:
+            if b.kind == "gather":
+                handles.append(self._issue_allgather(b.send, b.send_nbytes, b.recv))
+            else:
+                handles.append(self._issue_allreduce(b.recv, b.recv, b.count, "F32", "sum"))
+        for h in handles:
+            self.wait(h)
+
+
+class _SelfComm:
+    """One process without torch.distributed: the collectives are copies."""
+
+    rank, size = 0, 1
+
+    def __init__(self):
+        self._comm = None
+
+    def comm(self):
+        if self._comm is None:
+            self._comm = Comm.self_()
+        return self._comm
+
+    @staticmethod
+    def run_buckets(buckets):
+        for b in buckets:
+            if b.kind == "gather" and b.send != b.recv:
+                ctypes.memmove(b.recv, b.send, b.send_nbytes)
+
+
+# ---------------------------------------------------------------------------
+# State of a synchronized run (DDP hook and GradientSynchronizer)
+# ---------------------------------------------------------------------------
+
+_STATE_FORMAT = "igrad.torch.IgradState/1"
+
+
+class IgradState:
+    """State of igrad synchronization for one data-parallel model, shared by
+    the DDP hook and GradientSynchronizer (the PowerSGD hook's conventions:
+    constructor knobs, `iter`, `start_iter`, picklable without its process
+    group).
+
+    model:          the model (DDP-wrapped or not), or an iterable of
+                    (name, parameter); may be None and attached later with
+                    attach() (GradientSynchronizer does it).
+    process_group:  None = the default group (when torch.distributed is not
+                    initialized: a single process).
+    profile:        path of a profile JSON or a Profile (required for
+                    methods "iad" and "ig"); checked against the model's
+                    layout (MismatchError for a profile of another model).
+    method:         "ig" (default), "iad", "topk_sync", "adtopk_sync", "dense".
+    sparsifier, density, release_period, release_keep, schedule, pack,
+    buckets, verify_every, collective, interleave, residual, block_entries,
+    risk_lambda, index_dtype, threads:  the engine's configuration
+                    (igrad_config_t; same defaults as IGRAD_CONFIG_INIT).
+    start_iter:     the first `start_iter` steps are plain averaged
+                    all-reduces without igrad (warm-up, as in PowerSGD).
+    nonfinite:      "allreduce" (default) or "keep": what a skipped
+                    (non-finite) step returns, see the module docstring.
+
+    After each step `last_stats` holds the engine's statistics of the step
+    (igrad_step_stats_t fields plus "collective_ms", the time of the
+    torch.distributed collectives); `total_payload_nbytes` and
+    `total_wire_nbytes` accumulate them; `skipped_steps` counts skips."""
+
+    def __init__(self, model=None, process_group=None, profile=None, method="ig",
+                 sparsifier="adtopk", density=0.01, release_period=4, release_keep=0.25,
+                 schedule="staggered", pack="contiguous", buckets=4, verify_every=100,
+                 start_iter=0, collective="auto", interleave=False, residual="on",
+                 block_entries=65536, risk_lambda=1.0, index_dtype="U16", threads=0,
+                 nonfinite="allreduce"):
+        if nonfinite not in ("allreduce", "keep"):
+            raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
+                                         % (nonfinite,))
+        self.process_group = process_group
+        self.config = {
+            "method": method, "sparsifier": sparsifier, "density": density,
+            "release_period": release_period, "release_keep": release_keep,
+            "schedule": schedule, "pack": pack, "buckets": buckets,
+            "verify_every": verify_every, "collective": collective,
+            "interleave": bool(interleave), "residual": residual,
+            "block_entries": block_entries, "risk_lambda": risk_lambda,
+            "index_dtype": index_dtype, "threads": threads,
+        }
+        make_config(**self.config)  # validates now, not at the first backward
+        self.profile = profile
+        self.start_iter = int(start_iter)
+        self.nonfinite = nonfinite
+        self.iter = 0
+        self.skipped_steps = 0
+        self.last_stats = {}
+        self.total_payload_nbytes = 0
+        self.total_wire_nbytes = 0.0
+        self._reset_runtime()
+        if model is not None:
+            self.attach(model)
+
+    def _reset_runtime(self):
+        self._named = None           # [(name, param)] in layout order
+        self._param_names = None     # {param: name}
+        self._index = None           # {name: layout index}
+        self._layout = None
+        self._profile_obj = None
+        self._coll = None            # TorchComm or _SelfComm
+        self._engine = None
+        self._pending = []           # DDP buckets waiting for the last one
+        self._pending_load = None    # state_dict to apply once the engine exists
+        self._trace = None
+
+    # -- setup ---------------------------------------------------------------
+
+    def attach(self, model):
+        """Binds the state to a model's parameters (names from
+        named_parameters(), "module." stripped). Needed again after
+        unpickling, as the model is not part of the pickle."""
+        named = named_trainable_parameters(model)
+        if not named:
+            raise L.InvalidArgumentError("the model has no parameter that requires grad")
+        if self._named is not None:
+            old = [(n, tuple(p.shape)) for n, p in self._named]
+            if old != [(n, tuple(p.shape)) for n, p in named]:
+                raise L.MismatchError("attach(): the model's parameters differ from the ones "
+                                      "this state was built for")
+        self._named = named
+        self._param_names = {p: n for n, p in named}
+        self._index = {n: i for i, (n, _) in enumerate(named)}
+
+    def _group_comm(self):
+        if self._coll is None:
+            if dist.is_available() and dist.is_initialized():
+                self._coll = TorchComm(self.process_group)
+            else:
+                self._coll = _SelfComm()
+        return self._coll
+
+    @property
+    def rank(self):
+        return self._group_comm().rank
+
+    @property
+    def world_size(self):
+        return self._group_comm().size
+
+    @property
+    def layout(self):
+        if self._layout is None:
+            if self._named is None:
+                raise L.StateError("IgradState has no model: pass one to the constructor "
+                                   "or call state.attach(model) (also after unpickling)")
+            self._layout = Layout.from_tensors([
+                (n, tuple(p.shape), _TORCH_DTYPES.get(p.dtype, "F32"))
+                for n, p in self._named])
+        return self._layout
+
+    def _needs_profile(self):
+        return str(self.config["method"]).lower() in ("ig", "iad")
+
+    def _resolve_profile(self):
+        if not self._needs_profile():
+            return None
+        prof = self.profile
+        if prof is None:
+            raise L.InvalidArgumentError("method %r needs a profile (profile=path or Profile)"
+                                         % self.config["method"])
+        if isinstance(prof, (str, bytes, os.PathLike)):
+            return Profile.load(os.fspath(prof), self.layout)
+        if prof.layout_hash not in (0, self.layout.hash):
+            raise L.MismatchError(
+                "the profile was made for another model (layout hash 0x%016x, this model's "
+                "is 0x%016x)" % (prof.layout_hash, self.layout.hash))
+        return prof
+
+    @property
+    def engine(self):
+        """The igrad Engine (created on first use; collective over the group)."""
+        if self._engine is None:
+            coll = self._group_comm()
+            layout = self.layout
+            # Every rank must reach engine_create (a collective) even when its
+            # own profile fails to load, or the others would wait forever:
+            # a local failure is turned into a collective one below.
+            err = None
+            try:
+                self._profile_obj = self._resolve_profile()
+            except L.IgradError as e:
+                err = e
+            if coll.size > 1:
+                self._agree_failure(coll, err)  # raises this or another rank's failure
+            elif err is not None:
+                raise err
+            cfg = make_config(**self.config)
+            self._engine = Engine(layout, self._profile_obj, cfg, coll.comm())
+            if self._trace is not None:
+                self._engine.set_trace(self._trace)
+            if self._pending_load is not None:
+                sd, self._pending_load = self._pending_load, None
+                self._apply_state(sd)
+        return self._engine
+
+    @staticmethod
+    def _agree_failure(coll, err):
+        # MAX over a flag: did any rank fail before the engine's own checks?
+        flag = torch.tensor([1 if err is not None else 0], dtype=torch.int64)
+        if coll.device.type != "cpu":
+            flag = flag.to(coll.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=coll.group)
+        if err is not None:
+            raise err
+        if int(flag.item()):
+            raise L.MismatchError("another rank failed to set up igrad (its profile or "
+                                  "configuration); see that rank's error")
+
+    def set_trace(self, trace):
+        """Records the engine's selections into an igrad Trace (the run
+        profiles itself, as the C trainer's --trace does)."""
+        self._trace = trace
+        if self._engine is not None:
+            self._engine.set_trace(trace)
+
+    def plan_hash(self):
+        """Hex digest of the engine's plan (per tensor: every step or phase,
+        budgets, wire bytes); equal on every rank of a consistent run."""
+        import hashlib
+        eng = self.engine
+        h = hashlib.sha256()
+        for t in range(len(self.layout)):
+            p = eng.tensor_plan(t)
+            h.update(repr(sorted(p.items())).encode())
+        return h.hexdigest()[:16]
+
+    # -- one step ------------------------------------------------------------
+
+    def _dense_average(self, tensors):
+        coll = self._group_comm()
+        if coll.size == 1:
+            return
+        for g in tensors:
+            gd = g if coll.device.type == "cpu" or g.device == coll.device else g.to(
+                coll.device)
+            dist.all_reduce(gd, group=coll.group)
+            gd.div_(coll.size)
+            if gd is not g:
+                g.copy_(gd)
+
+    def _step_tensors(self, step, grads):
+        """Synchronizes one step: grads[t] is tensor t's gradient (layout
+        order, any float dtype and device), overwritten in place with the
+        average of every rank's selection. Returns the stats dict."""
+        if step < self.start_iter:
+            self._dense_average(grads)
+            self.last_stats = {"step": step, "skipped": 0, "warmup": 1}
+            return self.last_stats
+        eng = self.engine
+        coll = self._group_comm()
+        # The engine reads and writes contiguous float32 CPU memory; anything
+        # else goes through a staging copy that is written back after end().
+        bufs, back = [], []
+        for g in grads:
+            if g.dtype == torch.float32 and g.device.type == "cpu" and g.is_contiguous():
+                bufs.append(g)
+            else:
+                s = g.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                bufs.append(s)
+                back.append((g, s))
+        addrs = [b.data_ptr() for b in bufs]
+        try:
+            buckets = eng.begin(step, addrs)
+        except L.NonFiniteError as e:
+            # Every rank got this error for the same step; residuals are unchanged.
+            if self.nonfinite == "allreduce":
+                self._dense_average(grads)
+            self.skipped_steps += 1
+            self.last_stats = {"step": step, "skipped": 1, "reason": str(e)}
+            return self.last_stats
+        t0 = time.perf_counter()
+        coll.run_buckets(buckets)
+        t1 = time.perf_counter()
+        eng.end(step, addrs)
+        for g, s in back:
+            g.copy_(s)
+        st = eng.stats()
+        st["collective_ms"] = (t1 - t0) * 1e3
+        self.total_payload_nbytes += st["payload_nbytes"]
+        self.total_wire_nbytes += st["wire_nbytes"]
+        self.last_stats = st
+        return st
+
+    def _layout_grads(self, by_name):
+        missing = [n for n, _ in self._named if n not in by_name]
+        if missing:
+            raise L.MismatchError(
+                "no gradient for %d parameter(s) of the layout this step (first: %s); with "
+                "DDP every trainable parameter must be in a bucket" % (len(missing),
+                                                                         missing[0]))
+        return [by_name[n] for n, _ in self._named]
+
+    # -- DDP bucket handling ---------------------------------------------------
+
+    def _bucket_names(self, bucket):
+        if self._param_names is None:
+            raise L.StateError("IgradState has no model: pass it to the constructor or call "
+                               "state.attach(model) (also after unpickling)")
+        names = []
+        for p in bucket.parameters():
+            n = self._param_names.get(p)
+            if n is None:
+                raise L.MismatchError(
+                    "a DDP bucket holds a parameter of shape %s that is not in this state's "
+                    "model (was the state attached to the model DDP wraps?)"
+                    % (tuple(p.shape),))
+            names.append(n)
+        return names
+
+    def _on_bucket(self, bucket):
+        if self.iter < self.start_iter:
+            buf = bucket.buffer()
+            self._dense_average([buf])
+            if bucket.is_last():
+                self.last_stats = {"step": self.iter, "skipped": 0, "warmup": 1}
+                self.iter += 1
+            fut = torch.futures.Future()
+            fut.set_result(buf)
+            return fut
+        fut = torch.futures.Future()
+        self._pending.append((bucket, fut))
+        if not bucket.is_last():
+            return fut
+        pending, self._pending = self._pending, []
+        try:
+            by_name = {}
+            for b, _ in pending:
+                for n, g in zip(self._bucket_names(b), b.gradients()):
+                    by_name[n] = g
+            step = self.iter
+            self._step_tensors(step, self._layout_grads(by_name))
+            self.iter += 1
+        except BaseException as e:
+            for _, f in pending:
+                f.set_exception(e)
+            raise
+        for b, f in pending:
+            f.set_result(b.buffer())
+        return fut
+
+    # -- checkpointing -----------------------------------------------------------
+
+    def state_dict(self):
+        """This rank's state: step counter, config, names, hashes, the
+        residuals as tensors by parameter name and the engine's exact state
+        file (bytes) so that a resumed run continues bit for bit. Save one
+        per rank (residuals differ between ranks)."""
+        sd = {"format": _STATE_FORMAT, "iter": self.iter, "start_iter": self.start_iter,
+              "config": dict(self.config), "skipped_steps": self.skipped_steps}
+        if self._named is not None:
+            sd["names"] = [n for n, _ in self._named]
+            sd["layout_hash"] = self.layout.hash
+        if self._engine is None:
+            if self._pending_load is not None:  # loaded but not yet applied
+                keep = dict(self._pending_load)
+                keep.update({k: sd[k] for k in ("iter", "config") if k in sd})
+                return keep
+            return sd
+        eng = self._engine
+        sd["config"] = config_to_dict(eng.config())
+        sd["rank"], sd["world_size"] = self.rank, self.world_size
+        sd["plan_hash"] = self.plan_hash()
+        sd["engine_step"] = eng.step
+        residuals = {}
+        for t, (n, p) in enumerate(self._named):
+            addr = eng.residual_address(t)
+            if addr is not None:
+                residuals[n] = _wrap(addr, p.numel(), torch.float32).clone().view(p.shape)
+        sd["residuals"] = residuals
+        with tempfile.TemporaryDirectory(prefix="igrad-state-") as d:
+            path = os.path.join(d, "state.bin")
+            eng.save_state(path)
+            with open(path, "rb") as f:
+                sd["engine_state"] = f.read()
+        return sd
+
+    def load_state_dict(self, sd):
+        """Restores a state_dict() of the same rank. Collective when the
+        engine exists (every rank loads its own); otherwise applied when the
+        engine is created at the next step. Raises MismatchError for another
+        configuration, model or rank, InvalidArgumentError for an unknown
+        parameter name."""
+        if sd.get("format") != _STATE_FORMAT:
+            raise L.FormatError("not an IgradState state_dict (format %r)"
+                                % (sd.get("format"),))
+        cfg = sd.get("config", {})
+        mine = config_to_dict(make_config(**self.config))
+        for k, v in cfg.items():
+            if k == "threads":
+                continue
+            if k in mine and str(mine[k]).lower() != str(v).lower():
+                raise L.MismatchError("state_dict config.%s is %r, this state has %r"
+                                      % (k, v, mine[k]))
+        if self._named is not None:
+            unknown = [n for n in list(sd.get("residuals", {})) + list(sd.get("names", []))
+                       if n not in self._index]
+            if unknown:
+                raise L.InvalidArgumentError(
+                    "state_dict names parameter %r, which this model does not have (or "
+                    "does not train)" % unknown[0])
+        if self._engine is None:
+            self._pending_load = dict(sd)
+            self.iter = int(sd["iter"])
+            self.skipped_steps = int(sd.get("skipped_steps", 0))
+            return
+        self._apply_state(sd)
+
+    def _apply_state(self, sd):
+        if "engine_state" not in sd:
+            raise L.FormatError("state_dict has no engine state (it was saved before the "
+                                "first synchronized step); nothing to restore but iter")
+        with tempfile.TemporaryDirectory(prefix="igrad-state-") as d:
+            path = os.path.join(d, "state.bin")
+            with open(path, "wb") as f:
+                f.write(sd["engine_state"])
+            self._engine.load_state(path)
+        self.iter = int(sd["iter"])
+        self.skipped_steps = int(sd.get("skipped_steps", 0))
+
+    def save(self, path):
+        """Writes this rank's engine state (residuals, step, hashes) with
+        igrad_engine_save_state. `path` may contain "{rank}" (e.g.
+        "ckpt/igrad.rank{rank}.bin"); without it ".rank<R>" is inserted
+        before the extension when the group has more than one rank.
+        Returns the path written. Local: each rank writes its own file (so
+        it also suits DeepSpeed, which saves checkpoints from rank 0 only).
+        """
+        path = self._rank_path(path)
+        self.engine.save_state(path)
+        with open(path + ".iter", "w") as f:
+            f.write("%d\n" % self.iter)
+        return path
+
+    def load(self, path):
+        """Reads the files written by save() (collective: every rank loads
+        its own; if one fails, all fail and nothing changes)."""
+        path = self._rank_path(path)
+        self.engine.load_state(path)
+        try:
+            with open(path + ".iter") as f:
+                self.iter = int(f.read().strip())
+        except FileNotFoundError:
+            self.iter = self._engine.step + 1
+        return path
+
+    def _rank_path(self, path):
+        path = os.fspath(path)
+        if "{rank}" in path:
+            return path.format(rank=self.rank)
+        if self.world_size > 1:
+            root, ext = os.path.splitext(path)
+            return "%s.rank%d%s" % (root, self.rank, ext)
+        return path
+
+    # -- pickling (PowerSGD convention) --------------------------------------------
+
+    def __getstate__(self):
+        """Pickles the configuration and this rank's state_dict, never the
+        process group, the model or native handles."""
+        d = {k: v for k, v in self.__dict__.items()
+             if not k.startswith("_") and k != "process_group"}
+        if isinstance(d.get("profile"), Profile):
+            d["profile_json"] = _profile_bytes(d.pop("profile"))
+        d["_saved_state"] = self.state_dict() if self._engine is not None else \
+            self._pending_load
+        return d
+
+    def __setstate__(self, d):
+        saved = d.pop("_saved_state", None)
+        pj = d.pop("profile_json", None)
+        self.__dict__.update(d)
+        self.process_group = None  # the default group, resolved at first use
+        self._reset_runtime()
+        if pj is not None:
+            self.profile = _profile_from_bytes(pj)
+        self._pending_load = saved
+
+
+def _profile_bytes(profile):
+    with tempfile.TemporaryDirectory(prefix="igrad-prof-") as d:
+        path = os.path.join(d, "p.json")
+        profile.save_json(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _profile_from_bytes(data):
+    with tempfile.TemporaryDirectory(prefix="igrad-prof-") as d:
+        path = os.path.join(d, "p.json")
+        with open(path, "wb") as f:
+            f.write(data)
+        return Profile.load(path)
+
+
+def hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: `ddp.register_comm_hook(state, hook)` with an
+    IgradState built for the same model. Returns a future per bucket; all of
+    a step's futures complete when its last bucket has been synchronized
+    (see the module docstring)."""
+    return state._on_bucket(bucket)
+
+
+# ---------------------------------------------------------------------------
+# Manual loops
+# ---------------------------------------------------------------------------
+
+class GradientSynchronizer:
+    """igrad synchronization for loops that do not use DDP:
+
+        state = IgradState(profile="profile.json", method="ig")
+        sync = GradientSynchronizer(model.named_parameters(), state)
+        for step, batch in enumerate(loader):
+            loss(model, batch).backward()       # local gradients
+            sync.synchronize(step)              # .grad = average of selections
+            optimizer.step(); optimizer.zero_grad()
+
+    A parameter whose .grad is None is synchronized as zeros (its .grad is
+    then set). DeepSpeed (ZeRO stage 0): set
+    `engine.enable_backward_allreduce = False`, build the synchronizer over
+    `engine.module.named_parameters()` with `engine.data_parallel_group` as
+    the state's process_group, and after `engine.backward(loss)` call
+    synchronize() when `engine.is_gradient_accumulation_boundary()`, then
+    `engine.step()`; save igrad's state per rank (state.save), since
+    DeepSpeed writes checkpoints from rank 0 only."""
+
+    def __init__(self, named_parameters, state):
+        self.state = state
+        state.attach(named_parameters)
+
+    def synchronize(self, step=None):
+        """Averages the gradients over the ranks with igrad; returns the
+        step's stats (state.last_stats). `step` defaults to state.iter; the
+        same step must be used on every rank."""
+        st = self.state
+        step = st.iter if step is None else int(step)
+        grads = []
+        for n, p in st._named:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        stats = st._step_tensors(step, grads)
+        st.iter = step + 1
+        return stats
+
+
+# ---------------------------------------------------------------------------
+# Profiling
+# ---------------------------------------------------------------------------
+
+class Profiler:
+    """Records the activity trace of a run for building a profile.
+
+        prof = Profiler(model, sparsifier="adtopk", density=0.01)
+        for step ...: loss.backward(); prof.step(); optimizer.step(); ...
+        prof.save("trace.csv")            # then igrad profile, or:
+        profile = prof.build_profile(window=(20, None), out="profile.json")
+
+    What it records: at each step(), for every trainable tensor inside a
+    Transformer block, the sparsifier's selection of a = grad + e (the same
+    C selection as the engine, ties to the lower index), where e is the
+    Profiler's own error-feedback residual: the residual the sparsified
+    *_sync run would have if its synchronized gradient equalled this
+    .grad. The trace gets the selection's sum of squares and count per
+    component (activity = sqrt(sum v^2) / sqrt(n_c)). Tensors outside the
+    blocks (embeddings, norms, lm_head) are not part of any component and
+    are skipped. Call it after the gradients are final (after DDP's
+    averaging, or after GradientSynchronizer); every rank records the same
+    values under DDP, so saving on rank 0 is enough.
+
+    The residuals live on the CPU in float32 (one copy of the trainable
+    block parameters)."""
+
+    def __init__(self, model, sparsifier="adtopk", density=0.01, interleave=False):
+        self.named = named_trainable_parameters(model)
+        self.layout = layout_from_module(self.named)
+        self.sparsifier, self.density, self.interleave = sparsifier, density, interleave
+        self.trace = Trace.create(self.layout, sparsifier, density)
+        self._ws = SelectWorkspace()
+        self._tensors = []
+        for t, (n, p) in enumerate(self.named):
+            if self.layout.tensor(t)["component"] < 0:
+                continue
+            self._tensors.append((t, n, p, torch.zeros(p.numel(), dtype=torch.float32)))
+        self._specs = {}
+        self.steps = 0
+
+    def _spec(self, t, shape, step):
+        key = (t, bool(self.interleave) and step % 2 == 1)
+        if key not in self._specs:
+            self._specs[key] = select_spec(self.sparsifier, self.density, shape, step,
+                                           self.interleave)
+        return self._specs[key]
+
+    def step(self, step=None):
+        """Records the current gradients as trace step `step` (default: the
+        number of steps recorded so far). Parameters without .grad record
+        nothing (activity 0)."""
+        step = self.steps if step is None else int(step)
+        for t, name, p, res in self._tensors:
+            if p.grad is None:
+                continue
+            g = p.grad.detach()
+            g = g.to(device="cpu", dtype=torch.float32).contiguous().view(-1)
+            spec = self._spec(t, tuple(p.shape), step)
+            sel = self._ws.select_ef(g.data_ptr(), res.data_ptr(), spec, name)
+            self.trace.record(step, t, sel.sumsq, sel.count)
+        self.steps = step + 1
+
+    def save(self, path):
+        """Writes the trace CSV (igrad_trace_save)."""
+        self.trace.save(os.fspath(path))
+
+    def build_profile(self, window=None, method="knee", alpha=0.7, out=None, csv=None):
+        """The profile of the trace recorded so far (see igrad.build_profile)."""
+        from .profile import build_profile
+        return build_profile(self.trace, window=window, method=method, alpha=alpha, out=out,
+                             csv=csv)

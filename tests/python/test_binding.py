@@ -1,0 +1,286 @@
+"""test_binding.py — the ctypes binding itself, in one process:
+
+  - every ctypes.Structure matches include/igrad.h (a C program compiled
+    here prints the real offsets and sizes);
+  - the version check refuses a library of another version (a fake
+    libigrad built here, imported in a subprocess, and the expected-version
+    hook), with an ImportError that names both versions;
+  - a non-OK status becomes the matching IgradError subclass carrying
+    igrad_last_error();
+  - layout_from_module (trainable only, "module." stripped, HF components);
+  - the custom communicator: Python callbacks give the same step as the
+    self communicator, and an exception in a callback is a CommError;
+  - IgradState/GradientSynchronizer errors without torch.distributed: a
+    profile of another model, an unknown parameter name, another model.
+"""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import igrad_torch_helpers as H  # noqa: E402
+
+import torch  # noqa: E402
+
+import igrad  # noqa: E402
+import igrad.torch as it  # noqa: E402
+from igrad import _lib as L  # noqa: E402
+
+STRUCTS = {
+    "igrad_tensor_info_t": L.TensorInfo, "igrad_component_info_t": L.ComponentInfo,
+    "igrad_select_spec_t": L.SelectSpec, "igrad_selection_t": L.Selection,
+    "igrad_profile_options_t": L.ProfileOptions, "igrad_profile_entry_t": L.ProfileEntry,
+    "igrad_comm_ops_t": L.CommOps, "igrad_config_t": L.Config, "igrad_bucket_t": L.Bucket,
+    "igrad_step_stats_t": L.StepStats, "igrad_tensor_plan_t": L.TensorPlan,
+}
+
+
+def cc():
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+class Binding(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    # -- ABI ---------------------------------------------------------------
+
+    def test_struct_layouts_match_the_header(self):
+        compiler = cc()
+        if not compiler:
+            self.skipTest("no C compiler")
+        lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "igrad.h"',
+                 "int main(void) {"]
+        for cname, cls in STRUCTS.items():
+            lines.append('printf("%s __sizeof__ %%zu\\n", sizeof(%s));' % (cname, cname))
+            for field, _ in cls._fields_:
+                lines.append('printf("%s %s %%zu\\n", offsetof(%s, %s));' % (
+                    cname, field, cname, field))
+        lines += ['printf("IGRAD_VERSION_NUMBER %d\\n", IGRAD_VERSION_NUMBER);', "return 0; }"]
+        src = os.path.join(self.dir, "abi.c")
+        with open(src, "w") as f:
+            f.write("\n".join(lines))
+        exe = os.path.join(self.dir, "abi")
+        inc = os.path.join(H.SOURCE_DIR, "include")
+        subprocess.run([compiler, "-std=c11", "-I", inc, src, "-o", exe], check=True)
+        out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+        c = {}
+        for line in out.splitlines():
+            name, field, value = line.rsplit(" ", 2) if line.count(" ") == 2 else (
+                line.split(" ")[0], "", line.split(" ")[1])
+            c[(name, field)] = int(value)
+        for cname, cls in STRUCTS.items():
+            self.assertEqual(ctypes.sizeof(cls), c[(cname, "__sizeof__")], "sizeof(%s)" % cname)
+            for field, _ in cls._fields_:
+                self.assertEqual(getattr(cls, field).offset, c[(cname, field)],
+                                 "offsetof(%s, %s)" % (cname, field))
+        self.assertEqual(L.version_number(igrad.__version__) // 100,
+                         c[("IGRAD_VERSION_NUMBER", "")] // 100,
+                         "package and header major.minor")
+
+    # -- version -------------------------------------------------------------
+
+    def test_library_of_another_version_is_refused(self):
+        with self.assertRaises(ImportError) as cm:
+            L.load_library(igrad.library_path(), expected="0.7.0")
+        msg = str(cm.exception)
+        self.assertIn(igrad.library_version(), msg)
+        self.assertIn("0.7.0", msg)
+
+        compiler = cc()
+        if not compiler:
+            self.skipTest("no C compiler")
+        src = os.path.join(self.dir, "fake.c")
+        with open(src, "w") as f:
+            f.write('unsigned igrad_version(void) { return 9901; }\n'
+                    'const char *igrad_version_string(void) { return "0.99.1"; }\n')
+        fake = os.path.join(self.dir, "libfake.so")
+        subprocess.run([compiler, "-shared", "-fPIC", src, "-o", fake], check=True)
+        env = dict(os.environ, IGRAD_LIBRARY=fake)
+        proc = subprocess.run([sys.executable, "-c", "import igrad"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("ImportError", proc.stderr)
+        self.assertIn("0.99.1", proc.stderr)
+        self.assertIn(igrad.__version__, proc.stderr)
+
+        env = dict(os.environ, IGRAD_LIBRARY=os.path.join(self.dir, "missing.so"))
+        proc = subprocess.run([sys.executable, "-c", "import igrad"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("missing.so (not found)", proc.stderr)
+
+    # -- errors ----------------------------------------------------------------
+
+    def test_status_becomes_exception_with_message(self):
+        with self.assertRaises(igrad.FileError) as cm:
+            igrad.Profile.load(os.path.join(self.dir, "nope.json"))
+        self.assertEqual(cm.exception.status, 3)
+        self.assertIn("nope.json", str(cm.exception))
+        self.assertIsInstance(cm.exception, igrad.IgradError)
+
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.Layout.from_tensors([("a.weight", (2, 2)), ("a.weight", (3,))])
+        self.assertIn("a.weight", str(cm.exception))
+
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.make_config(density=1.5)
+        self.assertIn("density", str(cm.exception))
+        with self.assertRaises(igrad.InvalidArgumentError):
+            igrad.make_config(method="nonsense")
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.make_config(densty=0.1)
+        self.assertIn("densty", str(cm.exception))
+
+        bad = os.path.join(self.dir, "trace.csv")
+        with open(bad, "w") as f:
+            f.write("step,layer,component,raw_activity,d_activity,numel,retained_numel\n"
+                    "0,0,Q,abc,0,64,1\n")
+        with self.assertRaises(igrad.FormatError) as cm:
+            igrad.build_profile(bad)
+        self.assertIn("trace.csv", str(cm.exception))
+
+    # -- layout ----------------------------------------------------------------
+
+    def test_layout_from_module(self):
+        model = H.TinyLlama()
+        model.model.norm.weight.requires_grad_(False)
+
+        class Wrapper(torch.nn.Module):  # what DDP's named_parameters() looks like
+            def __init__(self, m):
+                super().__init__()
+                self.module = m
+
+        layout = it.layout_from_module(Wrapper(model))
+        want = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]
+        self.assertEqual(len(layout), len(want))
+        for i, (n, shape) in enumerate(want):
+            info = layout.tensor(i)
+            self.assertEqual((info["name"], info["shape"]), (n, shape))
+        self.assertEqual(layout.find("model.norm.weight"), -1)
+        q = layout.tensor(layout.find("model.layers.1.self_attn.q_proj.weight"))
+        self.assertEqual((q["layer"], q["kind"]), (1, "Q"))
+        d = layout.tensor(layout.find("model.layers.0.mlp.down_proj.weight"))
+        self.assertEqual((d["layer"], d["kind"]), (0, "FC2"))
+        self.assertEqual(layout.total_count,
+                         sum(p.numel() for p in model.parameters() if p.requires_grad))
+        # 2 layers x (Q, K, V, O, FC1, FC2)
+        self.assertEqual(len(layout.components()), 12)
+        self.assertEqual(igrad.component_of("model.layers.3.mlp.up_proj.weight"), (3, "FC1"))
+
+    # -- communicators ---------------------------------------------------------
+
+    def test_custom_comm_from_python(self):
+        model = H.TinyLlama()
+        layout = it.layout_from_module(model)
+        grads = []
+        model(*H.batch(0, 0)).backward()
+        for p in model.parameters():
+            grads.append(p.grad.reshape(-1).clone())
+
+        calls = []
+
+        class Loop:  # one rank: the collectives are copies
+            def allgather(self, send, nbytes, recv):
+                calls.append("allgather")
+                ctypes.memmove(recv, send, nbytes)
+
+            def allreduce(self, send, recv, count, dtype, op):
+                calls.append("allreduce")
+                if send != recv:
+                    ctypes.memmove(recv, send, count * (4 if dtype == "F32" else 8))
+
+            def bcast(self, buf, nbytes, root):
+                calls.append("bcast")
+
+            def barrier(self):
+                calls.append("barrier")
+
+        cfg = igrad.make_config(method="adtopk_sync", density=0.125)
+        a = [g.clone() for g in grads]
+        b = [g.clone() for g in grads]
+        e1 = igrad.Engine(layout, None, cfg, igrad.Comm.custom(Loop(), 0, 1))
+        e2 = igrad.Engine(layout, None, cfg, igrad.Comm.self_())
+        e1.sync(0, [t.data_ptr() for t in a])
+        e2.sync(0, [t.data_ptr() for t in b])
+        self.assertTrue(calls, "the custom comm's callbacks were never called")
+        for n, x, y in zip(layout.names, a, b):
+            self.assertTrue(torch.equal(x, y), n)
+        self.assertEqual(e1.stats()["payload_nbytes"], e2.stats()["payload_nbytes"])
+
+        class Broken(Loop):
+            def allgather(self, send, nbytes, recv):
+                raise ValueError("the network is down")
+
+            def allreduce(self, send, recv, count, dtype, op):
+                raise ValueError("the network is down")
+
+        with self.assertRaises(igrad.CommError) as cm:
+            e3 = igrad.Engine(layout, None, cfg, igrad.Comm.custom(Broken(), 0, 1))
+            e3.sync(0, [t.data_ptr() for t in a])
+        self.assertIn("the network is down", str(cm.exception))
+
+    # -- state errors without torch.distributed ----------------------------------
+
+    def test_state_errors(self):
+        model = H.TinyLlama()
+        other = H.TinyLlama(dim=8, hidden=24)
+        layout = it.layout_from_module(other)
+        trace = igrad.Trace.create(layout, "adtopk", 0.125)
+        for s in range(3):
+            for t in range(len(layout)):
+                if layout.tensor(t)["component"] >= 0:
+                    trace.record(s, t, float(t + 1), 1)
+        path = os.path.join(self.dir, "other.json")
+        igrad.build_profile(trace, out=path)
+
+        # a profile file for another model
+        state = it.IgradState(profile=path, method="ig")
+        sync = it.GradientSynchronizer(model.named_parameters(), state)
+        model(*H.batch(0, 0)).backward()
+        with self.assertRaises(igrad.MismatchError) as cm:
+            sync.synchronize(0)
+        self.assertIn("other.json", str(cm.exception))
+        # the same as a Profile object
+        state = it.IgradState(profile=igrad.Profile.load(path), method="ig")
+        sync = it.GradientSynchronizer(model.named_parameters(), state)
+        with self.assertRaises(igrad.MismatchError) as cm:
+            sync.synchronize(0)
+        self.assertIn("another model", str(cm.exception))
+        # ig without a profile
+        state = it.IgradState(method="ig")
+        sync = it.GradientSynchronizer(model.named_parameters(), state)
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            sync.synchronize(0)
+        self.assertIn("profile", str(cm.exception))
+
+        # an unknown parameter name in a state_dict
+        state = it.IgradState(model, method="topk_sync", density=0.125)
+        sync = it.GradientSynchronizer(model.named_parameters(), state)
+        sync.synchronize(0)
+        sd = state.state_dict()
+        self.assertEqual(sd["iter"], 1)
+        sd["residuals"]["model.layers.7.self_attn.q_proj.weight"] = torch.zeros(16, 16)
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            state.load_state_dict(sd)
+        self.assertIn("model.layers.7.self_attn.q_proj.weight", str(cm.exception))
+        # attaching the state to another model
+        with self.assertRaises(igrad.MismatchError):
+            state.attach(other)
+        # bad knobs are refused at construction, not at the first backward
+        with self.assertRaises(igrad.InvalidArgumentError):
+            it.IgradState(model, density=0)
+        with self.assertRaises(igrad.InvalidArgumentError):
+            it.IgradState(model, nonfinite="ignore")
+
+
+if __name__ == "__main__":
+    unittest.main()
