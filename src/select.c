@@ -39,6 +39,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 /* The AVX2 pass-1 kernel is compiled on x86-64 and chosen at run time. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define IGRAD__HAVE_AVX2 1
@@ -63,6 +67,30 @@
 #define QSELECT_MAX 2048        /* quickselect below, radix select above */
 #define STREAM_SAMPLES 16384    /* most samples for a long range */
 #define HINT_SCALE 0.9f         /* next row's threshold / this row's k-th */
+#define PAR_MIN ((int64_t)1 << 20) /* entries per thread worth a fork */
+#define PAR_MAX 64              /* most pieces of a parallel pass */
+
+/* Threads for a pass over n entries: OpenMP's current setting, one per
+ * PAR_MIN entries, and one inside a parallel region (the engine already
+ * spreads tensors over threads). Results never depend on it. */
+static int par_threads(int64_t n)
+{
+#ifdef _OPENMP
+    if (n < 2 * PAR_MIN || omp_in_parallel()) return 1;
+    int64_t t = omp_get_max_threads(), most = n / PAR_MIN;
+    if (t > most) t = most;
+    return t > PAR_MAX ? PAR_MAX : (int)t;
+#else
+    (void)n;
+    return 1;
+#endif
+}
+
+/* Start of piece p of T over [0, n), at a multiple of 64 entries. */
+static int64_t piece_start(int64_t n, int p, int T)
+{
+    return p == T ? n : (int64_t)((uint64_t)n * (uint64_t)p / (uint64_t)T) & ~(int64_t)63;
+}
 
 /* ------------------------------------------------------------------------ */
 /* Names, budgets, specs                                                    */
@@ -371,7 +399,9 @@ typedef struct cands {
     size_t k;          /* entries to keep */
     float thr;         /* admission: |a| >= thr */
     uint32_t *scratch; /* room for 3 * cap keys */
-    int compactions;
+    int fixed;         /* no compaction: a full buffer sets overflow and the
+                          scan stops (parallel pieces) */
+    int overflow;
 } cands_t;
 
 /* Reduces the buffer to its exact top k (larger |a| first, then lower
@@ -396,8 +426,20 @@ static uint32_t cands_compact(cands_t *cs)
     }
     cs->c = w;
     cs->thr = nextafterf(float_of(kth), INFINITY);
-    cs->compactions++;
     return kth;
+}
+
+/* Before a block of nb entries: room for all of them? Compacts when it
+ * may; @return 0 when the buffer is fixed and full (the scan stops). */
+static inline int cands_room(cands_t *cs, size_t nb)
+{
+    if (cs->c + nb <= cs->cap) return 1;
+    if (cs->fixed) {
+        cs->overflow = 1;
+        return 0;
+    }
+    cands_compact(cs);
+    return 1;
 }
 
 /* Pass 1 kernels. A scan walks x[0..len) (a = x + y, or a = x when y is
@@ -454,7 +496,7 @@ FORCE_INLINE int64_t scan_generic(int mode, const float *restrict x, const float
             }
         }
         if (__builtin_expect(flag, 0)) {
-            if (cs->c + (size_t)nb > cs->cap) cands_compact(cs);
+            if (!cands_room(cs, (size_t)nb)) return -1;
             for (int j = 0; j < nb; j++)
                 if (append_one(cs, a_at(mode, x, y, i + j), base + i + j)) return i + j;
         }
@@ -496,7 +538,7 @@ AVX2_INLINE int64_t scan_avx2(int mode, const float *restrict x, const float *re
             flag |= (uint64_t)(uint32_t)_mm256_movemask_ps(ge) << j;
         }
         if (__builtin_expect(flag != 0, 0)) {
-            if (cs->c + 64 > cs->cap) cands_compact(cs);
+            if (!cands_room(cs, 64)) return -1;
             while (flag) {
                 int j = __builtin_ctzll(flag);
                 flag &= flag - 1;
@@ -504,7 +546,7 @@ AVX2_INLINE int64_t scan_avx2(int mode, const float *restrict x, const float *re
             }
         }
     }
-    if (i < len) {
+    if (i < len && !cs->overflow) {
         int64_t bad = scan_generic(mode, x + i, (mode & SCAN_Y) ? y + i : NULL,
                                    (mode & SCAN_STORE) ? store + i : NULL, len - i, i, cs);
         if (bad >= 0) return i + bad;
@@ -673,6 +715,62 @@ static float cands_emit(cands_t *cs, uint32_t *oidx, float *oval)
     return float_of(kth);
 }
 
+/* Pass 1 of select_stream on T threads: each piece of the range collects
+ * its candidates at threshold thr into its own fixed slice of ws->cidx /
+ * ws->cval (no compaction), then the slices are joined in index order and
+ * the exact top k taken. An opportunistic fast path: if a slice
+ * overflows, or fewer than k entries pass, it gives up (*done = 0) and the
+ * serial path, which always succeeds, starts over. @return the first
+ * non-finite index (*done = 1), or -1. */
+static int64_t select_stream_parallel(igrad_select_ws_t *ws, const float *g, const float *e,
+                                      int64_t len, size_t k, size_t cap, float thr, int T,
+                                      uint32_t *oidx, float *oval, int *done)
+{
+    *done = 0;
+#ifdef _OPENMP
+    size_t slice = cap / (size_t)T + BLK_MAX, count[PAR_MAX];
+    int64_t bad[PAR_MAX];
+    int over[PAR_MAX];
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+    for (int p = 0; p < T; p++) {
+        int64_t s0 = piece_start(len, p, T), s1 = piece_start(len, p + 1, T);
+        cands_t cs = {ws->cidx + (size_t)p * slice, ws->cval + (size_t)p * slice, 0, slice, k,
+                      thr, NULL, 1, 0};
+        bad[p] = scan_ge(ws, g + s0, e + s0, s1 - s0, &cs);
+        count[p] = cs.c;
+        over[p] = cs.overflow;
+    }
+    size_t total = 0;
+    for (int p = 0; p < T; p++) {
+        /* pieces before p were scanned to their end, so a NaN/Inf here is
+         * the first of the range; after an overflow nothing is known */
+        if (bad[p] >= 0) {
+            *done = 1;
+            return piece_start(len, p, T) + bad[p];
+        }
+        if (over[p]) return -1;
+        total += count[p];
+    }
+    if (total < k) return -1;
+    size_t off = 0;
+    for (int p = 0; p < T; p++) { /* join: slices only move down */
+        uint32_t s0 = (uint32_t)piece_start(len, p, T);
+        for (size_t i = 0; i < count[p]; i++) {
+            ws->cidx[off + i] = ws->cidx[(size_t)p * slice + i] + s0;
+            ws->cval[off + i] = ws->cval[(size_t)p * slice + i];
+        }
+        off += count[p];
+    }
+    cands_t all = {ws->cidx, ws->cval, total, total, k, 0.0f, ws->keys, 0, 0};
+    cands_emit(&all, oidx, oval);
+    *done = 1;
+#else
+    (void)ws, (void)g, (void)e, (void)len, (void)k, (void)cap, (void)thr, (void)T;
+    (void)oidx, (void)oval;
+#endif
+    return -1;
+}
+
 /* Top k of a range too long to buffer, reading grad and residual directly;
  * indices are relative to the range. Attempts: the sampled threshold, a
  * lower sampled one, then 0 (always enough; compactions keep it linear).
@@ -691,7 +789,13 @@ static int64_t select_stream(igrad_select_ws_t *ws, const float *g, const float 
     }
     float thr[3];
     attempt_thresholds(ws->policy, ws->keys, m, r1, r2, thr);
-    cands_t cs = {ws->cidx, ws->cval, 0, cap, k, 0.0f, ws->keys, 0};
+    int T = par_threads(len);
+    if (T > 1) {
+        int done;
+        int64_t bad = select_stream_parallel(ws, g, e, len, k, cap, thr[0], T, oidx, oval, &done);
+        if (done) return bad;
+    }
+    cands_t cs = {ws->cidx, ws->cval, 0, cap, k, 0.0f, ws->keys, 0, 0};
     for (int attempt = 0; attempt < 3; attempt++) {
         cs.c = 0;
         cs.thr = thr[attempt];
@@ -785,7 +889,7 @@ static int64_t select_buffered(igrad_select_ws_t *ws, const float *g, const floa
 {
     if (take_all(len, k)) return select_direct(ws, g, e, len, k, oidx, oval);
     int have_hint = ws->policy == IGRAD__SELECT_NORMAL && !isnan(*hint);
-    cands_t cs = {ws->cidx, ws->cval, 0, cap, k, 0.0f, ws->keys, 0};
+    cands_t cs = {ws->cidx, ws->cval, 0, cap, k, 0.0f, ws->keys, 0, 0};
     cs.thr = have_hint ? *hint : INFINITY; /* Inf: only fill and check */
     int64_t bad = scan_fill(ws, g, e, len, &cs);
     if (bad >= 0) return bad;
@@ -806,16 +910,31 @@ static inline void add_into(const float *restrict g, float *restrict e, int64_t 
     for (int64_t i = 0; i < len; i++) e[i] = g[i] + e[i];
 }
 
-/* Pass 2 over the whole tensor: e = g + e in chunks, and the kept entries
- * of each chunk are zeroed while it is still in cache. kept holds per_row
- * ascending column indices for each of `rows` rows of `cols` entries (a
- * flat selection is one row; rows = 0: nothing kept). */
-static void write_residual(const float *restrict g, float *restrict e, int64_t n,
-                           const uint32_t *kept, int64_t rows, int64_t cols, int64_t per_row)
+/* Pass 2 over [s0, s1) of the tensor: e = g + e in chunks, and the kept
+ * entries of each chunk are zeroed while it is still in cache. kept holds
+ * per_row ascending column indices for each of `rows` rows of `cols`
+ * entries (a flat selection is one row; rows = 0: nothing kept). */
+static void write_residual_range(const float *restrict g, float *restrict e, int64_t s0,
+                                 int64_t s1, const uint32_t *kept, int64_t rows, int64_t cols,
+                                 int64_t per_row)
 {
-    int64_t r = 0, j = 0; /* the next kept entry: row r, its j-th */
-    for (int64_t s = 0; s < n; s += CHUNK) {
-        int64_t end = n - s < CHUNK ? n : s + CHUNK;
+    int64_t r = rows, j = 0; /* the next kept entry at or after s0: row r, its j-th */
+    if (rows > 0 && s0 / cols < rows) {
+        r = s0 / cols;
+        int64_t lo = 0, hi = per_row, col0 = s0 - r * cols;
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if ((int64_t)kept[r * per_row + mid] < col0) lo = mid + 1;
+            else hi = mid;
+        }
+        j = lo;
+        if (j == per_row) {
+            j = 0;
+            r++;
+        }
+    }
+    for (int64_t s = s0; s < s1; s += CHUNK) {
+        int64_t end = s1 - s < CHUNK ? s1 : s + CHUNK;
         /* A constant trip count lets -O2 vectorize without an epilogue. */
         if (end - s == CHUNK) add_into(g + s, e + s, CHUNK);
         else add_into(g + s, e + s, end - s);
@@ -831,6 +950,23 @@ static void write_residual(const float *restrict g, float *restrict e, int64_t n
     }
 }
 
+/* Pass 2 over the whole tensor, in pieces on threads for large ones. */
+static void write_residual(const float *g, float *e, int64_t n, const uint32_t *kept,
+                           int64_t rows, int64_t cols, int64_t per_row)
+{
+    int T = par_threads(n);
+    if (T <= 1) {
+        write_residual_range(g, e, 0, n, kept, rows, cols, per_row);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+#endif
+    for (int p = 0; p < T; p++)
+        write_residual_range(g, e, piece_start(n, p, T), piece_start(n, p + 1, T), kept, rows,
+                             cols, per_row);
+}
+
 /* Sum of squares in double, in eight fixed lanes (vectorizable, and the
  * same order whatever the caller), combined in a fixed order. */
 static double sumsq_of(const float *v, int64_t n)
@@ -844,7 +980,7 @@ static double sumsq_of(const float *v, int64_t n)
 }
 
 /* Read-only check of a = g + e. @return first non-finite index or -1. */
-static int64_t check_finite(const float *restrict g, const float *restrict e, int64_t len)
+static int64_t check_finite_range(const float *restrict g, const float *restrict e, int64_t len)
 {
     for (int64_t i = 0; i < len; i += CHUNK) {
         int64_t nb = len - i < CHUNK ? len - i : CHUNK;
@@ -858,6 +994,23 @@ static int64_t check_finite(const float *restrict g, const float *restrict e, in
             for (int64_t j = 0; j < nb; j++)
                 if (!(fabsf(g[i + j] + e[i + j]) <= FLT_MAX)) return i + j;
     }
+    return -1;
+}
+
+static int64_t check_finite(const float *g, const float *e, int64_t n)
+{
+    int T = par_threads(n);
+    if (T <= 1) return check_finite_range(g, e, n);
+    int64_t bad[PAR_MAX];
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+#endif
+    for (int p = 0; p < T; p++) {
+        int64_t s0 = piece_start(n, p, T);
+        bad[p] = check_finite_range(g + s0, e + s0, piece_start(n, p + 1, T) - s0);
+    }
+    for (int p = 0; p < T; p++)
+        if (bad[p] >= 0) return piece_start(n, p, T) + bad[p];
     return -1;
 }
 
@@ -923,7 +1076,7 @@ static igrad_status_t select_dense(const float *restrict g, float *restrict e,
         int64_t len = n - s < CHUNK ? n - s : CHUNK;
         int bad = len == CHUNK ? add_check(g + s, e + s, val + s, CHUNK)
                                : add_check(g + s, e + s, val + s, len);
-        if (bad) return fail_nonfinite(name, g, e, s + check_finite(g + s, e + s, len));
+        if (bad) return fail_nonfinite(name, g, e, s + check_finite_range(g + s, e + s, len));
     }
     if (out->index) {
         int64_t rows = spec->row_wise ? spec->rows : 1, cols = n / rows;
@@ -957,8 +1110,13 @@ igrad_status_t igrad_select_ef(const float *grad, float *residual,
         size_t m = samples_for(len, buffered);
         size_t most = cap > m ? cap : m;
         if (buffered && (size_t)len > most) most = (size_t)len; /* select_direct */
+        if (!buffered) { /* slices of select_stream_parallel */
+            int T = par_threads(len);
+            size_t sliced = T > 1 ? (size_t)T * (cap / (size_t)T + BLK_MAX) : 0;
+            if (sliced > most) most = sliced;
+        }
         /* keys: samples or candidate keys, and twice that for selecting */
-        IGRAD_CHECK(ws_reserve(ws, buffered ? most : cap, 3 * most, buffered ? (size_t)len : 0));
+        IGRAD_CHECK(ws_reserve(ws, most, 3 * most, buffered ? (size_t)len : 0));
 
         float hint = NAN;
         for (int64_t r = 0; r < rows; r++) {

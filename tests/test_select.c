@@ -6,8 +6,8 @@
  * equal, negatives, heavy tails, k = 1, k = n, n = 1), adtopk per row,
  * interleave, none, the recovery paths forced through the workspace policy,
  * both pass-1 kernels (AVX2 and portable C), NaN/Inf handling (residual
- * bit-identical), conservation over 200 steps of sends and deferrals, and
- * determinism. No timings here (see `igrad bench select`).
+ * bit-identical), conservation over 200 steps of sends and deferrals,
+ * determinism, and OpenMP thread counts on large tensors. No timings here (see `igrad bench select`).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -19,6 +19,9 @@
 #include <string.h>
 
 #include <cmocka.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "igrad.h"
 #include "select_internal.h"
@@ -873,6 +876,120 @@ static void test_determinism(void **state)
     igrad_select_ws_free(ws2);
 }
 
+/* Large tensors are split over OpenMP threads (pass 1 of a flat selection,
+ * pass 2 always); the answer must not depend on the thread count, on
+ * whether the parallel attempt gives up (overflow, too few candidates) or
+ * on where the pieces are cut. One reference, many runs. */
+static void check_threads(const float *g, const float *e0, const igrad_select_spec_t *spec,
+                          const uint32_t *want, int64_t nan_at)
+{
+    int64_t n = spec->n, k = spec->count;
+    int64_t rows = spec->row_wise ? spec->rows : 1, len = n / rows;
+    int64_t per = spec->row_wise ? spec->per_row : k;
+    float *e = malloc((size_t)n * sizeof *e), *want_e = malloc((size_t)n * sizeof *want_e);
+    float *val = malloc((size_t)k * sizeof *val), *want_val = malloc((size_t)k * sizeof *val);
+    uint32_t *idx = malloc((size_t)k * sizeof *idx);
+    assert_true(e && want_e && val && want_val && idx);
+    for (int64_t i = 0; i < n; i++) want_e[i] = g[i] + e0[i];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < per; j++) {
+            int64_t flat = r * len + want[r * per + j];
+            want_val[r * per + j] = want_e[flat];
+        }
+    for (int64_t j = 0; j < k; j++) want_e[(j / per) * len + want[j]] = 0.0f;
+    igrad_select_ws_t *ws = NULL;
+    assert_int_equal(igrad_select_ws_create(&ws), IGRAD_OK);
+    for (int threads = 1; threads <= 3; threads++) {
+#ifdef _OPENMP
+        omp_set_num_threads(threads);
+#endif
+        for (int p = 0; p < 6; p++) {
+            igrad__select_ws_force(ws, policies[p % 3]);
+            igrad__select_ws_kernel(ws, p < 3 ? IGRAD__SELECT_KERNEL_AUTO
+                                              : IGRAD__SELECT_KERNEL_GENERIC);
+            memcpy(e, e0, (size_t)n * sizeof *e);
+            igrad_selection_t sel = {.index = idx, .value = val};
+            igrad_status_t st = igrad_select_ef(g, e, spec, "big", ws, &sel);
+            if (nan_at >= 0) {
+                char where[64];
+                snprintf(where, sizeof where, "index %lld", (long long)nan_at);
+                assert_int_equal(st, IGRAD_E_NONFINITE);
+                if (!strstr(igrad_last_error(), where)) print_error("%s\n", igrad_last_error());
+                assert_non_null(strstr(igrad_last_error(), where));
+                expect_same_floats(e, e0, n, "residual after failure");
+                continue;
+            }
+            assert_int_equal(st, IGRAD_OK);
+            expect_same_u32(idx, want, k, "index");
+            expect_same_floats(val, want_val, k, "value");
+            expect_same_floats(e, want_e, n, "residual");
+        }
+        memcpy(e, e0, (size_t)n * sizeof *e);
+        igrad_status_t st = igrad_residual_accumulate(g, e, n, "acc");
+        if (nan_at >= 0) {
+            assert_int_equal(st, IGRAD_E_NONFINITE);
+            expect_same_floats(e, e0, n, "residual after failed accumulate");
+        } else {
+            assert_int_equal(st, IGRAD_OK);
+            for (int64_t i = 0; i < n; i++) assert_int_equal(bits(e[i]), bits(g[i] + e0[i]));
+        }
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+    igrad_select_ws_free(ws);
+    free(e);
+    free(want_e);
+    free(val);
+    free(want_val);
+    free(idx);
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    const int64_t n = 2200000 + 77; /* two pieces of >= 2^20 and a tail */
+    const int64_t flat[1] = {n};
+    float *g = malloc((size_t)n * sizeof *g), *e0 = malloc((size_t)n * sizeof *e0);
+    float *a = malloc((size_t)n * sizeof *a);
+    assert_true(g && e0 && a);
+    fill(g, n, DIST_CAUCHY, 101);
+    fill(e0, n, DIST_NORMAL, 102);
+    for (int64_t i = 0; i < n; i++) a[i] = g[i] + e0[i];
+    igrad_select_spec_t spec = spec_of(IGRAD_SPARSIFIER_TOPK, 0.003, 1.0, 0, 0, 1, flat);
+    uint32_t *want = malloc((size_t)spec.count * sizeof *want);
+    assert_non_null(want);
+    ref_topk(a, n, spec.count, want);
+    check_threads(g, e0, &spec, want, -1);
+    /* all equal: the parallel attempt overflows, the serial path finishes */
+    for (int64_t i = 0; i < n; i++) g[i] = -2.5f;
+    memset(e0, 0, (size_t)n * sizeof *e0);
+    for (int64_t j = 0; j < spec.count; j++) want[j] = (uint32_t)j;
+    check_threads(g, e0, &spec, want, -1);
+    /* NaN/Inf in the last piece, then also in the first */
+    fill(g, n, DIST_NORMAL, 103);
+    g[n - 5] = NAN;
+    check_threads(g, e0, &spec, want, n - 5);
+    g[1000] = INFINITY;
+    check_threads(g, e0, &spec, want, 1000);
+    free(want);
+    /* row-wise: pass 2 cut in the middle of rows */
+    const int64_t mat[2] = {700, 3001};
+    igrad_select_spec_t rs = spec_of(IGRAD_SPARSIFIER_ADTOPK, 0.01, 1.0, 0, 0, 2, mat);
+    fill(g, rs.n, DIST_NORMAL, 104);
+    fill(e0, rs.n, DIST_NORMAL, 105);
+    for (int64_t i = 0; i < rs.n; i++) a[i] = g[i] + e0[i];
+    want = malloc((size_t)rs.count * sizeof *want);
+    assert_non_null(want);
+    for (int64_t r = 0; r < rs.rows; r++)
+        ref_topk(a + r * rs.cols, rs.cols, rs.per_row, want + r * rs.per_row);
+    check_threads(g, e0, &rs, want, -1);
+    free(want);
+    free(g);
+    free(e0);
+    free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -894,6 +1011,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_conservation),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
