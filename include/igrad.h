@@ -308,7 +308,9 @@ IGRAD_API const char *igrad_sparsifier_name(igrad_sparsifier_t sp);
 IGRAD_API igrad_status_t igrad_sparsifier_from_name(const char *name, igrad_sparsifier_t *sp);
 
 /** @return the per-step budget of a tensor with n entries:
- *  ceil(density * n), at least 1 and at most n (0 when n <= 0). */
+ *  ceil(density * n), at least 1 and at most n (0 when n <= 0). The product
+ *  is evaluated in double as written, so math.ceil(density * n) in Python
+ *  agrees (ceil(0.07 * 100) is 8). */
 IGRAD_API int64_t igrad_budget(int64_t n, double density);
 
 /** What a selection keeps for one tensor at one step. A pure function of
@@ -359,16 +361,24 @@ typedef struct igrad_selection {
 /** Fused error feedback + selection + residual update, O(n):
  *  a = grad + residual; keep the spec's entries of largest |a| (ties: the
  *  lower index wins); residual = a with the kept entries set to 0.
- *  grad and residual have spec->n floats; residual is updated in place.
+ *  grad and residual have spec->n floats and must not overlap; residual is
+ *  updated in place. The result is exact and deterministic. Tensors of
+ *  2^21 entries or more are split over OpenMP threads (up to
+ *  omp_get_max_threads(); one thread when called inside a parallel region),
+ *  which changes only the time taken.
  *  @param name names the tensor in error messages (may be NULL).
- *  @return IGRAD_E_NONFINITE if a has a NaN or Inf; the residual is then
- *  untouched. */
+ *  @return IGRAD_E_NONFINITE if a has a NaN or Inf (the message names the
+ *  tensor and the first bad flat index); the residual is then untouched,
+ *  out's arrays may have been written. IGRAD_E_INVALID for an inconsistent
+ *  spec (count outside 1..n; row-wise: rows * cols != n or count !=
+ *  rows * per_row) or a NULL index array with a sparse spec. */
 IGRAD_API igrad_status_t igrad_select_ef(const float *grad, float *residual,
                                          const igrad_select_spec_t *spec, const char *name,
                                          igrad_select_ws_t *ws, igrad_selection_t *out);
 
 /** Error feedback for a tensor that is not sent this step: residual += grad.
- *  @return IGRAD_E_NONFINITE (residual untouched) on NaN/Inf. */
+ *  @return IGRAD_E_NONFINITE (residual untouched, the message names the
+ *  tensor and the first bad index) on NaN/Inf. */
 IGRAD_API igrad_status_t igrad_residual_accumulate(const float *grad, float *residual,
                                                    int64_t n, const char *name);
 

@@ -26,10 +26,14 @@
  * the tensor, so a NaN/Inf anywhere leaves it bit-identical. That costs one
  * extra read of grad and residual over a plain streaming pass.
  * Rows of a row-wise selection that fit in cache keep a copy of their a, so
- * sampling and retries never go back to memory, and the threshold that
- * worked for one row is tried first on the next.
- * Results are exact, so they do not depend on thresholds, thread counts or
- * the workspace's history: only the time does.
+ * sampling and retries never go back to memory, and a threshold just below
+ * one row's k-th value is tried first on the next. Short rows, or rows
+ * where k is a large share, skip thresholds and select directly.
+ * Pass 1 has a portable kernel and an AVX2 one (chosen at run time). Large
+ * tensors are cut into pieces on OpenMP threads: pass 2 always, pass 1 of
+ * a flat selection as an attempt that falls back to the serial path.
+ * Results are exact, so they do not depend on thresholds, kernels, thread
+ * counts or the workspace's history: only the time does.
  */
 #include "internal.h"
 #include "select_internal.h"
@@ -253,36 +257,36 @@ void igrad__select_ws_kernel(igrad_select_ws_t *ws, int kernel)
     if (ws) ws->kernel = kernel;
 }
 
-/* Grows one array to hold at least `count` elements of `size` bytes (the
- * old contents are not kept: every selection starts from scratch). */
-static int grow(void **p, size_t *cap, size_t count, size_t size)
-{
-    if (count <= *cap) return 1;
-    size_t want = count + count / 4;
-    void *q = malloc(want * size);
-    if (!q) return 0;
-    free(*p);
-    *p = q;
-    *cap = want;
-    return 1;
-}
-
+/* Makes room for ccap candidates, kcap keys and a row of rcap entries.
+ * Old contents are not kept (every selection starts from scratch); a
+ * failed allocation leaves that capacity at 0, so the next call retries. */
 static igrad_status_t ws_reserve(igrad_select_ws_t *ws, size_t ccap, size_t kcap, size_t rcap)
 {
     if (ccap > ws->ccap) {
-        /* Both candidate arrays share ccap: grow them together. */
-        size_t c1 = ws->ccap, c2 = ws->ccap;
-        int ok = grow((void **)&ws->cidx, &c1, ccap, sizeof(uint32_t)) &&
-                 grow((void **)&ws->cval, &c2, ccap, sizeof(float));
-        if (c1 == c2) ws->ccap = c1;
-        else ws->ccap = 0; /* one grew, one did not: treat as empty next time */
-        IGRAD_FAIL_IF(!ok, IGRAD_E_NOMEM,
+        size_t want = ccap + ccap / 4;
+        free(ws->cidx);
+        free(ws->cval);
+        ws->cidx = malloc(want * sizeof *ws->cidx);
+        ws->cval = malloc(want * sizeof *ws->cval);
+        ws->ccap = ws->cidx && ws->cval ? want : 0;
+        IGRAD_FAIL_IF(!ws->ccap, IGRAD_E_NOMEM,
                       "igrad_select_ef: out of memory for %zu candidates", ccap);
     }
-    IGRAD_FAIL_IF(!grow((void **)&ws->keys, &ws->kcap, kcap, sizeof(uint32_t)), IGRAD_E_NOMEM,
-                  "igrad_select_ef: out of memory for %zu keys", kcap);
-    IGRAD_FAIL_IF(!grow((void **)&ws->row, &ws->rcap, rcap, sizeof(float)), IGRAD_E_NOMEM,
-                  "igrad_select_ef: out of memory for a row of %zu entries", rcap);
+    if (kcap > ws->kcap) {
+        size_t want = kcap + kcap / 4;
+        free(ws->keys);
+        ws->keys = malloc(want * sizeof *ws->keys);
+        ws->kcap = ws->keys ? want : 0;
+        IGRAD_FAIL_IF(!ws->kcap, IGRAD_E_NOMEM, "igrad_select_ef: out of memory for %zu keys",
+                      kcap);
+    }
+    if (rcap > ws->rcap) {
+        free(ws->row);
+        ws->row = malloc(rcap * sizeof *ws->row);
+        ws->rcap = ws->row ? rcap : 0;
+        IGRAD_FAIL_IF(!ws->rcap, IGRAD_E_NOMEM,
+                      "igrad_select_ef: out of memory for a row of %zu entries", rcap);
+    }
     return IGRAD_OK;
 }
 
