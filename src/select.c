@@ -74,13 +74,14 @@
 #define PAR_MIN ((int64_t)1 << 20) /* entries per thread worth a fork */
 #define PAR_MAX 64              /* most pieces of a parallel pass */
 
-/* Threads for a pass over n entries: OpenMP's current setting, one per
- * PAR_MIN entries, and one inside a parallel region (the engine already
- * spreads tensors over threads). Results never depend on it. */
+/* Threads for a pass over n entries: OpenMP's current setting, at most one
+ * per PAR_MIN entries, and one inside any parallel region, even a team of
+ * one (the caller, e.g. the engine, already chose how to spread tensors
+ * over threads). Results never depend on it. */
 static int par_threads(int64_t n)
 {
 #ifdef _OPENMP
-    if (n < 2 * PAR_MIN || omp_in_parallel()) return 1;
+    if (n < 2 * PAR_MIN || omp_get_level() > 0) return 1;
     int64_t t = omp_get_max_threads(), most = n / PAR_MIN;
     if (t > most) t = most;
     return t > PAR_MAX ? PAR_MAX : (int)t;
