@@ -536,8 +536,18 @@ class IgradState:
         try:
             by_name = {}
             for b, _ in pending:
-                for n, g in zip(self._bucket_names(b), b.gradients()):
-                    by_name[n] = g
+                # A dense bucket's buffer is its parameters' gradients
+                # back to back; slicing it (rather than trusting
+                # gradients() to return views) guarantees the engine's
+                # result lands in the buffer that the future hands back.
+                buf, off = b.buffer(), 0
+                for n, p in zip(self._bucket_names(b), b.parameters()):
+                    by_name[n] = buf[off:off + p.numel()]
+                    off += p.numel()
+                if off != buf.numel():
+                    raise L.UnsupportedError(
+                        "a DDP bucket of %d entries holds parameters of %d entries (sparse "
+                        "gradients are not supported)" % (buf.numel(), off))
             step = self.iter
             self._step_tensors(step, self._layout_grads(by_name))
             self.iter += 1

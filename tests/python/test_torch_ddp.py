@@ -42,9 +42,9 @@ import igrad.torch as it  # noqa: E402
 BUCKET_MB = 0.004
 
 
-def make_ddp(seed=0, **state_kw):
+def make_ddp(seed=0, gav=False, **state_kw):
     model = H.TinyLlama(seed=seed)
-    ddp = DDP(model, bucket_cap_mb=BUCKET_MB)
+    ddp = DDP(model, bucket_cap_mb=BUCKET_MB, gradient_as_bucket_view=gav)
     state = it.IgradState(ddp, **state_kw)
     ddp.register_comm_hook(state, it.hook)
     return model, ddp, state
@@ -89,9 +89,10 @@ def maxdiff(a, b):
 
 def w_sync_reference(rank, world):
     density = 0.125
-    for method, sp, coll in (("topk_sync", "topk", "auto"), ("adtopk_sync", "adtopk", "gather"),
-                             ("topk_sync", "topk", "reduce")):
-        model, ddp, state = make_ddp(method=method, density=density, collective=coll)
+    for method, sp, coll, gav in (("topk_sync", "topk", "auto", False),
+                                  ("adtopk_sync", "adtopk", "gather", True),
+                                  ("topk_sync", "topk", "reduce", False)):
+        model, ddp, state = make_ddp(method=method, density=density, collective=coll, gav=gav)
         ref = H.TinyLlama()
         names = [n for n, _ in ref.named_parameters()]
         res = {r: {n: torch.zeros_like(p) for n, p in ref.named_parameters()}
@@ -186,7 +187,7 @@ def w_ig_conservation(rank, world):
 def w_synchronizer_vs_hook(rank, world):
     profile = make_profile(H.TinyLlama())
     kw = dict(profile=profile, method="ig", density=0.125, buckets=2)
-    model_a, ddp, _ = make_ddp(**kw)
+    model_a, ddp, _ = make_ddp(gav=True, **kw)  # .grad are views of the buckets
     model_b = H.TinyLlama()
     sync = it.GradientSynchronizer(model_b.named_parameters(), it.IgradState(**kw))
     opt_a = torch.optim.SGD(model_a.parameters(), lr=0.3, momentum=0.9)
