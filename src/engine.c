@@ -991,28 +991,43 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
 /* One step: checks and selection                                           */
 /* ------------------------------------------------------------------------ */
 
-/* First index where a = g (+ e) is not finite, or -1. Blocks of constant
- * length so the flag loop vectorizes. */
-#define CHECK_BLK 256
-static int64_t first_nonfinite(const float *restrict g, const float *restrict e, int64_t n)
+/* Sums of squares vectorize only when the compiler may reorder them; with
+ * OpenMP, "omp simd" says so. The order is fixed by the build, not by the
+ * thread count, so every rank of one build gets the same bits. */
+#ifdef _OPENMP
+#define SIMD_SUM _Pragma("omp simd reduction(+ : s)")
+#define SIMD _Pragma("omp simd")
+#else
+#define SIMD_SUM
+#define SIMD
+#endif
+
+/* sum of (g + e)^2 in double (e may be NULL): one read-only pass that both
+ * proves a = g + e finite (a NaN or Inf makes the sum non-finite, while a
+ * finite float squared never overflows a double) and gives the residual
+ * norm and dropped mass without another pass. */
+static double sumsq_ge(const float *restrict g, const float *restrict e, int64_t n)
 {
-    int64_t i = 0;
-    for (; i < n; i += CHECK_BLK) {
-        int64_t len = n - i < CHECK_BLK ? n - i : CHECK_BLK;
-        int bad = 0;
-        if (len == CHECK_BLK) {
-            if (e)
-                for (int j = 0; j < CHECK_BLK; j++) bad |= !(fabsf(g[i + j] + e[i + j]) <= FLT_MAX);
-            else
-                for (int j = 0; j < CHECK_BLK; j++) bad |= !(fabsf(g[i + j]) <= FLT_MAX);
-        } else {
-            for (int64_t j = 0; j < len; j++)
-                bad |= !(fabsf(g[i + j] + (e ? e[i + j] : 0.0f)) <= FLT_MAX);
+    double s = 0.0;
+    if (e) {
+        SIMD_SUM
+        for (int64_t i = 0; i < n; i++) {
+            float a = g[i] + e[i];
+            s += (double)a * (double)a;
         }
-        if (bad)
-            for (int64_t j = 0; j < len; j++)
-                if (!(fabsf(g[i + j] + (e ? e[i + j] : 0.0f)) <= FLT_MAX)) return i + j;
+    } else {
+        SIMD_SUM
+        for (int64_t i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
     }
+    return s;
+}
+
+/* First index where a = g (+ e) is not finite, or -1 (after sumsq_ge said
+ * there is one). */
+static int64_t first_nonfinite(const float *g, const float *e, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(g[i] + (e ? e[i] : 0.0f))) return i;
     return -1;
 }
 
@@ -1041,32 +1056,28 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
 #endif
     for (int64_t w = 0; w < T; w++) {
         uint32_t t = e->work[w];
-        e->tstatus[t] = first_nonfinite(grads[t], dense ? NULL : e->t[t].residual, e->t[t].n);
+        /* kept in tnorm until select_all turns it into the residual's */
+        e->tnorm[t] = sumsq_ge(grads[t], dense ? NULL : e->t[t].residual, e->t[t].n);
     }
     for (size_t t = 0; t < e->ntensors; t++) {
-        int64_t i = e->tstatus[t];
-        if (i < 0) continue;
+        if (isfinite(e->tnorm[t])) continue;
+        const float *r = dense ? NULL : e->t[t].residual;
+        int64_t i = first_nonfinite(grads[t], r, e->t[t].n);
+        if (i < 0) i = 0; /* cannot happen: the sum saw a non-finite a */
         *bad_tensor = (int64_t)t;
-        float g = grads[t][i], r = dense ? 0.0f : e->t[t].residual[i];
-        if (isfinite(g) && isfinite(r))
+        float g = grads[t][i], rv = r ? r[i] : 0.0f;
+        if (isfinite(g) && isfinite(rv))
             return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
                                "step %lld: %s: grad + residual overflows at index %lld (grad "
                                "%g, residual %g); the step is skipped on every rank",
                                (long long)step, e->t[t].name, (long long)i, (double)g,
-                               (double)r);
+                               (double)rv);
         return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
                            "step %lld: %s: non-finite value at index %lld (grad %g, residual "
                            "%g); the step is skipped on every rank",
-                           (long long)step, e->t[t].name, (long long)i, (double)g, (double)r);
+                           (long long)step, e->t[t].name, (long long)i, (double)g, (double)rv);
     }
     return IGRAD_OK;
-}
-
-static double sumsq_f(const float *x, int64_t n)
-{
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-    return s;
 }
 
 /* Error feedback + selection of sent tensors, accumulate (or drop) the
@@ -1076,13 +1087,13 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
     int64_t T = (int64_t)e->ntensors;
     int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
     int64_t off = 0;
+    int par = step_parity(e, e->cur_step);
     for (size_t t = 0; t < e->ntensors; t++) {
         e->stage_off[t] = off;
-        e->tsumsq[t] = e->tnorm[t] = e->tdropped[t] = 0.0;
+        e->tsumsq[t] = e->tdropped[t] = 0.0;
         e->tstatus[t] = IGRAD_OK;
-        if (e->sent[t]) off += e->t[t].spec[e->rel[t]][step_parity(e, e->cur_step)].count;
+        if (e->sent[t]) off += e->t[t].spec[e->rel[t]][par].count;
     }
-    int par = step_parity(e, e->cur_step);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
 #endif
@@ -1097,24 +1108,23 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
         const float *restrict g = grads[t];
         float *restrict r = tp->residual;
         int64_t n = tp->n;
+        double a2 = e->tnorm[t]; /* sum of (g + e)^2 from the check */
         if (e->sent[t]) {
             igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
                                      .value = e->stage_val + e->stage_off[t]};
             e->tstatus[t] = igrad_select_ef(g, r, &tp->spec[e->rel[t]][par], tp->name,
                                             e->ws[tid], &sel);
             e->tsumsq[t] = sel.sumsq;
+            /* the residual is a with the selected entries zeroed */
+            e->tnorm[t] = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
         } else if (!drop) {
+            SIMD
             for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
         } else {
-            double s = 0.0;
-            for (int64_t i = 0; i < n; i++) {
-                double a = (double)(g[i] + r[i]);
-                s += a * a;
-            }
             memset(r, 0, (size_t)n * sizeof *r);
-            e->tdropped[t] = s;
+            e->tdropped[t] = a2;
+            e->tnorm[t] = 0.0;
         }
-        e->tnorm[t] = sumsq_f(r, n);
     }
     for (size_t t = 0; t < e->ntensors; t++)
         if (e->tstatus[t] != IGRAD_OK)
@@ -1364,7 +1374,9 @@ static void unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 {
     const igrad__engine_bucket_t *bk = &e->bk[j];
     int par = step_parity(e, e->cur_step);
-    const float pf = (float)e->nranks;
+    /* multiplying by 1/P: exact division for powers of two, and a loop
+     * that vectorizes */
+    const float inv = 1.0f / (float)e->nranks;
     if (bk->kind == IGRAD_BUCKET_REDUCE) {
         const float *buf = (const float *)(const void *)(e->recv_arena + bk->recv_off);
         int dense = e->sp == IGRAD_SPARSIFIER_NONE;
@@ -1373,10 +1385,14 @@ static void unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
             if (!bi->seg_owner) continue;
             float *restrict g = grads[bi->tensor] + bi->seg_begin;
             const float *restrict s = buf + bi->dense_off;
-            if (dense)
-                for (int64_t k = 0; k < bi->seg_count; k++) g[k] = s[k] / pf;
-            else
-                for (int64_t k = 0; k < bi->seg_count; k++) g[k] += s[k] / pf;
+            int64_t cnt = bi->seg_count;
+            if (dense) {
+                SIMD
+                for (int64_t k = 0; k < cnt; k++) g[k] = s[k] * inv;
+            } else {
+                SIMD
+                for (int64_t k = 0; k < cnt; k++) g[k] += s[k] * inv;
+            }
         }
         return;
     }
@@ -1395,11 +1411,11 @@ static void unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
                 for (int64_t rr = 0; rr < rows; rr++) {
                     float *grow = g + (bi->row0 + rr) * sp->cols;
                     for (int64_t c = 0; c < sp->per_row; c++, k++)
-                        grow[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) / pf;
+                        grow[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) * inv;
                 }
             } else {
                 for (int64_t k = 0; k < bi->count; k++)
-                    g[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) / pf;
+                    g[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) * inv;
             }
         }
     }

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# CLI test: `igrad bench sync --json` on 2 MPI ranks (1 rank if mpirun is
+# missing) with a tiny LLaMA config: the JSON has every documented key, and
+# the byte counts obey what the methods promise (dense sends every entry,
+# ig and iad less than adtopk_sync, ig's ratio = f_imp + kappa (1 - f_imp)
+# up to the release rounding). Timings are never checked. Also --help and a
+# bad option.
+# Usage: bench_sync.sh path/to/igrad   (CTest passes the built binary)
+set -euo pipefail
+igrad=${1:?usage: $0 IGRAD_BINARY}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() { # check NAME CONDITION...
+  local name=$1; shift
+  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
+}
+
+cat >"$tmp/tiny.json" <<'EOF'
+{"model_type": "llama", "hidden_size": 128, "intermediate_size": 352,
+ "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+ "vocab_size": 1000, "tie_word_embeddings": false}
+EOF
+
+ranks=1
+launch=()
+if command -v mpirun >/dev/null 2>&1; then
+  ranks=2
+  launch=(mpirun --allow-run-as-root --oversubscribe -np 2)
+fi
+OMP_NUM_THREADS=1 "${launch[@]}" "$igrad" bench sync --config "$tmp/tiny.json" --steps 3 \
+  --profile-steps 4 --json >"$tmp/out.json"
+check "bench sync --json keys and byte counts" python3 - "$tmp/out.json" "$ranks" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ranks = int(sys.argv[2])
+assert d["ranks"] == ranks, d["ranks"]
+assert d["steps"] == 3, d["steps"]
+assert d["layout"]["family"] == "llama" and d["layout"]["params"] > 0, d["layout"]
+methods = d["methods"]
+assert set(methods) == {"dense", "topk_sync", "adtopk_sync", "iad", "ig"}, set(methods)
+keys = {"payload_bytes_per_step", "wire_bytes_per_step", "select_ms", "pack_ms", "comm_ms",
+        "unpack_ms", "sync_ms"}
+for name, m in methods.items():
+    missing = keys - set(m)
+    assert not missing, (name, missing)
+    for k in keys:
+        assert isinstance(m[k], (int, float)) and m[k] >= 0, (name, k, m[k])
+policies = {"direct", "sequential", "greedy", "risk", "contiguous"}
+packing = methods["ig"]["packing"]
+assert set(packing) == policies, set(packing)
+for p, v in packing.items():
+    assert {"imbalance", "cv", "overflow"} <= set(v), (p, v)
+f_imp = methods["ig"]["f_imp"]
+assert 0 < f_imp <= 1 and f_imp == d["f_imp"], f_imp
+# bytes: dense sends every entry as F32; wire = (P-1) x payload for gathers
+assert methods["dense"]["payload_bytes_per_step"] == 4 * d["layout"]["params"], methods["dense"]
+ad = methods["adtopk_sync"]["payload_bytes_per_step"]
+assert methods["ig"]["payload_bytes_per_step"] < ad and methods["iad"]["payload_bytes_per_step"] < ad
+ratio = methods["ig"]["ratio_to_sparsifier_sync"]
+kappa = d["knobs"]["release_keep"]
+assert abs(ratio - (f_imp + kappa * (1 - f_imp))) < 0.05, (ratio, f_imp, kappa)
+if ranks > 1:
+    ts = methods["topk_sync"]
+    assert abs(ts["wire_bytes_per_step"] - (ranks - 1) * ts["payload_bytes_per_step"]) < 1, ts
+PY
+
+"$igrad" bench sync --help >"$tmp/help.txt"
+check "bench sync --help names --profile-steps" grep -q -- "--profile-steps" "$tmp/help.txt"
+set +e
+"$igrad" bench sync --density 2 2>"$tmp/err.txt"; rc=$?
+"$igrad" bench sync --config "$tmp/missing.json" --steps 1 2>"$tmp/err2.txt"; rc2=$?
+set -e
+check "bad --density is a usage error" test "$rc" -eq 2
+check "a missing config fails naming it" bash -c "test $rc2 -eq 1 && grep -q missing.json '$tmp/err2.txt'"
+
+if [ "$fails" -ne 0 ]; then echo "$fails check(s) failed"; exit 1; fi
+echo "all checks passed"
