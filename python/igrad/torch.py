@@ -384,38 +384,49 @@ class IgradState:
             coll = self._group_comm()
             layout = self.layout
             # Every rank must reach engine_create (a collective) even when its
-            # own profile fails to load, or the others would wait forever:
-            # a local failure is turned into a collective one below.
+            # own profile fails to load, or the others would wait forever: a
+            # local failure becomes a failure on every rank. The same exchange
+            # checks that either every rank or none has a state to load
+            # (loading is collective too).
             err = None
             try:
                 self._profile_obj = self._resolve_profile()
+                if self._pending_load is not None:
+                    self._check_names(self._pending_load)
             except L.IgradError as e:
                 err = e
+            pending = self._pending_load is not None
             if coll.size > 1:
-                self._agree_failure(coll, err)  # raises this or another rank's failure
+                self._agree_setup(coll, err, pending)
             elif err is not None:
                 raise err
             cfg = make_config(**self.config)
             self._engine = Engine(layout, self._profile_obj, cfg, coll.comm())
             if self._trace is not None:
                 self._engine.set_trace(self._trace)
-            if self._pending_load is not None:
+            if pending:
                 sd, self._pending_load = self._pending_load, None
                 self._apply_state(sd)
         return self._engine
 
     @staticmethod
-    def _agree_failure(coll, err):
-        # MAX over a flag: did any rank fail before the engine's own checks?
-        flag = torch.tensor([1 if err is not None else 0], dtype=torch.int64)
+    def _agree_setup(coll, err, pending):
+        # One MAX all-reduce of (failed, pending, -pending): did any rank fail
+        # before the engine's own checks, and do all ranks agree on loading?
+        flags = torch.tensor([int(err is not None), int(pending), -int(pending)],
+                             dtype=torch.int64)
         if coll.device.type != "cpu":
-            flag = flag.to(coll.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=coll.group)
+            flags = flags.to(coll.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=coll.group)
+        failed, any_pending, not_all = (int(x) for x in flags.cpu())
         if err is not None:
             raise err
-        if int(flag.item()):
-            raise L.MismatchError("another rank failed to set up igrad (its profile or "
-                                  "configuration); see that rank's error")
+        if failed:
+            raise L.MismatchError("another rank failed to set up igrad (its profile, "
+                                  "configuration or state_dict); see that rank's error")
+        if any_pending and not_all == 0:
+            raise L.StateError("load_state_dict() was called on some ranks but not on "
+                               "others (every rank loads its own state)")
 
     def set_trace(self, trace):
         """Records the engine's selections into an igrad Trace (the run
@@ -607,24 +618,27 @@ class IgradState:
         cfg = sd.get("config", {})
         mine = config_to_dict(make_config(**self.config))
         for k, v in cfg.items():
-            if k == "threads":
+            if k in ("threads", "verify_every"):  # results do not depend on them
                 continue
             if k in mine and str(mine[k]).lower() != str(v).lower():
                 raise L.MismatchError("state_dict config.%s is %r, this state has %r"
                                       % (k, v, mine[k]))
         if self._named is not None:
-            unknown = [n for n in list(sd.get("residuals", {})) + list(sd.get("names", []))
-                       if n not in self._index]
-            if unknown:
-                raise L.InvalidArgumentError(
-                    "state_dict names parameter %r, which this model does not have (or "
-                    "does not train)" % unknown[0])
+            self._check_names(sd)
         if self._engine is None:
             self._pending_load = dict(sd)
             self.iter = int(sd["iter"])
             self.skipped_steps = int(sd.get("skipped_steps", 0))
             return
         self._apply_state(sd)
+
+    def _check_names(self, sd):
+        unknown = [n for n in list(sd.get("residuals", {})) + list(sd.get("names", []))
+                   if n not in self._index]
+        if unknown:
+            raise L.InvalidArgumentError(
+                "state_dict names parameter %r, which this model does not have (or does "
+                "not train)" % unknown[0])
 
     def _apply_state(self, sd):
         if "engine_state" not in sd:

@@ -335,6 +335,21 @@ def w_errors(rank, world):
         except igrad.MismatchError as e:
             assert ("another rank" in str(e)) if rank == 0 else ("p.json" in str(e)), e
 
+    # a state_dict loaded on rank 0 only: every rank refuses instead of hanging
+    state = it.IgradState(method="topk_sync", density=0.125)
+    sync = it.GradientSynchronizer(model.named_parameters(), state)
+    sync.synchronize(0)
+    sd = state.state_dict()
+    state = it.IgradState(method="topk_sync", density=0.125)
+    sync = it.GradientSynchronizer(model.named_parameters(), state)
+    if rank == 0:
+        state.load_state_dict(sd)
+    try:
+        sync.synchronize(1)
+        raise AssertionError("a state_dict loaded on one rank only was accepted")
+    except igrad.StateError as e:
+        assert "some ranks" in str(e), e
+
     # the same through DDP: the exception leaves backward() on every rank
     model = H.TinyLlama()
     ddp = DDP(model, bucket_cap_mb=BUCKET_MB)
