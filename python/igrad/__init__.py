@@ -26,6 +26,14 @@ from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace,  # noq
                    config_to_dict, make_config, partition, select_spec)
 from .profile import build_profile  # noqa: F401
 
+__all__ = [
+    "__version__", "load_library", "library_version", "library_path", "component_of",
+    "IgradError", "InvalidArgumentError", "OutOfMemoryError", "FileError", "FormatError",
+    "UnsupportedError", "NonFiniteError", "MismatchError", "CommError", "StateError",
+    "Layout", "Trace", "Profile", "Comm", "Engine", "SelectWorkspace", "make_config",
+    "config_to_dict", "partition", "select_spec", "build_profile",
+]
+
 _LIB = load_library()  # fails at import (ImportError) when no usable library
 
 

@@ -186,8 +186,8 @@ def w_ig_conservation(rank, world):
 
 def w_synchronizer_vs_hook(rank, world):
     profile = make_profile(H.TinyLlama())
-    kw = dict(profile=profile, method="ig", density=0.125, buckets=2)
-    model_a, ddp, _ = make_ddp(gav=True, **kw)  # .grad are views of the buckets
+    kw = dict(profile=profile, method="ig", density=0.125, buckets=2, start_iter=2)
+    model_a, ddp, state_a = make_ddp(gav=True, **kw)  # .grad are views of the buckets
     model_b = H.TinyLlama()
     sync = it.GradientSynchronizer(model_b.named_parameters(), it.IgradState(**kw))
     opt_a = torch.optim.SGD(model_a.parameters(), lr=0.3, momentum=0.9)
@@ -199,6 +199,8 @@ def w_synchronizer_vs_hook(rank, world):
         model_b(*H.batch(rank, step)).backward()
         stats = sync.synchronize(step)
         assert stats["step"] == step and stats["skipped"] == 0
+        # start_iter: the first steps are plain all-reduces, then igrad
+        assert ("warmup" in stats) == (step < 2) == ("warmup" in state_a.last_stats), stats
         for (n, a), b in zip(model_a.named_parameters(), model_b.parameters()):
             assert torch.equal(a.grad, b.grad), "step %d: %s: hook and synchronizer differ " \
                 "by %g" % (step, n, maxdiff(a.grad, b.grad))

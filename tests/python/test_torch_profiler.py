@@ -8,7 +8,6 @@
     as the CLI `igrad profile` (JSON byte for byte), and its scores match
     a Python reference of magnitude / persistence / score.
 """
-import json
 import math
 import os
 import subprocess
