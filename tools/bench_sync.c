@@ -105,7 +105,7 @@ static void usage(FILE *fp)
             "  --release-period R     low components released every R steps (4)\n"
             "  --release-keep KAPPA   ig release keeps ceil(kappa R k) (0.25)\n"
             "  --buckets B            buckets per step (4)\n"
-            "  --block-entries N      entries per packing block (65536)\n"
+            "  --block-entries N      entries per packing block (16384)\n"
             "  --pack POLICY          policy of the ig row: direct, sequential, greedy,\n"
             "                         risk, contiguous (contiguous)\n"
             "  --sparsifier SP        sparsifier of iad and ig: topk, adtopk (adtopk)\n"
@@ -720,7 +720,7 @@ int bench_sync(int argc, char **argv)
                    .steps = 20,
                    .profile_steps = 16,
                    .buckets = 4,
-                   .block_entries = 65536,
+                   .block_entries = 16384,
                    .release_period = IGRAD_DEFAULT_RELEASE_PERIOD,
                    .threads = 0,
                    .density = 0.01,
