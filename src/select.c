@@ -574,15 +574,12 @@ AVX2_FN int64_t scan_a_avx2(const float *a, int64_t len, cands_t *cs)
 }
 #endif
 
+#if IGRAD__HAVE_AVX2
 static int use_avx2(const igrad_select_ws_t *ws)
 {
-#if IGRAD__HAVE_AVX2
     return ws->kernel != IGRAD__SELECT_KERNEL_GENERIC && __builtin_cpu_supports("avx2");
-#else
-    (void)ws;
-    return 0;
-#endif
 }
+#endif
 
 /* Pass 1 straight from grad and residual. */
 static int64_t scan_ge(const igrad_select_ws_t *ws, const float *g, const float *e,
@@ -640,9 +637,9 @@ static size_t sample_rank(size_t m, size_t k, int64_t len, double sigmas)
     return (size_t)r;
 }
 
-/* Number of samples for a range, and the candidate capacity that the first
- * sampled threshold is expected to need (twice the expected count, at least
- * 2k, never more than len). */
+/* Number of samples for a range: a sixteenth of a buffered row (it is in
+ * cache, at least 256), 1/256 of a long range (1024 to 16384: each sample
+ * is a cache miss there). */
 static size_t samples_for(int64_t len, int buffered)
 {
     if (buffered) {
@@ -660,6 +657,9 @@ static int take_all(int64_t len, size_t k)
     return len <= 256 || 4 * (int64_t)k >= len;
 }
 
+/* Candidate capacity of a range: twice the count the first sampled
+ * threshold is expected to admit, at least 2k, never more than len, and
+ * room for a compaction to free a whole block. */
 static size_t cap_for(int64_t len, size_t k, int buffered, int policy)
 {
     size_t cap;
@@ -681,9 +681,9 @@ static size_t cap_for(int64_t len, size_t k, int buffered, int policy)
 
 /* Thresholds of the attempts of pass 1, from m sampled keys (keys[0..m),
  * room for 2m more after them): ranks r1 and r2 (0 = take all), then 0,
- * which always admits enough. The test policies
- * replace them: FORCE_HIGH with the largest sample (some candidates, too
- * few when k > len/m), then +Inf (none); FORCE_LOW with 0 throughout. */
+ * which always admits enough. The test policies replace them: FORCE_HIGH
+ * with the largest sample (some candidates, too few when k > len/m), then
+ * +Inf (none); FORCE_LOW with 0 throughout. */
 static void attempt_thresholds(int policy, uint32_t *keys, size_t m, size_t r1, size_t r2,
                                float thr[3])
 {
@@ -725,13 +725,14 @@ static float cands_emit(cands_t *cs, uint32_t *oidx, float *oval)
  * ws->cval (no compaction), then the slices are joined in index order and
  * the exact top k taken. An opportunistic fast path: if a slice
  * overflows, or fewer than k entries pass, it gives up (*done = 0) and the
- * serial path, which always succeeds, starts over. @return the first
- * non-finite index (*done = 1), or -1. */
+ * serial path, which always succeeds, takes over (*too_few: skip this
+ * threshold). @return the first non-finite index (*done = 1), or -1. */
 static int64_t select_stream_parallel(igrad_select_ws_t *ws, const float *g, const float *e,
                                       int64_t len, size_t k, size_t cap, float thr, int T,
-                                      uint32_t *oidx, float *oval, int *done)
+                                      uint32_t *oidx, float *oval, int *done, int *too_few)
 {
     *done = 0;
+    *too_few = 0;
 #ifdef _OPENMP
     size_t slice = cap / (size_t)T + BLK_MAX, count[PAR_MAX];
     int64_t bad[PAR_MAX];
@@ -756,7 +757,10 @@ static int64_t select_stream_parallel(igrad_select_ws_t *ws, const float *g, con
         if (over[p]) return -1;
         total += count[p];
     }
-    if (total < k) return -1;
+    if (total < k) {
+        *too_few = 1;
+        return -1;
+    }
     size_t off = 0;
     for (int p = 0; p < T; p++) { /* join: slices only move down */
         uint32_t s0 = (uint32_t)piece_start(len, p, T);
@@ -771,7 +775,7 @@ static int64_t select_stream_parallel(igrad_select_ws_t *ws, const float *g, con
     *done = 1;
 #else
     (void)ws, (void)g, (void)e, (void)len, (void)k, (void)cap, (void)thr, (void)T;
-    (void)oidx, (void)oval;
+    (void)oidx, (void)oval, (void)too_few;
 #endif
     return -1;
 }
@@ -794,14 +798,16 @@ static int64_t select_stream(igrad_select_ws_t *ws, const float *g, const float 
     }
     float thr[3];
     attempt_thresholds(ws->policy, ws->keys, m, r1, r2, thr);
-    int T = par_threads(len);
+    int T = par_threads(len), first = 0;
     if (T > 1) {
-        int done;
-        int64_t bad = select_stream_parallel(ws, g, e, len, k, cap, thr[0], T, oidx, oval, &done);
+        int done, too_few;
+        int64_t bad = select_stream_parallel(ws, g, e, len, k, cap, thr[0], T, oidx, oval,
+                                             &done, &too_few);
         if (done) return bad;
+        first = too_few; /* the same threshold would admit too few again */
     }
     cands_t cs = {ws->cidx, ws->cval, 0, cap, k, 0.0f, ws->keys, 0, 0};
-    for (int attempt = 0; attempt < 3; attempt++) {
+    for (int attempt = first; attempt < 3; attempt++) {
         cs.c = 0;
         cs.thr = thr[attempt];
         int64_t bad = scan_ge(ws, g, e, len, &cs);
