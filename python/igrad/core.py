@@ -542,7 +542,7 @@ class _CustomBridge:
 CONFIG_DEFAULTS = {
     "method": "ig", "sparsifier": "adtopk", "interleave": False, "density": 0.01,
     "release_period": 4, "release_keep": 0.25, "schedule": "staggered", "residual": "on",
-    "pack": "contiguous", "buckets": 4, "block_entries": 65536, "risk_lambda": 1.0,
+    "pack": "contiguous", "buckets": 4, "block_entries": 16384, "risk_lambda": 1.0,
     "verify_every": 100, "value_dtype": "F32", "index_dtype": "U16", "collective": "auto",
     "threads": 0,
 }

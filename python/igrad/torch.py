@@ -274,7 +274,7 @@ class IgradState:
                  sparsifier="adtopk", density=0.01, release_period=4, release_keep=0.25,
                  schedule="staggered", pack="contiguous", buckets=4, verify_every=100,
                  start_iter=0, collective="auto", interleave=False, residual="on",
-                 block_entries=65536, risk_lambda=1.0, index_dtype="U16", threads=0,
+                 block_entries=None, risk_lambda=1.0, index_dtype="U16", threads=0,
                  nonfinite="allreduce"):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"

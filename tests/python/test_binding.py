@@ -64,7 +64,14 @@ class Binding(unittest.TestCase):
             for field, _ in cls._fields_:
                 lines.append('printf("%s %s %%zu\\n", offsetof(%s, %s));' % (
                     cname, field, cname, field))
-        lines += ['printf("IGRAD_VERSION_NUMBER %d\\n", IGRAD_VERSION_NUMBER);', "return 0; }"]
+        lines += ['printf("IGRAD_VERSION_NUMBER %d\\n", IGRAD_VERSION_NUMBER);']
+        # IGRAD_CONFIG_INIT, so the package's defaults cannot drift from the header's
+        lines.append("igrad_config_t d = IGRAD_CONFIG_INIT;")
+        for field, ctype in L.Config._fields_:
+            fmt = "%.17g" if ctype is ctypes.c_double else "%lld"
+            cast = "" if ctype is ctypes.c_double else "(long long)"
+            lines.append('printf("CONFIG_INIT %s %s\\n", %sd.%s);' % (field, fmt, cast, field))
+        lines.append("return 0; }")
         src = os.path.join(self.dir, "abi.c")
         with open(src, "w") as f:
             f.write("\n".join(lines))
@@ -72,8 +79,12 @@ class Binding(unittest.TestCase):
         inc = os.path.join(H.SOURCE_DIR, "include")
         subprocess.run([compiler, "-std=c11", "-I", inc, src, "-o", exe], check=True)
         out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
-        c = {}
+        c, init = {}, {}
         for line in out.splitlines():
+            if line.startswith("CONFIG_INIT "):
+                _, field, value = line.split(" ")
+                init[field] = float(value)
+                continue
             name, field, value = line.rsplit(" ", 2) if line.count(" ") == 2 else (
                 line.split(" ")[0], "", line.split(" ")[1])
             c[(name, field)] = int(value)
@@ -82,6 +93,10 @@ class Binding(unittest.TestCase):
             for field, _ in cls._fields_:
                 self.assertEqual(getattr(cls, field).offset, c[(cname, field)],
                                  "offsetof(%s, %s)" % (cname, field))
+        ours = igrad.make_config()
+        for field, _ in L.Config._fields_:
+            self.assertEqual(float(getattr(ours, field)), init[field],
+                             "default config.%s: package vs IGRAD_CONFIG_INIT" % field)
         self.assertEqual(L.version_number(igrad.__version__) // 100,
                          c[("IGRAD_VERSION_NUMBER", "")] // 100,
                          "package and header major.minor")
