@@ -8,10 +8,15 @@
  *    error feedback simulated independently; every rank ends with
  *    bit-identical gradients (hash compared by MIN/MAX all-reduce).
  *  - dense: equals MPI_Allreduce / P.
- *  - ig over 100 steps: conservation (sum over ranks of sum g - e equals
- *    P x sum of the averaged results), every deferred tensor arrives only
- *    at its phase, payload bytes = the engine's prediction = a prediction
- *    recomputed here from the budget and schedule rules.
+ *  - ig over 100 steps: conservation per rank (a twin engine on the self
+ *    communicator sees the same gradients: its residuals equal the MPI
+ *    engine's bit for bit and its output is exactly what this rank sent, so
+ *    sum g = sum sent + e is checked per rank, and the MPI result is the
+ *    average of every rank's sent selection) and over all ranks (sum over
+ *    ranks of sum g - e = P x sum of the averaged results), every deferred
+ *    tensor arrives only at its phase, payload bytes = the engine's
+ *    prediction = a prediction recomputed here from the budget and
+ *    schedule rules.
  *  - two-phase with this test running MPI_Allgather / MPI_Allreduce =
  *    igrad_engine_sync.
  *  - save at step 50, fresh engine, load, run to 100 = uninterrupted.
@@ -363,19 +368,25 @@ static void test_ig(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_pro
     c.collective = IGRAD_COLLECTIVE_GATHER;
     c.verify_every = 7; /* the periodic check runs too */
     igrad_engine_t *e = create(L, P, &c, comm);
-    grads_t G = grads_new(L);
+    igrad_comm_t *self = NULL;
+    REQUIRE(igrad_comm_create_self(&self) == IGRAD_OK);
+    igrad_engine_t *twin = create(L, P, &c, self);
+    grads_t G = grads_new(L), S = grads_new(L), A = grads_new(L);
     size_t T = G.T;
     double **din = calloc(T, sizeof *din), **dout = calloc(T, sizeof *dout);
-    double **mag = calloc(T, sizeof *mag);
+    double **mag = calloc(T, sizeof *mag), **dsent = calloc(T, sizeof *dsent);
+    double **lin = calloc(T, sizeof *lin);
     int *phase = calloc(T, sizeof *phase);
     int64_t *pstep = calloc(T, sizeof *pstep), *prel = calloc(T, sizeof *prel);
-    REQUIRE(din && dout && mag && phase && pstep && prel);
+    REQUIRE(din && dout && mag && dsent && lin && phase && pstep && prel);
     int nlow = 0;
     for (size_t t = 0; t < T; t++) {
         din[t] = calloc((size_t)G.n[t], sizeof(double));
         dout[t] = calloc((size_t)G.n[t], sizeof(double));
         mag[t] = calloc((size_t)G.n[t], sizeof(double));
-        REQUIRE(din[t] && dout[t] && mag[t]);
+        dsent[t] = calloc((size_t)G.n[t], sizeof(double));
+        lin[t] = calloc((size_t)G.n[t], sizeof(double));
+        REQUIRE(din[t] && dout[t] && mag[t] && dsent[t] && lin[t]);
         igrad_tensor_plan_t tp;
         CHECK_OK(igrad_engine_tensor_plan(e, t, &tp));
         phase[t] = tp.phase;
@@ -395,11 +406,15 @@ static void test_ig(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_pro
 
     for (int64_t s = 0; s < 100; s++) {
         grads_fill(&G, me, s);
+        grads_copy(&S, &G);
         for (size_t t = 0; t < T; t++)
             for (int64_t i = 0; i < G.n[t]; i++) {
                 din[t][i] += G.g[t][i];
+                lin[t][i] += G.g[t][i];
                 mag[t][i] += fabs((double)G.g[t][i]);
             }
+        /* the twin's result on one rank is exactly this rank's selection */
+        CHECK_OK(igrad_engine_sync(twin, s, S.g));
         int64_t predicted = igrad__schedule_step_nbytes(T, phase, c.release_period, pstep, prel, s);
         CHECK(igrad_engine_predict_payload(e, s) == predicted, "step %lld: predict %lld vs %lld",
               (long long)s, (long long)igrad_engine_predict_payload(e, s), (long long)predicted);
@@ -432,6 +447,41 @@ static void test_ig(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_pro
                       (long long)s, ti.name, phase[t], (long long)nz);
         }
         if (s % 25 == 0) check_identical(&G, "ig");
+        /* the MPI result is the mean of every rank's selection */
+        for (size_t t = 0; t < T; t++) {
+            const float *rm = igrad_engine_residual(e, t), *rt = igrad_engine_residual(twin, t);
+            if (memcmp(rm, rt, (size_t)G.n[t] * sizeof(float)) != 0)
+                CHECK(0, "step %lld tensor %zu: the MPI engine's residual differs from the "
+                      "self twin's", (long long)s, t);
+            for (int64_t i = 0; i < G.n[t]; i++) {
+                dsent[t][i] += S.g[t][i];
+                A.g[t][i] = fabsf(S.g[t][i]);
+            }
+            MPI_Allreduce(MPI_IN_PLACE, S.g[t], (int)G.n[t], MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, A.g[t], (int)G.n[t], MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            for (int64_t i = 0; i < G.n[t]; i++) {
+                double want = (double)S.g[t][i] / np;
+                if (!(fabs(G.g[t][i] - want) <= 1e-6 * (double)A.g[t][i] / np)) {
+                    CHECK(0, "step %lld tensor %zu entry %lld: result %.9g, mean of the ranks' "
+                          "selections %.9g", (long long)s, t, (long long)i, (double)G.g[t][i],
+                          want);
+                    break;
+                }
+            }
+        }
+    }
+    /* conservation on this rank: sum g = sum sent + e */
+    for (size_t t = 0; t < T; t++) {
+        const float *r = igrad_engine_residual(e, t);
+        double err = 0.0, ref = 0.0;
+        for (int64_t i = 0; i < G.n[t]; i++) {
+            double d = lin[t][i] - dsent[t][i] - (double)r[i];
+            err += d * d;
+        }
+        for (int64_t i = 0; i < G.n[t]; i++) ref += mag[t][i] * mag[t][i]; /* this rank's */
+        CHECK(sqrt(err) <= 1e-4 * sqrt(ref),
+              "tensor %zu: this rank's conservation error %.9g vs 1e-4 x %.9g", t, sqrt(err),
+              sqrt(ref));
     }
     /* conservation: sum_r (sum g_r - e_r) = P x sum of averages */
     for (size_t t = 0; t < T; t++) {
@@ -452,10 +502,18 @@ static void test_ig(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_pro
         free(din[t]);
         free(dout[t]);
         free(mag[t]);
+        free(dsent[t]);
+        free(lin[t]);
     }
     free(din);
     free(dout);
     free(mag);
+    free(dsent);
+    free(lin);
+    grads_free(&S);
+    grads_free(&A);
+    igrad_engine_free(twin);
+    igrad_comm_free(self);
     free(phase);
     free(pstep);
     free(prel);
