@@ -1,12 +1,313 @@
-/* cmd_train.c — placeholder until the subcommand lands (being written now). */
+/*
+ * cmd_train.c — `igrad train`: the reference trainer's command line.
+ * Parses options into train_options_t, starts MPI when launched by mpirun
+ * (else runs as one rank without MPI), picks the thread count, runs
+ * train_run() (trainer/train.c) and turns its status into the exit code.
+ *
+ * Not here: the training loop, files and metrics (trainer/train.c,
+ * trainer/metrics.c).
+ */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+
+#ifdef IGRAD_HAVE_TRAINER
+#include <mpi.h>
+
+#include "model.h"
+#include "train.h"
+
+static void usage(FILE *fp)
+{
+    fprintf(fp,
+"usage: [mpirun -np P] igrad train --data SPEC --out DIR [options]\n"
+"\n"
+"Trains the reference LLaMA (byte vocabulary) data-parallel over P ranks; every\n"
+"gradient synchronization goes through igrad's engine, dense included.\n"
+"\n"
+"model (a fresh model unless --init; with --resume the checkpoint in --out wins):\n"
+"  --size tiny|small|base      preset (default tiny); overrides: --layers L --dim C\n"
+"                              --heads H --kv-heads KV --ffn F --tie --rope-theta X\n"
+"                              --rms-eps X; --init-std S (default 0.02)\n"
+"  --init DIR                  start from a checkpoint (config.json + model.safetensors)\n"
+"data:\n"
+"  --data SPEC                 text file/dir, jsonl:, alpaca:, brown:G[+G], fortunes:, kjv:\n"
+"                              (comma-separated list; see trainer/data.h)\n"
+"  --response-only             alpaca data: loss on response tokens only\n"
+"  --val-fraction F            documents held out for validation (default 0.05)\n"
+"  --seq-len T                 tokens per sequence (default 64)\n"
+"  --batch G                   global sequences per step, the same for any P (default 8)\n"
+"  --micro-batch M             rows per forward/backward on a rank (gradient\n"
+"                              accumulation; must divide G/P; default G/P)\n"
+"optimization:\n"
+"  --steps N (100)  --lr X (1e-3)  --min-lr X (1e-4)  --warmup N (0)\n"
+"  --weight-decay X (0.1)  --clip X (1.0; 0 = off)  --seed S (1337)\n"
+"  --threads N                 OpenMP/OpenBLAS threads per rank (default\n"
+"                              $OMP_NUM_THREADS, else cores / ranks on this node)\n"
+"synchronization:\n"
+"  --method dense|topk_sync|adtopk_sync|iad|ig   (default dense)\n"
+"  --sparsifier topk|adtopk    for iad/ig (default adtopk)\n"
+"  --density RHO (0.01)  --release-period R (4)  --release-keep KAPPA (0.25)\n"
+"  --schedule aligned|staggered  --residual on|drop  --buckets B (4)\n"
+"  --pack direct|sequential|greedy|risk|contiguous  --verify-every N (100)\n"
+"  --profile FILE              importance profile (required for iad and ig)\n"
+"  --trace FILE                record the activity trace of this run (sparse methods);\n"
+"                              rank 0 writes it: the trace of rank 0's selections\n"
+"evaluation, checkpoints, output:\n"
+"  --eval-every N (50; 0 = at the end only)  --eval-batches K (4: K*G sequences)\n"
+"  --save-every N (0 = at the end only)  --stop-at N (stop after N steps, checkpointed)\n"
+"  --out DIR                   metrics.csv, eval.csv, summary.json, checkpoint/\n"
+"  --resume                    continue exactly from DIR/checkpoint (same P, data,\n"
+"                              batch, seq-len, seed and method)\n"
+"  --progress auto|line|plain|quiet   --log-every N (plain lines; default steps/20)\n");
+}
+
+/* Model architecture overrides on top of the preset. @return 1 consumed,
+ * 0 not a model option, -1 error. */
+static int model_option(int argc, char **argv, int *i, model_config_t *cfg)
+{
+    if (!strcmp(argv[*i], "--tie")) {
+        cfg->tie_embeddings = 1;
+        return 1;
+    }
+    static const char *const keys[] = {"layers", "dim", "heads", "kv-heads", "ffn",
+                                       "rope-theta", "rms-eps"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        char name[32];
+        const char *value = NULL;
+        snprintf(name, sizeof name, "--%s", keys[k]);
+        int r = cli_opt(argc, argv, i, name, &value);
+        if (r == 0) continue;
+        if (r < 0) return -1;
+        if (model_config_set(cfg, keys[k], value) != IGRAD_OK) {
+            fprintf(stderr, "igrad: %s: %s\n", name, trainer_last_error());
+            return -1;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static int parse_int(const char *name, const char *v, int64_t lo, int64_t *out)
+{
+    if (cli_parse_i64(name, v, out) != 0) return -1;
+    if (*out < lo) {
+        fprintf(stderr, "igrad: %s must be >= %lld\n", name, (long long)lo);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses argv into *o. @return 0, 1 for --help, -1 on a usage error. */
+static int parse_args(int argc, char **argv, train_options_t *o)
+{
+    const char *size = "tiny";
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        int r = cli_opt(argc, argv, &i, "--size", &v);
+        if (r < 0) return -1;
+        if (r > 0) size = v;
+    }
+    if (model_config_preset(size, &o->model) != IGRAD_OK) {
+        fprintf(stderr, "igrad: --size: %s\n", trainer_last_error());
+        return -1;
+    }
+    o->model_name = size;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int64_t n = 0;
+        double x = 0;
+        int r;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
+        if (!strcmp(a, "--resume")) { o->resume = 1; continue; }
+        if (!strcmp(a, "--response-only")) { o->response_only = 1; continue; }
+        if ((r = model_option(argc, argv, &i, &o->model)) != 0) {
+            if (r < 0) return -1;
+            continue;
+        }
+#define STR_OPT(flag, field)                                        \
+        if ((r = cli_opt(argc, argv, &i, flag, &v)) != 0) {         \
+            if (r < 0) return -1;                                   \
+            o->field = v;                                           \
+            continue;                                               \
+        }
+#define INT_OPT(flag, lo, field)                                    \
+        if ((r = cli_opt(argc, argv, &i, flag, &v)) != 0) {         \
+            if (r < 0 || parse_int(flag, v, lo, &n) != 0) return -1; \
+            o->field = n;                                           \
+            continue;                                               \
+        }
+#define F64_OPT(flag, field)                                        \
+        if ((r = cli_opt(argc, argv, &i, flag, &v)) != 0) {         \
+            if (r < 0 || cli_parse_f64(flag, v, &x) != 0) return -1; \
+            o->field = x;                                           \
+            continue;                                               \
+        }
+        if ((r = cli_opt(argc, argv, &i, "--size", &v)) != 0) continue; /* read above */
+        STR_OPT("--init", init_dir)
+        STR_OPT("--data", data)
+        STR_OPT("--method", method)
+        STR_OPT("--sparsifier", sparsifier)
+        STR_OPT("--schedule", schedule)
+        STR_OPT("--residual", residual)
+        STR_OPT("--pack", pack)
+        STR_OPT("--profile", profile)
+        STR_OPT("--trace", trace)
+        STR_OPT("--out", out)
+        INT_OPT("--steps", 1, steps)
+        INT_OPT("--stop-at", 0, stop_at)
+        INT_OPT("--batch", 1, batch)
+        INT_OPT("--micro-batch", 1, micro_batch)
+        INT_OPT("--seq-len", 1, seq_len)
+        INT_OPT("--warmup", 0, optim.warmup_steps)
+        INT_OPT("--threads", 1, threads)
+        INT_OPT("--release-period", 1, release_period)
+        INT_OPT("--buckets", 1, buckets)
+        INT_OPT("--verify-every", 0, verify_every)
+        INT_OPT("--eval-every", 0, eval_every)
+        INT_OPT("--eval-batches", 1, eval_batches)
+        INT_OPT("--save-every", 0, save_every)
+        INT_OPT("--log-every", 1, log_every)
+        F64_OPT("--lr", optim.lr)
+        F64_OPT("--min-lr", optim.min_lr)
+        F64_OPT("--weight-decay", optim.weight_decay)
+        F64_OPT("--clip", optim.grad_clip)
+        F64_OPT("--density", density)
+        F64_OPT("--release-keep", release_keep)
+        F64_OPT("--val-fraction", val_fraction)
+        if ((r = cli_opt(argc, argv, &i, "--init-std", &v)) != 0) {
+            if (r < 0 || cli_parse_f64("--init-std", v, &x) != 0) return -1;
+            if (!(x > 0)) {
+                fprintf(stderr, "igrad: --init-std must be positive\n");
+                return -1;
+            }
+            o->init_std = (float)x;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--seed", &v)) != 0) {
+            if (r < 0 || cli_parse_i64("--seed", v, &n) != 0) return -1;
+            o->seed = (uint64_t)n;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--progress", &v)) != 0) {
+            if (r < 0) return -1;
+            if (!strcmp(v, "auto")) o->progress = TRAIN_PROGRESS_AUTO;
+            else if (!strcmp(v, "line")) o->progress = TRAIN_PROGRESS_LINE;
+            else if (!strcmp(v, "plain")) o->progress = TRAIN_PROGRESS_PLAIN;
+            else if (!strcmp(v, "quiet")) o->progress = TRAIN_PROGRESS_QUIET;
+            else {
+                fprintf(stderr, "igrad: --progress: '%s' is not auto, line, plain or quiet\n", v);
+                return -1;
+            }
+            continue;
+        }
+#undef STR_OPT
+#undef INT_OPT
+#undef F64_OPT
+        fprintf(stderr, "igrad: train: unknown argument '%s' (see igrad train --help)\n", a);
+        return -1;
+    }
+    if (!o->data || !o->out) {
+        fprintf(stderr, "igrad: train: --data SPEC and --out DIR are required "
+                        "(see igrad train --help)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Launched by mpirun/mpiexec (Open MPI, MPICH/Hydra, PMIx)? A plain
+ * `igrad train` runs as one rank and never touches MPI. */
+static int under_mpi_launcher(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                       "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && v[0]) return 1;
+    }
+    return 0;
+}
+
+/* Threads per rank when --threads is not given: $OMP_NUM_THREADS, else the
+ * cores shared by the ranks on this node (oversubscribing cores with
+ * OpenMP/OpenBLAS threads of several ranks is much slower than 1 each). */
+static int default_threads(int nranks)
+{
+    const char *env = getenv("OMP_NUM_THREADS");
+    if (env && atoi(env) > 0) return atoi(env);
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int on_node = local && atoi(local) > 0 ? atoi(local) : nranks;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int t = cores > 0 ? (int)(cores / (on_node > 0 ? on_node : 1)) : 1;
+    return t > 0 ? t : 1;
+}
+
+int cmd_train(int argc, char **argv)
+{
+    train_options_t o;
+    train_options_default(&o);
+    int pr = parse_args(argc, argv, &o);
+    if (pr == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (pr < 0) return 2;
+
+    int use_mpi = under_mpi_launcher();
+    igrad_comm_t *comm = NULL;
+    igrad_status_t st;
+    if (use_mpi) {
+        if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
+            fprintf(stderr, "igrad: train: MPI_Init failed\n");
+            return 1;
+        }
+        st = igrad_comm_create_mpi(NULL, &comm);
+    } else {
+        st = igrad_comm_create_self(&comm);
+    }
+    if (st != IGRAD_OK) {
+        fprintf(stderr, "igrad: train: communicator: %s\n", igrad_last_error());
+        if (use_mpi) MPI_Abort(MPI_COMM_WORLD, 1);
+        return 1;
+    }
+    int rank = igrad_comm_rank(comm), P = igrad_comm_size(comm);
+    if (o.threads <= 0) o.threads = default_threads(P);
+
+    train_result_t res;
+    st = train_run(&o, comm, &res);
+    if (st != IGRAD_OK) {
+        if (rank == 0) fprintf(stderr, "igrad: train: %s\n", trainer_last_error());
+        /* A failed collective may leave ranks out of step, where a clean
+         * shutdown could hang: the one case for MPI_Abort. */
+        if (use_mpi && st == IGRAD_E_COMM) {
+            if (rank != 0) fprintf(stderr, "igrad: train (rank %d): %s\n", rank,
+                                   trainer_last_error());
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    } else if (rank == 0 && o.progress != TRAIN_PROGRESS_QUIET) {
+        printf("done: %lld steps, last loss %.4f, val_loss %.4f (ppl %.3f, acc %.4f), %.1f s; "
+               "results in %s\n", (long long)res.steps_done, res.last_loss, res.val_loss,
+               res.val_ppl, res.val_acc, res.wall_s, o.out);
+    }
+    igrad_comm_free(comm);
+    if (use_mpi) MPI_Finalize();
+    return st == IGRAD_OK ? 0 : 1;
+}
+
+#else /* !IGRAD_HAVE_TRAINER */
 
 int cmd_train(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    fprintf(stderr, "igrad: 'train' is not built yet\n");
+    fprintf(stderr, "igrad: train: this build has no trainer (it needs OpenBLAS and MPI; "
+                    "run scripts/bootstrap and rebuild)\n");
     return 1;
 }
+
+#endif

@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""plot_run.py — plots of `igrad train` runs: validation loss per evaluation
+and payload bytes per step, one line per run, side by side in one PNG.
+
+Usage: /usr/bin/python3 scripts/plot_run.py --out demo.png [--title T] RUN_DIR...
+
+Each RUN_DIR is an `igrad train --out` directory (eval.csv, metrics.csv and,
+for the label, summary.json's "method"). Needs only matplotlib (Debian's
+python3-matplotlib); no numpy or torch. Not here: running anything, the
+summary table (scripts/demo).
+"""
+import argparse
+import csv
+import json
+import os
+import sys
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def as_float(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def label_of(run_dir):
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            return json.load(f).get("method") or os.path.basename(run_dir.rstrip("/"))
+    except (OSError, ValueError):
+        return os.path.basename(run_dir.rstrip("/"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="PNG to write")
+    ap.add_argument("--title", default="", help="figure title")
+    ap.add_argument("runs", nargs="+", help="igrad train output directories")
+    args = ap.parse_args()
+
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for run in args.runs:
+        label = label_of(run)
+        try:
+            evals = read_csv(os.path.join(run, "eval.csv"))
+            steps = read_csv(os.path.join(run, "metrics.csv"))
+        except OSError as e:
+            print(f"plot_run: {run}: {e}", file=sys.stderr)
+            return 1
+        ax_loss.plot([as_float(r["step"]) for r in evals],
+                     [as_float(r["val_loss"]) for r in evals], marker="o", ms=3, label=label)
+        ax_bytes.plot([as_float(r["step"]) for r in steps],
+                      [as_float(r["payload_bytes"]) for r in steps], lw=1, label=label)
+
+    ax_loss.set_xlabel("optimizer steps")
+    ax_loss.set_ylabel("validation loss (nats/byte)")
+    ax_loss.set_title("validation loss")
+    ax_loss.grid(alpha=0.3)
+    ax_loss.legend()
+    ax_bytes.set_xlabel("step")
+    ax_bytes.set_ylabel("payload bytes per rank")
+    ax_bytes.set_yscale("log")
+    ax_bytes.set_title("bytes sent per step (log scale)")
+    ax_bytes.grid(alpha=0.3, which="both")
+    ax_bytes.legend()
+    if args.title:
+        fig.suptitle(args.title)
+    fig.tight_layout()
+    tmp = args.out + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, args.out)  # never leave a half-written PNG under the name
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1196 @@
+/*
+ * train.c — the reference trainer's training loop (see train.h): setup
+ * agreed across ranks, the step (micro-batched forward/backward, engine
+ * sync, clipping, AdamW), evaluation with the cross-rank parameter check,
+ * multi-rank checkpoints that are complete or absent, resume, metrics,
+ * progress and the run summary.
+ *
+ * Collectives go through igrad_comm_t only (the engine's communicator), so
+ * this file needs no mpi.h and runs the same on one process ("self").
+ *
+ * Not here: argument parsing, MPI start-up and exit codes (cmd_train.c);
+ * CSV/JSON details (metrics.c); the model, optimizer, data and checkpoint
+ * files themselves.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "train.h"
+
+#include <cblas.h>
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "checkpoint.h"
+#include "data.h"
+#include "metrics.h"
+
+#define MSG_NBYTES 1000 /* per-rank error message exchanged by agree() */
+
+/* Propagates a failure (its message is already recorded). */
+#define TRY(expr)                                   \
+    do {                                            \
+        igrad_status_t try_st_ = (expr);            \
+        if (try_st_ != IGRAD_OK) return try_st_;    \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static char *path_join(const char *dir, const char *file)
+{
+    size_t n = strlen(dir) + strlen(file) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, file);
+    return p;
+}
+
+static int file_exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* mkdir -p. @return 0 or -1 with errno. */
+static int make_dirs(const char *path)
+{
+    char *p = malloc(strlen(path) + 1);
+    if (!p) return -1;
+    strcpy(p, path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            free(p);
+            return -1;
+        }
+        *s = '/';
+    }
+    int r = mkdir(p, 0755);
+    free(p);
+    if (r != 0 && errno == EEXIST) {
+        struct stat sb;
+        if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return 0;
+        errno = ENOTDIR;
+        return -1;
+    }
+    return r;
+}
+
+/* trainer_fail() with the library's last error appended. */
+static igrad_status_t lib_fail(igrad_status_t st, const char *what)
+{
+    return trainer_fail(st, "%s: %s", what, igrad_last_error());
+}
+
+/* Prefixes the current trainer message (copied first: trainer_fail writes
+ * the buffer it would read). */
+static igrad_status_t prefix_fail(igrad_status_t st, const char *prefix)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", trainer_last_error());
+    return trainer_fail(st, "%s: %s", prefix, msg);
+}
+
+static igrad_status_t data_fail(const data_error_t *err)
+{
+    igrad_status_t st = IGRAD_E_INVALID;
+    switch (err->status) {
+    case DATA_E_IO: st = IGRAD_E_IO; break;
+    case DATA_E_FORMAT: st = IGRAD_E_FORMAT; break;
+    case DATA_E_EMPTY: st = IGRAD_E_INVALID; break;
+    case DATA_E_NOMEM: st = IGRAD_E_NOMEM; break;
+    case DATA_E_CORPUS: st = IGRAD_E_IO; break;
+    default: break;
+    }
+    return trainer_fail(st, "data: %s", err->message);
+}
+
+uint64_t train_hash_floats(const float *x, int64_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const unsigned char *p = (const unsigned char *)x;
+    size_t nbytes = (size_t)n * sizeof *x;
+    for (size_t i = 0; i < nbytes; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+/* Every rank passes its own status; all ranks return the status of the
+ * lowest failing rank, and its message (prefixed "rank r: " on the other
+ * ranks). One all-gather of a fixed-size record, so no rank can be left
+ * waiting while another gives up. */
+static igrad_status_t agree(igrad_comm_t *comm, igrad_status_t st)
+{
+    int P = igrad_comm_size(comm), rank = igrad_comm_rank(comm);
+    struct record {
+        int32_t status;
+        char msg[MSG_NBYTES];
+    } mine;
+    memset(&mine, 0, sizeof mine);
+    mine.status = (int32_t)st;
+    if (st != IGRAD_OK) snprintf(mine.msg, sizeof mine.msg, "%s", trainer_last_error());
+    struct record *all = calloc((size_t)P, sizeof *all);
+    if (!all) {
+        /* Cannot even agree: the caller aborts (cmd_train uses MPI_Abort). */
+        return trainer_fail(IGRAD_E_NOMEM, "out of memory while agreeing on a failure");
+    }
+    igrad_status_t cst = igrad_comm_allgather(comm, &mine, sizeof mine, all);
+    if (cst != IGRAD_OK) {
+        free(all);
+        return lib_fail(cst, "agreeing across ranks");
+    }
+    igrad_status_t out = IGRAD_OK;
+    for (int r = 0; r < P; r++) {
+        if (all[r].status == IGRAD_OK) continue;
+        out = (igrad_status_t)all[r].status;
+        all[r].msg[MSG_NBYTES - 1] = '\0';
+        if (r == rank) trainer_fail(out, "%s", all[r].msg);
+        else trainer_fail(out, "rank %d: %s", r, all[r].msg);
+        break;
+    }
+    free(all);
+    return out;
+}
+
+/* ------------------------------------------------------------------------ */
+/* defaults                                                                 */
+/* ------------------------------------------------------------------------ */
+
+void train_options_default(train_options_t *o)
+{
+    memset(o, 0, sizeof *o);
+    model_config_preset("tiny", &o->model);
+    o->model_name = "tiny";
+    o->init_std = 0.02f;
+    o->val_fraction = 0.05;
+    o->seq_len = 64;
+    o->batch = 8;
+    o->steps = 100;
+    o->optim = optim_config_default();
+    o->optim.lr = 1e-3;
+    o->optim.min_lr = 1e-4;
+    o->seed = 1337;
+    o->method = "dense";
+    o->density = 0.01;
+    o->release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
+    o->release_keep = IGRAD_DEFAULT_RELEASE_KEEP;
+    o->buckets = 4;
+    o->verify_every = 100;
+    o->eval_every = 50;
+    o->eval_batches = 4;
+    o->progress = TRAIN_PROGRESS_AUTO;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the run's state                                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct run {
+    const train_options_t *o;
+    igrad_comm_t *comm;
+    int rank, P;
+    int B, M, T, G;           /* rows per rank, per micro-batch, seq len, global batch */
+    model_t *model;
+    optim_t *opt;
+    optim_config_t ocfg;
+    dataset_t ds;
+    igrad_layout_t *layout;
+    igrad_profile_t *profile;
+    igrad_config_t scfg;
+    igrad_engine_t *engine;
+    igrad_trace_t *trace;     /* rank 0 only, with opts->trace */
+    char *trace_prefix;       /* rows of an earlier invocation's trace (resume) */
+    metrics_t *metrics;       /* rank 0 only */
+    float **grad_ptrs;        /* (n_tensors) into model->grads */
+    float *acc;               /* (num_params) micro-batch accumulation, when needed */
+    int *inputs, *targets;    /* (B*T) */
+    int *vin, *vtg;           /* (M*T) validation rows */
+    char *ckpt_dir;           /* out/checkpoint */
+    int64_t start_step;
+    double f_imp;
+    double t_start_ms;
+    double last_val[3];       /* loss, ppl, acc of the last evaluation */
+    int tty;
+} run_t;
+
+/* ------------------------------------------------------------------------ */
+/* synchronization config                                                   */
+/* ------------------------------------------------------------------------ */
+
+static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    igrad_status_t st;
+    if ((st = igrad_method_from_name(o->method, &c.method)) != IGRAD_OK)
+        return lib_fail(st, "--method");
+    if (o->sparsifier && (st = igrad_sparsifier_from_name(o->sparsifier, &c.sparsifier)) != IGRAD_OK)
+        return lib_fail(st, "--sparsifier");
+    c.density = o->density;
+    c.release_period = o->release_period;
+    c.release_keep = o->release_keep;
+    if (o->schedule && (st = igrad_schedule_from_name(o->schedule, &c.schedule)) != IGRAD_OK)
+        return lib_fail(st, "--schedule");
+    if (o->residual && (st = igrad_residual_policy_from_name(o->residual, &c.residual)) != IGRAD_OK)
+        return lib_fail(st, "--residual");
+    if (o->pack && (st = igrad_pack_policy_from_name(o->pack, &c.pack)) != IGRAD_OK)
+        return lib_fail(st, "--pack");
+    c.buckets = o->buckets;
+    c.verify_every = o->verify_every;
+    c.threads = o->threads;
+    if ((st = igrad_config_validate(&c)) != IGRAD_OK) return lib_fail(st, "sync config");
+    *cfg = c;
+    return IGRAD_OK;
+}
+
+/* The sparsifier whose selections the method sends (none for dense). */
+static igrad_sparsifier_t method_sparsifier(const igrad_config_t *c)
+{
+    switch (c->method) {
+    case IGRAD_METHOD_DENSE: return IGRAD_SPARSIFIER_NONE;
+    case IGRAD_METHOD_TOPK_SYNC: return IGRAD_SPARSIFIER_TOPK;
+    case IGRAD_METHOD_ADTOPK_SYNC: return IGRAD_SPARSIFIER_ADTOPK;
+    default: return c->sparsifier;
+    }
+}
+
+/* f_imp: the share of the sparsifier's per-step budget that goes to
+ * tensors sent every step (important components and OTHER tensors, which
+ * are never deferred). The payload ratio to *_sync is about
+ * f_imp + kappa * (1 - f_imp) (NOTES.md). */
+static double compute_f_imp(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                            igrad_sparsifier_t sp, double density)
+{
+    double every = 0.0, all = 0.0;
+    for (size_t t = 0; t < igrad_layout_count(layout); t++) {
+        igrad_tensor_info_t ti;
+        igrad_select_spec_t spec;
+        if (igrad_layout_tensor(layout, t, &ti) != IGRAD_OK ||
+            igrad_select_spec(sp, density, 1.0, 0, 0, ti.ndim, ti.shape, &spec) != IGRAD_OK)
+            return NAN;
+        all += (double)spec.count;
+        if (ti.kind == IGRAD_KIND_OTHER || igrad_profile_is_important(profile, ti.layer, ti.kind) != 0)
+            every += (double)spec.count;
+    }
+    return all > 0 ? every / all : NAN;
+}
+
+/* ------------------------------------------------------------------------ */
+/* resume state (train_state.json)                                          */
+/* ------------------------------------------------------------------------ */
+
+static igrad_status_t write_state(const run_t *r, const char *dir, int64_t next_step)
+{
+    const train_options_t *o = r->o;
+    char *path = path_join(dir, TRAIN_STATE_FILE);
+    cJSON *root = cJSON_CreateObject();
+    igrad_status_t st = IGRAD_OK;
+    if (!path || !root) {
+        st = trainer_fail(IGRAD_E_NOMEM, "checkpoint: out of memory");
+        goto cleanup;
+    }
+    char hash[24];
+    snprintf(hash, sizeof hash, "%016" PRIx64,
+             train_hash_floats(r->model->params, r->model->num_params));
+    cJSON_AddStringToObject(root, "format", "igrad-train-state");
+    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddNumberToObject(root, "step", (double)next_step);
+    cJSON_AddNumberToObject(root, "sequences_consumed", (double)next_step * r->G);
+    cJSON_AddNumberToObject(root, "ranks", r->P);
+    cJSON_AddStringToObject(root, "data", o->data);
+    cJSON_AddNumberToObject(root, "batch", r->G);
+    cJSON_AddNumberToObject(root, "seq_len", r->T);
+    cJSON_AddNumberToObject(root, "seed", (double)o->seed);
+    cJSON_AddStringToObject(root, "method", igrad_method_name(r->scfg.method));
+    cJSON_AddNumberToObject(root, "steps", (double)o->steps);
+    cJSON_AddStringToObject(root, "param_hash", hash);
+    st = metrics_write_json(path, root);
+cleanup:
+    cJSON_Delete(root);
+    free(path);
+    return st;
+}
+
+/* Reads the checkpoint's state and checks that this run continues it. */
+static igrad_status_t read_state(const run_t *r, const char *dir, int64_t *next_step)
+{
+    const train_options_t *o = r->o;
+    char *path = path_join(dir, TRAIN_STATE_FILE);
+    char *text = NULL;
+    cJSON *root = NULL;
+    igrad_status_t st = IGRAD_OK;
+    if (!path) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        st = trainer_fail(IGRAD_E_IO, "--resume: %s: %s", path, strerror(errno));
+        goto cleanup;
+    }
+    text = calloc(1, 1 << 16);
+    size_t n = text ? fread(text, 1, (1 << 16) - 1, fp) : 0;
+    fclose(fp);
+    if (!text || !(root = cJSON_ParseWithLength(text, n))) {
+        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: not valid JSON", path);
+        goto cleanup;
+    }
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(root, "ranks");
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
+    const cJSON *batch = cJSON_GetObjectItemCaseSensitive(root, "batch");
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(root, "seq_len");
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
+    const cJSON *method = cJSON_GetObjectItemCaseSensitive(root, "method");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "igrad-train-state") != 0 ||
+        !cJSON_IsNumber(step) || !cJSON_IsNumber(ranks) || !cJSON_IsString(data) ||
+        !cJSON_IsNumber(batch) || !cJSON_IsNumber(seq) || !cJSON_IsNumber(seed) ||
+        !cJSON_IsString(method) || step->valuedouble < 0) {
+        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: missing or malformed fields", path);
+        goto cleanup;
+    }
+    /* What decides the data stream, the residuals and the update must be
+     * the same, or "continue exactly" would be a lie. */
+    if ((int)ranks->valuedouble != r->P)
+        st = trainer_fail(IGRAD_E_MISMATCH,
+                          "--resume: the checkpoint has engine state for %d ranks, this run "
+                          "has %d", (int)ranks->valuedouble, r->P);
+    else if (strcmp(data->valuestring, o->data) != 0)
+        st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint was trained on --data "
+                          "%s, this run has %s", data->valuestring, o->data);
+    else if ((int)batch->valuedouble != r->G || (int)seq->valuedouble != r->T)
+        st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint has --batch %d "
+                          "--seq-len %d, this run has %d and %d", (int)batch->valuedouble,
+                          (int)seq->valuedouble, r->G, r->T);
+    else if ((uint64_t)seed->valuedouble != o->seed)
+        st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint has --seed %.0f, this "
+                          "run has %" PRIu64, seed->valuedouble, o->seed);
+    else if (strcmp(method->valuestring, igrad_method_name(r->scfg.method)) != 0)
+        st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint used --method %s, this "
+                          "run has %s", method->valuestring, igrad_method_name(r->scfg.method));
+    else
+        *next_step = (int64_t)step->valuedouble;
+cleanup:
+    cJSON_Delete(root);
+    free(text);
+    free(path);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* activity trace (rank 0)                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* A resumed run records only its own steps; the rows an earlier
+ * invocation saved for steps before the resume step are kept as text and
+ * written in front of the new ones, so the file covers the whole run. */
+static igrad_status_t trace_keep_prefix(run_t *r)
+{
+    FILE *fp = fopen(r->o->trace, "rb");
+    if (!fp) return IGRAD_OK; /* nothing recorded yet */
+    size_t cap = 1 << 16, len = 0;
+    char *out = malloc(cap), *line = NULL;
+    size_t lcap = 0;
+    ssize_t n;
+    int header_seen = 0;
+    if (!out) {
+        fclose(fp);
+        return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    }
+    while ((n = getline(&line, &lcap, fp)) >= 0) {
+        if (line[0] == '#') continue;
+        if (!header_seen) {
+            header_seen = 1;
+            continue;
+        }
+        if (strtoll(line, NULL, 10) >= r->start_step) continue;
+        if (len + (size_t)n + 1 > cap) {
+            cap = 2 * (len + (size_t)n + 1);
+            char *p = realloc(out, cap);
+            if (!p) {
+                free(out);
+                free(line);
+                fclose(fp);
+                return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+            }
+            out = p;
+        }
+        memcpy(out + len, line, (size_t)n);
+        len += (size_t)n;
+    }
+    out[len] = '\0';
+    free(line);
+    fclose(fp);
+    r->trace_prefix = out;
+    return IGRAD_OK;
+}
+
+static igrad_status_t trace_save(run_t *r)
+{
+    if (!r->trace) return IGRAD_OK;
+    igrad_status_t st = igrad_trace_save(r->trace, r->o->trace);
+    if (st != IGRAD_OK) return lib_fail(st, "--trace");
+    if (!r->trace_prefix || !r->trace_prefix[0]) return IGRAD_OK;
+    /* Splice the earlier rows in after the comment and header lines. */
+    FILE *fp = fopen(r->o->trace, "rb");
+    if (!fp) return trainer_fail(IGRAD_E_IO, "%s: %s", r->o->trace, strerror(errno));
+    size_t cap = strlen(r->trace_prefix) + (1 << 16), len = 0;
+    char *out = malloc(cap), *line = NULL;
+    size_t lcap = 0;
+    ssize_t n;
+    int header_done = 0;
+    if (!out) {
+        fclose(fp);
+        return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    }
+    out[0] = '\0';
+    while ((n = getline(&line, &lcap, fp)) >= 0) {
+        size_t need = len + (size_t)n + (header_done ? 0 : strlen(r->trace_prefix)) + 1;
+        if (need > cap) {
+            cap = 2 * need;
+            char *p = realloc(out, cap);
+            if (!p) {
+                st = trainer_fail(IGRAD_E_NOMEM, "out of memory");
+                break;
+            }
+            out = p;
+        }
+        memcpy(out + len, line, (size_t)n);
+        len += (size_t)n;
+        out[len] = '\0';
+        if (!header_done && line[0] != '#') {
+            header_done = 1;
+            size_t pl = strlen(r->trace_prefix);
+            memcpy(out + len, r->trace_prefix, pl + 1);
+            len += pl;
+        }
+    }
+    free(line);
+    fclose(fp);
+    if (st == IGRAD_OK) st = metrics_write_text(r->o->trace, out);
+    free(out);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* setup                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* A save killed between its two renames (checkpoint_commit) leaves the
+ * previous checkpoint as "checkpoint.old.<pid>" and no "checkpoint": find
+ * it, so --resume can say where it is instead of only "not found". */
+static int find_moved_aside(const char *out, char *buf, size_t cap)
+{
+    DIR *d = opendir(out);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    const char *prefix = TRAIN_CHECKPOINT_DIR ".old.";
+    while (!found && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        snprintf(buf, cap, "%s/%s/%s", out, e->d_name, TRAIN_STATE_FILE);
+        found = file_exists(buf);
+        if (found) snprintf(buf, cap, "%s/%s", out, e->d_name);
+    }
+    closedir(d);
+    return found;
+}
+
+static igrad_status_t check_options(const train_options_t *o, int P)
+{
+    if (!o->data || !o->data[0]) return trainer_fail(IGRAD_E_INVALID, "--data is required");
+    if (!o->out || !o->out[0]) return trainer_fail(IGRAD_E_INVALID, "--out is required");
+    if (o->steps < 1) return trainer_fail(IGRAD_E_INVALID, "--steps must be >= 1");
+    if (o->seq_len < 1) return trainer_fail(IGRAD_E_INVALID, "--seq-len must be >= 1");
+    if (o->batch < 1) return trainer_fail(IGRAD_E_INVALID, "--batch must be >= 1");
+    if (o->batch % P != 0)
+        return trainer_fail(IGRAD_E_INVALID,
+                            "--batch %d is not divisible by the number of ranks %d (the global "
+                            "batch is split evenly over ranks)", o->batch, P);
+    int B = o->batch / P;
+    if (o->micro_batch < 0 || (o->micro_batch > 0 && B % o->micro_batch != 0))
+        return trainer_fail(IGRAD_E_INVALID,
+                            "--micro-batch %d must divide the %d rows per rank (--batch %d / %d "
+                            "ranks)", o->micro_batch, B, o->batch, P);
+    if (o->eval_batches < 1) return trainer_fail(IGRAD_E_INVALID, "--eval-batches must be >= 1");
+    if (o->eval_every < 0 || o->save_every < 0 || o->stop_at < 0)
+        return trainer_fail(IGRAD_E_INVALID,
+                            "--eval-every, --save-every and --stop-at must be >= 0");
+    if (!(o->optim.lr > 0) || !(o->optim.min_lr >= 0) || o->optim.warmup_steps < 0)
+        return trainer_fail(IGRAD_E_INVALID, "--lr must be > 0, --min-lr >= 0, --warmup >= 0");
+    return IGRAD_OK;
+}
+
+/* Model and optimizer: from the checkpoint (resume), --init, or fresh. */
+static igrad_status_t setup_model(run_t *r)
+{
+    const train_options_t *o = r->o;
+    igrad_status_t st;
+    const char *from = o->resume ? r->ckpt_dir : o->init_dir;
+    if (from) {
+        st = checkpoint_load_model(from, &r->model);
+        if (st != IGRAD_OK) return prefix_fail(st, o->resume ? "--resume" : "--init");
+        if (r->T > r->model->config.max_seq_len)
+            return trainer_fail(IGRAD_E_INVALID,
+                                "--seq-len %d is longer than the model's "
+                                "max_position_embeddings %d (%s/config.json)",
+                                r->T, r->model->config.max_seq_len, from);
+    } else {
+        model_config_t cfg = o->model;
+        if (cfg.max_seq_len < r->T) cfg.max_seq_len = r->T; /* only the RoPE table grows */
+        st = model_create(&cfg, &r->model);
+        if (st != IGRAD_OK) return prefix_fail(st, "model");
+        model_init_random(r->model, o->seed, o->init_std);
+    }
+    r->ocfg = o->optim;
+    r->ocfg.total_steps = o->steps;
+    st = optim_create_for_model(&r->ocfg, r->model, &r->opt);
+    if (st != IGRAD_OK) return prefix_fail(st, "optimizer");
+    if (o->resume) {
+        char *p = path_join(r->ckpt_dir, CHECKPOINT_OPTIM_FILE);
+        if (!p) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+        st = checkpoint_load_optim(p, r->model, r->opt);
+        free(p);
+        if (st != IGRAD_OK) return prefix_fail(st, "--resume");
+    }
+    return IGRAD_OK;
+}
+
+static igrad_status_t setup_data(run_t *r)
+{
+    const train_options_t *o = r->o;
+    data_options_t dopt = DATA_OPTIONS_INIT;
+    data_error_t err;
+    dopt.seq_len = r->T;
+    dopt.val_fraction = o->val_fraction;
+    dopt.seed = o->seed;
+    dopt.response_only = o->response_only;
+    dopt.val_max_seqs = (size_t)o->eval_batches * (size_t)r->G;
+    if (dataset_load(&r->ds, o->data, &dopt, &err) != DATA_OK) return data_fail(&err);
+    if (o->val_fraction > 0 && r->ds.nval_seqs == 0)
+        return trainer_fail(IGRAD_E_INVALID, "data: %s: no validation sequences", o->data);
+    return IGRAD_OK;
+}
+
+static igrad_status_t setup_buffers(run_t *r)
+{
+    model_t *m = r->model;
+    r->grad_ptrs = calloc((size_t)m->n_tensors, sizeof *r->grad_ptrs);
+    r->inputs = malloc((size_t)r->B * r->T * sizeof *r->inputs);
+    r->targets = malloc((size_t)r->B * r->T * sizeof *r->targets);
+    r->vin = malloc((size_t)r->M * r->T * sizeof *r->vin);
+    r->vtg = malloc((size_t)r->M * r->T * sizeof *r->vtg);
+    if (!r->grad_ptrs || !r->inputs || !r->targets || !r->vin || !r->vtg)
+        return trainer_fail(IGRAD_E_NOMEM, "out of memory for the batch buffers");
+    model_tensor_pointers(m, m->grads, r->grad_ptrs);
+    return IGRAD_OK;
+}
+
+/* Local part of the setup, before the engine: anything here may fail on
+ * one rank only, so the caller agrees on the result afterwards. */
+static igrad_status_t setup_local(run_t *r)
+{
+    const train_options_t *o = r->o;
+    igrad_status_t st;
+    TRY(check_options(o, r->P));
+    TRY(sync_config(o, &r->scfg));
+    if (o->trace && method_sparsifier(&r->scfg) == IGRAD_SPARSIFIER_NONE)
+        return trainer_fail(IGRAD_E_INVALID,
+                            "--trace records the sparsifier's selections: use it with "
+                            "topk_sync, adtopk_sync, iad or ig, not dense");
+    r->ckpt_dir = path_join(o->out, TRAIN_CHECKPOINT_DIR);
+    if (!r->ckpt_dir) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    if (o->resume) {
+        char *state = path_join(r->ckpt_dir, TRAIN_STATE_FILE);
+        int ok = state && file_exists(state);
+        free(state);
+        if (!ok) {
+            char aside[512];
+            if (find_moved_aside(o->out, aside, sizeof aside))
+                return trainer_fail(IGRAD_E_IO,
+                                    "--resume: no checkpoint in %s, but an interrupted save "
+                                    "left the previous one at %s: rename it to %s to resume "
+                                    "from it", o->out, aside, r->ckpt_dir);
+            return trainer_fail(IGRAD_E_IO, "--resume: no checkpoint in %s (expected %s/%s)",
+                                o->out, r->ckpt_dir, TRAIN_STATE_FILE);
+        }
+        TRY(read_state(r, r->ckpt_dir, &r->start_step));
+    }
+    TRY(setup_model(r));
+    TRY(setup_data(r));
+    TRY(setup_buffers(r));
+    if ((st = model_layout(r->model, &r->layout)) != IGRAD_OK) return prefix_fail(st, "layout");
+
+    int needs_profile = r->scfg.method == IGRAD_METHOD_IAD || r->scfg.method == IGRAD_METHOD_IG;
+    if (needs_profile && !o->profile)
+        return trainer_fail(IGRAD_E_INVALID,
+                            "--method %s needs --profile FILE (build one with `igrad profile` "
+                            "from a --trace of an adtopk_sync or topk_sync run)", o->method);
+    if (o->profile) {
+        st = igrad_profile_load(o->profile, r->layout, &r->profile);
+        if (st == IGRAD_E_MISMATCH)
+            return trainer_fail(st, "--profile %s was made for another model: %s", o->profile,
+                                igrad_last_error());
+        if (st != IGRAD_OK) return lib_fail(st, "--profile");
+    }
+    r->f_imp = NAN;
+    if (r->profile && method_sparsifier(&r->scfg) != IGRAD_SPARSIFIER_NONE)
+        r->f_imp = compute_f_imp(r->layout, r->profile, method_sparsifier(&r->scfg),
+                                 r->scfg.density);
+    return IGRAD_OK;
+}
+
+/* Rank 0's files: metrics, trace. */
+static igrad_status_t setup_rank0(run_t *r)
+{
+    const train_options_t *o = r->o;
+    igrad_status_t st;
+    /* Created only now, so a run that fails in setup leaves nothing. */
+    if (make_dirs(o->out) != 0)
+        return trainer_fail(IGRAD_E_IO, "--out %s: cannot create directory: %s", o->out,
+                            strerror(errno));
+    st = metrics_open(o->out, igrad_method_name(r->scfg.method), o->resume ? r->start_step : -1,
+                      &r->metrics);
+    if (st != IGRAD_OK) return st;
+    if (o->trace) {
+        igrad_sparsifier_t sp = method_sparsifier(&r->scfg);
+        if ((st = igrad_trace_create(r->layout, &r->trace)) != IGRAD_OK ||
+            (st = igrad_trace_set_sparsifier(r->trace, sp, r->scfg.density)) != IGRAD_OK)
+            return lib_fail(st, "--trace");
+        if (o->resume) TRY(trace_keep_prefix(r));
+    }
+    return IGRAD_OK;
+}
+
+static void run_free(run_t *r)
+{
+    igrad_engine_free(r->engine);
+    igrad_trace_free(r->trace);
+    igrad_profile_free(r->profile);
+    igrad_layout_free(r->layout);
+    metrics_close(r->metrics);
+    dataset_free(&r->ds);
+    optim_free(r->opt);
+    model_free(r->model);
+    free(r->trace_prefix);
+    free(r->grad_ptrs);
+    free(r->acc);
+    free(r->inputs);
+    free(r->targets);
+    free(r->vin);
+    free(r->vtg);
+    free(r->ckpt_dir);
+}
+
+/* ------------------------------------------------------------------------ */
+/* evaluation                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Validation loss, perplexity and next-token accuracy over the fixed
+ * validation set (each rank a disjoint share, sums reduced), then the
+ * parameter check: every rank's parameter hash against rank 0's. */
+static igrad_status_t evaluate(run_t *r, int64_t steps_done, double *out3)
+{
+    model_t *m = r->model;
+    const int T = r->T, V = m->config.vocab_size;
+    size_t begin = 0, end = 0;
+    double sums[3] = {0, 0, 0}; /* loss sum, correct, counted targets */
+    igrad_status_t st = IGRAD_OK;
+    data_shard(r->ds.nval_seqs, r->rank, r->P, &begin, &end);
+    for (size_t first = begin; first < end && st == IGRAD_OK; first += (size_t)r->M) {
+        size_t count = end - first < (size_t)r->M ? end - first : (size_t)r->M;
+        data_error_t err;
+        if (dataset_val_batch(&r->ds, first, count, r->vin, r->vtg, &err) != DATA_OK) {
+            st = data_fail(&err);
+            break;
+        }
+        st = model_forward(m, r->vin, r->vtg, (int)count, T);
+        if (st != IGRAD_OK) {
+            st = prefix_fail(st, "evaluation");
+            break;
+        }
+        sums[0] += m->loss * (double)m->loss_count;
+        sums[2] += (double)m->loss_count;
+        for (size_t i = 0; i < count * (size_t)T; i++) {
+            if (r->vtg[i] < 0) continue;
+            const float *row = m->acts.logits + i * (size_t)V;
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (row[v] > row[best]) best = v;
+            sums[1] += best == r->vtg[i];
+        }
+    }
+    /* A local failure must not leave the others in the all-reduce alone. */
+    TRY(agree(r->comm, st));
+    if ((st = igrad_comm_allreduce(r->comm, sums, sums, 3, IGRAD_DTYPE_F64, IGRAD_REDUCE_SUM)) !=
+        IGRAD_OK)
+        return lib_fail(st, "evaluation all-reduce");
+    out3[0] = sums[2] > 0 ? sums[0] / sums[2] : NAN;
+    out3[1] = exp(out3[0]);
+    out3[2] = sums[2] > 0 ? sums[1] / sums[2] : NAN;
+
+    uint64_t mine = train_hash_floats(m->params, m->num_params);
+    uint64_t *all = malloc((size_t)r->P * sizeof *all);
+    if (!all) return agree(r->comm, trainer_fail(IGRAD_E_NOMEM, "out of memory"));
+    st = igrad_comm_allgather(r->comm, &mine, sizeof mine, all);
+    if (st != IGRAD_OK) {
+        free(all);
+        return lib_fail(st, "parameter check");
+    }
+    for (int q = 1; q < r->P; q++) {
+        if (all[q] == all[0]) continue;
+        st = trainer_fail(IGRAD_E_MISMATCH,
+                          "parameters of rank %d differ from rank 0's after %lld steps (hash "
+                          "%016" PRIx64 " vs %016" PRIx64 "): the ranks no longer train the "
+                          "same model", q, (long long)steps_done, all[q], all[0]);
+        break;
+    }
+    free(all);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* checkpoints                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Collective. Rank 0 assembles "<out>/checkpoint.tmp.<pid>" and every rank
+ * adds its engine state; only when every rank reports success does rank 0
+ * rename it over the previous checkpoint, so the directory under its final
+ * name is always complete. */
+static igrad_status_t save_checkpoint(run_t *r, int64_t next_step)
+{
+    igrad_status_t st = IGRAD_OK;
+    char *tmp = NULL;
+    uint64_t len = 0;
+    char pathbuf[4096];
+    memset(pathbuf, 0, sizeof pathbuf);
+    if (r->rank == 0) {
+        st = checkpoint_begin(r->ckpt_dir, &tmp);
+        if (st == IGRAD_OK) {
+            len = strlen(tmp);
+            if (len >= sizeof pathbuf) st = trainer_fail(IGRAD_E_INVALID, "--out path too long");
+            else memcpy(pathbuf, tmp, len);
+        }
+    }
+    TRY(agree(r->comm, st));
+    if ((st = igrad_comm_bcast(r->comm, pathbuf, sizeof pathbuf, 0)) != IGRAD_OK)
+        return lib_fail(st, "checkpoint");
+    if (r->rank == 0) {
+        st = checkpoint_save_model(r->model, tmp);
+        if (st == IGRAD_OK) {
+            char *p = path_join(tmp, CHECKPOINT_OPTIM_FILE);
+            st = p ? checkpoint_save_optim(r->opt, r->model, p)
+                   : trainer_fail(IGRAD_E_NOMEM, "out of memory");
+            free(p);
+        }
+        if (st == IGRAD_OK) st = write_state(r, tmp, next_step);
+        if (st == IGRAD_OK) st = trace_save(r);
+    }
+    if (st == IGRAD_OK) {
+        char name[64];
+        snprintf(name, sizeof name, "engine.rank%d.bin", r->rank);
+        char *p = path_join(pathbuf, name);
+        if (!p) st = trainer_fail(IGRAD_E_NOMEM, "out of memory");
+        else if ((st = igrad_engine_save_state(r->engine, p)) != IGRAD_OK)
+            st = lib_fail(st, "engine state");
+        free(p);
+    }
+    st = agree(r->comm, st);
+    if (r->rank == 0) {
+        if (st == IGRAD_OK) st = checkpoint_commit(tmp, r->ckpt_dir);
+        else checkpoint_abort(tmp);
+    }
+    st = agree(r->comm, st);
+    return st == IGRAD_OK ? IGRAD_OK : prefix_fail(st, "checkpoint");
+}
+
+/* ------------------------------------------------------------------------ */
+/* progress                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static void fmt_duration(double s, char *buf, size_t cap)
+{
+    if (!(s >= 0) || s > 1e7) snprintf(buf, cap, "?");
+    else if (s >= 3600) snprintf(buf, cap, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+    else if (s >= 60) snprintf(buf, cap, "%dm%02ds", (int)(s / 60), (int)s % 60);
+    else snprintf(buf, cap, "%.0fs", s);
+}
+
+static void fmt_bytes(double b, char *buf, size_t cap)
+{
+    static const char *u[] = {"B", "KiB", "MiB", "GiB"};
+    int i = 0;
+    while (b >= 1024 && i < 3) b /= 1024, i++;
+    snprintf(buf, cap, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+static void show_progress(run_t *r, int64_t step, const metrics_row_t *row, double elapsed_ms,
+                          int64_t done_here)
+{
+    const train_options_t *o = r->o;
+    if (r->rank != 0 || o->progress == TRAIN_PROGRESS_QUIET) return;
+    double per_step = done_here > 0 ? elapsed_ms / (double)done_here : 0;
+    int64_t last = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
+    char eta[32], bytes[32];
+    fmt_duration(per_step * (double)(last - step - 1) / 1000.0, eta, sizeof eta);
+    fmt_bytes(row->payload_bytes, bytes, sizeof bytes);
+    if (r->tty) {
+        printf("\r  step %lld/%lld  loss %.4f  %.0f tok/s  %s/step  ETA %s   ",
+               (long long)step + 1, (long long)o->steps, row->loss, row->tokens_per_s, bytes, eta);
+        fflush(stdout);
+        return;
+    }
+    int64_t every = o->log_every > 0 ? o->log_every : (o->steps >= 20 ? o->steps / 20 : 1);
+    if ((step + 1) % every != 0 && step + 1 != last) return;
+    printf("step %lld/%lld loss %.4f tok/s %.0f payload %s/step sync %.2f ms step %.1f ms eta %s\n",
+           (long long)step + 1, (long long)o->steps, row->loss, row->tokens_per_s, bytes,
+           row->sync_ms, row->step_ms, eta);
+    fflush(stdout);
+}
+
+static void show_eval(run_t *r, int64_t steps_done, const double *v)
+{
+    if (r->rank != 0 || r->o->progress == TRAIN_PROGRESS_QUIET) return;
+    printf("%seval after %lld steps: val_loss %.4f ppl %.3f acc %.4f\n", r->tty ? "\r\033[K" : "",
+           (long long)steps_done, v[0], v[1], v[2]);
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------------------------ */
+/* one step                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Forward/backward over this rank's rows in micro-batches. Leaves in
+ * m->grads the gradient of (sum of token losses) * P / global count, whose
+ * average over ranks is the gradient of the global mean loss; *loss gets
+ * that global mean. */
+static igrad_status_t forward_backward(run_t *r, int64_t step, double *loss)
+{
+    model_t *m = r->model;
+    const int T = r->T, M = r->M, nmicro = r->B / r->M;
+    const size_t rows = (size_t)M * T;
+    data_error_t err;
+    igrad_status_t st = IGRAD_OK;
+    if (dataset_train_batch(&r->ds, step, r->G, r->rank, r->P, r->inputs, r->targets, &err) !=
+        DATA_OK)
+        return data_fail(&err);
+
+    /* Micro-batches with equal target counts (always, unless targets are
+     * masked) can share one final scale; otherwise each is weighted by its
+     * count in a separate accumulator. */
+    int64_t first_count = -1;
+    int equal = 1;
+    for (int i = 0; i < nmicro; i++) {
+        int64_t c = 0;
+        for (size_t j = 0; j < rows; j++) c += r->targets[(size_t)i * rows + j] >= 0;
+        if (first_count < 0) first_count = c;
+        else if (c != first_count) equal = 0;
+    }
+    if (!equal && !r->acc) {
+        r->acc = malloc((size_t)m->num_params * sizeof *r->acc);
+        if (!r->acc) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    }
+    if (!equal) memset(r->acc, 0, (size_t)m->num_params * sizeof *r->acc);
+
+    double sums[2] = {0, 0}; /* loss sum, counted targets */
+    model_zero_grad(m);
+    for (int i = 0; i < nmicro && st == IGRAD_OK; i++) {
+        st = model_forward(m, r->inputs + (size_t)i * rows, r->targets + (size_t)i * rows, M, T);
+        if (st == IGRAD_OK) st = model_backward(m);
+        if (st != IGRAD_OK) break;
+        sums[0] += m->loss * (double)m->loss_count;
+        sums[1] += (double)m->loss_count;
+        if (!equal) {
+            cblas_saxpy((int)m->num_params, (float)m->loss_count, m->grads, 1, r->acc, 1);
+            model_zero_grad(m);
+        }
+    }
+    if (st != IGRAD_OK) st = prefix_fail(st, "forward/backward");
+    TRY(agree(r->comm, st));
+    if ((st = igrad_comm_allreduce(r->comm, sums, sums, 2, IGRAD_DTYPE_F64, IGRAD_REDUCE_SUM)) !=
+        IGRAD_OK)
+        return lib_fail(st, "loss all-reduce");
+    *loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+    if (sums[1] > 0) {
+        double scale = (double)r->P / sums[1];
+        if (equal) optim_scale(m->grads, m->num_params, (float)((double)first_count * scale));
+        else {
+            memcpy(m->grads, r->acc, (size_t)m->num_params * sizeof *m->grads);
+            optim_scale(m->grads, m->num_params, (float)scale);
+        }
+    }
+    return IGRAD_OK;
+}
+
+static igrad_status_t train_step(run_t *r, int64_t step, metrics_row_t *row)
+{
+    model_t *m = r->model;
+    double t0 = now_ms(), loss = 0.0;
+    TRY(forward_backward(r, step, &loss));
+    if (!isfinite(loss))
+        return trainer_fail(IGRAD_E_NONFINITE, "training diverged at step %lld: loss is %g "
+                            "(lower --lr?)", (long long)step, loss);
+
+    /* The engine fails a step on every rank at once (NaN/Inf on any rank,
+     * a failed collective), so its status needs no extra agreement. */
+    igrad_status_t st = igrad_engine_sync(r->engine, step, r->grad_ptrs);
+    if (st == IGRAD_E_NONFINITE)
+        return trainer_fail(st, "training diverged at step %lld: %s", (long long)step,
+                            igrad_last_error());
+    if (st != IGRAD_OK) return lib_fail(st, "sync");
+    igrad_step_stats_t ss;
+    igrad_engine_last_stats(r->engine, &ss);
+
+    /* After the sync every rank holds the same gradient, so the norm and
+     * the update agree without communication. */
+    double norm = optim_clip_grad_norm(m->grads, m->num_params, r->ocfg.grad_clip);
+    if (!isfinite(norm))
+        return trainer_fail(IGRAD_E_NONFINITE, "training diverged at step %lld: gradient norm "
+                            "is %g", (long long)step, norm);
+    optim_update(r->opt, m->params, m->grads, optim_lr(&r->ocfg, step));
+    double t1 = now_ms();
+
+    memset(row, 0, sizeof *row);
+    row->step = step;
+    row->loss = loss;
+    row->payload_bytes = (double)ss.payload_nbytes;
+    row->wire_bytes = (double)ss.wire_nbytes;
+    row->sent_entries = (double)ss.entries_sent;
+    row->select_ms = ss.select_ms;
+    row->pack_ms = ss.pack_ms;
+    row->comm_ms = ss.comm_ms;
+    row->unpack_ms = ss.unpack_ms;
+    row->sync_ms = ss.total_ms;
+    row->step_ms = t1 - t0;
+    row->tokens_per_s = (double)r->G * r->T / ((t1 - t0) / 1000.0);
+    row->buckets = ss.buckets;
+    row->imbalance = ss.imbalance;
+    row->cv = ss.cv;
+    row->overflow = ss.overflow;
+    return IGRAD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* summary                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
+{
+    const train_options_t *o = r->o;
+    const model_config_t *mc = &r->model->config;
+    char *path = path_join(o->out, TRAIN_SUMMARY_FILE);
+    cJSON *root = cJSON_CreateObject();
+    igrad_status_t st = IGRAD_OK;
+    if (!path || !root) {
+        st = trainer_fail(IGRAD_E_NOMEM, "summary: out of memory");
+        goto cleanup;
+    }
+    cJSON_AddStringToObject(root, "method", igrad_method_name(r->scfg.method));
+    cJSON_AddNumberToObject(root, "ranks", r->P);
+    cJSON_AddNumberToObject(root, "steps", (double)steps_done);
+    cJSON_AddNumberToObject(root, "steps_planned", (double)o->steps);
+    cJSON_AddBoolToObject(root, "complete", steps_done >= o->steps);
+    cJSON_AddStringToObject(root, "workload", o->data);
+    cJSON_AddNumberToObject(root, "tokens_per_step", (double)r->G * r->T);
+
+    cJSON *cfg = cJSON_AddObjectToObject(root, "config");
+    cJSON *model = cJSON_AddObjectToObject(cfg, "model");
+    if (o->resume || o->init_dir)
+        cJSON_AddStringToObject(model, "init", o->resume ? r->ckpt_dir : o->init_dir);
+    else if (o->model_name)
+        cJSON_AddStringToObject(model, "size", o->model_name);
+    cJSON_AddNumberToObject(model, "num_params", (double)r->model->num_params);
+    cJSON_AddNumberToObject(model, "layers", mc->n_layer);
+    cJSON_AddNumberToObject(model, "dim", mc->dim);
+    cJSON_AddNumberToObject(model, "heads", mc->n_head);
+    cJSON_AddNumberToObject(model, "kv_heads", mc->n_kv_head);
+    cJSON_AddNumberToObject(model, "ffn", mc->ffn_dim);
+    cJSON_AddBoolToObject(model, "tie", mc->tie_embeddings);
+    cJSON_AddStringToObject(cfg, "data", o->data);
+    cJSON_AddBoolToObject(cfg, "response_only", o->response_only);
+    cJSON_AddNumberToObject(cfg, "val_fraction", o->val_fraction);
+    cJSON_AddNumberToObject(cfg, "val_sequences", (double)r->ds.nval_seqs);
+    cJSON_AddNumberToObject(cfg, "batch", r->G);
+    cJSON_AddNumberToObject(cfg, "micro_batch", r->M);
+    cJSON_AddNumberToObject(cfg, "seq_len", r->T);
+    cJSON_AddNumberToObject(cfg, "lr", r->ocfg.lr);
+    cJSON_AddNumberToObject(cfg, "min_lr", r->ocfg.min_lr);
+    cJSON_AddNumberToObject(cfg, "warmup", (double)r->ocfg.warmup_steps);
+    cJSON_AddNumberToObject(cfg, "weight_decay", r->ocfg.weight_decay);
+    cJSON_AddNumberToObject(cfg, "clip", r->ocfg.grad_clip);
+    cJSON_AddNumberToObject(cfg, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(cfg, "threads", o->threads);
+    cJSON *sync = cJSON_AddObjectToObject(cfg, "sync");
+    cJSON_AddStringToObject(sync, "method", igrad_method_name(r->scfg.method));
+    cJSON_AddStringToObject(sync, "sparsifier", igrad_sparsifier_name(method_sparsifier(&r->scfg)));
+    cJSON_AddNumberToObject(sync, "density", r->scfg.density);
+    cJSON_AddNumberToObject(sync, "release_period", r->scfg.release_period);
+    cJSON_AddNumberToObject(sync, "release_keep", r->scfg.release_keep);
+    cJSON_AddStringToObject(sync, "schedule", igrad_schedule_name(r->scfg.schedule));
+    cJSON_AddStringToObject(sync, "residual", igrad_residual_policy_name(r->scfg.residual));
+    cJSON_AddStringToObject(sync, "pack", igrad_pack_policy_name(r->scfg.pack));
+    cJSON_AddNumberToObject(sync, "buckets", r->scfg.buckets);
+    if (o->profile) cJSON_AddStringToObject(cfg, "profile", o->profile);
+    if (o->trace) cJSON_AddStringToObject(cfg, "trace", o->trace);
+    if (r->profile) {
+        size_t nc = igrad_profile_count(r->profile), nimp = 0;
+        for (size_t i = 0; i < nc; i++) {
+            igrad_profile_entry_t e;
+            if (igrad_profile_entry(r->profile, i, &e) == IGRAD_OK && e.important) nimp++;
+        }
+        cJSON *pj = cJSON_AddObjectToObject(root, "profile");
+        cJSON_AddNumberToObject(pj, "components", (double)nc);
+        cJSON_AddNumberToObject(pj, "important", (double)nimp);
+        metrics_json_number(pj, "tau", igrad_profile_threshold(r->profile));
+        cJSON_AddStringToObject(pj, "method", igrad_profile_method(r->profile));
+    }
+    metrics_json_number(root, "f_imp", r->f_imp);
+
+    st = metrics_summary_add(r->metrics, (int64_t)r->G * r->T, root);
+    if (st != IGRAD_OK) goto cleanup;
+    /* The headline numbers: the mean payload (release steps vary, so the
+     * mean is what a run costs) and the median sync time (robust to the
+     * noise of an oversubscribed machine). */
+    metrics_stat_t pay = metrics_stat_of(r->metrics, offsetof(metrics_row_t, payload_bytes));
+    metrics_stat_t syn = metrics_stat_of(r->metrics, offsetof(metrics_row_t, sync_ms));
+    metrics_json_number(root, "payload_bytes_per_step", pay.n ? pay.mean : NAN);
+    metrics_json_number(root, "sync_ms_per_step", syn.n ? syn.median : NAN);
+    metrics_json_number(root, "wall_s", wall_s);
+    st = metrics_write_json(path, root);
+cleanup:
+    cJSON_Delete(root);
+    free(path);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the run                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static int at_multiple(int64_t done, int64_t every) { return every > 0 && done % every == 0; }
+
+igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_result_t *res)
+{
+    run_t r;
+    memset(&r, 0, sizeof r);
+    memset(res, 0, sizeof *res);
+    res->val_loss = res->val_ppl = res->val_acc = res->f_imp = NAN;
+    r.o = o;
+    r.comm = comm;
+    r.rank = igrad_comm_rank(comm);
+    r.P = igrad_comm_size(comm);
+    r.G = o->batch;
+    r.T = o->seq_len;
+    r.B = r.P > 0 ? o->batch / r.P : 0;
+    r.M = o->micro_batch > 0 ? o->micro_batch : r.B;
+    r.last_val[0] = r.last_val[1] = r.last_val[2] = NAN;
+    r.t_start_ms = now_ms();
+    r.tty = o->progress == TRAIN_PROGRESS_LINE ||
+            (o->progress == TRAIN_PROGRESS_AUTO && isatty(STDOUT_FILENO));
+#ifdef _OPENMP
+    if (o->threads > 0) omp_set_num_threads(o->threads);
+#endif
+    if (o->threads > 0) openblas_set_num_threads(o->threads);
+
+    igrad_status_t st = agree(comm, setup_local(&r));
+    if (st != IGRAD_OK) goto cleanup;
+
+    /* Collective from here on: every rank reached this point. */
+    st = igrad_engine_create(r.layout, r.profile, &r.scfg, comm, &r.engine);
+    if (st != IGRAD_OK) {
+        st = lib_fail(st, "sync engine");
+        goto cleanup;
+    }
+    if (o->resume) {
+        char name[64];
+        snprintf(name, sizeof name, "engine.rank%d.bin", r.rank);
+        char *p = path_join(r.ckpt_dir, name);
+        st = p ? igrad_engine_load_state(r.engine, p) : IGRAD_E_NOMEM;
+        if (st != IGRAD_OK) st = lib_fail(st, p ? p : "engine state");
+        free(p);
+        if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+    }
+    st = r.rank == 0 ? setup_rank0(&r) : IGRAD_OK;
+    if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+    if (r.trace) igrad_engine_set_trace(r.engine, r.trace);
+
+    res->start_step = r.start_step;
+    res->f_imp = r.f_imp;
+    if (r.rank == 0 && o->progress != TRAIN_PROGRESS_QUIET) {
+        printf("train: %s on %d rank%s, %lld parameters, data %s (%zu train tokens, %zu val "
+               "sequences), batch %d x %d tokens, steps %lld..%lld\n",
+               igrad_method_name(r.scfg.method), r.P, r.P == 1 ? "" : "s",
+               (long long)r.model->num_params, o->data, r.ds.train.count, r.ds.nval_seqs, r.G,
+               r.T, (long long)r.start_step, (long long)o->steps);
+        fflush(stdout);
+    }
+
+    int64_t last = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
+    if (r.start_step == 0 && o->eval_every > 0) {
+        if ((st = evaluate(&r, 0, r.last_val)) != IGRAD_OK) goto cleanup;
+        metrics_eval_t ev = {0, r.last_val[0], r.last_val[1], r.last_val[2]};
+        if (r.rank == 0) st = metrics_add_eval(r.metrics, &ev);
+        if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+        show_eval(&r, 0, r.last_val);
+    }
+    double loop_start = now_ms();
+    for (int64_t step = r.start_step; step < last; step++) {
+        metrics_row_t row;
+        if ((st = train_step(&r, step, &row)) != IGRAD_OK) goto cleanup;
+        if (step == r.start_step) res->first_loss = row.loss;
+        res->last_loss = row.loss;
+        res->steps_done = step + 1;
+        st = r.rank == 0 ? metrics_add_step(r.metrics, &row) : IGRAD_OK;
+        if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+        show_progress(&r, step, &row, now_ms() - loop_start, step + 1 - r.start_step);
+
+        int64_t done = step + 1;
+        if (at_multiple(done, o->eval_every) || done == o->steps ||
+            (done == last && !at_multiple(done, o->eval_every))) {
+            if ((st = evaluate(&r, done, r.last_val)) != IGRAD_OK) goto cleanup;
+            metrics_eval_t ev = {done, r.last_val[0], r.last_val[1], r.last_val[2]};
+            st = r.rank == 0 ? metrics_add_eval(r.metrics, &ev) : IGRAD_OK;
+            if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+            show_eval(&r, done, r.last_val);
+        }
+        if (at_multiple(done, o->save_every) || done == last)
+            if ((st = save_checkpoint(&r, done)) != IGRAD_OK) goto cleanup;
+    }
+    if (r.start_step >= last) res->steps_done = r.start_step;
+
+    res->wall_s = (now_ms() - r.t_start_ms) / 1000.0;
+    st = IGRAD_OK;
+    if (r.rank == 0) {
+        if (r.tty && o->progress != TRAIN_PROGRESS_QUIET) printf("\n");
+        st = write_summary(&r, res->steps_done, res->wall_s);
+        if (st == IGRAD_OK) st = trace_save(&r);
+    }
+    st = agree(comm, st);
+    res->val_loss = r.last_val[0];
+    res->val_ppl = r.last_val[1];
+    res->val_acc = r.last_val[2];
+    res->param_hash = train_hash_floats(r.model->params, r.model->num_params);
+cleanup:
+    if (r.tty && r.rank == 0 && st != IGRAD_OK && o->progress != TRAIN_PROGRESS_QUIET)
+        printf("\n");
+    run_free(&r);
+    return st;
+}
