@@ -4,7 +4,9 @@
  * text corpus:
  *   - data parallel: `dense` over all P ranks equals 1 rank (a "self"
  *     communicator on every rank) with the same global batch, parameters
- *     after 5 steps within a stated tolerance;
+ *     after 5 steps within a stated tolerance; also with response-only
+ *     (masked) alpaca data and micro-batches of 1 row, where target counts
+ *     differ between micro-batches and ranks;
  *   - resume: `ig` for 20 steps equals 10 steps (stopped with a
  *     checkpoint) + --resume + 10, bit for bit: model, optimizer and every
  *     rank's engine state (residuals) files, and the per-step losses; the
@@ -92,6 +94,32 @@ static void write_corpus(const char *dir, int ndocs, int words_per_doc)
         }
         fclose(fp);
     }
+}
+
+/* Alpaca-style JSONL whose prompts and responses vary in length, so with
+ * --response-only every micro-batch and rank counts a different number of
+ * targets. */
+static void write_alpaca(const char *path, int nrecords)
+{
+    static const char *words[] = {"alpha", "beta", "gamma", "delta", "eps", "zeta", "eta",
+                                  "theta"};
+    uint64_t s = 99;
+    FILE *fp = fopen(path, "w");
+    if (!fp) abort();
+    for (int r = 0; r < nrecords; r++) {
+        fputs("{\"instruction\": \"", fp);
+        for (int i = 0, n = 2 + r * 7 % 23; i < n; i++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            fprintf(fp, "%s%s", i ? " " : "", words[(s >> 33) % 8]);
+        }
+        fputs("\", \"input\": \"\", \"output\": \"", fp);
+        for (int i = 0, n = 1 + r * 5 % 17; i < n; i++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            fprintf(fp, "%s%s", i ? " " : "", words[(s >> 33) % 8]);
+        }
+        fputs("\"}\n", fp);
+    }
+    fclose(fp);
 }
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *f)
@@ -206,6 +234,53 @@ static void test_data_parallel(igrad_comm_t *world)
                    maxdiff, maxmove);
         CHECK(fabs(r1.last_loss - rp.last_loss) < 1e-4, "last loss %.9g (1 rank) vs %.9g",
               r1.last_loss, rp.last_loss);
+    }
+    model_free(m1);
+    model_free(mp);
+    igrad_comm_free(self);
+}
+
+/* Gradient accumulation and masked targets: with --response-only the
+ * ranks' and micro-batches' target counts differ, and the step must still
+ * be the gradient of the global mean loss. P ranks accumulating over
+ * micro-batches of 1 row must equal 1 rank taking all 8 rows at once (same
+ * tolerance and reason as above); weighting each micro-batch or rank
+ * equally instead would miss by far more. */
+static void test_masked_accumulation(igrad_comm_t *world)
+{
+    igrad_comm_t *self = NULL;
+    CHECK_OK(igrad_comm_create_self(&self));
+    train_options_t o;
+    train_result_t r1, rp;
+    model_t *m1 = NULL, *mp = NULL;
+
+    base_options(&o, pathf("%s/acc1.rank%d", root, me));
+    o.data = pathf("alpaca:%s/alpaca.jsonl", root);
+    o.response_only = 1;
+    o.seq_len = 24;
+    CHECK_OK(train_run(&o, self, &r1));
+    CHECK_OK(checkpoint_load_model(pathf("%s/acc1.rank%d/checkpoint", root, me), &m1));
+
+    base_options(&o, pathf("%s/accP", root));
+    o.data = pathf("alpaca:%s/alpaca.jsonl", root);
+    o.response_only = 1;
+    o.seq_len = 24;
+    o.micro_batch = 1;
+    CHECK_OK(train_run(&o, world, &rp));
+    CHECK_OK(checkpoint_load_model(pathf("%s/accP/checkpoint", root), &mp));
+    if (m1 && mp) {
+        double maxdiff = 0;
+        for (int64_t i = 0; i < m1->num_params; i++) {
+            double d = fabs((double)m1->params[i] - (double)mp->params[i]);
+            if (d > maxdiff) maxdiff = d;
+        }
+        CHECK(maxdiff <= DP_TOL, "response-only, %d ranks x micro-batch 1 vs 1 rank: max "
+              "|param difference| %.3g, tolerance %.1g", np, maxdiff, DP_TOL);
+        CHECK(fabs(r1.first_loss - rp.first_loss) < 1e-5, "first loss %.9g (1 rank) vs %.9g",
+              r1.first_loss, rp.first_loss);
+        if (me == 0)
+            printf("masked accumulation: %d ranks x micro-batch 1 vs 1 rank: max |diff| %.3g\n",
+                   np, maxdiff);
     }
     model_free(m1);
     model_free(mp);
@@ -398,6 +473,7 @@ int main(int argc, char **argv)
             MPI_Abort(MPI_COMM_WORLD, 2);
         }
         write_corpus(pathf("%s/corpus", root), 12, 600);
+        write_alpaca(pathf("%s/alpaca.jsonl", root), 60);
     }
     MPI_Bcast(root, sizeof root, MPI_CHAR, 0, MPI_COMM_WORLD);
 
@@ -411,6 +487,7 @@ int main(int argc, char **argv)
     snprintf(profile_path, sizeof profile_path, "%s", profile);
 
     test_data_parallel(world);
+    test_masked_accumulation(world);
     make_profile(world, profile_path);
     test_resume(world, profile_path);
     test_learning(world);
