@@ -13,6 +13,8 @@
  *     profile comes from a short adtopk_sync run's trace built here;
  *   - learning: 50 steps lower the training and validation loss by a clear
  *     margin, eval numbers finite;
+ *   - the parameter check: one ulp of difference on one rank fails every
+ *     rank with a message naming it;
  *   - failures agree: missing data on every rank, missing data on one
  *     rank only, a batch P does not divide, iad without a profile, a
  *     profile of another model, a resume with another batch: the same
@@ -411,6 +413,21 @@ static void test_learning(igrad_comm_t *world)
     CHECK(res.val_loss < 3.5, "val_loss %.4f after 50 steps", res.val_loss);
 }
 
+/* The evaluation's parameter check: equal buffers pass; one entry changed
+ * on the last rank fails on every rank, naming that rank. */
+static void test_param_check(igrad_comm_t *world)
+{
+    float p[1000];
+    for (int i = 0; i < 1000; i++) p[i] = (float)i * 0.25f - 7.0f;
+    CHECK_OK(train_check_same_params(world, p, 1000, 3));
+    if (me == np - 1) p[517] = nextafterf(p[517], 1e9f); /* one ulp */
+    igrad_status_t st = train_check_same_params(world, p, 1000, 3);
+    char needle[32];
+    snprintf(needle, sizeof needle, "rank %d differ", np - 1);
+    CHECK(st == IGRAD_E_MISMATCH && strstr(trainer_last_error(), needle),
+          "one ulp on rank %d: %s (%s)", np - 1, igrad_status_str(st), trainer_last_error());
+}
+
 /* A failure expected on every rank: the same status, and no checkpoint. */
 static void expect_failure(igrad_comm_t *world, train_options_t *o, igrad_status_t want,
                            const char *what, const char *needle)
@@ -492,6 +509,7 @@ int main(int argc, char **argv)
     test_resume(world, profile_path);
     test_learning(world);
     test_failures(world, profile_path);
+    test_param_check(world);
 
     igrad_comm_free(world);
     int total = 0;

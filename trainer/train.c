@@ -704,6 +704,31 @@ static void run_free(run_t *r)
 /* evaluation                                                               */
 /* ------------------------------------------------------------------------ */
 
+igrad_status_t train_check_same_params(igrad_comm_t *comm, const float *params, int64_t n,
+                                      int64_t steps_done)
+{
+    int P = igrad_comm_size(comm);
+    uint64_t mine = train_hash_floats(params, n);
+    uint64_t *all = malloc((size_t)P * sizeof *all);
+    igrad_status_t st = all ? IGRAD_OK : trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    TRY(agree(comm, st));
+    st = igrad_comm_allgather(comm, &mine, sizeof mine, all);
+    if (st != IGRAD_OK) {
+        free(all);
+        return lib_fail(st, "parameter check");
+    }
+    for (int q = 1; q < P; q++) {
+        if (all[q] == all[0]) continue;
+        st = trainer_fail(IGRAD_E_MISMATCH,
+                          "parameters of rank %d differ from rank 0's after %lld steps (hash "
+                          "%016" PRIx64 " vs %016" PRIx64 "): the ranks no longer train the "
+                          "same model", q, (long long)steps_done, all[q], all[0]);
+        break;
+    }
+    free(all);
+    return st;
+}
+
 /* Validation loss, perplexity and next-token accuracy over the fixed
  * validation set (each rank a disjoint share, sums reduced), then the
  * parameter check: every rank's parameter hash against rank 0's. */
@@ -747,24 +772,7 @@ static igrad_status_t evaluate(run_t *r, int64_t steps_done, double *out3)
     out3[1] = exp(out3[0]);
     out3[2] = sums[2] > 0 ? sums[1] / sums[2] : NAN;
 
-    uint64_t mine = train_hash_floats(m->params, m->num_params);
-    uint64_t *all = malloc((size_t)r->P * sizeof *all);
-    if (!all) return agree(r->comm, trainer_fail(IGRAD_E_NOMEM, "out of memory"));
-    st = igrad_comm_allgather(r->comm, &mine, sizeof mine, all);
-    if (st != IGRAD_OK) {
-        free(all);
-        return lib_fail(st, "parameter check");
-    }
-    for (int q = 1; q < r->P; q++) {
-        if (all[q] == all[0]) continue;
-        st = trainer_fail(IGRAD_E_MISMATCH,
-                          "parameters of rank %d differ from rank 0's after %lld steps (hash "
-                          "%016" PRIx64 " vs %016" PRIx64 "): the ranks no longer train the "
-                          "same model", q, (long long)steps_done, all[q], all[0]);
-        break;
-    }
-    free(all);
-    return st;
+    return train_check_same_params(r->comm, m->params, m->num_params, steps_done);
 }
 
 /* ------------------------------------------------------------------------ */

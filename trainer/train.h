@@ -134,4 +134,10 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
 /* FNV-1a hash of a float buffer's bytes (the cross-rank parameter check). */
 uint64_t train_hash_floats(const float *x, int64_t n);
 
+/* The check every evaluation runs: every rank's hash of its `n` parameters
+ * against rank 0's. Collective. @return IGRAD_E_MISMATCH on every rank,
+ * naming the first rank that differs, if any does. */
+igrad_status_t train_check_same_params(igrad_comm_t *comm, const float *params, int64_t n,
+                                      int64_t steps_done);
+
 #endif /* IGRAD_TRAINER_TRAIN_H */
