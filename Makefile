@@ -34,6 +34,7 @@ bench: build
 	/usr/bin/python3 bench/select_vs_torch.py --igrad $(BUILD)/igrad
 
 demo: build
+	@scripts/bootstrap --with-python --with-corpora
 	@scripts/demo
 
 clean:
