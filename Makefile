@@ -5,11 +5,12 @@
 #   make asan     same tests under AddressSanitizer + UBSan (build-asan/)
 #   make bench    selection benchmarks (C, and against torch.topk)
 #   make demo     the main job (see README)
+#   make experiments  RQ1-RQ5 in quick mode (docs/reproduce.md)
 BUILD  ?= build
 JOBS   ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all bootstrap build test asan bench demo clean
+.PHONY: all bootstrap build test asan bench demo experiments clean
 
 all: build
 
@@ -36,6 +37,10 @@ bench: build
 demo: build
 	@scripts/bootstrap --with-python --with-corpora
 	@scripts/demo
+
+experiments: build
+	@scripts/bootstrap --with-corpora --with-netem
+	@experiments/run_all
 
 clean:
 	rm -rf build build-asan build.configure.log build-asan.configure.log
