@@ -29,9 +29,14 @@
  * sampling and retries never go back to memory, and a threshold just below
  * one row's k-th value is tried first on the next. Short rows, or rows
  * where k is a large share, skip thresholds and select directly.
+ * Row-wise selections that keep a few entries of each row (the usual case:
+ * 3 of 256) skip all of that: a bound per row from its lane maxima in pass
+ * 1, then one pass that writes the residual while keeping a short sorted
+ * list per row (see "Row-wise selection of a few entries per row").
  * Pass 1 has a portable kernel and an AVX2 one (chosen at run time). Large
  * tensors are cut into pieces on OpenMP threads: pass 2 always, pass 1 of
- * a flat selection as an attempt that falls back to the serial path.
+ * a flat selection as an attempt that falls back to the serial path, both
+ * passes of the few-per-row path by rows.
  * Results are exact, so they do not depend on thresholds, kernels, thread
  * counts or the workspace's history: only the time does.
  */
@@ -221,6 +226,7 @@ struct igrad_select_ws {
     size_t rcap;
     int policy;     /* IGRAD__SELECT_* threshold policy (tests) */
     int kernel;     /* IGRAD__SELECT_KERNEL_* (tests) */
+    int rows;       /* IGRAD__SELECT_ROWS_* (tests) */
 };
 
 igrad_status_t igrad_select_ws_create(igrad_select_ws_t **out)
@@ -256,6 +262,11 @@ void igrad__select_ws_force(igrad_select_ws_t *ws, int policy)
 void igrad__select_ws_kernel(igrad_select_ws_t *ws, int kernel)
 {
     if (ws) ws->kernel = kernel;
+}
+
+void igrad__select_ws_rows(igrad_select_ws_t *ws, int rows)
+{
+    if (ws) ws->rows = rows;
 }
 
 /* Makes room for ccap candidates, kcap keys and a row of rcap entries.
@@ -1098,6 +1109,317 @@ static igrad_status_t select_dense(const float *restrict g, float *restrict e,
     return IGRAD_OK;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Row-wise selection of a few entries per row                              */
+/* ------------------------------------------------------------------------ */
+
+/* Rows that keep a few entries (ADTopk at 1 % keeps 3 of 256 or 7 of 688;
+ * few_fits() says which) take two passes of their own: the candidate
+ * buffer's per-row sampling and order statistics cost more than such rows.
+ *  pass 1, read-only over the whole tensor: the maxima of the keys of 16
+ *    lanes of each row (column c in lane c % 16, in blocks of 16). They
+ *    belong to 16 distinct entries, so the k-th largest of them is a lower
+ *    bound of the row's k-th largest key: the row's bound. A NaN or Inf
+ *    key is above every finite one and shows in the lane maxima, so this
+ *    pass is also the finiteness check.
+ *  pass 2, row by row, once every row is known to be finite: residual = a
+ *    is written while a sorted list of the row's best entries so far is
+ *    kept on the stack. An entry is admitted at or above the bound while
+ *    the list is not full, then only strictly above its last key (an equal
+ *    key comes later and loses the tie). Most blocks cost one vector
+ *    compare, and only a few more than k entries per row are inserted.
+ *    The list, in column order, is the row's selection; its entries are
+ *    zeroed in the residual while the row is still in cache.
+ * Like the general path it reads the tensor twice and writes it once, and
+ * writes nothing before every entry has been seen. The bound only decides
+ * how many entries are inserted, never which are kept. */
+#define FEW_MAX 16
+#define KEY_INF 0x7f800000 /* keys at or above it are Inf or NaN */
+
+typedef struct few {
+    uint32_t key[FEW_MAX]; /* descending; equal keys in column order */
+    uint32_t col[FEW_MAX];
+    float val[FEW_MAX];
+    int m, k;              /* held, wanted */
+    int32_t thr;           /* admission: key > thr (the bound - 1 while
+                              m < k, then key[k - 1]) */
+} few_t;
+
+/* Compare-exchange into descending order; branch-free (min/max). */
+#define FEW_CX(v, i, j)                                                        \
+    do {                                                                       \
+        int32_t hi_ = v[i] > v[j] ? v[i] : v[j], lo_ = v[i] > v[j] ? v[j] : v[i]; \
+        v[i] = hi_;                                                            \
+        v[j] = lo_;                                                            \
+    } while (0)
+
+/* Sorts 8 values descending: a 19-comparator network. */
+static inline void few_sort8(int32_t *v)
+{
+    FEW_CX(v, 0, 2); FEW_CX(v, 1, 3); FEW_CX(v, 4, 6); FEW_CX(v, 5, 7);
+    FEW_CX(v, 0, 4); FEW_CX(v, 1, 5); FEW_CX(v, 2, 6); FEW_CX(v, 3, 7);
+    FEW_CX(v, 0, 1); FEW_CX(v, 2, 3); FEW_CX(v, 4, 5); FEW_CX(v, 6, 7);
+    FEW_CX(v, 2, 4); FEW_CX(v, 3, 5);
+    FEW_CX(v, 1, 4); FEW_CX(v, 3, 6);
+    FEW_CX(v, 1, 2); FEW_CX(v, 3, 4); FEW_CX(v, 5, 6);
+}
+
+/* The row's bound from its 16 lane maxima (-1 for a lane without
+ * entries): the k-th largest of them. @return KEY_INF when some key is Inf
+ * or NaN. */
+static int32_t few_bound_of(int32_t *lane, int k)
+{
+    few_sort8(lane);
+    few_sort8(lane + 8);
+    if (lane[0] >= KEY_INF || lane[8] >= KEY_INF) return KEY_INF;
+    /* k-th largest of two descending lists A, B (1-based, A_0 = B_0 = +inf):
+     * the largest over i of min(A_i, B_(k-i)) */
+    int32_t best = -1;
+    for (int i = k > 8 ? k - 8 : 0; i <= k && i <= 8; i++) {
+        int32_t a = i ? lane[i - 1] : INT32_MAX, b = k - i ? lane[8 + k - i - 1] : INT32_MAX;
+        int32_t m = a < b ? a : b;
+        best = m > best ? m : best;
+    }
+    return best;
+}
+
+/* Pass 1 of one row in portable C: lane j takes columns j, j + 16, ...
+ * (the lane loop vectorizes). */
+static int32_t few_bound_generic(const float *restrict g, const float *restrict e, int64_t len,
+                                 int k)
+{
+    int32_t lane[16];
+    for (int j = 0; j < 16; j++) lane[j] = -1;
+    int64_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        for (int j = 0; j < 16; j++) {
+            int32_t x = (int32_t)key_of(g[i + j] + e[i + j]);
+            lane[j] = x > lane[j] ? x : lane[j];
+        }
+    }
+    for (int j = 0; i + j < len; j++) {
+        int32_t x = (int32_t)key_of(g[i + j] + e[i + j]);
+        lane[j] = x > lane[j] ? x : lane[j];
+    }
+    return few_bound_of(lane, k);
+}
+
+/* Pass 2 of one row: see above. The list takes entry j of the row. */
+FORCE_INLINE void few_offer(few_t *f, const float *a, int64_t j)
+{
+    float v = a[j];
+    uint32_t key = key_of(v);
+    if ((int32_t)key <= f->thr) return;
+    int p = f->m < f->k ? f->m++ : f->k - 1;
+    for (; p > 0 && f->key[p - 1] < key; p--) {
+        f->key[p] = f->key[p - 1];
+        f->col[p] = f->col[p - 1];
+        f->val[p] = f->val[p - 1];
+    }
+    f->key[p] = key;
+    f->col[p] = (uint32_t)j;
+    f->val[p] = v;
+    if (f->m == f->k) f->thr = (int32_t)f->key[f->k - 1];
+}
+
+/* Pass 2 of one row in portable C: e = g + e in blocks of BLK whose flag
+ * loop vectorizes; flagged blocks are offered entry by entry. */
+FORCE_INLINE void few_row_generic(const float *restrict g, float *restrict e, int64_t len,
+                                  few_t *f)
+{
+    for (int64_t i = 0; i < len; i += BLK) {
+        int64_t nb = len - i < BLK ? len - i : BLK;
+        int32_t thr = f->thr;
+        int flag = 0;
+        if (nb == BLK) { /* constant trip count: vectorized */
+            for (int j = 0; j < BLK; j++) {
+                float v = g[i + j] + e[i + j];
+                e[i + j] = v;
+                flag |= (int32_t)key_of(v) > thr;
+            }
+        } else {
+            for (int64_t j = 0; j < nb; j++) {
+                float v = g[i + j] + e[i + j];
+                e[i + j] = v;
+                flag |= (int32_t)key_of(v) > thr;
+            }
+        }
+        if (__builtin_expect(flag, 0))
+            for (int64_t j = i; j < i + nb; j++) few_offer(f, e, j);
+    }
+}
+
+static void few_row_generic_fn(const float *g, float *e, int64_t len, few_t *f)
+{
+    few_row_generic(g, e, len, f);
+}
+
+#if IGRAD__HAVE_AVX2
+/* Pass 1 of one row in AVX2: the 16 lanes of two registers. */
+AVX2_FN int32_t few_bound_avx2(const float *restrict g, const float *restrict e, int64_t len,
+                               int k)
+{
+    const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+    __m256i t1 = _mm256_set1_epi32(-1), t2 = t1;
+    int64_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        __m256 v1 = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(e + i));
+        __m256 v2 = _mm256_add_ps(_mm256_loadu_ps(g + i + 8), _mm256_loadu_ps(e + i + 8));
+        t1 = _mm256_max_epi32(t1, _mm256_and_si256(_mm256_castps_si256(v1), absmask));
+        t2 = _mm256_max_epi32(t2, _mm256_and_si256(_mm256_castps_si256(v2), absmask));
+    }
+    int32_t lane[16];
+    _mm256_storeu_si256((__m256i *)lane, t1);
+    _mm256_storeu_si256((__m256i *)(lane + 8), t2);
+    for (int j = 0; i + j < len; j++) {
+        int32_t x = (int32_t)key_of(g[i + j] + e[i + j]);
+        lane[j] = x > lane[j] ? x : lane[j];
+    }
+    return few_bound_of(lane, k);
+}
+
+/* e[i..i+8) = g + e; @return the mask of the entries whose key > thr. */
+AVX2_INLINE uint32_t few_block8_avx2(const float *restrict g, float *restrict e, int64_t i,
+                                     __m256i thr)
+{
+    __m256 v = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(e + i));
+    _mm256_storeu_ps(e + i, v);
+    __m256i key = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff));
+    return (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, thr)));
+}
+
+/* Pass 2 of one row in AVX2: blocks of 32 entries whose four compares make
+ * one mask (only flagged entries are offered), then 8, then one by one. */
+AVX2_INLINE void few_row_avx2(const float *restrict g, float *restrict e, int64_t len,
+                              few_t *f)
+{
+    int64_t i = 0;
+    for (; i + 32 <= len; i += 32) {
+        __m256i thr = _mm256_set1_epi32(f->thr);
+        uint32_t flag = few_block8_avx2(g, e, i, thr) | few_block8_avx2(g, e, i + 8, thr) << 8 |
+                        few_block8_avx2(g, e, i + 16, thr) << 16 |
+                        few_block8_avx2(g, e, i + 24, thr) << 24;
+        while (__builtin_expect(flag != 0, 0)) {
+            few_offer(f, e, i + __builtin_ctz(flag));
+            flag &= flag - 1;
+        }
+    }
+    for (; i + 8 <= len; i += 8) {
+        uint32_t flag = few_block8_avx2(g, e, i, _mm256_set1_epi32(f->thr));
+        while (__builtin_expect(flag != 0, 0)) {
+            few_offer(f, e, i + __builtin_ctz(flag));
+            flag &= flag - 1;
+        }
+    }
+    for (; i < len; i++) {
+        e[i] = g[i] + e[i];
+        few_offer(f, e, i);
+    }
+}
+
+AVX2_FN void few_row_avx2_fn(const float *g, float *e, int64_t len, few_t *f)
+{
+    few_row_avx2(g, e, len, f);
+}
+#endif
+
+typedef int32_t (*few_bound_fn)(const float *g, const float *e, int64_t len, int k);
+typedef void (*few_row_fn)(const float *g, float *e, int64_t len, few_t *f);
+
+/* Pass 1 over rows [r0, r1): thr[r] = the row's bound - 1. @return the
+ * first flat index whose a is not finite (rows after it are not seen), or
+ * -1. */
+static int64_t few_pass1(few_bound_fn bound, const float *g, const float *e, int64_t r0,
+                         int64_t r1, int64_t cols, int k, int32_t *thr)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        int32_t b = bound(g + r * cols, e + r * cols, cols, k);
+        if (b >= KEY_INF) return r * cols + check_finite_range(g + r * cols, e + r * cols, cols);
+        thr[r] = b - 1;
+    }
+    return -1;
+}
+
+/* Pass 2 over rows [r0, r1): selections (k per row, column order) and the
+ * residual. */
+static void few_pass2(few_row_fn row, const float *g, float *e, int64_t r0, int64_t r1,
+                      int64_t cols, int k, const int32_t *thr, uint32_t *oidx, float *oval)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        few_t f;
+        f.m = 0;
+        f.k = k;
+        f.thr = thr[r];
+        float *er = e + r * cols;
+        row(g + r * cols, er, cols, &f);
+        /* the list (descending keys) in column order: insertion sort */
+        uint32_t *ix = oidx + r * k;
+        float *vl = oval + r * k;
+        for (int i = 0; i < k; i++) {
+            int p = i;
+            for (; p > 0 && ix[p - 1] > f.col[i]; p--) {
+                ix[p] = ix[p - 1];
+                vl[p] = vl[p - 1];
+            }
+            ix[p] = f.col[i];
+            vl[p] = f.val[i];
+            er[f.col[i]] = 0.0f;
+        }
+    }
+}
+
+/* Where the few-per-row path beats the candidate buffer (measured with
+ * `igrad bench select --shape`): rows of 8 or more entries of which k keeps
+ * at most a quarter, and for k > 8 at most an eighth; the lane maxima are
+ * too weak a bound beyond that, and the list's insertions cost more. */
+static int few_fits(int64_t cols, int64_t k)
+{
+    return k <= FEW_MAX && cols >= 8 && 4 * k <= cols && (k <= 8 || 8 * k <= cols);
+}
+
+/* Row-wise selection with per_row <= FEW_MAX; rows are spread over threads
+ * for large tensors (rows are independent, so the result is the same). */
+static igrad_status_t select_few(igrad_select_ws_t *ws, const float *g, float *e,
+                                 const igrad_select_spec_t *spec, const char *name,
+                                 igrad_selection_t *out)
+{
+    int64_t n = spec->n, rows = spec->rows, cols = spec->cols;
+    int k = (int)spec->per_row, T = par_threads(n);
+    few_bound_fn bound = few_bound_generic;
+    few_row_fn row = few_row_generic_fn;
+#if IGRAD__HAVE_AVX2
+    if (use_avx2(ws)) {
+        bound = few_bound_avx2;
+        row = few_row_avx2_fn;
+    }
+#endif
+    IGRAD_CHECK(ws_reserve(ws, 0, (size_t)rows, 0));
+    int32_t *thr = (int32_t *)ws->keys;
+    int64_t bad[PAR_MAX];
+    if (T <= 1) {
+        bad[0] = few_pass1(bound, g, e, 0, rows, cols, k, thr);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+#endif
+        for (int p = 0; p < T; p++)
+            bad[p] = few_pass1(bound, g, e, rows * p / T, rows * (p + 1) / T, cols, k, thr);
+    }
+    for (int p = 0; p < T; p++) /* pieces in order: the first is the tensor's first */
+        if (bad[p] >= 0) return fail_nonfinite(name, g, e, bad[p]);
+    if (T <= 1) {
+        few_pass2(row, g, e, 0, rows, cols, k, thr, out->index, out->value);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+#endif
+        for (int p = 0; p < T; p++)
+            few_pass2(row, g, e, rows * p / T, rows * (p + 1) / T, cols, k, thr, out->index,
+                      out->value);
+    }
+    return IGRAD_OK;
+}
+
 igrad_status_t igrad_select_ef(const float *grad, float *residual,
                                const igrad_select_spec_t *spec, const char *name,
                                igrad_select_ws_t *ws, igrad_selection_t *out)
@@ -1112,6 +1434,10 @@ igrad_status_t igrad_select_ef(const float *grad, float *residual,
 
     if (dense) {
         IGRAD_CHECK(select_dense(grad, residual, spec, name, out));
+    } else if (spec->row_wise && spec->per_row <= FEW_MAX &&
+               (ws->rows == IGRAD__SELECT_ROWS_FEW ||
+                (ws->rows == IGRAD__SELECT_ROWS_AUTO && few_fits(spec->cols, spec->per_row)))) {
+        IGRAD_CHECK(select_few(ws, grad, residual, spec, name, out));
     } else {
         int64_t rows = spec->row_wise ? spec->rows : 1;
         int64_t len = spec->row_wise ? spec->cols : spec->n;

@@ -2,9 +2,9 @@
  * select_internal.h — internals of select.c that tests (and later the
  * engine) may reach: knobs that force the selection's threshold policy, so
  * that the rare recovery paths (too few candidates, buffer overflow and
- * compaction) run on small inputs, and its pass-1 kernel. Results never
- * depend on either, only the time does; the public API lives in
- * include/igrad.h.
+ * compaction) run on small inputs, its pass-1 kernels, and which row-wise
+ * path runs. Results never depend on any of them, only the time does; the
+ * public API lives in include/igrad.h.
  */
 #ifndef IGRAD_SELECT_INTERNAL_H
 #define IGRAD_SELECT_INTERNAL_H
@@ -28,5 +28,12 @@ void igrad__select_ws_force(igrad_select_ws_t *ws, int policy);
  * portable C one (both give identical results; tests run both). */
 enum { IGRAD__SELECT_KERNEL_AUTO = 0, IGRAD__SELECT_KERNEL_GENERIC = 1 };
 void igrad__select_ws_kernel(igrad_select_ws_t *ws, int kernel);
+
+/* Row-wise paths: AUTO takes the few-per-row path where it is the faster
+ * one, GENERAL never takes it (the candidate buffer for every row), FEW
+ * takes it whenever a row keeps at most 16 entries. All give identical
+ * results; tests run all three. */
+enum { IGRAD__SELECT_ROWS_AUTO = 0, IGRAD__SELECT_ROWS_GENERAL = 1, IGRAD__SELECT_ROWS_FEW = 2 };
+void igrad__select_ws_rows(igrad_select_ws_t *ws, int rows);
 
 #endif /* IGRAD_SELECT_INTERNAL_H */

@@ -3,11 +3,14 @@
  * an independent reference: a stable sort of all entries by |a| descending,
  * index ascending, whose first k are the kept set. Covers budgets and specs
  * (valid and invalid), topk on many sizes and distributions (ties, all
- * equal, negatives, heavy tails, k = 1, k = n, n = 1), adtopk per row,
- * interleave, none, the recovery paths forced through the workspace policy,
- * both pass-1 kernels (AVX2 and portable C), NaN/Inf handling (residual
- * bit-identical), conservation over 200 steps of sends and deferrals,
- * determinism, and OpenMP thread counts on large tensors. No timings here (see `igrad bench select`).
+ * equal, negatives, heavy tails, k = 1, k = n, n = 1), adtopk per row
+ * through both row-wise paths (the candidate buffer and the few-per-row
+ * list, forced through the workspace) on rows of every length around the
+ * block sizes, interleave, none, the recovery paths forced through the
+ * workspace policy, both pass-1 kernels (AVX2 and portable C), NaN/Inf
+ * handling (residual bit-identical), conservation over 200 steps of sends
+ * and deferrals, determinism, and OpenMP thread counts on large tensors.
+ * No timings here (see `igrad bench select`).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -140,6 +143,10 @@ static void expect_same_u32(const uint32_t *got, const uint32_t *want, int64_t n
     }
 }
 
+/* Row-wise paths, AUTO first (the one the library takes). */
+static const int row_modes[3] = {IGRAD__SELECT_ROWS_AUTO, IGRAD__SELECT_ROWS_FEW,
+                                 IGRAD__SELECT_ROWS_GENERAL};
+
 /* Runs igrad_select_ef on (g, e0) under `spec` and checks the selection,
  * the values, sumsq and the new residual against the sort reference. */
 static void check_against_reference(const float *g, const float *e0,
@@ -171,10 +178,14 @@ static void check_against_reference(const float *g, const float *e0,
             want_sumsq += (double)want_val[r * per + j] * want_val[r * per + j];
         }
 
-    /* both pass-1 kernels (AVX2 where the CPU has it, and portable C) */
-    for (int kernel = 0; kernel < 2; kernel++) {
+    /* both pass-1 kernels (AVX2 where the CPU has it, and portable C), and
+     * for rows that keep a few entries each row-wise path */
+    int modes = spec->row_wise && spec->per_row <= 16 ? 3 : 1;
+    for (int run = 0; run < 2 * modes; run++) {
+        int kernel = run % 2;
         igrad__select_ws_kernel(ws, kernel ? IGRAD__SELECT_KERNEL_GENERIC
                                            : IGRAD__SELECT_KERNEL_AUTO);
+        igrad__select_ws_rows(ws, row_modes[run / 2]);
         memcpy(e, e0, (size_t)n * sizeof *e);
         igrad_selection_t sel = {.index = idx, .value = val};
         igrad_status_t st = igrad_select_ef(g, e, spec, "t", ws, &sel);
@@ -182,12 +193,19 @@ static void check_against_reference(const float *g, const float *e0,
         assert_int_equal(st, IGRAD_OK);
         assert_int_equal(sel.count, k);
         assert_int_equal(sel.row_wise, spec->row_wise);
+        if (memcmp(idx, want, (size_t)k * sizeof *idx) != 0 ||
+            memcmp(val, want_val, (size_t)k * sizeof *val) != 0 ||
+            memcmp(e, want_e, (size_t)n * sizeof *e) != 0)
+            print_error("%lld x %lld, per_row %lld, kernel %d, row path %d:\n",
+                        (long long)rows, (long long)len, (long long)per, kernel,
+                        row_modes[run / 2]);
         expect_same_u32(idx, want, k, "index");
         expect_same_floats(val, want_val, k, "value");
         expect_same_floats(e, want_e, n, "residual");
         assert_float_equal(sel.sumsq, want_sumsq, 1e-9 * (want_sumsq + 1e-30));
     }
     igrad__select_ws_kernel(ws, IGRAD__SELECT_KERNEL_AUTO);
+    igrad__select_ws_rows(ws, IGRAD__SELECT_ROWS_AUTO);
     free(a);
     free(e);
     free(want_e);
@@ -557,6 +575,132 @@ static void test_adtopk_zero_rows(void **state)
     free(e0);
 }
 
+/* Rows that keep a few entries: every row-wise path against the per-row
+ * sort, on rows of every length around the block sizes (8, 16, 32), every
+ * k up to 16 and up to the whole row, with ties, equal rows and zeros of
+ * both signs, and with the largest entries where the lane-maxima bound of
+ * the few-per-row path is weakest: all in one lane, or rising along the
+ * row so that every entry beats the ones before. */
+typedef enum row_pattern {
+    ROWS_DIST,      /* fill() of a distribution */
+    ROWS_ONE_LANE,  /* large entries only in the columns c % 16 == 5 */
+    ROWS_RISING,    /* |a| grows along each row (ties in pairs) */
+    ROWS_FALLING    /* |a| shrinks along each row */
+} row_pattern_t;
+
+static void check_few(int64_t rows, int64_t cols, int64_t k, row_pattern_t pat, dist_t d,
+                      uint64_t seed, igrad_select_ws_t *ws)
+{
+    int64_t n = rows * cols;
+    float *g = malloc((size_t)n * sizeof *g), *e0 = calloc((size_t)n, sizeof *e0);
+    assert_true(g && e0);
+    fill(g, n, pat == ROWS_DIST ? d : DIST_NORMAL, seed);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            float *x = &g[r * cols + c];
+            if (pat == ROWS_ONE_LANE && c % 16 == 5) *x = (r % 2 ? -100.0f : 100.0f) + (float)c;
+            if (pat == ROWS_RISING) *x = (float)(c / 2) * (c % 3 ? 1.0f : -1.0f);
+            if (pat == ROWS_FALLING) *x = (float)(cols - c) + 0.5f * (float)(r % 3);
+        }
+    if (pat == ROWS_DIST && d != DIST_TIES && d != DIST_EQUAL && d != DIST_ZERO) {
+        fill(e0, n, DIST_NORMAL, seed + 1);
+        for (int64_t i = 0; i < n; i++) e0[i] *= 0.125f;
+    }
+    igrad_select_spec_t spec = {.row_wise = 1, .rows = rows, .cols = cols, .per_row = k,
+                                .count = rows * k, .n = n};
+    check_against_reference(g, e0, &spec, ws);
+    free(g);
+    free(e0);
+}
+
+static void test_adtopk_few(void **state)
+{
+    (void)state;
+    const int64_t cols[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 40,
+                            63, 64, 65, 100, 255, 256, 257, 688, 1000};
+    const int64_t ks[] = {1, 2, 3, 4, 7, 8, 9, 15, 16};
+    const dist_t dists[] = {DIST_NORMAL, DIST_TIES, DIST_EQUAL, DIST_ZERO, DIST_CAUCHY};
+    igrad_select_ws_t *ws = NULL;
+    assert_int_equal(igrad_select_ws_create(&ws), IGRAD_OK);
+    uint64_t seed = 500;
+    for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++) {
+        int64_t rows = cols[c] < 100 ? 40 : 12;
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            int64_t k = ks[ki] < cols[c] ? ks[ki] : cols[c]; /* k = cols: every entry */
+            for (size_t d = 0; d < sizeof dists / sizeof dists[0]; d++)
+                check_few(rows, cols[c], k, ROWS_DIST, dists[d], seed++, ws);
+            check_few(rows, cols[c], k, ROWS_ONE_LANE, DIST_NORMAL, seed++, ws);
+            check_few(rows, cols[c], k, ROWS_RISING, DIST_NORMAL, seed++, ws);
+            check_few(rows, cols[c], k, ROWS_FALLING, DIST_NORMAL, seed++, ws);
+            if (ks[ki] >= cols[c]) break;
+        }
+    }
+    /* the demo model's shapes at 1 % (3 and 7 per row), through the spec */
+    const int64_t shapes[4][2] = {{257, 256}, {128, 256}, {688, 256}, {256, 688}};
+    for (int s = 0; s < 4; s++)
+        check_matrix(IGRAD_SPARSIFIER_ADTOPK, 2, shapes[s], 0.01, 0, 0, DIST_NORMAL, 600 + s);
+    igrad_select_ws_free(ws);
+}
+
+/* NaN/Inf in rows that keep a few entries: the first bad entry in index
+ * order is named wherever it sits in its row (first or last column, the
+ * tail after the last block, the middle) and whatever comes after it, and
+ * the residual is left bit-identical by every row path. */
+static void test_adtopk_few_nonfinite(void **state)
+{
+    (void)state;
+    const int64_t rows = 24, cols = 250, n = rows * cols; /* 250: a tail after 16-blocks */
+    igrad_select_spec_t spec = {.row_wise = 1, .rows = rows, .cols = cols, .per_row = 3,
+                                .count = rows * 3, .n = n};
+    float *g = malloc((size_t)n * sizeof *g), *e = malloc((size_t)n * sizeof *e);
+    float *e0 = malloc((size_t)n * sizeof *e0), *val = malloc((size_t)n * sizeof *val);
+    uint32_t *idx = malloc((size_t)n * sizeof *idx);
+    assert_true(g && e && e0 && val && idx);
+    const struct {
+        int64_t first, second; /* flat indices; second < 0: none */
+        float first_g, second_g;
+    } cases[] = {
+        {7 * cols + 125, -1, NAN, 0}, {7 * cols + 125, 7 * cols + 126, NAN, INFINITY},
+        {3 * cols, -1, -INFINITY, 0}, {3 * cols + cols - 1, 20 * cols + 4, NAN, NAN},
+        {12 * cols + 245, 12 * cols + 248, INFINITY, NAN}, {n - 1, -1, NAN, 0},
+        {5 * cols + 1, 9 * cols, 3e38f, NAN}, /* 3e38 + 3e38 overflows */
+    };
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        fill(g, n, DIST_NORMAL, 70 + t);
+        fill(e0, n, DIST_NORMAL, 80 + t);
+        g[cases[t].first] = cases[t].first_g;
+        if (cases[t].first_g == 3e38f) e0[cases[t].first] = 3e38f;
+        if (cases[t].second >= 0) g[cases[t].second] = cases[t].second_g;
+        char want[64];
+        snprintf(want, sizeof want, "index %lld", (long long)cases[t].first);
+        igrad_select_ws_t *ws = NULL;
+        assert_int_equal(igrad_select_ws_create(&ws), IGRAD_OK);
+        for (int p = 0; p < 6; p++) {
+            igrad__select_ws_rows(ws, row_modes[p % 3]);
+            igrad__select_ws_kernel(ws, p < 3 ? IGRAD__SELECT_KERNEL_AUTO
+                                              : IGRAD__SELECT_KERNEL_GENERIC);
+            memcpy(e, e0, (size_t)n * sizeof *e);
+            igrad_selection_t sel = {.index = idx, .value = val};
+            assert_int_equal(igrad_select_ef(g, e, &spec, "few", ws, &sel), IGRAD_E_NONFINITE);
+            if (!strstr(igrad_last_error(), want))
+                print_error("case %zu, run %d: %s\n", t, p, igrad_last_error());
+            assert_non_null(strstr(igrad_last_error(), want));
+            expect_same_floats(e, e0, n, "residual after failure");
+        }
+        /* the same workspace then selects a finite tensor correctly */
+        g[cases[t].first] = 1.0f;
+        e0[cases[t].first] = 0.0f;
+        if (cases[t].second >= 0) g[cases[t].second] = -2.0f;
+        check_against_reference(g, e0, &spec, ws);
+        igrad_select_ws_free(ws);
+    }
+    free(g);
+    free(e);
+    free(e0);
+    free(val);
+    free(idx);
+}
+
 static void test_interleave(void **state)
 {
     (void)state;
@@ -708,10 +852,12 @@ static void check_nonfinite(const igrad_select_spec_t *spec, int64_t pos, float 
     assert_int_equal(igrad_select_ws_create(&ws), IGRAD_OK);
     char want[64];
     snprintf(want, sizeof want, "index %lld", (long long)pos);
-    for (int p = 0; p < 6; p++) {
+    int modes = spec->row_wise && spec->per_row <= 16 ? 3 : 1;
+    for (int p = 0; p < 6 * modes; p++) {
         igrad__select_ws_force(ws, policies[p % 3]);
-        igrad__select_ws_kernel(ws, p < 3 ? IGRAD__SELECT_KERNEL_AUTO
-                                          : IGRAD__SELECT_KERNEL_GENERIC);
+        igrad__select_ws_kernel(ws, p % 6 < 3 ? IGRAD__SELECT_KERNEL_AUTO
+                                              : IGRAD__SELECT_KERNEL_GENERIC);
+        igrad__select_ws_rows(ws, row_modes[p / 6]);
         igrad_selection_t sel = {.index = idx, .value = val};
         assert_int_equal(igrad_select_ef(g, e, spec, "model.layers.0.mlp.up_proj.weight", ws,
                                          &sel), IGRAD_E_NONFINITE);
@@ -737,14 +883,15 @@ static void test_nonfinite(void **state)
 {
     (void)state;
     const int64_t small[1] = {5000}, large[1] = {100003}, mat[2] = {20, 3001};
-    const int64_t longrows[2] = {2, 70001};
+    const int64_t longrows[2] = {2, 70001}, few[2] = {30, 250}; /* few: 3 per row */
     const igrad_sparsifier_t sps[] = {IGRAD_SPARSIFIER_TOPK, IGRAD_SPARSIFIER_ADTOPK,
                                       IGRAD_SPARSIFIER_NONE};
     for (int s = 0; s < 3; s++) {
-        igrad_select_spec_t specs[4] = {
+        igrad_select_spec_t specs[5] = {
             spec_of(sps[s], 0.01, 1.0, 0, 0, 1, small), spec_of(sps[s], 0.01, 1.0, 0, 0, 1, large),
-            spec_of(sps[s], 0.01, 1.0, 0, 0, 2, mat), spec_of(sps[s], 0.01, 1.0, 0, 0, 2, longrows)};
-        for (int t = 0; t < 4; t++) {
+            spec_of(sps[s], 0.01, 1.0, 0, 0, 2, mat), spec_of(sps[s], 0.01, 1.0, 0, 0, 2, longrows),
+            spec_of(sps[s], 0.01, 1.0, 0, 0, 2, few)};
+        for (int t = 0; t < 5; t++) {
             int64_t n = specs[t].n;
             const int64_t where[] = {0, 17, n / 2, n - 1};
             for (int w = 0; w < 4; w++) {
@@ -988,6 +1135,20 @@ static void test_threads(void **state)
         ref_topk(a + r * rs.cols, rs.cols, rs.per_row, want + r * rs.per_row);
     check_threads(g, e0, &rs, want, -1);
     free(want);
+    /* row-wise keeping 10 per row (the few-per-row path): both of its passes
+     * by rows; a NaN late in the tensor, then also one early */
+    igrad_select_spec_t fs = spec_of(IGRAD_SPARSIFIER_ADTOPK, 0.003, 1.0, 0, 0, 2, mat);
+    assert_int_equal(fs.per_row, 10);
+    want = malloc((size_t)fs.count * sizeof *want);
+    assert_non_null(want);
+    for (int64_t r = 0; r < fs.rows; r++)
+        ref_topk(a + r * fs.cols, fs.cols, fs.per_row, want + r * fs.per_row);
+    check_threads(g, e0, &fs, want, -1);
+    g[650 * 3001 + 1234] = NAN;
+    check_threads(g, e0, &fs, want, 650 * 3001 + 1234);
+    e0[2 * 3001 + 3000] = -INFINITY;
+    check_threads(g, e0, &fs, want, 2 * 3001 + 3000);
+    free(want);
     free(g);
     free(e0);
     free(a);
@@ -1008,6 +1169,8 @@ int main(void)
         cmocka_unit_test(test_topk_distributions),
         cmocka_unit_test(test_adtopk_rows),
         cmocka_unit_test(test_adtopk_zero_rows),
+        cmocka_unit_test(test_adtopk_few),
+        cmocka_unit_test(test_adtopk_few_nonfinite),
         cmocka_unit_test(test_interleave),
         cmocka_unit_test(test_none),
         cmocka_unit_test(test_select_invalid),
