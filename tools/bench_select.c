@@ -250,13 +250,19 @@ static int model_tensors(const char *name, tensor_list_t *l)
 }
 
 /* Compares a selection of a = g + e0 (rows x cols, per_row kept per row)
- * with a sort of each row. @return 0 if equal. */
-static int check_with_sort(const float *g, const float *e0, int64_t rows, int64_t cols,
-                           int64_t per_row, const uint32_t *idx, const float *val,
-                           pair_t *pairs, uint32_t *kept)
+ * and the residual e it left with a sort of each row. @return 0 if equal. */
+static int check_with_sort(const float *g, const float *e0, const float *e, int64_t rows,
+                           int64_t cols, int64_t per_row, const uint32_t *idx,
+                           const float *val, pair_t *pairs, uint32_t *kept)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *gr = g + r * cols, *er = e0 + r * cols;
+        for (int64_t i = 0, j = 0; i < cols; i++) { /* kept entries 0, the others a */
+            int is_kept = j < per_row && idx[r * per_row + j] == (uint32_t)i;
+            float want = is_kept ? 0.0f : gr[i] + er[i];
+            j += is_kept;
+            if (memcmp(&e[r * cols + i], &want, sizeof want) != 0) return -1;
+        }
         for (int64_t i = 0; i < cols; i++) {
             pairs[i].mag = fabsf(gr[i] + er[i]);
             pairs[i].index = (uint32_t)i;
@@ -349,7 +355,7 @@ static int bench_shapes(tensor_list_t *l, const char *title, double density, int
                     goto cleanup;
                 }
                 checksum += sel.sumsq;
-                if (r == 0 && check_with_sort(gt, e0 + t->offset, sp->rows, sp->cols,
+                if (r == 0 && check_with_sort(gt, e0 + t->offset, et, sp->rows, sp->cols,
                                               sp->per_row, idx, val, pairs, kept)) {
                     char sh[64];
                     fmt_shape(t, sh, sizeof sh);
@@ -476,7 +482,8 @@ int bench_select(int argc, char **argv)
     }
     if (reps < 0) reps = nshape || model_shapes ? 21 : 5;
     if (nshape || model_shapes) {
-        if (reps < 1 || reps > 1000 || threads < 1 || threads > 1024 || !(density > 0.0 && density <= 1.0)) {
+        if (reps < 1 || reps > 1000 || threads < 1 || threads > 1024 ||
+            !(density > 0.0 && density <= 1.0)) {
             fprintf(stderr, "igrad: bench select: need 1 <= reps <= 1000, 1 <= threads <= 1024, "
                             "0 < density <= 1\n");
             return 2;
