@@ -1128,8 +1128,9 @@ static igrad_status_t select_dense(const float *restrict g, float *restrict e,
  *    the list is not full, then only strictly above its last key (an equal
  *    key comes later and loses the tie). Most blocks cost one vector
  *    compare, and only a few more than k entries per row are inserted.
- *    The list, in column order, is the row's selection; its entries are
- *    zeroed in the residual while the row is still in cache.
+ *    The list's columns, sorted, are the row's selection; their values
+ *    are read back from the residual (a by then), then zeroed there while
+ *    the row is still in cache.
  * Like the general path it reads the tensor twice and writes it once, and
  * writes nothing before every entry has been seen. The bound only decides
  * how many entries are inserted, never which are kept. */
@@ -1137,12 +1138,11 @@ static igrad_status_t select_dense(const float *restrict g, float *restrict e,
 #define KEY_INF 0x7f800000 /* keys at or above it are Inf or NaN */
 
 typedef struct few {
-    uint32_t key[FEW_MAX]; /* descending; equal keys in column order */
-    uint32_t col[FEW_MAX];
-    float val[FEW_MAX];
-    int m, k;              /* held, wanted */
-    int32_t thr;           /* admission: key > thr (the bound - 1 while
-                              m < k, then key[k - 1]) */
+    uint64_t e[FEW_MAX]; /* descending; key << 32 | ~column, so that an
+                            equal key with a lower column ranks higher */
+    int m, k;            /* held, wanted */
+    int32_t thr;         /* admission: key > thr (the bound - 1 while
+                            m < k, then the key of e[k - 1]) */
 } few_t;
 
 /* Compare-exchange into descending order; branch-free (min/max). */
@@ -1164,7 +1164,21 @@ static inline void few_sort8(int32_t *v)
     FEW_CX(v, 1, 2); FEW_CX(v, 3, 4); FEW_CX(v, 5, 6);
 }
 
-/* The row's bound from its 16 lane maxima (-1 for a lane without
+/* The k-th largest (1 <= k <= 2m) of the union of two descending lists a
+ * and b of m values: the largest over i of min(a_i, b_(k-i)) (1-based,
+ * a_0 = b_0 = +inf). Branch-free. */
+static int32_t few_kth2(const int32_t *a, const int32_t *b, int m, int k)
+{
+    int32_t best = -1;
+    for (int i = k > m ? k - m : 0; i <= k && i <= m; i++) {
+        int32_t x = i ? a[i - 1] : INT32_MAX, y = k - i ? b[k - i - 1] : INT32_MAX;
+        int32_t lo = x < y ? x : y;
+        best = lo > best ? lo : best;
+    }
+    return best;
+}
+
+/* The row's bound from the maxima of its 16 lanes (-1 for a lane without
  * entries): the k-th largest of them. @return KEY_INF when some key is Inf
  * or NaN. */
 static int32_t few_bound_of(int32_t *lane, int k)
@@ -1172,15 +1186,7 @@ static int32_t few_bound_of(int32_t *lane, int k)
     few_sort8(lane);
     few_sort8(lane + 8);
     if (lane[0] >= KEY_INF || lane[8] >= KEY_INF) return KEY_INF;
-    /* k-th largest of two descending lists A, B (1-based, A_0 = B_0 = +inf):
-     * the largest over i of min(A_i, B_(k-i)) */
-    int32_t best = -1;
-    for (int i = k > 8 ? k - 8 : 0; i <= k && i <= 8; i++) {
-        int32_t a = i ? lane[i - 1] : INT32_MAX, b = k - i ? lane[8 + k - i - 1] : INT32_MAX;
-        int32_t m = a < b ? a : b;
-        best = m > best ? m : best;
-    }
-    return best;
+    return few_kth2(lane, lane + 8, 8, k);
 }
 
 /* Pass 1 of one row in portable C: lane j takes columns j, j + 16, ...
@@ -1207,19 +1213,13 @@ static int32_t few_bound_generic(const float *restrict g, const float *restrict 
 /* Pass 2 of one row: see above. The list takes entry j of the row. */
 FORCE_INLINE void few_offer(few_t *f, const float *a, int64_t j)
 {
-    float v = a[j];
-    uint32_t key = key_of(v);
+    uint32_t key = key_of(a[j]);
     if ((int32_t)key <= f->thr) return;
+    uint64_t x = (uint64_t)key << 32 | (uint32_t)~(uint32_t)j;
     int p = f->m < f->k ? f->m++ : f->k - 1;
-    for (; p > 0 && f->key[p - 1] < key; p--) {
-        f->key[p] = f->key[p - 1];
-        f->col[p] = f->col[p - 1];
-        f->val[p] = f->val[p - 1];
-    }
-    f->key[p] = key;
-    f->col[p] = (uint32_t)j;
-    f->val[p] = v;
-    if (f->m == f->k) f->thr = (int32_t)f->key[f->k - 1];
+    for (; p > 0 && f->e[p - 1] < x; p--) f->e[p] = f->e[p - 1];
+    f->e[p] = x;
+    if (f->m == f->k) f->thr = (int32_t)(f->e[f->k - 1] >> 32);
 }
 
 /* Pass 2 of one row in portable C: e = g + e in blocks of BLK whose flag
@@ -1356,25 +1356,27 @@ static void few_pass2(few_row_fn row, const float *g, float *e, int64_t r0, int6
         uint32_t *ix = oidx + r * k;
         float *vl = oval + r * k;
         for (int i = 0; i < k; i++) {
+            uint32_t c = ~(uint32_t)f.e[i];
             int p = i;
-            for (; p > 0 && ix[p - 1] > f.col[i]; p--) {
-                ix[p] = ix[p - 1];
-                vl[p] = vl[p - 1];
-            }
-            ix[p] = f.col[i];
-            vl[p] = f.val[i];
-            er[f.col[i]] = 0.0f;
+            for (; p > 0 && ix[p - 1] > c; p--) ix[p] = ix[p - 1];
+            ix[p] = c;
+        }
+        for (int i = 0; i < k; i++) { /* pass 2 left a in the residual */
+            vl[i] = er[ix[i]];
+            er[ix[i]] = 0.0f;
         }
     }
 }
 
 /* Where the few-per-row path beats the candidate buffer (measured with
- * `igrad bench select --shape`): rows of 8 or more entries of which k keeps
- * at most a quarter, and for k > 8 at most an eighth; the lane maxima are
- * too weak a bound beyond that, and the list's insertions cost more. */
+ * `igrad bench select --shape`, in and out of cache): rows of 8 or more
+ * entries of which k keeps at most a quarter, and k <= 8 or rows of at
+ * most 256 entries (where the candidate buffer takes every entry). With
+ * more than 8 per row on longer rows the list's insertions cost more than
+ * the buffer's order statistics. */
 static int few_fits(int64_t cols, int64_t k)
 {
-    return k <= FEW_MAX && cols >= 8 && 4 * k <= cols && (k <= 8 || 8 * k <= cols);
+    return k <= FEW_MAX && cols >= 8 && 4 * k <= cols && (k <= 8 || cols <= 256);
 }
 
 /* Row-wise selection with per_row <= FEW_MAX; rows are spread over threads
