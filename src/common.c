@@ -130,6 +130,17 @@ igrad_status_t igrad__read_file(const char *path, size_t max_nbytes, char **data
     return IGRAD_OK;
 }
 
+int igrad__name_equal(const char *a, const char *b)
+{
+    for (;; a++, b++) {
+        int ca = (unsigned char)*a, cb = (unsigned char)*b;
+        if (ca >= 'A' && ca <= 'Z') ca += 'a' - 'A';
+        if (cb >= 'A' && cb <= 'Z') cb += 'a' - 'A';
+        if (ca != cb) return 0;
+        if (ca == 0) return 1;
+    }
+}
+
 char *igrad__strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

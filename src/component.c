@@ -16,7 +16,6 @@
 
 #include <ctype.h>
 #include <string.h>
-#include <strings.h>
 
 static const char *const kind_names[IGRAD_KIND_COUNT] = {
     "Q", "K", "V", "QKV", "O", "FC1", "FC2", "OTHER",
@@ -32,7 +31,7 @@ igrad_status_t igrad_kind_from_name(const char *name, igrad_kind_t *kind)
 {
     IGRAD_FAIL_IF(!name || !kind, IGRAD_E_INVALID, "igrad_kind_from_name: NULL argument");
     for (int k = 0; k < IGRAD_KIND_COUNT; k++) {
-        if (strcasecmp(name, kind_names[k]) == 0) {
+        if (igrad__name_equal(name, kind_names[k])) {
             *kind = (igrad_kind_t)k;
             return IGRAD_OK;
         }

@@ -49,18 +49,6 @@
 /* Names                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* ASCII-only case folding, so parsing does not depend on the C locale. */
-static int name_equal(const char *a, const char *b)
-{
-    for (;; a++, b++) {
-        int ca = (unsigned char)*a, cb = (unsigned char)*b;
-        if (ca >= 'A' && ca <= 'Z') ca += 'a' - 'A';
-        if (cb >= 'A' && cb <= 'Z') cb += 'a' - 'A';
-        if (ca != cb) return 0;
-        if (ca == 0) return 1;
-    }
-}
-
 static const char *const method_names[] = {"dense", "topk_sync", "adtopk_sync", "iad", "ig"};
 static const char *const residual_names[] = {"on", "drop"};
 static const char *const collective_names[] = {"auto", "gather", "reduce"};
@@ -88,7 +76,7 @@ const char *igrad_collective_name(igrad_collective_t collective)
 static int find_name(const char *name, const char *const *names, int n)
 {
     for (int i = 0; i < n; i++)
-        if (name_equal(name, names[i])) return i;
+        if (igrad__name_equal(name, names[i])) return i;
     return -1;
 }
 

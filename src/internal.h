@@ -80,6 +80,10 @@ igrad_status_t igrad__atomic_open(igrad__atomic_file_t *af, const char *path);
 igrad_status_t igrad__atomic_commit(igrad__atomic_file_t *af);
 void igrad__atomic_abort(igrad__atomic_file_t *af);
 
+/* 1 if a and b are equal ignoring ASCII case (locale-independent), else 0.
+ * Used by every *_from_name parser. */
+int igrad__name_equal(const char *a, const char *b);
+
 /* strdup (NULL when out of memory). */
 char *igrad__strdup(const char *s);
 

@@ -21,18 +21,6 @@ static const char *const policy_names[] = {"direct", "sequential", "greedy", "ri
                                            "contiguous"};
 #define NPOLICIES ((int)(sizeof policy_names / sizeof policy_names[0]))
 
-/* ASCII-only case folding, so parsing does not depend on the C locale. */
-static int name_equal(const char *a, const char *b)
-{
-    for (;; a++, b++) {
-        int ca = (unsigned char)*a, cb = (unsigned char)*b;
-        if (ca >= 'A' && ca <= 'Z') ca += 'a' - 'A';
-        if (cb >= 'A' && cb <= 'Z') cb += 'a' - 'A';
-        if (ca != cb) return 0;
-        if (ca == 0) return 1;
-    }
-}
-
 const char *igrad_pack_policy_name(igrad_pack_policy_t policy)
 {
     if ((int)policy < 0 || (int)policy >= NPOLICIES) return "unknown";
@@ -43,7 +31,7 @@ igrad_status_t igrad_pack_policy_from_name(const char *name, igrad_pack_policy_t
 {
     IGRAD_FAIL_IF(!name || !policy, IGRAD_E_INVALID, "packing policy name: NULL argument");
     for (int p = 0; p < NPOLICIES; p++) {
-        if (name_equal(name, policy_names[p])) {
+        if (igrad__name_equal(name, policy_names[p])) {
             *policy = (igrad_pack_policy_t)p;
             return IGRAD_OK;
         }

@@ -12,18 +12,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* ASCII-only case folding, so parsing does not depend on the C locale. */
-static int name_equal(const char *a, const char *b)
-{
-    for (;; a++, b++) {
-        int ca = (unsigned char)*a, cb = (unsigned char)*b;
-        if (ca >= 'A' && ca <= 'Z') ca += 'a' - 'A';
-        if (cb >= 'A' && cb <= 'Z') cb += 'a' - 'A';
-        if (ca != cb) return 0;
-        if (ca == 0) return 1;
-    }
-}
-
 const char *igrad_schedule_name(igrad_schedule_t schedule)
 {
     switch (schedule) {
@@ -36,11 +24,11 @@ const char *igrad_schedule_name(igrad_schedule_t schedule)
 igrad_status_t igrad_schedule_from_name(const char *name, igrad_schedule_t *schedule)
 {
     IGRAD_FAIL_IF(!name || !schedule, IGRAD_E_INVALID, "schedule name: NULL argument");
-    if (name_equal(name, "aligned")) {
+    if (igrad__name_equal(name, "aligned")) {
         *schedule = IGRAD_SCHEDULE_ALIGNED;
         return IGRAD_OK;
     }
-    if (name_equal(name, "staggered")) {
+    if (igrad__name_equal(name, "staggered")) {
         *schedule = IGRAD_SCHEDULE_STAGGERED;
         return IGRAD_OK;
     }

@@ -116,22 +116,13 @@ const char *igrad_sparsifier_name(igrad_sparsifier_t sp)
     return "unknown";
 }
 
-static int name_equal(const char *a, const char *b)
-{
-    for (; *a && *b; a++, b++) {
-        char ca = (*a >= 'A' && *a <= 'Z') ? (char)(*a - 'A' + 'a') : *a;
-        if (ca != *b) return 0;
-    }
-    return *a == *b;
-}
-
 igrad_status_t igrad_sparsifier_from_name(const char *name, igrad_sparsifier_t *sp)
 {
     IGRAD_FAIL_IF(!name || !sp, IGRAD_E_INVALID, "igrad_sparsifier_from_name: NULL argument");
     static const igrad_sparsifier_t all[] = {IGRAD_SPARSIFIER_NONE, IGRAD_SPARSIFIER_TOPK,
                                              IGRAD_SPARSIFIER_ADTOPK};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (name_equal(name, igrad_sparsifier_name(all[i]))) {
+        if (igrad__name_equal(name, igrad_sparsifier_name(all[i]))) {
             *sp = all[i];
             return IGRAD_OK;
         }
