@@ -1138,7 +1138,8 @@ IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
  *    i64 step, i64 steps begun, u64 ntensors, u64 residual count,
  *    f32 residuals (layout order),
  *    u64 history count, then u64 keys, i64 n, f64 mean, f64 m2 arrays,
- *    u64 FNV-1a checksum of every byte before it. */
+ *    u64 checksum: FNV-1a over the file's little-endian 64-bit words before
+ *    it (h ^= w; h *= 0x100000001b3; every section is padded to 8 bytes). */
 IGRAD_API igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine,
                                                  const char *path);
 
