@@ -561,6 +561,8 @@ class Experiment:
             args += ["--profile", profile]
             inputs["profile"] = sha256_file(profile)
         args += list(extra)
+        if rate is not None:
+            inputs["run-shaped"] = sha256_file(RUN_SHAPED)  # the shaping decides the times
         stamp = {"v": 1, "args": args, "ranks": ranks, "rate": rate, "trace": bool(trace),
                  "igrad": self.bin_sha(), "inputs": inputs,
                  "data_dir": self.data_dir if not data.startswith("gen:") else None}

@@ -26,11 +26,18 @@ import common as C  # noqa: E402
 
 PARTITIONS = ["knee", "otsu", "gmm2", "kmeans2", "percentile:30", "fixed:0.2"]
 REFS = ["topk_sync", "adtopk_sync"]
+KAPPA = 0.25  # ig's release keep here (common.Experiment.ig_extra's default)
 
 COLS = ["config", "partition", "seed", "n_important", "n_components", "tau", "f_imp",
         "val_loss", "val_ppl", "val_acc", "payload_bytes_per_step", "ratio_to_adtopk_sync",
         "ratio_to_topk_sync", "sync_ms", "comm_ms", "step_ms", "tokens_per_s"]
 NUM = COLS[3:]
+
+
+def model_ratio(f_imp, kappa):
+    """The payload ratio NOTES.md predicts from f_imp (shown beside the
+    measured one; budgets rounded up per row make the measured one larger)."""
+    return None if f_imp is None else f_imp + kappa * (1 - f_imp)
 
 
 def add_args(ap):
@@ -66,8 +73,9 @@ def body():
                 "ratio_to_adtopk_sync": s["payload_bytes_per_step"] / ref["adtopk_sync"].payload,
                 "ratio_to_topk_sync": s["payload_bytes_per_step"] / ref["topk_sync"].payload,
                 "sync_ms": s["sync_ms"], "comm_ms": s["comm_ms"], "step_ms": s["step_ms"],
-                "tokens_per_s": s["tokens_per_s"]})
-    C.write_csv(os.path.join(exp.out, "results.csv"), COLS, rows)
+                "tokens_per_s": s["tokens_per_s"], "run": run})
+    C.write_csv(os.path.join(exp.out, "results.csv"), COLS,
+                [{k: v for k, v in r.items() if k != "run"} for r in rows])
 
     configs = list(dict.fromkeys(r["config"] for r in rows))
     agg = []
@@ -85,22 +93,33 @@ def body():
     # ---- figure: quality vs traffic, and validation curves of seed 1 ----
     plt = C.pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for i, a in enumerate(agg):
-        x, y = a["ratio_to_adtopk_sync_mean"], a["val_loss_mean"]
+    # Partitions that choose the same set land on the same point: one
+    # marker, one legend entry naming them all.
+    points = {}
+    for a in agg:
+        key = (round(a["ratio_to_adtopk_sync_mean"], 4), round(a["val_loss_mean"], 5))
+        p = points.setdefault(key, {"names": [], "a": a})
+        p["names"].append(a["config"].replace("ig ", ""))
+    color = {a["config"]: f"C{i}" for i, a in enumerate(agg)}  # the same in both panels
+    for (x, y), p in points.items():
+        a = p["a"]
+        f = a["f_imp_mean"]
         ax.errorbar(x, y, yerr=a["val_loss_std"] or None, fmt="s" if a["config"] in REFS else "o",
-                    color=f"C{i}", ms=5, capsize=2)
-        label = a["config"] + (f" (f_imp {a['f_imp_mean']:.2f})" if a["f_imp_mean"] else "")
-        ax.annotate(label, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+                    color=color[a["config"]], ms=5, capsize=2,
+                    label=" = ".join(p["names"]) + (f" (f_imp {f:.2f})" if f else ""))
+    ax.legend(fontsize=7)
     ax.set_xlabel("payload / adtopk_sync payload (per step)")
     ax.set_ylabel("validation loss (final)")
     ax.set_title("RQ2: quality vs traffic per partition method")
-    for i, (label, run) in enumerate([u for u in exp.used if u[0].endswith("-s1")]):
-        ev = run.evals
+    for r in rows:
+        if r["seed"] != exp.seeds[0]:
+            continue
+        ev = r["run"].evals
         ax2.plot([int(e["step"]) for e in ev], [float(e["val_loss"]) for e in ev], marker=".",
-                 label=label[:-3], color=f"C{i}")
+                 label=r["config"], color=color[r["config"]])
     ax2.set_xlabel("step")
     ax2.set_ylabel("validation loss")
-    ax2.set_title("validation loss, seed 1")
+    ax2.set_title(f"validation loss, seed {exp.seeds[0]}")
     ax2.legend(fontsize=7)
     figs = [os.path.join(exp.out, "quality_traffic.png")]
     C.save_fig(fig, figs[0])
@@ -109,10 +128,12 @@ def body():
           f"One trace of `adtopk_sync` on `{exp.cfg['data']}` ({exp.cfg['profile_steps']} steps, "
           f"seed 1), partitioned by each method; `ig` = ADTopk, R = 4, κ = 0.25, staggered, "
           f"contiguous packing into 4 buckets. ratio = payload bytes per step / the reference's; "
-          f"f_imp = share of the ADTopk budget sent every step (ratio ≈ f_imp + κ(1 − f_imp)). "
+          f"f_imp = share of the ADTopk budget sent every step, beside it the ratio it predicts, "
+          f"f_imp + κ(1 − f_imp). "
           f"Times are medians over steps; mean ± std over seeds where there are several.", "",
           C.md_table(["config", "important", "τ", "f_imp", "val loss", "ppl", "acc",
-                      "payload/step", "ratio to adtopk_sync", "ratio to topk_sync", "sync ms",
+                      "payload/step", "ratio to adtopk_sync", "f_imp + κ(1 − f_imp)",
+                      "ratio to topk_sync", "sync ms",
                       "collective ms", "tokens/s"],
                      [[a["config"],
                        f"{a['n_important_mean']:.0f}/{a['n_components_mean']:.0f}"
@@ -122,6 +143,7 @@ def body():
                        C.fmt(a["val_ppl_mean"], ".3f"), C.fmt(a["val_acc_mean"]),
                        C.fmt_bytes(a["payload_bytes_per_step_mean"]),
                        C.fmt(a["ratio_to_adtopk_sync_mean"], ".3f"),
+                       C.fmt(model_ratio(a["f_imp_mean"], KAPPA), ".3f"),
                        C.fmt(a["ratio_to_topk_sync_mean"], ".3f"),
                        C.fmt(a["sync_ms_mean"], ".2f"), C.fmt(a["comm_ms_mean"], ".2f"),
                        C.fmt(a["tokens_per_s_mean"], ".0f")] for a in agg]),

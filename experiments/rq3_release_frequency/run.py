@@ -114,14 +114,19 @@ def body():
           f"`ig` on `{exp.cfg['data']}` with the shared knee profile, κ = {kappa}, release budget "
           f"⌈κRk⌉ per low component every R steps; `drop` discards a low component's residual at "
           f"its non-release steps (ablation). ratio = payload bytes per step / adtopk_sync's; "
-          f"f_imp = share of the ADTopk budget sent every step.", "",
+          f"f_imp = share of the ADTopk budget sent every step; f_imp + κ(1 − f_imp) is the "
+          f"ratio it predicts for any R (κRk every R steps is κk per step on average; each "
+          f"row's release budget is rounded up, which costs most at small R).", "",
           C.md_table(["config", "f_imp", "val loss", "ppl", "acc", "payload/step",
-                      "ratio to adtopk_sync", "sync ms", "tokens/s"],
+                      "ratio to adtopk_sync", "f_imp + κ(1 − f_imp)", "sync ms", "tokens/s"],
                      [[a["config"], C.fmt(a["f_imp_mean"], ".3f"),
                        C.fmt_pm([r["val_loss"] for r in rows if r["config"] == a["config"]]),
                        C.fmt(a["val_ppl_mean"], ".3f"), C.fmt(a["val_acc_mean"]),
                        C.fmt_bytes(a["payload_bytes_per_step_mean"]),
-                       C.fmt(a["ratio_to_adtopk_sync_mean"], ".3f"), C.fmt(a["sync_ms_mean"], ".2f"),
+                       C.fmt(a["ratio_to_adtopk_sync_mean"], ".3f"),
+                       C.fmt(None if a["f_imp_mean"] is None or a["residual"] is None
+                             else a["f_imp_mean"] + kappa * (1 - a["f_imp_mean"]), ".3f"),
+                       C.fmt(a["sync_ms_mean"], ".2f"),
                        C.fmt(a["tokens_per_s_mean"], ".0f")] for a in agg]),
           "", "Figure: `quality_traffic.png`.  Data: `results.csv` (per run), `summary.csv`."]
     exp.finish(md, figs)

@@ -9,8 +9,10 @@ only which bucket carries which block, never what is sent, so validation
 loss must agree across the policies (the table shows it). Per run, from
 the engine's per-step stats: bucket imbalance (max/min load) and its
 coefficient of variation, overflow (buckets above 1.05 x the mean load)
-per step, pack / collective / unpack / sync ms and step ms (medians over
-steps), payload bytes per step beside f_imp.
+per step, select / pack / collective / unpack / sync ms and step ms
+(medians over steps), payload bytes per step beside f_imp. These runs are
+RQ4's own (half the post-train steps, run back to back) so that their times
+compare.
 
 Outputs (runs/rq4_packing_ablation[-MODE]/): results.csv, summary.csv (mean
 and std over seeds), packing.png (imbalance and CV; time per phase),
@@ -26,13 +28,16 @@ import common as C  # noqa: E402
 
 POLICIES = ["direct", "sequential", "greedy", "risk", "contiguous"]
 COLS = ["config", "pack", "seed", "buckets", "f_imp", "imbalance_median", "imbalance_max",
-        "cv_median", "overflow_per_step", "payload_bytes_per_step", "pack_ms", "comm_ms",
+        "cv_median", "overflow_per_step", "payload_bytes_per_step", "select_ms", "pack_ms",
+        "comm_ms",
         "unpack_ms", "sync_ms", "step_ms", "tokens_per_s", "val_loss"]
 NUM = COLS[3:]
 
 
 def add_args(ap):
     ap.add_argument("--buckets", type=int, default=4, help="buckets per step (default 4)")
+    ap.add_argument("--rq4-steps", type=int,
+                    help="steps of each packing run (default: half the post-train steps)")
     ap.add_argument("--rate", help="run over experiments/netem/run-shaped at this rate "
                     "(e.g. 1gbit) instead of shared memory")
 
@@ -51,14 +56,19 @@ def body():
     exp.base()
     profile, _ = exp.shared_profile("knee")
     sfx = f"-{rate}" if rate else ""
+    # RQ4 compares times, so its runs are its own and run back to back (not
+    # shared with RQ2/3/5, whose runs ran at other moments and loads), and
+    # shorter: packing does not change what is sent, only how.
+    steps = exp.args.rq4_steps or max(2, exp.cfg["steps"] // 2)
+    timing = dict(steps=steps, eval_every=0)
 
     rows = []
     for seed in exp.seeds:
         runs = [("iad (per tensor)", "", exp.method_run("iad", seed, profile, rate=rate,
-                                                         label=f"iad-s{seed}{sfx}"))]
+                                                         label=f"iad-s{seed}{sfx}", **timing))]
         for p in POLICIES:
             runs.append((f"ig {p}", p, exp.method_run("ig", seed, profile, pack=p, buckets=B,
-                                                      rate=rate, label=f"ig-{p}-s{seed}{sfx}")))
+                                                      rate=rate, label=f"ig-{p}-s{seed}{sfx}", **timing)))
         for config, p, run in runs:
             s = run.stats()
             imb = run.col("imbalance")
@@ -68,7 +78,8 @@ def body():
                          "cv_median": run.med("cv"),
                          "overflow_per_step": C.mean(run.col("overflow")),
                          "payload_bytes_per_step": s["payload_bytes_per_step"],
-                         "pack_ms": s["pack_ms"], "comm_ms": s["comm_ms"],
+                         "select_ms": s["select_ms"], "pack_ms": s["pack_ms"],
+                         "comm_ms": s["comm_ms"],
                          "unpack_ms": s["unpack_ms"], "sync_ms": s["sync_ms"],
                          "step_ms": s["step_ms"], "tokens_per_s": s["tokens_per_s"],
                          "val_loss": s["val_loss"]})
@@ -111,7 +122,8 @@ def body():
     ax.legend(fontsize=7)
     allc = agg
     bottom = [0.0] * len(allc)
-    for key, col in (("pack_ms", "C2"), ("comm_ms", "C3"), ("unpack_ms", "C4")):
+    for key, col in (("select_ms", "C1"), ("pack_ms", "C2"), ("comm_ms", "C3"),
+                     ("unpack_ms", "C4")):
         vals = [a[key + "_mean"] for a in allc]
         ax2.bar(range(len(allc)), vals, 0.6, bottom=bottom, color=col, label=key[:-3])
         bottom = [b + v for b, v in zip(bottom, vals)]
@@ -127,18 +139,21 @@ def body():
     losses = {round(a["val_loss_mean"], 6) for a in ig}
     md = ["# RQ4 — packing policies", "",
           f"`ig` on `{exp.cfg['data']}` (shared knee profile, R = 4, κ = 0.25) packed into {B} "
-          f"buckets by each policy; `iad` sends one collective per tensor. Imbalance = max/min "
+          f"buckets by each policy; `iad` sends one collective per tensor; RQ4's own runs of "
+          f"{steps} steps, back to back, evaluated at the end. Imbalance = max/min "
           f"bucket load, CV = std/mean of the loads, overflow = buckets above 1.05 × the mean, per "
           f"step; times are medians over steps"
           + (f", over a {rate} link (run-shaped)" if rate else ", MPI over shared memory") + ". "
           f"f_imp = share of the ADTopk budget sent every step.", "",
           C.md_table(["config", "f_imp", "imbalance", "max imbalance", "CV", "overflow/step",
-                      "payload/step", "pack ms", "collective ms", "unpack ms", "sync ms",
+                      "payload/step", "select ms", "pack ms", "collective ms", "unpack ms",
+                      "sync ms",
                       "step ms", "val loss"],
                      [[a["config"], C.fmt(a["f_imp_mean"], ".3f"),
                        C.fmt(a["imbalance_median_mean"], ".3f"), C.fmt(a["imbalance_max_mean"], ".3f"),
                        C.fmt(a["cv_median_mean"], ".3f"), C.fmt(a["overflow_per_step_mean"], ".2f"),
-                       C.fmt_bytes(a["payload_bytes_per_step_mean"]), C.fmt(a["pack_ms_mean"], ".3f"),
+                       C.fmt_bytes(a["payload_bytes_per_step_mean"]),
+                       C.fmt(a["select_ms_mean"], ".2f"), C.fmt(a["pack_ms_mean"], ".3f"),
                        C.fmt(a["comm_ms_mean"], ".2f"), C.fmt(a["unpack_ms_mean"], ".3f"),
                        C.fmt(a["sync_ms_mean"], ".2f"), C.fmt(a["step_ms_mean"], ".1f"),
                        C.fmt(a["val_loss_mean"])] for a in agg]),

@@ -15,8 +15,11 @@ experiments/netem/run-shaped (MPI over TCP on a loopback shaped with tc) at
 each --rates entry (default: unshaped `none`, 1gbit, 100mbit): step,
 sync and collective ms per method and link, and the speed-up of ig over
 topk_sync and dense (their time / ig's time), plus ig's sync time as a
-fraction of topk_sync's (the design's target is <= 0.35 at 1 Gbit/s). The
-quality runs' medians appear as link `shm`. Where run-shaped refuses
+fraction of topk_sync's (the design's target is <= 0.35 at 1 Gbit/s). Link
+`shm` runs the same short runs over plain mpirun (shared memory); all of
+them run back to back, so their times compare (the quality runs' times
+were taken over a longer span, while the machine's load may have changed).
+Where run-shaped refuses
 (no root / CAP_NET_ADMIN / iproute2) the network runs are skipped and
 summary.md says why; the quality runs still count.
 
@@ -107,15 +110,24 @@ def body():
     C.write_csv(os.path.join(exp.out, "summary.csv"),
                 ["method", "seeds"] + [k + s for k in NUM for s in ("_mean", "_std")], agg)
 
-    # ---- network runs ----
+    # ---- network runs: short, back to back, so their times compare ----
     net, notes = [], []
-    for m in METHODS:
-        s = by[(m, 1)].stats()
-        net.append({"link": "shm", "method": m, "steps": c["steps"], "f_imp": s["f_imp"],
-                    "payload_bytes_per_step": s["payload_bytes_per_step"],
-                    "wire_bytes_per_step": s["wire_bytes_per_step"], "comm_ms": s["comm_ms"],
-                    "sync_ms": s["sync_ms"], "step_ms": s["step_ms"],
-                    "tokens_per_s": s["tokens_per_s"]})
+
+    def net_runs(link, rate):
+        for m in METHODS:
+            run = exp.train(f"{m}-{link}", m, c["data"], seed=1, steps=net_steps,
+                            profile=profile if m in ("iad", "ig") else None,
+                            extra=(["--sparsifier", "adtopk"] if m == "iad" else
+                                   exp.ig_extra() if m == "ig" else []),
+                            rate=rate, eval_every=0, eval_batches=1)
+            s = run.stats()
+            net.append({"link": link, "method": m, "steps": net_steps, "f_imp": s["f_imp"],
+                        "payload_bytes_per_step": s["payload_bytes_per_step"],
+                        "wire_bytes_per_step": s["wire_bytes_per_step"],
+                        "comm_ms": s["comm_ms"], "sync_ms": s["sync_ms"],
+                        "step_ms": s["step_ms"], "tokens_per_s": s["tokens_per_s"]})
+
+    net_runs("shm", None)
     if rates:
         why = exp.netem_check()
         if why:
@@ -124,24 +136,12 @@ def body():
         else:
             try:
                 for rate in rates:
-                    for m in METHODS:
-                        run = exp.train(f"{m}-{rate}", m, c["data"], seed=1, steps=net_steps,
-                                        profile=profile if m in ("iad", "ig") else None,
-                                        extra=(["--sparsifier", "adtopk"] if m == "iad" else
-                                               exp.ig_extra() if m == "ig" else []),
-                                        rate=rate, eval_every=0, eval_batches=1)
-                        s = run.stats()
-                        net.append({"link": rate, "method": m, "steps": net_steps,
-                                    "f_imp": s["f_imp"],
-                                    "payload_bytes_per_step": s["payload_bytes_per_step"],
-                                    "wire_bytes_per_step": s["wire_bytes_per_step"],
-                                    "comm_ms": s["comm_ms"], "sync_ms": s["sync_ms"],
-                                    "step_ms": s["step_ms"], "tokens_per_s": s["tokens_per_s"]})
+                    net_runs(rate, rate)
             except C.NetemUnavailable as e:
                 notes.append(f"Network runs stopped: {e}")
                 exp.log(notes[-1])
     else:
-        notes.append("Network runs not asked for (--rates empty).")
+        notes.append("Shaped runs not asked for (--rates empty).")
     C.write_csv(os.path.join(exp.out, "net.csv"), NET_COLS, net)
     links = list(dict.fromkeys(r["link"] for r in net))
     speed = []
@@ -224,11 +224,14 @@ def body():
                        C.fmt(a["comm_ms_mean"], ".2f"), C.fmt(a["sync_ms_mean"], ".2f"),
                        C.fmt(a["step_ms_mean"], ".1f"), C.fmt(a["overhead_share_mean"], ".1%"),
                        C.fmt(a["tokens_per_s_mean"], ".0f")] for a in agg]),
-          "", f"## Bandwidth-limited runs ({net_steps} steps each, seed 1; `shm` = the quality "
-          f"runs above)", "",
+          "", "Times in this table come from runs spread over the whole script (and shared with "
+          "RQ2–RQ4), so the machine's load may differ between rows; compare times in the next "
+          "section, whose runs ran back to back.", "",
+          f"## Bandwidth-limited runs ({net_steps} steps each, seed 1, back to back)", "",
           "Links: `shm` plain mpirun (shared memory); `none` TCP over an unshaped loopback in a "
-          "network namespace; a rate = that loopback shaped by `tc tbf` "
-          "(experiments/netem/run-shaped; both directions share the rate).", ""]
+          "network namespace; a rate = that loopback (MTU 1500) shaped by `tc tbf` with a "
+          "6000-byte bucket (experiments/netem/run-shaped; both directions share the rate).",
+          ""]
     md += notes + ([""] if notes else [])
     md += [C.md_table(["link", "method", "f_imp", "payload/step", "collective ms", "sync ms",
                        "step ms", "tokens/s"],

@@ -58,7 +58,8 @@ FILES = {
     },
     "rq4_packing_ablation": {
         "results.csv": "config,pack,seed,buckets,f_imp,imbalance_median,imbalance_max,cv_median,"
-                       "overflow_per_step,payload_bytes_per_step,pack_ms,comm_ms,unpack_ms,"
+                       "overflow_per_step,payload_bytes_per_step,select_ms,pack_ms,comm_ms,"
+                       "unpack_ms,"
                        "sync_ms,step_ms,tokens_per_s,val_loss",
         "runs.csv": "label,method,run_dir",
         "png": ["packing.png"],
