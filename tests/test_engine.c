@@ -29,19 +29,10 @@
 #include <cmocka.h>
 
 #include "igrad.h"
+#include "test_util.h"
 #include "schedule.h"
 
 /* ---- helpers ------------------------------------------------------------ */
-
-static void assert_ok_(igrad_status_t st, const char *expr, const char *file, int line)
-{
-    if (st != IGRAD_OK) {
-        print_error("%s:%d: %s returned %d (%s): %s\n", file, line, expr, (int)st,
-                    igrad_status_str(st), igrad_last_error());
-        fail();
-    }
-}
-#define assert_ok(expr) assert_ok_((expr), #expr, __FILE__, __LINE__)
 
 static void assert_status_(igrad_status_t st, igrad_status_t want, const char *expr,
                            const char *file, int line)
@@ -54,15 +45,6 @@ static void assert_status_(igrad_status_t st, igrad_status_t want, const char *e
     }
 }
 #define assert_status(expr, want) assert_status_((expr), (want), #expr, __FILE__, __LINE__)
-
-static void assert_error_has(const char *frag)
-{
-    const char *msg = igrad_last_error();
-    if (!strstr(msg, frag)) {
-        print_error("last error '%s' does not contain '%s'\n", msg, frag);
-        fail();
-    }
-}
 
 static uint64_t mix64(uint64_t x)
 {

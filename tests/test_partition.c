@@ -18,30 +18,11 @@
 #include <cmocka.h>
 
 #include "igrad.h"
+#include "test_util.h"
 #include "profile_internal.h"
 
 /* Fails printing both values when |a - b| > tol. */
-#define assert_near(a, b, tol) check_near((a), (b), (tol), #a, #b, __FILE__, __LINE__)
-static void check_near(double a, double b, double tol, const char *ea, const char *eb,
-                       const char *file, int line)
-{
-    if (!(fabs(a - b) <= tol)) {
-        print_error("%s:%d: %s = %.17g, %s = %.17g, |diff| %.3g > %.3g\n", file, line, ea, a,
-                    eb, b, fabs(a - b), tol);
-        fail();
-    }
-}
-
 /* Fails unless igrad_last_error() contains `frag`. */
-static void assert_error_has(const char *frag)
-{
-    const char *msg = igrad_last_error();
-    if (!strstr(msg, frag)) {
-        print_error("last error '%s' does not contain '%s'\n", msg, frag);
-        fail();
-    }
-}
-
 static double tau_of(const double *x, size_t n, const char *method)
 {
     double tau = NAN;

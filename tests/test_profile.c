@@ -21,35 +21,8 @@
 #include <cmocka.h>
 
 #include "igrad.h"
+#include "test_util.h"
 #include "profile_internal.h"
-
-#define assert_near(a, b, tol) check_near((a), (b), (tol), #a, #b, __FILE__, __LINE__)
-static void check_near(double a, double b, double tol, const char *ea, const char *eb,
-                       const char *file, int line)
-{
-    if (!(fabs(a - b) <= tol)) {
-        print_error("%s:%d: %s = %.17g, %s = %.17g, |diff| %.3g > %.3g\n", file, line, ea, a,
-                    eb, b, fabs(a - b), tol);
-        fail();
-    }
-}
-
-static void assert_error_has(const char *frag)
-{
-    const char *msg = igrad_last_error();
-    if (!strstr(msg, frag)) {
-        print_error("last error '%s' does not contain '%s'\n", msg, frag);
-        fail();
-    }
-}
-
-static void assert_ok(igrad_status_t st)
-{
-    if (st != IGRAD_OK) {
-        print_error("status %d (%s): %s\n", (int)st, igrad_status_str(st), igrad_last_error());
-        fail();
-    }
-}
 
 /* The hand-computed trace: components (0,Q), (0,K), (0,V), (1,O).
  *
