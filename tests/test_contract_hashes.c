@@ -14,12 +14,15 @@
  * a bug, or it is a format change: bump the version, update formats.md
  * and then these constants.
  *
- * Independently of the constants, the layout hash, the profile hash and
- * the checksum are recomputed here from their definitions in
- * docs/formats.md §1 and §7 and docs/architecture.md §4 and §5.8
- * (FNV-1a 64, seed 0xcbf29ce484222325, prime 0x100000001b3, integers as 8
- * little-endian bytes), so a golden value is not just whatever the code
- * printed. The plan hash covers the whole plan and is only pinned.
+ * Independently of the constants, every one of them is recomputed here
+ * from its definition in docs/formats.md §1 and §7 (FNV-1a 64, seed
+ * 0xcbf29ce484222325, prime 0x100000001b3, integers as 8 little-endian
+ * bytes), so a golden value is not just whatever the code printed: the
+ * layout hash from the layout's rows, the profile hash from the profile's
+ * entries, the plan hash from the public select specs and tensor plans
+ * (not for pack = direct, whose map is not modelled), the history hash
+ * and the checksum from the state file's own bytes. The other 21 items
+ * are checked against the config they encode.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
