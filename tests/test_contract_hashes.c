@@ -181,7 +181,7 @@ static uint64_t doc_plan_hash(const igrad_engine_t *eng, const igrad_layout_t *L
 static void check_hash(uint64_t got, uint64_t want, const char *what)
 {
     if (got != want) {
-        print_error("%s: 0x%016llx, golden 0x%016llx\n", what, (unsigned long long)got,
+        print_error("%s: 0x%016llx, expected 0x%016llx\n", what, (unsigned long long)got,
                     (unsigned long long)want);
         fail();
     }
@@ -380,7 +380,8 @@ static void check_items(const state_file_t *f, const igrad_layout_t *L, const ig
             fail();
         }
     }
-    check_hash(rd_u64(f->bytes + f->nbytes - 8), doc_checksum(f), "checksum vs formats.md §7");
+    check_hash(rd_u64(f->bytes + f->nbytes - 8), doc_checksum(f),
+               "state checksum vs formats.md §7");
 }
 
 /* ---- tests -------------------------------------------------------------------- */
@@ -394,13 +395,13 @@ static void test_layout_hash_golden(void **state)
     igrad_layout_t *L = NULL;
     assert_ok(igrad_layout_load(path, &L));
     assert_int_equal(igrad_layout_count(L), 196); /* OPTForCausalLM, lm_head tied */
-    check_hash(doc_layout_hash(L), igrad_layout_hash(L), "opt-125m: doc definition vs library");
-    check_hash(igrad_layout_hash(L), GOLDEN_LAYOUT_OPT125M, "opt-125m layout hash");
+    check_hash(igrad_layout_hash(L), doc_layout_hash(L), "opt-125m layout hash vs formats.md §1");
+    check_hash(igrad_layout_hash(L), GOLDEN_LAYOUT_OPT125M, "opt-125m layout hash vs golden");
     igrad_layout_free(L);
 
     L = small_layout();
-    check_hash(doc_layout_hash(L), igrad_layout_hash(L), "small: doc definition vs library");
-    check_hash(igrad_layout_hash(L), GOLDEN_LAYOUT_SMALL, "small layout hash");
+    check_hash(igrad_layout_hash(L), doc_layout_hash(L), "small layout hash vs formats.md §1");
+    check_hash(igrad_layout_hash(L), GOLDEN_LAYOUT_SMALL, "small layout hash vs golden");
     igrad_layout_free(L);
 
     /* the empty layout hashes to the seed itself */
@@ -425,13 +426,14 @@ static void test_state_hashes_golden(void **state)
     assert_int_equal(f.rank, 0);
     assert_int_equal(f.size, 1);
     check_items(&f, L, &c, -1, 0);
-    check_hash(f.items[2], GOLDEN_LAYOUT_SMALL, "state item 3 (layout hash)");
+    check_hash(f.items[2], GOLDEN_LAYOUT_SMALL, "state item 3 (layout hash) vs golden");
     check_hash(f.items[4], doc_profile_hash(P), "profile hash vs formats.md §7");
-    check_hash(f.items[4], GOLDEN_PROFILE_SMALL, "profile hash");
+    check_hash(f.items[4], GOLDEN_PROFILE_SMALL, "profile hash vs golden");
     check_hash(f.items[21], doc_plan_hash(eng, L), "ig plan hash vs formats.md §7");
-    check_hash(f.items[21], GOLDEN_PLAN_IG, "ig plan hash");
+    check_hash(f.items[21], GOLDEN_PLAN_IG, "ig plan hash vs golden");
     check_hash(f.items[24], doc_history_hash(&f), "empty history hash vs formats.md §7");
-    check_hash(rd_u64(f.bytes + f.nbytes - 8), GOLDEN_CHECKSUM_FRESH, "fresh state checksum");
+    check_hash(rd_u64(f.bytes + f.nbytes - 8), GOLDEN_CHECKSUM_FRESH,
+               "fresh state checksum vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
 
@@ -445,7 +447,7 @@ static void test_state_hashes_golden(void **state)
     check_items(&f, L, &used, -1, 0);
     check_hash(f.items[4], 0, "adtopk_sync profile hash");
     check_hash(f.items[21], doc_plan_hash(eng, L), "adtopk_sync plan hash vs formats.md §7");
-    check_hash(f.items[21], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash");
+    check_hash(f.items[21], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
 
@@ -463,7 +465,8 @@ static void test_state_hashes_golden(void **state)
             if (!g[t]) g[t] = malloc((size_t)ti.count * sizeof(float));
             assert_non_null(g[t]);
             for (int64_t i = 0; i < ti.count; i++)
-                g[t][i] = (float)(((i + 1) * 7919 + (int64_t)t * 31 + s * 17) % 1000) / 500.0f - 1.0f;
+                g[t][i] =
+                    (float)(((i + 1) * 7919 + (int64_t)t * 31 + s * 17) % 1000) / 500.0f - 1.0f;
         }
         assert_ok(igrad_engine_sync(eng, s, g));
     }
@@ -471,7 +474,7 @@ static void test_state_hashes_golden(void **state)
     check_items(&f, L, &c, 1, 2);
     assert_true(rd_u64(f.bytes + 256 + 4 * igrad_layout_total_count(L)) > 0); /* H */
     check_hash(f.items[24], doc_history_hash(&f), "risk history hash vs formats.md §7");
-    check_hash(f.items[24], GOLDEN_HISTORY_RISK, "risk history hash");
+    check_hash(f.items[24], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
     for (size_t t = 0; t < T; t++) free(g[t]);

@@ -341,7 +341,7 @@ static void decode_gather(const model_t *M, const block_t *b, size_t nb,
                 uint32_t got = width == 4 ? rd_u32(bytes + off)
                                           : (uint32_t)bytes[off] | (uint32_t)bytes[off + 1] << 8;
                 if (got != want) {
-                    print_error("%s: tensor %zu entry %lld of its selection: %d-byte index %u "
+                    print_error("%s: tensor %zu entry %lld of its selection: %d-bit index %u "
                                 "on the wire, %u expected (byte %zu)\n",
                                 where, b[i].t, (long long)(b[i].first + j), width * 8, got,
                                 want, off);
