@@ -15,7 +15,11 @@
  *  - pinned `auto` decisions just below, at and just above the boundary
  *    8·d < P·s, computed by hand in the comments.
  *
- * Several ranks are modelled with a replicating communicator: a custom
+ * The model and the decoder live in contract_model.h, shared with
+ * mpi_contract.c (real ranks with different gradients, so each rank's
+ * slot of recv decodes to that rank's selection).
+ *
+ * Several ranks are modelled here with a replicating communicator: a custom
  * backend (igrad_comm_create_custom) that reports `size` ranks and whose
  * peers contribute exactly this rank's bytes (allgather copies our block
  * into every slot, allreduce SUM multiplies by P). The point is the plan
@@ -40,6 +44,10 @@
 
 #include "igrad.h"
 #include "test_util.h"
+
+#define CT_REQUIRE(cond) assert_true(cond)
+#define CT_REPORT(...) print_error(__VA_ARGS__)
+#include "contract_model.h"
 
 /* ---- a replicating communicator ------------------------------------------ */
 
@@ -106,300 +114,6 @@ static igrad_comm_t *comm_new(replica_t *r, int P)
     return comm;
 }
 
-/* ---- the model of a step, from the docs ---------------------------------- */
-
-typedef struct tensor {
-    int64_t n, shape0;
-    int ndim;
-    float *g, *e;      /* gradient of the step, residual as the doc predicts */
-    /* selection of the step */
-    int row_wise;
-    int64_t rows, cols, per_row, count;
-    uint32_t *idx;     /* flat index, or column index (row-wise) */
-    float *val;
-    int ib;            /* index bytes on the wire */
-} tensor_t;
-
-typedef struct model {
-    size_t T;
-    tensor_t *t;
-    igrad_config_t cfg;
-    igrad_sparsifier_t sp;
-    int P;
-} model_t;
-
-/* clamp(ceil(rho * n), 1, n), the product in double as written (§5.1). */
-static int64_t doc_budget(int64_t n, double rho)
-{
-    double k = ceil(rho * (double)n);
-    if (k < 1) k = 1;
-    if (k > (double)n) k = (double)n;
-    return (int64_t)k;
-}
-
-static void model_spec(model_t *M, tensor_t *x, int64_t step)
-{
-    int adtopk = M->sp == IGRAD_SPARSIFIER_ADTOPK && x->ndim >= 2;
-    if (adtopk) {
-        x->rows = x->shape0;
-        x->cols = x->n / x->rows;
-        x->per_row = doc_budget(x->cols, M->cfg.density);
-        x->count = x->rows * x->per_row;
-        x->row_wise = !(M->cfg.interleave && (step % 2 != 0));
-    } else {
-        x->row_wise = 0;
-        x->count = doc_budget(x->n, M->cfg.density);
-    }
-    if (!x->row_wise) {
-        x->rows = 1;
-        x->cols = x->n;
-        x->per_row = x->count;
-    }
-    /* formats.md §8: 2 bytes when index_dtype = U16 and the index range
-     * (columns, or the tensor's entries) is <= 65536 */
-    int64_t range = x->row_wise ? x->cols : x->n;
-    x->ib = (M->cfg.index_dtype == IGRAD_DTYPE_U16 && range <= 65536) ? 2 : 4;
-}
-
-typedef struct cand {
-    float mag;
-    uint32_t i;
-} cand_t;
-
-static int by_mag_then_index(const void *pa, const void *pb)
-{
-    const cand_t *a = pa, *b = pb;
-    if (a->mag != b->mag) return a->mag > b->mag ? -1 : 1;
-    return a->i < b->i ? -1 : a->i > b->i;
-}
-
-static int by_index(const void *pa, const void *pb)
-{
-    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
-    return a < b ? -1 : a > b;
-}
-
-/* Top-k of |a| over a[0..len) by a full sort (ties: lower index), indices
- * ascending into idx. */
-static void sort_topk(const float *a, int64_t len, int64_t k, cand_t *scratch, uint32_t *idx)
-{
-    for (int64_t i = 0; i < len; i++) {
-        scratch[i].mag = fabsf(a[i]);
-        scratch[i].i = (uint32_t)i;
-    }
-    qsort(scratch, (size_t)len, sizeof *scratch, by_mag_then_index);
-    for (int64_t j = 0; j < k; j++) idx[j] = scratch[j].i;
-    qsort(idx, (size_t)k, sizeof *idx, by_index);
-}
-
-/* a = g + e; S = the spec's entries; e = a with them zeroed (§2, §5.2). */
-static void model_select(model_t *M, int64_t step)
-{
-    for (size_t t = 0; t < M->T; t++) {
-        tensor_t *x = &M->t[t];
-        model_spec(M, x, step);
-        float *a = malloc((size_t)x->n * sizeof *a);
-        cand_t *scratch = malloc((size_t)x->n * sizeof *scratch);
-        assert_non_null(a);
-        assert_non_null(scratch);
-        for (int64_t i = 0; i < x->n; i++) a[i] = x->g[i] + x->e[i];
-        for (int64_t r = 0; r < x->rows; r++)
-            sort_topk(a + r * x->cols, x->cols, x->per_row, scratch, x->idx + r * x->per_row);
-        memcpy(x->e, a, (size_t)x->n * sizeof *a);
-        for (int64_t r = 0; r < x->rows; r++)
-            for (int64_t j = 0; j < x->per_row; j++) {
-                int64_t flat = r * x->cols + x->idx[r * x->per_row + j];
-                x->val[r * x->per_row + j] = a[flat];
-                x->e[flat] = 0.0f;
-            }
-        free(scratch);
-        free(a);
-    }
-}
-
-/* A block (§5.6): a run of one tensor's selection. */
-typedef struct block {
-    size_t t;
-    int64_t first, entries; /* entries [first, first + entries) of the selection */
-    int64_t cost;           /* entries x (4 + index bytes) */
-} block_t;
-
-/* Blocks in readiness order: last tensor first, a tensor's blocks in order;
- * flat selections cut every block_entries, row-wise ones into whole rows
- * (per_row * max(1, block_entries / per_row) entries). */
-static size_t model_blocks(const model_t *M, block_t **out)
-{
-    size_t nb = 0, cap = 16;
-    block_t *b = malloc(cap * sizeof *b);
-    assert_non_null(b);
-    for (size_t k = 0; k < M->T; k++) {
-        size_t t = M->T - 1 - k;
-        const tensor_t *x = &M->t[t];
-        int64_t E = M->cfg.block_entries;
-        if (x->row_wise) {
-            int64_t rows_per = E / x->per_row;
-            if (rows_per < 1) rows_per = 1;
-            E = rows_per * x->per_row;
-        }
-        for (int64_t f = 0; f < x->count; f += E) {
-            if (nb == cap) {
-                cap *= 2;
-                b = realloc(b, cap * sizeof *b);
-                assert_non_null(b);
-            }
-            int64_t m = x->count - f < E ? x->count - f : E;
-            b[nb++] = (block_t){t, f, m, m * (4 + x->ib)};
-        }
-    }
-    *out = b;
-    return nb;
-}
-
-/* Dense floats of a run of blocks (one bucket): a row-wise block's rows,
- * a flat block's whole tensor unless the previous block of the bucket is a
- * flat block of the same tensor (formats.md §8). */
-static int64_t run_dense(const model_t *M, const block_t *b, size_t nb)
-{
-    int64_t d = 0;
-    for (size_t i = 0; i < nb; i++) {
-        const tensor_t *x = &M->t[b[i].t];
-        if (x->row_wise)
-            d += b[i].entries / x->per_row * x->cols;
-        else if (!(i > 0 && b[i - 1].t == b[i].t))
-            d += x->n;
-    }
-    return d;
-}
-
-static int doc_auto_reduce(int P, int64_t s, int64_t d)
-{
-    /* §5.7: reduce iff 8·d < P·s (ties gather); P = 1 always gathers */
-    return P > 1 && 8 * d < (int64_t)P * s;
-}
-
-static int model_kind(const model_t *M, int64_t s, int64_t d)
-{
-    switch (M->cfg.collective) {
-    case IGRAD_COLLECTIVE_GATHER: return IGRAD_BUCKET_GATHER;
-    case IGRAD_COLLECTIVE_REDUCE: return IGRAD_BUCKET_REDUCE;
-    default:
-        return doc_auto_reduce(M->P, s, d) ? IGRAD_BUCKET_REDUCE : IGRAD_BUCKET_GATHER;
-    }
-}
-
-/* ---- the decoder ---------------------------------------------------------- */
-
-static uint32_t rd_u32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static float rd_f32(const unsigned char *p)
-{
-    uint32_t u = rd_u32(p);
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static int same_bits(float a, float b)
-{
-    return memcmp(&a, &b, sizeof a) == 0;
-}
-
-typedef struct seen {
-    int gather, reduce, mixed_widths, u16_blocks, u32_blocks, rowwise_blocks, flat_blocks;
-} seen_t;
-
-/* One rank's bytes of a gather bucket holding blocks b[0..nb). */
-static void decode_gather(const model_t *M, const block_t *b, size_t nb,
-                          const unsigned char *bytes, size_t nbytes, const char *where,
-                          seen_t *seen)
-{
-    size_t off = 0;
-    int has2 = 0, has4 = 0;
-    for (size_t i = 0; i < nb; i++) { /* values of every block, bucket order */
-        const tensor_t *x = &M->t[b[i].t];
-        for (int64_t j = 0; j < b[i].entries; j++, off += 4) {
-            float want = x->val[b[i].first + j], got = rd_f32(bytes + off);
-            if (!same_bits(got, want)) {
-                print_error("%s: tensor %zu entry %lld of its selection: value %.9g on the "
-                            "wire, %.9g expected (byte %zu)\n",
-                            where, b[i].t, (long long)(b[i].first + j), (double)got,
-                            (double)want, off);
-                fail();
-            }
-        }
-        if (x->ib == 2) has2 = 1; else has4 = 1;
-    }
-    for (int width = 4; width >= 2; width -= 2) /* u32 indices, then u16 */
-        for (size_t i = 0; i < nb; i++) {
-            const tensor_t *x = &M->t[b[i].t];
-            if (x->ib != width) continue;
-            for (int64_t j = 0; j < b[i].entries; j++, off += (size_t)width) {
-                uint32_t want = x->idx[b[i].first + j];
-                uint32_t got = width == 4 ? rd_u32(bytes + off)
-                                          : (uint32_t)bytes[off] | (uint32_t)bytes[off + 1] << 8;
-                if (got != want) {
-                    print_error("%s: tensor %zu entry %lld of its selection: %d-bit index %u "
-                                "on the wire, %u expected (byte %zu)\n",
-                                where, b[i].t, (long long)(b[i].first + j), width * 8, got,
-                                want, off);
-                    fail();
-                }
-            }
-        }
-    if (off != nbytes) {
-        print_error("%s: decoded %zu bytes of %zu\n", where, off, nbytes);
-        fail();
-    }
-    if (seen) {
-        seen->mixed_widths += has2 && has4;
-        for (size_t i = 0; i < nb; i++) {
-            const tensor_t *x = &M->t[b[i].t];
-            if (x->ib == 2) seen->u16_blocks++; else seen->u32_blocks++;
-            if (x->row_wise) seen->rowwise_blocks++; else seen->flat_blocks++;
-        }
-    }
-}
-
-/* A reduce bucket before the collective: the dense segments with the
- * selection scattered into zeros. */
-static void decode_reduce(const model_t *M, const block_t *b, size_t nb, const float *dense,
-                          size_t count, const char *where)
-{
-    float *want = calloc(count ? count : 1, sizeof *want);
-    assert_non_null(want);
-    size_t base = 0;
-    for (size_t i = 0; i < nb; i++) {
-        const tensor_t *x = &M->t[b[i].t];
-        if (x->row_wise) {
-            int64_t first_row = b[i].first / x->per_row;
-            for (int64_t j = 0; j < b[i].entries; j++) {
-                int64_t e = b[i].first + j, row = e / x->per_row - first_row;
-                want[base + (size_t)(row * x->cols + x->idx[e])] = x->val[e];
-            }
-            base += (size_t)(b[i].entries / x->per_row * x->cols);
-        } else {
-            int shares = i > 0 && b[i - 1].t == b[i].t;
-            if (shares) base -= (size_t)x->n;
-            for (int64_t j = 0; j < b[i].entries; j++) {
-                int64_t e = b[i].first + j;
-                want[base + x->idx[e]] = x->val[e];
-            }
-            base += (size_t)x->n;
-        }
-    }
-    assert_int_equal(base, count);
-    for (size_t i = 0; i < count; i++)
-        if (!same_bits(dense[i], want[i])) {
-            print_error("%s: dense float %zu is %.9g, %.9g expected\n", where, i,
-                        (double)dense[i], (double)want[i]);
-            fail();
-        }
-    free(want);
-}
-
 /* ---- one checked step ------------------------------------------------------ */
 
 typedef struct copy {
@@ -408,33 +122,11 @@ typedef struct copy {
     unsigned char *recv; /* gather: recv bytes after it */
 } copy_t;
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Gradients with ties: every third tensor takes only 16 magnitudes. */
-static void fill_grads(model_t *M, int64_t step)
-{
-    for (size_t t = 0; t < M->T; t++) {
-        uint64_t s = 0x1234567ULL + (uint64_t)step * 7919u + t * 104729u;
-        for (int64_t i = 0; i < M->t[t].n; i++) {
-            uint64_t u = splitmix(&s);
-            float x = (t % 3 == 0) ? (float)(u >> 60) / 8.0f
-                                   : (float)((double)(u >> 40) / 16777216.0);
-            M->t[t].g[i] = (u & 1) ? -x : x;
-        }
-    }
-}
-
 static void run_step(model_t *M, igrad_engine_t *eng, igrad_comm_t *comm, int64_t step,
                      seen_t *seen)
 {
     char where[160];
-    fill_grads(M, step);
+    fill_grads(M, 0, step);
     float **grads = malloc(M->T * sizeof *grads);
     assert_non_null(grads);
     for (size_t t = 0; t < M->T; t++) {
@@ -539,12 +231,13 @@ static void run_step(model_t *M, igrad_engine_t *eng, igrad_comm_t *comm, int64_
             assert_int_equal(d->count, (size_t)s);
             assert_int_equal(d->recv_nbytes, (size_t)M->P * (size_t)s);
             snprintf(where, sizeof where, "step %lld bucket %d send", (long long)step, q);
-            decode_gather(M, bq, nbq, cp[j].send, d->send_nbytes, where, seen);
+            if (decode_gather(M, bq, nbq, cp[j].send, d->send_nbytes, where, seen)) fail();
             for (int r = 0; r < M->P; r++) {
                 snprintf(where, sizeof where, "step %lld bucket %d recv rank %d",
                          (long long)step, q, r);
-                decode_gather(M, bq, nbq, cp[j].recv + (size_t)r * d->send_nbytes,
-                              d->send_nbytes, where, NULL);
+                if (decode_gather(M, bq, nbq, cp[j].recv + (size_t)r * d->send_nbytes,
+                                  d->send_nbytes, where, NULL))
+                    fail();
             }
             payload += s;
             wire += (double)(M->P - 1) * (double)s;
@@ -555,7 +248,7 @@ static void run_step(model_t *M, igrad_engine_t *eng, igrad_comm_t *comm, int64_
             assert_int_equal(d->count, (size_t)dn);
             assert_int_equal(d->recv_nbytes, (size_t)dn * 4);
             snprintf(where, sizeof where, "step %lld bucket %d (reduce)", (long long)step, q);
-            decode_reduce(M, bq, nbq, (const float *)cp[j].send, d->count, where);
+            if (decode_reduce(M, bq, nbq, (const float *)cp[j].send, d->count, where)) fail();
             payload += 4 * dn;
             wire += 2.0 * (M->P - 1) / M->P * 4.0 * (double)dn;
             nreduce++;
@@ -608,12 +301,6 @@ static void run_step(model_t *M, igrad_engine_t *eng, igrad_comm_t *comm, int64_
 
 /* ---- layouts and runs ------------------------------------------------------ */
 
-typedef struct tdef {
-    const char *name;
-    int ndim;
-    int64_t shape[2];
-} tdef_t;
-
 /* Index-width boundaries: rows of 32 and of exactly 65536 columns (u16),
  * a row of 70000 columns (u32), flat tensors of 65536 (u16), 65537 and
  * 70000 entries (u32), small flat ones (u16). */
@@ -639,41 +326,6 @@ static igrad_layout_t *layout_of(const tdef_t *defs, size_t T)
         assert_ok(igrad_layout_add(L, defs[t].name, IGRAD_DTYPE_F32, defs[t].ndim,
                                    defs[t].shape));
     return L;
-}
-
-static void model_init(model_t *M, const tdef_t *defs, size_t T, const igrad_config_t *cfg,
-                       int P)
-{
-    memset(M, 0, sizeof *M);
-    M->T = T;
-    M->cfg = *cfg;
-    M->P = P;
-    M->sp = cfg->method == IGRAD_METHOD_TOPK_SYNC ? IGRAD_SPARSIFIER_TOPK
-                                                   : IGRAD_SPARSIFIER_ADTOPK;
-    M->t = calloc(T, sizeof *M->t);
-    assert_non_null(M->t);
-    for (size_t t = 0; t < T; t++) {
-        tensor_t *x = &M->t[t];
-        x->ndim = defs[t].ndim;
-        x->shape0 = defs[t].shape[0];
-        x->n = defs[t].ndim == 2 ? defs[t].shape[0] * defs[t].shape[1] : defs[t].shape[0];
-        x->g = calloc((size_t)x->n, sizeof(float));
-        x->e = calloc((size_t)x->n, sizeof(float));
-        x->idx = calloc((size_t)x->n, sizeof(uint32_t));
-        x->val = calloc((size_t)x->n, sizeof(float));
-        assert_true(x->g && x->e && x->idx && x->val);
-    }
-}
-
-static void model_free(model_t *M)
-{
-    for (size_t t = 0; t < M->T; t++) {
-        free(M->t[t].g);
-        free(M->t[t].e);
-        free(M->t[t].idx);
-        free(M->t[t].val);
-    }
-    free(M->t);
 }
 
 /* Runs `steps` steps of `cfg` on the wire layout over P ranks, decoding
@@ -765,6 +417,11 @@ static void test_wire_adtopk_interleave(void **state)
     c.interleave = 1;
     seen_t s = run_case(c, 1, 4);
     assert_true(s.rowwise_blocks > 0 && s.flat_blocks > 0);
+    /* as reduce buckets: odd steps' flat blocks of a 2-D tensor are
+     * whole-tensor segments */
+    c.collective = IGRAD_COLLECTIVE_REDUCE;
+    s = run_case(c, 2, 2);
+    assert_true(s.reduce >= 4);
 }
 
 /* index_dtype U32: every index 4 bytes. */
