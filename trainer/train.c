@@ -660,12 +660,24 @@ static igrad_status_t read_state(run_t *r, const char *dir, int64_t *next_step)
         st = trainer_fail(IGRAD_E_IO, "--resume: %s: %s", path, strerror(errno));
         goto cleanup;
     }
-    text = calloc(1, 1 << 16);
-    size_t n = text ? fread(text, 1, (1 << 16) - 1, fp) : 0;
+    /* About 100 bytes per rank's engine file entry: 16 MiB is 160k ranks. */
+    enum { STATE_MAX_NBYTES = 16 << 20 };
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0 || sb.st_size > STATE_MAX_NBYTES) {
+        fclose(fp);
+        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: larger than 16 MiB (or unreadable)",
+                          path);
+        goto cleanup;
+    }
+    text = calloc(1, (size_t)sb.st_size + 1);
+    size_t n = text ? fread(text, 1, (size_t)sb.st_size, fp) : 0;
     fclose(fp);
-    if (!text || !(root = cJSON_ParseWithLength(text, n)) || !cJSON_IsObject(root)) {
-        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: not a valid JSON object (or larger "
-                          "than 64 KiB)", path);
+    if (!text) {
+        st = trainer_fail(IGRAD_E_NOMEM, "--resume: %s: out of memory", path);
+        goto cleanup;
+    }
+    if (!(root = cJSON_ParseWithLength(text, n)) || !cJSON_IsObject(root)) {
+        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: not a valid JSON object", path);
         goto cleanup;
     }
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
@@ -707,6 +719,10 @@ static igrad_status_t read_state(run_t *r, const char *dir, int64_t *next_step)
         goto cleanup;
     }
     r->state_version = (int)version;
+    if (version < 2 && r->rank == 0)
+        fprintf(stderr, "igrad: train: warning: %s was written by an older igrad (version 1): "
+                "its files have no checksums; only the parameter hash and the steps are "
+                "checked\n", path);
     if (version >= 2 &&
         (st = read_files(r, cJSON_GetObjectItemCaseSensitive(root, "files"), path)) != IGRAD_OK)
         goto cleanup;
