@@ -57,12 +57,13 @@ refused() {
   after=$(cd "$d/checkpoint" && cat ./* | md5sum)
   [ "$before" = "$after" ] || fail "$name: the refused checkpoint was changed"
   [ "$fails" -eq "$f0" ] && echo "ok: $name refused: $(grep -F 'igrad: train:' "$tmp/$name.err" | head -n 1 | head -c 300)"
+  f_last=$fails
 }
 
 d=$(make_case pristine)
 run --out "$d" --steps 20 --save-every 5 --resume >/dev/null 2>"$tmp/pristine.err" \
   || fail "an untouched copy does not resume: $(cat "$tmp/pristine.err")"
-echo "ok: an untouched copy resumes"
+ok "an untouched copy resumes"
 
 d=$(make_case mixed_engine)
 cp "$tmp/ck5"/engine.rank*.bin "$d/checkpoint/"
@@ -112,13 +113,13 @@ grep -qF "already holds a checkpoint" "$tmp/fresh.err" \
   || fail "fresh run into a used --out: $(cat "$tmp/fresh.err")"
 [ "$before" = "$(cat "$d/checkpoint"/* "$d/metrics.csv" | md5sum)" ] \
   || fail "fresh run into a used --out changed its files"
-echo "ok: fresh run into a used --out refused: $(grep -F 'igrad: train:' "$tmp/fresh.err" | head -c 200)"
+ok "fresh run into a used --out refused: $(grep -F 'igrad: train:' "$tmp/fresh.err" | head -c 200)"
 run --out "$d" --steps 3 --overwrite >/dev/null 2>"$tmp/overwrite.err" \
   || fail "--overwrite: $(cat "$tmp/overwrite.err")"
 grep -q '"step":[[:space:]]*3,' "$d/checkpoint/train_state.json" \
   || fail "--overwrite did not leave the new run's checkpoint"
 [ "$(tail -n +2 "$d/metrics.csv" | grep -c .)" -eq 3 ] || fail "--overwrite: metrics.csv is not the new run's"
-echo "ok: --overwrite replaced the checkpoint and metrics"
+ok "--overwrite replaced the checkpoint and metrics"
 
 # Stale leftovers of dead saves go at the next start; a live process's and
 # another host's stay.
@@ -138,7 +139,7 @@ done
 for n in "checkpoint.tmp.$$@$host" "checkpoint.tmp.$dp@another-host.example"; do
   [ -e "$d/$n" ] || fail "stale: $n (live process, or another host) was removed"
 done
-echo "ok: stale folders of dead pid $dp removed, a live one's and another host's kept"
+ok "stale folders of dead pid $dp removed, a live one's and another host's kept"
 
 # A crash between a save's two renames: checkpoint/ missing, the previous
 # one at checkpoint.old.<pid>. Restored, resumed to the end, bit-exact
@@ -153,6 +154,6 @@ run --out "$A" --steps 20 --save-every 5 --resume >/dev/null 2>"$tmp/a20.err" \
   || fail "base run to 20: $(cat "$tmp/a20.err")"
 cmp -s "$d/checkpoint/model.safetensors" "$A/checkpoint/model.safetensors" \
   || fail "between renames: the resumed model differs from the uninterrupted run's"
-echo "ok: checkpoint restored from checkpoint.old.$dp@$host, resumed bit-exact to step 20"
+ok "checkpoint restored from checkpoint.old.$dp@$host, resumed bit-exact to step 20"
 
 finish fault_checkpoint

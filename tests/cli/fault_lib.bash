@@ -54,3 +54,10 @@ dead_pid() {
 host_tag() { hostname | tr -c 'A-Za-z0-9._\n-' '_' | head -c 63; }
 
 now_ms() { date +%s%3N; }
+
+# ok MESSAGE: prints "ok: MESSAGE" only if nothing failed since the last ok.
+f_last=0
+ok() {
+  [ "$fails" -eq "$f_last" ] && echo "ok: $*"
+  f_last=$fails
+}

@@ -45,6 +45,7 @@ differ() {
     || fail "$name: stderr lacks '$needle': $(head -c 600 "$tmp/$name.err")"
   [ ! -e "$out/checkpoint" ] || fail "$name: a checkpoint was left"
   [ "$fails" -eq "$f0" ] && echo "ok: $name in $((t1 - t0)) ms: $(grep -F -- "differs" "$tmp/$name.err" | head -n 1)"
+  f_last=$fails
 }
 
 differ save_every "--save-every differs: rank 0 has 2, rank 1 has 3" -- \
@@ -70,6 +71,6 @@ timeout 60 "${mpirun_[@]}" \
   -np 1 "$IGRAD" train "${common[@]}" --out "$out" --steps 3 --threads 2 --progress plain \
   --log-every 1 >"$tmp/per_rank.out" 2>&1 || fail "per-rank options: $(tail -n 5 "$tmp/per_rank.out")"
 [ -s "$out/checkpoint/train_state.json" ] || fail "per-rank options: no checkpoint"
-echo "ok: --threads/--progress/--log-every may differ between ranks"
+ok "--threads/--progress/--log-every may differ between ranks"
 
 finish fault_options
