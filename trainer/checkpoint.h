@@ -104,9 +104,12 @@ igrad_status_t checkpoint_tidy(const char *dir, const char *marker, int *recover
 /* Removes a directory tree (a no-op if absent). */
 igrad_status_t checkpoint_remove(const char *dir);
 
-/* The checkpoint checksum: FNV-1a 64 (offset basis CHECKPOINT_HASH_SEED,
- * prime 0x100000001b3) over a file's bytes, and its size. A single changed
- * byte always changes the hash (each step is a bijection of the state). */
+/* The checkpoint checksum and a file's size: FNV-1a 64 (offset basis
+ * CHECKPOINT_HASH_SEED, prime 0x100000001b3) over the file's little-endian
+ * 64-bit words, the last one zero-padded (h ^= w; h *= prime), as the
+ * engine's state files do; word-wise is ~8x faster than byte-wise. Any
+ * change within one word always changes the hash (each step is a
+ * bijection of the state); the size is compared separately. */
 #define CHECKPOINT_HASH_SEED 0xcbf29ce484222325ULL
 igrad_status_t checkpoint_file_hash(const char *path, uint64_t *hash, uint64_t *nbytes);
 
