@@ -381,7 +381,17 @@ igrad_status_t checkpoint_file_hash(const char *path, uint64_t *hash, uint64_t *
         fclose(fp);
         return trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", path);
     }
-    uint64_t h = CHECKPOINT_HASH_SEED, total = 0;
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0) {
+        fclose(fp);
+        free(buf);
+        return trainer_fail(IGRAD_E_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    /* The size goes in first. Without it, a file that ends with its own
+     * word-wise FNV-1a (an engine state does) would always hash to 0. */
+    uint64_t h = CHECKPOINT_HASH_SEED, total = 0, size = (uint64_t)sb.st_size;
+    h ^= size;
+    h *= 0x100000001b3ULL;
     size_t got;
     /* fread fills the whole chunk except at the end of the file, so only
      * the file's last word is ever partial (zero-padded). */
@@ -405,6 +415,8 @@ igrad_status_t checkpoint_file_hash(const char *path, uint64_t *hash, uint64_t *
     fclose(fp);
     free(buf);
     if (err) return trainer_fail(IGRAD_E_IO, "%s: read error", path);
+    if (total != size)
+        return trainer_fail(IGRAD_E_IO, "%s: changed size while being read", path);
     *hash = h;
     if (nbytes) *nbytes = total;
     return IGRAD_OK;

@@ -105,11 +105,13 @@ igrad_status_t checkpoint_tidy(const char *dir, const char *marker, int *recover
 igrad_status_t checkpoint_remove(const char *dir);
 
 /* The checkpoint checksum and a file's size: FNV-1a 64 (offset basis
- * CHECKPOINT_HASH_SEED, prime 0x100000001b3) over the file's little-endian
- * 64-bit words, the last one zero-padded (h ^= w; h *= prime), as the
- * engine's state files do; word-wise is ~8x faster than byte-wise. Any
+ * CHECKPOINT_HASH_SEED, prime 0x100000001b3; h ^= w; h *= prime) over the
+ * file's size in bytes, then its little-endian 64-bit words, the last one
+ * zero-padded; word-wise is ~8x faster than byte-wise. The size comes
+ * first because an engine state file ends with the word-wise FNV-1a of
+ * the rest: hashed without it, every such file would come out 0. Any
  * change within one word always changes the hash (each step is a
- * bijection of the state); the size is compared separately. */
+ * bijection of the state). */
 #define CHECKPOINT_HASH_SEED 0xcbf29ce484222325ULL
 igrad_status_t checkpoint_file_hash(const char *path, uint64_t *hash, uint64_t *nbytes);
 
