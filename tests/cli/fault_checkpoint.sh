@@ -6,8 +6,9 @@
 # check every one of them resumed with exit 0 and a wrong result:
 #   engine files of an earlier save copied in (mixed steps), one flipped
 #   byte in model.safetensors, model or optimizer of another run, an
-#   edited "step", every file of an earlier save but train_state.json, and
-#   an out-of-range "ranks" (an undefined double->int cast before).
+#   edited "step", every file of an earlier save but train_state.json, an
+#   out-of-range "ranks" or "step" in train_state.json and a step of 1e300
+#   in metrics.csv (undefined double->int casts before).
 # Then: a fresh run into an --out that holds a checkpoint is refused
 # (--overwrite replaces it); stale checkpoint.tmp.<pid> / .old.<pid> of dead
 # processes are removed at the next start (a live process's are kept);
@@ -101,6 +102,18 @@ refused ranks_range '"ranks" is 4294967298, not an integer in [1, 2147483647]'
 d=$(make_case step_fraction)
 sed -i -E 's/("step":[[:space:]]*)10,/\11e300,/' "$d/checkpoint/train_state.json"
 refused step_fraction '"step" is 1.0000000000000001e+300, not an integer'
+
+# metrics.csv is read back on resume: a step out of range is refused
+# before it is converted (a double -> int64 cast of 1e300 was undefined).
+d=$(make_case metrics_range)
+sed -i -E '2s/^[0-9]+,/1e300,/' "$d/metrics.csv"
+grep -q '^1e300,' "$d/metrics.csv" || fail "could not edit metrics.csv"
+run --out "$d" --steps 20 --save-every 5 --resume >/dev/null 2>"$tmp/metrics_range.err"
+rc=$?
+[ "$rc" -eq 1 ] || fail "metrics_range: exit code $rc, expected 1"
+grep -qF "metrics.csv:2: malformed row" "$tmp/metrics_range.err" \
+  || fail "metrics_range: $(head -c 600 "$tmp/metrics_range.err")"
+ok "metrics.csv with step 1e300 refused: $(grep -F 'igrad: train:' "$tmp/metrics_range.err" | head -c 200)"
 
 # --out safety: a fresh run into an --out with a checkpoint is refused and
 # changes nothing; --overwrite replaces checkpoint and metrics.
