@@ -1,9 +1,10 @@
 /*
- * train.c — the reference trainer's training loop (see train.h): setup
- * agreed across ranks, the step (micro-batched forward/backward, engine
- * sync, clipping, AdamW), evaluation with the cross-rank parameter check,
- * multi-rank checkpoints that are complete or absent, resume, metrics,
- * progress and the run summary.
+ * train.c — the reference trainer's training loop (see train.h): the
+ * run-defining options compared across ranks, setup agreed across ranks,
+ * the step (micro-batched forward/backward, engine sync, clipping, AdamW),
+ * evaluation with the cross-rank parameter check, multi-rank checkpoints
+ * that are complete or absent and carry every file's checksum, resume
+ * verified against them, metrics, progress and the run summary.
  *
  * Collectives go through igrad_comm_t only (the engine's communicator), so
  * this file needs no mpi.h and runs the same on one process ("self").
@@ -17,7 +18,6 @@
 
 #include <cblas.h>
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -1201,10 +1201,12 @@ static igrad_status_t evaluate(run_t *r, int64_t steps_done, double *out3)
 /* checkpoints                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* Collective. Rank 0 assembles "<out>/checkpoint.tmp.<pid>" and every rank
- * adds its engine state; only when every rank reports success does rank 0
- * rename it over the previous checkpoint, so the directory under its final
- * name is always complete. */
+/* Collective. Rank 0 assembles "<out>/checkpoint.tmp.<pid>@<host>" (model,
+ * config, optimizer) and every rank adds its engine state and reports its
+ * checksum; rank 0 then writes train_state.json with every file's checksum
+ * (so it is the last file) and, only when every rank reports success,
+ * renames the directory over the previous checkpoint, so the directory
+ * under its final name is always complete. */
 static igrad_status_t save_checkpoint(run_t *r, int64_t next_step)
 {
     igrad_status_t st = IGRAD_OK;
