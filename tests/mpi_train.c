@@ -15,8 +15,12 @@
  *     margin, eval numbers finite;
  *   - the parameter check: one ulp of difference on one rank fails every
  *     rank with a message naming it;
- *   - failures agree: missing data on every rank, missing data on one
- *     rank only, a batch P does not divide, iad without a profile, a
+ *   - options agree: one rank with another --data, --save-every, --steps,
+ *     --stop-at, --eval-every, --batch or --seq-len fails every rank with
+ *     IGRAD_E_MISMATCH naming the option and both values (before: a hang,
+ *     MPI_ERR_TRUNCATE, or silently accepted); --threads/--progress may
+ *     differ;
+ *   - failures agree: missing data on every rank, a batch P does not divide, iad without a profile, a
  *     profile of another model, a resume with another batch: the same
  *     non-OK status on every rank, no hang, and no checkpoint directory.
  *
@@ -28,6 +32,7 @@
 #include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -455,12 +460,58 @@ static void test_failures(igrad_comm_t *world, const char *profile_path)
     o.data = pathf("%s/no-such-corpus", root);
     expect_failure(world, &o, IGRAD_E_IO, "missing data", "no-such-corpus");
 
+    /* Another --data on one rank (here: one that does not exist) is
+     * caught by the option agreement before anything is read, naming both
+     * values on every rank. */
     base_options(&o, pathf("%s/fail2", root));
     if (me == np - 1) o.data = pathf("%s/missing-on-one-rank", root);
-    char needle[32];
-    snprintf(needle, sizeof needle, "rank %d", np - 1);
-    expect_failure(world, &o, IGRAD_E_IO, "data missing on the last rank only",
-                   me == np - 1 ? "missing-on-one-rank" : needle);
+    char needle[1200];
+    snprintf(needle, sizeof needle, "--data differs: rank 0 has %s/corpus, rank %d has "
+             "%s/missing-on-one-rank", root, np - 1, root);
+    expect_failure(world, &o, IGRAD_E_MISMATCH, "data differs on the last rank", needle);
+
+    /* Options that change the sequence of collectives (a hang or an MPI
+     * error before they were compared) or the run: one rank differs. */
+    static const struct {
+        const char *flag;
+        size_t offset;
+        int64_t value, other;
+    } differ[] = {
+        {"--save-every", offsetof(train_options_t, save_every), 2, 3},
+        {"--steps", offsetof(train_options_t, steps), 6, 5},
+        {"--stop-at", offsetof(train_options_t, stop_at), 0, 2},
+        {"--eval-every", offsetof(train_options_t, eval_every), 2, 0},
+    };
+    for (size_t i = 0; i < sizeof differ / sizeof differ[0]; i++) {
+        base_options(&o, pathf("%s/fail_opt%zu", root, i));
+        int64_t v = me == np - 1 ? differ[i].other : differ[i].value;
+        memcpy((char *)&o + differ[i].offset, &v, sizeof v);
+        snprintf(needle, sizeof needle, "%s differs: rank 0 has %lld, rank %d has %lld",
+                 differ[i].flag, (long long)differ[i].value, np - 1, (long long)differ[i].other);
+        expect_failure(world, &o, IGRAD_E_MISMATCH, differ[i].flag, needle);
+    }
+    base_options(&o, pathf("%s/fail_batch", root));
+    int b0 = o.batch;
+    if (me == np - 1) o.batch = 2 * b0;
+    snprintf(needle, sizeof needle, "--batch differs: rank 0 has %d, rank %d has %d", b0, np - 1,
+             2 * b0);
+    expect_failure(world, &o, IGRAD_E_MISMATCH, "--batch", needle);
+    base_options(&o, pathf("%s/fail_seq", root));
+    int t0 = o.seq_len;
+    if (me == np - 1) o.seq_len = t0 / 2;
+    snprintf(needle, sizeof needle, "--seq-len differs: rank 0 has %d, rank %d has %d", t0, np - 1,
+             t0 / 2);
+    expect_failure(world, &o, IGRAD_E_MISMATCH, "--seq-len", needle);
+    /* Legitimately per rank: threads and progress do not fail the run. */
+    base_options(&o, pathf("%s/per_rank", root));
+    o.steps = 2;
+    if (me == np - 1) {
+        o.threads = 2;
+        o.progress = TRAIN_PROGRESS_PLAIN;
+        o.log_every = 1;
+    }
+    train_result_t pr;
+    CHECK_OK(train_run(&o, world, &pr));
 
     base_options(&o, pathf("%s/fail3", root));
     o.batch = np == 2 ? 5 : 6;

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -74,6 +75,17 @@ static int exists(const char *path)
 {
     struct stat sb;
     return stat(path, &sb) == 0;
+}
+
+/* Entries of tmp_root whose name starts with `prefix`. */
+static int count_prefixed(const char *prefix)
+{
+    DIR *d = opendir(tmp_root);
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d)) != NULL) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d) closedir(d);
+    return n;
 }
 
 static model_t *make_model(int tie, int kv_heads, uint64_t seed)
@@ -384,7 +396,7 @@ static void test_bad_inputs(void **state)
 static void test_failed_save_leaves_nothing(void **state)
 {
     (void)state;
-    char fresh[256], existing[256], tmp[300];
+    char fresh[256], existing[256];
     tmp_path(fresh, sizeof fresh, "never");
     tmp_path(existing, sizeof existing, "kept");
     model_t *m = make_model(0, 0, 41), *back = NULL;
@@ -406,14 +418,147 @@ static void test_failed_save_leaves_nothing(void **state)
     assert_fails_with(st1, IGRAD_E_IO, "model.safetensors", NULL);
     assert_int_equal(st2, IGRAD_E_IO);
     assert_false(exists(fresh));
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", fresh, (long)getpid());
-    assert_false(exists(tmp));
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", existing, (long)getpid());
-    assert_false(exists(tmp));
+    assert_int_equal(count_prefixed("never."), 0);
+    assert_int_equal(count_prefixed("kept."), 0);
     assert_int_equal(checkpoint_load_model(existing, &back), IGRAD_OK);
     assert_true(back->params[0] == first);
     model_free(back);
     model_free(m);
+}
+
+/* A pid that no process has: a child that has exited and been reaped. */
+static long dead_pid(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    assert_true(pid > 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return (long)pid;
+}
+
+static void make_dir_with(const char *dir, const char *file)
+{
+    char p[512];
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    FILE *fp = fopen(p, "wb");
+    assert_non_null(fp);
+    fputs("x", fp);
+    fclose(fp);
+}
+
+/* What killed saves leave: a dead process's folders go, a live one's and
+ * another host's stay; a checkpoint caught between the two renames of a
+ * commit (only "<dir>.old.*" left) is put back. */
+static void test_tidy(void **state)
+{
+    (void)state;
+    char dir[256], p[512], host[256] = "";
+    tmp_path(dir, sizeof dir, "ck");
+    gethostname(host, sizeof host);
+    long dead = dead_pid(), live = (long)getppid();
+    char hosttag[64];
+    size_t k = 0;
+    for (const char *c = host; *c && k < 63; c++, k++) {
+        int ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                 (*c >= '0' && *c <= '9') || *c == '.' || *c == '-' || *c == '_';
+        hosttag[k] = ok ? *c : '_';
+    }
+    hosttag[k] = '\0';
+
+    snprintf(p, sizeof p, "%s.tmp.%ld", dir, dead); /* an older igrad's name */
+    make_dir_with(p, "model.safetensors");
+    snprintf(p, sizeof p, "%s.tmp.%ld@%s", dir, dead, hosttag);
+    make_dir_with(p, "model.safetensors");
+    snprintf(p, sizeof p, "%s.tmp.%ld@%s", dir, live, hosttag);
+    make_dir_with(p, "model.safetensors");
+    snprintf(p, sizeof p, "%s.tmp.%ld@another-host.example", dir, dead);
+    make_dir_with(p, "model.safetensors");
+    snprintf(p, sizeof p, "%s.old.%ld@%s", dir, dead, hosttag);
+    make_dir_with(p, "train_state.json");
+    snprintf(p, sizeof p, "%s.oldish", dir); /* not ours: never touched */
+    make_dir_with(p, "x");
+
+    int recovered = 0;
+    assert_int_equal(checkpoint_tidy(dir, "train_state.json", &recovered), IGRAD_OK);
+    assert_int_equal(recovered, 1);
+    snprintf(p, sizeof p, "%s/train_state.json", dir);
+    assert_true(exists(p));
+    snprintf(p, sizeof p, "%s.tmp.%ld", dir, dead);
+    assert_false(exists(p));
+    snprintf(p, sizeof p, "%s.tmp.%ld@%s", dir, dead, hosttag);
+    assert_false(exists(p));
+    snprintf(p, sizeof p, "%s.tmp.%ld@%s", dir, live, hosttag);
+    assert_true(exists(p));
+    snprintf(p, sizeof p, "%s.tmp.%ld@another-host.example", dir, dead);
+    assert_true(exists(p));
+    snprintf(p, sizeof p, "%s.oldish", dir);
+    assert_true(exists(p));
+    assert_int_equal(count_prefixed("ck.old."), 0);
+
+    /* With the checkpoint present, a dead save's moved-aside copy is
+     * stale and goes; nothing is "recovered". */
+    snprintf(p, sizeof p, "%s.old.%ld", dir, dead);
+    make_dir_with(p, "train_state.json");
+    assert_int_equal(checkpoint_tidy(dir, "train_state.json", &recovered), IGRAD_OK);
+    assert_int_equal(recovered, 0);
+    assert_false(exists(p));
+    snprintf(p, sizeof p, "%s/train_state.json", dir);
+    assert_true(exists(p));
+}
+
+/* The checkpoint checksum: FNV-1a 64 over the size word, then the words
+ * (computed here by hand for "a"); one flipped bit anywhere changes it;
+ * a file that ends with the word-wise FNV-1a of the rest (as an engine
+ * state does) does not hash to a constant. */
+static void test_file_hash(void **state)
+{
+    (void)state;
+    char p[256];
+    tmp_path(p, sizeof p, "hashme");
+    FILE *fp = fopen(p, "wb");
+    assert_non_null(fp);
+    fputs("a", fp);
+    fclose(fp);
+    uint64_t h = 0, n = 0;
+    assert_int_equal(checkpoint_file_hash(p, &h, &n), IGRAD_OK);
+    assert_int_equal(n, 1);
+    uint64_t want = 0xcbf29ce484222325ULL;
+    want = (want ^ 1u) * 0x100000001b3ULL;    /* size: 1 byte */
+    want = (want ^ 0x61u) * 0x100000001b3ULL; /* "a", zero-padded */
+    assert_true(h == want);
+
+    unsigned char buf[3000];
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(i * 7);
+    fp = fopen(p, "wb");
+    fwrite(buf, 1, sizeof buf, fp);
+    fclose(fp);
+    uint64_t base = 0;
+    assert_int_equal(checkpoint_file_hash(p, &base, &n), IGRAD_OK);
+    for (size_t i = 0; i < sizeof buf; i += 997) {
+        buf[i] ^= 0x10;
+        fp = fopen(p, "wb");
+        fwrite(buf, 1, sizeof buf, fp);
+        fclose(fp);
+        assert_int_equal(checkpoint_file_hash(p, &h, &n), IGRAD_OK);
+        assert_true(h != base);
+        buf[i] ^= 0x10;
+    }
+    /* Self-checksummed files of two different contents. */
+    uint64_t got[2];
+    for (int f = 0; f < 2; f++) {
+        uint64_t words[5] = {1, 2, 3, (uint64_t)f + 4, 0}, c = 0xcbf29ce484222325ULL;
+        for (int i = 0; i < 4; i++) c = (c ^ words[i]) * 0x100000001b3ULL;
+        words[4] = c;
+        fp = fopen(p, "wb");
+        fwrite(words, 8, 5, fp);
+        fclose(fp);
+        assert_int_equal(checkpoint_file_hash(p, &got[f], &n), IGRAD_OK);
+    }
+    assert_true(got[0] != got[1]);
+    tmp_path(p, sizeof p, "no-such-file");
+    assert_int_equal(checkpoint_file_hash(p, &h, &n), IGRAD_E_IO);
 }
 
 /* The general writer: other dtypes and a scalar, readable by libigrad's
@@ -462,6 +607,8 @@ int main(void)
         cmocka_unit_test(test_optim_round_trip),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_failed_save_leaves_nothing),
+        cmocka_unit_test(test_tidy),
+        cmocka_unit_test(test_file_hash),
         cmocka_unit_test(test_write_safetensors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -62,8 +62,15 @@ static void usage(FILE *fp)
 "  --save-every N (0 = at the end only)  --stop-at N (stop after N steps, checkpointed)\n"
 "  --out DIR                   metrics.csv, eval.csv, summary.json, checkpoint/\n"
 "  --resume                    continue exactly from DIR/checkpoint (same P, data,\n"
-"                              batch, seq-len, seed and method)\n"
-"  --progress auto|line|plain|quiet   --log-every N (plain lines; default steps/20)\n");
+"                              batch, seq-len, seed and method; every file is\n"
+"                              checked against the checksums in train_state.json)\n"
+"  --overwrite                 a fresh run into a DIR that holds a checkpoint replaces\n"
+"                              it (deleted at the start) and its metrics; without it,\n"
+"                              such a run is refused\n"
+"  --progress auto|line|plain|quiet   --log-every N (plain lines; default steps/20)\n"
+"\n"
+"Every rank must get the same options, except --threads, --progress, --log-every,\n"
+"--trace and --overwrite (a difference fails every rank, naming the option).\n");
 }
 
 /* Model architecture overrides on top of the preset. @return 1 consumed,
@@ -125,6 +132,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         int r;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
         if (!strcmp(a, "--resume")) { o->resume = 1; continue; }
+        if (!strcmp(a, "--overwrite")) { o->overwrite = 1; continue; }
         if (!strcmp(a, "--response-only")) { o->response_only = 1; continue; }
         if ((r = model_option(argc, argv, &i, &o->model)) != 0) {
             if (r < 0) return -1;

@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,13 +151,40 @@ static int remove_tree(const char *path)
     return rc;
 }
 
+/* This host's name as it goes into a file name: [A-Za-z0-9._-] only
+ * (anything else becomes '_'), at most 63 characters. */
+static void host_tag(char *buf, size_t cap)
+{
+    char host[256];
+    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "unknown");
+    host[sizeof host - 1] = '\0';
+    size_t n = 0;
+    for (const char *s = host; *s && n + 1 < cap && n < 63; s++, n++) {
+        char c = *s;
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '-' || c == '_';
+        buf[n] = ok ? c : '_';
+    }
+    buf[n] = '\0';
+}
+
+/* "<dir>.<kind>.<pid>@<host>": whose save it was, so that a later start
+ * can tell a dead process's leftovers from a live one's. */
+static char *aside_name(const char *dir, const char *kind)
+{
+    char host[64];
+    host_tag(host, sizeof host);
+    size_t n = strlen(dir) + strlen(kind) + strlen(host) + 32;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s.%s.%ld@%s", dir, kind, (long)getpid(), host);
+    return p;
+}
+
 igrad_status_t checkpoint_begin(const char *dir, char **tmp_dir)
 {
     *tmp_dir = NULL;
-    size_t n = strlen(dir) + 32;
-    char *tmp = malloc(n);
+    char *tmp = aside_name(dir, "tmp");
     if (!tmp) return trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", dir);
-    snprintf(tmp, n, "%s.tmp.%ld", dir, (long)getpid());
     if (remove_tree(tmp) != 0 || mkdir(tmp, 0755) != 0) {
         igrad_status_t st = trainer_fail(IGRAD_E_IO, "%s: cannot create directory: %s", tmp,
                                          strerror(errno));
@@ -178,19 +206,17 @@ igrad_status_t checkpoint_commit(char *tmp_dir, const char *dir)
 {
     igrad_status_t st = IGRAD_OK;
     char *old = NULL, *parent = parent_dir(dir);
-    size_t n = strlen(dir) + 32;
     struct stat sb;
     sync_dir(tmp_dir);
     if (stat(dir, &sb) == 0) {
         /* Move the previous checkpoint aside first: rename(2) cannot replace
          * a non-empty directory, and the old one must stay whole until the
          * new one has its name. */
-        old = malloc(n);
+        old = aside_name(dir, "old");
         if (!old) {
             st = trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", dir);
             goto cleanup;
         }
-        snprintf(old, n, "%s.old.%ld", dir, (long)getpid());
         remove_tree(old);
         if (rename(dir, old) != 0) {
             st = trainer_fail(IGRAD_E_IO, "%s: cannot move the previous checkpoint aside: %s",
@@ -212,6 +238,188 @@ cleanup:
     free(parent);
     free(tmp_dir);
     return st;
+}
+
+igrad_status_t checkpoint_remove(const char *dir)
+{
+    if (remove_tree(dir) != 0)
+        return trainer_fail(IGRAD_E_IO, "%s: cannot remove: %s", dir, strerror(errno));
+    return IGRAD_OK;
+}
+
+/* Parses "<base>.<kind>.<pid>[@<host>]" (the host part is absent in names
+ * written before it was added: those were made on this host's file system
+ * by an older igrad, and are taken as local). @return 1 and the pid and
+ * whether it was made here, 0 if the name is not of that shape. */
+static int parse_aside(const char *name, const char *base, const char *kind, long *pid,
+                       int *local)
+{
+    size_t nb = strlen(base), nk = strlen(kind);
+    if (strncmp(name, base, nb) != 0 || name[nb] != '.' || strncmp(name + nb + 1, kind, nk) != 0 ||
+        name[nb + 1 + nk] != '.')
+        return 0;
+    const char *p = name + nb + nk + 2;
+    if (*p < '0' || *p > '9') return 0;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (errno || v <= 0) return 0;
+    if (*end == '\0') {
+        *local = 1;
+    } else if (*end == '@') {
+        char host[64];
+        host_tag(host, sizeof host);
+        *local = strcmp(end + 1, host) == 0;
+    } else {
+        return 0;
+    }
+    *pid = v;
+    return 1;
+}
+
+/* Is process `pid` of this host alive? EPERM: it exists, owned by another
+ * user. */
+static int pid_alive(long pid)
+{
+    if (pid == (long)getpid()) return 1;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+igrad_status_t checkpoint_tidy(const char *dir, const char *marker, int *recovered)
+{
+    if (recovered) *recovered = 0;
+    char *parent = parent_dir(dir);
+    const char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : dir;
+    if (!parent) return trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", dir);
+    DIR *d = opendir(parent);
+    if (!d) {
+        free(parent);
+        return IGRAD_OK; /* no output directory yet: nothing to tidy */
+    }
+    struct stat sb;
+    int have_dir = stat(dir, &sb) == 0;
+    char *best = NULL; /* the newest complete moved-aside checkpoint of a dead save */
+    double best_mtime = -1.0;
+    igrad_status_t st = IGRAD_OK;
+    struct dirent *e;
+    /* Pass 1: with no checkpoint, pick the one to put back. */
+    while (!have_dir && (e = readdir(d)) != NULL) {
+        long pid = 0;
+        int local = 0;
+        if (!parse_aside(e->d_name, base, "old", &pid, &local) || !local || pid_alive(pid))
+            continue;
+        char *cand = path_join(parent, e->d_name);
+        char *mark = cand ? path_join(cand, marker) : NULL;
+        if (mark && stat(mark, &sb) == 0) {
+            double mt = (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec;
+            if (mt > best_mtime) {
+                free(best);
+                best = cand;
+                cand = NULL;
+                best_mtime = mt;
+            }
+        }
+        free(mark);
+        free(cand);
+    }
+    if (best) {
+        if (rename(best, dir) != 0) {
+            st = trainer_fail(IGRAD_E_IO, "%s: cannot restore the previous checkpoint from %s: %s",
+                              dir, best, strerror(errno));
+            goto cleanup;
+        }
+        sync_dir(parent);
+        fprintf(stderr, "igrad: train: %s was missing (a save was interrupted between its two "
+                        "renames): restored it from %s\n", dir, best);
+        if (recovered) *recovered = 1;
+    }
+    /* Pass 2: remove what dead saves left behind. */
+    rewinddir(d);
+    while ((e = readdir(d)) != NULL) {
+        long pid = 0;
+        int local = 0;
+        if (!parse_aside(e->d_name, base, "tmp", &pid, &local) &&
+            !parse_aside(e->d_name, base, "old", &pid, &local))
+            continue;
+        char *path = path_join(parent, e->d_name);
+        if (!path) {
+            st = trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", dir);
+            goto cleanup;
+        }
+        if (!local) {
+            fprintf(stderr, "igrad: train: note: left %s alone (made by process %ld on another "
+                            "host; remove it if no run writes there)\n", path, pid);
+        } else if (pid_alive(pid)) {
+            fprintf(stderr, "igrad: train: note: left %s alone (process %ld, which made it, is "
+                            "still running)\n", path, pid);
+        } else if (remove_tree(path) != 0) {
+            fprintf(stderr, "igrad: train: warning: cannot remove %s: %s\n", path,
+                    strerror(errno));
+        } else {
+            fprintf(stderr, "igrad: train: removed %s, left by an interrupted save (process "
+                            "%ld, no longer running)\n", path, pid);
+        }
+        free(path);
+    }
+cleanup:
+    closedir(d);
+    free(best);
+    free(parent);
+    return st;
+}
+
+igrad_status_t checkpoint_file_hash(const char *path, uint64_t *hash, uint64_t *nbytes)
+{
+    if (!host_is_little_endian())
+        return trainer_fail(IGRAD_E_UNSUPPORTED, "%s: checksums need a little-endian host", path);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return trainer_fail(IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = malloc(CHUNK);
+    if (!buf) {
+        fclose(fp);
+        return trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", path);
+    }
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0) {
+        fclose(fp);
+        free(buf);
+        return trainer_fail(IGRAD_E_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    /* The size goes in first. Without it, a file that ends with its own
+     * word-wise FNV-1a (an engine state does) would always hash to 0. */
+    uint64_t h = CHECKPOINT_HASH_SEED, total = 0, size = (uint64_t)sb.st_size;
+    h ^= size;
+    h *= 0x100000001b3ULL;
+    size_t got;
+    /* fread fills the whole chunk except at the end of the file, so only
+     * the file's last word is ever partial (zero-padded). */
+    while ((got = fread(buf, 1, CHUNK, fp)) > 0) {
+        size_t full = got / 8 * 8;
+        for (size_t i = 0; i < full; i += 8) {
+            uint64_t w;
+            memcpy(&w, buf + i, 8); /* little-endian host (checked above) */
+            h ^= w;
+            h *= 0x100000001b3ULL;
+        }
+        if (full < got) {
+            uint64_t w = 0;
+            for (size_t j = 0; full + j < got; j++) w |= (uint64_t)buf[full + j] << (8 * j);
+            h ^= w;
+            h *= 0x100000001b3ULL;
+        }
+        total += got;
+    }
+    int err = ferror(fp);
+    fclose(fp);
+    free(buf);
+    if (err) return trainer_fail(IGRAD_E_IO, "%s: read error", path);
+    if (total != size)
+        return trainer_fail(IGRAD_E_IO, "%s: changed size while being read", path);
+    *hash = h;
+    if (nbytes) *nbytes = total;
+    return IGRAD_OK;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -6,9 +6,13 @@
  * (used for `igrad model eval --dump`).
  *
  * Crash safety: every file is written under a temporary name, fsync'd and
- * renamed; a whole checkpoint directory is assembled as "<dir>.tmp.<pid>"
- * and renamed to <dir> only when complete (checkpoint_begin / _commit), so
- * nothing half-written ever carries the final name. The training command
+ * renamed; a whole checkpoint directory is assembled as
+ * "<dir>.tmp.<pid>@<host>" and renamed to <dir> only when complete
+ * (checkpoint_begin / _commit), so nothing half-written ever carries the
+ * final name. What a killed save leaves (those folders and the previous
+ * checkpoint moved aside as "<dir>.old.<pid>@<host>") is cleaned, and a
+ * checkpoint caught between the two renames restored, by checkpoint_tidy
+ * at the next start. The training command
  * adds its own per-rank files to the temporary directory between begin and
  * commit.
  *
@@ -79,13 +83,37 @@ igrad_status_t checkpoint_load_params(const char *path, model_t *m);
 igrad_status_t checkpoint_save_optim(const optim_t *opt, const model_t *m, const char *path);
 igrad_status_t checkpoint_load_optim(const char *path, const model_t *m, optim_t *opt);
 
-/* Directory assembly. begin creates an empty "<dir>.tmp.<pid>" (removing a
+/* Directory assembly. begin creates an empty "<dir>.tmp.<pid>@<host>" (removing a
  * stale one) and returns its path (free() it); commit renames it to dir,
  * replacing a previous checkpoint there only after the new one is
  * complete; abort removes it. commit and abort free tmp_dir. */
 igrad_status_t checkpoint_begin(const char *dir, char **tmp_dir);
 igrad_status_t checkpoint_commit(char *tmp_dir, const char *dir);
 void checkpoint_abort(char *tmp_dir);
+
+/* At a start, before anything reads <dir>: if <dir> is missing and a dead
+ * save of this host left "<dir>.old.<pid>@<host>" holding `marker` (a
+ * crash between commit's two renames), renames the newest such one back
+ * to <dir> (*recovered = 1); then removes every "<dir>.tmp.*" and
+ * "<dir>.old.*" whose process is gone. A folder whose pid is alive, or
+ * that was made on another host (whose pids this host cannot see), is
+ * left alone with a note on stderr; so is each removal. @return
+ * IGRAD_E_IO only if the restoring rename fails. */
+igrad_status_t checkpoint_tidy(const char *dir, const char *marker, int *recovered);
+
+/* Removes a directory tree (a no-op if absent). */
+igrad_status_t checkpoint_remove(const char *dir);
+
+/* The checkpoint checksum and a file's size: FNV-1a 64 (offset basis
+ * CHECKPOINT_HASH_SEED, prime 0x100000001b3; h ^= w; h *= prime) over the
+ * file's size in bytes, then its little-endian 64-bit words, the last one
+ * zero-padded; word-wise is ~8x faster than byte-wise. The size comes
+ * first because an engine state file ends with the word-wise FNV-1a of
+ * the rest: hashed without it, every such file would come out 0. Any
+ * change within one word always changes the hash (each step is a
+ * bijection of the state). */
+#define CHECKPOINT_HASH_SEED 0xcbf29ce484222325ULL
+igrad_status_t checkpoint_file_hash(const char *path, uint64_t *hash, uint64_t *nbytes);
 
 /* begin + model files + optimizer file (if opt is not NULL) + commit; on
  * failure nothing is left under `dir` that was not there before. */

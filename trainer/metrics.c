@@ -136,6 +136,15 @@ static int parse_num(const char *s, double *v)
     return end != s && *end == '\0';
 }
 
+/* An integer in [lo, hi], checked before the conversion (a double out of
+ * the target type's range is undefined behaviour). */
+static int integral_in(double v, double lo, double hi)
+{
+    return v >= lo && v <= hi && floor(v) == v;
+}
+
+#define STEP_MAX 9007199254740992.0 /* 2^53 */
+
 static int parse_row(char *line, metrics_row_t *r)
 {
     char *f[17];
@@ -143,6 +152,9 @@ static int parse_row(char *line, metrics_row_t *r)
     double v[17];
     for (int i = 0; i < 17; i++)
         if (i != 1 && !parse_num(f[i], &v[i])) return 0;
+    if (!integral_in(v[0], 0, STEP_MAX) || !integral_in(v[13], 0, 2147483647.0) ||
+        !integral_in(v[16], 0, 2147483647.0))
+        return 0;
     memset(r, 0, sizeof *r);
     r->step = (int64_t)v[0];
     r->loss = v[2];
@@ -170,6 +182,7 @@ static int parse_eval(char *line, metrics_eval_t *e)
     if (split_fields(line, f, 4) != 4) return 0;
     for (int i = 0; i < 4; i++)
         if (!parse_num(f[i], &v[i])) return 0;
+    if (!integral_in(v[0], 0, STEP_MAX)) return 0;
     e->step = (int64_t)v[0];
     e->val_loss = v[1];
     e->val_ppl = v[2];
@@ -257,7 +270,9 @@ static igrad_status_t reopen_file(metrics_t *mt, const char *path, int eval, int
             }
             free(copy);
             if (!ok) {
-                st = trainer_fail(IGRAD_E_FORMAT, "%s:%zu: malformed row", path, lineno);
+                st = trainer_fail(IGRAD_E_FORMAT, "%s:%zu: malformed row (wrong field count, "
+                                  "a non-number, or step, buckets or overflow not an integer "
+                                  "in range)", path, lineno);
                 goto cleanup;
             }
             if (st != IGRAD_OK) goto cleanup;

@@ -1,9 +1,10 @@
 /*
- * train.c — the reference trainer's training loop (see train.h): setup
- * agreed across ranks, the step (micro-batched forward/backward, engine
- * sync, clipping, AdamW), evaluation with the cross-rank parameter check,
- * multi-rank checkpoints that are complete or absent, resume, metrics,
- * progress and the run summary.
+ * train.c — the reference trainer's training loop (see train.h): the
+ * run-defining options compared across ranks, setup agreed across ranks,
+ * the step (micro-batched forward/backward, engine sync, clipping, AdamW),
+ * evaluation with the cross-rank parameter check, multi-rank checkpoints
+ * that are complete or absent and carry every file's checksum, resume
+ * verified against them, metrics, progress and the run summary.
  *
  * Collectives go through igrad_comm_t only (the engine's communicator), so
  * this file needs no mpi.h and runs the same on one process ("self").
@@ -17,7 +18,6 @@
 
 #include <cblas.h>
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -174,6 +174,187 @@ static igrad_status_t agree(igrad_comm_t *comm, igrad_status_t st)
 }
 
 /* ------------------------------------------------------------------------ */
+/* agreement of the run-defining options                                    */
+/* ------------------------------------------------------------------------ */
+
+#define OPT_MAX 64
+#define OPT_VALUE_NBYTES 120 /* shown value, truncated with "..." */
+
+/* One option as compared across ranks: a hash of its full value and the
+ * value as shown in the message. */
+typedef struct opt_slot {
+    uint64_t hash;
+    char name[24];
+    char value[OPT_VALUE_NBYTES];
+} opt_slot_t;
+
+typedef struct opt_list {
+    int n;
+    opt_slot_t slot[OPT_MAX];
+} opt_list_t;
+
+static uint64_t fnv_bytes(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static void opt_add(opt_list_t *l, const char *name, const char *value)
+{
+    if (l->n >= OPT_MAX) abort(); /* a programming error: raise OPT_MAX */
+    opt_slot_t *s = &l->slot[l->n++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    size_t len = strlen(value);
+    s->hash = fnv_bytes(fnv_bytes(0xcbf29ce484222325ULL, name, strlen(name) + 1), value, len);
+    if (len < sizeof s->value) memcpy(s->value, value, len + 1);
+    else snprintf(s->value, sizeof s->value, "%.*s...", (int)sizeof s->value - 4, value);
+}
+
+static void opt_add_i64(opt_list_t *l, const char *name, int64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%lld", (long long)v);
+    opt_add(l, name, b);
+}
+
+static void opt_add_f64(opt_list_t *l, const char *name, double v)
+{
+    char b[40];
+    snprintf(b, sizeof b, "%.17g", v);
+    opt_add(l, name, b);
+}
+
+static void opt_add_str(opt_list_t *l, const char *name, const char *v)
+{
+    opt_add(l, name, v ? v : "(not given)");
+}
+
+/* Every option that changes the run or its sequence of collectives, as
+ * the command line names it. Not here, because they are legitimately
+ * per rank: --threads, --progress, --log-every (each rank's own), --trace
+ * and --overwrite (only rank 0 acts on them). */
+static void run_defining_options(const train_options_t *o, opt_list_t *l)
+{
+    const model_config_t *mc = &o->model;
+    l->n = 0;
+    opt_add_str(l, "--init", o->init_dir ? "(given: compared by its parameters)" : NULL);
+    opt_add_i64(l, "--layers", mc->n_layer);
+    opt_add_i64(l, "--dim", mc->dim);
+    opt_add_i64(l, "--heads", mc->n_head);
+    opt_add_i64(l, "--kv-heads", mc->n_kv_head);
+    opt_add_i64(l, "--ffn", mc->ffn_dim);
+    opt_add_i64(l, "--size (vocab)", mc->vocab_size);
+    opt_add_i64(l, "--size (max len)", mc->max_seq_len);
+    opt_add_i64(l, "--tie", mc->tie_embeddings);
+    opt_add_f64(l, "--rope-theta", mc->rope_theta);
+    opt_add_f64(l, "--rms-eps", mc->rms_norm_eps);
+    opt_add_f64(l, "--init-std", (double)o->init_std);
+    opt_add_str(l, "--data", o->data);
+    opt_add_i64(l, "--response-only", o->response_only);
+    opt_add_f64(l, "--val-fraction", o->val_fraction);
+    opt_add_i64(l, "--seq-len", o->seq_len);
+    opt_add_i64(l, "--batch", o->batch);
+    opt_add_i64(l, "--micro-batch", o->micro_batch);
+    opt_add_i64(l, "--steps", o->steps);
+    opt_add_i64(l, "--stop-at", o->stop_at);
+    opt_add_f64(l, "--lr", o->optim.lr);
+    opt_add_f64(l, "--min-lr", o->optim.min_lr);
+    opt_add_i64(l, "--warmup", o->optim.warmup_steps);
+    opt_add_f64(l, "--weight-decay", o->optim.weight_decay);
+    opt_add_f64(l, "--clip", o->optim.grad_clip);
+    opt_add_f64(l, "beta1", o->optim.beta1);
+    opt_add_f64(l, "beta2", o->optim.beta2);
+    opt_add_f64(l, "eps", o->optim.eps);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, o->seed);
+    opt_add(l, "--seed", seed);
+    opt_add_str(l, "--method", o->method);
+    opt_add_str(l, "--sparsifier", o->sparsifier);
+    opt_add_f64(l, "--density", o->density);
+    opt_add_i64(l, "--release-period", o->release_period);
+    opt_add_f64(l, "--release-keep", o->release_keep);
+    opt_add_str(l, "--schedule", o->schedule);
+    opt_add_str(l, "--residual", o->residual);
+    opt_add_str(l, "--pack", o->pack);
+    opt_add_i64(l, "--buckets", o->buckets);
+    opt_add_i64(l, "--verify-every", o->verify_every);
+    if (!o->profile) {
+        opt_add_str(l, "--profile", NULL);
+    } else {
+        /* By content: the path may differ from host to host. */
+        uint64_t h = 0, nbytes = 0;
+        char b[64];
+        if (checkpoint_file_hash(o->profile, &h, &nbytes) == IGRAD_OK)
+            snprintf(b, sizeof b, "a file of %" PRIu64 " bytes, hash %016" PRIx64, nbytes, h);
+        else
+            snprintf(b, sizeof b, "an unreadable file");
+        opt_add(l, "--profile", b);
+    }
+    opt_add_i64(l, "--eval-every", o->eval_every);
+    opt_add_i64(l, "--eval-batches", o->eval_batches);
+    opt_add_i64(l, "--save-every", o->save_every);
+    opt_add_str(l, "--out", o->out);
+    opt_add_i64(l, "--resume", o->resume);
+}
+
+/* Collective: one all-gather of a 64-bit hash of the options; only when
+ * they differ, a second one of the options themselves, to name the first
+ * that differs with both values. Every rank takes the same path (the
+ * hashes are the same on every rank), so none is left waiting. */
+static igrad_status_t agree_options(igrad_comm_t *comm, const train_options_t *o)
+{
+    int P = igrad_comm_size(comm);
+    opt_list_t *mine = calloc(1, sizeof *mine);
+    uint64_t *hashes = calloc((size_t)P, sizeof *hashes);
+    igrad_status_t st = mine && hashes ? IGRAD_OK : trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    opt_list_t *all = NULL;
+    if (st == IGRAD_OK) run_defining_options(o, mine);
+    /* An allocation failure must not skip the collectives: agree first. */
+    if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int i = 0; i < mine->n; i++) h = fnv_bytes(h, &mine->slot[i].hash, sizeof(uint64_t));
+    if ((st = igrad_comm_allgather(comm, &h, sizeof h, hashes)) != IGRAD_OK) {
+        st = lib_fail(st, "comparing options across ranks");
+        goto cleanup;
+    }
+    int same = 1;
+    for (int q = 1; q < P; q++) same &= hashes[q] == hashes[0];
+    if (same) goto cleanup;
+
+    all = calloc((size_t)P, sizeof *all);
+    st = all ? IGRAD_OK : trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+    if ((st = igrad_comm_allgather(comm, mine, sizeof *mine, all)) != IGRAD_OK) {
+        st = lib_fail(st, "comparing options across ranks");
+        goto cleanup;
+    }
+    st = trainer_fail(IGRAD_E_MISMATCH, "the ranks were started with different options "
+                      "(hash %016" PRIx64 " on rank 0)", hashes[0]);
+    for (int i = 0; i < all[0].n && i < OPT_MAX; i++) {
+        for (int q = 1; q < P; q++) {
+            if (all[q].n != all[0].n || all[q].slot[i].hash == all[0].slot[i].hash) continue;
+            all[0].slot[i].value[OPT_VALUE_NBYTES - 1] = '\0';
+            all[q].slot[i].value[OPT_VALUE_NBYTES - 1] = '\0';
+            st = trainer_fail(IGRAD_E_MISMATCH,
+                              "%s differs: rank 0 has %s, rank %d has %s (options that define "
+                              "the run must be the same on every rank)", all[0].slot[i].name,
+                              all[0].slot[i].value, q, all[q].slot[i].value);
+            goto cleanup;
+        }
+    }
+cleanup:
+    free(all);
+    free(hashes);
+    free(mine);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
 /* defaults                                                                 */
 /* ------------------------------------------------------------------------ */
 
@@ -228,6 +409,14 @@ typedef struct run {
     int *vin, *vtg;           /* (M*T) validation rows */
     char *ckpt_dir;           /* out/checkpoint */
     int64_t start_step;
+    /* The checkpoint resumed from, as its train_state.json records it. */
+    int state_version;        /* 1: written before files had checksums */
+    uint64_t state_param_hash;
+    int nfiles;
+    struct ckpt_file {
+        char name[64];
+        uint64_t hash, nbytes;
+    } *files;                 /* (nfiles) */
     double f_imp;
     double t_start_ms;
     double last_val[3];       /* loss, ppl, acc of the last evaluation */
@@ -299,40 +488,166 @@ static double compute_f_imp(const igrad_layout_t *layout, const igrad_profile_t 
 /* resume state (train_state.json)                                          */
 /* ------------------------------------------------------------------------ */
 
-static igrad_status_t write_state(const run_t *r, const char *dir, int64_t next_step)
+#define STATE_VERSION 2
+#define EXACT_DOUBLE_MAX 9007199254740992.0 /* 2^53: integers a JSON number holds exactly */
+
+static void engine_file_name(char *buf, size_t cap, int rank)
+{
+    snprintf(buf, cap, "engine.rank%d.bin", rank);
+}
+
+static cJSON *file_entry(uint64_t hash, uint64_t nbytes)
+{
+    cJSON *e = cJSON_CreateObject();
+    char hex[24];
+    snprintf(hex, sizeof hex, "%016" PRIx64, hash);
+    if (e && (!cJSON_AddNumberToObject(e, "nbytes", (double)nbytes) ||
+              !cJSON_AddStringToObject(e, "fnv1a64", hex))) {
+        cJSON_Delete(e);
+        e = NULL;
+    }
+    return e;
+}
+
+/* The last file of a save: what the others are (`engine` holds every
+ * rank's engine file hash and size, gathered by the caller; the others are
+ * hashed here, as written). */
+static igrad_status_t write_state(const run_t *r, const char *dir, int64_t next_step,
+                                  const uint64_t *engine)
 {
     const train_options_t *o = r->o;
     char *path = path_join(dir, TRAIN_STATE_FILE);
     cJSON *root = cJSON_CreateObject();
+    cJSON *files = root ? cJSON_AddObjectToObject(root, "files") : NULL;
     igrad_status_t st = IGRAD_OK;
-    if (!path || !root) {
+    if (!path || !root || !files) {
         st = trainer_fail(IGRAD_E_NOMEM, "checkpoint: out of memory");
         goto cleanup;
+    }
+    static const char *const own[] = {CHECKPOINT_CONFIG_FILE, CHECKPOINT_MODEL_FILE,
+                                      CHECKPOINT_OPTIM_FILE};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+        char *p = path_join(dir, own[i]);
+        uint64_t h = 0, nbytes = 0;
+        st = p ? checkpoint_file_hash(p, &h, &nbytes) : trainer_fail(IGRAD_E_NOMEM, "out of memory");
+        free(p);
+        if (st != IGRAD_OK) goto cleanup;
+        cJSON *e = file_entry(h, nbytes);
+        if (!e) goto nomem;
+        cJSON_AddItemToObject(files, own[i], e);
+    }
+    for (int q = 0; q < r->P; q++) {
+        char name[64];
+        engine_file_name(name, sizeof name, q);
+        cJSON *e = file_entry(engine[2 * q], engine[2 * q + 1]);
+        if (!e) goto nomem;
+        cJSON_AddItemToObject(files, name, e);
     }
     char hash[24];
     snprintf(hash, sizeof hash, "%016" PRIx64,
              train_hash_floats(r->model->params, r->model->num_params));
     cJSON_AddStringToObject(root, "format", "igrad-train-state");
-    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddNumberToObject(root, "version", STATE_VERSION);
     cJSON_AddNumberToObject(root, "step", (double)next_step);
     cJSON_AddNumberToObject(root, "sequences_consumed", (double)next_step * r->G);
     cJSON_AddNumberToObject(root, "ranks", r->P);
     cJSON_AddStringToObject(root, "data", o->data);
     cJSON_AddNumberToObject(root, "batch", r->G);
     cJSON_AddNumberToObject(root, "seq_len", r->T);
-    cJSON_AddNumberToObject(root, "seed", (double)o->seed);
+    if ((double)o->seed <= EXACT_DOUBLE_MAX) {
+        cJSON_AddNumberToObject(root, "seed", (double)o->seed);
+    } else { /* a double would round it */
+        char seed[32];
+        snprintf(seed, sizeof seed, "%" PRIu64, o->seed);
+        cJSON_AddStringToObject(root, "seed", seed);
+    }
     cJSON_AddStringToObject(root, "method", igrad_method_name(r->scfg.method));
     cJSON_AddNumberToObject(root, "steps", (double)o->steps);
     cJSON_AddStringToObject(root, "param_hash", hash);
+    cJSON_AddNumberToObject(root, "optimizer_step", (double)r->opt->step);
+    cJSON_AddNumberToObject(root, "engine_step", (double)igrad_engine_step(r->engine));
+    /* "files" goes last, for readers of the file. */
+    cJSON_DetachItemViaPointer(root, files);
+    cJSON_AddItemToObject(root, "files", files);
     st = metrics_write_json(path, root);
+    goto cleanup;
+nomem:
+    st = trainer_fail(IGRAD_E_NOMEM, "checkpoint: out of memory");
 cleanup:
     cJSON_Delete(root);
     free(path);
     return st;
 }
 
+/* A number field that must be an integer in [lo, hi] (checked before any
+ * conversion: a double outside the target type is undefined behaviour). */
+static igrad_status_t state_int(const cJSON *root, const char *path, const char *key, double lo,
+                                double hi, int64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!cJSON_IsNumber(v))
+        return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"%s\" is missing or not a number",
+                            path, key);
+    double d = v->valuedouble;
+    if (!(d >= lo && d <= hi) || floor(d) != d)
+        return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"%s\" is %.17g, not an integer in "
+                            "[%.0f, %.0f]", path, key, d, lo, hi);
+    *out = (int64_t)d;
+    return IGRAD_OK;
+}
+
+/* Exactly 16 hex digits. */
+static int parse_hex64(const char *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    int n = 0;
+    for (; s[n]; n++) {
+        char c = s[n];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0 || n >= 16) return 0;
+        v = v << 4 | (uint64_t)d;
+    }
+    if (n != 16) return 0;
+    *out = v;
+    return 1;
+}
+
+static igrad_status_t read_files(run_t *r, const cJSON *files, const char *path)
+{
+    if (!cJSON_IsObject(files))
+        return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"files\" is missing or not an "
+                            "object", path);
+    int n = cJSON_GetArraySize(files);
+    r->files = calloc((size_t)(n > 0 ? n : 1), sizeof *r->files);
+    if (!r->files) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, files)
+    {
+        struct ckpt_file *f = &r->files[r->nfiles];
+        const cJSON *hx = cJSON_GetObjectItemCaseSensitive(e, "fnv1a64");
+        int64_t nbytes = 0;
+        if (strlen(e->string) >= sizeof f->name || !cJSON_IsObject(e) || !cJSON_IsString(hx) ||
+            !parse_hex64(hx->valuestring, &f->hash))
+            return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: files.\"%.64s\" needs \"nbytes\" "
+                                "and \"fnv1a64\" (16 hex digits)", path, e->string);
+        char key[96];
+        snprintf(key, sizeof key, "files.%s.nbytes", e->string);
+        const cJSON *nb = cJSON_GetObjectItemCaseSensitive(e, "nbytes");
+        if (!cJSON_IsNumber(nb) || !(nb->valuedouble >= 0 && nb->valuedouble <= EXACT_DOUBLE_MAX) ||
+            floor(nb->valuedouble) != nb->valuedouble)
+            return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"%s\" is not an integer in [0, "
+                                "2^53]", path, key);
+        nbytes = (int64_t)nb->valuedouble;
+        snprintf(f->name, sizeof f->name, "%s", e->string);
+        f->nbytes = (uint64_t)nbytes;
+        r->nfiles++;
+    }
+    return IGRAD_OK;
+}
+
 /* Reads the checkpoint's state and checks that this run continues it. */
-static igrad_status_t read_state(const run_t *r, const char *dir, int64_t *next_step)
+static igrad_status_t read_state(run_t *r, const char *dir, int64_t *next_step)
 {
     const train_options_t *o = r->o;
     char *path = path_join(dir, TRAIN_STATE_FILE);
@@ -345,53 +660,125 @@ static igrad_status_t read_state(const run_t *r, const char *dir, int64_t *next_
         st = trainer_fail(IGRAD_E_IO, "--resume: %s: %s", path, strerror(errno));
         goto cleanup;
     }
-    text = calloc(1, 1 << 16);
-    size_t n = text ? fread(text, 1, (1 << 16) - 1, fp) : 0;
+    /* About 100 bytes per rank's engine file entry: 16 MiB is 160k ranks. */
+    enum { STATE_MAX_NBYTES = 16 << 20 };
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0 || sb.st_size > STATE_MAX_NBYTES) {
+        fclose(fp);
+        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: larger than 16 MiB (or unreadable)",
+                          path);
+        goto cleanup;
+    }
+    text = calloc(1, (size_t)sb.st_size + 1);
+    size_t n = text ? fread(text, 1, (size_t)sb.st_size, fp) : 0;
     fclose(fp);
-    if (!text || !(root = cJSON_ParseWithLength(text, n))) {
-        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: not valid JSON", path);
+    if (!text) {
+        st = trainer_fail(IGRAD_E_NOMEM, "--resume: %s: out of memory", path);
+        goto cleanup;
+    }
+    if (!(root = cJSON_ParseWithLength(text, n)) || !cJSON_IsObject(root)) {
+        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: not a valid JSON object", path);
         goto cleanup;
     }
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
-    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(root, "ranks");
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
-    const cJSON *batch = cJSON_GetObjectItemCaseSensitive(root, "batch");
-    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(root, "seq_len");
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(root, "method");
-    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "igrad-train-state") != 0 ||
-        !cJSON_IsNumber(step) || !cJSON_IsNumber(ranks) || !cJSON_IsString(data) ||
-        !cJSON_IsNumber(batch) || !cJSON_IsNumber(seq) || !cJSON_IsNumber(seed) ||
-        !cJSON_IsString(method) || step->valuedouble < 0) {
-        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: missing or malformed fields", path);
+    const cJSON *phash = cJSON_GetObjectItemCaseSensitive(root, "param_hash");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "igrad-train-state") != 0) {
+        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"format\" is not "
+                          "\"igrad-train-state\"", path);
         goto cleanup;
     }
+    int64_t version = 0, step = 0, ranks = 0, batch = 0, seq = 0;
+    if ((st = state_int(root, path, "version", 1, STATE_VERSION, &version)) != IGRAD_OK ||
+        (st = state_int(root, path, "step", 0, EXACT_DOUBLE_MAX, &step)) != IGRAD_OK ||
+        (st = state_int(root, path, "ranks", 1, 2147483647.0, &ranks)) != IGRAD_OK ||
+        (st = state_int(root, path, "batch", 1, 2147483647.0, &batch)) != IGRAD_OK ||
+        (st = state_int(root, path, "seq_len", 1, 2147483647.0, &seq)) != IGRAD_OK)
+        goto cleanup;
+    uint64_t seed_v = 0;
+    if (cJSON_IsNumber(seed) && seed->valuedouble >= 0 && seed->valuedouble <= EXACT_DOUBLE_MAX &&
+        floor(seed->valuedouble) == seed->valuedouble) {
+        seed_v = (uint64_t)seed->valuedouble;
+    } else {
+        char *end = NULL;
+        errno = 0;
+        if (cJSON_IsString(seed) && seed->valuestring[0] >= '0' && seed->valuestring[0] <= '9')
+            seed_v = strtoull(seed->valuestring, &end, 10);
+        if (!end || *end || errno) {
+            st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"seed\" is not an integer in "
+                              "[0, 2^53] or a decimal string", path);
+            goto cleanup;
+        }
+    }
+    if (!cJSON_IsString(data) || !cJSON_IsString(method) || !cJSON_IsString(phash) ||
+        !parse_hex64(phash->valuestring, &r->state_param_hash)) {
+        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"data\", \"method\" or \"param_hash\" "
+                          "(16 hex digits) is missing or malformed", path);
+        goto cleanup;
+    }
+    r->state_version = (int)version;
+    if (version < 2 && r->rank == 0)
+        fprintf(stderr, "igrad: train: warning: %s was written by an older igrad (version 1): "
+                "its files have no checksums; only the parameter hash and the steps are "
+                "checked\n", path);
+    if (version >= 2 &&
+        (st = read_files(r, cJSON_GetObjectItemCaseSensitive(root, "files"), path)) != IGRAD_OK)
+        goto cleanup;
     /* What decides the data stream, the residuals and the update must be
      * the same, or "continue exactly" would be a lie. */
-    if ((int)ranks->valuedouble != r->P)
+    if (ranks != r->P)
         st = trainer_fail(IGRAD_E_MISMATCH,
-                          "--resume: the checkpoint has engine state for %d ranks, this run "
-                          "has %d", (int)ranks->valuedouble, r->P);
+                          "--resume: the checkpoint has engine state for %lld ranks, this run "
+                          "has %d", (long long)ranks, r->P);
     else if (strcmp(data->valuestring, o->data) != 0)
         st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint was trained on --data "
                           "%s, this run has %s", data->valuestring, o->data);
-    else if ((int)batch->valuedouble != r->G || (int)seq->valuedouble != r->T)
-        st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint has --batch %d "
-                          "--seq-len %d, this run has %d and %d", (int)batch->valuedouble,
-                          (int)seq->valuedouble, r->G, r->T);
-    else if ((uint64_t)seed->valuedouble != o->seed)
-        st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint has --seed %.0f, this "
-                          "run has %" PRIu64, seed->valuedouble, o->seed);
+    else if (batch != r->G || seq != r->T)
+        st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint has --batch %lld "
+                          "--seq-len %lld, this run has %d and %d", (long long)batch,
+                          (long long)seq, r->G, r->T);
+    else if (seed_v != o->seed)
+        st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint has --seed %" PRIu64
+                          ", this run has %" PRIu64, seed_v, o->seed);
     else if (strcmp(method->valuestring, igrad_method_name(r->scfg.method)) != 0)
         st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint used --method %s, this "
                           "run has %s", method->valuestring, igrad_method_name(r->scfg.method));
     else
-        *next_step = (int64_t)step->valuedouble;
+        *next_step = step;
 cleanup:
     cJSON_Delete(root);
     free(text);
     free(path);
+    return st;
+}
+
+/* Resume: the file `name` of the checkpoint against the size and checksum
+ * train_state.json records for it (a version 1 state has none). */
+static igrad_status_t verify_file(const run_t *r, const char *name)
+{
+    if (r->state_version < 2) return IGRAD_OK;
+    const struct ckpt_file *f = NULL;
+    for (int i = 0; i < r->nfiles && !f; i++)
+        if (!strcmp(r->files[i].name, name)) f = &r->files[i];
+    if (!f)
+        return trainer_fail(IGRAD_E_FORMAT, "--resume: %s/%s records no checksum for %s",
+                            r->ckpt_dir, TRAIN_STATE_FILE, name);
+    char *p = path_join(r->ckpt_dir, name);
+    if (!p) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    uint64_t h = 0, nbytes = 0;
+    igrad_status_t st = checkpoint_file_hash(p, &h, &nbytes);
+    if (st != IGRAD_OK) {
+        st = prefix_fail(st, "--resume");
+    } else if (h != f->hash || nbytes != f->nbytes) {
+        st = trainer_fail(IGRAD_E_MISMATCH,
+                          "--resume: %s is not the file this checkpoint was saved with: %" PRIu64
+                          " bytes, checksum %016" PRIx64 "; %s records %" PRIu64 " bytes, %016"
+                          PRIx64 " (changed, corrupt, or copied from another save or run)",
+                          p, nbytes, h, TRAIN_STATE_FILE, f->nbytes, f->hash);
+    }
+    free(p);
     return st;
 }
 
@@ -494,24 +881,20 @@ static igrad_status_t trace_save(run_t *r)
 /* setup                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* A save killed between its two renames (checkpoint_commit) leaves the
- * previous checkpoint as "checkpoint.old.<pid>" and no "checkpoint": find
- * it, so --resume can say where it is instead of only "not found". */
-static int find_moved_aside(const char *out, char *buf, size_t cap)
+/* Rank 0, before anything reads the output directory: restore a checkpoint
+ * caught between a save's two renames, remove what dead saves left, and
+ * refuse a fresh run into an --out that holds a checkpoint (it would be
+ * replaced, and metrics.csv with it) unless --overwrite. */
+static igrad_status_t prepare_out(run_t *r)
 {
-    DIR *d = opendir(out);
-    if (!d) return 0;
-    struct dirent *e;
-    int found = 0;
-    const char *prefix = TRAIN_CHECKPOINT_DIR ".old.";
-    while (!found && (e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
-        snprintf(buf, cap, "%s/%s/%s", out, e->d_name, TRAIN_STATE_FILE);
-        found = file_exists(buf);
-        if (found) snprintf(buf, cap, "%s/%s", out, e->d_name);
-    }
-    closedir(d);
-    return found;
+    const train_options_t *o = r->o;
+    int recovered = 0;
+    TRY(checkpoint_tidy(r->ckpt_dir, TRAIN_STATE_FILE, &recovered));
+    if (o->resume || o->overwrite || !file_exists(r->ckpt_dir)) return IGRAD_OK;
+    return trainer_fail(IGRAD_E_INVALID,
+                        "--out %s already holds a checkpoint (%s): pass --resume to continue "
+                        "that run, or --overwrite to replace it and its metrics", o->out,
+                        r->ckpt_dir);
 }
 
 static igrad_status_t check_options(const train_options_t *o, int P)
@@ -548,6 +931,13 @@ static igrad_status_t setup_model(run_t *r)
     if (from) {
         st = checkpoint_load_model(from, &r->model);
         if (st != IGRAD_OK) return prefix_fail(st, o->resume ? "--resume" : "--init");
+        uint64_t h = train_hash_floats(r->model->params, r->model->num_params);
+        if (o->resume && h != r->state_param_hash)
+            return trainer_fail(IGRAD_E_MISMATCH,
+                                "--resume: %s/%s: the loaded parameters hash to %016" PRIx64
+                                ", %s records %016" PRIx64 " (not the model of this "
+                                "checkpoint)", from, CHECKPOINT_MODEL_FILE, h, TRAIN_STATE_FILE,
+                                r->state_param_hash);
         if (r->T > r->model->config.max_seq_len)
             return trainer_fail(IGRAD_E_INVALID,
                                 "--seq-len %d is longer than the model's "
@@ -568,6 +958,12 @@ static igrad_status_t setup_model(run_t *r)
         char *p = path_join(r->ckpt_dir, CHECKPOINT_OPTIM_FILE);
         if (!p) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
         st = checkpoint_load_optim(p, r->model, r->opt);
+        if (st == IGRAD_OK && r->opt->step != r->start_step)
+            st = trainer_fail(IGRAD_E_MISMATCH,
+                              "%s has taken %lld steps, but %s/%s says the run is at step %lld "
+                              "(edited, or the files come from different saves)", p,
+                              (long long)r->opt->step, r->ckpt_dir, TRAIN_STATE_FILE,
+                              (long long)r->start_step);
         free(p);
         if (st != IGRAD_OK) return prefix_fail(st, "--resume");
     }
@@ -616,23 +1012,23 @@ static igrad_status_t setup_local(run_t *r)
         return trainer_fail(IGRAD_E_INVALID,
                             "--trace records the sparsifier's selections: use it with "
                             "topk_sync, adtopk_sync, iad or ig, not dense");
-    r->ckpt_dir = path_join(o->out, TRAIN_CHECKPOINT_DIR);
-    if (!r->ckpt_dir) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
     if (o->resume) {
         char *state = path_join(r->ckpt_dir, TRAIN_STATE_FILE);
         int ok = state && file_exists(state);
         free(state);
-        if (!ok) {
-            char aside[512];
-            if (find_moved_aside(o->out, aside, sizeof aside))
-                return trainer_fail(IGRAD_E_IO,
-                                    "--resume: no checkpoint in %s, but an interrupted save "
-                                    "left the previous one at %s: rename it to %s to resume "
-                                    "from it", o->out, aside, r->ckpt_dir);
+        if (!ok)
             return trainer_fail(IGRAD_E_IO, "--resume: no checkpoint in %s (expected %s/%s)",
                                 o->out, r->ckpt_dir, TRAIN_STATE_FILE);
-        }
         TRY(read_state(r, r->ckpt_dir, &r->start_step));
+        /* Every file against its checksum before any is trusted; the
+         * engine file now too, so that no rank enters the collective load
+         * with a file another save wrote. */
+        char engine[64];
+        engine_file_name(engine, sizeof engine, r->rank);
+        TRY(verify_file(r, CHECKPOINT_CONFIG_FILE));
+        TRY(verify_file(r, CHECKPOINT_MODEL_FILE));
+        TRY(verify_file(r, CHECKPOINT_OPTIM_FILE));
+        TRY(verify_file(r, engine));
     }
     TRY(setup_model(r));
     TRY(setup_data(r));
@@ -658,6 +1054,24 @@ static igrad_status_t setup_local(run_t *r)
     return IGRAD_OK;
 }
 
+/* A profile records the sparsifier and density of the trace it was built
+ * from; importance measured at another density (or by another sparsifier)
+ * may not be what this run would measure. A warning: it still works. */
+static void warn_profile(const run_t *r)
+{
+    igrad_sparsifier_t sp = method_sparsifier(&r->scfg);
+    if (sp == IGRAD_SPARSIFIER_NONE) return;
+    const char *psp = igrad_profile_sparsifier(r->profile);
+    double pd = igrad_profile_density(r->profile);
+    const char *rsp = igrad_sparsifier_name(sp);
+    int sp_differs = psp && psp[0] && strcmp(psp, "unknown") != 0 && strcmp(psp, rsp) != 0;
+    int d_differs = pd > 0 && fabs(pd - r->scfg.density) > 1e-9 * fmax(pd, r->scfg.density);
+    if (!sp_differs && !d_differs) return;
+    fprintf(stderr, "igrad: train: warning: --profile %s was made with sparsifier %s at density "
+            "%g; this run uses %s at density %g (importance may differ at another budget)\n",
+            r->o->profile, psp && psp[0] ? psp : "unknown", pd, rsp, r->scfg.density);
+}
+
 /* Rank 0's files: metrics, trace. */
 static igrad_status_t setup_rank0(run_t *r)
 {
@@ -667,6 +1081,13 @@ static igrad_status_t setup_rank0(run_t *r)
     if (make_dirs(o->out) != 0)
         return trainer_fail(IGRAD_E_IO, "--out %s: cannot create directory: %s", o->out,
                             strerror(errno));
+    /* --overwrite: the old checkpoint goes now, not at the first save, so
+     * that it never sits next to this run's metrics. */
+    if (!o->resume && o->overwrite && file_exists(r->ckpt_dir)) {
+        TRY(checkpoint_remove(r->ckpt_dir));
+        if (o->progress != TRAIN_PROGRESS_QUIET)
+            printf("train: --overwrite: removed the previous checkpoint %s\n", r->ckpt_dir);
+    }
     st = metrics_open(o->out, igrad_method_name(r->scfg.method), o->resume ? r->start_step : -1,
                       &r->metrics);
     if (st != IGRAD_OK) return st;
@@ -698,6 +1119,7 @@ static void run_free(run_t *r)
     free(r->vin);
     free(r->vtg);
     free(r->ckpt_dir);
+    free(r->files);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -779,15 +1201,19 @@ static igrad_status_t evaluate(run_t *r, int64_t steps_done, double *out3)
 /* checkpoints                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* Collective. Rank 0 assembles "<out>/checkpoint.tmp.<pid>" and every rank
- * adds its engine state; only when every rank reports success does rank 0
- * rename it over the previous checkpoint, so the directory under its final
- * name is always complete. */
+/* Collective. Rank 0 assembles "<out>/checkpoint.tmp.<pid>@<host>" (model,
+ * config, optimizer) and every rank adds its engine state and reports its
+ * checksum; rank 0 then writes train_state.json with every file's checksum
+ * (so it is the last file) and, only when every rank reports success,
+ * renames the directory over the previous checkpoint, so the directory
+ * under its final name is always complete. */
 static igrad_status_t save_checkpoint(run_t *r, int64_t next_step)
 {
     igrad_status_t st = IGRAD_OK;
     char *tmp = NULL;
     uint64_t len = 0;
+    uint64_t mine[2] = {0, 0}; /* this rank's engine file: hash, size */
+    uint64_t *engine = NULL;   /* (2 P) every rank's */
     char pathbuf[4096];
     memset(pathbuf, 0, sizeof pathbuf);
     if (r->rank == 0) {
@@ -809,18 +1235,44 @@ static igrad_status_t save_checkpoint(run_t *r, int64_t next_step)
                    : trainer_fail(IGRAD_E_NOMEM, "out of memory");
             free(p);
         }
-        if (st == IGRAD_OK) st = write_state(r, tmp, next_step);
-        if (st == IGRAD_OK) st = trace_save(r);
     }
     if (st == IGRAD_OK) {
         char name[64];
-        snprintf(name, sizeof name, "engine.rank%d.bin", r->rank);
+        engine_file_name(name, sizeof name, r->rank);
         char *p = path_join(pathbuf, name);
         if (!p) st = trainer_fail(IGRAD_E_NOMEM, "out of memory");
         else if ((st = igrad_engine_save_state(r->engine, p)) != IGRAD_OK)
             st = lib_fail(st, "engine state");
+        /* Hashed as it lies on disk, which is what a resume will read. */
+        if (st == IGRAD_OK) st = checkpoint_file_hash(p, &mine[0], &mine[1]);
         free(p);
     }
+    if (st == IGRAD_OK && r->rank == 0 && !(engine = malloc((size_t)r->P * sizeof mine)))
+        st = trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    st = agree(r->comm, st);
+    if (st == IGRAD_OK) {
+        /* Rank 0 needs every rank's checksum for train_state.json; an
+         * all-gather (the communicator has no gather) of 16 bytes a rank. */
+        uint64_t *all = malloc((size_t)r->P * sizeof mine);
+        st = all ? IGRAD_OK : trainer_fail(IGRAD_E_NOMEM, "out of memory");
+        if ((st = agree(r->comm, st)) == IGRAD_OK) {
+            if ((st = igrad_comm_allgather(r->comm, mine, sizeof mine, all)) != IGRAD_OK) {
+                free(all);
+                free(engine);
+                if (r->rank == 0) checkpoint_abort(tmp);
+                return lib_fail(st, "checkpoint");
+            }
+            if (engine) memcpy(engine, all, (size_t)r->P * sizeof mine);
+        }
+        free(all);
+    }
+    if (st == IGRAD_OK && r->rank == 0) {
+        /* train_state.json last: a checkpoint whose state file names every
+         * other file's checksum. */
+        st = write_state(r, tmp, next_step, engine);
+        if (st == IGRAD_OK) st = trace_save(r);
+    }
+    free(engine);
     st = agree(r->comm, st);
     if (r->rank == 0) {
         if (st == IGRAD_OK) st = checkpoint_commit(tmp, r->ckpt_dir);
@@ -1118,8 +1570,24 @@ igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_res
 #endif
     if (o->threads > 0) openblas_set_num_threads(o->threads);
 
-    igrad_status_t st = agree(comm, setup_local(&r));
+    /* Options first: a rank with another --steps or --save-every would
+     * otherwise leave the others waiting in a collective it never calls. */
+    igrad_status_t st = agree_options(comm, o);
     if (st != IGRAD_OK) goto cleanup;
+    r.ckpt_dir = o->out ? path_join(o->out, TRAIN_CHECKPOINT_DIR) : NULL;
+    st = o->out && !r.ckpt_dir ? trainer_fail(IGRAD_E_NOMEM, "out of memory") : IGRAD_OK;
+    if (st == IGRAD_OK && r.rank == 0 && r.ckpt_dir) st = prepare_out(&r);
+    if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+    st = agree(comm, setup_local(&r));
+    if (st != IGRAD_OK) goto cleanup;
+    /* Every rank starts from the same parameters (an --init that differs
+     * between hosts, a fresh init that did not come out the same). */
+    st = train_check_same_params(comm, r.model->params, r.model->num_params, r.start_step);
+    if (st != IGRAD_OK) {
+        st = prefix_fail(st, o->resume ? "--resume" : o->init_dir ? "--init" : "model init");
+        goto cleanup;
+    }
+    if (r.rank == 0 && r.profile) warn_profile(&r);
 
     /* Collective from here on: every rank reached this point. */
     st = igrad_engine_create(r.layout, r.profile, &r.scfg, comm, &r.engine);
@@ -1129,10 +1597,17 @@ igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_res
     }
     if (o->resume) {
         char name[64];
-        snprintf(name, sizeof name, "engine.rank%d.bin", r.rank);
+        engine_file_name(name, sizeof name, r.rank);
         char *p = path_join(r.ckpt_dir, name);
         st = p ? igrad_engine_load_state(r.engine, p) : IGRAD_E_NOMEM;
         if (st != IGRAD_OK) st = lib_fail(st, p ? p : "engine state");
+        /* The engine's last step is the one before the resume step. */
+        else if (igrad_engine_step(r.engine) != r.start_step - 1)
+            st = trainer_fail(IGRAD_E_MISMATCH,
+                              "--resume: %s holds the engine state after step %lld, but %s says "
+                              "the run is at step %lld (the files come from different saves)",
+                              p, (long long)igrad_engine_step(r.engine), TRAIN_STATE_FILE,
+                              (long long)r.start_step);
         free(p);
         if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
     }

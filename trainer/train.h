@@ -28,6 +28,24 @@
  *                                engine.rank<r>.bin per rank (residuals)
  *   trace (opts->trace)          rank 0's activity trace, if asked for
  *
+ * Options that define the run (everything but threads, progress, log
+ * period, trace and overwrite, which are rank 0's or each rank's own) must
+ * be equal on every rank: setup first compares one hash of them across
+ * ranks and fails on every rank naming the first that differs ("--steps
+ * differs: rank 0 has 20, rank 1 has 10"). Paths are compared as given
+ * (--data, --out; the ranks see one file system), files by content
+ * (--profile), --init by the loaded parameters.
+ *
+ * A resume verifies the checkpoint as a whole: every file against the
+ * size and FNV-1a 64 checksum train_state.json records for it (each
+ * rank's engine file included: rank 0 gathers those checksums before it
+ * writes train_state.json, the last file of a save), the loaded
+ * parameters against its param_hash, and the optimizer's and engine's
+ * steps against its step; a fresh run refuses an out that holds a
+ * checkpoint unless `overwrite`. At every start rank 0 restores a
+ * checkpoint caught between a save's two renames and removes what dead
+ * saves left (checkpoint_tidy).
+ *
  * Errors never leave ranks disagreeing: setup failures are agreed on by a
  * collective before any rank goes on, the engine fails a step on every
  * rank at once, evaluation compares a hash of every rank's parameters with
@@ -105,6 +123,8 @@ typedef struct train_options {
     int64_t log_every;        /* plain progress lines (0 = about 20 per run) */
     const char *out;          /* output directory (created) */
     int resume;               /* continue from out/checkpoint */
+    int overwrite;            /* a fresh run may replace a checkpoint already in out
+                                 (deleted once setup succeeded); else refused */
     train_progress_t progress;
 } train_options_t;
 

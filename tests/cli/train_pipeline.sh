@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli/train_pipeline.sh — the demo's pipeline in miniature through
 # the CLI, on the tiny model: an adtopk_sync run records a trace, `igrad
-# profile` builds a profile from it, an ig run uses the profile; checks the
+# profile` builds a profile from it, an ig run uses the profile (and one at
+# another density and sparsifier warns, naming both); checks the
 # files each step leaves (metrics.csv/eval.csv headers, summary.json keys,
 # a checkpoint `igrad layout` reads), that ig sends fewer bytes per step than
 # adtopk_sync and reports f_imp, and that the payload ratio follows
@@ -55,7 +56,16 @@ timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]}" --method adtopk_sync \
 timeout 60 "$IGRAD" profile --trace "$tmp/trace.csv" --out "$tmp/profile.json" --quiet \
   || fail "igrad profile"
 timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]}" --method ig --profile "$tmp/profile.json" \
-  --release-keep 0.25 --out "$tmp/ig" || fail "ig run"
+  --release-keep 0.25 --out "$tmp/ig" 2>"$tmp/ig.err" || fail "ig run: $(cat "$tmp/ig.err")"
+grep -qF "warning: --profile" "$tmp/ig.err" \
+  && fail "ig run at the profile's own density and sparsifier warned: $(cat "$tmp/ig.err")"
+# A profile made at another density and sparsifier than the run: a warning
+# naming both (the run itself goes on).
+timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]}" --method ig --profile "$tmp/profile.json" \
+  --density 0.05 --sparsifier topk --steps 1 --out "$tmp/ig_other" 2>"$tmp/ig_other.err" \
+  >/dev/null || fail "ig run at another density: $(cat "$tmp/ig_other.err")"
+grep -qF "was made with sparsifier adtopk at density 0.01; this run uses topk at density 0.05" \
+  "$tmp/ig_other.err" || fail "no profile density/sparsifier warning: $(cat "$tmp/ig_other.err")"
 "$IGRAD" layout "$tmp/ig/checkpoint" >/dev/null || fail "igrad layout cannot read ig/checkpoint"
 
 "$PY" - "$tmp" <<'EOF' || fail "file checks"
