@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -986,6 +987,292 @@ static void test_to_json(void **state)
     igrad_layout_free(l);
 }
 
+/* ---- building at scale -------------------------------------------------- */
+
+/* FNV-1a over the little-endian bytes of each value: a digest of what the
+ * accessors return (per tensor: component, layer, kind, offset; per
+ * component: layer, kind, count, tensors), to pin results across changes
+ * of the table's internals. */
+static uint64_t digest_i64(uint64_t h, int64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        h ^= (uint64_t)(v >> (8 * i)) & 0xff;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static void layout_digests(const igrad_layout_t *l, uint64_t *tensors, uint64_t *comps)
+{
+    uint64_t ht = 0xcbf29ce484222325ULL, hc = ht;
+    for (size_t i = 0; i < igrad_layout_count(l); i++) {
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, i, &t));
+        ht = digest_i64(digest_i64(digest_i64(digest_i64(ht, t.component), t.layer), t.kind),
+                        t.offset);
+    }
+    for (size_t i = 0; i < igrad_layout_component_count(l); i++) {
+        igrad_component_info_t c;
+        EXPECT_OK(igrad_layout_component(l, i, &c));
+        hc = digest_i64(digest_i64(digest_i64(digest_i64(hc, c.layer), c.kind), c.count),
+                        c.tensors);
+    }
+    *tensors = ht;
+    *comps = hc;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A llama-like model of `layers` blocks (9 tensors each, after an
+ * embedding), names sorted as a safetensors header lists them (layer 0,
+ * 1, 10, 100, ...): most components arrive out of (layer, kind) order.
+ * Returns the malloc'd name list text; *n receives the tensor count. */
+static char *sorted_model_list(int layers, size_t *n)
+{
+    static const char *const parts[] = {
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+        "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+        "mlp.down_proj",    "input_layernorm",  "post_attention_layernorm",
+    };
+    size_t count = 1 + (size_t)layers * 9, at = 0;
+    char **names = malloc(count * sizeof *names);
+    assert_non_null(names);
+    names[at++] = strdup("model.embed_tokens.weight");
+    for (int l = 0; l < layers; l++) {
+        for (int p = 0; p < 9; p++) {
+            char buf[96];
+            snprintf(buf, sizeof buf, "model.layers.%d.%s.weight", l, parts[p]);
+            names[at++] = strdup(buf);
+        }
+    }
+    qsort(names, count, sizeof *names, cmp_name);
+    size_t cap = count * 96, len = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    for (size_t i = 0; i < count; i++) {
+        assert_non_null(names[i]);
+        /* shapes vary with the position so counts are not all equal */
+        len += (size_t)snprintf(text + len, cap - len, strstr(names[i], "norm") ? "%s %zu\n"
+                                : "%s 4 %zu\n", names[i], 1 + i % 7);
+        free(names[i]);
+    }
+    free(names);
+    *n = count;
+    return text;
+}
+
+/* Components and every tensor's component index against a recomputation
+ * by sorting (layer, kind) keys, for tensors added in a shuffled order. */
+typedef struct key_count {
+    int layer, kind;
+    int64_t count;
+    int tensors;
+} key_count_t;
+
+static int cmp_key(const void *a, const void *b)
+{
+    const key_count_t *x = a, *y = b;
+    if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
+    return (x->kind > y->kind) - (x->kind < y->kind);
+}
+
+static void expect_components_brute_force(const igrad_layout_t *l)
+{
+    size_t n = igrad_layout_count(l), nk = 0;
+    key_count_t *keys = calloc(n ? n : 1, sizeof *keys);
+    assert_non_null(keys);
+    for (size_t i = 0; i < n; i++) {
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, i, &t));
+        if (t.kind == IGRAD_KIND_OTHER) continue;
+        keys[nk++] = (key_count_t){t.layer, (int)t.kind, t.count, 1};
+    }
+    qsort(keys, nk, sizeof *keys, cmp_key);
+    size_t nu = 0;
+    for (size_t i = 0; i < nk; i++) {
+        if (nu && cmp_key(&keys[nu - 1], &keys[i]) == 0) {
+            keys[nu - 1].count += keys[i].count;
+            keys[nu - 1].tensors++;
+        } else {
+            keys[nu++] = keys[i];
+        }
+    }
+    assert_int_equal(igrad_layout_component_count(l), nu);
+    for (size_t c = 0; c < nu; c++) {
+        igrad_component_info_t ci;
+        EXPECT_OK(igrad_layout_component(l, c, &ci));
+        if (ci.layer != keys[c].layer || (int)ci.kind != keys[c].kind ||
+            ci.count != keys[c].count || ci.tensors != keys[c].tensors)
+            fail_msg("component %zu is (%d, %s, %lld, %d), expected (%d, %s, %lld, %d)", c,
+                     ci.layer, igrad_kind_name(ci.kind), (long long)ci.count, ci.tensors,
+                     keys[c].layer, igrad_kind_name((igrad_kind_t)keys[c].kind),
+                     (long long)keys[c].count, keys[c].tensors);
+    }
+    for (size_t i = 0; i < n; i++) {
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, i, &t));
+        if (t.kind == IGRAD_KIND_OTHER) {
+            assert_int_equal(t.component, -1);
+            continue;
+        }
+        key_count_t k = {t.layer, (int)t.kind, 0, 0};
+        key_count_t *at = bsearch(&k, keys, nu, sizeof *keys, cmp_key);
+        assert_non_null(at);
+        if (t.component != (int)(at - keys))
+            fail_msg("%s: component %d, expected %d", t.name, t.component, (int)(at - keys));
+    }
+    free(keys);
+}
+
+static void test_components_any_order(void **state)
+{
+    (void)state;
+    char path[1100];
+    size_t n = 0;
+    char *text = sorted_model_list(3000, &n);
+    tmp_path(path, sizeof path, "sorted.names");
+    write_file(path, text, strlen(text));
+    free(text);
+    igrad_layout_t *l = NULL;
+    EXPECT_OK(igrad_layout_from_name_list(path, &l));
+    assert_int_equal(igrad_layout_count(l), n);
+    expect_components_brute_force(l);
+    /* Pinned from the sorted-array implementation this replaced: same
+     * components, same order, same hash. */
+    uint64_t ht, hc;
+    layout_digests(l, &ht, &hc);
+    if (igrad_layout_hash(l) != 0x3b0b9e7746cae7cbULL || ht != 0x8c89b99f4296eeb6ULL ||
+        hc != 0x42e47a205771a555ULL)
+        fail_msg("sorted list: hash %016llx tensors %016llx comps %016llx changed",
+                 (unsigned long long)igrad_layout_hash(l), (unsigned long long)ht,
+                 (unsigned long long)hc);
+
+    /* The same tensors added in a shuffled order (a fixed LCG). */
+    size_t *order = malloc(n * sizeof *order);
+    assert_non_null(order);
+    for (size_t i = 0; i < n; i++) order[i] = i;
+    uint64_t r = 12345;
+    for (size_t i = n - 1; i > 0; i--) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        size_t j = (size_t)((r >> 33) % (i + 1));
+        size_t tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+    igrad_layout_t *shuffled = NULL;
+    EXPECT_OK(igrad_layout_create(&shuffled));
+    for (size_t i = 0; i < n; i++) {
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, order[i], &t));
+        EXPECT_OK(igrad_layout_add(shuffled, t.name, t.dtype, t.ndim, t.shape));
+    }
+    expect_components_brute_force(shuffled);
+    size_t nc = igrad_layout_component_count(l);
+    assert_int_equal(igrad_layout_component_count(shuffled), nc);
+    for (size_t c = 0; c < nc; c++) {
+        igrad_component_info_t a, b;
+        EXPECT_OK(igrad_layout_component(l, c, &a));
+        EXPECT_OK(igrad_layout_component(shuffled, c, &b));
+        assert_int_equal(a.layer, b.layer);
+        assert_int_equal(a.kind, b.kind);
+        assert_int_equal(a.count, b.count);
+        assert_int_equal(a.tensors, b.tensors);
+    }
+    free(order);
+    igrad_layout_free(shuffled);
+    igrad_layout_free(l);
+}
+
+/* Every shipped config's table, pinned from the implementation before the
+ * component tree (layout hash, per-tensor and per-component digests). */
+static void test_shipped_configs_pinned(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *config;
+        uint64_t hash, tensors, comps;
+    } pinned[] = {
+        {"bloom-560m", 0x4b3fe74e3af4b6ecULL, 0xbf6777a084c71ec3ULL, 0x86ce3fbb8df28535ULL},
+        {"falcon-7b", 0x3526029175210343ULL, 0x21bff2cb7a83ef72ULL, 0xa5e441f2848c5865ULL},
+        {"gemma-2b", 0x6780bc9151f69b4eULL, 0x7718d6795ec7bfa2ULL, 0xeec13dd688d46729ULL},
+        {"gpt-j-6b", 0xec1ae0fdea325995ULL, 0x7999b5e0486a329aULL, 0xeee0deaa41cf647dULL},
+        {"gpt2", 0x259356be40fe6735ULL, 0x2efc4481f50e2b84ULL, 0x668e227d58e15a6dULL},
+        {"llama-100m", 0xc9ebe59dc7199b41ULL, 0xe9101d6f590e0410ULL, 0xde47da97e8ee4c05ULL},
+        {"llama-2-7b", 0x204a252657b7d59dULL, 0xf12200d1f00b0602ULL, 0xa4f43178693a1025ULL},
+        {"mistral-7b", 0x0234237962046962ULL, 0x9cf36ae3287c49d3ULL, 0x80febd212fe00565ULL},
+        {"mixtral-8x7b", 0xbdb0057d3a16ebfcULL, 0xce8315689d3c27a6ULL, 0x060a7ce25fb313e5ULL},
+        {"opt-125m", 0x4fb755b0eb80ae70ULL, 0xc1549ecee9014e40ULL, 0x6cb5402fc25c03d5ULL},
+        {"opt-350m", 0x8a103e16e320b560ULL, 0xd99494f065d0ef31ULL, 0xe49e797d33832285ULL},
+        {"phi-2", 0xd8c55fa17504fea8ULL, 0xaa3bdb7567c9c8e2ULL, 0x0b9d628d9ae8a7a5ULL},
+        {"pythia-160m", 0x68165434a8d9790fULL, 0x68aae33eed58a9fbULL, 0x668e227d58e15a6dULL},
+        {"qwen2-0.5b", 0xc13ac18bd746b2d5ULL, 0x04d87dd765d929ebULL, 0x49394ab5bb125865ULL},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) {
+        char path[4200];
+        config_path(pinned[i].config, path, sizeof path);
+        igrad_layout_t *l = NULL;
+        EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+        uint64_t ht, hc;
+        layout_digests(l, &ht, &hc);
+        if (igrad_layout_hash(l) != pinned[i].hash || ht != pinned[i].tensors ||
+            hc != pinned[i].comps) {
+            print_error("{\"%s\", 0x%016llxULL, 0x%016llxULL, 0x%016llxULL},\n",
+                        pinned[i].config, (unsigned long long)igrad_layout_hash(l),
+                        (unsigned long long)ht, (unsigned long long)hc);
+            bad = 1;
+        }
+        expect_components_brute_force(l);
+        igrad_layout_free(l);
+    }
+    if (bad) fail_msg("shipped configs: tables differ from the pinned values (printed above)");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 300k tensors in header order: a name list and a safetensors header.
+ * Building the table was quadratic (10 s for 100k, so about 90 s here);
+ * it now takes a second or two, so the 30 s limit leaves room for
+ * sanitizer builds and a loaded machine. */
+static void test_large_layout_fast(void **state)
+{
+    (void)state;
+    char path[1100], st_path[1100];
+    size_t n = 0;
+    char *text = sorted_model_list(33333, &n);
+    tmp_path(path, sizeof path, "large.names");
+    write_file(path, text, strlen(text));
+    free(text);
+    igrad_layout_t *l = NULL, *st = NULL;
+    double t0 = now_s();
+    EXPECT_OK(igrad_layout_from_name_list(path, &l));
+    double t1 = now_s();
+    assert_int_equal(igrad_layout_count(l), n);
+    tmp_path(st_path, sizeof st_path, "large.safetensors");
+    write_safetensors(l, st_path);
+    double t2 = now_s();
+    EXPECT_OK(igrad_layout_from_safetensors(st_path, &st));
+    double t3 = now_s();
+    expect_same_table(l, st, "large.safetensors");
+    print_message("      %zu tensors: name list %.2f s, safetensors header %.2f s\n", n,
+                  t1 - t0, t3 - t2);
+    if (t1 - t0 > 30.0 || t3 - t2 > 30.0)
+        fail_msg("%zu tensors: name list %.1f s, safetensors %.1f s (limit 30 s each)", n,
+                 t1 - t0, t3 - t2);
+    igrad_layout_free(st);
+    igrad_layout_free(l);
+    unlink(path);
+    unlink(st_path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1002,6 +1289,9 @@ int main(void)
         cmocka_unit_test(test_name_list),
         cmocka_unit_test(test_load_dispatch),
         cmocka_unit_test(test_to_json),
+        cmocka_unit_test(test_components_any_order),
+        cmocka_unit_test(test_shipped_configs_pinned),
+        cmocka_unit_test(test_large_layout_fast),
     };
     return cmocka_run_group_tests(tests, setup_tmpdir, teardown_tmpdir);
 }
