@@ -671,6 +671,13 @@ igrad_status_t igrad__layout_to_name_list(const igrad_layout_t *layout, char **t
 
 /* ---- loading by content ------------------------------------------------ */
 
+/* 1 if path ends with suffix, ignoring ASCII case. */
+static int has_suffix(const char *path, const char *suffix)
+{
+    size_t n = strlen(path), m = strlen(suffix);
+    return n >= m && igrad__name_equal(path + n - m, suffix);
+}
+
 static int is_dir(const char *path)
 {
     struct stat sb;
@@ -706,6 +713,13 @@ igrad_status_t igrad_layout_load(const char *path, igrad_layout_t **out)
         return st;
     }
 
+    /* The extension is the user's statement of what the file is: a
+     * .safetensors file with a damaged header must get the safetensors
+     * reader's message, not a name-list complaint about its binary length
+     * bytes. */
+    if (has_suffix(path, ".safetensors")) return igrad_layout_from_safetensors(path, out);
+    if (has_suffix(path, ".json")) return igrad_layout_from_hf_config(path, out);
+
     FILE *fp = fopen(path, "rb");
     IGRAD_FAIL_IF(!fp, IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
     unsigned char head[64];
@@ -730,5 +744,13 @@ igrad_status_t igrad_layout_load(const char *path, igrad_layout_t **out)
     while (i < got && (head[i] == ' ' || head[i] == '\t' || head[i] == '\r' || head[i] == '\n'))
         i++;
     if (i < got && head[i] == '{') return igrad_layout_from_hf_config(path, out);
+    /* '{' at byte 8 after binary bytes (which no name list may hold): a
+     * safetensors file whose length is wrong; let its reader say how. */
+    if (got >= 9 && head[8] == '{') {
+        for (int b = 0; b < 8; b++) {
+            if (head[b] < 0x20 && !is_space((char)head[b]) && head[b] != '\n')
+                return igrad_layout_from_safetensors(path, out);
+        }
+    }
     return igrad_layout_from_name_list(path, out);
 }

@@ -932,6 +932,62 @@ static void test_load_dispatch(void **state)
     EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_IO, "absent");
 }
 
+/* The extension picks the reader first: a damaged .safetensors file gets
+ * the safetensors reader's message (it was read as a name list and failed
+ * on "control character 0x08"); content decides only without one. */
+static void test_load_by_extension(void **state)
+{
+    (void)state;
+    char path[1100];
+    igrad_layout_t *l = NULL;
+    /* length 8 (one byte short of the header below), then a header */
+    static const char hdr[] = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    unsigned char buf[128];
+    size_t hlen = sizeof hdr - 1;
+    memcpy(buf + 8, hdr, hlen);
+    memset(buf + 8 + hlen, 0, 4);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)8 >> (8 * i));
+    tmp_path(path, sizeof path, "short.safetensors");
+    write_file(path, buf, 8 + hlen + 4);
+    EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, "malformed JSON header");
+    assert_null(l);
+    /* a length beyond the file, upper-case extension */
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)5000 >> (8 * i));
+    tmp_path(path, sizeof path, "long.SafeTensors");
+    write_file(path, buf, 8 + hlen + 4);
+    EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, "larger than the file");
+    /* without an extension, binary length bytes before '{' still say
+     * safetensors */
+    tmp_path(path, sizeof path, "weights.bin");
+    write_file(path, buf, 8 + hlen + 4);
+    EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, "larger than the file");
+    /* the correct length loads whatever the name */
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    tmp_path(path, sizeof path, "good.bin");
+    write_file(path, buf, 8 + hlen + 4);
+    EXPECT_OK(igrad_layout_load(path, &l));
+    assert_string_equal(igrad_layout_family(l), "safetensors");
+    igrad_layout_free(l);
+    l = NULL;
+    /* .json is a config: a name list in it is malformed JSON, not a list */
+    tmp_path(path, sizeof path, "model.json");
+    write_file(path, "a 1 2\n", 6);
+    EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, "malformed JSON");
+    /* a name list and a config without those extensions are sniffed */
+    tmp_path(path, sizeof path, "model.names");
+    write_file(path, "a 1 2\n", 6);
+    EXPECT_OK(igrad_layout_load(path, &l));
+    assert_string_equal(igrad_layout_family(l), "names");
+    igrad_layout_free(l);
+    const char *j = "{\"model_type\": \"gpt2\", \"n_embd\": 8, \"n_layer\": 1, "
+                    "\"n_head\": 2, \"n_positions\": 4, \"vocab_size\": 10}";
+    tmp_path(path, sizeof path, "config.txt");
+    write_file(path, j, strlen(j));
+    EXPECT_OK(igrad_layout_load(path, &l));
+    assert_string_equal(igrad_layout_family(l), "gpt2");
+    igrad_layout_free(l);
+}
+
 static void test_to_json(void **state)
 {
     (void)state;
@@ -1288,6 +1344,7 @@ int main(void)
         cmocka_unit_test(test_safetensors_errors),
         cmocka_unit_test(test_name_list),
         cmocka_unit_test(test_load_dispatch),
+        cmocka_unit_test(test_load_by_extension),
         cmocka_unit_test(test_to_json),
         cmocka_unit_test(test_components_any_order),
         cmocka_unit_test(test_shipped_configs_pinned),
