@@ -295,6 +295,11 @@ igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_
 {
     IGRAD_FAIL_IF(!layout || !name, IGRAD_E_INVALID, "igrad_layout_add: NULL argument");
     IGRAD_FAIL_IF(name[0] == '\0', IGRAD_E_INVALID, "layout: empty tensor name");
+    /* A tensor of that name could not be written to safetensors and read
+     * back: readers take the key for the file's metadata. */
+    IGRAD_FAIL_IF(strcmp(name, "__metadata__") == 0, IGRAD_E_INVALID,
+                  "layout: tensor name '__metadata__' is reserved (safetensors keeps the "
+                  "file's metadata under that key)");
     IGRAD_FAIL_IF((int)dtype < 0 || dtype >= IGRAD_DTYPE_COUNT, IGRAD_E_INVALID,
                   "layout: tensor '%s': invalid dtype %d", name, (int)dtype);
     IGRAD_FAIL_IF(ndim < 0 || ndim > IGRAD_MAX_DIMS, IGRAD_E_INVALID,

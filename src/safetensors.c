@@ -192,8 +192,17 @@ igrad_status_t igrad_layout_from_safetensors_bytes(const void *bytes, size_t nby
     for (const cJSON *it = root->child; it; it = it->next) {
         names[nn++] = it->string;
         if (strcmp(it->string, "__metadata__") == 0) {
+            /* The format makes it a string -> string map; anything else
+             * (a tensor entry under the reserved name, say) would be
+             * dropped silently. */
             IGRAD_FAIL_GOTO(!cJSON_IsObject(it), IGRAD_E_FORMAT,
                             "%s: '__metadata__' is not an object", src);
+            for (const cJSON *m = it->child; m; m = m->next) {
+                IGRAD_FAIL_GOTO(!cJSON_IsString(m), IGRAD_E_FORMAT,
+                                "%s: '__metadata__' entry '%.64s' is not a string (the key is "
+                                "reserved for a string -> string map, not a tensor)",
+                                src, m->string);
+            }
             continue;
         }
         entry_t *e = &entries[ne];

@@ -227,10 +227,24 @@ static void test_add_errors(void **state)
     EXPECT_FAIL(igrad_layout_add(l, "", IGRAD_DTYPE_F32, 2, ok), IGRAD_E_INVALID, "empty");
     EXPECT_FAIL(igrad_layout_add(l, "f", IGRAD_DTYPE_COUNT, 2, ok), IGRAD_E_INVALID, "dtype");
     EXPECT_FAIL(igrad_layout_add(l, NULL, IGRAD_DTYPE_F32, 2, ok), IGRAD_E_INVALID, NULL);
+    /* safetensors keeps metadata under this key: such a tensor would not
+     * survive a round trip (libFuzzer found it) */
+    EXPECT_FAIL(igrad_layout_add(l, "__metadata__", IGRAD_DTYPE_F32, 2, ok), IGRAD_E_INVALID,
+                "'__metadata__' is reserved");
+    EXPECT_OK(igrad_layout_add(l, "x.__metadata__", IGRAD_DTYPE_F32, 2, ok));
     /* Failed adds leave the table as it was. */
-    assert_int_equal(igrad_layout_count(l), 1);
-    assert_int_equal(igrad_layout_total_count(l), 12);
+    assert_int_equal(igrad_layout_count(l), 2);
+    assert_int_equal(igrad_layout_total_count(l), 24);
     igrad_layout_free(l);
+
+    /* A name list naming it is refused at its line. */
+    char path[1100];
+    tmp_path(path, sizeof path, "meta.names");
+    write_file(path, "a 2\n__metadata__ 4\n", 20);
+    l = NULL;
+    EXPECT_FAIL(igrad_layout_from_name_list(path, &l), IGRAD_E_FORMAT, "meta.names:2:");
+    expect_msg("name list", "reserved");
+    assert_null(l);
 }
 
 static void test_dtypes(void **state)
@@ -764,6 +778,10 @@ static void test_safetensors_errors(void **state)
         {"{\"__metadata__\":{}}", 0, "no tensors"},
         {"{\"__metadata__\":7,\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
          8, "'__metadata__' is not an object"},
+        /* a tensor entry under the reserved key is not metadata */
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"__metadata__\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
+         16, "'__metadata__' entry 'shape' is not a string"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} x", 8, "trailing"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
