@@ -54,6 +54,7 @@
  *     input_layernorm}, final_layernorm}; lm_head with bias, not tied.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "json_strict.h"
 #include "layout_internal.h"
 
 #include <cjson/cJSON.h>
@@ -627,12 +628,23 @@ igrad_status_t igrad_layout_from_hf_config_string(const char *json, size_t nbyte
     while (at < nbytes && (json[at] == ' ' || json[at] == '\n' || json[at] == '\r' ||
                            json[at] == '\t'))
         at++;
+    size_t str_at = 0, nul = igrad__json_find_nul_escape(json, nbytes, &str_at);
     igrad_status_t st;
-    if (at != nbytes)
+    if (at != nbytes) {
         st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
                          "%s: trailing data after the JSON object at byte %zu", src, at);
-    else
+    } else if (nul != IGRAD__JSON_NO_NUL) {
+        /* cJSON would hand out the string cut at the NUL. */
+        char excerpt[64];
+        size_t line, col;
+        igrad__json_nul_excerpt(json, nul, str_at, excerpt, sizeof excerpt);
+        igrad__text_line_col(json, nul, &line, &col);
+        st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
+                         "%s:%zu:%zu: string %s holds \\u0000 (a NUL character), which "
+                         "igrad does not accept in JSON strings", src, line, col, excerpt);
+    } else {
         st = from_json(root, src, out);
+    }
     cJSON_Delete(root);
     return st;
 }

@@ -18,6 +18,7 @@
  * Not here: the table (layout.c), config.json (layout_hf.c).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "json_strict.h"
 #include "layout_internal.h"
 
 #include <cjson/cJSON.h>
@@ -181,6 +182,17 @@ igrad_status_t igrad_layout_from_safetensors_bytes(const void *bytes, size_t nby
     }
     IGRAD_FAIL_GOTO(!cJSON_IsObject(root), IGRAD_E_FORMAT, "%s: header is not a JSON object",
                     src);
+    size_t str_at = 0, nul = igrad__json_find_nul_escape(json, (size_t)hlen, &str_at);
+    if (nul != IGRAD__JSON_NO_NUL) {
+        /* cJSON would cut the name (or dtype) at the NUL: "a\u0000b" and
+         * "a" would be one tensor. */
+        char excerpt[64];
+        igrad__json_nul_excerpt(json, nul, str_at, excerpt, sizeof excerpt);
+        IGRAD_FAIL_GOTO(1, IGRAD_E_FORMAT,
+                        "%s: string %s at byte %zu holds \\u0000 (a NUL character), which "
+                        "igrad does not accept in tensor names or header strings",
+                        src, excerpt, 8 + nul);
+    }
 
     size_t n = 0;
     for (const cJSON *it = root->child; it; it = it->next) n++;

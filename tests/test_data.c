@@ -277,6 +277,37 @@ static void test_jsonl_text(void **state)
     dataset_free(&ds);
 }
 
+/* "\u0000" in a JSONL string: cJSON's C strings ended the document there
+ * ("abc\u0000def" trained on "abc"). Refused with file:line:column; an
+ * escaped backslash before "u0000" is ordinary text. A raw NUL byte made
+ * cJSON ignore the rest of the line. */
+static void test_jsonl_nul(void **state)
+{
+    (void)state;
+    data_options_t o = opts_with(2, 0.0);
+    char spec[600];
+    write_text("nul.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"abc\\u0000def\"}\n");
+    snprintf(spec, sizeof spec, "%s", tmp_path("nul.jsonl"));
+    expect_error(spec, &o, DATA_E_FORMAT, "nul.jsonl:2:14: string \"abc\\u0000...\" holds");
+    write_text("nul_a.jsonl", "{\"instruction\": \"Say\\u0000 hi.\", \"output\": \"Hi\"}\n");
+    snprintf(spec, sizeof spec, "%s", tmp_path("nul_a.jsonl"));
+    expect_error(spec, &o, DATA_E_FORMAT, "nul_a.jsonl:1:21: string \"Say\\u0000...\"");
+    write_text("nul_k.jsonl", "{\"te\\u0000xt\": \"a\", \"text\": \"b\"}\n");
+    snprintf(spec, sizeof spec, "%s", tmp_path("nul_k.jsonl"));
+    expect_error(spec, &o, DATA_E_FORMAT, "holds \\u0000");
+    write_bytes("nul_b.jsonl", "{\"text\": \"a\"}\0{\"text\"\n", 23);
+    snprintf(spec, sizeof spec, "%s", tmp_path("nul_b.jsonl"));
+    expect_error(spec, &o, DATA_E_FORMAT, "nul_b.jsonl:1:14: NUL byte");
+
+    write_text("bs.jsonl", "{\"text\": \"C:\\\\u0000\"}\n");
+    dataset_t ds;
+    data_error_t err;
+    assert_int_equal(dataset_load(&ds, tmp_path("bs.jsonl"), &o, &err), DATA_OK);
+    const char *docs[] = {"C:\\u0000"};
+    assert_stream(&ds.train, docs, 1);
+    dataset_free(&ds);
+}
+
 #define P1 "### Instruction:\nAdd the numbers.\n\n### Input:\n2 and 3\n\n### Response:\n"
 #define R1 "5"
 #define P2 "### Instruction:\nSay hi.\n\n### Response:\n"
@@ -857,6 +888,7 @@ int main(void)
         cmocka_unit_test(test_text_file),
         cmocka_unit_test(test_directory),
         cmocka_unit_test(test_jsonl_text),
+        cmocka_unit_test(test_jsonl_nul),
         cmocka_unit_test(test_alpaca),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_batches_same_for_any_rank_count),

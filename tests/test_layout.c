@@ -1061,6 +1061,73 @@ static void test_to_json(void **state)
     igrad_layout_free(l);
 }
 
+/* "\u0000" in a JSON string: cJSON returns C strings cut at the NUL, so
+ * "gpt2\u0000x" read as gpt2 and a tensor "a\u0000junk" as "a". Refused
+ * with the file, position and string; an escaped backslash before
+ * "u0000" is an ordinary string. */
+static void test_json_nul_escape(void **state)
+{
+    (void)state;
+    igrad_layout_t *l = NULL;
+    const char *tail = "\"n_embd\": 8, \"n_layer\": 1, \"n_head\": 2, \"n_positions\": 4, "
+                       "\"vocab_size\": 10}";
+    char json[512];
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\\u0000x\",\n %s", tail);
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l),
+                IGRAD_E_FORMAT, "c.json:1:21: string \"gpt2\\u0000...\" holds \\u0000");
+    assert_null(l);
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\",\n \"n_inner\\u0000\": 3, %s", tail);
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l),
+                IGRAD_E_FORMAT, "c.json:2:10: string \"n_inner\\u0000...\"");
+    /* escaped backslashes: "\\u0000" is a backslash and "u0000"; in
+     * "\\\u0000" the NUL escape follows one */
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\", \"x\": \"a\\\\u0000\", %s", tail);
+    EXPECT_OK(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l));
+    igrad_layout_free(l);
+    l = NULL;
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\", \"x\": \"a\\\\\\u0000\", %s", tail);
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l),
+                IGRAD_E_FORMAT, "holds \\u0000");
+    /* a '"' inside a string does not end it */
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\", \"x\": \"\\\"\\u0000\", %s", tail);
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l),
+                IGRAD_E_FORMAT, "holds \\u0000");
+    /* other escapes of code points are fine */
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\", \"x\": \"\\u0001\\u00e9\", %s", tail);
+    EXPECT_OK(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l));
+    igrad_layout_free(l);
+    l = NULL;
+
+    /* safetensors: a name and a dtype */
+    static const struct {
+        const char *json;
+        const char *needle;
+    } bad[] = {
+        {"{\"model.layers.0.mlp.up_proj.weight\\u0000junk\":{\"dtype\":\"F32\",\"shape\":[2],"
+         "\"data_offsets\":[0,8]}}", "string \"model.layers.0.mlp.up_proj.weight\\u0000...\" "
+         "at byte 43 holds \\u0000"},
+        {"{\"a\":{\"dtype\":\"F32\\u0000x\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         "string \"F32\\u0000...\" at byte 26"},
+        {"{\"a\\u0000\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", "holds \\u0000"},
+    };
+    char path[1100];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t hlen = strlen(bad[i].json);
+        unsigned char *buf = calloc(1, 8 + hlen + 16);
+        assert_non_null(buf);
+        for (int b = 0; b < 8; b++) buf[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
+        memcpy(buf + 8, bad[i].json, hlen);
+        snprintf(path, sizeof path, "%s/nul%zu.safetensors", tmpdir, i);
+        write_file(path, buf, 8 + hlen + 16);
+        free(buf);
+        l = NULL;
+        EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, bad[i].needle);
+        expect_msg("safetensors", path);
+        assert_null(l);
+    }
+}
+
 /* ---- building at scale -------------------------------------------------- */
 
 /* FNV-1a over the little-endian bytes of each value: a digest of what the
@@ -1363,6 +1430,7 @@ int main(void)
         cmocka_unit_test(test_name_list),
         cmocka_unit_test(test_load_dispatch),
         cmocka_unit_test(test_load_by_extension),
+        cmocka_unit_test(test_json_nul_escape),
         cmocka_unit_test(test_to_json),
         cmocka_unit_test(test_components_any_order),
         cmocka_unit_test(test_shipped_configs_pinned),
