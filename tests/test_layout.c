@@ -581,6 +581,70 @@ static void test_config_errors(void **state)
     EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
                 "'num_hidden_layers'");
 
+    /* impossible head counts, each named by its key */
+    static const struct {
+        const char *json;
+        const char *needle;
+    } heads[] = {
+        {"{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 3, \"intermediate_size\": 8, "
+         "\"vocab_size\": 10}",
+         "key 'num_key_value_heads' (3) must divide key 'num_attention_heads' (4)"},
+        {"{\"model_type\": \"mistral\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 8, \"intermediate_size\": 8, "
+         "\"vocab_size\": 10}",
+         "key 'num_key_value_heads' (8) must divide key 'num_attention_heads' (4)"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 3, \"intermediate_size\": 8, \"vocab_size\": 10}",
+         "key 'hidden_size' (8) is not divisible by key 'num_attention_heads' (3"},
+        {"{\"model_type\": \"mixtral\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 2, \"intermediate_size\": 8, \"vocab_size\": 10, "
+         "\"num_local_experts\": 4, \"num_experts_per_tok\": 5}",
+         "key 'num_experts_per_tok' (5) is more than key 'num_local_experts' (4)"},
+        {"{\"model_type\": \"phi\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 3, \"intermediate_size\": 8, "
+         "\"vocab_size\": 10}",
+         "key 'num_key_value_heads' (3) must divide"},
+        {"{\"model_type\": \"falcon\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 4, \"num_kv_heads\": 3, \"new_decoder_architecture\": true, "
+         "\"vocab_size\": 10}",
+         "key 'num_kv_heads' (3) must divide"},
+        {"{\"model_type\": \"gpt2\", \"n_embd\": 8, \"n_layer\": 1, \"n_head\": 3, "
+         "\"n_positions\": 4, \"vocab_size\": 10}",
+         "key 'n_embd' (8) is not divisible by key 'n_head' (3"},
+        {"{\"model_type\": \"gptj\", \"n_embd\": 8, \"n_layer\": 1, \"n_head\": 0, "
+         "\"vocab_size\": 10}",
+         "'n_head' is 0"},
+        {"{\"model_type\": \"opt\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"ffn_dim\": 8, \"vocab_size\": 10, \"max_position_embeddings\": 4, "
+         "\"num_attention_heads\": 5}",
+         "key 'hidden_size' (8) is not divisible by key 'num_attention_heads' (5"},
+        {"{\"model_type\": \"gpt_neox\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"intermediate_size\": 8, \"vocab_size\": 10, \"num_attention_heads\": 3}",
+         "key 'hidden_size' (8) is not divisible by key 'num_attention_heads' (3"},
+        {"{\"model_type\": \"bloom\", \"hidden_size\": 8, \"n_layer\": 1, "
+         "\"vocab_size\": 10, \"n_head\": 3}",
+         "key 'hidden_size' (8) is not divisible by key 'n_head' (3"},
+    };
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        l = (igrad_layout_t *)0x1;
+        EXPECT_FAIL(igrad_layout_from_hf_config_string(heads[i].json, strlen(heads[i].json),
+                                                       "cfg.json", &l),
+                    IGRAD_E_FORMAT, heads[i].needle);
+        assert_null(l);
+    }
+    /* ... while dividing counts, and head_dim given explicitly, build */
+    j = "{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 8, "
+        "\"vocab_size\": 10}";
+    EXPECT_OK(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l));
+    igrad_layout_free(l);
+    j = "{\"model_type\": \"gemma\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 3, \"head_dim\": 4, \"intermediate_size\": 8, "
+        "\"vocab_size\": 10}";
+    EXPECT_OK(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l));
+    igrad_layout_free(l);
+
     char path[512];
     tmp_path(path, sizeof path, "missing.json");
     EXPECT_FAIL(igrad_layout_from_hf_config(path, &l), IGRAD_E_IO, "missing.json");
