@@ -256,9 +256,10 @@ IGRAD_API igrad_status_t igrad_layout_from_safetensors_bytes(const void *bytes, 
 IGRAD_API igrad_status_t igrad_layout_from_name_list(const char *path,
                                                      igrad_layout_t **out);
 
-/** Picks the reader by content: a safetensors header, a JSON config, or a
- *  name list. A directory is read as a checkpoint: model.safetensors if
- *  present, else config.json. */
+/** Picks the reader by extension (".safetensors", ".json", case ignored),
+ *  else by content: a safetensors header, a JSON config, or a name list.
+ *  A directory is read as a checkpoint: model.safetensors if present, else
+ *  config.json. */
 IGRAD_API igrad_status_t igrad_layout_load(const char *path, igrad_layout_t **out);
 
 /** Frees a layout. NULL is a no-op. */

@@ -77,15 +77,31 @@ typedef struct row {
     int layer;
     igrad_kind_t kind;
     int is_bias;
-    int component;
+    int node; /* its component's node in `nodes`, -1 for OTHER */
 } row_t;
+
+/* Components live in an order-statistic treap keyed by (layer, kind): a
+ * binary search tree in key order that is also a max-heap on a priority
+ * derived from the key. Subtree sizes give a component's index (its rank
+ * in (layer, kind) order) and the i-th component in O(log n), so adding a
+ * tensor never renumbers anything, whatever order tensors arrive in: a
+ * safetensors header lists layers as 0, 1, 10, 100, ... and a sorted
+ * array with renumbering made building quadratic (100k tensors took
+ * 10 s). Nodes never move once created; rows refer to them by index. */
+typedef struct comp_node {
+    igrad_component_info_t info;
+    uint64_t prio;
+    int left, right, parent; /* node indices, -1 = none */
+    size_t size;             /* nodes in this subtree */
+} comp_node_t;
 
 struct igrad_layout {
     char *family;
     row_t *rows;
     size_t nrows, rows_cap;
-    igrad_component_info_t *comps; /* sorted by (layer, kind) */
+    comp_node_t *nodes; /* in creation order; the treap orders them */
     size_t ncomps, comps_cap;
+    int root; /* -1 while there are no components */
     int64_t total;
     uint64_t hash; /* running hash over the rows added so far */
     size_t *slots; /* open-addressing name index: row + 1, 0 = empty */
@@ -104,6 +120,7 @@ igrad_status_t igrad_layout_create(igrad_layout_t **out)
         return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "layout: out of memory");
     }
     l->hash = IGRAD__HASH_SEED;
+    l->root = -1;
     *out = l;
     return IGRAD_OK;
 }
@@ -113,7 +130,7 @@ void igrad_layout_free(igrad_layout_t *layout)
     if (!layout) return;
     for (size_t i = 0; i < layout->nrows; i++) free(layout->rows[i].name);
     free(layout->rows);
-    free(layout->comps);
+    free(layout->nodes);
     free(layout->slots);
     free(layout->family);
     free(layout);
@@ -158,41 +175,112 @@ static int comp_cmp(int layer_a, igrad_kind_t kind_a, int layer_b, igrad_kind_t 
     return 0;
 }
 
-/* Adds row `r` (already appended) to its component, inserting the
- * component in (layer, kind) order and renumbering later ones. */
+static size_t node_size(const igrad_layout_t *l, int n) { return n < 0 ? 0 : l->nodes[n].size; }
+
+static void node_fix_size(igrad_layout_t *l, int n)
+{
+    l->nodes[n].size = 1 + node_size(l, l->nodes[n].left) + node_size(l, l->nodes[n].right);
+}
+
+/* Priority of a key: a fixed mix (splitmix64's finaliser) of (layer,
+ * kind), so the tree's shape, like everything else, depends only on the
+ * tensors added. */
+static uint64_t node_prio(int layer, igrad_kind_t kind)
+{
+    uint64_t z = ((uint64_t)(uint32_t)layer << 8 | (uint64_t)kind) + 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Rotates node x above its parent, keeping key order. */
+static void node_rotate_up(igrad_layout_t *l, int x)
+{
+    comp_node_t *nd = l->nodes;
+    int p = nd[x].parent, g = nd[p].parent;
+    if (nd[p].left == x) {
+        nd[p].left = nd[x].right;
+        if (nd[x].right >= 0) nd[nd[x].right].parent = p;
+        nd[x].right = p;
+    } else {
+        nd[p].right = nd[x].left;
+        if (nd[x].left >= 0) nd[nd[x].left].parent = p;
+        nd[x].left = p;
+    }
+    nd[p].parent = x;
+    nd[x].parent = g;
+    if (g < 0) l->root = x;
+    else if (nd[g].left == p) nd[g].left = x;
+    else nd[g].right = x;
+    node_fix_size(l, p);
+    node_fix_size(l, x);
+}
+
+/* Index of node n in (layer, kind) order. */
+static size_t node_rank(const igrad_layout_t *l, int n)
+{
+    size_t r = node_size(l, l->nodes[n].left);
+    for (int p = l->nodes[n].parent; p >= 0; n = p, p = l->nodes[p].parent) {
+        if (l->nodes[p].right == n) r += node_size(l, l->nodes[p].left) + 1;
+    }
+    return r;
+}
+
+/* The node at index i in (layer, kind) order; i < ncomps. */
+static int node_select(const igrad_layout_t *l, size_t i)
+{
+    int n = l->root;
+    for (;;) {
+        size_t left = node_size(l, l->nodes[n].left);
+        if (i == left) return n;
+        if (i < left) {
+            n = l->nodes[n].left;
+        } else {
+            i -= left + 1;
+            n = l->nodes[n].right;
+        }
+    }
+}
+
+/* Adds row `r` (already appended) to its component, creating the
+ * component if it is new. Fails only before changing anything. */
 static igrad_status_t attach_component(igrad_layout_t *l, row_t *r)
 {
-    size_t lo = 0, hi = l->ncomps;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (comp_cmp(l->comps[mid].layer, l->comps[mid].kind, r->layer, r->kind) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo < l->ncomps && comp_cmp(l->comps[lo].layer, l->comps[lo].kind, r->layer, r->kind) == 0) {
-        l->comps[lo].count += r->count;
-        l->comps[lo].tensors += 1;
-        r->component = (int)lo;
-        return IGRAD_OK;
+    int parent = -1, n = l->root, c = 0;
+    while (n >= 0) {
+        c = comp_cmp(r->layer, r->kind, l->nodes[n].info.layer, l->nodes[n].info.kind);
+        if (c == 0) {
+            l->nodes[n].info.count += r->count;
+            l->nodes[n].info.tensors += 1;
+            r->node = n;
+            return IGRAD_OK;
+        }
+        parent = n;
+        n = c < 0 ? l->nodes[n].left : l->nodes[n].right;
     }
     if (l->ncomps == l->comps_cap) {
         size_t cap = l->comps_cap ? l->comps_cap * 2 : 32;
-        igrad_component_info_t *c = realloc(l->comps, cap * sizeof *c);
-        IGRAD_FAIL_IF(!c, IGRAD_E_NOMEM, "layout: out of memory");
-        l->comps = c;
+        comp_node_t *nodes = realloc(l->nodes, cap * sizeof *nodes);
+        IGRAD_FAIL_IF(!nodes, IGRAD_E_NOMEM, "layout: out of memory");
+        l->nodes = nodes;
         l->comps_cap = cap;
     }
-    memmove(&l->comps[lo + 1], &l->comps[lo], (l->ncomps - lo) * sizeof *l->comps);
-    l->ncomps++;
-    l->comps[lo] = (igrad_component_info_t){
-        .layer = r->layer, .kind = r->kind, .count = r->count, .tensors = 1};
-    /* Models are added block by block, so new components usually land at
-     * the end and this loop rarely renumbers anything. */
-    for (size_t i = 0; i + 1 < l->nrows; i++) {
-        if (l->rows[i].component >= (int)lo) l->rows[i].component++;
-    }
-    r->component = (int)lo;
+    int x = (int)l->ncomps++;
+    l->nodes[x] = (comp_node_t){
+        .info = {.layer = r->layer, .kind = r->kind, .count = r->count, .tensors = 1},
+        .prio = node_prio(r->layer, r->kind),
+        .left = -1,
+        .right = -1,
+        .parent = parent,
+        .size = 1,
+    };
+    if (parent < 0) l->root = x;
+    else if (c < 0) l->nodes[parent].left = x;
+    else l->nodes[parent].right = x;
+    for (int p = parent; p >= 0; p = l->nodes[p].parent) l->nodes[p].size++;
+    while (l->nodes[x].parent >= 0 && l->nodes[l->nodes[x].parent].prio < l->nodes[x].prio)
+        node_rotate_up(l, x);
+    r->node = x;
     return IGRAD_OK;
 }
 
@@ -207,6 +295,11 @@ igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_
 {
     IGRAD_FAIL_IF(!layout || !name, IGRAD_E_INVALID, "igrad_layout_add: NULL argument");
     IGRAD_FAIL_IF(name[0] == '\0', IGRAD_E_INVALID, "layout: empty tensor name");
+    /* A tensor of that name could not be written to safetensors and read
+     * back: readers take the key for the file's metadata. */
+    IGRAD_FAIL_IF(strcmp(name, "__metadata__") == 0, IGRAD_E_INVALID,
+                  "layout: tensor name '__metadata__' is reserved (safetensors keeps the "
+                  "file's metadata under that key)");
     IGRAD_FAIL_IF((int)dtype < 0 || dtype >= IGRAD_DTYPE_COUNT, IGRAD_E_INVALID,
                   "layout: tensor '%s': invalid dtype %d", name, (int)dtype);
     IGRAD_FAIL_IF(ndim < 0 || ndim > IGRAD_MAX_DIMS, IGRAD_E_INVALID,
@@ -247,7 +340,7 @@ igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_
     r.offset = layout->total;
     r.kind = igrad_component_of(name, &r.layer);
     r.is_bias = ends_with(name, "bias");
-    r.component = -1;
+    r.node = -1;
 
     layout->rows[layout->nrows++] = r;
     row_t *added = &layout->rows[layout->nrows - 1];
@@ -299,7 +392,7 @@ igrad_status_t igrad_layout_tensor(const igrad_layout_t *layout, size_t i,
     out->layer = r->layer;
     out->kind = r->kind;
     out->is_bias = r->is_bias;
-    out->component = r->component;
+    out->component = r->node < 0 ? -1 : (int)node_rank(layout, r->node);
     return IGRAD_OK;
 }
 
@@ -322,7 +415,7 @@ igrad_status_t igrad_layout_component(const igrad_layout_t *layout, size_t i,
     IGRAD_FAIL_IF(i >= layout->ncomps, IGRAD_E_INVALID,
                   "layout: component index %zu out of range (%zu components)", i,
                   layout->ncomps);
-    *out = layout->comps[i];
+    *out = layout->nodes[node_select(layout, i)].info;
     return IGRAD_OK;
 }
 
@@ -583,6 +676,13 @@ igrad_status_t igrad__layout_to_name_list(const igrad_layout_t *layout, char **t
 
 /* ---- loading by content ------------------------------------------------ */
 
+/* 1 if path ends with suffix, ignoring ASCII case. */
+static int has_suffix(const char *path, const char *suffix)
+{
+    size_t n = strlen(path), m = strlen(suffix);
+    return n >= m && igrad__name_equal(path + n - m, suffix);
+}
+
 static int is_dir(const char *path)
 {
     struct stat sb;
@@ -618,6 +718,13 @@ igrad_status_t igrad_layout_load(const char *path, igrad_layout_t **out)
         return st;
     }
 
+    /* The extension is the user's statement of what the file is: a
+     * .safetensors file with a damaged header must get the safetensors
+     * reader's message, not a name-list complaint about its binary length
+     * bytes. */
+    if (has_suffix(path, ".safetensors")) return igrad_layout_from_safetensors(path, out);
+    if (has_suffix(path, ".json")) return igrad_layout_from_hf_config(path, out);
+
     FILE *fp = fopen(path, "rb");
     IGRAD_FAIL_IF(!fp, IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
     unsigned char head[64];
@@ -642,5 +749,13 @@ igrad_status_t igrad_layout_load(const char *path, igrad_layout_t **out)
     while (i < got && (head[i] == ' ' || head[i] == '\t' || head[i] == '\r' || head[i] == '\n'))
         i++;
     if (i < got && head[i] == '{') return igrad_layout_from_hf_config(path, out);
+    /* '{' at byte 8 after binary bytes (which no name list may hold): a
+     * safetensors file whose length is wrong; let its reader say how. */
+    if (got >= 9 && head[8] == '{') {
+        for (int b = 0; b < 8; b++) {
+            if (head[b] < 0x20 && !is_space((char)head[b]) && head[b] != '\n')
+                return igrad_layout_from_safetensors(path, out);
+        }
+    }
     return igrad_layout_from_name_list(path, out);
 }

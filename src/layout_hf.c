@@ -52,8 +52,15 @@
  *   phi  model.{embed_tokens, layers.N.{self_attn.{q_proj,k_proj,v_proj,
  *     dense} (bias) [+ q_layernorm, k_layernorm], mlp.{fc1,fc2} (bias),
  *     input_layernorm}, final_layernorm}; lm_head with bias, not tied.
+ * Shapes transformers would refuse are refused too, naming the keys: a
+ * hidden size that is not a whole number of heads (unless head_dim is
+ * given; for gpt2, opt, gpt_neox, bloom and gptj only when the head count
+ * key is present, as their tables do not use it), a key/value head count
+ * that does not divide the head count, more experts per token than
+ * experts. Every dimension is an integer in [1, 2^24].
  */
 #define _POSIX_C_SOURCE 200809L
+#include "json_strict.h"
 #include "layout_internal.h"
 
 #include <cjson/cJSON.h>
@@ -146,15 +153,50 @@ static igrad_status_t cfg_bool(const hf_t *h, const char *key, int dflt, int *ou
     return IGRAD_OK;
 }
 
+/* `hidden` (read from key hidden_key) must be a whole number of heads:
+ * the attention modules of every family but an explicit head_dim raise a
+ * ValueError otherwise. */
+static igrad_status_t cfg_check_divides(const hf_t *h, const char *hidden_key, int64_t hidden,
+                                        const char *heads_key, int64_t heads)
+{
+    IGRAD_FAIL_IF(hidden % heads != 0, IGRAD_E_FORMAT,
+                  "%s: key '%s' (%lld) is not divisible by key '%s' (%lld attention heads)",
+                  h->src, hidden_key, (long long)hidden, heads_key, (long long)heads);
+    return IGRAD_OK;
+}
+
+/* Grouped-query attention: each key/value head serves a whole group of
+ * query heads, so the kv count must divide the head count. */
+static igrad_status_t cfg_check_kv_heads(const hf_t *h, const char *kv_key, int64_t kv,
+                                         const char *heads_key, int64_t heads)
+{
+    IGRAD_FAIL_IF(heads % kv != 0, IGRAD_E_FORMAT,
+                  "%s: key '%s' (%lld) must divide key '%s' (%lld): each key/value head "
+                  "serves a whole group of query heads", h->src, kv_key, (long long)kv,
+                  heads_key, (long long)heads);
+    return IGRAD_OK;
+}
+
+/* Families whose tables do not depend on the head count still refuse a
+ * count that transformers would refuse; checked only when the key is
+ * there (the table is well defined without it). */
+static igrad_status_t cfg_check_heads(const hf_t *h, const char *const *keys,
+                                      const char *hidden_key, int64_t hidden)
+{
+    const char *key = keys[0];
+    if (!cfg_find(h, keys, &key)) return IGRAD_OK;
+    int64_t heads;
+    IGRAD_CHECK(cfg_int_keys(h, keys, -1, 1, MAX_DIM, &heads));
+    return cfg_check_divides(h, hidden_key, hidden, key, heads);
+}
+
 /* head_dim: explicit when given (gemma), else hidden / heads, which must
  * then divide evenly. */
 static igrad_status_t cfg_head_dim(const hf_t *h, int64_t hidden, int64_t heads, int64_t *out)
 {
     IGRAD_CHECK(cfg_dim(h, "head_dim", 0, out));
     if (*out > 0) return IGRAD_OK;
-    IGRAD_FAIL_IF(hidden % heads != 0, IGRAD_E_FORMAT,
-                  "%s: hidden size %lld is not divisible by %lld attention heads", h->src,
-                  (long long)hidden, (long long)heads);
+    IGRAD_CHECK(cfg_check_divides(h, "hidden_size", hidden, "num_attention_heads", heads));
     *out = hidden / heads;
     return IGRAD_OK;
 }
@@ -256,6 +298,7 @@ static igrad_status_t build_llama(hf_t *h)
     IGRAD_CHECK(cfg_layers(h, layers_keys, &L));
     IGRAD_CHECK(cfg_dim(h, "num_attention_heads", -1, &nH));
     IGRAD_CHECK(cfg_dim(h, "num_key_value_heads", nH, &nKV));
+    IGRAD_CHECK(cfg_check_kv_heads(h, "num_key_value_heads", nKV, "num_attention_heads", nH));
     IGRAD_CHECK(cfg_head_dim(h, H, nH, &hd));
     IGRAD_CHECK(cfg_dim(h, "intermediate_size", -1, &I));
     IGRAD_CHECK(cfg_dim(h, "vocab_size", -1, &V));
@@ -265,6 +308,11 @@ static igrad_status_t build_llama(hf_t *h)
     IGRAD_CHECK(cfg_bool(h, "tie_word_embeddings", is_gemma, &tie));
     if (is_mixtral) {
         IGRAD_CHECK(cfg_int(h, "num_local_experts", 8, 1, MAX_EXPERTS, &E));
+        int64_t top_k;
+        IGRAD_CHECK(cfg_int(h, "num_experts_per_tok", 1, 1, MAX_EXPERTS, &top_k));
+        IGRAD_FAIL_IF(top_k > E, IGRAD_E_FORMAT,
+                      "%s: key 'num_experts_per_tok' (%lld) is more than key "
+                      "'num_local_experts' (%lld)", h->src, (long long)top_k, (long long)E);
         IGRAD_FAIL_IF(L * E > MAX_LAYER_EXPERTS, IGRAD_E_FORMAT,
                       "%s: %lld layers x %lld experts is more than the %d supported", h->src,
                       (long long)L, (long long)E, MAX_LAYER_EXPERTS);
@@ -314,6 +362,8 @@ static igrad_status_t build_opt(hf_t *h)
     IGRAD_CHECK(cfg_dim(h, "vocab_size", -1, &V));
     IGRAD_CHECK(cfg_dim(h, "max_position_embeddings", -1, &P));
     IGRAD_CHECK(cfg_dim(h, "word_embed_proj_dim", H, &D));
+    static const char *const heads_keys[] = {"num_attention_heads", NULL};
+    IGRAD_CHECK(cfg_check_heads(h, heads_keys, "hidden_size", H));
     IGRAD_CHECK(cfg_bool(h, "do_layer_norm_before", 1, &pre_norm));
     IGRAD_CHECK(cfg_bool(h, "_remove_final_layer_norm", 0, &remove_final));
     IGRAD_CHECK(cfg_bool(h, "enable_bias", 1, &bias));
@@ -361,6 +411,8 @@ static igrad_status_t build_gpt2(hf_t *h)
     IGRAD_CHECK(cfg_int_keys(h, pos_keys, -1, 1, MAX_DIM, &P));
     IGRAD_CHECK(cfg_bool(h, "tie_word_embeddings", 1, &tie));
     IGRAD_CHECK(cfg_bool(h, "add_cross_attention", 0, &cross));
+    static const char *const heads_keys[] = {"n_head", "num_attention_heads", NULL};
+    IGRAD_CHECK(cfg_check_heads(h, heads_keys, "n_embd", H));
     IGRAD_FAIL_IF(cross, IGRAD_E_UNSUPPORTED,
                   "%s: gpt2 with add_cross_attention is not supported", h->src);
 
@@ -392,6 +444,8 @@ static igrad_status_t build_gpt_neox(hf_t *h)
     IGRAD_CHECK(cfg_dim(h, "vocab_size", -1, &V));
     IGRAD_CHECK(cfg_bool(h, "tie_word_embeddings", 0, &tie));
     IGRAD_CHECK(cfg_bool(h, "attention_bias", 1, &bias));
+    static const char *const heads_keys[] = {"num_attention_heads", NULL};
+    IGRAD_CHECK(cfg_check_heads(h, heads_keys, "hidden_size", H));
 
     char p[160];
     IGRAD_CHECK(add(h, V, H, "gpt_neox.embed_in.weight"));
@@ -420,6 +474,8 @@ static igrad_status_t build_bloom(hf_t *h)
     IGRAD_CHECK(cfg_layers(h, layers_keys, &L));
     IGRAD_CHECK(cfg_dim(h, "vocab_size", -1, &V));
     IGRAD_CHECK(cfg_bool(h, "tie_word_embeddings", 1, &tie));
+    static const char *const heads_keys[] = {"n_head", "num_attention_heads", NULL};
+    IGRAD_CHECK(cfg_check_heads(h, heads_keys, "hidden_size", H));
 
     char p[160];
     IGRAD_CHECK(add(h, V, H, "transformer.word_embeddings.weight"));
@@ -458,9 +514,9 @@ static igrad_status_t build_falcon(hf_t *h)
     IGRAD_CHECK(cfg_bool(h, "bias", 0, &bias));
     IGRAD_CHECK(cfg_bool(h, "tie_word_embeddings", 1, &tie));
     IGRAD_CHECK(cfg_int(h, "num_ln_in_parallel_attn", new_arch ? 2 : 0, 0, 2, &n_ln));
-    IGRAD_FAIL_IF(H % nH != 0, IGRAD_E_FORMAT,
-                  "%s: hidden size %lld is not divisible by %lld attention heads", h->src,
-                  (long long)H, (long long)nH);
+    IGRAD_CHECK(cfg_check_divides(h, "hidden_size", H, "num_attention_heads", nH));
+    if (new_arch)
+        IGRAD_CHECK(cfg_check_kv_heads(h, "num_kv_heads", nKV, "num_attention_heads", nH));
     int64_t hd = H / nH;
     int64_t qkv = new_arch ? (2 * nKV + nH) * hd : multi_query ? H + 2 * hd : 3 * H;
 
@@ -499,6 +555,8 @@ static igrad_status_t build_gptj(hf_t *h)
     IGRAD_CHECK(cfg_dim(h, "n_inner", 4 * H, &I));
     IGRAD_CHECK(cfg_dim(h, "vocab_size", -1, &V));
     IGRAD_CHECK(cfg_bool(h, "tie_word_embeddings", 0, &tie));
+    static const char *const heads_keys[] = {"n_head", "num_attention_heads", NULL};
+    IGRAD_CHECK(cfg_check_heads(h, heads_keys, "n_embd", H));
 
     char p[160];
     IGRAD_CHECK(add(h, V, H, "transformer.wte.weight"));
@@ -531,9 +589,8 @@ static igrad_status_t build_phi(hf_t *h)
     IGRAD_CHECK(cfg_dim(h, "vocab_size", -1, &V));
     IGRAD_CHECK(cfg_bool(h, "tie_word_embeddings", 0, &tie));
     IGRAD_CHECK(cfg_bool(h, "qk_layernorm", 0, &qk_norm));
-    IGRAD_FAIL_IF(H % nH != 0, IGRAD_E_FORMAT,
-                  "%s: hidden size %lld is not divisible by %lld attention heads", h->src,
-                  (long long)H, (long long)nH);
+    IGRAD_CHECK(cfg_check_divides(h, "hidden_size", H, "num_attention_heads", nH));
+    IGRAD_CHECK(cfg_check_kv_heads(h, "num_key_value_heads", nKV, "num_attention_heads", nH));
     int64_t hd = H / nH;
 
     char p[160];
@@ -627,12 +684,23 @@ igrad_status_t igrad_layout_from_hf_config_string(const char *json, size_t nbyte
     while (at < nbytes && (json[at] == ' ' || json[at] == '\n' || json[at] == '\r' ||
                            json[at] == '\t'))
         at++;
+    size_t str_at = 0, nul = igrad__json_find_nul_escape(json, nbytes, &str_at);
     igrad_status_t st;
-    if (at != nbytes)
+    if (at != nbytes) {
         st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
                          "%s: trailing data after the JSON object at byte %zu", src, at);
-    else
+    } else if (nul != IGRAD__JSON_NO_NUL) {
+        /* cJSON would hand out the string cut at the NUL. */
+        char excerpt[64];
+        size_t line, col;
+        igrad__json_nul_excerpt(json, nul, str_at, excerpt, sizeof excerpt);
+        igrad__text_line_col(json, nul, &line, &col);
+        st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
+                         "%s:%zu:%zu: string %s holds \\u0000 (a NUL character), which "
+                         "igrad does not accept in JSON strings", src, line, col, excerpt);
+    } else {
         st = from_json(root, src, out);
+    }
     cJSON_Delete(root);
     return st;
 }

@@ -9,6 +9,7 @@
  * hash 0 (unknown); its JSON says so in a "note" and igrad_profile_load()
  * then checks only the components against a layout, not the hash.
  */
+#include "json_strict.h"
 #include "profile_internal.h"
 
 #include <cjson/cJSON.h>
@@ -605,6 +606,17 @@ igrad_status_t igrad__profile_from_json_text(const char *text, size_t nbytes,
                                "%s:%zu:%zu: unexpected text after the JSON value", source,
                                line, col);
         }
+    }
+    size_t str_at = 0, nul = igrad__json_find_nul_escape(text, nbytes, &str_at);
+    if (nul != IGRAD__JSON_NO_NUL) {
+        char excerpt[64];
+        size_t line = 1, col = 1;
+        igrad__json_nul_excerpt(text, nul, str_at, excerpt, sizeof excerpt);
+        line_col(text, nul, &line, &col);
+        cJSON_Delete(root);
+        return igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
+                           "%s:%zu:%zu: string %s holds \\u0000 (a NUL character), which igrad "
+                           "does not accept in JSON strings", source, line, col, excerpt);
     }
     igrad_status_t st = IGRAD_OK;
     igrad_profile_t *p = calloc(1, sizeof *p);

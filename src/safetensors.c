@@ -18,6 +18,7 @@
  * Not here: the table (layout.c), config.json (layout_hf.c).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "json_strict.h"
 #include "layout_internal.h"
 
 #include <cjson/cJSON.h>
@@ -181,6 +182,17 @@ igrad_status_t igrad_layout_from_safetensors_bytes(const void *bytes, size_t nby
     }
     IGRAD_FAIL_GOTO(!cJSON_IsObject(root), IGRAD_E_FORMAT, "%s: header is not a JSON object",
                     src);
+    size_t str_at = 0, nul = igrad__json_find_nul_escape(json, (size_t)hlen, &str_at);
+    if (nul != IGRAD__JSON_NO_NUL) {
+        /* cJSON would cut the name (or dtype) at the NUL: "a\u0000b" and
+         * "a" would be one tensor. */
+        char excerpt[64];
+        igrad__json_nul_excerpt(json, nul, str_at, excerpt, sizeof excerpt);
+        IGRAD_FAIL_GOTO(1, IGRAD_E_FORMAT,
+                        "%s: string %s at byte %zu holds \\u0000 (a NUL character), which "
+                        "igrad does not accept in tensor names or header strings",
+                        src, excerpt, 8 + nul);
+    }
 
     size_t n = 0;
     for (const cJSON *it = root->child; it; it = it->next) n++;
@@ -192,8 +204,17 @@ igrad_status_t igrad_layout_from_safetensors_bytes(const void *bytes, size_t nby
     for (const cJSON *it = root->child; it; it = it->next) {
         names[nn++] = it->string;
         if (strcmp(it->string, "__metadata__") == 0) {
+            /* The format makes it a string -> string map; anything else
+             * (a tensor entry under the reserved name, say) would be
+             * dropped silently. */
             IGRAD_FAIL_GOTO(!cJSON_IsObject(it), IGRAD_E_FORMAT,
                             "%s: '__metadata__' is not an object", src);
+            for (const cJSON *m = it->child; m; m = m->next) {
+                IGRAD_FAIL_GOTO(!cJSON_IsString(m), IGRAD_E_FORMAT,
+                                "%s: '__metadata__' entry '%.64s' is not a string (the key is "
+                                "reserved for a string -> string map, not a tensor)",
+                                src, m->string);
+            }
             continue;
         }
         entry_t *e = &entries[ne];

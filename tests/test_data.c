@@ -6,8 +6,11 @@
  * expected token streams are spelled out, windows are located by brute-force
  * search in the stream, the per-epoch window set is checked by sorting.
  *
- * The real corpora are tested only when scripts/fetch-corpus has prepared
- * them under $IGRAD_SOURCE_DIR/data; otherwise those tests are skipped.
+ * The real corpora are tested by `test_data --corpus` (its own CTest entry,
+ * test_data_corpus) in the data directory the trainer would use
+ * ($IGRAD_DATA_DIR, else the source tree's data/). A corpus that
+ * scripts/fetch-corpus has not prepared is a cmocka skip; when none is,
+ * the run exits 77, which CTest reports as "Skipped", never "Passed".
  */
 #define _XOPEN_SOURCE 700
 
@@ -274,6 +277,37 @@ static void test_jsonl_text(void **state)
     snprintf(spec, sizeof spec, "jsonl:%s", tmp_path("t.jsonl"));
     assert_int_equal(dataset_load(&ds, spec, &o, &err), DATA_OK);
     assert_stream(&ds.train, docs, 3);
+    dataset_free(&ds);
+}
+
+/* "\u0000" in a JSONL string: cJSON's C strings ended the document there
+ * ("abc\u0000def" trained on "abc"). Refused with file:line:column; an
+ * escaped backslash before "u0000" is ordinary text. A raw NUL byte made
+ * cJSON ignore the rest of the line. */
+static void test_jsonl_nul(void **state)
+{
+    (void)state;
+    data_options_t o = opts_with(2, 0.0);
+    char spec[600];
+    write_text("nul.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"abc\\u0000def\"}\n");
+    snprintf(spec, sizeof spec, "%s", tmp_path("nul.jsonl"));
+    expect_error(spec, &o, DATA_E_FORMAT, "nul.jsonl:2:14: string \"abc\\u0000...\" holds");
+    write_text("nul_a.jsonl", "{\"instruction\": \"Say\\u0000 hi.\", \"output\": \"Hi\"}\n");
+    snprintf(spec, sizeof spec, "%s", tmp_path("nul_a.jsonl"));
+    expect_error(spec, &o, DATA_E_FORMAT, "nul_a.jsonl:1:21: string \"Say\\u0000...\"");
+    write_text("nul_k.jsonl", "{\"te\\u0000xt\": \"a\", \"text\": \"b\"}\n");
+    snprintf(spec, sizeof spec, "%s", tmp_path("nul_k.jsonl"));
+    expect_error(spec, &o, DATA_E_FORMAT, "holds \\u0000");
+    write_bytes("nul_b.jsonl", "{\"text\": \"a\"}\0{\"text\"\n", 23);
+    snprintf(spec, sizeof spec, "%s", tmp_path("nul_b.jsonl"));
+    expect_error(spec, &o, DATA_E_FORMAT, "nul_b.jsonl:1:14: NUL byte");
+
+    write_text("bs.jsonl", "{\"text\": \"C:\\\\u0000\"}\n");
+    dataset_t ds;
+    data_error_t err;
+    assert_int_equal(dataset_load(&ds, tmp_path("bs.jsonl"), &o, &err), DATA_OK);
+    const char *docs[] = {"C:\\u0000"};
+    assert_stream(&ds.train, docs, 1);
     dataset_free(&ds);
 }
 
@@ -768,26 +802,29 @@ static void test_corpus_specs(void **state)
 /* The real corpora, when prepared                                          */
 /* ------------------------------------------------------------------------ */
 
+/* The data directory the trainer resolves (option unset), and whether
+ * `probe` exists in it. */
 static int real_data_dir(char *buf, size_t cap, const char *probe)
 {
-    const char *src = getenv("IGRAD_SOURCE_DIR");
-    if (!src) return 0;
-    snprintf(buf, cap, "%s/data", src);
+    data_dir_resolve(NULL, buf, cap);
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", buf, probe);
     struct stat sb;
     return stat(path, &sb) == 0;
 }
 
+static int g_corpus_ran; /* corpus tests that found their corpus */
+
 static void test_real_brown(void **state)
 {
     (void)state;
     char dir[512];
     if (!real_data_dir(dir, sizeof dir, "brown/genres.txt")) {
-        print_message("note: Brown corpus not prepared under $IGRAD_SOURCE_DIR/data "
-                      "(run scripts/fetch-corpus); skipping\n");
+        print_message("note: Brown corpus not prepared under %s (run scripts/fetch-corpus "
+                      "or set IGRAD_DATA_DIR); skipping\n", dir);
         skip();
     }
+    g_corpus_ran++;
     data_options_t o = opts_with(256, 0.05);
     o.data_dir = dir;
     dataset_t ds;
@@ -834,10 +871,11 @@ static void test_real_fortunes_kjv(void **state)
     char dir[512];
     if (!real_data_dir(dir, sizeof dir, "kjv/kjv.txt") ||
         !real_data_dir(dir, sizeof dir, "fortunes")) {
-        print_message("note: fortunes/kjv not prepared under $IGRAD_SOURCE_DIR/data "
-                      "(run scripts/fetch-corpus); skipping\n");
+        print_message("note: fortunes/kjv not prepared under %s (run scripts/fetch-corpus "
+                      "or set IGRAD_DATA_DIR); skipping\n", dir);
         skip();
     }
+    g_corpus_ran++;
     data_options_t o = opts_with(256, 0.05);
     o.data_dir = dir;
     dataset_t ds;
@@ -850,13 +888,33 @@ static void test_real_fortunes_kjv(void **state)
     dataset_free(&ds);
 }
 
-int main(void)
+/* CTest's SKIP_RETURN_CODE for test_data_corpus */
+#define EXIT_SKIPPED 77
+
+int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--corpus") == 0) {
+        const struct CMUnitTest corpus[] = {
+            cmocka_unit_test(test_real_brown),
+            cmocka_unit_test(test_real_fortunes_kjv),
+        };
+        int failed = cmocka_run_group_tests_name("real corpora", corpus, setup, teardown);
+        if (failed == 0 && g_corpus_ran == 0) {
+            printf("no corpus prepared: every real-corpus test skipped\n");
+            return EXIT_SKIPPED;
+        }
+        return failed;
+    }
+    if (argc != 1) {
+        fprintf(stderr, "usage: %s [--corpus]\n", argv[0]);
+        return 2;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenizer_round_trip),
         cmocka_unit_test(test_text_file),
         cmocka_unit_test(test_directory),
         cmocka_unit_test(test_jsonl_text),
+        cmocka_unit_test(test_jsonl_nul),
         cmocka_unit_test(test_alpaca),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_batches_same_for_any_rank_count),
@@ -865,8 +923,6 @@ int main(void)
         cmocka_unit_test(test_shard),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_corpus_specs),
-        cmocka_unit_test(test_real_brown),
-        cmocka_unit_test(test_real_fortunes_kjv),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -226,10 +227,24 @@ static void test_add_errors(void **state)
     EXPECT_FAIL(igrad_layout_add(l, "", IGRAD_DTYPE_F32, 2, ok), IGRAD_E_INVALID, "empty");
     EXPECT_FAIL(igrad_layout_add(l, "f", IGRAD_DTYPE_COUNT, 2, ok), IGRAD_E_INVALID, "dtype");
     EXPECT_FAIL(igrad_layout_add(l, NULL, IGRAD_DTYPE_F32, 2, ok), IGRAD_E_INVALID, NULL);
+    /* safetensors keeps metadata under this key: such a tensor would not
+     * survive a round trip (libFuzzer found it) */
+    EXPECT_FAIL(igrad_layout_add(l, "__metadata__", IGRAD_DTYPE_F32, 2, ok), IGRAD_E_INVALID,
+                "'__metadata__' is reserved");
+    EXPECT_OK(igrad_layout_add(l, "x.__metadata__", IGRAD_DTYPE_F32, 2, ok));
     /* Failed adds leave the table as it was. */
-    assert_int_equal(igrad_layout_count(l), 1);
-    assert_int_equal(igrad_layout_total_count(l), 12);
+    assert_int_equal(igrad_layout_count(l), 2);
+    assert_int_equal(igrad_layout_total_count(l), 24);
     igrad_layout_free(l);
+
+    /* A name list naming it is refused at its line. */
+    char path[1100];
+    tmp_path(path, sizeof path, "meta.names");
+    write_file(path, "a 2\n__metadata__ 4\n", 20);
+    l = NULL;
+    EXPECT_FAIL(igrad_layout_from_name_list(path, &l), IGRAD_E_FORMAT, "meta.names:2:");
+    expect_msg("name list", "reserved");
+    assert_null(l);
 }
 
 static void test_dtypes(void **state)
@@ -566,6 +581,70 @@ static void test_config_errors(void **state)
     EXPECT_FAIL(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l), IGRAD_E_FORMAT,
                 "'num_hidden_layers'");
 
+    /* impossible head counts, each named by its key */
+    static const struct {
+        const char *json;
+        const char *needle;
+    } heads[] = {
+        {"{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 3, \"intermediate_size\": 8, "
+         "\"vocab_size\": 10}",
+         "key 'num_key_value_heads' (3) must divide key 'num_attention_heads' (4)"},
+        {"{\"model_type\": \"mistral\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 8, \"intermediate_size\": 8, "
+         "\"vocab_size\": 10}",
+         "key 'num_key_value_heads' (8) must divide key 'num_attention_heads' (4)"},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 3, \"intermediate_size\": 8, \"vocab_size\": 10}",
+         "key 'hidden_size' (8) is not divisible by key 'num_attention_heads' (3"},
+        {"{\"model_type\": \"mixtral\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 2, \"intermediate_size\": 8, \"vocab_size\": 10, "
+         "\"num_local_experts\": 4, \"num_experts_per_tok\": 5}",
+         "key 'num_experts_per_tok' (5) is more than key 'num_local_experts' (4)"},
+        {"{\"model_type\": \"phi\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 3, \"intermediate_size\": 8, "
+         "\"vocab_size\": 10}",
+         "key 'num_key_value_heads' (3) must divide"},
+        {"{\"model_type\": \"falcon\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"num_attention_heads\": 4, \"num_kv_heads\": 3, \"new_decoder_architecture\": true, "
+         "\"vocab_size\": 10}",
+         "key 'num_kv_heads' (3) must divide"},
+        {"{\"model_type\": \"gpt2\", \"n_embd\": 8, \"n_layer\": 1, \"n_head\": 3, "
+         "\"n_positions\": 4, \"vocab_size\": 10}",
+         "key 'n_embd' (8) is not divisible by key 'n_head' (3"},
+        {"{\"model_type\": \"gptj\", \"n_embd\": 8, \"n_layer\": 1, \"n_head\": 0, "
+         "\"vocab_size\": 10}",
+         "'n_head' is 0"},
+        {"{\"model_type\": \"opt\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"ffn_dim\": 8, \"vocab_size\": 10, \"max_position_embeddings\": 4, "
+         "\"num_attention_heads\": 5}",
+         "key 'hidden_size' (8) is not divisible by key 'num_attention_heads' (5"},
+        {"{\"model_type\": \"gpt_neox\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+         "\"intermediate_size\": 8, \"vocab_size\": 10, \"num_attention_heads\": 3}",
+         "key 'hidden_size' (8) is not divisible by key 'num_attention_heads' (3"},
+        {"{\"model_type\": \"bloom\", \"hidden_size\": 8, \"n_layer\": 1, "
+         "\"vocab_size\": 10, \"n_head\": 3}",
+         "key 'hidden_size' (8) is not divisible by key 'n_head' (3"},
+    };
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        l = (igrad_layout_t *)0x1;
+        EXPECT_FAIL(igrad_layout_from_hf_config_string(heads[i].json, strlen(heads[i].json),
+                                                       "cfg.json", &l),
+                    IGRAD_E_FORMAT, heads[i].needle);
+        assert_null(l);
+    }
+    /* ... while dividing counts, and head_dim given explicitly, build */
+    j = "{\"model_type\": \"llama\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 8, "
+        "\"vocab_size\": 10}";
+    EXPECT_OK(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l));
+    igrad_layout_free(l);
+    j = "{\"model_type\": \"gemma\", \"hidden_size\": 8, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 3, \"head_dim\": 4, \"intermediate_size\": 8, "
+        "\"vocab_size\": 10}";
+    EXPECT_OK(igrad_layout_from_hf_config_string(j, strlen(j), "cfg.json", &l));
+    igrad_layout_free(l);
+
     char path[512];
     tmp_path(path, sizeof path, "missing.json");
     EXPECT_FAIL(igrad_layout_from_hf_config(path, &l), IGRAD_E_IO, "missing.json");
@@ -763,6 +842,10 @@ static void test_safetensors_errors(void **state)
         {"{\"__metadata__\":{}}", 0, "no tensors"},
         {"{\"__metadata__\":7,\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
          8, "'__metadata__' is not an object"},
+        /* a tensor entry under the reserved key is not metadata */
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"__metadata__\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
+         16, "'__metadata__' entry 'shape' is not a string"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} x", 8, "trailing"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -931,6 +1014,62 @@ static void test_load_dispatch(void **state)
     EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_IO, "absent");
 }
 
+/* The extension picks the reader first: a damaged .safetensors file gets
+ * the safetensors reader's message (it was read as a name list and failed
+ * on "control character 0x08"); content decides only without one. */
+static void test_load_by_extension(void **state)
+{
+    (void)state;
+    char path[1100];
+    igrad_layout_t *l = NULL;
+    /* length 8 (one byte short of the header below), then a header */
+    static const char hdr[] = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    unsigned char buf[128];
+    size_t hlen = sizeof hdr - 1;
+    memcpy(buf + 8, hdr, hlen);
+    memset(buf + 8 + hlen, 0, 4);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)8 >> (8 * i));
+    tmp_path(path, sizeof path, "short.safetensors");
+    write_file(path, buf, 8 + hlen + 4);
+    EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, "malformed JSON header");
+    assert_null(l);
+    /* a length beyond the file, upper-case extension */
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)5000 >> (8 * i));
+    tmp_path(path, sizeof path, "long.SafeTensors");
+    write_file(path, buf, 8 + hlen + 4);
+    EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, "larger than the file");
+    /* without an extension, binary length bytes before '{' still say
+     * safetensors */
+    tmp_path(path, sizeof path, "weights.bin");
+    write_file(path, buf, 8 + hlen + 4);
+    EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, "larger than the file");
+    /* the correct length loads whatever the name */
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    tmp_path(path, sizeof path, "good.bin");
+    write_file(path, buf, 8 + hlen + 4);
+    EXPECT_OK(igrad_layout_load(path, &l));
+    assert_string_equal(igrad_layout_family(l), "safetensors");
+    igrad_layout_free(l);
+    l = NULL;
+    /* .json is a config: a name list in it is malformed JSON, not a list */
+    tmp_path(path, sizeof path, "model.json");
+    write_file(path, "a 1 2\n", 6);
+    EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, "malformed JSON");
+    /* a name list and a config without those extensions are sniffed */
+    tmp_path(path, sizeof path, "model.names");
+    write_file(path, "a 1 2\n", 6);
+    EXPECT_OK(igrad_layout_load(path, &l));
+    assert_string_equal(igrad_layout_family(l), "names");
+    igrad_layout_free(l);
+    const char *j = "{\"model_type\": \"gpt2\", \"n_embd\": 8, \"n_layer\": 1, "
+                    "\"n_head\": 2, \"n_positions\": 4, \"vocab_size\": 10}";
+    tmp_path(path, sizeof path, "config.txt");
+    write_file(path, j, strlen(j));
+    EXPECT_OK(igrad_layout_load(path, &l));
+    assert_string_equal(igrad_layout_family(l), "gpt2");
+    igrad_layout_free(l);
+}
+
 static void test_to_json(void **state)
 {
     (void)state;
@@ -986,6 +1125,376 @@ static void test_to_json(void **state)
     igrad_layout_free(l);
 }
 
+/* "\u0000" in a JSON string: cJSON returns C strings cut at the NUL, so
+ * "gpt2\u0000x" read as gpt2 and a tensor "a\u0000junk" as "a". Refused
+ * with the file, position and string; an escaped backslash before
+ * "u0000" is an ordinary string. */
+static void test_json_nul_escape(void **state)
+{
+    (void)state;
+    igrad_layout_t *l = NULL;
+    const char *tail = "\"n_embd\": 8, \"n_layer\": 1, \"n_head\": 2, \"n_positions\": 4, "
+                       "\"vocab_size\": 10}";
+    char json[512];
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\\u0000x\",\n %s", tail);
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l),
+                IGRAD_E_FORMAT, "c.json:1:21: string \"gpt2\\u0000...\" holds \\u0000");
+    assert_null(l);
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\",\n \"n_inner\\u0000\": 3, %s", tail);
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l),
+                IGRAD_E_FORMAT, "c.json:2:10: string \"n_inner\\u0000...\"");
+    /* escaped backslashes: "\\u0000" is a backslash and "u0000"; in
+     * "\\\u0000" the NUL escape follows one */
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\", \"x\": \"a\\\\u0000\", %s", tail);
+    EXPECT_OK(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l));
+    igrad_layout_free(l);
+    l = NULL;
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\", \"x\": \"a\\\\\\u0000\", %s", tail);
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l),
+                IGRAD_E_FORMAT, "holds \\u0000");
+    /* a '"' inside a string does not end it */
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\", \"x\": \"\\\"\\u0000\", %s", tail);
+    EXPECT_FAIL(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l),
+                IGRAD_E_FORMAT, "holds \\u0000");
+    /* other escapes of code points are fine */
+    snprintf(json, sizeof json, "{\"model_type\": \"gpt2\", \"x\": \"\\u0001\\u00e9\", %s", tail);
+    EXPECT_OK(igrad_layout_from_hf_config_string(json, strlen(json), "c.json", &l));
+    igrad_layout_free(l);
+    l = NULL;
+
+    /* safetensors: a name and a dtype */
+    static const struct {
+        const char *json;
+        const char *needle;
+    } bad[] = {
+        {"{\"model.layers.0.mlp.up_proj.weight\\u0000junk\":{\"dtype\":\"F32\",\"shape\":[2],"
+         "\"data_offsets\":[0,8]}}", "string \"model.layers.0.mlp.up_proj.weight\\u0000...\" "
+         "at byte 43 holds \\u0000"},
+        {"{\"a\":{\"dtype\":\"F32\\u0000x\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         "string \"F32\\u0000...\" at byte 26"},
+        {"{\"a\\u0000\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", "holds \\u0000"},
+    };
+    char path[1100];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t hlen = strlen(bad[i].json);
+        unsigned char *buf = calloc(1, 8 + hlen + 16);
+        assert_non_null(buf);
+        for (int b = 0; b < 8; b++) buf[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
+        memcpy(buf + 8, bad[i].json, hlen);
+        snprintf(path, sizeof path, "%s/nul%zu.safetensors", tmpdir, i);
+        write_file(path, buf, 8 + hlen + 16);
+        free(buf);
+        l = NULL;
+        EXPECT_FAIL(igrad_layout_load(path, &l), IGRAD_E_FORMAT, bad[i].needle);
+        expect_msg("safetensors", path);
+        assert_null(l);
+    }
+}
+
+/* ---- building at scale -------------------------------------------------- */
+
+/* FNV-1a over the little-endian bytes of each value: a digest of what the
+ * accessors return (per tensor: component, layer, kind, offset; per
+ * component: layer, kind, count, tensors), to pin results across changes
+ * of the table's internals. */
+static uint64_t digest_i64(uint64_t h, int64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        h ^= (uint64_t)(v >> (8 * i)) & 0xff;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static void layout_digests(const igrad_layout_t *l, uint64_t *tensors, uint64_t *comps)
+{
+    uint64_t ht = 0xcbf29ce484222325ULL, hc = ht;
+    for (size_t i = 0; i < igrad_layout_count(l); i++) {
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, i, &t));
+        ht = digest_i64(digest_i64(digest_i64(digest_i64(ht, t.component), t.layer), t.kind),
+                        t.offset);
+    }
+    for (size_t i = 0; i < igrad_layout_component_count(l); i++) {
+        igrad_component_info_t c;
+        EXPECT_OK(igrad_layout_component(l, i, &c));
+        hc = digest_i64(digest_i64(digest_i64(digest_i64(hc, c.layer), c.kind), c.count),
+                        c.tensors);
+    }
+    *tensors = ht;
+    *comps = hc;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A llama-like model of `layers` blocks (9 tensors each, after an
+ * embedding), names sorted as a safetensors header lists them (layer 0,
+ * 1, 10, 100, ...): most components arrive out of (layer, kind) order.
+ * Returns the malloc'd name list text; *n receives the tensor count. */
+static char *sorted_model_list(int layers, size_t *n)
+{
+    static const char *const parts[] = {
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+        "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+        "mlp.down_proj",    "input_layernorm",  "post_attention_layernorm",
+    };
+    size_t count = 1 + (size_t)layers * 9, at = 0;
+    char **names = malloc(count * sizeof *names);
+    assert_non_null(names);
+    names[at++] = strdup("model.embed_tokens.weight");
+    for (int l = 0; l < layers; l++) {
+        for (int p = 0; p < 9; p++) {
+            char buf[96];
+            snprintf(buf, sizeof buf, "model.layers.%d.%s.weight", l, parts[p]);
+            names[at++] = strdup(buf);
+        }
+    }
+    qsort(names, count, sizeof *names, cmp_name);
+    size_t cap = count * 96, len = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    for (size_t i = 0; i < count; i++) {
+        assert_non_null(names[i]);
+        /* shapes vary with the position so counts are not all equal */
+        len += (size_t)snprintf(text + len, cap - len, strstr(names[i], "norm") ? "%s %zu\n"
+                                : "%s 4 %zu\n", names[i], 1 + i % 7);
+        free(names[i]);
+    }
+    free(names);
+    *n = count;
+    return text;
+}
+
+/* Components and every tensor's component index against a recomputation
+ * by sorting (layer, kind) keys, for tensors added in a shuffled order. */
+typedef struct key_count {
+    int layer, kind;
+    int64_t count;
+    int tensors;
+} key_count_t;
+
+static int cmp_key(const void *a, const void *b)
+{
+    const key_count_t *x = a, *y = b;
+    if (x->layer != y->layer) return x->layer < y->layer ? -1 : 1;
+    return (x->kind > y->kind) - (x->kind < y->kind);
+}
+
+static void expect_components_brute_force(const igrad_layout_t *l)
+{
+    size_t n = igrad_layout_count(l), nk = 0;
+    key_count_t *keys = calloc(n ? n : 1, sizeof *keys);
+    assert_non_null(keys);
+    for (size_t i = 0; i < n; i++) {
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, i, &t));
+        if (t.kind == IGRAD_KIND_OTHER) continue;
+        keys[nk++] = (key_count_t){t.layer, (int)t.kind, t.count, 1};
+    }
+    qsort(keys, nk, sizeof *keys, cmp_key);
+    size_t nu = 0;
+    for (size_t i = 0; i < nk; i++) {
+        if (nu && cmp_key(&keys[nu - 1], &keys[i]) == 0) {
+            keys[nu - 1].count += keys[i].count;
+            keys[nu - 1].tensors++;
+        } else {
+            keys[nu++] = keys[i];
+        }
+    }
+    assert_int_equal(igrad_layout_component_count(l), nu);
+    for (size_t c = 0; c < nu; c++) {
+        igrad_component_info_t ci;
+        EXPECT_OK(igrad_layout_component(l, c, &ci));
+        if (ci.layer != keys[c].layer || (int)ci.kind != keys[c].kind ||
+            ci.count != keys[c].count || ci.tensors != keys[c].tensors)
+            fail_msg("component %zu is (%d, %s, %lld, %d), expected (%d, %s, %lld, %d)", c,
+                     ci.layer, igrad_kind_name(ci.kind), (long long)ci.count, ci.tensors,
+                     keys[c].layer, igrad_kind_name((igrad_kind_t)keys[c].kind),
+                     (long long)keys[c].count, keys[c].tensors);
+    }
+    for (size_t i = 0; i < n; i++) {
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, i, &t));
+        if (t.kind == IGRAD_KIND_OTHER) {
+            assert_int_equal(t.component, -1);
+            continue;
+        }
+        key_count_t k = {t.layer, (int)t.kind, 0, 0};
+        key_count_t *at = bsearch(&k, keys, nu, sizeof *keys, cmp_key);
+        assert_non_null(at);
+        if (t.component != (int)(at - keys))
+            fail_msg("%s: component %d, expected %d", t.name, t.component, (int)(at - keys));
+    }
+    free(keys);
+}
+
+static void test_components_any_order(void **state)
+{
+    (void)state;
+    char path[1100];
+    size_t n = 0;
+    char *text = sorted_model_list(3000, &n);
+    tmp_path(path, sizeof path, "sorted.names");
+    write_file(path, text, strlen(text));
+    free(text);
+    igrad_layout_t *l = NULL;
+    EXPECT_OK(igrad_layout_from_name_list(path, &l));
+    assert_int_equal(igrad_layout_count(l), n);
+    expect_components_brute_force(l);
+    /* Pinned from the sorted-array implementation this replaced: same
+     * components, same order, same hash. */
+    uint64_t ht, hc;
+    layout_digests(l, &ht, &hc);
+    if (igrad_layout_hash(l) != 0x3b0b9e7746cae7cbULL || ht != 0x8c89b99f4296eeb6ULL ||
+        hc != 0x42e47a205771a555ULL)
+        fail_msg("sorted list: hash %016llx tensors %016llx comps %016llx changed",
+                 (unsigned long long)igrad_layout_hash(l), (unsigned long long)ht,
+                 (unsigned long long)hc);
+
+    /* The same tensors added in a shuffled order (a fixed LCG). */
+    size_t *order = malloc(n * sizeof *order);
+    assert_non_null(order);
+    for (size_t i = 0; i < n; i++) order[i] = i;
+    uint64_t r = 12345;
+    for (size_t i = n - 1; i > 0; i--) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        size_t j = (size_t)((r >> 33) % (i + 1));
+        size_t tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+    igrad_layout_t *shuffled = NULL;
+    EXPECT_OK(igrad_layout_create(&shuffled));
+    for (size_t i = 0; i < n; i++) {
+        igrad_tensor_info_t t;
+        EXPECT_OK(igrad_layout_tensor(l, order[i], &t));
+        EXPECT_OK(igrad_layout_add(shuffled, t.name, t.dtype, t.ndim, t.shape));
+    }
+    expect_components_brute_force(shuffled);
+    size_t nc = igrad_layout_component_count(l);
+    assert_int_equal(igrad_layout_component_count(shuffled), nc);
+    for (size_t c = 0; c < nc; c++) {
+        igrad_component_info_t a, b;
+        EXPECT_OK(igrad_layout_component(l, c, &a));
+        EXPECT_OK(igrad_layout_component(shuffled, c, &b));
+        assert_int_equal(a.layer, b.layer);
+        assert_int_equal(a.kind, b.kind);
+        assert_int_equal(a.count, b.count);
+        assert_int_equal(a.tensors, b.tensors);
+    }
+    free(order);
+    igrad_layout_free(shuffled);
+    igrad_layout_free(l);
+}
+
+/* Every shipped config's table, pinned from the implementation before the
+ * component tree (layout hash, per-tensor and per-component digests). */
+static void test_shipped_configs_pinned(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *config;
+        uint64_t hash, tensors, comps;
+    } pinned[] = {
+        {"bloom-560m", 0x4b3fe74e3af4b6ecULL, 0xbf6777a084c71ec3ULL, 0x86ce3fbb8df28535ULL},
+        {"falcon-7b", 0x3526029175210343ULL, 0x21bff2cb7a83ef72ULL, 0xa5e441f2848c5865ULL},
+        {"gemma-2b", 0x6780bc9151f69b4eULL, 0x7718d6795ec7bfa2ULL, 0xeec13dd688d46729ULL},
+        {"gpt-j-6b", 0xec1ae0fdea325995ULL, 0x7999b5e0486a329aULL, 0xeee0deaa41cf647dULL},
+        {"gpt2", 0x259356be40fe6735ULL, 0x2efc4481f50e2b84ULL, 0x668e227d58e15a6dULL},
+        {"llama-100m", 0xc9ebe59dc7199b41ULL, 0xe9101d6f590e0410ULL, 0xde47da97e8ee4c05ULL},
+        {"llama-2-7b", 0x204a252657b7d59dULL, 0xf12200d1f00b0602ULL, 0xa4f43178693a1025ULL},
+        {"mistral-7b", 0x0234237962046962ULL, 0x9cf36ae3287c49d3ULL, 0x80febd212fe00565ULL},
+        {"mixtral-8x7b", 0xbdb0057d3a16ebfcULL, 0xce8315689d3c27a6ULL, 0x060a7ce25fb313e5ULL},
+        {"opt-125m", 0x4fb755b0eb80ae70ULL, 0xc1549ecee9014e40ULL, 0x6cb5402fc25c03d5ULL},
+        {"opt-350m", 0x8a103e16e320b560ULL, 0xd99494f065d0ef31ULL, 0xe49e797d33832285ULL},
+        {"phi-2", 0xd8c55fa17504fea8ULL, 0xaa3bdb7567c9c8e2ULL, 0x0b9d628d9ae8a7a5ULL},
+        {"pythia-160m", 0x68165434a8d9790fULL, 0x68aae33eed58a9fbULL, 0x668e227d58e15a6dULL},
+        {"qwen2-0.5b", 0xc13ac18bd746b2d5ULL, 0x04d87dd765d929ebULL, 0x49394ab5bb125865ULL},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) {
+        char path[4200];
+        config_path(pinned[i].config, path, sizeof path);
+        igrad_layout_t *l = NULL;
+        EXPECT_OK(igrad_layout_from_hf_config(path, &l));
+        uint64_t ht, hc;
+        layout_digests(l, &ht, &hc);
+        if (igrad_layout_hash(l) != pinned[i].hash || ht != pinned[i].tensors ||
+            hc != pinned[i].comps) {
+            print_error("{\"%s\", 0x%016llxULL, 0x%016llxULL, 0x%016llxULL},\n",
+                        pinned[i].config, (unsigned long long)igrad_layout_hash(l),
+                        (unsigned long long)ht, (unsigned long long)hc);
+            bad = 1;
+        }
+        expect_components_brute_force(l);
+        igrad_layout_free(l);
+    }
+    if (bad) fail_msg("shipped configs: tables differ from the pinned values (printed above)");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds to read a model of `layers` blocks (in header order) as a name
+ * list and as a safetensors header; both tables are checked equal. */
+static void time_reads(int layers, double *list_s, double *st_s, size_t *n)
+{
+    char path[1100], st_path[1100];
+    char *text = sorted_model_list(layers, n);
+    tmp_path(path, sizeof path, "large.names");
+    write_file(path, text, strlen(text));
+    free(text);
+    igrad_layout_t *l = NULL, *st = NULL;
+    double t0 = now_s();
+    EXPECT_OK(igrad_layout_from_name_list(path, &l));
+    double t1 = now_s();
+    assert_int_equal(igrad_layout_count(l), *n);
+    tmp_path(st_path, sizeof st_path, "large.safetensors");
+    write_safetensors(l, st_path);
+    double t2 = now_s();
+    EXPECT_OK(igrad_layout_from_safetensors(st_path, &st));
+    double t3 = now_s();
+    expect_same_table(l, st, "large.safetensors");
+    igrad_layout_free(st);
+    igrad_layout_free(l);
+    unlink(path);
+    unlink(st_path);
+    *list_s = t1 - t0;
+    *st_s = t3 - t2;
+}
+
+/* 300k tensors in header order, as a name list and a safetensors header.
+ * Building the table was quadratic: 10 s for 100k, about 90 s here, 100
+ * times the 30k-tensor time. It now takes about a second (10 to 15 s in
+ * a -O0 sanitizer build), about 10 times the 30k time. Failing needs
+ * both a slow read (over 30 s) and a superlinear one (over 40 times the
+ * small read), so neither a slow machine nor a loaded one trips it. */
+static void test_large_layout_fast(void **state)
+{
+    (void)state;
+    size_t n_small, n;
+    double list_small, st_small, list_s, st_s;
+    time_reads(3333, &list_small, &st_small, &n_small);
+    time_reads(33333, &list_s, &st_s, &n);
+    print_message("      %zu tensors: name list %.2f s, safetensors header %.2f s "
+                  "(%zu tensors: %.3f s, %.3f s)\n", n, list_s, st_s, n_small, list_small,
+                  st_small);
+    int list_slow = list_s > 30.0 && list_s > 40.0 * list_small;
+    int st_slow = st_s > 30.0 && st_s > 40.0 * st_small;
+    if (list_slow || st_slow)
+        fail_msg("%zu tensors: name list %.1f s, safetensors %.1f s; %zu tensors: %.2f s, "
+                 "%.2f s (limit: 30 s and 40 times the small read)", n, list_s, st_s,
+                 n_small, list_small, st_small);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1001,7 +1510,12 @@ int main(void)
         cmocka_unit_test(test_safetensors_errors),
         cmocka_unit_test(test_name_list),
         cmocka_unit_test(test_load_dispatch),
+        cmocka_unit_test(test_load_by_extension),
+        cmocka_unit_test(test_json_nul_escape),
         cmocka_unit_test(test_to_json),
+        cmocka_unit_test(test_components_any_order),
+        cmocka_unit_test(test_shipped_configs_pinned),
+        cmocka_unit_test(test_large_layout_fast),
     };
     return cmocka_run_group_tests(tests, setup_tmpdir, teardown_tmpdir);
 }

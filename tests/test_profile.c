@@ -550,6 +550,49 @@ static void test_malformed_profiles(void **state)
     assert_int_equal(igrad_profile_load(tmp_path("missing.json"), NULL, &p), IGRAD_E_IO);
 }
 
+/* Replaces the first `from` in text with `to` (malloc'd result). */
+static char *replace_first(const char *text, const char *from, const char *to)
+{
+    const char *at = strstr(text, from);
+    assert_non_null(at);
+    size_t n = strlen(text), nf = strlen(from), nt = strlen(to);
+    char *out = malloc(n - nf + nt + 1);
+    assert_non_null(out);
+    memcpy(out, text, (size_t)(at - text));
+    memcpy(out + (at - text), to, nt);
+    strcpy(out + (at - text) + nt, at + nf);
+    return out;
+}
+
+/* "\u0000" in a string: cJSON cut "Q\u0000junk" to "Q" and "adtopk\u0000x"
+ * to "adtopk", so edited profiles loaded as something else. */
+static void test_nul_escape(void **state)
+{
+    (void)state;
+    char *text = valid_json();
+    char *bad = replace_first(text, "\"Q\"", "\"Q\\u0000junk\"");
+    expect_json_format(bad, "string \"Q\\u0000...\" holds \\u0000");
+    free(bad);
+    const char *sp = strstr(text, "\"sparsifier\"");
+    assert_non_null(sp);
+    char key[64];
+    /* the sparsifier's value, whatever it is, gets a NUL escape appended */
+    const char *v = strchr(sp + 12, '"');
+    const char *ve = strchr(v + 1, '"');
+    snprintf(key, sizeof key, "%.*s\\u0000x\"", (int)(ve - v), v);
+    char orig[64];
+    snprintf(orig, sizeof orig, "%.*s\"", (int)(ve - v), v);
+    bad = replace_first(text, orig, key);
+    expect_json_format(bad, "holds \\u0000");
+    free(bad);
+    /* an escaped backslash before u0000 is a literal: the kind is then
+     * simply unknown */
+    bad = replace_first(text, "\"Q\"", "\"Q\\\\u0000\"");
+    expect_json_format(bad, "kind 'Q\\u0000' is not one of");
+    free(bad);
+    free(text);
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -565,6 +608,7 @@ int main(void)
         cmocka_unit_test(test_json_round_trip_and_csv),
         cmocka_unit_test(test_wrong_layout),
         cmocka_unit_test(test_malformed_profiles),
+        cmocka_unit_test(test_nul_escape),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

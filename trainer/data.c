@@ -11,6 +11,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "data.h"
+#include "json_strict.h" /* libigrad's check for \u0000 in JSON strings */
 
 #include <cJSON.h>
 #include <dirent.h>
@@ -403,11 +404,26 @@ static int load_jsonl(const char *path, enum jsonl_kind kind, int response_only,
         if (stop > pos && data[stop - 1] == '\r') stop--;
         char saved = data[stop];
         data[stop] = '\0'; /* parse the line in place */
-        if (!is_blank(data + pos, stop - pos)) {
+        const char *nul_byte = memchr(data + pos, '\0', stop - pos);
+        size_t str_at = 0, nul = IGRAD__JSON_NO_NUL;
+        if (nul_byte) {
+            /* cJSON would stop at it and accept the line's first part */
+            st = fail(err, DATA_E_FORMAT, "%s:%zu:%zu: NUL byte in a JSONL line", path, line,
+                      (size_t)(nul_byte - (data + pos)) + 1);
+        } else if (!is_blank(data + pos, stop - pos)) {
             cJSON *obj = cJSON_ParseWithOpts(data + pos, NULL, 1);
+            if (obj && cJSON_IsObject(obj))
+                nul = igrad__json_find_nul_escape(data + pos, stop - pos, &str_at);
             if (!obj || !cJSON_IsObject(obj)) {
                 st = fail(err, DATA_E_FORMAT, "%s:%zu: malformed JSONL line (%s)", path, line,
                           obj ? "not a JSON object" : "invalid JSON");
+            } else if (nul != IGRAD__JSON_NO_NUL) {
+                /* cJSON's C strings would end the document at the NUL. */
+                char excerpt[64];
+                igrad__json_nul_excerpt(data + pos, nul, str_at, excerpt, sizeof excerpt);
+                st = fail(err, DATA_E_FORMAT,
+                          "%s:%zu:%zu: string %s holds \\u0000 (a NUL character), which "
+                          "documents cannot contain here", path, line, nul + 1, excerpt);
             } else {
                 if (kind == JSONL_AUTO) {
                     if (cJSON_GetObjectItemCaseSensitive(obj, "text"))
