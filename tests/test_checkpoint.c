@@ -380,6 +380,21 @@ static void test_bad_inputs(void **state)
     assert_fails_with(checkpoint_load_model(dir, &out), IGRAD_E_UNSUPPORTED, cfg_path, "gpt2");
     write_file(cfg_path, "{", 1);
     assert_fails_with(checkpoint_load_model(dir, &out), IGRAD_E_FORMAT, cfg_path, "JSON");
+    /* \u0000 in a config string: cJSON would cut "llama" to "lla" */
+    static const char nul_cfg[] = "{\"model_type\": \"lla\\u0000ma\"}";
+    write_file(cfg_path, nul_cfg, strlen(nul_cfg));
+    assert_fails_with(checkpoint_load_model(dir, &out), IGRAD_E_FORMAT, cfg_path, "\\u0000");
+    /* ... and in a tensor name of the safetensors header */
+    static const char nul_header[] =
+        "{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    size_t nn = strlen(nul_header);
+    memset(bad, ' ', 8 + (nn + 7) / 8 * 8 + 4);
+    for (int i = 0; i < 8; i++) bad[i] = (char)(i == 0 ? (nn + 7) / 8 * 8 : 0);
+    memcpy(bad + 8, nul_header, nn);
+    memset(bad + 8 + (nn + 7) / 8 * 8, 0, 4);
+    write_file(st_path, bad, 8 + (nn + 7) / 8 * 8 + 4);
+    assert_fails_with(checkpoint_load_params(st_path, m), IGRAD_E_FORMAT, st_path, "\\u0000");
+    write_file(st_path, good, good_n);
     unlink(cfg_path);
     assert_fails_with(checkpoint_load_model(dir, &out), IGRAD_E_IO, cfg_path, NULL);
     assert_null(out);

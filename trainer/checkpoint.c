@@ -11,6 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint.h"
+#include "json_strict.h" /* libigrad's check for \u0000 in JSON strings */
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -614,6 +615,8 @@ static igrad_status_t st_open(st_file_t *f, const char *path)
         st = trainer_fail(IGRAD_E_FORMAT, "%s: header is not a JSON object", path);
         goto cleanup;
     }
+    st = checkpoint_json_refuse_nul(path, "header", header, (size_t)hlen);
+    if (st != IGRAD_OK) goto cleanup;
     int count = cJSON_GetArraySize(f->root);
     f->entries = calloc((size_t)(count > 0 ? count : 1), sizeof *f->entries);
     order = calloc((size_t)(count > 0 ? count : 1), sizeof *order);
@@ -918,6 +921,20 @@ static igrad_status_t read_text(const char *path, char **text, size_t *nbytes)
     return IGRAD_OK;
 }
 
+igrad_status_t checkpoint_json_refuse_nul(const char *path, const char *what, const char *text,
+                                          size_t nbytes)
+{
+    size_t str_at = 0, at = igrad__json_find_nul_escape(text, nbytes, &str_at);
+    if (at == IGRAD__JSON_NO_NUL) return IGRAD_OK;
+    size_t line = 0, col = 0;
+    char excerpt[96];
+    igrad__text_line_col(text, at, &line, &col);
+    igrad__json_nul_excerpt(text, at, str_at, excerpt, sizeof excerpt);
+    return trainer_fail(IGRAD_E_FORMAT, "%s: %s %zu:%zu: string %s holds \\u0000 (a NUL "
+                        "character), which names and values cannot contain",
+                        path, what, line, col, excerpt);
+}
+
 igrad_status_t checkpoint_read_config(const char *path, model_config_t *cfg)
 {
     char *text = NULL;
@@ -925,8 +942,13 @@ igrad_status_t checkpoint_read_config(const char *path, model_config_t *cfg)
     igrad_status_t st = read_text(path, &text, &n);
     if (st != IGRAD_OK) return st;
     cJSON *root = cJSON_ParseWithLength(text, n);
+    if (root) st = checkpoint_json_refuse_nul(path, "config", text, n);
     free(text);
     if (!root) return trainer_fail(IGRAD_E_FORMAT, "%s: not valid JSON", path);
+    if (st != IGRAD_OK) {
+        cJSON_Delete(root);
+        return st;
+    }
     st = parse_config(root, path, cfg);
     cJSON_Delete(root);
     return st;

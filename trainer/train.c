@@ -680,6 +680,8 @@ static igrad_status_t read_state(run_t *r, const char *dir, int64_t *next_step)
         st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: not a valid JSON object", path);
         goto cleanup;
     }
+    if ((st = checkpoint_json_refuse_nul(path, "--resume: train state", text, n)) != IGRAD_OK)
+        goto cleanup;
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
