@@ -37,6 +37,12 @@ skips the step on all ranks alike; with nonfinite="keep" each rank's
 local, unmodified gradients are returned. Either way the skip is in
 state.last_stats["skipped"] and state.skipped_steps.
 
+Parameters are fixed when the state is attached: every step checks each
+parameter's size, dtype and identity (and its gradient's size) against
+that, and a change on any rank raises MismatchError on every rank (see
+IgradState._check_step). Identity needs the module: the model, a DDP
+wrapper or an unstarted named_parameters() generator of it.
+
 Not here: the C-level objects (igrad/core.py) and library loading
 (igrad/_lib.py).
 """
@@ -969,6 +975,9 @@ class GradientSynchronizer:
     DeepSpeed writes checkpoints from rank 0 only."""
 
     def __init__(self, named_parameters, state):
+        # named_parameters: model.named_parameters() (unstarted), the model
+        # itself, or (name, parameter) pairs (then no check for replaced
+        # parameters: the module they live in is unknown).
         self.state = state
         state.attach(named_parameters)
 
