@@ -574,12 +574,13 @@ class IgradState:
 
     def _check_step(self, step, grads):
         """None, or (t, MismatchError) for the first layout tensor t whose
-        parameter or gradient no longer matches the state as attached."""
+        parameter or gradient no longer matches the state as attached.
+        (Gradient dtypes need no check: any float is staged to float32, and
+        torch keeps a gradient's dtype equal to its parameter's.)"""
         counts, params = self._counts, self._params
         if (list(map(torch.Tensor.numel, params)) == counts
                 and list(map(_DTYPE_OF, params)) == self._dtypes
                 and list(map(torch.Tensor.numel, grads)) == counts
-                and all(map(torch.Tensor.is_floating_point, grads))
                 and (self._slots is None or self._slots.intact())):
             return None
         return self._first_mismatch(step, grads)
@@ -604,9 +605,6 @@ class IgradState:
             elif g.numel() != count:
                 why = "the gradient of %s has %d entries, the layout %d" % (name, g.numel(),
                                                                            count)
-            elif not g.is_floating_point():
-                why = "the gradient of %s is %s, not floating point" % (
-                    name, str(g.dtype).replace("torch.", ""))
             if why is not None:
                 return t, L.MismatchError(
                     "step %d: %s; build a new IgradState (and GradientSynchronizer) for the "

@@ -455,6 +455,25 @@ def w_dtype_changed_on_one_rank(rank, world):
                     ["model.embed_tokens.weight", "is float64, it was float32"], "dtype")
 
 
+def w_hook_refusal_on_one_rank(rank, world):
+    # In the DDP hook, a failure found before the engine runs (here: rank 1's
+    # state was re-attached to another model of the same shapes, so DDP's
+    # buckets hold parameters it does not know) used to raise on that rank
+    # only, leaving rank 0 in the step's collectives until gloo's timeout.
+    model, ddp, state = make_ddp(method="topk_sync", density=0.125)
+    ddp(*H.batch(rank, 0)).backward()
+    if rank == 1:
+        state.attach(H.TinyLlama())
+    try:
+        ddp(*H.batch(rank, 1)).backward()
+    except (igrad.MismatchError, RuntimeError) as e:
+        msg = str(e)
+        want = "not in this state's model" if rank == 1 else "rank 1 refused"
+        assert want in msg and "MismatchError" in type(e).__name__ + msg, (rank, msg)
+        return
+    raise AssertionError("rank %d: the hook's refusal on rank 1 raised nothing here" % rank)
+
+
 class DDPHook(unittest.TestCase):
     def test_sync_methods_match_torch_reference(self):
         H.spawn(w_sync_reference)
@@ -486,6 +505,9 @@ class DDPHook(unittest.TestCase):
 
     def test_dtype_change_fails_every_rank(self):
         H.spawn(w_dtype_changed_on_one_rank)
+
+    def test_hook_refusal_on_one_rank_fails_every_rank(self):
+        H.spawn(w_hook_refusal_on_one_rank, deadline_s=90)
 
 
 if __name__ == "__main__":
