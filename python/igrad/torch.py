@@ -808,10 +808,10 @@ class IgradState:
         sd["plan_hash"] = self.plan_hash()
         sd["engine_step"] = eng.step
         residuals = {}
-        for t, (n, p) in enumerate(self._named):
+        for t, (n, shape, count, _) in enumerate(self._meta):  # as attached (the engine's)
             addr = eng.residual_address(t)
             if addr is not None:
-                residuals[n] = _wrap(addr, p.numel(), torch.float32).clone().view(p.shape)
+                residuals[n] = _wrap(addr, count, torch.float32).clone().view(shape)
         sd["residuals"] = residuals
         with tempfile.TemporaryDirectory(prefix="igrad-state-") as d:
             path = os.path.join(d, "state.bin")

@@ -435,6 +435,9 @@ class Binding(unittest.TestCase):
         model, sync = fresh()
         model.lm_head.weight.data = torch.zeros(40, 16)
         refused(sync, "lm_head.weight", "640 entries, the layout 512", "resized")
+        # the residuals are still read at the engine's (attached) sizes
+        self.assertEqual(tuple(sync.state.state_dict()["residuals"]["lm_head.weight"].shape),
+                         (32, 16))
         model, sync = fresh()
         model.model.norm.weight.data = torch.ones(4)
         refused(sync, "model.norm.weight", "4 entries, the layout 16")
