@@ -2,7 +2,8 @@
 # fresh Debian machine `make test` alone installs, builds and tests.
 #   make          build into build/ (build/igrad, build/libigrad.so)
 #   make test     build + run every test (unit, MPI, fuzz, CLI, Python)
-#   make asan     same tests under AddressSanitizer + UBSan (build-asan/)
+#   make asan     same tests (Python ones too, ASan runtime preloaded) under
+#                 AddressSanitizer + UBSan + float-cast-overflow (build-asan/)
 #   make bench    selection benchmarks (C, and against torch.topk)
 #   make demo     the main job (see README)
 #   make experiments  RQ1-RQ5 in quick mode (docs/reproduce.md)

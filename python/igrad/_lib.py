@@ -101,10 +101,33 @@ def error_for(status, message, function=None):
 MAX_DIMS = 4
 c_enum = ctypes.c_int  # every igrad enum is a plain C enum (int)
 
-DTYPE = {"F32": 0, "F16": 1, "BF16": 2, "F64": 3, "I8": 4, "I16": 5, "I32": 6,
-         "I64": 7, "U8": 8, "U16": 9, "U32": 10, "U64": 11, "BOOL": 12}
-KIND_NAMES = ["Q", "K", "V", "QKV", "O", "FC1", "FC2", "OTHER"]
-SPARSIFIERS = {"none": 0, "topk": 1, "adtopk": 2}
+# Enum tables, read from the loaded library's own name functions when the
+# process-wide library is loaded (fill_tables), so that they cannot drift
+# from the C tables: a dtype or method added to the library is known here
+# without an edit. Filled in place: `from ._lib import KIND_NAMES` stays
+# valid. Lists are indexed by the enum value; dicts map the C name to it.
+DTYPE_NAMES = []         # igrad_dtype_name: "F32", ..., "F8_E4M3", ...
+DTYPE = {}               # "F32" -> 0
+KIND_NAMES = []          # igrad_kind_name: "Q", ..., "OTHER"
+SPARSIFIERS = {}         # igrad_sparsifier_name: "none" -> 0
+METHODS = {}             # igrad_method_name: "dense" -> 0
+SCHEDULES = {}           # igrad_schedule_name
+PACK_POLICIES = {}       # igrad_pack_policy_name
+RESIDUAL_POLICIES = {}   # igrad_residual_policy_name
+COLLECTIVES = {}         # igrad_collective_name
+# (table, C function, what the function returns past the last value)
+NAME_TABLES = {
+    "dtype": (DTYPE, "igrad_dtype_name", "?"),
+    "kind": (KIND_NAMES, "igrad_kind_name", "?"),
+    "sparsifier": (SPARSIFIERS, "igrad_sparsifier_name", "unknown"),
+    "method": (METHODS, "igrad_method_name", "unknown"),
+    "schedule": (SCHEDULES, "igrad_schedule_name", "unknown"),
+    "pack_policy": (PACK_POLICIES, "igrad_pack_policy_name", "unknown"),
+    "residual_policy": (RESIDUAL_POLICIES, "igrad_residual_policy_name", "unknown"),
+    "collective": (COLLECTIVES, "igrad_collective_name", "unknown"),
+}
+# Enums without a name function in the library: tests/python/test_binding.py
+# checks these (and STATUS_NAMES) against include/igrad.h.
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = 0, 1, 2
 BUCKET_GATHER, BUCKET_REDUCE = 0, 1
 
@@ -406,6 +429,46 @@ class Lib:
         return status
 
 
+def c_names(dll, function, end, limit=256):
+    """[name of value 0, 1, ...] from one of the library's name functions,
+    up to the first value it does not know (it returns `end` there)."""
+    fn = getattr(dll, function)
+    out = []
+    for v in range(limit):
+        raw = fn(v)
+        name = raw.decode("utf-8", "replace") if raw is not None else end
+        if name == end:
+            break
+        out.append(name)
+    return out
+
+
+def c_status_count(dll, limit=256):
+    """How many consecutive statuses from 0 the library describes
+    (igrad_status_str returns "unknown status" past the last one)."""
+    n = 0
+    while n < limit and dll.igrad_status_str(n) != b"unknown status":
+        n += 1
+    return n
+
+
+def fill_tables(lib):
+    """Fills the enum tables (DTYPE, KIND_NAMES, METHODS, ...) in place from
+    `lib`'s name functions."""
+    for table, function, end in NAME_TABLES.values():
+        names = c_names(lib.dll, function, end)
+        if isinstance(table, list):
+            table[:] = names
+        else:
+            table.clear()
+            table.update((n, v) for v, n in enumerate(names))
+    DTYPE_NAMES[:] = c_names(lib.dll, "igrad_dtype_name", "?")
+    unnamed = [v for v in range(c_status_count(lib.dll)) if v not in STATUS_NAMES]
+    if unnamed:  # still usable: such an error is a plain IgradError
+        for v in unnamed:
+            STATUS_NAMES[v] = "E_%d" % v
+
+
 def _candidates():
     """Where the shared library is looked for, in order."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -447,6 +510,7 @@ def load_library(path=None, expected=__version__):
                 tried.append("%s (%s)" % (cand, e))
                 continue
             if path is None and expected == __version__:
+                fill_tables(lib)
                 _lib = lib
             return lib
         raise ImportError(

@@ -23,6 +23,28 @@ def _s(raw):
     return raw.decode("utf-8", "replace") if raw is not None else None
 
 
+def _dtype_value(dtype, what):
+    """The igrad_dtype_t of a dtype name ("F32", "bf16", "F8_E4M3", ...) or
+    number; InvalidArgumentError naming `what` and the known names."""
+    if isinstance(dtype, int):
+        return dtype
+    v = L.DTYPE.get(str(dtype).upper())
+    if v is None:
+        raise L.InvalidArgumentError("%s: unknown dtype %r (libigrad knows %s)" % (
+            what, dtype, ", ".join(L.DTYPE)))
+    return v
+
+
+def _sparsifier_value(sp):
+    if isinstance(sp, int):
+        return sp
+    v = L.SPARSIFIERS.get(str(sp).lower())
+    if v is None:
+        raise L.InvalidArgumentError("unknown sparsifier %r (libigrad knows %s)" % (
+            sp, ", ".join(L.SPARSIFIERS)))
+    return v
+
+
 def _enum_from_name(kind, value):
     """Enum value for a name (e.g. ("method", "ig")), or the int itself."""
     if isinstance(value, int):
@@ -87,7 +109,7 @@ class Layout(_Handle):
                     rest *= d
                 shape = (shape[0], rest)
             arr = (ctypes.c_int64 * max(1, len(shape)))(*shape)
-            lib.call("igrad_layout_add", self._h, _b(name), L.DTYPE[dtype.upper()],
+            lib.call("igrad_layout_add", self._h, _b(name), _dtype_value(dtype, name),
                      len(shape), arr)
         return self
 
@@ -108,7 +130,8 @@ class Layout(_Handle):
         self._lib.call("igrad_layout_tensor", self.handle, i, ctypes.byref(info))
         return {"name": _s(info.name), "shape": tuple(info.shape[:info.ndim]),
                 "count": info.count, "offset": info.offset, "layer": info.layer,
-                "kind": L.KIND_NAMES[info.kind], "is_bias": bool(info.is_bias),
+                "kind": L.KIND_NAMES[info.kind], "dtype": L.DTYPE_NAMES[info.dtype],
+                "is_bias": bool(info.is_bias),
                 "component": info.component}
 
     @property
@@ -174,7 +197,7 @@ class Trace(_Handle):
         return cls(h.value)
 
     def set_sparsifier(self, sparsifier, density):
-        sp = L.SPARSIFIERS[sparsifier] if isinstance(sparsifier, str) else int(sparsifier)
+        sp = _sparsifier_value(sparsifier)
         self._lib.call("igrad_trace_set_sparsifier", self.handle, sp, float(density))
 
     def record(self, step, tensor, sumsq, retained):
@@ -329,7 +352,7 @@ def partition(scores, method="knee"):
 
 def select_spec(sparsifier, density, shape, step=0, interleave=False, scale=1.0):
     """The selection spec of a tensor of `shape` at `step` (a SelectSpec)."""
-    sp = L.SPARSIFIERS[sparsifier] if isinstance(sparsifier, str) else int(sparsifier)
+    sp = _sparsifier_value(sparsifier)
     shape = tuple(int(d) for d in shape)
     if len(shape) > L.MAX_DIMS:
         rest = 1
@@ -428,7 +451,6 @@ class Comm(_Handle):
         return _s(self._lib.igrad_comm_backend(self.handle))
 
 
-_DTYPE_NAMES = {0: "F32", 3: "F64", 7: "I64"}
 _OP_NAMES = {L.REDUCE_SUM: "sum", L.REDUCE_MAX: "max", L.REDUCE_MIN: "min"}
 
 
@@ -478,7 +500,7 @@ class _CustomBridge:
     def _allreduce(self, user, send, recv, count, dtype, op):
         if not count:
             return 0
-        return self._guard(self.backend.allreduce, send, recv, count, _DTYPE_NAMES[dtype],
+        return self._guard(self.backend.allreduce, send, recv, count, L.DTYPE_NAMES[dtype],
                            _OP_NAMES[op])
 
     def _bcast(self, user, buf, nbytes, root):
@@ -510,7 +532,7 @@ class _CustomBridge:
         if not count:
             return 0
         return self._guard(lambda: self._keep(out, self.backend.iallreduce(
-            send, recv, count, _DTYPE_NAMES[dtype], _OP_NAMES[op])))
+            send, recv, count, L.DTYPE_NAMES[dtype], _OP_NAMES[op])))
 
     def _wait(self, user, key):
         with self._lock:
@@ -561,8 +583,7 @@ def make_config(**kw):
     c = L.Config()
     c.size = ctypes.sizeof(L.Config)
     c.method = _enum_from_name("method", v["method"])
-    sp = v["sparsifier"]
-    c.sparsifier = L.SPARSIFIERS[sp] if isinstance(sp, str) else int(sp)
+    c.sparsifier = _sparsifier_value(v["sparsifier"])
     c.interleave = int(bool(v["interleave"]))
     c.density = float(v["density"])
     c.release_period = int(v["release_period"])

@@ -37,11 +37,19 @@ skips the step on all ranks alike; with nonfinite="keep" each rank's
 local, unmodified gradients are returned. Either way the skip is in
 state.last_stats["skipped"] and state.skipped_steps.
 
+Parameters are fixed when the state is attached: every step checks each
+parameter's size, dtype and identity (and its gradient's size) against
+that, and a change on any rank raises MismatchError on every rank (see
+IgradState._check_step). Identity needs the module: the model, a DDP
+wrapper or an unstarted named_parameters() generator of it.
+
 Not here: the C-level objects (igrad/core.py) and library loading
 (igrad/_lib.py).
 """
 import ctypes
+import operator
 import os
+import re
 import tempfile
 import time
 
@@ -52,11 +60,16 @@ from . import _lib as L
 from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace, config_to_dict,
                    make_config, select_spec)
 
+_DTYPE_OF = operator.attrgetter("dtype")
+
 __all__ = ["layout_from_module", "named_trainable_parameters", "TorchComm", "IgradState",
            "hook", "GradientSynchronizer", "Profiler"]
 
 _TORCH_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                  torch.float64: "F64"}
+for _t, _n in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):  # torch >= 2.1
+    if hasattr(torch, _t):
+        _TORCH_DTYPES[getattr(torch, _t)] = _n
 
 
 # ---------------------------------------------------------------------------
@@ -68,18 +81,89 @@ def _strip_prefix(name):
     return name[len("module."):] if name.startswith("module.") else name
 
 
-def named_trainable_parameters(model):
-    """[(name, parameter)] of the parameters that require grad, in
-    named_parameters() order, with a DDP "module." prefix removed. `model`
-    is a Module (DDP or not) or an iterable of (name, parameter)."""
-    items = model.named_parameters() if hasattr(model, "named_parameters") else model
+def _trainable(model):
+    """(root, [(name, path, parameter)]): the parameters that require grad
+    in named_parameters() order (tied weights once), `name` without a DDP
+    "module." prefix, `path` the name relative to `root`, the Module they
+    were read from. root is None when it is unknown (an iterable of pairs
+    that is not the generator of a Module's named_parameters())."""
+    root, prefix = None, ""
+    if hasattr(model, "named_parameters"):
+        root, items = model, model.named_parameters()
+    else:
+        items = model
+        # A named_parameters() generator that has not started yet holds its
+        # module and prefix as the frame's arguments (CPython and PyPy
+        # expose them): with them a replaced parameter can be noticed even
+        # when the caller passed model.named_parameters().
+        frame = getattr(model, "gi_frame", None)
+        f_locals = frame.f_locals if frame is not None else {}
+        if isinstance(f_locals.get("self"), torch.nn.Module):
+            root, prefix = f_locals["self"], f_locals.get("prefix") or ""
+            prefix = prefix + "." if prefix else ""
     out, seen = [], set()
     for name, p in items:
         if not p.requires_grad or id(p) in seen:  # tied weights count once
             continue
         seen.add(id(p))
-        out.append((_strip_prefix(name), p))
-    return out
+        path = name[len(prefix):] if root is not None and name.startswith(prefix) else None
+        if path is None:
+            root = None
+        out.append((_strip_prefix(name), path, p))
+    return root, out
+
+
+def named_trainable_parameters(model):
+    """[(name, parameter)] of the parameters that require grad, in
+    named_parameters() order, with a DDP "module." prefix removed. `model`
+    is a Module (DDP or not) or an iterable of (name, parameter)."""
+    return [(n, p) for n, _, p in _trainable(model)[1]]
+
+
+class _ParamSlots:
+    """Where each attached parameter sits in its module tree, to notice
+    cheaply when one is replaced after attaching (model.set_input_embeddings
+    (new), resize_token_embeddings, module.weight = nn.Parameter(...)): the
+    state would otherwise go on synchronizing the old tensor. Every link
+    from the root to a parameter is kept as (dict, key, object), the dict
+    being a module's _modules or _parameters, so one pass of identity tests
+    checks all of them. Only dicts and child objects are held, never the
+    root itself (DDP holds the state through its comm hook: no cycle)."""
+
+    def __init__(self, root, paths):
+        links = {}
+        self.paths = []
+        for path, p in paths:
+            parts = path.split(".")
+            owner = root
+            for part in parts[:-1]:
+                child = owner._modules[part]
+                links.setdefault((id(owner._modules), part), (owner._modules, part, child))
+                owner = child
+            if owner._parameters.get(parts[-1]) is not p:
+                raise KeyError(path)
+            links.setdefault((id(owner._parameters), parts[-1]),
+                             (owner._parameters, parts[-1], p))
+            self.paths.append(parts)
+        self.root_modules, self.root_params = root._modules, root._parameters
+        self.dicts = [d for d, _, _ in links.values()]
+        self.keys = [k for _, k, _ in links.values()]
+        self.objs = [o for _, _, o in links.values()]
+
+    def intact(self):
+        return all(map(operator.is_, map(dict.get, self.dicts, self.keys), self.objs))
+
+    def current(self, t):
+        """The tensor the model now has at parameter t's place (None if
+        the place is gone)."""
+        parts = self.paths[t]
+        modules, params = self.root_modules, self.root_params
+        for part in parts[:-1]:
+            m = modules.get(part)
+            if m is None:
+                return None
+            modules, params = m._modules, m._parameters
+        return params.get(parts[-1])
 
 
 def layout_from_module(model):
@@ -304,6 +388,11 @@ class IgradState:
 
     def _reset_runtime(self):
         self._named = None           # [(name, param)] in layout order
+        self._meta = None            # [(name, shape, numel, dtype)] when attached
+        self._params = None          # [param] in layout order
+        self._counts = None          # [numel] when attached
+        self._dtypes = None          # [dtype] when attached
+        self._slots = None           # _ParamSlots, or None when the module is unknown
         self._param_names = None     # {param: name}
         self._index = None           # {name: layout index}
         self._layout = None
@@ -320,15 +409,26 @@ class IgradState:
         """Binds the state to a model's parameters (names from
         named_parameters(), "module." stripped). Needed again after
         unpickling, as the model is not part of the pickle."""
-        named = named_trainable_parameters(model)
-        if not named:
+        root, items = _trainable(model)
+        if not items:
             raise L.InvalidArgumentError("the model has no parameter that requires grad")
-        if self._named is not None:
-            old = [(n, tuple(p.shape)) for n, p in self._named]
-            if old != [(n, tuple(p.shape)) for n, p in named]:
+        meta = [(n, tuple(p.shape), p.numel(), p.dtype) for n, _, p in items]
+        if self._meta is not None:
+            if [m[:2] for m in self._meta] != [m[:2] for m in meta]:
                 raise L.MismatchError("attach(): the model's parameters differ from the ones "
                                       "this state was built for")
+        named = [(n, p) for n, _, p in items]
         self._named = named
+        self._meta = meta
+        self._params = [p for _, p in named]
+        self._counts = [m[2] for m in meta]
+        self._dtypes = [m[3] for m in meta]
+        self._slots = None
+        if root is not None:
+            try:
+                self._slots = _ParamSlots(root, [(path, p) for _, path, p in items])
+            except (KeyError, AttributeError):  # not a plain module tree: no identity check
+                self._slots = None
         self._param_names = {p: n for n, p in named}
         self._index = {n: i for i, (n, _) in enumerate(named)}
 
@@ -354,9 +454,10 @@ class IgradState:
             if self._named is None:
                 raise L.StateError("IgradState has no model: pass one to the constructor "
                                    "or call state.attach(model) (also after unpickling)")
+            # The shapes and dtypes of attach() time, which every step is
+            # checked against (_check_step).
             self._layout = Layout.from_tensors([
-                (n, tuple(p.shape), _TORCH_DTYPES.get(p.dtype, "F32"))
-                for n, p in self._named])
+                (n, shape, _TORCH_DTYPES.get(dtype, "F32")) for n, shape, _, dtype in self._meta])
         return self._layout
 
     def _needs_profile(self):
@@ -460,11 +561,101 @@ class IgradState:
             if gd is not g:
                 g.copy_(gd)
 
-    def _step_tensors(self, step, grads):
+    # Every step checks that the tensors handed to the engine are still the
+    # ones the layout was made from: the engine reads and writes
+    # layout-count floats at each address, so a parameter resized after
+    # attach() (p.data = smaller) would be a heap overflow, and a parameter
+    # replaced in the model (resize_token_embeddings) would be synchronized
+    # in its stale version. The check is local, but its failure must reach
+    # every rank, or the others would wait in the step's collectives: the
+    # refusing rank hands the engine NULL for that tensor, the engine's
+    # per-step agreement fails the step on every rank, and every rank
+    # raises MismatchError (the refusing one with the reason).
+
+    def _check_step(self, step, grads):
+        """None, or (t, MismatchError) for the first layout tensor t whose
+        parameter or gradient no longer matches the state as attached.
+        (Gradient dtypes need no check: any float is staged to float32, and
+        torch keeps a gradient's dtype equal to its parameter's.)"""
+        counts, params = self._counts, self._params
+        if (list(map(torch.Tensor.numel, params)) == counts
+                and list(map(_DTYPE_OF, params)) == self._dtypes
+                and list(map(torch.Tensor.numel, grads)) == counts
+                and (self._slots is None or self._slots.intact())):
+            return None
+        return self._first_mismatch(step, grads)
+
+    def _first_mismatch(self, step, grads):
+        for t, ((name, shape, count, dtype), p, g) in enumerate(zip(self._meta, self._params,
+                                                                     grads)):
+            why = None
+            if self._slots is not None and self._slots.current(t) is not p:
+                why = ("parameter %s was replaced after the state was attached (the model "
+                       "now has another tensor under that name, e.g. after "
+                       "resize_token_embeddings or set_input_embeddings); igrad would "
+                       "synchronize the old one" % name)
+            elif p.numel() != count:
+                why = ("parameter %s has %d entries, the layout %d (shape %s, now %s): it was "
+                       "resized after the state was attached" % (
+                           name, p.numel(), count, list(shape), list(p.shape)))
+            elif p.dtype != dtype:
+                why = ("parameter %s is %s, it was %s when the state was attached"
+                       % (name, str(p.dtype).replace("torch.", ""),
+                          str(dtype).replace("torch.", "")))
+            elif g.numel() != count:
+                why = "the gradient of %s has %d entries, the layout %d" % (name, g.numel(),
+                                                                           count)
+            if why is not None:
+                return t, L.MismatchError(
+                    "step %d: %s; build a new IgradState (and GradientSynchronizer) for the "
+                    "model as it is now" % (step, why))
+        return None
+
+    def _agree_warmup(self, step, bad):
+        # Warm-up steps do not run the engine: one MIN all-reduce of
+        # (rank, tensor) of a refusal tells every rank.
+        coll = self._group_comm()
+        n = len(self._meta)
+        if coll.size > 1:
+            key = torch.tensor([coll.rank * n + bad[0] if bad else coll.size * n],
+                               dtype=torch.int64)
+            if coll.device.type != "cpu":
+                key = key.to(coll.device)
+            dist.all_reduce(key, op=dist.ReduceOp.MIN, group=coll.group)
+            key = int(key.cpu()[0])
+            if bad is None and key < coll.size * n:
+                raise L.MismatchError(
+                    "step %d: rank %d refused the step at tensor %s: its parameter or gradient "
+                    "no longer matches the layout this state was attached with (that rank's "
+                    "error says how); every rank fails this step"
+                    % (step, key // n, self._meta[key % n][0]))
+        if bad is not None:
+            raise bad[1]
+
+    def _peer_refusal(self, step, e):
+        """The MismatchError for a step that another rank refused through
+        the engine's agreement (its NULL gradient), or None when `e` is
+        something else."""
+        m = re.search(r"failed on rank (\d+)[^;]*?(?: at tensor (\S+))?; every rank", e.message)
+        if not isinstance(e, L.InvalidArgumentError) or m is None:
+            return None
+        at = " at tensor %s" % m.group(2) if m.group(2) else ""
+        return L.MismatchError(
+            "step %d: rank %s refused the step%s: its parameter or gradient no longer matches "
+            "the layout this state was attached with (resized, replaced or another dtype; that "
+            "rank's error says which); every rank fails this step" % (step, m.group(1), at))
+
+    def _step_tensors(self, step, grads, refused=None):
         """Synchronizes one step: grads[t] is tensor t's gradient (layout
         order, any float dtype and device), overwritten in place with the
-        average of every rank's selection. Returns the stats dict."""
+        average of every rank's selection. Returns the stats dict.
+        `refused`: (t, exception) when the caller already found this rank
+        unable to take part (grads may then be None); the step then fails
+        on every rank. Raises MismatchError on every rank when a parameter
+        on any rank no longer matches the layout (see _check_step)."""
+        bad = refused if refused is not None else self._check_step(step, grads)
         if step < self.start_iter:
+            self._agree_warmup(step, bad)
             self._dense_average(grads)
             self.last_stats = {"step": step, "skipped": 0, "warmup": 1}
             return self.last_stats
@@ -472,24 +663,38 @@ class IgradState:
         coll = self._group_comm()
         # The engine reads and writes contiguous float32 CPU memory; anything
         # else goes through a staging copy that is written back after end().
+        # A refused step stages only the tensors before the refused one
+        # (the engine names that one to every rank) and passes NULL from it on.
+        ok = len(self._meta) if bad is None else bad[0]
         bufs, back = [], []
-        for g in grads:
+        for g in (grads[:ok] if ok else ()):
             if g.dtype == torch.float32 and g.device.type == "cpu" and g.is_contiguous():
                 bufs.append(g)
             else:
                 s = g.detach().to(device="cpu", dtype=torch.float32).contiguous()
                 bufs.append(s)
                 back.append((g, s))
-        addrs = [b.data_ptr() for b in bufs]
+        addrs = [b.data_ptr() for b in bufs] + [None] * (len(self._meta) - len(bufs))
         try:
             buckets = eng.begin(step, addrs)
         except L.NonFiniteError as e:
+            if bad is not None:
+                raise bad[1] from None
             # Every rank got this error for the same step; residuals are unchanged.
             if self.nonfinite == "allreduce":
                 self._dense_average(grads)
             self.skipped_steps += 1
             self.last_stats = {"step": step, "skipped": 1, "reason": str(e)}
             return self.last_stats
+        except L.IgradError as e:
+            if bad is not None:
+                raise bad[1] from None  # the engine failed the step on every rank
+            peer = self._peer_refusal(step, e)
+            if peer is not None:
+                raise peer from e
+            raise
+        if bad is not None:  # cannot happen: the engine refuses a NULL gradient
+            raise bad[1]
         t0 = time.perf_counter()
         coll.run_buckets(buckets)
         t1 = time.perf_counter()
@@ -545,22 +750,31 @@ class IgradState:
             return fut
         pending, self._pending = self._pending, []
         try:
-            by_name = {}
-            for b, _ in pending:
-                # A dense bucket's buffer is its parameters' gradients
-                # back to back; slicing it (rather than trusting
-                # gradients() to return views) guarantees the engine's
-                # result lands in the buffer that the future hands back.
-                buf, off = b.buffer(), 0
-                for n, p in zip(self._bucket_names(b), b.parameters()):
-                    by_name[n] = buf[off:off + p.numel()]
-                    off += p.numel()
-                if off != buf.numel():
-                    raise L.UnsupportedError(
-                        "a DDP bucket of %d entries holds parameters of %d entries (sparse "
-                        "gradients are not supported)" % (buf.numel(), off))
+            # A failure here is this rank's alone: it is handed to
+            # _step_tensors, which fails the step on every rank (the others
+            # would otherwise wait in the step's collectives).
+            grads, refused = None, None
+            try:
+                by_name = {}
+                for b, _ in pending:
+                    # A dense bucket's buffer is its parameters' gradients
+                    # back to back; slicing it (rather than trusting
+                    # gradients() to return views) guarantees the engine's
+                    # result lands in the buffer that the future hands back.
+                    buf, off = b.buffer(), 0
+                    for n, p in zip(self._bucket_names(b), b.parameters()):
+                        by_name[n] = buf[off:off + p.numel()]
+                        off += p.numel()
+                    if off != buf.numel():
+                        raise L.UnsupportedError(
+                            "a DDP bucket of %d entries holds parameters of %d entries (a "
+                            "parameter resized after DDP was built, or sparse gradients, which "
+                            "are not supported)" % (buf.numel(), off))
+                grads = self._layout_grads(by_name)
+            except L.IgradError as e:
+                refused = (0, e)
             step = self.iter
-            self._step_tensors(step, self._layout_grads(by_name))
+            self._step_tensors(step, grads, refused)
             self.iter += 1
         except BaseException as e:
             for _, f in pending:
@@ -594,10 +808,10 @@ class IgradState:
         sd["plan_hash"] = self.plan_hash()
         sd["engine_step"] = eng.step
         residuals = {}
-        for t, (n, p) in enumerate(self._named):
+        for t, (n, shape, count, _) in enumerate(self._meta):  # as attached (the engine's)
             addr = eng.residual_address(t)
             if addr is not None:
-                residuals[n] = _wrap(addr, p.numel(), torch.float32).clone().view(p.shape)
+                residuals[n] = _wrap(addr, count, torch.float32).clone().view(shape)
         sd["residuals"] = residuals
         with tempfile.TemporaryDirectory(prefix="igrad-state-") as d:
             path = os.path.join(d, "state.bin")
@@ -759,6 +973,9 @@ class GradientSynchronizer:
     DeepSpeed writes checkpoints from rank 0 only."""
 
     def __init__(self, named_parameters, state):
+        # named_parameters: model.named_parameters() (unstarted), the model
+        # itself, or (name, parameter) pairs (then no check for replaced
+        # parameters: the module they live in is unknown).
         self.state = state
         state.attach(named_parameters)
 
@@ -834,6 +1051,11 @@ class Profiler:
         for t, name, p, res in self._tensors:
             if p.grad is None:
                 continue
+            if p.grad.numel() != res.numel():  # the C selection reads res.numel() entries
+                raise L.MismatchError(
+                    "Profiler: the gradient of %s has %d entries, %d when the Profiler was "
+                    "made (the parameter was resized); make a new Profiler"
+                    % (name, p.grad.numel(), res.numel()))
             g = p.grad.detach()
             g = g.to(device="cpu", dtype=torch.float32).contiguous().view(-1)
             spec = self._spec(t, tuple(p.shape), step)

@@ -11,7 +11,11 @@
   - the custom communicator: Python callbacks give the same step as the
     self communicator, and an exception in a callback is a CommError;
   - IgradState/GradientSynchronizer errors without torch.distributed: a
-    profile of another model, an unknown parameter name, another model.
+    profile of another model, an unknown parameter name, another model;
+    a parameter replaced, resized or cast to another dtype after attaching
+    (MismatchError naming it), and the Profiler's own size check;
+  - every enum table of the binding equals its igrad.h enum (a C program
+    prints the values); every dtype the library names works in a Layout.
 """
 import ctypes
 import os
@@ -100,6 +104,96 @@ class Binding(unittest.TestCase):
         self.assertEqual(L.version_number(igrad.__version__) // 100,
                          c[("IGRAD_VERSION_NUMBER", "")] // 100,
                          "package and header major.minor")
+
+    # -- enum tables -----------------------------------------------------------
+
+    # Every enum of igrad.h and the Python table that mirrors it: (table,
+    # enumerator prefix, how a C enumerator's suffix is spelled in the table).
+    ENUMS = {
+        "igrad_status": (L.STATUS_NAMES, "IGRAD_", None),
+        "igrad_kind": (L.KIND_NAMES, "IGRAD_KIND_", str),
+        "igrad_dtype": (L.DTYPE, "IGRAD_DTYPE_", str),
+        "igrad_sparsifier": (L.SPARSIFIERS, "IGRAD_SPARSIFIER_", str.lower),
+        "igrad_reduce_op": ({n: getattr(L, "REDUCE_" + n) for n in ("SUM", "MAX", "MIN")},
+                            "IGRAD_REDUCE_", str),
+        "igrad_schedule": (L.SCHEDULES, "IGRAD_SCHEDULE_", str.lower),
+        "igrad_pack_policy": (L.PACK_POLICIES, "IGRAD_PACK_", str.lower),
+        "igrad_method": (L.METHODS, "IGRAD_METHOD_", str.lower),
+        "igrad_residual_policy": (L.RESIDUAL_POLICIES, "IGRAD_RESIDUAL_", str.lower),
+        "igrad_collective": (L.COLLECTIVES, "IGRAD_COLLECTIVE_", str.lower),
+        "igrad_bucket_kind": ({n: getattr(L, "BUCKET_" + n) for n in ("GATHER", "REDUCE")},
+                              "IGRAD_BUCKET_", str),
+    }
+
+    def test_enum_tables_match_the_header(self):
+        """Each Python enum table equals its C enum: enumerators read from
+        include/igrad.h, their values printed by a C program compiled here
+        (so implicit values count too). A new enum, a new enumerator or a
+        renumbering fails here until the binding knows it."""
+        import re
+        compiler = cc()
+        if not compiler:
+            self.skipTest("no C compiler")
+        with open(os.path.join(H.SOURCE_DIR, "include", "igrad.h")) as f:
+            header = f.read()
+        enums = {}
+        for m in re.finditer(r"typedef enum (\w+) \{(.*?)\}", header, re.S):
+            body = re.sub(r"/\*.*?\*/", "", m.group(2), flags=re.S)
+            enums[m.group(1)] = [e for e in re.findall(r"\b(IGRAD_\w+)\s*(?:=|,|$)", body)
+                                 if not e.endswith("_COUNT")]
+        self.assertEqual(sorted(enums), sorted(self.ENUMS),
+                         "enums of igrad.h vs the ones test_binding knows")
+        lines = ['#include <stdio.h>', '#include "igrad.h"', "int main(void) {"]
+        for names in enums.values():
+            lines += ['printf("%s %%d\\n", (int)%s);' % (n, n) for n in names]
+        lines.append("return 0; }")
+        src = os.path.join(self.dir, "enums.c")
+        with open(src, "w") as f:
+            f.write("\n".join(lines))
+        exe = os.path.join(self.dir, "enums")
+        subprocess.run([compiler, "-std=c11", "-I", os.path.join(H.SOURCE_DIR, "include"), src,
+                        "-o", exe], check=True)
+        value = dict((k, int(v)) for k, v in (line.split() for line in subprocess.run(
+            [exe], check=True, capture_output=True, text=True).stdout.splitlines()))
+        for enum, names in enums.items():
+            table, prefix, spell = self.ENUMS[enum]
+            want = {}
+            for n in names:
+                self.assertTrue(n.startswith(prefix), "%s: %s" % (enum, n))
+                want[value[n]] = n[len(prefix):]
+            if spell is None:  # statuses: number -> "E_MISMATCH"
+                got = dict(table)
+                exp = want
+            elif isinstance(table, list):
+                got = dict(enumerate(table))
+                exp = {v: spell(n) for v, n in want.items()}
+            else:
+                got = dict(table)
+                exp = {spell(n): v for v, n in want.items()}
+            self.assertEqual(got, exp, "%s: Python table vs igrad.h" % enum)
+        # every failure status has its exception class, carrying its number
+        for v in (value[n] for n in enums["igrad_status"]):
+            if v:
+                cls = L._ERRORS.get(v)
+                self.assertIsNotNone(cls, "no exception class for status %d" % v)
+                self.assertEqual(cls.status, v)
+        # and the library's own count of statuses agrees with the header
+        self.assertEqual(L.c_status_count(L.lib().dll), len(enums["igrad_status"]))
+
+    def test_every_dtype_of_the_library_in_layouts(self):
+        """Layout.from_tensors takes every dtype libigrad names (the F8
+        ones raised KeyError before the tables came from the library)."""
+        self.assertIn("F8_E4M3", L.DTYPE)
+        self.assertIn("F8_E5M2", L.DTYPE)
+        names = list(L.DTYPE)
+        layout = igrad.Layout.from_tensors([("t%d" % i, (3, 4), n) for i, n in enumerate(names)])
+        self.assertEqual([layout.tensor(i)["dtype"] for i in range(len(names))], names)
+        lower = igrad.Layout.from_tensors([("a", (2,), "f8_e4m3"), ("b", (2,), "bf16")])
+        self.assertEqual([lower.tensor(i)["dtype"] for i in range(2)], ["F8_E4M3", "BF16"])
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.Layout.from_tensors([("w", (2,), "F7")])
+        self.assertIn("F7", str(cm.exception))
+        self.assertIn("F8_E5M2", str(cm.exception))
 
     # -- version -------------------------------------------------------------
 
@@ -295,6 +389,87 @@ class Binding(unittest.TestCase):
             it.IgradState(model, density=0)
         with self.assertRaises(igrad.InvalidArgumentError):
             it.IgradState(model, nonfinite="ignore")
+
+    # -- parameters changed after attaching (one process) -------------------------
+
+    def test_parameter_changed_after_attach(self):
+        def fresh(source="generator", **kw):
+            model = H.TinyLlama()
+            state = it.IgradState(method="topk_sync", density=0.125, **kw)
+            src = model.named_parameters() if source == "generator" else model
+            sync = it.GradientSynchronizer(src, state)
+            model(*H.batch(0, 0)).backward()
+            sync.synchronize(0)
+            model.zero_grad()
+            return model, sync
+
+        def refused(sync, *words):
+            with self.assertRaises(igrad.MismatchError) as cm:
+                sync.synchronize(1)
+            for w in words:
+                self.assertIn(w, str(cm.exception))
+
+        # replaced, the state built from model.named_parameters() (its module
+        # is found through the generator) and from the module itself
+        for source in ("generator", "module"):
+            model, sync = fresh(source)
+            model.model.embed_tokens = torch.nn.Embedding(32, 16)  # set_input_embeddings
+            model(*H.batch(0, 1)).backward()
+            refused(sync, "model.embed_tokens.weight", "was replaced after the state was attached")
+            model, sync = fresh(source)
+            model.lm_head.weight = torch.nn.Parameter(torch.zeros(32, 16))
+            refused(sync, "lm_head.weight", "was replaced")
+        # through DDP's "module." names too (the root is the wrapper)
+        class Wrapper(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.module = m
+        model = H.TinyLlama()
+        sync = it.GradientSynchronizer(Wrapper(model), it.IgradState(method="topk_sync",
+                                                                     density=0.125))
+        sync.synchronize(0)
+        model.model.layers[1].mlp.up_proj = torch.nn.Linear(16, 40, bias=False)
+        refused(sync, "model.layers.1.mlp.up_proj.weight", "was replaced")
+
+        # resized: bigger, and smaller (a heap overflow in the C engine before)
+        model, sync = fresh()
+        model.lm_head.weight.data = torch.zeros(40, 16)
+        refused(sync, "lm_head.weight", "640 entries, the layout 512", "resized")
+        # the residuals are still read at the engine's (attached) sizes
+        self.assertEqual(tuple(sync.state.state_dict()["residuals"]["lm_head.weight"].shape),
+                         (32, 16))
+        model, sync = fresh()
+        model.model.norm.weight.data = torch.ones(4)
+        refused(sync, "model.norm.weight", "4 entries, the layout 16")
+
+        # another dtype
+        model, sync = fresh()
+        model.to(torch.bfloat16)
+        refused(sync, "model.embed_tokens.weight", "is bfloat16, it was float32")
+        model, sync = fresh()
+        model.model.layers[0].self_attn.v_proj.double()
+        refused(sync, "model.layers.0.self_attn.v_proj.weight", "is float64, it was float32")
+
+        # nothing changed: the same steps go on (no false alarm, also after
+        # an in-place update of the values)
+        model, sync = fresh(start_iter=1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.5)
+        model(*H.batch(0, 1)).backward()
+        self.assertEqual(sync.synchronize(1)["step"], 1)
+
+        # the Profiler's C selection reads its residual's size: refused too
+        model = H.TinyLlama()
+        prof = it.Profiler(model, density=0.125)
+        model(*H.batch(0, 0)).backward()
+        prof.step()
+        w = model.model.layers[0].self_attn.q_proj.weight
+        w.data = torch.zeros(4, 16)
+        w.grad = torch.zeros(4, 16)
+        with self.assertRaises(igrad.MismatchError) as cm:
+            prof.step()
+        self.assertIn("model.layers.0.self_attn.q_proj.weight", str(cm.exception))
 
 
 if __name__ == "__main__":

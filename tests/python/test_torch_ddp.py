@@ -18,6 +18,9 @@ per test so nothing hangs).
   - non-finite gradients on one rank: every rank skips, residuals unchanged.
   - errors across ranks (config or profile differing on one rank): every
     rank raises, none hangs.
+  - a parameter resized, replaced or cast to another dtype after attaching,
+    on one rank only (also during warm-up): MismatchError on every rank,
+    naming the parameter, instead of a heap overflow or a stale tensor.
 Run with /usr/bin/python3 (torch 1.13); IGRAD_LIBRARY points at the built
 libigrad (set by CTest).
 """
@@ -365,6 +368,112 @@ def w_errors(rank, world):
         assert "buckets" in str(e), e
 
 
+def _expect_refusal(rank, step_fn, local_words, what):
+    """step_fn() must raise MismatchError on every rank: on rank 1 (the
+    one whose model changed) with all of local_words in the message, on
+    rank 0 naming rank 1's refusal."""
+    try:
+        step_fn()
+    except igrad.MismatchError as e:
+        msg = str(e)
+        words = local_words if rank == 1 else ["rank 1 refused", local_words[0]]
+        for w in words:
+            assert w in msg, "%s, rank %d: %r not in %r" % (what, rank, w, msg)
+        return
+    raise AssertionError("%s on rank 1 only: rank %d raised nothing" % (what, rank))
+
+
+def _small_batch(rank, step):
+    x, y = H.batch(rank, step)
+    return x % 16, y  # tokens of a 16-row embedding
+
+
+def w_resized_on_one_rank(rank, world):
+    # Resized on rank 1 only after two good steps (p.data = smaller): the
+    # C engine would read 512 floats from a 256-float gradient there.
+    model = H.TinyLlama()
+    sync = it.GradientSynchronizer(model.named_parameters(),
+                                   it.IgradState(method="topk_sync", density=0.125))
+    for step in range(2):
+        model.zero_grad()
+        model(*_small_batch(rank, step)).backward()
+        sync.synchronize(step)
+    emb = model.model.embed_tokens.weight
+    if rank == 1:
+        emb.data = emb.data[:16].clone()
+        emb.grad = None
+    model.zero_grad()
+    model(*_small_batch(rank, 2)).backward()
+    _expect_refusal(rank, lambda: sync.synchronize(2),
+                    ["model.embed_tokens.weight", "256 entries, the layout 512", "resized"],
+                    "resize")
+
+
+def w_resized_in_warmup_on_one_rank(rank, world):
+    # The same during the warm-up steps (plain all-reduces, no engine).
+    model = H.TinyLlama()
+    sync = it.GradientSynchronizer(model, it.IgradState(method="topk_sync", density=0.125,
+                                                        start_iter=5))
+    if rank == 1:
+        model.lm_head.weight.data = model.lm_head.weight.data[:, :8].clone()
+    _expect_refusal(rank, lambda: sync.synchronize(0),
+                    ["lm_head.weight", "256 entries, the layout 512", "resized"],
+                    "resize in warm-up")
+
+
+def w_replaced_on_one_rank(rank, world):
+    # Replaced on rank 1 (the resize_token_embeddings pattern: a new
+    # embedding module of the same shape): the old code synchronized the
+    # stale tensor without a word.
+    model = H.TinyLlama()
+    sync = it.GradientSynchronizer(model.named_parameters(),
+                                   it.IgradState(method="adtopk_sync", density=0.125))
+    model(*H.batch(rank, 0)).backward()
+    sync.synchronize(0)
+    if rank == 1:
+        model.model.embed_tokens = torch.nn.Embedding(32, 16)
+    model.zero_grad()
+    model(*H.batch(rank, 1)).backward()
+    _expect_refusal(rank, lambda: sync.synchronize(1),
+                    ["model.embed_tokens.weight", "was replaced after the state was attached"],
+                    "replace")
+
+
+def w_dtype_changed_on_one_rank(rank, world):
+    # Another dtype on rank 1 (model.double() keeps the Parameter objects).
+    # After a first step, so that the engine exists (its setup agreement
+    # would catch a dtype differing before it).
+    model = H.TinyLlama()
+    sync = it.GradientSynchronizer(model.named_parameters(),
+                                   it.IgradState(method="topk_sync", density=0.125))
+    model(*H.batch(rank, 0)).backward()
+    sync.synchronize(0)
+    if rank == 1:
+        model.double()
+    model.zero_grad()
+    _expect_refusal(rank, lambda: sync.synchronize(1),
+                    ["model.embed_tokens.weight", "is float64, it was float32"], "dtype")
+
+
+def w_hook_refusal_on_one_rank(rank, world):
+    # In the DDP hook, a failure found before the engine runs (here: rank 1's
+    # state was re-attached to another model of the same shapes, so DDP's
+    # buckets hold parameters it does not know) used to raise on that rank
+    # only, leaving rank 0 in the step's collectives until gloo's timeout.
+    model, ddp, state = make_ddp(method="topk_sync", density=0.125)
+    ddp(*H.batch(rank, 0)).backward()
+    if rank == 1:
+        state.attach(H.TinyLlama())
+    try:
+        ddp(*H.batch(rank, 1)).backward()
+    except (igrad.MismatchError, RuntimeError) as e:
+        msg = str(e)
+        want = "not in this state's model" if rank == 1 else "rank 1 refused"
+        assert want in msg and "MismatchError" in type(e).__name__ + msg, (rank, msg)
+        return
+    raise AssertionError("rank %d: the hook's refusal on rank 1 raised nothing here" % rank)
+
+
 class DDPHook(unittest.TestCase):
     def test_sync_methods_match_torch_reference(self):
         H.spawn(w_sync_reference)
@@ -383,6 +492,22 @@ class DDPHook(unittest.TestCase):
 
     def test_errors_raise_on_every_rank(self):
         H.spawn(w_errors)
+
+    # A parameter changed after attaching, on rank 1 only: every rank raises.
+    def test_resized_parameter_fails_every_rank(self):
+        H.spawn(w_resized_on_one_rank)
+
+    def test_resized_parameter_in_warmup_fails_every_rank(self):
+        H.spawn(w_resized_in_warmup_on_one_rank)
+
+    def test_replaced_parameter_fails_every_rank(self):
+        H.spawn(w_replaced_on_one_rank)
+
+    def test_dtype_change_fails_every_rank(self):
+        H.spawn(w_dtype_changed_on_one_rank)
+
+    def test_hook_refusal_on_one_rank_fails_every_rank(self):
+        H.spawn(w_hook_refusal_on_one_rank, deadline_s=90)
 
 
 if __name__ == "__main__":
