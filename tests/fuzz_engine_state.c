@@ -17,6 +17,7 @@
  * same bytes except config.verify_every (the engine's own, not the file's);
  * the same input twice gives the same status and message. After a load
  * the engine is put back to its base state, so every input starts alike.
+ * IGRAD_FUZZ_VERBOSE=1 prints each input's outcome (which check refused it).
  * The driver is tests/fuzz_main.c.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -237,6 +238,8 @@ int igrad_fuzz_one(const uint8_t *data, size_t size)
     igrad_status_t st = igrad__engine_state_load_bytes(eng, file, n, "fuzz.bin");
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", st == IGRAD_OK ? "" : igrad_last_error());
+    if (getenv("IGRAD_FUZZ_VERBOSE")) /* which check refused it (corpus reviews) */
+        fprintf(stderr, "%s\n", st == IGRAD_OK ? "loaded" : msg);
     int bad = 0;
     if (st == IGRAD_OK) {
         bad = check_loaded(file, n);
