@@ -63,9 +63,17 @@ static uint8_t *slurp(const char *p, size_t *n, uint8_t mode)
     return buf;
 }
 
+static void remove_dir(void)
+{
+    unlink(path);
+    unlink(path2);
+    rmdir(dir);
+}
+
 static void setup(void)
 {
     if (model) return;
+    atexit(remove_dir);
     snprintf(dir, sizeof dir, "/tmp/igrad_fuzz_checkpoint.%ld", (long)getpid());
     mkdir(dir, 0700);
     snprintf(path, sizeof path, "%s/in", dir);
