@@ -8,15 +8,18 @@
  * checksum is FNV-1a taken over 64-bit words: one multiply per 8 bytes
  * keeps a 500 MB state file from costing seconds to hash.
  *
- * Loading reads the file twice: the first pass checks everything (sizes,
- * checksum, items against this engine) without touching the engine; then
- * the ranks agree, and only if every rank's file is good does the second
- * pass copy the residuals in. So a bad file on one rank leaves every
- * engine as it was.
+ * Loading reads the file once, into memory (transiently as many bytes as
+ * the file: about 4 per residual entry), then verifies all of it (sizes,
+ * checksum, items against this engine, the header's duplicated fields, the
+ * padding, the history and its hash) without touching the engine; then
+ * the ranks agree, and only if every rank's file is good are the residuals
+ * copied in from that same buffer. So a bad file on one rank leaves every
+ * engine as it was, and a file replaced during the load cannot mix two
+ * versions.
  *
  * Not here: the engine itself (engine.c).
  */
-#include "engine_internal.h"
+#include "engine_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,189 +124,312 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
 
 /* ---- reading -------------------------------------------------------------- */
 
-typedef struct reader {
-    FILE *fp;
-    const char *path;
-    uint64_t h;
-    uint64_t pos;
-} reader_t;
+/* Fixed part: magic, 2 u32 pairs, the items, step, calls, T, N. */
+#define HEADER_NBYTES (8u + 8u + 8u + 8u * IGRAD__NITEMS + 32u)
 
-/* Reads nbytes (a multiple of 8) into p, or only hashes them when p is
- * NULL. */
-static igrad_status_t get(reader_t *r, void *p, size_t nbytes, const char *what)
+static uint64_t residual_section_nbytes(uint64_t count)
 {
-    unsigned char buf[4096];
-    size_t done = 0;
-    while (done < nbytes) {
-        size_t want = nbytes - done;
-        unsigned char *dst = p ? (unsigned char *)p + done : buf;
-        if (!p && want > sizeof buf) want = sizeof buf;
-        if (p && want > CHUNK_NBYTES) want = CHUNK_NBYTES;
-        size_t got = fread(dst, 1, want, r->fp);
-        r->h = hash_words(r->h, dst, got & ~(size_t)7);
-        r->pos += got;
-        done += got;
-        if (got != want)
-            return igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
-                               "%s: truncated state file (ends at byte %llu, inside %s)",
-                               r->path, (unsigned long long)r->pos, what);
-    }
+    return 4 * count + (count & 1 ? 4 : 0);
+}
+
+uint64_t igrad__engine_state_nbytes(const igrad_engine_t *e)
+{
+    return HEADER_NBYTES + residual_section_nbytes((uint64_t)e->residual_count) + 8 +
+           32 * (uint64_t)e->hist.count + 8;
+}
+
+/* A cursor over the file's bytes; every section is checked against the end
+ * before it is read, so a short buffer is "truncated", never read past. */
+typedef struct cursor {
+    const unsigned char *p;
+    size_t n, pos;
+    const char *name;
+} cursor_t;
+
+static igrad_status_t need(cursor_t *c, uint64_t nbytes, const char *what)
+{
+    IGRAD_FAIL_IF(nbytes > c->n - c->pos, IGRAD_E_FORMAT,
+                  "%s: truncated state file (ends at byte %zu, inside %s)", c->name, c->n, what);
     return IGRAD_OK;
 }
 
-static igrad_status_t get_u64(reader_t *r, uint64_t *v, const char *what)
+static igrad_status_t take(cursor_t *c, void *dst, size_t nbytes, const char *what)
 {
-    return get(r, v, 8, what);
+    IGRAD_CHECK(need(c, nbytes, what));
+    memcpy(dst, c->p + c->pos, nbytes);
+    c->pos += nbytes;
+    return IGRAD_OK;
 }
 
-/* What the first pass learns. */
-typedef struct state_header {
+static igrad_status_t take_u64(cursor_t *c, uint64_t *v, const char *what)
+{
+    return take(c, v, 8, what);
+}
+
+/* What verification learns; offsets point into the verified bytes. */
+typedef struct state_view {
     uint32_t rank, size;
     uint64_t items[IGRAD__NITEMS];
     int64_t step, calls;
     uint64_t ntensors, residual_count, hist_count;
-} state_header_t;
+    size_t residual_off;        /* N floats (not necessarily aligned) */
+    igrad__pack_history_t hist; /* copies of the file's history (count = H) */
+} state_view_t;
 
-/* Reads the header; checks magic, version and item count. */
-static igrad_status_t read_header(reader_t *r, state_header_t *hd)
+static void view_free(state_view_t *v)
+{
+    free(v->hist.key);
+    free(v->hist.n);
+    free(v->hist.mean);
+    free(v->hist.m2);
+    memset(&v->hist, 0, sizeof v->hist);
+}
+
+/* Header fields: magic, version, item count, items against the engine,
+ * rank and size, T and N. */
+static igrad_status_t parse_header(const igrad_engine_t *e, cursor_t *c, state_view_t *v)
 {
     char magic[8];
     uint32_t pair[2];
-    IGRAD_CHECK(get(r, magic, 8, "the magic"));
+    IGRAD_CHECK(take(c, magic, 8, "the magic"));
     IGRAD_FAIL_IF(memcmp(magic, STATE_MAGIC, 8) != 0, IGRAD_E_FORMAT,
-                  "%s: not an igrad engine state file (bad magic)", r->path);
-    IGRAD_CHECK(get(r, pair, 8, "the header"));
+                  "%s: not an igrad engine state file (bad magic)", c->name);
+    IGRAD_CHECK(take(c, pair, 8, "the header"));
     IGRAD_FAIL_IF(pair[0] != STATE_VERSION, IGRAD_E_FORMAT,
-                  "%s: state file version %u (this igrad reads %u)", r->path, pair[0],
+                  "%s: state file version %u (this igrad reads %u)", c->name, pair[0],
                   STATE_VERSION);
-    hd->rank = pair[1];
-    IGRAD_CHECK(get(r, pair, 8, "the header"));
-    hd->size = pair[0];
+    v->rank = pair[1];
+    IGRAD_CHECK(take(c, pair, 8, "the header"));
+    v->size = pair[0];
     IGRAD_FAIL_IF(pair[1] != IGRAD__NITEMS, IGRAD_E_MISMATCH,
                   "%s: state file has %u agreement items, this igrad %d (saved by another "
                   "version)",
-                  r->path, pair[1], IGRAD__NITEMS);
-    IGRAD_CHECK(get(r, hd->items, sizeof hd->items, "the agreement items"));
-    uint64_t v;
-    IGRAD_CHECK(get_u64(r, &v, "the step"));
-    hd->step = (int64_t)v;
-    IGRAD_CHECK(get_u64(r, &v, "the step count"));
-    hd->calls = (int64_t)v;
-    IGRAD_CHECK(get_u64(r, &hd->ntensors, "the tensor count"));
-    IGRAD_CHECK(get_u64(r, &hd->residual_count, "the residual count"));
-    return IGRAD_OK;
-}
+                  c->name, pair[1], IGRAD__NITEMS);
+    IGRAD_CHECK(take(c, v->items, sizeof v->items, "the agreement items"));
+    uint64_t u;
+    IGRAD_CHECK(take_u64(c, &u, "the step"));
+    v->step = (int64_t)u;
+    IGRAD_CHECK(take_u64(c, &u, "the step count"));
+    v->calls = (int64_t)u;
+    IGRAD_CHECK(take_u64(c, &v->ntensors, "the tensor count"));
+    IGRAD_CHECK(take_u64(c, &v->residual_count, "the residual count"));
 
-/* Compares a header with the engine. */
-static igrad_status_t check_header(const igrad_engine_t *e, const char *path,
-                                   const state_header_t *hd)
-{
     for (int i = 0; i < IGRAD__NITEMS; i++) {
-        if (!igrad__items[i].in_state || hd->items[i] == e->items[i]) continue;
+        if (!igrad__items[i].in_state || v->items[i] == e->items[i]) continue;
         char a[64], b[64];
-        igrad__item_format(i, hd->items[i], a, sizeof a);
+        igrad__item_format(i, v->items[i], a, sizeof a);
         igrad__item_format(i, e->items[i], b, sizeof b);
         return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
-                           "%s: %s differs: the state file has %s, this engine %s", path,
+                           "%s: %s differs: the state file has %s, this engine %s", c->name,
                            igrad__items[i].name, a, b);
     }
-    IGRAD_FAIL_IF(hd->size != (uint32_t)e->nranks || hd->rank != (uint32_t)e->rank,
-                  IGRAD_E_MISMATCH,
-                  "%s: state of rank %u of %u, loaded on rank %d of %d", path, hd->rank,
-                  hd->size, e->rank, e->nranks);
-    IGRAD_FAIL_IF(hd->ntensors != e->ntensors || hd->residual_count != (uint64_t)e->residual_count,
+    IGRAD_FAIL_IF(v->size != (uint32_t)e->nranks || v->rank != (uint32_t)e->rank,
+                  IGRAD_E_MISMATCH, "%s: state of rank %u of %u, loaded on rank %d of %d",
+                  c->name, v->rank, v->size, e->rank, e->nranks);
+    IGRAD_FAIL_IF(v->ntensors != e->ntensors ||
+                      v->residual_count != (uint64_t)e->residual_count,
                   IGRAD_E_FORMAT,
                   "%s: %llu tensors with %llu residual entries, the engine has %zu with %lld",
-                  path, (unsigned long long)hd->ntensors,
-                  (unsigned long long)hd->residual_count, e->ntensors,
+                  c->name, (unsigned long long)v->ntensors,
+                  (unsigned long long)v->residual_count, e->ntensors,
                   (long long)e->residual_count);
-    IGRAD_FAIL_IF(hd->step < -1 || hd->calls < 0, IGRAD_E_FORMAT,
-                  "%s: step %lld, step count %lld", path, (long long)hd->step,
-                  (long long)hd->calls);
     return IGRAD_OK;
 }
 
-/* The whole file: header, residuals (into `residuals` or only hashed),
- * history (into the engine's arrays when `hist` is not NULL, else hashed
- * and its keys compared), checksum. */
-static igrad_status_t read_state(const igrad_engine_t *e, const char *path, state_header_t *hd,
-                                 float *residuals, igrad__pack_history_t *hist)
+/* The header repeats step, calls and the history hash inside the items;
+ * a file whose copies disagree was not written by igrad_engine_save_state
+ * (or was edited and its checksum recomputed), so it is refused by name. */
+static igrad_status_t check_duplicates(const cursor_t *c, const state_view_t *v)
 {
-    FILE *fp = fopen(path, "rb");
-    IGRAD_FAIL_IF(!fp, IGRAD_E_IO, "%s: cannot open the state file", path);
-    reader_t r = {fp, path, IGRAD__HASH_SEED, 0};
-    igrad_status_t st;
-    uint64_t *keys = NULL;
-    IGRAD_CHECK_GOTO(read_header(&r, hd));
-    IGRAD_CHECK_GOTO(check_header(e, path, hd));
-    size_t rc = (size_t)hd->residual_count, even = rc & ~(size_t)1;
-    IGRAD_CHECK_GOTO(get(&r, residuals, even * sizeof(float), "the residuals"));
-    if (rc & 1) {
-        unsigned char pad[8];
-        IGRAD_CHECK_GOTO(get(&r, pad, 8, "the residuals"));
-        if (residuals) memcpy(residuals + even, pad, 4);
-    }
-    IGRAD_CHECK_GOTO(get_u64(&r, &hd->hist_count, "the history count"));
-    IGRAD_FAIL_GOTO(hd->hist_count != e->hist.count, IGRAD_E_MISMATCH,
-                    "%s: risk history of %llu blocks, this engine has %zu", path,
-                    (unsigned long long)hd->hist_count, e->hist.count);
-    size_t hc = (size_t)hd->hist_count;
-    if (hc) {
-        keys = malloc(hc * sizeof *keys);
-        IGRAD_FAIL_GOTO(!keys, IGRAD_E_NOMEM, "%s: out of memory", path);
-        IGRAD_CHECK_GOTO(get(&r, keys, hc * sizeof *keys, "the history keys"));
-        IGRAD_FAIL_GOTO(memcmp(keys, e->hist.key, hc * sizeof *keys) != 0, IGRAD_E_MISMATCH,
-                        "%s: the risk history has other blocks than this engine", path);
-        IGRAD_CHECK_GOTO(get(&r, hist ? (void *)hist->n : NULL, hc * sizeof(int64_t),
-                             "the history"));
-        IGRAD_CHECK_GOTO(get(&r, hist ? (void *)hist->mean : NULL, hc * sizeof(double),
-                             "the history"));
-        IGRAD_CHECK_GOTO(get(&r, hist ? (void *)hist->m2 : NULL, hc * sizeof(double),
-                             "the history"));
-    }
-    uint64_t want = r.h, sum;
-    IGRAD_CHECK_GOTO(get_u64(&r, &sum, "the checksum"));
-    IGRAD_FAIL_GOTO(sum != want, IGRAD_E_FORMAT,
-                    "%s: checksum mismatch (file 0x%016llx, computed 0x%016llx): corrupt state "
-                    "file",
-                    path, (unsigned long long)sum, (unsigned long long)want);
-    IGRAD_FAIL_GOTO(fgetc(fp) != EOF, IGRAD_E_FORMAT,
-                    "%s: unexpected bytes after the checksum", path);
-    st = IGRAD_OK;
-cleanup:
-    free(keys);
-    fclose(fp);
-    return st;
+    IGRAD_FAIL_IF(v->step < -1 || v->calls < 0, IGRAD_E_FORMAT,
+                  "%s: step %lld, step count %lld", c->name, (long long)v->step,
+                  (long long)v->calls);
+    IGRAD_FAIL_IF(v->items[IGRAD__ITEM_STEP] != (uint64_t)v->step, IGRAD_E_FORMAT,
+                  "%s: the step differs from its copy in the items (%lld vs %lld): corrupt "
+                  "state file",
+                  c->name, (long long)v->step, (long long)v->items[IGRAD__ITEM_STEP]);
+    IGRAD_FAIL_IF(v->items[IGRAD__ITEM_CALLS] != (uint64_t)v->calls, IGRAD_E_FORMAT,
+                  "%s: the step count differs from its copy in the items (%lld vs %lld): "
+                  "corrupt state file",
+                  c->name, (long long)v->calls, (long long)v->items[IGRAD__ITEM_CALLS]);
+    int64_t ve = (int64_t)v->items[IGRAD__ITEM_CFG_VERIFY_EVERY];
+    IGRAD_FAIL_IF(ve < 0, IGRAD_E_FORMAT,
+                  "%s: config.verify_every is %lld in the state file: corrupt state file",
+                  c->name, (long long)ve);
+    return IGRAD_OK;
 }
 
-igrad_status_t igrad_engine_load_state(igrad_engine_t *engine, const char *path)
+/* The history section: count and keys equal to the engine's, values
+ * copied out, and the hash in the items recomputed from them. */
+static igrad_status_t parse_history(const igrad_engine_t *e, cursor_t *c, state_view_t *v)
 {
-    IGRAD_FAIL_IF(!engine, IGRAD_E_INVALID, "igrad_engine_load_state: engine is NULL");
-    igrad_engine_t *e = engine;
-    state_header_t hd;
-    memset(&hd, 0, sizeof hd);
-    igrad_status_t st;
-    if (!path) st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
-                                "igrad_engine_load_state: path is NULL");
-    else if (e->state != IGRAD__ENGINE_IDLE)
-        st = igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
-                         "igrad_engine_load_state: step %lld is open", (long long)e->cur_step);
-    else st = read_state(e, path, &hd, NULL, NULL);
+    IGRAD_CHECK(take_u64(c, &v->hist_count, "the history count"));
+    IGRAD_FAIL_IF(v->hist_count != e->hist.count, IGRAD_E_MISMATCH,
+                  "%s: risk history of %llu blocks, this engine has %zu", c->name,
+                  (unsigned long long)v->hist_count, e->hist.count);
+    size_t hc = (size_t)v->hist_count;
+    IGRAD_CHECK(need(c, 32 * (uint64_t)hc, "the history"));
+    v->hist.count = hc;
+    if (hc) {
+        v->hist.key = malloc(hc * sizeof *v->hist.key);
+        v->hist.n = malloc(hc * sizeof *v->hist.n);
+        v->hist.mean = malloc(hc * sizeof *v->hist.mean);
+        v->hist.m2 = malloc(hc * sizeof *v->hist.m2);
+        IGRAD_FAIL_IF(!v->hist.key || !v->hist.n || !v->hist.mean || !v->hist.m2,
+                      IGRAD_E_NOMEM, "%s: out of memory for the risk history", c->name);
+        IGRAD_CHECK(take(c, v->hist.key, hc * 8, "the history keys"));
+        IGRAD_FAIL_IF(memcmp(v->hist.key, e->hist.key, hc * 8) != 0, IGRAD_E_MISMATCH,
+                      "%s: the risk history has other blocks than this engine", c->name);
+        IGRAD_CHECK(take(c, v->hist.n, hc * 8, "the history"));
+        IGRAD_CHECK(take(c, v->hist.mean, hc * 8, "the history"));
+        IGRAD_CHECK(take(c, v->hist.m2, hc * 8, "the history"));
+        for (size_t i = 0; i < hc; i++)
+            IGRAD_FAIL_IF(v->hist.n[i] < 0, IGRAD_E_FORMAT,
+                          "%s: risk history block %zu has %lld observations: corrupt state "
+                          "file",
+                          c->name, i, (long long)v->hist.n[i]);
+    }
+    uint64_t h = igrad__pack_history_hash(IGRAD__HASH_SEED, &v->hist);
+    IGRAD_FAIL_IF(h != v->items[IGRAD__ITEM_HISTORY], IGRAD_E_FORMAT,
+                  "%s: the risk history hash differs from its copy in the items (0x%016llx vs "
+                  "0x%016llx): corrupt state file",
+                  c->name, (unsigned long long)h,
+                  (unsigned long long)v->items[IGRAD__ITEM_HISTORY]);
+    return IGRAD_OK;
+}
+
+/* Verifies all of the bytes; touches nothing of the engine. */
+static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char *bytes,
+                                   size_t nbytes, const char *name, state_view_t *v)
+{
+    cursor_t c = {bytes, nbytes, 0, name};
+    IGRAD_CHECK(parse_header(e, &c, v));
+    /* From here the size is known: check it whole before hashing. */
+    uint64_t want = igrad__engine_state_nbytes(e);
+    uint64_t rbytes = residual_section_nbytes(v->residual_count);
+    IGRAD_CHECK(need(&c, rbytes, "the residuals"));
+    IGRAD_CHECK(need(&c, rbytes + 8, "the history count"));
+    IGRAD_CHECK(need(&c, want - 8 - c.pos, "the history"));
+    IGRAD_CHECK(need(&c, want - c.pos, "the checksum"));
+    IGRAD_FAIL_IF(nbytes > want, IGRAD_E_FORMAT, "%s: unexpected bytes after the checksum",
+                  name);
+    uint64_t sum, h = hash_words(IGRAD__HASH_SEED, bytes, (size_t)want - 8);
+    memcpy(&sum, bytes + want - 8, 8);
+    IGRAD_FAIL_IF(sum != h, IGRAD_E_FORMAT,
+                  "%s: checksum mismatch (file 0x%016llx, computed 0x%016llx): corrupt state "
+                  "file",
+                  name, (unsigned long long)sum, (unsigned long long)h);
+    IGRAD_CHECK(check_duplicates(&c, v));
+    v->residual_off = c.pos;
+    size_t rc = (size_t)v->residual_count;
+    if (rc & 1) {
+        static const unsigned char zero[4];
+        IGRAD_FAIL_IF(memcmp(bytes + c.pos + 4 * rc, zero, 4) != 0, IGRAD_E_FORMAT,
+                      "%s: the residual padding is not zero: corrupt state file", name);
+    }
+    c.pos += (size_t)rbytes;
+    return parse_history(e, &c, v);
+}
+
+igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned char *bytes,
+                                              size_t nbytes, const char *name)
+{
+    state_view_t v;
+    memset(&v, 0, sizeof v);
+    igrad_status_t st = verify_state(e, bytes, nbytes, name, &v);
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
 
     /* Every rank's file must be good and from the same point of the run. */
     uint64_t items[IGRAD__NITEMS];
     memcpy(items, e->items, sizeof items);
-    items[IGRAD__ITEM_STEP] = (uint64_t)hd.step;
-    items[IGRAD__ITEM_CALLS] = (uint64_t)hd.calls;
-    items[IGRAD__ITEM_HISTORY] = hd.items[IGRAD__ITEM_HISTORY];
-    IGRAD_CHECK(igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg, items, 1,
-                                    "load state"));
+    items[IGRAD__ITEM_STEP] = st == IGRAD_OK ? (uint64_t)v.step : 0;
+    items[IGRAD__ITEM_CALLS] = st == IGRAD_OK ? (uint64_t)v.calls : 0;
+    items[IGRAD__ITEM_HISTORY] = st == IGRAD_OK ? v.items[IGRAD__ITEM_HISTORY] : 0;
+    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg,
+                                            items, 1, "load state");
+    if (ag != IGRAD_OK) {
+        view_free(&v);
+        return ag;
+    }
 
-    IGRAD_CHECK(read_state(e, path, &hd, e->residual_mem, &e->hist));
-    e->last_step = hd.step;
-    e->calls = hd.calls;
-    igrad__engine_dynamic_items(e, hd.step);
+    /* Verified here and everywhere: apply, from the same bytes. */
+    if (e->residual_count)
+        memcpy(e->residual_mem, bytes + v.residual_off, 4 * (size_t)e->residual_count);
+    size_t hc = v.hist.count;
+    if (hc) {
+        memcpy(e->hist.n, v.hist.n, hc * sizeof *v.hist.n);
+        memcpy(e->hist.mean, v.hist.mean, hc * sizeof *v.hist.mean);
+        memcpy(e->hist.m2, v.hist.m2, hc * sizeof *v.hist.m2);
+    }
+    e->last_step = v.step;
+    e->calls = v.calls;
+    igrad__engine_dynamic_items(e, v.step);
+    view_free(&v);
     return IGRAD_OK;
+}
+
+/* Reads the file in one pass: as many bytes as this engine's state file
+ * has, plus one to notice trailing bytes. A file of another size is still
+ * read (up to that bound) so that verification can say why it is wrong. */
+static igrad_status_t read_once(const igrad_engine_t *e, const char *path, unsigned char **out,
+                                size_t *nbytes)
+{
+    *out = NULL;
+    *nbytes = 0;
+    uint64_t cap64 = igrad__engine_state_nbytes(e) + 1;
+    IGRAD_FAIL_IF(cap64 > SIZE_MAX, IGRAD_E_NOMEM, "%s: state file too large", path);
+    size_t cap = (size_t)cap64;
+    unsigned char *buf = malloc(cap);
+    IGRAD_FAIL_IF(!buf, IGRAD_E_NOMEM, "%s: out of memory for %zu bytes of state", path, cap);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        free(buf);
+        return igrad__fail(IGRAD_E_IO, __FILE__, __LINE__, "%s: cannot open the state file",
+                           path);
+    }
+    size_t got = 0;
+    while (got < cap) {
+        size_t want = cap - got < CHUNK_NBYTES ? cap - got : CHUNK_NBYTES;
+        size_t n = fread(buf + got, 1, want, fp);
+        got += n;
+        if (n < want) break;
+    }
+    int err = ferror(fp);
+    fclose(fp);
+    if (err) {
+        free(buf);
+        return igrad__fail(IGRAD_E_IO, __FILE__, __LINE__, "%s: read error", path);
+    }
+    *out = buf;
+    *nbytes = got;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_engine_load_state(igrad_engine_t *engine, const char *path)
+{
+    IGRAD_FAIL_IF(!engine, IGRAD_E_INVALID, "igrad_engine_load_state: engine is NULL");
+    igrad_engine_t *e = engine;
+    unsigned char *bytes = NULL;
+    size_t nbytes = 0;
+    igrad_status_t st;
+    if (!path) st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
+                                "igrad_engine_load_state: path is NULL");
+    else if (e->state != IGRAD__ENGINE_IDLE)
+        st = igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
+                         "igrad_engine_load_state: step %lld is open", (long long)e->cur_step);
+    else st = read_once(e, path, &bytes, &nbytes);
+    if (st != IGRAD_OK) {
+        /* Still collective: the other ranks wait in the agreement. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", igrad_last_error());
+        uint64_t items[IGRAD__NITEMS];
+        memcpy(items, e->items, sizeof items);
+        items[IGRAD__ITEM_STEP] = items[IGRAD__ITEM_CALLS] = items[IGRAD__ITEM_HISTORY] = 0;
+        return igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg, items, 1,
+                                   "load state");
+    }
+    st = igrad__engine_state_load_bytes(e, bytes, nbytes, path);
+    free(bytes);
+    return st;
 }

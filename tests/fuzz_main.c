@@ -1,27 +1,41 @@
 /*
- * fuzz_main.c — a small deterministic mutation fuzzer shared by the parser
- * fuzz targets (tests/fuzz_*.c). Each target defines igrad_fuzz_one(),
- * which must never crash (the ASan build catches memory errors) and
- * returns nonzero when an invariant breaks (determinism, round trip);
- * plus its name and built-in seeds. The driver runs every seed, then
- * `--iterations N` mutants: bit flips, byte overwrites, truncation,
- * insertion and deletion, chunk duplication, splicing of two seeds and
- * insertion of format tokens (numbers at the edges of int64/double,
- * brackets, quotes, dtype names). Same --seed, same inputs, so a failure
- * reproduces exactly.
+ * fuzz_main.c — what the parser fuzz targets (tests/fuzz_*.c) share: the
+ * layout checker, the known-issue filter, and two drivers. Each target
+ * defines igrad_fuzz_one(), which must never crash (ASan/UBSan catch memory
+ * errors and undefined behaviour) and returns nonzero when an invariant
+ * breaks (determinism, round trip); plus its name and built-in seeds.
  *
- * Seeds: built into the target, plus files under
- * $IGRAD_SOURCE_DIR/tests/fuzz/<name>/ when that directory exists.
- * Not a replacement for libFuzzer, which the Debian toolchain here lacks;
- * the targets keep its entry-point shape so they could be linked to it.
+ * Built with IGRAD_LIBFUZZER (clang -fsanitize=fuzzer, `make fuzz`, build
+ * directory build-fuzz/): LLVMFuzzerTestOneInput() calls igrad_fuzz_one()
+ * and aborts on a broken invariant, so libFuzzer saves the input; seeds are
+ * the committed corpus tests/fuzz/corpus/<target>/ (tests/fuzz/run).
+ *
+ * Built without it (the gcc builds, CTest): a small deterministic mutation
+ * fuzzer. It runs the built-in seeds and the files of
+ * $IGRAD_SOURCE_DIR/tests/fuzz/corpus/<name>/, then `--iterations N`
+ * mutants: bit flips, byte overwrites, truncation, insertion and deletion,
+ * chunk duplication, splicing of two seeds and insertion of format tokens
+ * (numbers at the edges of int64/double, brackets, quotes, dtype names).
+ * Same --seed, same inputs, so a failure reproduces exactly. Also:
+ *   --replay DIR      runs every file of DIR once (tests/fuzz/regressions/
+ *                     <target>/ in CTest), each under a 10 s alarm: a
+ *                     timeout is a failure, as in libFuzzer;
+ *   --dump-seeds DIR  writes the built-in seeds as files (corpus making).
+ *
+ * Known issues (IGRAD_FUZZ_IGNORE_KNOWN=1 lets fuzzing go on past them):
+ * issue 9's "tensor named __metadata__" and "\u0000 in a JSON string" are
+ * reported as "KNOWN ISSUE" findings, distinct from new ones.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "layout_internal.h"
 
@@ -35,6 +49,14 @@ const uint8_t *igrad_fuzz_seed(size_t i, size_t *size);
  * (internal consistency, JSON rendering, safetensors and name-list round
  * trips). Returns 0 if all hold, else prints why and returns 1. */
 int igrad_fuzz_check_layout(const igrad_layout_t *layout);
+
+/* Provided here: reports a finding that is one of issue 9's known parser
+ * defects. @return 0 (go on) when IGRAD_FUZZ_IGNORE_KNOWN=1, else 1 (a
+ * broken invariant), after printing "KNOWN ISSUE: what". */
+int igrad_fuzz_known_issue(const char *what);
+
+/* Provided here: whether data holds the JSON escape \u0000 (any case). */
+int igrad_fuzz_has_u0000(const uint8_t *data, size_t size);
 
 #define CHECK(cond, ...)                                                   \
     do {                                                                   \
@@ -62,10 +84,34 @@ static int same_table(const igrad_layout_t *a, const igrad_layout_t *b, int igno
     return 0;
 }
 
+int igrad_fuzz_known_issue(const char *what)
+{
+    static long long seen;
+    const char *ign = getenv("IGRAD_FUZZ_IGNORE_KNOWN");
+    int ignore = ign && strcmp(ign, "1") == 0;
+    if (!ignore || seen++ == 0)
+        fprintf(stderr, "KNOWN ISSUE (issue 9, parsers): %s%s\n", what,
+                ignore ? " (ignored from now on: IGRAD_FUZZ_IGNORE_KNOWN=1)" : "");
+    return ignore ? 0 : 1;
+}
+
+int igrad_fuzz_has_u0000(const uint8_t *data, size_t size)
+{
+    for (size_t i = 0; i + 6 <= size; i++)
+        if (data[i] == '\\' && (data[i + 1] | 0x20) == 'u' && data[i + 2] == '0' &&
+            data[i + 3] == '0' && data[i + 4] == '0' && data[i + 5] == '0')
+            return 1;
+    return 0;
+}
+
 int igrad_fuzz_check_layout(const igrad_layout_t *l)
 {
     size_t n = igrad_layout_count(l);
     CHECK(n > 0, "a parsed layout has no tensors");
+    /* Refused once issue 9's parser fix is in; until then the safetensors
+     * round trip loses it (the writer's own "__metadata__" key). */
+    if (igrad_layout_find(l, "__metadata__") >= 0)
+        return igrad_fuzz_known_issue("a tensor named __metadata__ was accepted");
     int64_t offset = 0, in_components = 0;
     int all_f32 = 1;
     for (size_t i = 0; i < n; i++) {
@@ -147,6 +193,22 @@ int igrad_fuzz_check_layout(const igrad_layout_t *l)
     }
     return 0;
 }
+
+#ifdef IGRAD_LIBFUZZER
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (igrad_fuzz_one(data, size) != 0) {
+        fprintf(stderr, "%s: invariant broken (message above); libFuzzer saves the input\n",
+                igrad_fuzz_name());
+        abort();
+    }
+    return 0;
+}
+
+#else /* the CTest driver */
 
 #define MAX_INPUT (256u * 1024u)
 
@@ -295,7 +357,7 @@ static void load_seed_dir(buf_t **seeds, size_t *n, size_t *cap)
     const char *src = getenv("IGRAD_SOURCE_DIR");
     if (!src) return;
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/tests/fuzz/%s", src, igrad_fuzz_name());
+    snprintf(dir, sizeof dir, "%s/tests/fuzz/corpus/%s", src, igrad_fuzz_name());
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
@@ -314,6 +376,91 @@ static void load_seed_dir(buf_t **seeds, size_t *n, size_t *cap)
     closedir(d);
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Runs every file of dir once, in name order, each under a 10 s alarm
+ * (SIGALRM ends the process: a timeout fails the test). A missing
+ * directory has nothing to replay. */
+static int replay(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        printf("%s: no %s, nothing to replay\n", igrad_fuzz_name(), dir);
+        return 0;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **nn = realloc(names, cap * sizeof *nn);
+            if (!nn) return 1;
+            names = nn;
+        }
+        names[n] = strdup(e->d_name);
+        if (!names[n]) return 1;
+        n++;
+    }
+    closedir(d);
+    if (n) qsort(names, n, sizeof *names, cmp_str);
+    int failed = 0;
+    for (size_t i = 0; i < n; i++) {
+        char path[8192];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        FILE *fp = fopen(path, "rb");
+        struct stat sb;
+        uint8_t *data = NULL;
+        size_t got = 0;
+        if (fp && fstat(fileno(fp), &sb) == 0 && S_ISREG(sb.st_mode)) {
+            data = malloc(sb.st_size > 0 ? (size_t)sb.st_size : 1);
+            got = data ? fread(data, 1, (size_t)sb.st_size, fp) : 0;
+        }
+        if (fp) fclose(fp);
+        if (!data) {
+            fprintf(stderr, "%s: cannot read %s\n", igrad_fuzz_name(), path);
+            failed = 1;
+        } else {
+            alarm(10);
+            if (igrad_fuzz_one(data, got) != 0) {
+                fprintf(stderr, "%s: regression %s breaks an invariant\n", igrad_fuzz_name(),
+                        path);
+                failed = 1;
+            }
+            alarm(0);
+        }
+        free(data);
+        free(names[i]);
+    }
+    free(names);
+    printf("%s: replayed %zu file(s) of %s, %s\n", igrad_fuzz_name(), n, dir,
+           failed ? "FAILED" : "ok");
+    return failed;
+}
+
+static int dump_seeds(const char *dir)
+{
+    for (size_t i = 0; i < igrad_fuzz_seed_count(); i++) {
+        size_t size = 0;
+        const uint8_t *data = igrad_fuzz_seed(i, &size);
+        char path[8192];
+        snprintf(path, sizeof path, "%s/seed-%02zu", dir, i);
+        FILE *fp = fopen(path, "wb");
+        if (!fp || fwrite(data, 1, size, fp) != size) {
+            fprintf(stderr, "%s: cannot write %s\n", igrad_fuzz_name(), path);
+            if (fp) fclose(fp);
+            return 1;
+        }
+        fclose(fp);
+    }
+    printf("%s: %zu seed(s) written to %s\n", igrad_fuzz_name(), igrad_fuzz_seed_count(), dir);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long long iterations = 1000;
@@ -323,8 +470,13 @@ int main(int argc, char **argv)
             iterations = atoll(argv[++i]);
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
             seed = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "--replay") && i + 1 < argc) {
+            return replay(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--dump-seeds") && i + 1 < argc) {
+            return dump_seeds(argv[i + 1]);
         } else {
-            fprintf(stderr, "usage: %s [--iterations N] [--seed S]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--iterations N] [--seed S] | --replay DIR | "
+                            "--dump-seeds DIR\n", argv[0]);
             return 2;
         }
     }
@@ -375,3 +527,5 @@ int main(int argc, char **argv)
     free(seeds);
     return failed;
 }
+
+#endif /* IGRAD_LIBFUZZER */

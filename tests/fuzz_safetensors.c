@@ -47,8 +47,8 @@ static const char *const seeds[] = {
     "\"flag\":{\"dtype\":\"BOOL\",\"shape\":[7],\"data_offsets\":[241,248]},"
     "\"__metadata__\":{}}",
 
-    "{\"a\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]},"
-    "\"a\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[8,16]}}",
+    ("{\"a\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]},"
+     "\"a\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[8,16]}}"),
 
     "model.layers.0.mlp.up_proj.weight 8 4\n# comment\nx [2, 3]\n  y (5,)  # t\nz []\n",
 };

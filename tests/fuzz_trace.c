@@ -28,8 +28,8 @@ static const char *const SEEDS[] = {
     "step,layer,component,raw_activity,d_activity,numel,retained_numel\r\n"
     "5,2,V,0.333333333,0,4096,41\r\n5,2,O,0.1,0,4096,41\r\n"
     "7,2,O,0.2,0.1,4096,41\r\n7,2,V,0.3,0,4096,41\r\n",
-    "# a comment\n\nstep,layer,component,raw_activity,d_activity,numel,retained_numel\n"
-    "# comment between rows\n3,0,QKV,1,0,12,12\n3,0,FC2,2,0,8,1\n",
+    ("# a comment\n\nstep,layer,component,raw_activity,d_activity,numel,retained_numel\n"
+     "# comment between rows\n3,0,QKV,1,0,12,12\n3,0,FC2,2,0,8,1\n"),
 };
 
 const char *igrad_fuzz_name(void) { return "trace"; }

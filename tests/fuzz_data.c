@@ -1,0 +1,210 @@
+/*
+ * fuzz_data.c — fuzz target for the trainer's data readers
+ * (trainer/data.h: dataset_load with "jsonl:PATH" and "alpaca:PATH",
+ * prompt masking on or off, with or without a validation split). The
+ * reader takes a spec, so each input is written to a per-process temporary
+ * file first.
+ *
+ * Input: one mode byte (bit 0: alpaca: instead of jsonl:, bit 1:
+ * response_only, bit 2: val_fraction 0.3, bits 3-4: seq_len 1, 2, 4 or 8),
+ * then the file's bytes.
+ *
+ * Invariants: no crash; a failure is FORMAT, EMPTY or NOMEM (never IO or
+ * ARG: the file exists and the options are valid) with a message; the same
+ * input twice gives the same status, message and tokens; a loaded dataset
+ * has tokens < 257, each split ends with EOT, ndocs = train + val
+ * documents, masks 0/1 and a train batch of step 0 and 1 whose targets are
+ * tokens or -1. A JSONL document field ("text", "instruction", "input",
+ * "output") holding "\u0000" that loads is issue 9's known truncation
+ * (refused once the parser fix is in).
+ * The driver is tests/fuzz_main.c.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "data.h"
+
+int igrad_fuzz_one(const uint8_t *data, size_t size);
+const char *igrad_fuzz_name(void);
+size_t igrad_fuzz_seed_count(void);
+const uint8_t *igrad_fuzz_seed(size_t i, size_t *size);
+int igrad_fuzz_known_issue(const char *what);
+int igrad_fuzz_has_u0000(const uint8_t *data, size_t size);
+
+/* mode byte first (as a \x escape), then the file */
+static const struct {
+    const char *bytes;
+    size_t n;
+} SEEDS[] = {
+#define S(x) {x, sizeof x - 1}
+    S("\x00{\"text\": \"Hello world, this is the first document.\"}\n"
+      "{\"text\": \"A second one\\nwith a newline and \\u00e9 \\\"quotes\\\".\"}\n\n"
+      "{\"text\": \"third\", \"meta\": {\"id\": 3}}\n"),
+    S("\x1c{\"text\": \"abcdefghijklmnopqrstuvwxyz\"}\r\n{\"text\": \"0123456789\"}\r\n"
+      "{\"text\": \"\"}\r\n{\"text\": \"last one without newline\"}"),
+    S("\x01{\"instruction\": \"Add the numbers.\", \"input\": \"2 and 3\", \"output\": \"5\"}\n"
+      "{\"instruction\": \"Say hi.\", \"output\": \"hi\"}\n"
+      "{\"instruction\": \"Echo.\", \"input\": \"\", \"output\": \"Echo.\"}\n"),
+    S("\x0f{\"instruction\": \"Translate to French: cat\", \"input\": \"\", \"output\": "
+      "\"chat\"}\n{\"instruction\": \"Count to three.\", \"output\": \"1 2 3\"}\n"
+      "{\"instruction\": \"What is 2+2?\", \"input\": \"math\", \"output\": \"4\"}\n"
+      "{\"instruction\": \"Name a colour.\", \"input\": null, \"output\": \"blue\"}\n"),
+    S("\x02{\"instruction\": \"kind decided by the first record\", \"output\": \"alpaca\"}\n"
+      "{\"text\": \"then a text record\"}\n"),
+    S("\x00{\"text\": 5}\n"),
+    S("\x00[1, 2, 3]\n{\"text\": \"x\"\n"),
+#undef S
+};
+
+static char path[256], spec[300];
+
+const char *igrad_fuzz_name(void) { return "data"; }
+size_t igrad_fuzz_seed_count(void) { return sizeof SEEDS / sizeof SEEDS[0]; }
+const uint8_t *igrad_fuzz_seed(size_t i, size_t *size)
+{
+    *size = SEEDS[i].n;
+    return (const uint8_t *)SEEDS[i].bytes;
+}
+
+/* Whether some \u0000 of the file lies in the string value of a "text",
+ * "instruction", "input" or "output" key (the fields that become
+ * documents); a \u0000 elsewhere (another field) may load legitimately. */
+static int u0000_in_document(const uint8_t *p, size_t n)
+{
+    static const char *const keys[] = {"text", "instruction", "input", "output"};
+    for (size_t i = 0; i + 6 <= n; i++) {
+        if (!igrad_fuzz_has_u0000(p + i, 6)) continue;
+        /* back to the opening quote of this string */
+        size_t q = i;
+        while (q > 0) {
+            q--;
+            if (p[q] != '"') continue;
+            size_t bs = 0;
+            while (q >= bs + 1 && p[q - bs - 1] == '\\') bs++;
+            if (bs % 2 == 0) break;
+        }
+        if (p[q] != '"' || q == 0) continue;
+        size_t k = q;
+        while (k > 0 && (p[k - 1] == ' ' || p[k - 1] == '\t')) k--;
+        if (k == 0 || p[k - 1] != ':') continue;
+        k--;
+        while (k > 0 && (p[k - 1] == ' ' || p[k - 1] == '\t')) k--;
+        if (k == 0 || p[k - 1] != '"') continue;
+        size_t end = k - 1, start = end;
+        while (start > 0 && p[start - 1] != '"') start--;
+        if (start == 0) continue;
+        for (size_t j = 0; j < 4; j++)
+            if (end - start == strlen(keys[j]) && memcmp(p + start, keys[j], end - start) == 0)
+                return 1;
+    }
+    return 0;
+}
+
+static int check_split(const data_split_t *s, const char *name)
+{
+    if (s->count == 0) return 0;
+    for (size_t i = 0; i < s->count; i++) {
+        if (s->tokens[i] > DATA_EOT) {
+            fprintf(stderr, "%s token %zu is %u\n", name, i, (unsigned)s->tokens[i]);
+            return 1;
+        }
+        if (s->counts && s->counts[i] > 1) {
+            fprintf(stderr, "%s mask %zu is %u\n", name, i, (unsigned)s->counts[i]);
+            return 1;
+        }
+    }
+    if (s->tokens[s->count - 1] != DATA_EOT) {
+        fprintf(stderr, "%s does not end with EOT\n", name);
+        return 1;
+    }
+    return 0;
+}
+
+static int check_dataset(const dataset_t *ds)
+{
+    if (ds->ndocs != ds->train.ndocs + ds->val.ndocs) {
+        fprintf(stderr, "ndocs %zu != %zu + %zu\n", ds->ndocs, ds->train.ndocs,
+                ds->val.ndocs);
+        return 1;
+    }
+    if (check_split(&ds->train, "train") || check_split(&ds->val, "val")) return 1;
+    if (ds->nwindows < 1) {
+        fprintf(stderr, "a loaded dataset has no training window\n");
+        return 1;
+    }
+    int T = ds->seq_len, G = 2;
+    int *in = malloc(sizeof(int) * (size_t)(G * T)), *tg = malloc(sizeof(int) * (size_t)(G * T));
+    int bad = 0;
+    for (int64_t step = 0; step < 2 && in && tg && !bad; step++) {
+        data_error_t err;
+        if (dataset_train_batch(ds, step, G, 0, 1, in, tg, &err) != DATA_OK) {
+            fprintf(stderr, "train batch %lld: %s\n", (long long)step, err.message);
+            bad = 1;
+            break;
+        }
+        for (int i = 0; i < G * T; i++)
+            if (in[i] < 0 || in[i] > DATA_EOT || tg[i] < -1 || tg[i] > DATA_EOT) {
+                fprintf(stderr, "batch %lld entry %d: input %d target %d\n", (long long)step,
+                        i, in[i], tg[i]);
+                bad = 1;
+                break;
+            }
+    }
+    free(in);
+    free(tg);
+    return bad;
+}
+
+int igrad_fuzz_one(const uint8_t *data, size_t size)
+{
+    if (size == 0) return 0;
+    if (!path[0]) snprintf(path, sizeof path, "/tmp/igrad_fuzz_data.%ld.jsonl", (long)getpid());
+    uint8_t mode = data[0];
+    FILE *fp = fopen(path, "wb");
+    if (!fp) return 0;
+    if (size > 1) fwrite(data + 1, 1, size - 1, fp);
+    if (fclose(fp) != 0) return 0;
+    snprintf(spec, sizeof spec, "%s:%s", mode & 1 ? "alpaca" : "jsonl", path);
+    static const int seq[4] = {1, 2, 4, 8};
+    data_options_t opts = DATA_OPTIONS_INIT;
+    opts.seq_len = seq[(mode >> 3) & 3];
+    opts.response_only = (mode >> 1) & 1;
+    opts.val_fraction = mode & 4 ? 0.3 : 0.0;
+    opts.data_dir = "/nonexistent";
+
+    dataset_t a, b;
+    data_error_t ea, eb;
+    int sa = dataset_load(&a, spec, &opts, &ea);
+    int sb = dataset_load(&b, spec, &opts, &eb);
+    int bad = 0;
+    if (sa != sb || strcmp(ea.message, eb.message) != 0) {
+        fprintf(stderr, "not deterministic: %d '%s' vs %d '%s'\n", sa, ea.message, sb,
+                eb.message);
+        bad = 1;
+    } else if (sa == DATA_OK) {
+        if (a.train.count != b.train.count || a.val.count != b.val.count ||
+            memcmp(a.train.tokens, b.train.tokens, a.train.count * sizeof *a.train.tokens) ||
+            (a.val.count &&
+             memcmp(a.val.tokens, b.val.tokens, a.val.count * sizeof *a.val.tokens))) {
+            fprintf(stderr, "not deterministic: the token streams differ\n");
+            bad = 1;
+        } else {
+            bad = check_dataset(&a);
+        }
+        if (!bad && u0000_in_document(data + 1, size - 1))
+            bad = igrad_fuzz_known_issue("a JSONL file with \\u0000 in a string loaded "
+                                         "(documents are cut at the NUL)");
+    } else if ((sa != DATA_E_FORMAT && sa != DATA_E_EMPTY && sa != DATA_E_NOMEM) ||
+               ea.message[0] == '\0') {
+        fprintf(stderr, "unexpected status %d: '%s'\n", sa, ea.message);
+        bad = 1;
+    }
+    dataset_free(&a);
+    dataset_free(&b);
+    unlink(path);
+    return bad;
+}
