@@ -32,7 +32,7 @@ int igrad_fuzz_one(const uint8_t *data, size_t size);
 const char *igrad_fuzz_name(void);
 size_t igrad_fuzz_seed_count(void);
 const uint8_t *igrad_fuzz_seed(size_t i, size_t *size);
-int igrad_fuzz_known_issue(const char *what);
+int igrad_fuzz_fixed_defect(const char *what);
 int igrad_fuzz_has_u0000(const uint8_t *data, size_t size);
 
 /* mode byte first (as a \x escape), then the file */
@@ -196,7 +196,7 @@ int igrad_fuzz_one(const uint8_t *data, size_t size)
             bad = check_dataset(&a);
         }
         if (!bad && u0000_in_document(data + 1, size - 1))
-            bad = igrad_fuzz_known_issue("a JSONL file with \\u0000 in a string loaded "
+            bad = igrad_fuzz_fixed_defect("a JSONL file with \\u0000 in a string loaded "
                                          "(documents are cut at the NUL)");
     } else if ((sa != DATA_E_FORMAT && sa != DATA_E_EMPTY && sa != DATA_E_NOMEM) ||
                ea.message[0] == '\0') {

@@ -1,6 +1,6 @@
 /*
  * fuzz_main.c — what the parser fuzz targets (tests/fuzz_*.c) share: the
- * layout checker, the known-issue filter, and two drivers. Each target
+ * layout checker, the fixed-defect report, and two drivers. Each target
  * defines igrad_fuzz_one(), which must never crash (ASan/UBSan catch memory
  * errors and undefined behaviour) and returns nonzero when an invariant
  * breaks (determinism, round trip); plus its name and built-in seeds.
@@ -22,9 +22,9 @@
  *                     timeout is a failure, as in libFuzzer;
  *   --dump-seeds DIR  writes the built-in seeds as files (corpus making).
  *
- * Known issues (IGRAD_FUZZ_IGNORE_KNOWN=1 lets fuzzing go on past them):
- * issue 9's "tensor named __metadata__" and "\u0000 in a JSON string" are
- * reported as "KNOWN ISSUE" findings, distinct from new ones.
+ * Defects found and fixed (a tensor named "__metadata__", "\u0000" in a
+ * JSON string) are checked by name (igrad_fuzz_fixed_defect), so a
+ * regression says which one came back.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
@@ -50,10 +50,10 @@ const uint8_t *igrad_fuzz_seed(size_t i, size_t *size);
  * trips). Returns 0 if all hold, else prints why and returns 1. */
 int igrad_fuzz_check_layout(const igrad_layout_t *layout);
 
-/* Provided here: reports a finding that is one of issue 9's known parser
- * defects. @return 0 (go on) when IGRAD_FUZZ_IGNORE_KNOWN=1, else 1 (a
- * broken invariant), after printing "KNOWN ISSUE: what". */
-int igrad_fuzz_known_issue(const char *what);
+/* Provided here: reports that a defect fixed earlier is back (issue 9's
+ * parser findings). Prints "invariant broken: fixed defect is back: what"
+ * and returns 1. */
+int igrad_fuzz_fixed_defect(const char *what);
 
 /* Provided here: whether data holds the JSON escape \u0000 (any case). */
 int igrad_fuzz_has_u0000(const uint8_t *data, size_t size);
@@ -84,15 +84,10 @@ static int same_table(const igrad_layout_t *a, const igrad_layout_t *b, int igno
     return 0;
 }
 
-int igrad_fuzz_known_issue(const char *what)
+int igrad_fuzz_fixed_defect(const char *what)
 {
-    static long long seen;
-    const char *ign = getenv("IGRAD_FUZZ_IGNORE_KNOWN");
-    int ignore = ign && strcmp(ign, "1") == 0;
-    if (!ignore || seen++ == 0)
-        fprintf(stderr, "KNOWN ISSUE (issue 9, parsers): %s%s\n", what,
-                ignore ? " (ignored from now on: IGRAD_FUZZ_IGNORE_KNOWN=1)" : "");
-    return ignore ? 0 : 1;
+    fprintf(stderr, "invariant broken: fixed defect is back (issue 9): %s\n", what);
+    return 1;
 }
 
 int igrad_fuzz_has_u0000(const uint8_t *data, size_t size)
@@ -108,10 +103,10 @@ int igrad_fuzz_check_layout(const igrad_layout_t *l)
 {
     size_t n = igrad_layout_count(l);
     CHECK(n > 0, "a parsed layout has no tensors");
-    /* Refused once issue 9's parser fix is in; until then the safetensors
-     * round trip loses it (the writer's own "__metadata__" key). */
+    /* Refused by every reader: the safetensors round trip would lose it
+     * (the writer's own "__metadata__" key). */
     if (igrad_layout_find(l, "__metadata__") >= 0)
-        return igrad_fuzz_known_issue("a tensor named __metadata__ was accepted");
+        return igrad_fuzz_fixed_defect("a tensor named __metadata__ was accepted");
     int64_t offset = 0, in_components = 0;
     int all_f32 = 1;
     for (size_t i = 0; i < n; i++) {

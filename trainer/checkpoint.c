@@ -757,6 +757,19 @@ static void format_shape(char *buf, size_t size, int ndim, const int64_t *shape)
 /* config.json                                                              */
 /* ------------------------------------------------------------------------ */
 
+/* Adds a finite double as the shortest decimal that reads back to the same
+ * bits (cJSON's own printing keeps 15 digits when they are within
+ * DBL_EPSILON, which can change the last bit of rope_theta). */
+static int add_exact_number(cJSON *obj, const char *key, double v)
+{
+    char buf[40];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return cJSON_AddRawToObject(obj, key, buf) != NULL;
+}
+
 igrad_status_t checkpoint_write_config(const model_config_t *c, const char *path)
 {
     igrad_status_t st = model_config_validate(c);
@@ -775,8 +788,9 @@ igrad_status_t checkpoint_write_config(const model_config_t *c, const char *path
     cJSON_AddNumberToObject(root, "num_attention_heads", c->n_head);
     cJSON_AddNumberToObject(root, "num_key_value_heads", c->n_kv_head);
     cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_seq_len);
-    cJSON_AddNumberToObject(root, "rms_norm_eps", c->rms_norm_eps);
-    cJSON_AddNumberToObject(root, "rope_theta", c->rope_theta);
+    if (!add_exact_number(root, "rms_norm_eps", c->rms_norm_eps) ||
+        !add_exact_number(root, "rope_theta", c->rope_theta))
+        goto nomem;
     cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tie_embeddings);
     cJSON_AddStringToObject(root, "hidden_act", "silu");
     cJSON_AddBoolToObject(root, "attention_bias", 0);
