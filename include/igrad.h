@@ -102,7 +102,11 @@ typedef enum igrad_status {
     IGRAD_E_NONFINITE = 6,   /**< NaN or Inf in a gradient */
     IGRAD_E_MISMATCH = 7,    /**< layout/profile/config disagree (file or ranks) */
     IGRAD_E_COMM = 8,        /**< a collective failed */
-    IGRAD_E_STATE = 9        /**< call out of order (e.g. end before begin) */
+    IGRAD_E_STATE = 9,       /**< call out of order (e.g. end before begin), or an
+                                  engine/communicator made unusable by an earlier
+                                  failure */
+    IGRAD_E_TIMEOUT = 10     /**< a collective did not complete within its timeout
+                                  (a rank stopped, wedged or out of step) */
 } igrad_status_t;
 
 /** @return a short constant description of a status code. */
@@ -680,6 +684,32 @@ IGRAD_API int igrad_comm_size(const igrad_comm_t *comm);
 /** @return "self", "mpi" or "custom" ("" for a NULL comm). */
 IGRAD_API const char *igrad_comm_backend(const igrad_comm_t *comm);
 
+/** Sets how long each later collective on `comm` may take (seconds; 0, the
+ *  default of a new comm, waits forever). The engine sets its own
+ *  config.timeout_s for the duration of each of its calls and restores this
+ *  value afterwards.
+ *
+ *  "mpi": every operation, blocking ones included, runs as non-blocking MPI
+ *  calls polled with MPI_Testall (spinning at first, then sleeping with a
+ *  backoff of at most 1 ms), so a stopped or wedged rank makes the others
+ *  return IGRAD_E_TIMEOUT within about `seconds`. A timed-out MPI operation
+ *  cannot be cancelled portably: it is left pending, its buffers may still
+ *  be written if the missing rank ever joins (keep them allocated; the
+ *  engine leaks its own on purpose), and the comm is unusable from then on
+ *  (every later call fails fast with IGRAD_E_STATE quoting the timeout;
+ *  igrad_comm_free() then releases only igrad's memory). The job must be
+ *  aborted (MPI_Abort), which the library itself never calls.
+ *  "self": collectives complete at once; the value is stored, never used.
+ *  "custom": the callbacks own their timeouts (the value is stored for the
+ *  caller's information only; a callback that gives up returns
+ *  IGRAD_E_TIMEOUT, which igrad passes on as it is).
+ *  @return IGRAD_E_INVALID for a NULL comm or a value that is not a finite
+ *  number >= 0. */
+IGRAD_API igrad_status_t igrad_comm_set_timeout(igrad_comm_t *comm, double seconds);
+
+/** @return the comm's timeout in seconds (0: none; 0 for a NULL comm). */
+IGRAD_API double igrad_comm_timeout(const igrad_comm_t *comm);
+
 /** Every rank contributes `nbytes` bytes from `send`; `recv` receives
  *  size * nbytes bytes: rank r's block at recv + r * nbytes. In place:
  *  send == recv + rank * nbytes (this rank's block already there); any
@@ -942,14 +972,26 @@ typedef struct igrad_config {
     igrad_collective_t collective;    /**< AUTO; dense always all-reduces */
     int threads;                      /**< OpenMP threads for selection; 0 = the
                                            OpenMP default. Results never depend on it */
+    double timeout_s;                 /**< seconds each of the engine's collectives
+                                           (the per-step agreement and every bucket)
+                                           may take before the call returns
+                                           IGRAD_E_TIMEOUT; finite, >= 0; 0 = wait
+                                           forever (IGRAD_DEFAULT_TIMEOUT_S). Applies
+                                           to the built-in MPI communicator; see
+                                           igrad_comm_set_timeout() for the others */
 } igrad_config_t;
+
+/** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
+ *  checkpoint written by one rank while the others wait, short enough that a
+ *  stopped rank does not hold the job for hours. */
+#define IGRAD_DEFAULT_TIMEOUT_S 300.0
 
 #define IGRAD_CONFIG_INIT                                                          \
     { sizeof(igrad_config_t), IGRAD_METHOD_IG, IGRAD_SPARSIFIER_ADTOPK, 0, 0.01,     \
       IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
-      IGRAD_COLLECTIVE_AUTO, 0 }
+      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or

@@ -55,6 +55,10 @@ struct igrad_comm {
     int size;
     void *impl;           /* backend state, owned by the backend */
     int64_t pending;      /* requests issued and not yet waited */
+    double timeout_s;     /* per operation; 0 = none (igrad_comm_set_timeout) */
+    int broken;           /* an operation timed out and was left pending:
+                             every later call fails fast */
+    char broken_msg[512]; /* the message of that timeout */
 };
 
 struct igrad_comm_request {
@@ -63,6 +67,14 @@ struct igrad_comm_request {
     int done;             /* completed: wait only releases */
     void *handle;         /* backend state of an operation in flight */
 };
+
+/* Marks the comm unusable after an operation that had to be left pending
+ * (a timeout): keeps the current igrad_last_error() as the reason that
+ * every later call quotes. Returns `status`. */
+igrad_status_t igrad__comm_break(igrad_comm_t *comm, igrad_status_t status);
+
+/* Seconds on a monotonic clock. */
+double igrad__comm_now_s(void);
 
 /* Allocates a comm around a backend's table and state. On failure `impl`
  * is left to the caller. */
