@@ -17,17 +17,19 @@
  * reports through MPI_COMM_WORLD's error handler whatever the handler of
  * the communicator in use.
  *
- * Timeouts (comm->timeout_s > 0): every operation, blocking ones included,
- * is started non-blocking and completed by mpi_complete(), which polls
- * MPI_Testall against the deadline. It spins (with sched_yield) for the
+ * Every operation, blocking ones included, is started non-blocking
+ * (MPI_Iallgather, MPI_Iallreduce, MPI_Ibcast, MPI_Ibarrier) and completed
+ * by mpi_complete(): MPI does not match a blocking collective with a
+ * non-blocking one, so a rank with a timeout and a rank without must issue
+ * the same kind. Without a timeout mpi_complete() is MPI_Waitall; with one
+ * (comm->timeout_s > 0) it polls MPI_Testall against the deadline. It spins (with sched_yield) for the
  * first SPIN_S seconds, as a blocking MPI call would, because Open MPI
  * advances a non-blocking collective only while the process is inside MPI;
  * only a wait that is already long sleeps, with a backoff capped at
  * SLEEP_MAX_NS, so the deadline is met within about a millisecond. MPI has
  * no portable way to cancel a collective: on expiry the operation is left
  * pending (its requests and buffers are never released), the comm is
- * marked broken and its duplicate is not freed. With no timeout the
- * blocking functions are MPI's blocking calls, as before.
+ * marked broken and its duplicate is not freed.
  */
 #define _POSIX_C_SOURCE 200809L /* nanosleep, sched_yield */
 #include "comm_internal.h"
@@ -162,25 +164,19 @@ static igrad_status_t mpi_complete(igrad_comm_t *comm, mpi_request_t *state, con
 
 /* ---- allgather ----------------------------------------------------------- */
 
-/* Gathers bytes [off, off+n) of every rank's nbytes-byte block, blocking
- * (req NULL) or not. */
+/* Starts gathering bytes [off, off+n) of every rank's nbytes-byte block. */
 static igrad_status_t allgather_piece(const mpi_impl_t *impl, const void *send, size_t nbytes,
                                       void *recv, size_t off, size_t n, int in_place,
                                       MPI_Request *req)
 {
-    const char *what = req ? "MPI_Iallgather" : "MPI_Allgather";
+    const char *what = "MPI_Iallgather";
     const void *sbuf = in_place ? MPI_IN_PLACE : (const unsigned char *)send + off;
     void *rbuf = (unsigned char *)recv + off;
     if (n == nbytes) {
         /* The whole block in one piece: no derived datatype needed. */
-        if (req)
-            MPI_CHECK(MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, (int)n, MPI_BYTE,
-                                     impl->comm, req),
-                      what);
-        else
-            MPI_CHECK(MPI_Allgather(sbuf, (int)n, MPI_BYTE, rbuf, (int)n, MPI_BYTE,
-                                    impl->comm),
-                      what);
+        MPI_CHECK(MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, (int)n, MPI_BYTE, impl->comm,
+                                 req),
+                  what);
         return IGRAD_OK;
     }
     MPI_Datatype piece, block;
@@ -190,10 +186,7 @@ static igrad_status_t allgather_piece(const mpi_impl_t *impl, const void *send, 
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Type_create_resized", __FILE__, __LINE__);
     rc = MPI_Type_commit(&block);
     if (rc == MPI_SUCCESS) {
-        if (req)
-            rc = MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, 1, block, impl->comm, req);
-        else
-            rc = MPI_Allgather(sbuf, (int)n, MPI_BYTE, rbuf, 1, block, impl->comm);
+        rc = MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, 1, block, impl->comm, req);
     } else {
         what = "MPI_Type_commit";
     }
@@ -215,7 +208,7 @@ static igrad_status_t mpi_gather_all(igrad_comm_t *comm, const void *send, size_
         size_t off = i * impl->max_count;
         size_t n = nbytes - off < impl->max_count ? nbytes - off : impl->max_count;
         IGRAD_CHECK(allgather_piece(impl, send, nbytes, recv, off, n, in_place,
-                                    state ? &state->reqs[i] : NULL));
+                                    &state->reqs[i]));
     }
     return IGRAD_OK;
 }
@@ -223,7 +216,6 @@ static igrad_status_t mpi_gather_all(igrad_comm_t *comm, const void *send, size_
 static igrad_status_t mpi_allgather(igrad_comm_t *comm, const void *send, size_t nbytes,
                                     void *recv)
 {
-    if (comm->timeout_s <= 0.0) return mpi_gather_all(comm, send, nbytes, recv, NULL);
     const mpi_impl_t *impl = comm->impl;
     mpi_request_t *state = NULL;
     IGRAD_CHECK(request_state_new(piece_count(nbytes, impl->max_count), "igrad_comm_allgather",
@@ -263,14 +255,9 @@ static igrad_status_t mpi_reduce_all(igrad_comm_t *comm, const void *send, void 
         size_t n = count - off < impl->max_count ? count - off : impl->max_count;
         const void *sbuf = in_place ? MPI_IN_PLACE : (const unsigned char *)send + off * elem;
         void *rbuf = (unsigned char *)recv + off * elem;
-        if (state)
-            MPI_CHECK(MPI_Iallreduce(sbuf, rbuf, (int)n, mpi_dtype(dtype), mpi_op(op),
-                                     impl->comm, &state->reqs[i]),
-                      "MPI_Iallreduce");
-        else
-            MPI_CHECK(MPI_Allreduce(sbuf, rbuf, (int)n, mpi_dtype(dtype), mpi_op(op),
-                                    impl->comm),
-                      "MPI_Allreduce");
+        MPI_CHECK(MPI_Iallreduce(sbuf, rbuf, (int)n, mpi_dtype(dtype), mpi_op(op), impl->comm,
+                                 &state->reqs[i]),
+                  "MPI_Iallreduce");
     }
     return IGRAD_OK;
 }
@@ -278,7 +265,6 @@ static igrad_status_t mpi_reduce_all(igrad_comm_t *comm, const void *send, void 
 static igrad_status_t mpi_allreduce(igrad_comm_t *comm, const void *send, void *recv,
                                     size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op)
 {
-    if (comm->timeout_s <= 0.0) return mpi_reduce_all(comm, send, recv, count, dtype, op, NULL);
     const mpi_impl_t *impl = comm->impl;
     mpi_request_t *state = NULL;
     IGRAD_CHECK(request_state_new(piece_count(count, impl->max_count), "igrad_comm_allreduce",
@@ -313,12 +299,9 @@ static igrad_status_t mpi_bcast_all(const mpi_impl_t *impl, void *buf, size_t nb
     for (size_t i = 0; i < pieces; i++) {
         size_t off = i * impl->max_count;
         size_t n = nbytes - off < impl->max_count ? nbytes - off : impl->max_count;
-        unsigned char *p = (unsigned char *)buf + off;
-        if (state)
-            MPI_CHECK(MPI_Ibcast(p, (int)n, MPI_BYTE, root, impl->comm, &state->reqs[i]),
-                      "MPI_Ibcast");
-        else
-            MPI_CHECK(MPI_Bcast(p, (int)n, MPI_BYTE, root, impl->comm), "MPI_Bcast");
+        MPI_CHECK(MPI_Ibcast((unsigned char *)buf + off, (int)n, MPI_BYTE, root, impl->comm,
+                             &state->reqs[i]),
+                  "MPI_Ibcast");
     }
     return IGRAD_OK;
 }
@@ -326,7 +309,6 @@ static igrad_status_t mpi_bcast_all(const mpi_impl_t *impl, void *buf, size_t nb
 static igrad_status_t mpi_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root)
 {
     const mpi_impl_t *impl = comm->impl;
-    if (comm->timeout_s <= 0.0) return mpi_bcast_all(impl, buf, nbytes, root, NULL);
     mpi_request_t *state = NULL;
     IGRAD_CHECK(request_state_new(piece_count(nbytes, impl->max_count), "igrad_comm_bcast",
                                   &state));
@@ -340,10 +322,6 @@ static igrad_status_t mpi_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, in
 static igrad_status_t mpi_barrier(igrad_comm_t *comm)
 {
     const mpi_impl_t *impl = comm->impl;
-    if (comm->timeout_s <= 0.0) {
-        MPI_CHECK(MPI_Barrier(impl->comm), "MPI_Barrier");
-        return IGRAD_OK;
-    }
     mpi_request_t *state = NULL;
     IGRAD_CHECK(request_state_new(1, "igrad_comm_barrier", &state));
     int rc = MPI_Ibarrier(impl->comm, &state->reqs[0]);
