@@ -1763,12 +1763,21 @@ static igrad_status_t bucket_failed(const igrad_engine_t *e, size_t j, igrad_sta
  * Once a bucket has bad bytes nothing more is unpacked, but every bucket is
  * still issued and waited for, so this rank makes the same collectives as
  * the others (who see the same bytes and fail at the same bucket). */
+static igrad_status_t keep_first(igrad_status_t st, char *buf, size_t nbytes)
+{
+    if (st != IGRAD_OK && !buf[0]) snprintf(buf, nbytes, "%s", igrad_last_error());
+    return st;
+}
+
 static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *grads)
 {
     IGRAD_CHECK(step_prepare(e, step, grads));
 
     igrad_status_t st = IGRAD_OK;  /* the collectives */
     igrad_status_t ust = IGRAD_OK; /* unpacking */
+    /* the first failure's message: waiting out the remaining requests
+     * records later ones */
+    char smsg[1024] = "", umsg[1024] = "";
     double pack_ms = 0.0, comm_ms = 0.0, unpack_ms = 0.0, a, b;
     size_t issued = 0, done = 0;
     int zeroed = 0;
@@ -1786,7 +1795,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         a = igrad__engine_now_ms();
         comm_ms += a - b;
         if (st != IGRAD_OK) {
-            st = bucket_failed(e, j, st);
+            st = keep_first(bucket_failed(e, j, st), smsg, sizeof smsg);
             break;
         }
         issued++;
@@ -1803,7 +1812,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             int ready = 0;
             st = igrad_comm_test(e->comm, e->bk[done].req, &ready);
             if (st != IGRAD_OK) {
-                st = bucket_failed(e, done, st);
+                st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
                 break;
             }
             if (!ready) break;
@@ -1812,10 +1821,10 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             b = igrad__engine_now_ms();
             comm_ms += b - a;
             if (st != IGRAD_OK) {
-                st = bucket_failed(e, done, st);
+                st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
                 break;
             }
-            if (ust == IGRAD_OK) ust = unpack_bucket(e, done, grads);
+            if (ust == IGRAD_OK) ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
             done++;
             a = igrad__engine_now_ms();
             unpack_ms += a - b;
@@ -1834,9 +1843,10 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         e->bk[done].req = NULL;
         b = igrad__engine_now_ms();
         comm_ms += b - a;
-        if (ws != IGRAD_OK && st == IGRAD_OK) st = bucket_failed(e, done, ws);
+        if (ws != IGRAD_OK && st == IGRAD_OK)
+            st = keep_first(bucket_failed(e, done, ws), smsg, sizeof smsg);
         if (st == IGRAD_OK && ust == IGRAD_OK) {
-            ust = unpack_bucket(e, done, grads);
+            ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
             unpack_ms += igrad__engine_now_ms() - b;
         }
         done++;
@@ -1844,10 +1854,11 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
     e->stats.pack_ms += pack_ms;
     e->stats.comm_ms += comm_ms;
     e->stats.unpack_ms = unpack_ms;
-    if (st == IGRAD_OK) st = ust;
-    if (st != IGRAD_OK) {
+    if (st != IGRAD_OK || ust != IGRAD_OK) {
         e->state = IGRAD__ENGINE_IDLE;
-        return igrad__engine_break(e, st);
+        igrad__fail(st != IGRAD_OK ? st : ust, __FILE__, __LINE__, "%s",
+                    st != IGRAD_OK ? smsg : umsg);
+        return igrad__engine_break(e, st != IGRAD_OK ? st : ust);
     }
     return finish_step(e);
 }
