@@ -1090,11 +1090,9 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
  * thread count, so every rank of one build gets the same bits. */
 #ifdef _OPENMP
 #define SIMD_SUM _Pragma("omp simd reduction(+ : s)")
-#define SIMD_MAX _Pragma("omp simd reduction(max : m)")
 #define SIMD _Pragma("omp simd")
 #else
 #define SIMD_SUM
-#define SIMD_MAX
 #define SIMD
 #endif
 
@@ -1464,29 +1462,6 @@ static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
     return s;
 }
 
-/* Largest of `count` received indices (a pass that vectorizes; the bytes
- * are then in cache for the scatter that follows). */
-static uint32_t max_index(const unsigned char *p, int width, int64_t count)
-{
-    uint32_t m = 0;
-    if (width == 4) {
-        SIMD_MAX
-        for (int64_t k = 0; k < count; k++) {
-            uint32_t i;
-            memcpy(&i, p + 4 * k, 4);
-            m = i > m ? i : m;
-        }
-    } else {
-        SIMD_MAX
-        for (int64_t k = 0; k < count; k++) {
-            uint16_t i;
-            memcpy(&i, p + 2 * k, 2);
-            m = i > m ? i : m;
-        }
-    }
-    return m;
-}
-
 /* A received index outside its tensor or row: names the rank whose bytes
  * are bad, the bucket and the tensor. Every rank receives the same bytes,
  * so every rank that unpacks this bucket fails here with this message. */
@@ -1552,19 +1527,23 @@ static igrad_status_t unpack_bucket(igrad_engine_t *e, size_t j, float *const *g
              * 4-aligned: read through memcpy. */
             if (bi->row_wise) {
                 const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
-                if (bi->count > 0 && (int64_t)max_index(ip, bi->idx_nbytes, bi->count) >= sp->cols)
-                    return bad_index(e, bk, bi, r, ip, sp->cols);
+                const uint32_t cols = (uint32_t)sp->cols;
                 int64_t rows = bi->count / sp->per_row, k = 0;
                 for (int64_t rr = 0; rr < rows; rr++) {
                     float *grow = g + (bi->row0 + rr) * sp->cols;
-                    for (int64_t c = 0; c < sp->per_row; c++, k++)
-                        grow[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) * inv;
+                    for (int64_t c = 0; c < sp->per_row; c++, k++) {
+                        uint32_t i = read_index(ip, bi->idx_nbytes, k);
+                        if (i >= cols) return bad_index(e, bk, bi, r, ip, sp->cols);
+                        grow[i] += read_value(vp, k) * inv;
+                    }
                 }
             } else {
-                if (bi->count > 0 && (int64_t)max_index(ip, bi->idx_nbytes, bi->count) >= tp->n)
-                    return bad_index(e, bk, bi, r, ip, tp->n);
-                for (int64_t k = 0; k < bi->count; k++)
-                    g[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) * inv;
+                const uint64_t n = (uint64_t)tp->n;
+                for (int64_t k = 0; k < bi->count; k++) {
+                    uint32_t i = read_index(ip, bi->idx_nbytes, k);
+                    if (i >= n) return bad_index(e, bk, bi, r, ip, tp->n);
+                    g[i] += read_value(vp, k) * inv;
+                }
             }
         }
     }
