@@ -90,6 +90,13 @@ igrad_status_t igrad__comm_new(const igrad__comm_vtable_t *vt, const char *backe
  * INT_MAX. Tests lower it to drive the splitting code with small buffers. @return IGRAD_E_INVALID if `comm` is
  * not an MPI comm or max_count is 0 or above INT_MAX. */
 igrad_status_t igrad__comm_mpi_set_max_count(igrad_comm_t *comm, size_t max_count);
+/* After an iallgather of the MPI comm completes (in wait), calls
+ * fn(user, recv, nbytes) — nbytes per rank — so that a test can change
+ * what this rank alone received (a transport corrupting one rank's copy).
+ * fn NULL removes the hook. */
+typedef void (*igrad__comm_recv_hook_t)(void *user, void *recv, size_t nbytes);
+igrad_status_t igrad__comm_mpi_set_recv_hook(igrad_comm_t *comm, igrad__comm_recv_hook_t fn,
+                                             void *user);
 /* Copies the library's duplicated MPI_Comm into *(MPI_Comm *)mpi_comm_out
  * (void * keeps mpi.h out of this header). */
 igrad_status_t igrad__comm_mpi_handle(const igrad_comm_t *comm, void *mpi_comm_out);

@@ -49,10 +49,14 @@
 typedef struct mpi_impl {
     MPI_Comm comm;    /* the library's duplicate; freed by mpi_destroy */
     size_t max_count; /* largest count handed to one MPI call */
+    igrad__comm_recv_hook_t recv_hook; /* test hook (comm_internal.h) */
+    void *recv_hook_user;
 } mpi_impl_t;
 
 /* State of one non-blocking operation: its pieces' requests. */
 typedef struct mpi_request {
+    void *recv;         /* iallgather: the receive buffer (for the test hook) */
+    size_t nbytes;      /* iallgather: bytes per rank */
     int count;
     MPI_Request reqs[]; /* count entries */
 } mpi_request_t;
@@ -106,6 +110,8 @@ static igrad_status_t request_state_new(size_t pieces, const char *what, mpi_req
     mpi_request_t *state = malloc(sizeof *state + pieces * sizeof(MPI_Request));
     IGRAD_FAIL_IF(!state, IGRAD_E_NOMEM, "%s: out of memory for %zu MPI requests", what,
                   pieces);
+    state->recv = NULL;
+    state->nbytes = 0;
     state->count = (int)pieces;
     for (size_t i = 0; i < pieces; i++) state->reqs[i] = MPI_REQUEST_NULL;
     *out = state;
@@ -236,6 +242,8 @@ static igrad_status_t mpi_iallgather(igrad_comm_t *comm, const void *send, size_
                                   "igrad_comm_iallgather", &state));
     igrad_status_t st = mpi_gather_all(comm, send, nbytes, recv, state);
     if (st != IGRAD_OK) return abandon_pieces(state, st);
+    state->recv = recv;
+    state->nbytes = nbytes;
     req->handle = state;
     return IGRAD_OK;
 }
@@ -340,7 +348,13 @@ static igrad_status_t mpi_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
     req->handle = NULL;
     char what[64];
     snprintf(what, sizeof what, "an %s", req->op);
-    return mpi_complete(comm, state, what);
+    void *recv = state->recv;
+    size_t nbytes = state->nbytes;
+    igrad_status_t st = mpi_complete(comm, state, what);
+    const mpi_impl_t *impl = comm->impl;
+    if (st == IGRAD_OK && recv && impl->recv_hook)
+        impl->recv_hook(impl->recv_hook_user, recv, nbytes);
+    return st;
 }
 
 static igrad_status_t mpi_test(igrad_comm_t *comm, igrad_comm_request_t *req, int *done)
@@ -444,6 +458,17 @@ igrad_status_t igrad__comm_mpi_set_max_count(igrad_comm_t *comm, size_t max_coun
                   "igrad__comm_mpi_set_max_count: %zu outside [1, INT_MAX]", max_count);
     mpi_impl_t *impl = comm->impl;
     impl->max_count = max_count;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__comm_mpi_set_recv_hook(igrad_comm_t *comm, igrad__comm_recv_hook_t fn,
+                                             void *user)
+{
+    IGRAD_FAIL_IF(!comm || comm->vt != &mpi_vtable, IGRAD_E_INVALID,
+                  "igrad__comm_mpi_set_recv_hook: not an MPI communicator");
+    mpi_impl_t *impl = comm->impl;
+    impl->recv_hook = fn;
+    impl->recv_hook_user = user;
     return IGRAD_OK;
 }
 

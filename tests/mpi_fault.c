@@ -15,6 +15,10 @@
  *  2. stopped before a step: the others time out in "step 2: agreement".
  *     After SIGCONT the victim calls sync with grads NULL, which takes part
  *     in the agreement exchange and fails there on its own.
+ *  3. bad bytes seen by rank 0 alone (a test hook corrupts its received copy
+ *     of one bucket): rank 0 gets IGRAD_E_COMM and is broken, the others
+ *     finish the step; at the next step rank 0 refuses at once and the
+ *     others time out in the agreement rather than hang.
  *
  * mpirun --timeout (CTest) bounds the whole run if anything hangs anyway.
  * Checks only count failures; the counts are summed at the end.
@@ -30,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm_internal.h"   /* test hook igrad__comm_mpi_set_recv_hook */
+#include "engine_internal.h" /* IGRAD__NITEMS: the agreement exchange's size */
 #include "igrad.h"
 
 static int failures;
@@ -251,6 +257,63 @@ static void test_stopped_before_step(const igrad_layout_t *L)
     grads_free(&G);
 }
 
+/* 3. Bad bytes seen by one rank only (its transport corrupted its copy of
+ * the last rank's bytes of one bucket): that rank fails with IGRAD_E_COMM
+ * and is broken, the others complete the step. At the next step the broken
+ * rank refuses at once, and the others time out in the agreement instead of
+ * waiting forever. Rank 0 then joins that agreement exchange by hand so
+ * that nothing is left pending. */
+static int corrupt_once;
+
+static void corrupt_hook(void *user, void *recv, size_t nbytes)
+{
+    (void)user;
+    if (!corrupt_once) return;
+    corrupt_once = 0;
+    memset((unsigned char *)recv + (size_t)victim * nbytes, 0xff, nbytes);
+}
+
+static void test_bad_bytes_on_one_rank(const igrad_layout_t *L)
+{
+    igrad_comm_t *comm = NULL;
+    grads_t G = grads_new(L);
+    igrad_engine_t *e = setup(L, &comm, &G);
+    if (me == 0) {
+        REQUIRE(igrad__comm_mpi_set_recv_hook(comm, corrupt_hook, NULL) == IGRAD_OK);
+        corrupt_once = 1;
+        CHECK_STATUS(igrad_engine_sync(e, 2, G.g), IGRAD_E_COMM);
+        char want[64];
+        snprintf(want, sizeof want, "rank %d sent index", victim);
+        CHECK(strstr(igrad_last_error(), want), "message: %s", igrad_last_error());
+        grads_fill(&G, 3);
+        double t0 = now_s();
+        CHECK_STATUS(igrad_engine_sync(e, 3, G.g), IGRAD_E_STATE);
+        CHECK(strstr(igrad_last_error(), want) && now_s() - t0 < 1.0, "broken rank: %s",
+              igrad_last_error());
+        MPI_Barrier(MPI_COMM_WORLD); /* the others have timed out */
+        uint64_t words[3 + IGRAD__NITEMS] = {0};
+        uint64_t *all = calloc((size_t)np * (3 + IGRAD__NITEMS), sizeof *all);
+        REQUIRE(all);
+        CHECK_OK(igrad_comm_allgather(comm, words, sizeof words, all));
+        free(all);
+    } else {
+        CHECK_OK(igrad_engine_sync(e, 2, G.g)); /* their copies were good */
+        grads_fill(&G, 3);
+        double t0 = now_s();
+        CHECK_STATUS(igrad_engine_sync(e, 3, G.g), IGRAD_E_TIMEOUT);
+        double waited = now_s() - t0;
+        CHECK(waited >= TIMEOUT_S && waited < BOUND_S, "timed out after %.3f s", waited);
+        CHECK(strstr(igrad_last_error(), "step 3: agreement: "), "message: %s",
+              igrad_last_error());
+        if (me == 1) printf("mpi_fault: a broken rank 0 held the others %.3f s\n", waited);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    MPI_Barrier(MPI_COMM_WORLD); /* progresses the abandoned exchange */
+    igrad_engine_free(e);
+    igrad_comm_free(comm);
+    grads_free(&G);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -269,6 +332,7 @@ int main(int argc, char **argv)
     igrad_layout_t *L = make_layout();
     test_stopped_in_buckets(L);
     test_stopped_before_step(L);
+    test_bad_bytes_on_one_rank(L);
     igrad_layout_free(L);
     free(pids);
 
