@@ -102,7 +102,11 @@ typedef enum igrad_status {
     IGRAD_E_NONFINITE = 6,   /**< NaN or Inf in a gradient */
     IGRAD_E_MISMATCH = 7,    /**< layout/profile/config disagree (file or ranks) */
     IGRAD_E_COMM = 8,        /**< a collective failed */
-    IGRAD_E_STATE = 9        /**< call out of order (e.g. end before begin) */
+    IGRAD_E_STATE = 9,       /**< call out of order (e.g. end before begin), or an
+                                  engine/communicator made unusable by an earlier
+                                  failure */
+    IGRAD_E_TIMEOUT = 10     /**< a collective did not complete within its timeout
+                                  (a rank stopped, wedged or out of step) */
 } igrad_status_t;
 
 /** @return a short constant description of a status code. */
@@ -681,6 +685,35 @@ IGRAD_API int igrad_comm_size(const igrad_comm_t *comm);
 /** @return "self", "mpi" or "custom" ("" for a NULL comm). */
 IGRAD_API const char *igrad_comm_backend(const igrad_comm_t *comm);
 
+/** Sets how long each later collective on `comm` may take (seconds; 0, the
+ *  default of a new comm, waits forever). The engine sets its own
+ *  config.timeout_s for the duration of each of its calls and restores this
+ *  value afterwards.
+ *
+ *  "mpi": every operation, blocking ones included, runs as non-blocking MPI
+ *  calls (always: MPI never matches a blocking collective with a
+ *  non-blocking one, so ranks with and without a timeout stay compatible);
+ *  with a timeout they are polled with MPI_Testall (spinning for the first
+ *  0.2 s, then sleeping with a backoff of at most 1 ms), so a stopped or
+ *  wedged rank makes the others return IGRAD_E_TIMEOUT within about
+ *  `seconds`. A timed-out MPI operation
+ *  cannot be cancelled portably: it is left pending, its buffers may still
+ *  be written if the missing rank ever joins (keep them allocated; the
+ *  engine leaks its own on purpose), and the comm is unusable from then on
+ *  (every later call fails fast with IGRAD_E_STATE quoting the timeout;
+ *  igrad_comm_free() then releases only igrad's memory). The job must be
+ *  aborted (MPI_Abort), which the library itself never calls.
+ *  "self": collectives complete at once; the value is stored, never used.
+ *  "custom": the callbacks own their timeouts (the value is stored for the
+ *  caller's information only; a callback that gives up returns
+ *  IGRAD_E_TIMEOUT, which igrad passes on as it is).
+ *  @return IGRAD_E_INVALID for a NULL comm or a value that is not a finite
+ *  number >= 0. */
+IGRAD_API igrad_status_t igrad_comm_set_timeout(igrad_comm_t *comm, double seconds);
+
+/** @return the comm's timeout in seconds (0: none; 0 for a NULL comm). */
+IGRAD_API double igrad_comm_timeout(const igrad_comm_t *comm);
+
 /** Every rank contributes `nbytes` bytes from `send`; `recv` receives
  *  size * nbytes bytes: rank r's block at recv + r * nbytes. In place:
  *  send == recv + rank * nbytes (this rank's block already there); any
@@ -943,14 +976,26 @@ typedef struct igrad_config {
     igrad_collective_t collective;    /**< AUTO; dense always all-reduces */
     int threads;                      /**< OpenMP threads for selection; 0 = the
                                            OpenMP default. Results never depend on it */
+    double timeout_s;                 /**< seconds each of the engine's collectives
+                                           (the per-step agreement and every bucket)
+                                           may take before the call returns
+                                           IGRAD_E_TIMEOUT; finite, >= 0; 0 = wait
+                                           forever (IGRAD_DEFAULT_TIMEOUT_S). Applies
+                                           to the built-in MPI communicator; see
+                                           igrad_comm_set_timeout() for the others */
 } igrad_config_t;
+
+/** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
+ *  checkpoint written by one rank while the others wait, short enough that a
+ *  stopped rank does not hold the job for hours. */
+#define IGRAD_DEFAULT_TIMEOUT_S 300.0
 
 #define IGRAD_CONFIG_INIT                                                          \
     { sizeof(igrad_config_t), IGRAD_METHOD_IG, IGRAD_SPARSIFIER_ADTOPK, 0, 0.01,     \
       IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
-      IGRAD_COLLECTIVE_AUTO, 0 }
+      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
@@ -979,13 +1024,19 @@ typedef struct igrad_engine igrad_engine_t;
  *  field), IGRAD_E_UNSUPPORTED, IGRAD_E_MISMATCH (profile vs layout, or
  *  ranks disagree: the message names the first differing item, e.g.
  *  "config.density differs: rank 0 has 0.01, rank 1 has 0.02"),
- *  IGRAD_E_NOMEM, IGRAD_E_COMM. On failure *out is NULL and nothing leaks. */
+ *  IGRAD_E_NOMEM, IGRAD_E_COMM, IGRAD_E_TIMEOUT (the agreement did not
+ *  complete within config.timeout_s). On failure *out is NULL and nothing
+ *  leaks, except after a timeout: the exchange buffer stays allocated for
+ *  the MPI operation left pending on it. */
 IGRAD_API igrad_status_t igrad_engine_create(const igrad_layout_t *layout,
                                              const igrad_profile_t *profile,
                                              const igrad_config_t *config, igrad_comm_t *comm,
                                              igrad_engine_t **out);
 
-/** Frees an engine (not its comm or trace). NULL is a no-op. */
+/** Frees an engine (not its comm or trace). NULL is a no-op. An engine
+ *  broken by a timeout keeps its bucket and exchange buffers allocated (a
+ *  pending MPI operation may still write them): they are leaked on
+ *  purpose. */
 IGRAD_API void igrad_engine_free(igrad_engine_t *engine);
 
 /** Collective of a bucket (see the wire format above). */
@@ -1011,8 +1062,11 @@ typedef struct igrad_bucket {
 /** Statistics of the most recent step. */
 typedef struct igrad_step_stats {
     int64_t step;
-    int skipped;              /**< 1: the step failed (non-finite or argument error
-                                   on some rank); residuals are unchanged */
+    int skipped;              /**< 1: the step failed at the agreement (non-finite
+                                   value, argument error or mismatch on some rank);
+                                   residuals are unchanged. A failure after the
+                                   agreement breaks the engine instead (see
+                                   igrad_engine_begin()) */
     int64_t tensors_sent;     /**< tensors selected and sent this step */
     int64_t entries_sent;     /**< entries this rank sent (dense: all) */
     int deferred_components;  /**< low-importance components not sent this step */
@@ -1052,9 +1106,25 @@ typedef struct igrad_step_stats {
  *  @return IGRAD_E_NONFINITE on every rank when any rank's grad + residual
  *  has a NaN or Inf (the message names the tensor on that rank and the
  *  rank elsewhere); IGRAD_E_INVALID on every rank for a NULL pointer on
- *  any rank (naming the tensor); IGRAD_E_MISMATCH for a failed periodic
- *  agreement check; IGRAD_E_STATE after a begin without end. After a
- *  failure residuals are bit-identical to before and no end is needed. */
+ *  any rank (naming the tensor); IGRAD_E_MISMATCH on every rank when the
+ *  ranks' steps, begin-call counts or risk histories differ (compared at
+ *  every call: "step differs: rank 0 has 9, rank 1 has 10") or, every
+ *  verify_every calls, any other agreement item; IGRAD_E_STATE after a
+ *  begin without end, or for a broken engine.
+ *
+ *  Failures found before or at the agreement (those above) happen on every
+ *  rank alike: residuals are bit-identical to before, no end is needed and
+ *  the step may be retried. Failures after it — selection or planning
+ *  failing on this rank (out of memory), a collective failing
+ *  (IGRAD_E_COMM) or timing out (IGRAD_E_TIMEOUT, after config.timeout_s;
+ *  also possible in the agreement itself), a peer's bytes failing the
+ *  checks in igrad_engine_end() — leave residuals and gradients undefined
+ *  and the engine *broken*: every later begin, end, sync, save_state and
+ *  load_state fails at once with IGRAD_E_STATE quoting the first error,
+ *  without talking to the other ranks; only the accessors and
+ *  igrad_engine_free() remain. Other ranks may be waiting in collectives
+ *  this rank will never join (they time out after config.timeout_s): abort
+ *  the job. */
 IGRAD_API igrad_status_t igrad_engine_begin(igrad_engine_t *engine, int64_t step,
                                             float *const *grads,
                                             const igrad_bucket_t **buckets, size_t *nbuckets);
@@ -1062,15 +1132,28 @@ IGRAD_API igrad_status_t igrad_engine_begin(igrad_engine_t *engine, int64_t step
 /** Second half: unpacks the buckets (whose collectives the caller ran)
  *  into grads: grads[t] = (1/P) sum over ranks of what they sent of t,
  *  zero where nothing arrived (including tensors not sent this step).
- *  @return IGRAD_E_STATE without a matching begin (same step),
- *  IGRAD_E_INVALID for a NULL pointer (the step stays open). */
+ *  Received bytes are not trusted: every index is checked against its
+ *  tensor (flat) or row (row-wise) before use.
+ *  @return IGRAD_E_STATE without a matching begin (same step) or for a
+ *  broken engine, IGRAD_E_INVALID for a NULL pointer (the step stays
+ *  open), IGRAD_E_COMM for an index out of range, naming the rank whose
+ *  bytes are bad, the bucket and the tensor (every rank that received the
+ *  same bytes fails alike; the engine is then broken, see
+ *  igrad_engine_begin()). */
 IGRAD_API igrad_status_t igrad_engine_end(igrad_engine_t *engine, int64_t step,
                                           float *const *grads);
 
 /** begin + the engine's communicator + end, pipelined: bucket i+1 is
  *  packed while bucket i is in flight (non-blocking collectives), and each
  *  bucket is unpacked as it completes, in bucket order (so every rank ends
- *  with bit-identical gradients). Errors as begin, plus IGRAD_E_COMM. */
+ *  with bit-identical gradients). Each collective, the agreement included,
+ *  runs under config.timeout_s.
+ *  @return errors as begin and end, plus IGRAD_E_COMM for a failed
+ *  collective and IGRAD_E_TIMEOUT when one did not complete in time (the
+ *  message names the step and the bucket, or the agreement); both break
+ *  the engine. A bucket with bad bytes is not unpacked, nor any after it,
+ *  but every bucket is still exchanged, so every rank makes the same
+ *  collectives. */
 IGRAD_API igrad_status_t igrad_engine_sync(igrad_engine_t *engine, int64_t step,
                                            float *const *grads);
 
@@ -1151,7 +1234,8 @@ IGRAD_API igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine,
  *  version, sizes or checksum), IGRAD_E_MISMATCH (another layout, profile,
  *  config or plan: the message names the first differing item, or a
  *  saved rank/size that is not this rank's; or the ranks' files are from
- *  different steps). */
+ *  different steps); IGRAD_E_STATE, without any exchange, for a broken
+ *  engine. */
 IGRAD_API igrad_status_t igrad_engine_load_state(igrad_engine_t *engine, const char *path);
 
 #ifdef __cplusplus

@@ -4,15 +4,26 @@
  * blocking fallback for backends without non-blocking functions, and the
  * custom backend (an adapter from the caller's igrad_comm_ops_t callbacks).
  *
+ * Timeouts: the comm stores the limit (igrad_comm_set_timeout) and the
+ * "broken" mark a backend sets when it had to leave a timed-out operation
+ * pending; every wrapper refuses a broken comm before reaching the backend,
+ * so no later collective can match the abandoned one. Only the MPI backend
+ * measures time itself (comm_mpi.c); a custom backend's callbacks own their
+ * timeouts.
+ *
  * The self backend lives in comm_self.c and the MPI backend in comm_mpi.c.
  * When the library is built without MPI, igrad_comm_create_mpi() is defined
  * here and reports IGRAD_E_UNSUPPORTED, so the API is the same everywhere.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "comm_internal.h"
 
+#include <float.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Backends are never handed NULL buffers: a zero-sized operation points
  * at this byte instead, so no backend needs its own NULL special case. */
@@ -31,6 +42,45 @@ igrad_status_t igrad__comm_new(const igrad__comm_vtable_t *vt, const char *backe
     *out = comm;
     return IGRAD_OK;
 }
+
+double igrad__comm_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+igrad_status_t igrad__comm_break(igrad_comm_t *comm, igrad_status_t status)
+{
+    if (!comm->broken) {
+        comm->broken = 1;
+        snprintf(comm->broken_msg, sizeof comm->broken_msg, "%s", igrad_last_error());
+    }
+    return status;
+}
+
+/* A broken comm refuses every operation: one of its collectives is still
+ * pending, so anything issued now would be matched against it. */
+static igrad_status_t check_usable(const igrad_comm_t *comm, const char *what)
+{
+    IGRAD_FAIL_IF(comm->broken, IGRAD_E_STATE,
+                  "%s: the %s communicator is unusable since an earlier operation timed "
+                  "out and was left pending (%s); abort the job",
+                  what, comm->backend, comm->broken_msg);
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_comm_set_timeout(igrad_comm_t *comm, double seconds)
+{
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_comm_set_timeout: comm is NULL");
+    IGRAD_FAIL_IF(!(seconds >= 0.0 && seconds <= DBL_MAX), IGRAD_E_INVALID,
+                  "igrad_comm_set_timeout: %g s (must be a finite number >= 0; 0 = none)",
+                  seconds);
+    comm->timeout_s = seconds;
+    return IGRAD_OK;
+}
+
+double igrad_comm_timeout(const igrad_comm_t *comm) { return comm ? comm->timeout_s : 0.0; }
 
 void igrad_comm_free(igrad_comm_t *comm)
 {
@@ -118,6 +168,7 @@ igrad_status_t igrad_comm_allgather(igrad_comm_t *comm, const void *send, size_t
                                     void *recv)
 {
     IGRAD_CHECK(check_allgather(comm, "igrad_comm_allgather", &send, nbytes, &recv));
+    IGRAD_CHECK(check_usable(comm, "igrad_comm_allgather"));
     return comm->vt->allgather(comm, send, nbytes, recv);
 }
 
@@ -125,6 +176,7 @@ igrad_status_t igrad_comm_allreduce(igrad_comm_t *comm, const void *send, void *
                                     size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op)
 {
     IGRAD_CHECK(check_allreduce(comm, "igrad_comm_allreduce", &send, &recv, count, dtype, op));
+    IGRAD_CHECK(check_usable(comm, "igrad_comm_allreduce"));
     return comm->vt->allreduce(comm, send, recv, count, dtype, op);
 }
 
@@ -135,12 +187,14 @@ igrad_status_t igrad_comm_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, in
                   "igrad_comm_bcast: root %d outside [0, %d)", root, comm->size);
     if (nbytes == 0) buf = comm_dummy;
     IGRAD_FAIL_IF(!buf, IGRAD_E_INVALID, "igrad_comm_bcast: buf is NULL (nbytes %zu)", nbytes);
+    IGRAD_CHECK(check_usable(comm, "igrad_comm_bcast"));
     return comm->vt->bcast(comm, buf, nbytes, root);
 }
 
 igrad_status_t igrad_comm_barrier(igrad_comm_t *comm)
 {
     IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_comm_barrier: comm is NULL");
+    IGRAD_CHECK(check_usable(comm, "igrad_comm_barrier"));
     return comm->vt->barrier(comm);
 }
 
@@ -176,6 +230,7 @@ igrad_status_t igrad_comm_iallgather(igrad_comm_t *comm, const void *send, size_
 {
     IGRAD_CHECK(check_request_out(out, "igrad_comm_iallgather"));
     IGRAD_CHECK(check_allgather(comm, "igrad_comm_iallgather", &send, nbytes, &recv));
+    IGRAD_CHECK(check_usable(comm, "igrad_comm_iallgather"));
     igrad_comm_request_t *req = NULL;
     IGRAD_CHECK(request_new(comm, "iallgather", &req));
     igrad_status_t st;
@@ -194,6 +249,7 @@ igrad_status_t igrad_comm_iallreduce(igrad_comm_t *comm, const void *send, void 
 {
     IGRAD_CHECK(check_request_out(out, "igrad_comm_iallreduce"));
     IGRAD_CHECK(check_allreduce(comm, "igrad_comm_iallreduce", &send, &recv, count, dtype, op));
+    IGRAD_CHECK(check_usable(comm, "igrad_comm_iallreduce"));
     igrad_comm_request_t *req = NULL;
     IGRAD_CHECK(request_new(comm, "iallreduce", &req));
     igrad_status_t st;
@@ -214,8 +270,10 @@ igrad_status_t igrad_comm_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
                   "igrad_comm_wait: the %s request belongs to another communicator", req->op);
     igrad_status_t st = IGRAD_OK;
     /* A request the backend completed at issue time, or whose handle it
-     * released in test, has nothing left in flight. */
-    if (req->handle) st = comm->vt->wait(comm, req);
+     * released in test, has nothing left in flight. On a broken comm the
+     * handle is left to leak: the backend may still own what it points to. */
+    if (req->handle && comm->broken) st = check_usable(comm, "igrad_comm_wait");
+    else if (req->handle) st = comm->vt->wait(comm, req);
     comm->pending--;
     free(req);
     return st;
@@ -230,6 +288,7 @@ igrad_status_t igrad_comm_test(igrad_comm_t *comm, igrad_comm_request_t *req, in
     IGRAD_FAIL_IF(req->comm != comm, IGRAD_E_INVALID,
                   "igrad_comm_test: the %s request belongs to another communicator", req->op);
     if (!req->done && !req->handle) req->done = 1;
+    if (!req->done) IGRAD_CHECK(check_usable(comm, "igrad_comm_test"));
     if (!req->done) {
         igrad_status_t st;
         if (comm->vt->test) {
@@ -259,7 +318,7 @@ typedef struct custom_impl {
 static igrad_status_t custom_result(const custom_impl_t *impl, int rc, const char *op)
 {
     if (rc == IGRAD_OK) return IGRAD_OK;
-    igrad_status_t st = rc > IGRAD_OK && rc <= IGRAD_E_STATE ? (igrad_status_t)rc
+    igrad_status_t st = rc > IGRAD_OK && rc <= IGRAD_E_TIMEOUT ? (igrad_status_t)rc
                                                               : IGRAD_E_COMM;
     const char *msg = impl->ops.error_message ? impl->ops.error_message(impl->user) : NULL;
     return igrad__fail(st, __FILE__, __LINE__, "custom comm: %s callback returned %d (%s)%s%s",

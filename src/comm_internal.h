@@ -55,6 +55,10 @@ struct igrad_comm {
     int size;
     void *impl;           /* backend state, owned by the backend */
     int64_t pending;      /* requests issued and not yet waited */
+    double timeout_s;     /* per operation; 0 = none (igrad_comm_set_timeout) */
+    int broken;           /* an operation timed out and was left pending:
+                             every later call fails fast */
+    char broken_msg[512]; /* the message of that timeout */
 };
 
 struct igrad_comm_request {
@@ -63,6 +67,14 @@ struct igrad_comm_request {
     int done;             /* completed: wait only releases */
     void *handle;         /* backend state of an operation in flight */
 };
+
+/* Marks the comm unusable after an operation that had to be left pending
+ * (a timeout): keeps the current igrad_last_error() as the reason that
+ * every later call quotes. Returns `status`. */
+igrad_status_t igrad__comm_break(igrad_comm_t *comm, igrad_status_t status);
+
+/* Seconds on a monotonic clock. */
+double igrad__comm_now_s(void);
 
 /* Allocates a comm around a backend's table and state. On failure `impl`
  * is left to the caller. */
@@ -78,6 +90,13 @@ igrad_status_t igrad__comm_new(const igrad__comm_vtable_t *vt, const char *backe
  * INT_MAX. Tests lower it to drive the splitting code with small buffers. @return IGRAD_E_INVALID if `comm` is
  * not an MPI comm or max_count is 0 or above INT_MAX. */
 igrad_status_t igrad__comm_mpi_set_max_count(igrad_comm_t *comm, size_t max_count);
+/* After an iallgather of the MPI comm completes (in wait), calls
+ * fn(user, recv, nbytes) — nbytes per rank — so that a test can change
+ * what this rank alone received (a transport corrupting one rank's copy).
+ * fn NULL removes the hook. */
+typedef void (*igrad__comm_recv_hook_t)(void *user, void *recv, size_t nbytes);
+igrad_status_t igrad__comm_mpi_set_recv_hook(igrad_comm_t *comm, igrad__comm_recv_hook_t fn,
+                                             void *user);
 /* Copies the library's duplicated MPI_Comm into *(MPI_Comm *)mpi_comm_out
  * (void * keeps mpi.h out of this header). */
 igrad_status_t igrad__comm_mpi_handle(const igrad_comm_t *comm, void *mpi_comm_out);

@@ -16,21 +16,47 @@
  * away the few argument errors (aliased send/recv buffers) that Open MPI
  * reports through MPI_COMM_WORLD's error handler whatever the handler of
  * the communicator in use.
+ *
+ * Every operation, blocking ones included, is started non-blocking
+ * (MPI_Iallgather, MPI_Iallreduce, MPI_Ibcast, MPI_Ibarrier) and completed
+ * by mpi_complete(): MPI does not match a blocking collective with a
+ * non-blocking one, so a rank with a timeout and a rank without must issue
+ * the same kind. Without a timeout mpi_complete() is MPI_Waitall; with one
+ * (comm->timeout_s > 0) it polls MPI_Testall against the deadline. It spins (with sched_yield) for the
+ * first SPIN_S seconds, as a blocking MPI call would, because Open MPI
+ * advances a non-blocking collective only while the process is inside MPI;
+ * only a wait that is already long sleeps, with a backoff capped at
+ * SLEEP_MAX_NS, so the deadline is met within about a millisecond. MPI has
+ * no portable way to cancel a collective: on expiry the operation is left
+ * pending (its requests and buffers are never released), the comm is
+ * marked broken and its duplicate is not freed.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, sched_yield */
 #include "comm_internal.h"
 
 #include <limits.h>
 #include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#define SPIN_S 0.2              /* poll without sleeping for this long */
+#define SLEEP_MIN_NS 50000L     /* then sleep 50 us, doubling ... */
+#define SLEEP_MAX_NS 1000000L   /* ... up to 1 ms between polls */
 
 typedef struct mpi_impl {
     MPI_Comm comm;    /* the library's duplicate; freed by mpi_destroy */
     size_t max_count; /* largest count handed to one MPI call */
+    igrad__comm_recv_hook_t recv_hook; /* test hook (comm_internal.h) */
+    void *recv_hook_user;
 } mpi_impl_t;
 
 /* State of one non-blocking operation: its pieces' requests. */
 typedef struct mpi_request {
+    void *recv;         /* iallgather: the receive buffer (for the test hook) */
+    size_t nbytes;      /* iallgather: bytes per rank */
     int count;
     MPI_Request reqs[]; /* count entries */
 } mpi_request_t;
@@ -84,6 +110,8 @@ static igrad_status_t request_state_new(size_t pieces, const char *what, mpi_req
     mpi_request_t *state = malloc(sizeof *state + pieces * sizeof(MPI_Request));
     IGRAD_FAIL_IF(!state, IGRAD_E_NOMEM, "%s: out of memory for %zu MPI requests", what,
                   pieces);
+    state->recv = NULL;
+    state->nbytes = 0;
     state->count = (int)pieces;
     for (size_t i = 0; i < pieces; i++) state->reqs[i] = MPI_REQUEST_NULL;
     *out = state;
@@ -99,27 +127,62 @@ static igrad_status_t abandon_pieces(mpi_request_t *state, igrad_status_t st)
     return st;
 }
 
+/* Completes every piece of `state` and frees it, within the comm's timeout
+ * when it has one. On expiry the pieces are left pending and `state` is
+ * leaked on purpose (MPI still owns the requests and the buffers), the comm
+ * is marked broken and IGRAD_E_TIMEOUT names `what`. */
+static igrad_status_t mpi_complete(igrad_comm_t *comm, mpi_request_t *state, const char *what)
+{
+    double limit = comm->timeout_s;
+    int rc;
+    if (limit <= 0.0) {
+        rc = MPI_Waitall(state->count, state->reqs, MPI_STATUSES_IGNORE);
+    } else {
+        double t0 = igrad__comm_now_s();
+        long sleep_ns = 0;
+        for (;;) {
+            int flag = 0;
+            rc = MPI_Testall(state->count, state->reqs, &flag, MPI_STATUSES_IGNORE);
+            if (rc != MPI_SUCCESS || flag) break;
+            double waited = igrad__comm_now_s() - t0;
+            if (waited >= limit) {
+                igrad__fail(IGRAD_E_TIMEOUT, __FILE__, __LINE__,
+                            "%s did not complete within %g s (a rank is stopped, wedged or "
+                            "out of step); it is left pending and the communicator is "
+                            "unusable: abort the job",
+                            what, limit);
+                return igrad__comm_break(comm, IGRAD_E_TIMEOUT);
+            }
+            if (waited < SPIN_S) {
+                sched_yield();
+                continue;
+            }
+            sleep_ns = sleep_ns ? 2 * sleep_ns : SLEEP_MIN_NS;
+            if (sleep_ns > SLEEP_MAX_NS) sleep_ns = SLEEP_MAX_NS;
+            struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+        }
+    }
+    free(state);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, what, __FILE__, __LINE__);
+    return IGRAD_OK;
+}
+
 /* ---- allgather ----------------------------------------------------------- */
 
-/* Gathers bytes [off, off+n) of every rank's nbytes-byte block, blocking
- * (req NULL) or not. */
+/* Starts gathering bytes [off, off+n) of every rank's nbytes-byte block. */
 static igrad_status_t allgather_piece(const mpi_impl_t *impl, const void *send, size_t nbytes,
                                       void *recv, size_t off, size_t n, int in_place,
                                       MPI_Request *req)
 {
-    const char *what = req ? "MPI_Iallgather" : "MPI_Allgather";
+    const char *what = "MPI_Iallgather";
     const void *sbuf = in_place ? MPI_IN_PLACE : (const unsigned char *)send + off;
     void *rbuf = (unsigned char *)recv + off;
     if (n == nbytes) {
         /* The whole block in one piece: no derived datatype needed. */
-        if (req)
-            MPI_CHECK(MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, (int)n, MPI_BYTE,
-                                     impl->comm, req),
-                      what);
-        else
-            MPI_CHECK(MPI_Allgather(sbuf, (int)n, MPI_BYTE, rbuf, (int)n, MPI_BYTE,
-                                    impl->comm),
-                      what);
+        MPI_CHECK(MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, (int)n, MPI_BYTE, impl->comm,
+                                 req),
+                  what);
         return IGRAD_OK;
     }
     MPI_Datatype piece, block;
@@ -129,10 +192,7 @@ static igrad_status_t allgather_piece(const mpi_impl_t *impl, const void *send, 
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Type_create_resized", __FILE__, __LINE__);
     rc = MPI_Type_commit(&block);
     if (rc == MPI_SUCCESS) {
-        if (req)
-            rc = MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, 1, block, impl->comm, req);
-        else
-            rc = MPI_Allgather(sbuf, (int)n, MPI_BYTE, rbuf, 1, block, impl->comm);
+        rc = MPI_Iallgather(sbuf, (int)n, MPI_BYTE, rbuf, 1, block, impl->comm, req);
     } else {
         what = "MPI_Type_commit";
     }
@@ -154,7 +214,7 @@ static igrad_status_t mpi_gather_all(igrad_comm_t *comm, const void *send, size_
         size_t off = i * impl->max_count;
         size_t n = nbytes - off < impl->max_count ? nbytes - off : impl->max_count;
         IGRAD_CHECK(allgather_piece(impl, send, nbytes, recv, off, n, in_place,
-                                    state ? &state->reqs[i] : NULL));
+                                    &state->reqs[i]));
     }
     return IGRAD_OK;
 }
@@ -162,7 +222,15 @@ static igrad_status_t mpi_gather_all(igrad_comm_t *comm, const void *send, size_
 static igrad_status_t mpi_allgather(igrad_comm_t *comm, const void *send, size_t nbytes,
                                     void *recv)
 {
-    return mpi_gather_all(comm, send, nbytes, recv, NULL);
+    const mpi_impl_t *impl = comm->impl;
+    mpi_request_t *state = NULL;
+    IGRAD_CHECK(request_state_new(piece_count(nbytes, impl->max_count), "igrad_comm_allgather",
+                                  &state));
+    igrad_status_t st = mpi_gather_all(comm, send, nbytes, recv, state);
+    if (st != IGRAD_OK) return abandon_pieces(state, st);
+    char what[96];
+    snprintf(what, sizeof what, "allgather of %zu bytes per rank", nbytes);
+    return mpi_complete(comm, state, what);
 }
 
 static igrad_status_t mpi_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
@@ -174,6 +242,8 @@ static igrad_status_t mpi_iallgather(igrad_comm_t *comm, const void *send, size_
                                   "igrad_comm_iallgather", &state));
     igrad_status_t st = mpi_gather_all(comm, send, nbytes, recv, state);
     if (st != IGRAD_OK) return abandon_pieces(state, st);
+    state->recv = recv;
+    state->nbytes = nbytes;
     req->handle = state;
     return IGRAD_OK;
 }
@@ -193,14 +263,9 @@ static igrad_status_t mpi_reduce_all(igrad_comm_t *comm, const void *send, void 
         size_t n = count - off < impl->max_count ? count - off : impl->max_count;
         const void *sbuf = in_place ? MPI_IN_PLACE : (const unsigned char *)send + off * elem;
         void *rbuf = (unsigned char *)recv + off * elem;
-        if (state)
-            MPI_CHECK(MPI_Iallreduce(sbuf, rbuf, (int)n, mpi_dtype(dtype), mpi_op(op),
-                                     impl->comm, &state->reqs[i]),
-                      "MPI_Iallreduce");
-        else
-            MPI_CHECK(MPI_Allreduce(sbuf, rbuf, (int)n, mpi_dtype(dtype), mpi_op(op),
-                                    impl->comm),
-                      "MPI_Allreduce");
+        MPI_CHECK(MPI_Iallreduce(sbuf, rbuf, (int)n, mpi_dtype(dtype), mpi_op(op), impl->comm,
+                                 &state->reqs[i]),
+                  "MPI_Iallreduce");
     }
     return IGRAD_OK;
 }
@@ -208,7 +273,15 @@ static igrad_status_t mpi_reduce_all(igrad_comm_t *comm, const void *send, void 
 static igrad_status_t mpi_allreduce(igrad_comm_t *comm, const void *send, void *recv,
                                     size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op)
 {
-    return mpi_reduce_all(comm, send, recv, count, dtype, op, NULL);
+    const mpi_impl_t *impl = comm->impl;
+    mpi_request_t *state = NULL;
+    IGRAD_CHECK(request_state_new(piece_count(count, impl->max_count), "igrad_comm_allreduce",
+                                  &state));
+    igrad_status_t st = mpi_reduce_all(comm, send, recv, count, dtype, op, state);
+    if (st != IGRAD_OK) return abandon_pieces(state, st);
+    char what[96];
+    snprintf(what, sizeof what, "allreduce of %zu elements", count);
+    return mpi_complete(comm, state, what);
 }
 
 static igrad_status_t mpi_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
@@ -227,39 +300,61 @@ static igrad_status_t mpi_iallreduce(igrad_comm_t *comm, const void *send, void 
 
 /* ---- bcast, barrier, completion ----------------------------------------- */
 
-static igrad_status_t mpi_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root)
+static igrad_status_t mpi_bcast_all(const mpi_impl_t *impl, void *buf, size_t nbytes, int root,
+                                    mpi_request_t *state)
 {
-    const mpi_impl_t *impl = comm->impl;
     size_t pieces = piece_count(nbytes, impl->max_count);
     for (size_t i = 0; i < pieces; i++) {
         size_t off = i * impl->max_count;
         size_t n = nbytes - off < impl->max_count ? nbytes - off : impl->max_count;
-        MPI_CHECK(MPI_Bcast((unsigned char *)buf + off, (int)n, MPI_BYTE, root, impl->comm),
-                  "MPI_Bcast");
+        MPI_CHECK(MPI_Ibcast((unsigned char *)buf + off, (int)n, MPI_BYTE, root, impl->comm,
+                             &state->reqs[i]),
+                  "MPI_Ibcast");
     }
     return IGRAD_OK;
+}
+
+static igrad_status_t mpi_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root)
+{
+    const mpi_impl_t *impl = comm->impl;
+    mpi_request_t *state = NULL;
+    IGRAD_CHECK(request_state_new(piece_count(nbytes, impl->max_count), "igrad_comm_bcast",
+                                  &state));
+    igrad_status_t st = mpi_bcast_all(impl, buf, nbytes, root, state);
+    if (st != IGRAD_OK) return abandon_pieces(state, st);
+    char what[96];
+    snprintf(what, sizeof what, "bcast of %zu bytes from rank %d", nbytes, root);
+    return mpi_complete(comm, state, what);
 }
 
 static igrad_status_t mpi_barrier(igrad_comm_t *comm)
 {
     const mpi_impl_t *impl = comm->impl;
-    MPI_CHECK(MPI_Barrier(impl->comm), "MPI_Barrier");
-    return IGRAD_OK;
+    mpi_request_t *state = NULL;
+    IGRAD_CHECK(request_state_new(1, "igrad_comm_barrier", &state));
+    int rc = MPI_Ibarrier(impl->comm, &state->reqs[0]);
+    if (rc != MPI_SUCCESS) {
+        free(state);
+        return mpi_fail(rc, "MPI_Ibarrier", __FILE__, __LINE__);
+    }
+    return mpi_complete(comm, state, "barrier");
 }
 
 static igrad_status_t mpi_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
 {
-    (void)comm;
     mpi_request_t *state = req->handle;
-    int rc = MPI_Waitall(state->count, state->reqs, MPI_STATUSES_IGNORE);
-    free(state);
+    /* the request is released whatever happens (on a timeout the state
+     * stays with MPI, see mpi_complete) */
     req->handle = NULL;
-    if (rc != MPI_SUCCESS) {
-        char what[64];
-        snprintf(what, sizeof what, "MPI_Waitall on an %s", req->op);
-        return mpi_fail(rc, what, __FILE__, __LINE__);
-    }
-    return IGRAD_OK;
+    char what[64];
+    snprintf(what, sizeof what, "an %s", req->op);
+    void *recv = state->recv;
+    size_t nbytes = state->nbytes;
+    igrad_status_t st = mpi_complete(comm, state, what);
+    const mpi_impl_t *impl = comm->impl;
+    if (st == IGRAD_OK && recv && impl->recv_hook)
+        impl->recv_hook(impl->recv_hook_user, recv, nbytes);
+    return st;
 }
 
 static igrad_status_t mpi_test(igrad_comm_t *comm, igrad_comm_request_t *req, int *done)
@@ -284,7 +379,9 @@ static void mpi_destroy(igrad_comm_t *comm)
     MPI_Finalized(&finalized);
     /* After MPI_Finalize no MPI call is allowed; the duplicate died with
      * MPI, only our memory is left to release. */
-    if (!finalized && impl->comm != MPI_COMM_NULL) MPI_Comm_free(&impl->comm);
+    /* A broken comm has an operation pending on its duplicate: freeing it
+     * would hand MPI a communicator still in use, so it is left to MPI. */
+    if (!finalized && !comm->broken && impl->comm != MPI_COMM_NULL) MPI_Comm_free(&impl->comm);
     free(impl);
 }
 
@@ -361,6 +458,17 @@ igrad_status_t igrad__comm_mpi_set_max_count(igrad_comm_t *comm, size_t max_coun
                   "igrad__comm_mpi_set_max_count: %zu outside [1, INT_MAX]", max_count);
     mpi_impl_t *impl = comm->impl;
     impl->max_count = max_count;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__comm_mpi_set_recv_hook(igrad_comm_t *comm, igrad__comm_recv_hook_t fn,
+                                             void *user)
+{
+    IGRAD_FAIL_IF(!comm || comm->vt != &mpi_vtable, IGRAD_E_INVALID,
+                  "igrad__comm_mpi_set_recv_hook: not an MPI communicator");
+    mpi_impl_t *impl = comm->impl;
+    impl->recv_hook = fn;
+    impl->recv_hook_user = user;
     return IGRAD_OK;
 }
 

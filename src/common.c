@@ -38,6 +38,7 @@ const char *igrad_status_str(igrad_status_t status)
     case IGRAD_E_MISMATCH: return "mismatch";
     case IGRAD_E_COMM: return "communication error";
     case IGRAD_E_STATE: return "call out of order";
+    case IGRAD_E_TIMEOUT: return "timed out";
     }
     return "unknown status";
 }

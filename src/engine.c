@@ -178,6 +178,10 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
                   (int)c->collective);
     IGRAD_FAIL_IF(c->threads < 0 || c->threads > 4096, IGRAD_E_INVALID,
                   "config.threads is %d (must be in [0, 4096]; 0 = OpenMP default)", c->threads);
+    IGRAD_FAIL_IF(!(c->timeout_s >= 0.0 && c->timeout_s <= DBL_MAX), IGRAD_E_INVALID,
+                  "config.timeout_s is %g (must be a finite number of seconds >= 0; 0 = no "
+                  "timeout)",
+                  c->timeout_s);
     return IGRAD_OK;
 }
 
@@ -207,6 +211,7 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_VALUE_DTYPE] = {"config.value_dtype", IGRAD__ITEM_DTYPE, 1},
     [IGRAD__ITEM_CFG_INDEX_DTYPE] = {"config.index_dtype", IGRAD__ITEM_DTYPE, 1},
     [IGRAD__ITEM_CFG_COLLECTIVE] = {"config.collective", IGRAD__ITEM_COLLECTIVE, 1},
+    [IGRAD__ITEM_CFG_TIMEOUT] = {"config.timeout_s", IGRAD__ITEM_F64, 0},
     [IGRAD__ITEM_PLAN] = {"plan", IGRAD__ITEM_HASH, 1},
     [IGRAD__ITEM_STEP] = {"step", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_CALLS] = {"engine step count", IGRAD__ITEM_I64, 0},
@@ -288,6 +293,7 @@ static void static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profi
     v[IGRAD__ITEM_CFG_VALUE_DTYPE] = (uint64_t)(int64_t)c->value_dtype;
     v[IGRAD__ITEM_CFG_INDEX_DTYPE] = (uint64_t)(int64_t)c->index_dtype;
     v[IGRAD__ITEM_CFG_COLLECTIVE] = (uint64_t)(int64_t)c->collective;
+    v[IGRAD__ITEM_CFG_TIMEOUT] = f64_bits(c->timeout_s);
     v[IGRAD__ITEM_PLAN] = plan_hash;
 }
 
@@ -311,20 +317,77 @@ double igrad__engine_now_ms(void)
 
 #define AGREE_WORDS (3 + IGRAD__NITEMS)
 
-/* Second exchange after a layout mismatch: per-tensor hashes. */
+igrad_status_t igrad__engine_usable(const igrad_engine_t *e, const char *what)
+{
+    IGRAD_FAIL_IF(e->broken != IGRAD_OK, IGRAD_E_STATE,
+                  "%s: the engine is unusable since a failure after the ranks agreed (%s): %s",
+                  what, igrad_status_str(e->broken), e->broken_msg);
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__engine_break(igrad_engine_t *e, igrad_status_t status)
+{
+    if (e->broken == IGRAD_OK) {
+        e->broken = status;
+        snprintf(e->broken_msg, sizeof e->broken_msg, "%s", igrad_last_error());
+    }
+    return status;
+}
+
+/* A failed exchange (the comm's error, or a timeout): says where it
+ * happened and returns the comm's status. */
+static igrad_status_t exchange_failed(igrad_status_t st, const char *context)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    return igrad__fail(st, __FILE__, __LINE__, "%s: agreement: %s", context, msg);
+}
+
+/* Allocates a detail exchange's receive buffer and agrees on whether every
+ * rank could (one word per rank in `buf`), so that an allocation failure
+ * on one rank never leaves the others waiting in the detail allgather.
+ * *out is NULL and *short_rank the first rank without memory when one
+ * failed. */
+static igrad_status_t detail_alloc(igrad_comm_t *comm, int nranks, uint64_t *buf,
+                                   size_t nbytes, void **out, int *short_rank)
+{
+    void *p = malloc(nbytes + 1);
+    uint64_t ok = p != NULL;
+    *out = NULL;
+    *short_rank = -1;
+    igrad_status_t st = igrad_comm_allgather(comm, &ok, sizeof ok, buf);
+    if (st != IGRAD_OK) {
+        free(p);
+        return st;
+    }
+    for (int r = 0; r < nranks && *short_rank < 0; r++)
+        if (!buf[r]) *short_rank = r;
+    if (*short_rank >= 0) {
+        free(p);
+        return IGRAD_OK;
+    }
+    *out = p;
+    return IGRAD_OK;
+}
+
+/* Second exchange after a layout mismatch: per-tensor hashes. Returns
+ * IGRAD_E_MISMATCH, or the comm's status if an exchange failed. */
 static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
-                                    const char *context)
+                                    uint64_t *buf, const char *context)
 {
     size_t T = e->ntensors;
-    uint64_t *all = malloc((size_t)nranks * T * sizeof *all + 1);
-    /* Only after a mismatch, so an allocation failure here (which would
-     * leave the other ranks in the exchange) is as rare as can be. */
-    if (!all) return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
-                                 "%s: layout differs between ranks (out of memory naming "
-                                 "the tensor)", context);
+    uint64_t *all = NULL;
+    int short_rank = -1;
+    IGRAD_CHECK(detail_alloc(comm, nranks, buf, (size_t)nranks * T * sizeof *all,
+                             (void **)&all, &short_rank));
+    if (short_rank >= 0)
+        return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                           "%s: layout differs between ranks (rank %d ran out of memory "
+                           "naming the tensor)",
+                           context, short_rank);
     igrad_status_t st = igrad_comm_allgather(comm, e->tensor_hash, T * sizeof *all, all);
     if (st != IGRAD_OK) {
-        free(all);
+        if (st != IGRAD_E_TIMEOUT) free(all); /* else MPI may still write it */
         return st;
     }
     for (size_t t = 0; t < T; t++)
@@ -342,18 +405,24 @@ static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int n
                        context);
 }
 
-/* Second exchange after a profile mismatch: the important flags. */
+/* Second exchange after a profile mismatch: the important flags. Returns
+ * as layout_detail. */
 static igrad_status_t profile_detail(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
-                                     const char *context)
+                                     uint64_t *buf, const char *context)
 {
     size_t C = e->ncomp;
-    unsigned char *all = malloc((size_t)nranks * C + 1);
-    if (!all) return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
-                                 "%s: profile differs between ranks (out of memory naming "
-                                 "the component)", context);
+    unsigned char *all = NULL;
+    int short_rank = -1;
+    IGRAD_CHECK(detail_alloc(comm, nranks, buf, (size_t)nranks * C, (void **)&all,
+                             &short_rank));
+    if (short_rank >= 0)
+        return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                           "%s: profile differs between ranks (rank %d ran out of memory "
+                           "naming the component)",
+                           context, short_rank);
     igrad_status_t st = igrad_comm_allgather(comm, e->comp_important, C, all);
     if (st != IGRAD_OK) {
-        free(all);
+        if (st != IGRAD_E_TIMEOUT) free(all); /* else MPI may still write it */
         return st;
     }
     for (size_t c = 0; c < C; c++)
@@ -373,10 +442,12 @@ static igrad_status_t profile_detail(igrad_engine_t *e, igrad_comm_t *comm, int 
                        "%s: profile differs between ranks (one rank has none?)", context);
 }
 
-igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
-                                   uint64_t *buf, igrad_status_t status, int64_t detail,
-                                   const char *local_msg, const uint64_t *items,
-                                   int check_items, const char *context)
+/* igrad__engine_agree without the timeout and the broken mark. *comm_failed
+ * is set when an exchange itself failed. */
+static igrad_status_t agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks, uint64_t *buf,
+                            igrad_status_t status, int64_t detail, const char *local_msg,
+                            const uint64_t *items, int check_items, const char *context,
+                            int *comm_failed)
 {
     uint64_t mine[AGREE_WORDS];
     memset(mine, 0, sizeof mine);
@@ -384,7 +455,11 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
     mine[1] = (uint64_t)detail;
     mine[2] = (uint64_t)(check_items != 0);
     if (items) memcpy(mine + 3, items, IGRAD__NITEMS * sizeof *items);
-    IGRAD_CHECK(igrad_comm_allgather(comm, mine, sizeof mine, buf));
+    igrad_status_t st = igrad_comm_allgather(comm, mine, sizeof mine, buf);
+    if (st != IGRAD_OK) {
+        *comm_failed = 1;
+        return exchange_failed(st, context);
+    }
 
     int failed = -1, check = 0;
     for (int r = 0; r < nranks; r++) {
@@ -405,15 +480,21 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
         return igrad__fail(fs, __FILE__, __LINE__, "%s failed on rank %d (%s); every rank fails it",
                            context, failed, igrad_status_str(fs));
     }
-    if (!check) return IGRAD_OK;
 
-    for (int i = 0; i < IGRAD__NITEMS; i++) {
+    /* Every rank sees the same words, so every rank takes the same branch
+     * below (and makes the same detail exchanges). */
+    for (int i = check ? 0 : IGRAD__ITEM_FIRST_DYNAMIC; i < IGRAD__NITEMS; i++) {
         uint64_t v0 = buf[3 + i];
         for (int r = 1; r < nranks; r++) {
             uint64_t vr = buf[(size_t)r * AGREE_WORDS + 3 + (size_t)i];
             if (vr == v0) continue;
-            if (i == IGRAD__ITEM_LAYOUT) return layout_detail(e, comm, nranks, context);
-            if (i == IGRAD__ITEM_PROFILE) return profile_detail(e, comm, nranks, context);
+            if (i == IGRAD__ITEM_LAYOUT || i == IGRAD__ITEM_PROFILE) {
+                st = i == IGRAD__ITEM_LAYOUT ? layout_detail(e, comm, nranks, buf, context)
+                                             : profile_detail(e, comm, nranks, buf, context);
+                if (st == IGRAD_E_MISMATCH) return st;
+                *comm_failed = 1;
+                return exchange_failed(st, context);
+            }
             char a[64], b[64];
             igrad__item_format(i, v0, a, sizeof a);
             igrad__item_format(i, vr, b, sizeof b);
@@ -423,6 +504,21 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
         }
     }
     return IGRAD_OK;
+}
+
+igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
+                                   uint64_t *buf, igrad_status_t status, int64_t detail,
+                                   const char *local_msg, const uint64_t *items,
+                                   int check_items, const char *context)
+{
+    double saved = igrad_comm_timeout(comm);
+    if (e) igrad_comm_set_timeout(comm, e->cfg.timeout_s);
+    int comm_failed = 0;
+    igrad_status_t st = agree(e, comm, nranks, buf, status, detail, local_msg, items,
+                              check_items, context, &comm_failed);
+    igrad_comm_set_timeout(comm, saved);
+    if (comm_failed && e) igrad__engine_break(e, st);
+    return st;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -936,9 +1032,13 @@ void igrad_engine_free(igrad_engine_t *e)
     free(e->bk);
     free(e->desc);
     free(e->pack_scratch);
-    free(e->send_arena);
-    free(e->recv_arena);
-    free(e->agree_buf);
+    /* After a timeout a collective is left pending on these buffers (MPI
+     * may still read or write them): they are leaked on purpose. */
+    if (e->broken != IGRAD_E_TIMEOUT) {
+        free(e->send_arena);
+        free(e->recv_arena);
+        free(e->agree_buf);
+    }
     free(e);
 }
 
@@ -962,12 +1062,18 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
     else st = build(e, layout, profile, config, comm);
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    /* A rank whose build failed still waits no longer than its config says
+     * (when its timeout is readable). */
+    double saved = igrad_comm_timeout(comm);
+    if (st != IGRAD_OK && config && config->size >= sizeof *config)
+        igrad_comm_set_timeout(comm, config->timeout_s); /* refused unless valid */
     igrad_status_t ag = igrad__engine_agree(st == IGRAD_OK ? e : NULL, comm, nranks, abuf, st,
                                             -1, msg, st == IGRAD_OK ? e->items : NULL, 1,
                                             "engine create");
+    igrad_comm_set_timeout(comm, saved);
     if (ag != IGRAD_OK) {
         igrad_engine_free(e);
-        free(abuf);
+        if (ag != IGRAD_E_TIMEOUT) free(abuf); /* else MPI may still write it */
         return ag;
     }
     e->agree_buf = abuf;
@@ -1356,9 +1462,34 @@ static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
     return s;
 }
 
+/* A received index outside its tensor or row: names the rank whose bytes
+ * are bad, the bucket and the tensor. Every rank receives the same bytes,
+ * so every rank that unpacks this bucket fails here with this message. */
+static igrad_status_t bad_index(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+                                const igrad__engine_block_t *bi, int r,
+                                const unsigned char *ip, int64_t bound)
+{
+    int64_t k = 0;
+    uint32_t v = 0;
+    for (; k < bi->count; k++) {
+        v = read_index(ip, bi->idx_nbytes, k);
+        if ((int64_t)v >= bound) break;
+    }
+    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                       "step %lld: bucket %d: rank %d sent index %lu for tensor %s (entry %lld "
+                       "of a block of %lld), outside [0, %lld) %s; its bytes are bad (a "
+                       "corrupt transport, or ranks out of step); nothing more is unpacked "
+                       "and the engine is unusable",
+                       (long long)e->cur_step, bk->index, r, (unsigned long)v,
+                       e->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count,
+                       (long long)bound, bi->row_wise ? "(a column of its row)" : "");
+}
+
 /* Adds bucket j's contributions of every rank, divided by P, into grads
- * (the dense method assigns: its segments tile every tensor). */
-static void unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
+ * (the dense method assigns: its segments tile every tensor). Received
+ * indices are checked against their tensor (flat) or row (row-wise) before
+ * use; on a bad one the gradients are partly written. */
+static igrad_status_t unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 {
     const igrad__engine_bucket_t *bk = &e->bk[j];
     int par = step_parity(e, e->cur_step);
@@ -1366,6 +1497,7 @@ static void unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
      * that vectorizes */
     const float inv = 1.0f / (float)e->nranks;
     if (bk->kind == IGRAD_BUCKET_REDUCE) {
+        /* dense floats only: offsets and counts are this rank's own plan */
         const float *buf = (const float *)(const void *)(e->recv_arena + bk->recv_off);
         int dense = e->sp == IGRAD_SPARSIFIER_NONE;
         for (size_t q = 0; q < bk->nblocks; q++) {
@@ -1382,7 +1514,7 @@ static void unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
                 for (int64_t k = 0; k < cnt; k++) g[k] += s[k] * inv;
             }
         }
-        return;
+        return IGRAD_OK;
     }
     for (int r = 0; r < e->nranks; r++) {
         const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
@@ -1395,18 +1527,27 @@ static void unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
              * 4-aligned: read through memcpy. */
             if (bi->row_wise) {
                 const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
+                const uint32_t cols = (uint32_t)sp->cols;
                 int64_t rows = bi->count / sp->per_row, k = 0;
                 for (int64_t rr = 0; rr < rows; rr++) {
                     float *grow = g + (bi->row0 + rr) * sp->cols;
-                    for (int64_t c = 0; c < sp->per_row; c++, k++)
-                        grow[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) * inv;
+                    for (int64_t c = 0; c < sp->per_row; c++, k++) {
+                        uint32_t i = read_index(ip, bi->idx_nbytes, k);
+                        if (i >= cols) return bad_index(e, bk, bi, r, ip, sp->cols);
+                        grow[i] += read_value(vp, k) * inv;
+                    }
                 }
             } else {
-                for (int64_t k = 0; k < bi->count; k++)
-                    g[read_index(ip, bi->idx_nbytes, k)] += read_value(vp, k) * inv;
+                const uint64_t n = (uint64_t)tp->n;
+                for (int64_t k = 0; k < bi->count; k++) {
+                    uint32_t i = read_index(ip, bi->idx_nbytes, k);
+                    if (i >= n) return bad_index(e, bk, bi, r, ip, tp->n);
+                    g[i] += read_value(vp, k) * inv;
+                }
             }
         }
     }
+    return IGRAD_OK;
 }
 
 /* Zeroes the gradients that unpacking adds into (sparse methods: all). */
@@ -1455,15 +1596,21 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
         return ag;
     }
 
+    /* From here on the other ranks go on to this step's collectives: a
+     * failure leaves this engine out of step with them. */
     for (size_t t = 0; t < e->ntensors; t++) {
         int ph = e->t[t].phase;
         e->sent[t] = (unsigned char)igrad__schedule_sent(ph, e->cfg.release_period, step);
         e->rel[t] = (unsigned char)(ph >= 0);
     }
-    if (e->sp != IGRAD_SPARSIFIER_NONE) IGRAD_CHECK(select_all(e, grads));
+    if (e->sp != IGRAD_SPARSIFIER_NONE) {
+        st = select_all(e, grads);
+        if (st != IGRAD_OK) return igrad__engine_break(e, st);
+    }
     double t3 = igrad__engine_now_ms();
     e->stats.select_ms += t3 - t2;
-    IGRAD_CHECK(plan_step(e));
+    st = plan_step(e);
+    if (st != IGRAD_OK) return igrad__engine_break(e, st);
     e->stats.pack_ms = igrad__engine_now_ms() - t3;
     return IGRAD_OK;
 }
@@ -1532,6 +1679,7 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
                                   const igrad_bucket_t **buckets, size_t *nbuckets)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_begin: engine is NULL");
+    IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_begin"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_begin: step %lld is still open (call igrad_engine_end first)",
                   (long long)e->cur_step);
@@ -1552,6 +1700,7 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
 igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *grads)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_end: engine is NULL");
+    IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_end"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_BEGUN, IGRAD_E_STATE,
                   "igrad_engine_end: no step is open (call igrad_engine_begin first)");
     IGRAD_FAIL_IF(step != e->cur_step, IGRAD_E_STATE,
@@ -1563,20 +1712,51 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
                       t, e->t[t].name);
     double t0 = igrad__engine_now_ms();
     zero_grads(e, grads);
-    for (size_t j = 0; j < e->nbk; j++) unpack_bucket(e, j, grads);
+    for (size_t j = 0; j < e->nbk; j++) {
+        igrad_status_t st = unpack_bucket(e, j, grads);
+        if (st != IGRAD_OK) {
+            e->state = IGRAD__ENGINE_IDLE;
+            return igrad__engine_break(e, st);
+        }
+    }
     e->stats.unpack_ms = igrad__engine_now_ms() - t0;
     return finish_step(e);
 }
 
-igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *grads)
+/* A collective of bucket j failed or timed out: says which, at which step,
+ * and returns the comm's status. */
+static igrad_status_t bucket_failed(const igrad_engine_t *e, size_t j, igrad_status_t st)
 {
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_sync: engine is NULL");
-    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
-                  "igrad_engine_sync: step %lld is open (call igrad_engine_end first)",
-                  (long long)e->cur_step);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    const igrad__engine_bucket_t *bk = &e->bk[j];
+    return igrad__fail(st, __FILE__, __LINE__,
+                       "step %lld: bucket %d (%s of %zu bytes, %zu of %zu this step): %s",
+                       (long long)e->cur_step, bk->index,
+                       bk->kind == IGRAD_BUCKET_GATHER ? "gather" : "reduce",
+                       bk->kind == IGRAD_BUCKET_GATHER ? bk->send_nbytes : bk->recv_nbytes,
+                       j + 1, e->nbk, msg);
+}
+
+/* igrad_engine_sync after the argument checks, under the config's timeout.
+ * Once a bucket has bad bytes nothing more is unpacked, but every bucket is
+ * still issued and waited for, so this rank makes the same collectives as
+ * the others (who see the same bytes and fail at the same bucket). */
+static igrad_status_t keep_first(igrad_status_t st, char *buf, size_t nbytes)
+{
+    if (st != IGRAD_OK && !buf[0]) snprintf(buf, nbytes, "%s", igrad_last_error());
+    return st;
+}
+
+static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *grads)
+{
     IGRAD_CHECK(step_prepare(e, step, grads));
 
-    igrad_status_t st = IGRAD_OK;
+    igrad_status_t st = IGRAD_OK;  /* the collectives */
+    igrad_status_t ust = IGRAD_OK; /* unpacking */
+    /* the first failure's message: waiting out the remaining requests
+     * records later ones */
+    char smsg[1024] = "", umsg[1024] = "";
     double pack_ms = 0.0, comm_ms = 0.0, unpack_ms = 0.0, a, b;
     size_t issued = 0, done = 0;
     int zeroed = 0;
@@ -1593,7 +1773,10 @@ igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *
                                        IGRAD_REDUCE_SUM, &e->bk[j].req);
         a = igrad__engine_now_ms();
         comm_ms += a - b;
-        if (st != IGRAD_OK) break;
+        if (st != IGRAD_OK) {
+            st = keep_first(bucket_failed(e, j, st), smsg, sizeof smsg);
+            break;
+        }
         issued++;
         if (!zeroed) {
             /* while the first bucket is in flight */
@@ -1607,13 +1790,20 @@ igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *
         while (done + 1 < issued) {
             int ready = 0;
             st = igrad_comm_test(e->comm, e->bk[done].req, &ready);
-            if (st != IGRAD_OK || !ready) break;
+            if (st != IGRAD_OK) {
+                st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
+                break;
+            }
+            if (!ready) break;
             st = igrad_comm_wait(e->comm, e->bk[done].req);
             e->bk[done].req = NULL;
             b = igrad__engine_now_ms();
             comm_ms += b - a;
-            if (st != IGRAD_OK) break;
-            unpack_bucket(e, done, grads);
+            if (st != IGRAD_OK) {
+                st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
+                break;
+            }
+            if (ust == IGRAD_OK) ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
             done++;
             a = igrad__engine_now_ms();
             unpack_ms += a - b;
@@ -1624,15 +1814,18 @@ igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *
         zero_grads(e, grads);
         unpack_ms += igrad__engine_now_ms() - a;
     }
+    /* After a failure the remaining requests are still waited for: on a
+     * comm broken by a timeout that only releases them. */
     while (done < issued) {
         a = igrad__engine_now_ms();
         igrad_status_t ws = igrad_comm_wait(e->comm, e->bk[done].req);
         e->bk[done].req = NULL;
         b = igrad__engine_now_ms();
         comm_ms += b - a;
-        if (ws != IGRAD_OK && st == IGRAD_OK) st = ws;
-        if (st == IGRAD_OK) {
-            unpack_bucket(e, done, grads);
+        if (ws != IGRAD_OK && st == IGRAD_OK)
+            st = keep_first(bucket_failed(e, done, ws), smsg, sizeof smsg);
+        if (st == IGRAD_OK && ust == IGRAD_OK) {
+            ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
             unpack_ms += igrad__engine_now_ms() - b;
         }
         done++;
@@ -1640,11 +1833,27 @@ igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *
     e->stats.pack_ms += pack_ms;
     e->stats.comm_ms += comm_ms;
     e->stats.unpack_ms = unpack_ms;
-    if (st != IGRAD_OK) {
+    if (st != IGRAD_OK || ust != IGRAD_OK) {
         e->state = IGRAD__ENGINE_IDLE;
-        return st;
+        igrad__fail(st != IGRAD_OK ? st : ust, __FILE__, __LINE__, "%s",
+                    st != IGRAD_OK ? smsg : umsg);
+        return igrad__engine_break(e, st != IGRAD_OK ? st : ust);
     }
     return finish_step(e);
+}
+
+igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *grads)
+{
+    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_sync: engine is NULL");
+    IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_sync"));
+    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
+                  "igrad_engine_sync: step %lld is open (call igrad_engine_end first)",
+                  (long long)e->cur_step);
+    double saved = igrad_comm_timeout(e->comm);
+    igrad_comm_set_timeout(e->comm, e->cfg.timeout_s);
+    igrad_status_t st = sync_step(e, step, grads);
+    igrad_comm_set_timeout(e->comm, saved);
+    return st;
 }
 
 /* ------------------------------------------------------------------------ */

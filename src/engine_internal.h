@@ -55,12 +55,18 @@ enum {
     IGRAD__ITEM_CFG_VALUE_DTYPE,
     IGRAD__ITEM_CFG_INDEX_DTYPE,
     IGRAD__ITEM_CFG_COLLECTIVE,
+    IGRAD__ITEM_CFG_TIMEOUT,      /* ranks only: a stopped rank must not outwait
+                                     the others' limit */
     IGRAD__ITEM_PLAN,       /* phases, budgets, block cuts, direct map */
+    /* The dynamic items: compared at every exchange, not only every
+     * verify_every calls, since ranks out of step would otherwise unpack
+     * each other's buckets with the wrong plan. */
     IGRAD__ITEM_STEP,       /* step of the call (ranks only) */
     IGRAD__ITEM_CALLS,      /* begin calls so far */
     IGRAD__ITEM_HISTORY,    /* risk policy's size history */
     IGRAD__NITEMS
 };
+#define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP
 
 typedef struct igrad__item_desc {
     const char *name;          /* "config.density", "layout", ... */
@@ -189,18 +195,38 @@ struct igrad_engine {
     int64_t calls;                      /* begin calls that reached the agreement */
     igrad_step_stats_t stats;
     double t_start;                     /* ms clock at begin */
+
+    /* Broken: a failure after the ranks agreed on a step (selection or
+     * planning failed here, a collective failed or timed out, a peer sent
+     * bad bytes) leaves this engine out of step with the others; every
+     * later call fails fast with IGRAD_E_STATE quoting the first error. */
+    igrad_status_t broken;              /* IGRAD_OK while usable */
+    char broken_msg[768];
 };
+
+/* IGRAD_OK, or IGRAD_E_STATE "<what>: the engine is unusable since ..."
+ * for a broken engine. Every entry point that changes the engine or talks
+ * to the other ranks (begin, end, sync, save_state, load_state) calls it
+ * first. */
+igrad_status_t igrad__engine_usable(const igrad_engine_t *e, const char *what);
+
+/* Marks the engine broken with `status` and the current igrad_last_error()
+ * (the first failure is kept). Returns `status`. */
+igrad_status_t igrad__engine_break(igrad_engine_t *e, igrad_status_t status);
 
 /* Fills the items that change with the run (step, calls, history) into
  * items[] of the engine (the static ones were set at create). */
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step);
 
-/* Exchanges (status, detail, items) with every rank and decides:
+/* Exchanges (status, detail, items) with every rank and decides
+ * (the exchange runs under e->cfg.timeout_s when e is given; if it fails or
+ * times out, e is marked broken: the comm can no longer be trusted):
  *  - some rank failed (status != OK): returns the first failing rank's
  *    status; that rank keeps its own message (local_msg), the others get
  *    "<context> failed on rank R (<status>)[ at tensor NAME]" (detail >= 0
  *    names tensor `detail`);
- *  - all OK and check_items: compares the items in order and returns
+ *  - all OK: compares the dynamic items (step, calls, history) and, when
+ *    check_items is set on any rank, every item in order, and returns
  *    IGRAD_E_MISMATCH naming the first differing one (a second exchange
  *    names the tensor or component where layouts or profiles differ);
  *  - else IGRAD_OK.

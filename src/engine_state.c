@@ -82,6 +82,7 @@ static void put_floats(writer_t *w, const float *x, size_t n)
 igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char *path)
 {
     IGRAD_FAIL_IF(!engine || !path, IGRAD_E_INVALID, "igrad_engine_save_state: NULL argument");
+    IGRAD_CHECK(igrad__engine_usable(engine, "igrad_engine_save_state"));
     IGRAD_FAIL_IF(engine->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_save_state: step %lld is open (call igrad_engine_end first)",
                   (long long)engine->cur_step);
@@ -409,6 +410,7 @@ static igrad_status_t read_once(const igrad_engine_t *e, const char *path, unsig
 igrad_status_t igrad_engine_load_state(igrad_engine_t *engine, const char *path)
 {
     IGRAD_FAIL_IF(!engine, IGRAD_E_INVALID, "igrad_engine_load_state: engine is NULL");
+    IGRAD_CHECK(igrad__engine_usable(engine, "igrad_engine_load_state"));
     igrad_engine_t *e = engine;
     unsigned char *bytes = NULL;
     size_t nbytes = 0;

@@ -6,11 +6,17 @@
  * flight waited out of order, messages cut into pieces (max count lowered
  * through a test hook), MPI errors returned as IGRAD_E_COMM, and the
  * duplicated communicator keeping igrad's traffic apart from the caller's.
+ * The same operations again on a comm with a timeout (every operation then
+ * runs non-blocking, polled), and a rank joining an allgather 3 s late:
+ * the others get IGRAD_E_TIMEOUT after the 1 s limit, the comm refuses
+ * everything afterwards, and the abandoned allgather still completes when
+ * the late rank joins it.
  *
  * Every check runs on every rank and only counts failures, so no rank
  * leaves a collective early; the counts are summed at the end and every
  * rank exits nonzero if any check failed anywhere.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <inttypes.h>
 #include <limits.h>
 #include <mpi.h>
@@ -18,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm_internal.h" /* test hooks; tests link the static library */
 #include "igrad.h"
@@ -293,7 +300,7 @@ static void test_mpi_errors(igrad_comm_t *comm)
     CHECK_STATUS(igrad_comm_bcast(comm, buf, sizeof buf, size), IGRAD_E_INVALID);
     CHECK_STATUS(comm->vt->bcast(comm, buf, sizeof buf, size + 3), IGRAD_E_COMM);
     const char *msg = igrad_last_error();
-    CHECK(strstr(msg, "MPI_Bcast") != NULL, "message \"%s\" does not name MPI_Bcast", msg);
+    CHECK(strstr(msg, "MPI_Ibcast") != NULL, "message \"%s\" does not name MPI_Ibcast", msg);
     CHECK(strstr(msg, "root") != NULL, "message \"%s\" lacks MPI's text", msg);
     CHECK_OK(igrad_comm_barrier(comm));
 
@@ -344,6 +351,72 @@ static void test_split(void)
     MPI_Comm_free(&half);
 }
 
+/* ---- timeouts ----------------------------------------------------------------- */
+
+static double now_s(void) { return MPI_Wtime(); }
+
+/* Rank 0 joins an allgather `late_s` seconds after the others, whose limit
+ * is `limit_s`: they get IGRAD_E_TIMEOUT after about limit_s, the comm is
+ * then unusable (fast IGRAD_E_STATE quoting the timeout). Rank 0 (no
+ * limit) completes once the others are inside MPI again. */
+static void test_wedged_rank(void)
+{
+    const double limit_s = 1.0, late_s = 3.0;
+    igrad_comm_t *comm = NULL;
+    CHECK_OK(igrad_comm_create_mpi(NULL, &comm));
+    if (!comm) return;
+    uint64_t mine = 100 + (uint64_t)me, all[64] = {0};
+    /* one good round with the limit on every rank */
+    CHECK_OK(igrad_comm_set_timeout(comm, limit_s));
+    CHECK_OK(igrad_comm_allgather(comm, &mine, sizeof mine, all));
+    CHECK(all[np - 1] == 100 + (uint64_t)(np - 1), "allgather under a timeout: %" PRIu64,
+          all[np - 1]);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me == 0) {
+        CHECK_OK(igrad_comm_set_timeout(comm, 0.0));
+        double t0 = now_s();
+        while (now_s() - t0 < late_s) {
+            struct timespec ts = {0, 10000000L};
+            nanosleep(&ts, NULL);
+        }
+        /* matches the allgather the others gave up on */
+        CHECK_OK(igrad_comm_allgather(comm, &mine, sizeof mine, all));
+        for (int r = 0; r < np; r++)
+            CHECK(all[r] == 100 + (uint64_t)r, "late allgather: block %d holds %" PRIu64, r,
+                  all[r]);
+    } else {
+        double t0 = now_s();
+        CHECK_STATUS(igrad_comm_allgather(comm, &mine, sizeof mine, all), IGRAD_E_TIMEOUT);
+        double waited = now_s() - t0;
+        CHECK(waited >= limit_s && waited < late_s - 0.5,
+              "timed out after %.3f s, limit %.1f s", waited, limit_s);
+        CHECK(strstr(igrad_last_error(), "allgather of 8 bytes per rank did not complete "
+                                         "within 1 s"),
+              "message: %s", igrad_last_error());
+        if (me == 1) printf("mpi_comm: timeout of %.1f s returned after %.3f s\n", limit_s, waited);
+        /* unusable from now on, and fast */
+        t0 = now_s();
+        CHECK_STATUS(igrad_comm_allgather(comm, &mine, sizeof mine, all), IGRAD_E_STATE);
+        CHECK(strstr(igrad_last_error(), "unusable") &&
+                  strstr(igrad_last_error(), "did not complete within 1 s"),
+              "message: %s", igrad_last_error());
+        igrad_comm_request_t *r = NULL;
+        CHECK_STATUS(igrad_comm_iallgather(comm, &mine, sizeof mine, all, &r), IGRAD_E_STATE);
+        CHECK(r == NULL, "request handed out by a broken comm");
+        CHECK_STATUS(igrad_comm_barrier(comm), IGRAD_E_STATE);
+        CHECK_STATUS(igrad_comm_bcast(comm, &mine, sizeof mine, 0), IGRAD_E_STATE);
+        CHECK(now_s() - t0 < 0.5, "a broken comm took %.3f s to refuse", now_s() - t0);
+    }
+    /* Inside MPI the others' abandoned allgather still progresses, and
+     * completes when rank 0 joins it: MPI writes `all` after the timeout,
+     * which is why a timed-out operation's buffers must stay allocated. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me != 0)
+        CHECK(all[0] == 100, "rank 0's late bytes did not land (%" PRIu64 ")", all[0]);
+    igrad_comm_free(comm); /* leaves the duplicate to MPI on the broken ranks */
+}
+
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -375,6 +448,21 @@ int main(int argc, char **argv)
     test_pieces(comm);
     test_mpi_errors(comm);
     test_split();
+
+    /* the same operations polled under a timeout (non-blocking MPI calls
+     * and MPI_Testall), then a rank that comes late */
+    igrad_comm_t *timed = NULL;
+    CHECK_OK(igrad_comm_create_mpi(NULL, &timed));
+    if (!timed) MPI_Abort(MPI_COMM_WORLD, 1);
+    CHECK_OK(igrad_comm_set_timeout(timed, 60.0));
+    test_allgather(timed, SIZE_MAX, 2, "allgather under a timeout");
+    test_allreduce(timed, 1000, "allreduce under a timeout");
+    test_bcast(timed, 1001, "bcast under a timeout");
+    CHECK_OK(igrad_comm_barrier(timed));
+    test_pipelined(timed, "pipelined under a timeout");
+    test_pieces(timed);
+    igrad_comm_free(timed);
+    test_wedged_rank();
 
     /* The same comm from an explicit pointer to MPI_COMM_WORLD; it is freed
      * only after MPI_Finalize, where igrad releases just its memory. */

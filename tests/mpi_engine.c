@@ -23,6 +23,14 @@
  *  - one rank with another density or another profile: IGRAD_E_MISMATCH on
  *    every rank naming it; NaN on one rank: IGRAD_E_NONFINITE on every rank,
  *    residuals unchanged; none of it hangs.
+ *  - step skew (the last rank one step ahead) for topk_sync, adtopk_sync +
+ *    interleave, ig over gather (sync and two-phase) and over reduce:
+ *    IGRAD_E_MISMATCH on every rank, "step differs: rank 0 has 2, rank P-1
+ *    has 3", residuals unchanged, the step can be redone.
+ *  - a peer's bytes overwritten with 0xff (a custom comm over MPI corrupts
+ *    the last rank's block of every gather bucket on every rank): flat and
+ *    row-wise indices, sync and two-phase: IGRAD_E_COMM on every rank naming
+ *    the rank, bucket and tensor, then every later call IGRAD_E_STATE.
  *
  * Checks only count failures, so every rank reaches every collective; the
  * counts are summed at the end and every rank exits nonzero on any failure.
@@ -722,6 +730,253 @@ static void test_nonfinite(igrad_comm_t *comm, const igrad_layout_t *L, const ig
     igrad_engine_free(e);
 }
 
+/* ---- step skew ------------------------------------------------------------------------ */
+
+/* The last rank passes step s + 1 while the others pass s (a counter off by
+ * one): every rank must fail with IGRAD_E_MISMATCH naming both steps, with
+ * residuals unchanged and the engine still usable, instead of unpacking the
+ * other ranks' buckets with its own plan. */
+static void skew_one(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P,
+                     igrad_config_t c, int two_phase, const char *what)
+{
+    igrad_engine_t *e = create(L, P, &c, comm);
+    grads_t G = grads_new(L);
+    int64_t s = 0;
+    for (; s < 2; s++) {
+        grads_fill(&G, me, s);
+        CHECK_OK(igrad_engine_sync(e, s, G.g));
+    }
+    int64_t total = igrad_layout_total_count(L);
+    float *snap = malloc((size_t)total * sizeof *snap);
+    REQUIRE(snap);
+    int64_t off = 0;
+    for (size_t t = 0; t < G.T; t++) {
+        const float *r = igrad_engine_residual(e, t);
+        if (r) memcpy(snap + off, r, (size_t)G.n[t] * sizeof(float));
+        off += G.n[t];
+    }
+    int64_t mine = me == np - 1 ? s + 1 : s;
+    grads_fill(&G, me, mine);
+    if (two_phase) {
+        const igrad_bucket_t *bk = NULL;
+        size_t nb = 0;
+        CHECK_STATUS(igrad_engine_begin(e, mine, G.g, &bk, &nb), IGRAD_E_MISMATCH);
+        CHECK(nb == 0, "%s: %zu buckets after a failed begin", what, nb);
+    } else {
+        CHECK_STATUS(igrad_engine_sync(e, mine, G.g), IGRAD_E_MISMATCH);
+    }
+    char want[128];
+    snprintf(want, sizeof want, "step differs: rank 0 has %lld, rank %d has %lld",
+             (long long)s, np - 1, (long long)(s + 1));
+    CHECK(strstr(igrad_last_error(), want), "%s: message does not say \"%s\": %s", what, want,
+          igrad_last_error());
+    off = 0;
+    for (size_t t = 0; t < G.T; t++) {
+        const float *r = igrad_engine_residual(e, t);
+        if (r)
+            CHECK(memcmp(snap + off, r, (size_t)G.n[t] * sizeof(float)) == 0,
+                  "%s: residual of tensor %zu changed by the refused step", what, t);
+        off += G.n[t];
+    }
+    /* detected at the agreement: nothing is broken, the step can be redone */
+    grads_fill(&G, me, s);
+    CHECK_OK(igrad_engine_sync(e, s, G.g));
+    check_identical(&G, what);
+    free(snap);
+    grads_free(&G);
+    igrad_engine_free(e);
+}
+
+static void test_step_skew(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC; /* flat indices */
+    c.density = 0.05;
+    c.block_entries = 30;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    skew_one(comm, L, P, c, 0, "skew topk_sync");
+    c.method = IGRAD_METHOD_ADTOPK_SYNC; /* row-wise on even steps, flat on odd */
+    c.interleave = 1;
+    skew_one(comm, L, P, c, 0, "skew adtopk_sync + interleave");
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.density = 0.05;
+    c.block_entries = 30;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    skew_one(comm, L, P, c, 0, "skew ig (gather)");
+    skew_one(comm, L, P, c, 1, "skew ig (gather, two-phase)");
+    c.collective = IGRAD_COLLECTIVE_REDUCE;
+    skew_one(comm, L, P, c, 0, "skew ig (reduce)");
+}
+
+/* ---- bad bytes from a peer ------------------------------------------------------------ */
+
+/* A custom communicator over MPI whose iallgather, once armed, overwrites
+ * the bytes of rank `victim` in the received buffer with 0xff (values NaN,
+ * every index out of range) — on every rank, as a peer sending bad bytes
+ * would look. The blocking callbacks (the per-step agreement) are left
+ * alone. */
+typedef struct corrupt_comm {
+    MPI_Comm comm;
+    int armed, victim;
+    int64_t corrupted; /* buckets corrupted */
+} corrupt_comm_t;
+
+static MPI_Datatype cc_dtype(igrad_dtype_t d)
+{
+    return d == IGRAD_DTYPE_F32 ? MPI_FLOAT : d == IGRAD_DTYPE_F64 ? MPI_DOUBLE : MPI_INT64_T;
+}
+
+static igrad_status_t cc_allgather(void *user, const void *send, size_t nbytes, void *recv)
+{
+    corrupt_comm_t *cc = user;
+    const void *s = send == (const unsigned char *)recv + (size_t)me * nbytes ? MPI_IN_PLACE
+                                                                              : send;
+    return MPI_Allgather(s, (int)nbytes, MPI_BYTE, recv, (int)nbytes, MPI_BYTE, cc->comm) ==
+                   MPI_SUCCESS
+               ? IGRAD_OK
+               : IGRAD_E_COMM;
+}
+
+static igrad_status_t cc_allreduce(void *user, const void *send, void *recv, size_t count,
+                                   igrad_dtype_t dtype, igrad_reduce_op_t op)
+{
+    corrupt_comm_t *cc = user;
+    MPI_Op o = op == IGRAD_REDUCE_MAX ? MPI_MAX : op == IGRAD_REDUCE_MIN ? MPI_MIN : MPI_SUM;
+    return MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, cc_dtype(dtype), o,
+                         cc->comm) == MPI_SUCCESS
+               ? IGRAD_OK
+               : IGRAD_E_COMM;
+}
+
+static igrad_status_t cc_bcast(void *user, void *buf, size_t nbytes, int root)
+{
+    corrupt_comm_t *cc = user;
+    return MPI_Bcast(buf, (int)nbytes, MPI_BYTE, root, cc->comm) == MPI_SUCCESS ? IGRAD_OK
+                                                                                : IGRAD_E_COMM;
+}
+
+static igrad_status_t cc_barrier(void *user)
+{
+    corrupt_comm_t *cc = user;
+    return MPI_Barrier(cc->comm) == MPI_SUCCESS ? IGRAD_OK : IGRAD_E_COMM;
+}
+
+static igrad_status_t cc_iallgather(void *user, const void *send, size_t nbytes, void *recv,
+                                    void **handle)
+{
+    corrupt_comm_t *cc = user;
+    *handle = NULL; /* completed here */
+    igrad_status_t st = cc_allgather(user, send, nbytes, recv);
+    if (st == IGRAD_OK && cc->armed) {
+        memset((unsigned char *)recv + (size_t)cc->victim * nbytes, 0xff, nbytes);
+        cc->corrupted++;
+    }
+    return st;
+}
+
+static igrad_status_t cc_iallreduce(void *user, const void *send, void *recv, size_t count,
+                                    igrad_dtype_t dtype, igrad_reduce_op_t op, void **handle)
+{
+    *handle = NULL;
+    return cc_allreduce(user, send, recv, count, dtype, op);
+}
+
+static igrad_status_t cc_wait(void *user, void *handle)
+{
+    (void)user, (void)handle; /* never called: every handle is NULL */
+    return IGRAD_OK;
+}
+
+/* After a failure past the agreement every later call fails fast with
+ * IGRAD_E_STATE quoting the first error (`first`). */
+static void check_broken(igrad_engine_t *e, grads_t *G, int64_t step, const char *first,
+                         const char *what)
+{
+    const igrad_bucket_t *bk = NULL;
+    size_t nb = 0;
+    CHECK_STATUS(igrad_engine_sync(e, step, G->g), IGRAD_E_STATE);
+    CHECK(strstr(igrad_last_error(), "unusable") && strstr(igrad_last_error(), first),
+          "%s: sync on a broken engine: %s", what, igrad_last_error());
+    CHECK_STATUS(igrad_engine_begin(e, step, G->g, &bk, &nb), IGRAD_E_STATE);
+    CHECK_STATUS(igrad_engine_end(e, step, G->g), IGRAD_E_STATE);
+    CHECK_STATUS(igrad_engine_save_state(e, "/nonexistent/never-written.bin"), IGRAD_E_STATE);
+    CHECK(strstr(igrad_last_error(), first), "%s: save_state: %s", what, igrad_last_error());
+    CHECK_STATUS(igrad_engine_load_state(e, "/nonexistent/never-read.bin"), IGRAD_E_STATE);
+}
+
+static void bad_bytes_one(const igrad_layout_t *L, const igrad_profile_t *P, igrad_config_t c,
+                          int two_phase, const char *what)
+{
+    corrupt_comm_t cc = {MPI_COMM_NULL, 0, np - 1, 0};
+    REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &cc.comm) == MPI_SUCCESS);
+    igrad_comm_ops_t ops = {.size = sizeof ops,
+                            .allgather = cc_allgather,
+                            .allreduce = cc_allreduce,
+                            .bcast = cc_bcast,
+                            .barrier = cc_barrier,
+                            .iallgather = cc_iallgather,
+                            .iallreduce = cc_iallreduce,
+                            .wait = cc_wait};
+    igrad_comm_t *comm = NULL;
+    REQUIRE(igrad_comm_create_custom(&ops, &cc, me, np, &comm) == IGRAD_OK);
+    igrad_engine_t *e = create(L, P, &c, comm);
+    grads_t G = grads_new(L);
+    for (int64_t s = 0; s < 2; s++) {
+        grads_fill(&G, me, s);
+        CHECK_OK(igrad_engine_sync(e, s, G.g));
+    }
+    grads_fill(&G, me, 2);
+    cc.armed = 1;
+    if (two_phase) {
+        const igrad_bucket_t *bk = NULL;
+        size_t nb = 0;
+        CHECK_OK(igrad_engine_begin(e, 2, G.g, &bk, &nb));
+        for (size_t j = 0; j < nb; j++) {
+            void *h = NULL;
+            if (bk[j].kind == IGRAD_BUCKET_GATHER)
+                CHECK(cc_iallgather(&cc, bk[j].send, bk[j].send_nbytes, bk[j].recv, &h) ==
+                          IGRAD_OK,
+                      "%s: allgather", what);
+            else
+                CHECK(cc_iallreduce(&cc, bk[j].recv, bk[j].recv, bk[j].count, IGRAD_DTYPE_F32,
+                                    IGRAD_REDUCE_SUM, &h) == IGRAD_OK,
+                      "%s: allreduce", what);
+        }
+        CHECK_STATUS(igrad_engine_end(e, 2, G.g), IGRAD_E_COMM);
+    } else {
+        CHECK_STATUS(igrad_engine_sync(e, 2, G.g), IGRAD_E_COMM);
+    }
+    cc.armed = 0;
+    CHECK(cc.corrupted > 0, "%s: no gather bucket was corrupted", what);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d sent index", np - 1);
+    const char *msg = igrad_last_error();
+    CHECK(strstr(msg, want) && strstr(msg, "bucket ") && strstr(msg, "for tensor model."),
+          "%s: message does not name the rank, bucket and tensor: %s", what, msg);
+    check_broken(e, &G, 3, want, what);
+    grads_free(&G);
+    igrad_engine_free(e);
+    igrad_comm_free(comm);
+    MPI_Comm_free(&cc.comm);
+}
+
+static void test_bad_peer_bytes(const igrad_layout_t *L, const igrad_profile_t *P)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC; /* flat indices */
+    c.density = 0.05;
+    c.block_entries = 30;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    bad_bytes_one(L, P, c, 0, "bad bytes topk_sync");
+    c.method = IGRAD_METHOD_ADTOPK_SYNC; /* row-wise (column indices) at even steps */
+    bad_bytes_one(L, P, c, 0, "bad bytes adtopk_sync");
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.density = 0.05;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    bad_bytes_one(L, P, c, 0, "bad bytes ig");
+    bad_bytes_one(L, P, c, 1, "bad bytes ig (two-phase)");
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -747,6 +1002,8 @@ int main(int argc, char **argv)
     test_resume(comm, L, P);
     test_mismatch(comm, L, P);
     test_nonfinite(comm, L, P);
+    test_step_skew(comm, L, P);
+    test_bad_peer_bytes(L, P);
 
     igrad_profile_free(P);
     igrad_layout_free(L);

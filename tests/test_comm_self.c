@@ -7,6 +7,7 @@
  *
  * The MPI backend is tested by tests/mpi_comm.c under mpirun.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -72,6 +73,35 @@ static void test_self_basics(void **state)
     assert_string_equal(igrad_comm_backend(NULL), "");
     igrad_comm_free(NULL);
     assert_status(igrad_comm_create_self(NULL), IGRAD_E_INVALID);
+}
+
+/* The timeout setting: validated, stored, and harmless on the self comm
+ * (its collectives complete at once). */
+static void test_self_timeout(void **state)
+{
+    (void)state;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_self(&comm), IGRAD_OK);
+    assert_true(igrad_comm_timeout(comm) == 0.0); /* a new comm waits forever */
+    assert_status(igrad_comm_set_timeout(comm, -1.0), IGRAD_E_INVALID);
+    assert_error_mentions("-1 s");
+    assert_status(igrad_comm_set_timeout(comm, NAN), IGRAD_E_INVALID);
+    assert_status(igrad_comm_set_timeout(comm, INFINITY), IGRAD_E_INVALID);
+    assert_status(igrad_comm_set_timeout(NULL, 1.0), IGRAD_E_INVALID);
+    assert_true(igrad_comm_timeout(comm) == 0.0);
+    assert_status(igrad_comm_set_timeout(comm, 0.25), IGRAD_OK);
+    assert_true(igrad_comm_timeout(comm) == 0.25);
+    assert_true(igrad_comm_timeout(NULL) == 0.0);
+    unsigned char a[16], b[16];
+    fill_bytes(a, sizeof a, 7);
+    assert_status(igrad_comm_allgather(comm, a, sizeof a, b), IGRAD_OK);
+    assert_memory_equal(a, b, sizeof a);
+    igrad_comm_request_t *r = NULL;
+    assert_status(igrad_comm_iallgather(comm, a, sizeof a, b, &r), IGRAD_OK);
+    assert_status(igrad_comm_wait(comm, r), IGRAD_OK);
+    assert_status(igrad_comm_barrier(comm), IGRAD_OK);
+    assert_status(igrad_comm_set_timeout(comm, 0.0), IGRAD_OK);
+    igrad_comm_free(comm);
 }
 
 static void test_self_allgather(void **state)
@@ -687,6 +717,15 @@ static void test_custom_errors(void **state)
     assert_error_mentions("returned -1");
     f.fail_status = IGRAD_E_NOMEM;
     assert_status(igrad_comm_bcast(comm, x, sizeof x, 0), IGRAD_E_NOMEM);
+    /* a callback that gives up on its own timeout says so, as it is */
+    f.fail_status = IGRAD_E_TIMEOUT;
+    f.message = "peer 2 silent for 30 s";
+    assert_status(igrad_comm_allgather(comm, x, sizeof x, y), IGRAD_E_TIMEOUT);
+    assert_error_mentions("returned 10 (timed out)");
+    assert_error_mentions("peer 2 silent for 30 s");
+    f.message = NULL;
+    f.fail_status = IGRAD_E_TIMEOUT + 1; /* not a status (yet): a communication error */
+    assert_status(igrad_comm_barrier(comm), IGRAD_E_COMM);
 
     /* a failed start hands back no request and leaves nothing pending */
     igrad_comm_request_t sentinel = {0};
@@ -743,6 +782,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_self_basics),
+        cmocka_unit_test(test_self_timeout),
         cmocka_unit_test(test_self_allgather),
         cmocka_unit_test(test_self_allreduce),
         cmocka_unit_test(test_self_bcast),

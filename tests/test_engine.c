@@ -10,7 +10,10 @@
  * dropped mass, two-phase = sync, gather = reduce buckets, thread count
  * independence, save/load mid-run = uninterrupted, corrupt and mismatched
  * state files, non-finite and NULL gradients leaving residuals bit-identical,
- * calls out of order, and the trace hook.
+ * calls out of order, and the trace hook. Received bytes: an index one past
+ * its tensor (flat) or row (row-wise) is IGRAD_E_COMM naming rank, bucket
+ * and tensor, one below is fine; after it, or after a failed or timed-out
+ * collective, every call fails fast with IGRAD_E_STATE.
  *
  * Not here: several ranks (tests/mpi_engine.c), the schedule and packing
  * policies alone (test_schedule.c, test_pack.c).
@@ -30,6 +33,7 @@
 
 #include "igrad.h"
 #include "test_util.h"
+#include "internal.h" /* igrad__fail */
 #include "schedule.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -260,7 +264,15 @@ static void test_config_validate(void **state)
     BAD(index_dtype, IGRAD_DTYPE_U8, IGRAD_E_INVALID, "config.index_dtype");
     BAD(collective, (igrad_collective_t)4, IGRAD_E_INVALID, "config.collective");
     BAD(threads, -2, IGRAD_E_INVALID, "config.threads");
+    BAD(timeout_s, -1.0, IGRAD_E_INVALID, "config.timeout_s is -1");
+    BAD(timeout_s, NAN, IGRAD_E_INVALID, "config.timeout_s is nan");
+    BAD(timeout_s, INFINITY, IGRAD_E_INVALID, "config.timeout_s is inf");
 #undef BAD
+    assert_true(c.timeout_s == IGRAD_DEFAULT_TIMEOUT_S && c.timeout_s == 300.0);
+    c.timeout_s = 0.0; /* off */
+    assert_ok(igrad_config_validate(&c));
+    c.timeout_s = 1e-3;
+    assert_ok(igrad_config_validate(&c));
     /* the sparsifier field is ignored where the method fixes it */
     igrad_config_t d = IGRAD_CONFIG_INIT;
     d.method = IGRAD_METHOD_DENSE;
@@ -1156,6 +1168,162 @@ static void test_call_order(void **state)
     igrad_layout_free(L);
 }
 
+/* ---- bytes from a peer, broken engine --------------------------------------- */
+
+/* A one-rank custom communicator whose iallgather copies the rank's bytes
+ * (as the self comm would) and then, when armed, writes `poke` over the
+ * first index of the bucket (after its `nvalues` F32 values, 16-bit), or
+ * fails with `fail` instead. */
+typedef struct poke_comm {
+    int armed;
+    size_t nvalues;
+    uint16_t poke;
+    igrad_status_t fail;
+} poke_comm_t;
+
+static igrad_status_t pc_allgather(void *user, const void *send, size_t nbytes, void *recv)
+{
+    (void)user;
+    if (send != recv) memmove(recv, send, nbytes);
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_allreduce(void *user, const void *send, void *recv, size_t count,
+                                   igrad_dtype_t dtype, igrad_reduce_op_t op)
+{
+    (void)user, (void)op;
+    if (send != recv) memmove(recv, send, count * igrad_dtype_nbytes(dtype));
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_bcast(void *user, void *buf, size_t nbytes, int root)
+{
+    (void)user, (void)buf, (void)nbytes, (void)root;
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_barrier(void *user)
+{
+    (void)user;
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_iallgather(void *user, const void *send, size_t nbytes, void *recv,
+                                    void **handle)
+{
+    poke_comm_t *pc = user;
+    *handle = NULL;
+    if (pc->armed && pc->fail != IGRAD_OK) return pc->fail;
+    pc_allgather(user, send, nbytes, recv);
+    if (pc->armed) {
+        assert_true(nbytes >= pc->nvalues * 4 + 2);
+        memcpy((unsigned char *)recv + pc->nvalues * 4, &pc->poke, 2);
+    }
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_wait(void *user, void *handle)
+{
+    (void)user, (void)handle;
+    return IGRAD_OK;
+}
+
+static igrad_comm_t *poke_comm_create(poke_comm_t *pc)
+{
+    igrad_comm_ops_t ops = {.size = sizeof ops,
+                            .allgather = pc_allgather,
+                            .allreduce = pc_allreduce,
+                            .bcast = pc_bcast,
+                            .barrier = pc_barrier,
+                            .iallgather = pc_iallgather,
+                            .wait = pc_wait};
+    igrad_comm_t *comm = NULL;
+    assert_ok(igrad_comm_create_custom(&ops, pc, 0, 1, &comm));
+    return comm;
+}
+
+/* One tensor of `ndim` dims, one block, one gather bucket; the first
+ * received index is replaced by `poke`. @return the sync's status. */
+static igrad_status_t sync_with_poke(int ndim, uint16_t poke, igrad_method_t method,
+                                     igrad_status_t fail, igrad_engine_t **keep)
+{
+    igrad_layout_t *L = NULL;
+    assert_ok(igrad_layout_create(&L));
+    int64_t flat[1] = {1000}, rows[2] = {10, 100};
+    assert_ok(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, ndim,
+                               ndim == 1 ? flat : rows));
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = method;
+    c.density = 0.02; /* flat: 20 entries; row-wise: 2 per row */
+    c.buckets = 1;
+    poke_comm_t pc = {0, 20, poke, fail};
+    igrad_comm_t *comm = poke_comm_create(&pc);
+    igrad_engine_t *e = NULL;
+    assert_ok(igrad_engine_create(L, NULL, &c, comm, &e));
+    float *g = malloc(1000 * sizeof *g);
+    assert_non_null(g);
+    for (int i = 0; i < 1000; i++) g[i] = (float)((i * 37) % 101) - 50.0f;
+    assert_ok(igrad_engine_sync(e, 0, &g));
+    for (int i = 0; i < 1000; i++) g[i] = (float)((i * 37) % 101) - 50.0f;
+    pc.armed = 1;
+    igrad_status_t st = igrad_engine_sync(e, 1, &g);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    if (st != IGRAD_OK) {
+        /* broken: every later call fails fast, quoting the first error */
+        pc.armed = 0;
+        const igrad_bucket_t *bk = NULL;
+        size_t nb = 0;
+        assert_status(igrad_engine_sync(e, 2, &g), IGRAD_E_STATE);
+        assert_error_has("unusable");
+        assert_error_has(igrad_status_str(st));
+        assert_status(igrad_engine_begin(e, 2, &g, &bk, &nb), IGRAD_E_STATE);
+        assert_status(igrad_engine_end(e, 2, &g), IGRAD_E_STATE);
+        assert_status(igrad_engine_save_state(e, "/tmp/igrad_never_written.bin"), IGRAD_E_STATE);
+        assert_status(igrad_engine_load_state(e, "/tmp/igrad_never_read.bin"), IGRAD_E_STATE);
+    }
+    free(g);
+    if (keep) *keep = e;
+    else igrad_engine_free(e);
+    igrad_comm_free(comm);
+    igrad_layout_free(L);
+    igrad__fail(st, __FILE__, __LINE__, "%s", msg); /* the sync's message again */
+    return st;
+}
+
+static void test_peer_index_bounds(void **state)
+{
+    (void)state;
+    /* flat: indices < n = 1000; n - 1 is fine, n is refused */
+    assert_ok(sync_with_poke(1, 999, IGRAD_METHOD_TOPK_SYNC, IGRAD_OK, NULL));
+    assert_status(sync_with_poke(1, 1000, IGRAD_METHOD_TOPK_SYNC, IGRAD_OK, NULL), IGRAD_E_COMM);
+    assert_error_has("step 1: bucket 0: rank 0 sent index 1000 for tensor model.norm.weight");
+    assert_error_has("outside [0, 1000)");
+    assert_status(sync_with_poke(1, 65535, IGRAD_METHOD_TOPK_SYNC, IGRAD_OK, NULL), IGRAD_E_COMM);
+    /* row-wise (adtopk, even step 0... and step 1 without interleave):
+     * column indices < cols = 100 */
+    assert_ok(sync_with_poke(2, 99, IGRAD_METHOD_ADTOPK_SYNC, IGRAD_OK, NULL));
+    assert_status(sync_with_poke(2, 100, IGRAD_METHOD_ADTOPK_SYNC, IGRAD_OK, NULL), IGRAD_E_COMM);
+    assert_error_has("rank 0 sent index 100 for tensor model.norm.weight");
+    assert_error_has("outside [0, 100) (a column of its row)");
+}
+
+/* A collective that fails after the agreement (here a custom comm's
+ * timeout) breaks the engine; the message names the step and the bucket,
+ * and a timed-out engine can still be freed (its buffers are leaked on
+ * purpose, which ASan's leak check is told to ignore in this suite). */
+static void test_broken_after_comm_failure(void **state)
+{
+    (void)state;
+    assert_status(sync_with_poke(1, 0, IGRAD_METHOD_TOPK_SYNC, IGRAD_E_COMM, NULL), IGRAD_E_COMM);
+    assert_error_has("step 1: bucket 0 (gather of ");
+    assert_error_has("custom comm: iallgather callback returned 8");
+    assert_status(sync_with_poke(1, 0, IGRAD_METHOD_TOPK_SYNC, IGRAD_E_TIMEOUT, NULL),
+                  IGRAD_E_TIMEOUT);
+    assert_error_has("step 1: bucket 0 (gather of ");
+    assert_error_has("returned 10 (timed out)");
+}
+
 /* The trace hook records each selection: a profile can be built from it. */
 static void test_trace_hook(void **state)
 {
@@ -1235,6 +1403,8 @@ int main(void)
         cmocka_unit_test(test_nonfinite_and_null),
         cmocka_unit_test(test_call_order),
         cmocka_unit_test(test_trace_hook),
+        cmocka_unit_test(test_peer_index_bounds),
+        cmocka_unit_test(test_broken_after_comm_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

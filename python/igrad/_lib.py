@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 STATUS_NAMES = {
     0: "OK", 1: "E_INVALID", 2: "E_NOMEM", 3: "E_IO", 4: "E_FORMAT",
     5: "E_UNSUPPORTED", 6: "E_NONFINITE", 7: "E_MISMATCH", 8: "E_COMM",
-    9: "E_STATE",
+    9: "E_STATE", 10: "E_TIMEOUT",
 }
 
 
@@ -208,7 +208,7 @@ class Config(ctypes.Structure):
                 ("buckets", ctypes.c_int), ("block_entries", ctypes.c_int64),
                 ("risk_lambda", ctypes.c_double), ("verify_every", ctypes.c_int64),
                 ("value_dtype", c_enum), ("index_dtype", c_enum), ("collective", c_enum),
-                ("threads", ctypes.c_int)]
+                ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double)]
 
 
 class Bucket(ctypes.Structure):

@@ -566,7 +566,7 @@ CONFIG_DEFAULTS = {
     "release_period": 4, "release_keep": 0.25, "schedule": "staggered", "residual": "on",
     "pack": "contiguous", "buckets": 4, "block_entries": 16384, "risk_lambda": 1.0,
     "verify_every": 100, "value_dtype": "F32", "index_dtype": "U16", "collective": "auto",
-    "threads": 0,
+    "threads": 0, "timeout_s": 300.0,
 }
 
 
@@ -599,6 +599,7 @@ def make_config(**kw):
     c.index_dtype = _enum_from_name("dtype", str(v["index_dtype"]).upper())
     c.collective = _enum_from_name("collective", v["collective"])
     c.threads = int(v["threads"])
+    c.timeout_s = float(v["timeout_s"])
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
