@@ -35,8 +35,9 @@ size_t igrad_fuzz_seed_count(void);
 const uint8_t *igrad_fuzz_seed(size_t i, size_t *size);
 
 #define NRES 77
-#define OFF_RESIDUALS 256
+#define OFF_RESIDUALS (24 + 8 * IGRAD__NITEMS + 32)
 #define OFF_VERIFY_EVERY (24 + 8 * IGRAD__ITEM_CFG_VERIFY_EVERY)
+#define OFF_TIMEOUT (24 + 8 * IGRAD__ITEM_CFG_TIMEOUT)
 
 static igrad_engine_t *eng;
 static uint8_t *base;           /* the engine's state file after its warm-up */
@@ -213,8 +214,10 @@ static int check_loaded(const uint8_t *file, size_t n)
     unlink(tmp_path);
     int bad = bn != n;
     if (!bad) {
-        /* verify_every is the engine's own: patch it back, fix the sum */
+        /* verify_every and timeout_s are the engine's own (not compared at
+         * load): patch them back, fix the sum */
         memcpy(back + OFF_VERIFY_EVERY, file + OFF_VERIFY_EVERY, 8);
+        memcpy(back + OFF_TIMEOUT, file + OFF_TIMEOUT, 8);
         put_checksum(back, bn);
         bad = memcmp(back, file, n) != 0;
     }

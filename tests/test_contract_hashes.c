@@ -2,7 +2,7 @@
  * test_contract_hashes.c — golden values of every hash igrad puts in a
  * file or in the agreement exchange: the layout hash (profiles, traces,
  * state files, optimizer files), the profile hash, the plan hash and the
- * risk history hash (agreement items 5, 22 and 25 of the engine state
+ * risk history hash (agreement items 5, 23 and 26 of the engine state
  * file, formats.md §7) and the state file checksum.
  *
  * The constants below were computed once and are part of the file
@@ -45,10 +45,10 @@
 #define GOLDEN_LAYOUT_OPT125M 0x4fb755b0eb80ae70ULL   /* configs/opt-125m.json (F16) */
 #define GOLDEN_LAYOUT_SMALL 0xda8543021da82b9dULL     /* small_layout() below */
 #define GOLDEN_PROFILE_SMALL 0x328da46a06459a84ULL    /* small_profile(), item 5 */
-#define GOLDEN_PLAN_IG 0x7d5e4f9a69445b2aULL          /* ig_config(), item 22 */
-#define GOLDEN_PLAN_ADTOPK 0x9fbf6f202bdbc3daULL      /* adtopk_sync, item 22 */
-#define GOLDEN_HISTORY_RISK 0xe770e0bd1cf668dbULL     /* ig + pack risk, 2 steps, item 25 */
-#define GOLDEN_CHECKSUM_FRESH 0x8808a21c6a2d4e14ULL   /* state of a fresh ig engine */
+#define GOLDEN_PLAN_IG 0x7d5e4f9a69445b2aULL          /* ig_config(), item 23 */
+#define GOLDEN_PLAN_ADTOPK 0x9fbf6f202bdbc3daULL      /* adtopk_sync, item 23 */
+#define GOLDEN_HISTORY_RISK 0xe770e0bd1cf668dbULL     /* ig + pack risk, 2 steps, item 26 */
+#define GOLDEN_CHECKSUM_FRESH 0x1e39d8c042081565ULL   /* fresh ig engine, state version 2 */
 
 /* ---- FNV-1a 64 as the docs define it -------------------------------------- */
 
@@ -251,7 +251,7 @@ static igrad_config_t ig_config(void)
 typedef struct state_file {
     unsigned char *bytes;
     size_t nbytes;
-    uint64_t items[25];
+    uint64_t items[26];
     uint32_t version, rank, size, nitems;
 } state_file_t;
 
@@ -286,15 +286,15 @@ static state_file_t save_and_read(const igrad_engine_t *eng)
     fclose(fp);
     remove(path);
     rmdir(dir);
-    assert_true(f.nbytes >= 264);
+    assert_true(f.nbytes >= 272);
     assert_memory_equal(f.bytes, "IGRADST\0", 8);
     f.version = rd_u32(f.bytes + 8);
     f.rank = rd_u32(f.bytes + 12);
     f.size = rd_u32(f.bytes + 16);
     f.nitems = rd_u32(f.bytes + 20);
-    assert_int_equal(f.version, 1);
-    assert_int_equal(f.nitems, 25);
-    for (int i = 0; i < 25; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
+    assert_int_equal(f.version, 2);
+    assert_int_equal(f.nitems, 26);
+    for (int i = 0; i < 26; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
     return f;
 }
 
@@ -315,8 +315,8 @@ static uint64_t doc_checksum(const state_file_t *f)
  * key, n, mean and m2. */
 static uint64_t doc_history_hash(const state_file_t *f)
 {
-    uint64_t N = rd_u64(f->bytes + 248);
-    size_t o = 256 + 4 * (size_t)N + (N % 2 ? 4 : 0);
+    uint64_t N = rd_u64(f->bytes + 256);
+    size_t o = 264 + 4 * (size_t)N + (N % 2 ? 4 : 0);
     uint64_t H = rd_u64(f->bytes + o);
     o += 8;
     assert_int_equal(o + 32 * H + 8, f->nbytes);
@@ -343,12 +343,12 @@ static uint64_t dbits(double x)
     return u;
 }
 
-/* Items 1–21 and 23–24 from their definitions (§7: enums as their numbers,
+/* Items 1–22 and 24–25 from their definitions (§7: enums as their numbers,
  * doubles as their IEEE bit pattern). */
 static void check_items(const state_file_t *f, const igrad_layout_t *L, const igrad_config_t *c,
                         int64_t step, int64_t calls)
 {
-    const uint64_t want[25] = {
+    const uint64_t want[26] = {
         [0] = IGRAD_VERSION_NUMBER,
         [1] = igrad_layout_count(L),
         [2] = igrad_layout_hash(L),
@@ -369,11 +369,12 @@ static void check_items(const state_file_t *f, const igrad_layout_t *L, const ig
         [18] = (uint64_t)c->value_dtype,
         [19] = (uint64_t)c->index_dtype,
         [20] = (uint64_t)c->collective,
-        [22] = (uint64_t)step,
-        [23] = (uint64_t)calls,
+        [21] = dbits(c->timeout_s),
+        [23] = (uint64_t)step,
+        [24] = (uint64_t)calls,
     };
-    for (int i = 0; i < 25; i++) {
-        if (i == 4 || i == 21 || i == 24) continue; /* hashes: pinned by the tests */
+    for (int i = 0; i < 26; i++) {
+        if (i == 4 || i == 22 || i == 25) continue; /* hashes: pinned by the tests */
         if (f->items[i] != want[i]) {
             print_error("state item %d is 0x%llx, formats.md §7 says 0x%llx\n", i + 1,
                         (unsigned long long)f->items[i], (unsigned long long)want[i]);
@@ -429,9 +430,9 @@ static void test_state_hashes_golden(void **state)
     check_hash(f.items[2], GOLDEN_LAYOUT_SMALL, "state item 3 (layout hash) vs golden");
     check_hash(f.items[4], doc_profile_hash(P), "profile hash vs formats.md §7");
     check_hash(f.items[4], GOLDEN_PROFILE_SMALL, "profile hash vs golden");
-    check_hash(f.items[21], doc_plan_hash(eng, L), "ig plan hash vs formats.md §7");
-    check_hash(f.items[21], GOLDEN_PLAN_IG, "ig plan hash vs golden");
-    check_hash(f.items[24], doc_history_hash(&f), "empty history hash vs formats.md §7");
+    check_hash(f.items[22], doc_plan_hash(eng, L), "ig plan hash vs formats.md §7");
+    check_hash(f.items[22], GOLDEN_PLAN_IG, "ig plan hash vs golden");
+    check_hash(f.items[25], doc_history_hash(&f), "empty history hash vs formats.md §7");
     check_hash(rd_u64(f.bytes + f.nbytes - 8), GOLDEN_CHECKSUM_FRESH,
                "fresh state checksum vs golden");
     free(f.bytes);
@@ -446,8 +447,8 @@ static void test_state_hashes_golden(void **state)
     assert_ok(igrad_engine_config(eng, &used));
     check_items(&f, L, &used, -1, 0);
     check_hash(f.items[4], 0, "adtopk_sync profile hash");
-    check_hash(f.items[21], doc_plan_hash(eng, L), "adtopk_sync plan hash vs formats.md §7");
-    check_hash(f.items[21], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash vs golden");
+    check_hash(f.items[22], doc_plan_hash(eng, L), "adtopk_sync plan hash vs formats.md §7");
+    check_hash(f.items[22], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
 
@@ -472,9 +473,9 @@ static void test_state_hashes_golden(void **state)
     }
     f = save_and_read(eng);
     check_items(&f, L, &c, 1, 2);
-    assert_true(rd_u64(f.bytes + 256 + 4 * igrad_layout_total_count(L)) > 0); /* H */
-    check_hash(f.items[24], doc_history_hash(&f), "risk history hash vs formats.md §7");
-    check_hash(f.items[24], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
+    assert_true(rd_u64(f.bytes + 264 + 4 * igrad_layout_total_count(L)) > 0); /* H */
+    check_hash(f.items[25], doc_history_hash(&f), "risk history hash vs formats.md §7");
+    check_hash(f.items[25], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
     for (size_t t = 0; t < T; t++) free(g[t]);

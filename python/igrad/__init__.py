@@ -14,12 +14,12 @@ Profiler, and TorchComm (a communicator over torch.distributed).
 
 Every failing library call raises igrad.IgradError (subclasses per
 status: InvalidArgumentError, FileError, FormatError, MismatchError,
-NonFiniteError, CommError, StateError, ...) carrying igrad_last_error().
+NonFiniteError, CommError, CommTimeoutError, StateError, ...) carrying igrad_last_error().
 The library is found through IGRAD_LIBRARY, next to this package, or in
 the repository's build/ directory; a library whose major.minor differ
 from this package's is refused with ImportError.
 """
-from ._lib import (CommError, FileError, FormatError, IgradError,  # noqa: F401
+from ._lib import (CommError, CommTimeoutError, FileError, FormatError, IgradError,  # noqa: F401
                    InvalidArgumentError, MismatchError, NonFiniteError, OutOfMemoryError,
                    StateError, UnsupportedError, __version__, load_library)
 from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace,  # noqa: F401
@@ -30,7 +30,7 @@ __all__ = [
     "__version__", "load_library", "library_version", "library_path", "component_of",
     "IgradError", "InvalidArgumentError", "OutOfMemoryError", "FileError", "FormatError",
     "UnsupportedError", "NonFiniteError", "MismatchError", "CommError", "StateError",
-    "Layout", "Trace", "Profile", "Comm", "Engine", "SelectWorkspace", "make_config",
+    "CommTimeoutError", "Layout", "Trace", "Profile", "Comm", "Engine", "SelectWorkspace", "make_config",
     "config_to_dict", "partition", "select_spec", "build_profile",
 ]
 

@@ -81,9 +81,14 @@ class StateError(IgradError):
     status = 9
 
 
+class CommTimeoutError(CommError):
+    """A collective did not complete within config.timeout_s (IGRAD_E_TIMEOUT)."""
+    status = 10
+
+
 _ERRORS = {cls.status: cls for cls in (
     InvalidArgumentError, OutOfMemoryError, FileError, FormatError, UnsupportedError,
-    NonFiniteError, MismatchError, CommError, StateError)}
+    NonFiniteError, MismatchError, CommError, StateError, CommTimeoutError)}
 
 
 def error_for(status, message, function=None):

@@ -616,7 +616,7 @@ def config_to_dict(c):
         "residual": _s(lib.igrad_residual_policy_name(c.residual)),
         "pack": _s(lib.igrad_pack_policy_name(c.pack)), "buckets": c.buckets,
         "block_entries": c.block_entries, "risk_lambda": c.risk_lambda,
-        "verify_every": c.verify_every,
+        "verify_every": c.verify_every, "timeout_s": c.timeout_s,
         "value_dtype": _s(lib.igrad_dtype_name(c.value_dtype)),
         "index_dtype": _s(lib.igrad_dtype_name(c.index_dtype)),
         "collective": _s(lib.igrad_collective_name(c.collective)), "threads": c.threads,

@@ -342,8 +342,12 @@ class IgradState:
     method:         "ig" (default), "iad", "topk_sync", "adtopk_sync", "dense".
     sparsifier, density, release_period, release_keep, schedule, pack,
     buckets, verify_every, collective, interleave, residual, block_entries,
-    risk_lambda, index_dtype, threads:  the engine's configuration
+    risk_lambda, index_dtype, threads, timeout_s:  the engine's configuration
                     (igrad_config_t; same defaults as IGRAD_CONFIG_INIT).
+                    timeout_s bounds igrad's own MPI collectives; over a
+                    torch.distributed process group the group's timeout
+                    (init_process_group(timeout=...)) bounds each collective
+                    instead; one that times out there raises CommError.
     start_iter:     the first `start_iter` steps are plain averaged
                     all-reduces without igrad (warm-up, as in PowerSGD).
     nonfinite:      "allreduce" (default) or "keep": what a skipped
@@ -359,7 +363,7 @@ class IgradState:
                  schedule="staggered", pack="contiguous", buckets=4, verify_every=100,
                  start_iter=0, collective="auto", interleave=False, residual="on",
                  block_entries=None, risk_lambda=1.0, index_dtype="U16", threads=0,
-                 nonfinite="allreduce"):
+                 nonfinite="allreduce", timeout_s=300.0):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -371,7 +375,7 @@ class IgradState:
             "verify_every": verify_every, "collective": collective,
             "interleave": bool(interleave), "residual": residual,
             "block_entries": block_entries, "risk_lambda": risk_lambda,
-            "index_dtype": index_dtype, "threads": threads,
+            "index_dtype": index_dtype, "threads": threads, "timeout_s": timeout_s,
         }
         make_config(**self.config)  # validates now, not at the first backward
         self.profile = profile
@@ -832,7 +836,7 @@ class IgradState:
         cfg = sd.get("config", {})
         mine = config_to_dict(make_config(**self.config))
         for k, v in cfg.items():
-            if k in ("threads", "verify_every"):  # results do not depend on them
+            if k in ("threads", "verify_every", "timeout_s"):  # results do not depend on them
                 continue
             if k in mine and str(mine[k]).lower() != str(v).lower():
                 raise L.MismatchError("state_dict config.%s is %r, this state has %r"
