@@ -8,6 +8,7 @@
  * trainer/metrics.c).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,9 @@ static void usage(FILE *fp)
 "  --density RHO (0.01)  --release-period R (4)  --release-keep KAPPA (0.25)\n"
 "  --schedule aligned|staggered  --residual on|drop  --buckets B (4)\n"
 "  --pack direct|sequential|greedy|risk|contiguous  --verify-every N (100)\n"
+"  --comm-timeout S            a collective that has not completed after S seconds\n"
+"                              (a stopped or hung rank) ends the job on every rank\n"
+"                              that waits, naming the step (default 300; 0 = never)\n"
 "  --profile FILE              importance profile (required for iad and ig)\n"
 "  --trace FILE                record the activity trace of this run (sparse methods);\n"
 "                              rank 0 writes it: the trace of rank 0's selections\n"
@@ -186,6 +190,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         F64_OPT("--weight-decay", optim.weight_decay)
         F64_OPT("--clip", optim.grad_clip)
         F64_OPT("--density", density)
+        F64_OPT("--comm-timeout", comm_timeout_s)
         F64_OPT("--release-keep", release_keep)
         F64_OPT("--val-fraction", val_fraction)
         if ((r = cli_opt(argc, argv, &i, "--init-std", &v)) != 0) {
@@ -223,6 +228,11 @@ static int parse_args(int argc, char **argv, train_options_t *o)
     if (!o->data || !o->out) {
         fprintf(stderr, "igrad: train: --data SPEC and --out DIR are required "
                         "(see igrad train --help)\n");
+        return -1;
+    }
+    if (!(o->comm_timeout_s >= 0.0) || !isfinite(o->comm_timeout_s)) {
+        fprintf(stderr, "igrad: train: --comm-timeout %g must be a number of seconds >= 0 "
+                        "(0 = never)\n", o->comm_timeout_s);
         return -1;
     }
     return 0;
@@ -290,9 +300,10 @@ int cmd_train(int argc, char **argv)
     st = train_run(&o, comm, &res);
     if (st != IGRAD_OK) {
         if (rank == 0) fprintf(stderr, "igrad: train: %s\n", trainer_last_error());
-        /* A failed collective may leave ranks out of step, where a clean
-         * shutdown could hang: the one case for MPI_Abort. */
-        if (use_mpi && st == IGRAD_E_COMM) {
+        /* A failed or timed-out collective (and the communicator or engine
+         * it left unusable: E_STATE) may leave ranks out of step, where a
+         * clean shutdown could hang: the one case for MPI_Abort. */
+        if (use_mpi && (st == IGRAD_E_COMM || st == IGRAD_E_TIMEOUT || st == IGRAD_E_STATE)) {
             if (rank != 0) fprintf(stderr, "igrad: train (rank %d): %s\n", rank,
                                    trainer_last_error());
             MPI_Abort(MPI_COMM_WORLD, 1);

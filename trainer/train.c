@@ -283,6 +283,7 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_str(l, "--pack", o->pack);
     opt_add_i64(l, "--buckets", o->buckets);
     opt_add_i64(l, "--verify-every", o->verify_every);
+    opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
     if (!o->profile) {
         opt_add_str(l, "--profile", NULL);
     } else {
@@ -378,6 +379,7 @@ void train_options_default(train_options_t *o)
     o->release_keep = IGRAD_DEFAULT_RELEASE_KEEP;
     o->buckets = 4;
     o->verify_every = 100;
+    o->comm_timeout_s = IGRAD_DEFAULT_TIMEOUT_S;
     o->eval_every = 50;
     o->eval_batches = 4;
     o->progress = TRAIN_PROGRESS_AUTO;
@@ -446,6 +448,7 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
         return lib_fail(st, "--pack");
     c.buckets = o->buckets;
     c.verify_every = o->verify_every;
+    c.timeout_s = o->comm_timeout_s;
     c.threads = o->threads;
     if ((st = igrad_config_validate(&c)) != IGRAD_OK) return lib_fail(st, "sync config");
     *cfg = c;
@@ -1549,6 +1552,17 @@ cleanup:
 
 static int at_multiple(int64_t done, int64_t every) { return every > 0 && done % every == 0; }
 
+/* A failure inside the step loop: the trainer's own collectives (loss and
+ * evaluation all-reduces, agreements) say nothing of the step, the
+ * engine's do. */
+static igrad_status_t at_step(igrad_status_t st, int64_t step)
+{
+    if (strstr(trainer_last_error(), "step ")) return st;
+    char where[48];
+    snprintf(where, sizeof where, "step %lld", (long long)step);
+    return prefix_fail(st, where);
+}
+
 igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_result_t *res)
 {
     run_t r;
@@ -1572,9 +1586,15 @@ igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_res
 #endif
     if (o->threads > 0) openblas_set_num_threads(o->threads);
 
+    /* Every collective of the run, the trainer's own too, is bounded: a
+     * stopped rank ends the others with IGRAD_E_TIMEOUT (cmd_train then
+     * aborts the job) instead of a hang. A rank with another value fails
+     * the option agreement below, naming --comm-timeout. */
+    igrad_status_t st = igrad_comm_set_timeout(comm, o->comm_timeout_s);
+    if (st != IGRAD_OK) return lib_fail(st, "--comm-timeout"); /* refused by cmd_train first */
     /* Options first: a rank with another --steps or --save-every would
      * otherwise leave the others waiting in a collective it never calls. */
-    igrad_status_t st = agree_options(comm, o);
+    st = agree_options(comm, o);
     if (st != IGRAD_OK) goto cleanup;
     r.ckpt_dir = o->out ? path_join(o->out, TRAIN_CHECKPOINT_DIR) : NULL;
     st = o->out && !r.ckpt_dir ? trainer_fail(IGRAD_E_NOMEM, "out of memory") : IGRAD_OK;
@@ -1637,27 +1657,32 @@ igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_res
         show_eval(&r, 0, r.last_val);
     }
     double loop_start = now_ms();
-    for (int64_t step = r.start_step; step < last; step++) {
+    int64_t step = r.start_step;
+    for (; step < last; step++) {
         metrics_row_t row;
-        if ((st = train_step(&r, step, &row)) != IGRAD_OK) goto cleanup;
+        if ((st = train_step(&r, step, &row)) != IGRAD_OK) break;
         if (step == r.start_step) res->first_loss = row.loss;
         res->last_loss = row.loss;
         res->steps_done = step + 1;
         st = r.rank == 0 ? metrics_add_step(r.metrics, &row) : IGRAD_OK;
-        if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+        if ((st = agree(comm, st)) != IGRAD_OK) break;
         show_progress(&r, step, &row, now_ms() - loop_start, step + 1 - r.start_step);
 
         int64_t done = step + 1;
         if (at_multiple(done, o->eval_every) || done == o->steps ||
             (done == last && !at_multiple(done, o->eval_every))) {
-            if ((st = evaluate(&r, done, r.last_val)) != IGRAD_OK) goto cleanup;
+            if ((st = evaluate(&r, done, r.last_val)) != IGRAD_OK) break;
             metrics_eval_t ev = {done, r.last_val[0], r.last_val[1], r.last_val[2]};
             st = r.rank == 0 ? metrics_add_eval(r.metrics, &ev) : IGRAD_OK;
-            if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
+            if ((st = agree(comm, st)) != IGRAD_OK) break;
             show_eval(&r, done, r.last_val);
         }
         if (at_multiple(done, o->save_every) || done == last)
-            if ((st = save_checkpoint(&r, done)) != IGRAD_OK) goto cleanup;
+            if ((st = save_checkpoint(&r, done)) != IGRAD_OK) break;
+    }
+    if (st != IGRAD_OK) {
+        st = at_step(st, step);
+        goto cleanup;
     }
     if (r.start_step >= last) res->steps_done = r.start_step;
 

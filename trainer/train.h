@@ -112,6 +112,8 @@ typedef struct train_options {
     const char *pack;         /* packing policy (NULL = default) */
     int buckets;              /* B buckets */
     int64_t verify_every;     /* agreement check period (steps) */
+    double comm_timeout_s;    /* bound on every collective, the trainer's own
+                                 included (seconds; 0 = wait forever) */
     const char *profile;      /* profile JSON, required for iad/ig */
     const char *trace;        /* record rank 0's activity trace to this CSV */
 
@@ -130,7 +132,7 @@ typedef struct train_options {
 
 /* Defaults: tiny model, T 64, G 8, 100 steps, optim_config_default() with
  * lr 1e-3, method dense, density 0.01, R 4, kappa 0.25, 4 buckets,
- * verify every 100 steps, val_fraction 0.05, eval every 50 steps over 4
+ * verify every 100 steps, collectives bounded by IGRAD_DEFAULT_TIMEOUT_S, val_fraction 0.05, eval every 50 steps over 4
  * batches, save only at the end, seed 1337. */
 void train_options_default(train_options_t *o);
 
