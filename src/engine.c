@@ -228,7 +228,15 @@ static uint64_t f64_bits(double v)
 void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes)
 {
     int64_t s = (int64_t)value;
-    switch (igrad__items[i].type) {
+    int type = igrad__items[i].type;
+    /* An enum item outside int (a corrupt state file) would be cut by the
+     * cast below and could print as a valid name on both sides. */
+    if (type != IGRAD__ITEM_I64 && type != IGRAD__ITEM_F64 && type != IGRAD__ITEM_HASH &&
+        (s < 0 || s > 0x7fffffff)) {
+        snprintf(buf, nbytes, "%lld (not a valid value)", (long long)s);
+        return;
+    }
+    switch (type) {
     case IGRAD__ITEM_I64: snprintf(buf, nbytes, "%lld", (long long)s); return;
     case IGRAD__ITEM_F64: {
         double d;

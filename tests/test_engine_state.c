@@ -288,6 +288,12 @@ static void test_duplicated_fields_cross_checked(void **state)
     put_le64(p + OFF_ITEMS + 8 * ITEM_VERIFY_EVERY, (uint64_t)-5);
     fix_checksum(p, f->nbytes);
     expect_refused(f, p, f->nbytes, IGRAD_E_FORMAT, "config.verify_every is -5");
+    /* an enum item with its high bits set is named as invalid, not printed
+     * as the engine's own value cut to 32 bits (config.sparsifier is item 7) */
+    memcpy(p, f->file, f->nbytes);
+    put_le64(p + OFF_ITEMS + 8 * 6, get_le64(p + OFF_ITEMS + 8 * 6) | (1ull << 40));
+    fix_checksum(p, f->nbytes);
+    expect_refused(f, p, f->nbytes, IGRAD_E_MISMATCH, "not a valid value");
     /* the 4 bytes after the 77th residual must be zero */
     memcpy(p, f->file, f->nbytes);
     p[OFF_RESIDUALS + 4 * 77 + 2] = 0x7f;
