@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint.h" /* checkpoint_json_refuse_nul */
+#include "json_strict.h" /* igrad__text_line_col */
 #include "metrics.h"    /* metrics_write_text */
 #include "model.h"      /* trainer_fail */
 
@@ -180,12 +181,22 @@ igrad_status_t train_state_parse(const char *path, const char *text, size_t nbyt
     memset(out, 0, sizeof *out);
     if (nbytes > TRAIN_STATE_MAX_NBYTES)
         return trainer_fail(IGRAD_E_FORMAT, "%s: larger than 16 MiB (or unreadable)", path);
-    cJSON *root = cJSON_ParseWithLength(text, nbytes);
-    igrad_status_t st;
+    const char *end = text;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, nbytes, &end, 0);
+    const char *nul = root ? memchr(text, 0, (size_t)(end - text)) : NULL;
+    igrad_status_t st = IGRAD_OK;
     if (!root || !cJSON_IsObject(root))
         st = trainer_fail(IGRAD_E_FORMAT, "%s: not a valid JSON object", path);
-    else if ((st = checkpoint_json_refuse_nul(path, "train state", text, nbytes)) == IGRAD_OK)
-        st = parse_root(root, path, out);
+    if (st == IGRAD_OK) st = checkpoint_json_refuse_nul(path, "train state", text, nbytes);
+    if (st == IGRAD_OK && nul) {
+        /* cJSON takes a NUL byte for white space, and one in a string
+         * ends that string ("corpus\0x" would resume as "corpus"). */
+        size_t line = 0, col = 0;
+        igrad__text_line_col(text, (size_t)(nul - text), &line, &col);
+        st = trainer_fail(IGRAD_E_FORMAT, "%s: train state %zu:%zu: NUL byte, which a JSON "
+                          "text cannot hold", path, line, col);
+    }
+    if (st == IGRAD_OK) st = parse_root(root, path, out);
     cJSON_Delete(root);
     if (st != IGRAD_OK) train_state_free(out);
     return st;

@@ -3,8 +3,8 @@
  * (docs/formats.md §10): where the run is, what a resume must keep, and
  * every other file's size and checksum. Reading validates the whole file
  * on its own (format, version, every number range-checked before it is
- * converted, 16-digit hex checksums, no \u0000 in any string, at most
- * TRAIN_STATE_MAX_NBYTES) and fails with IGRAD_E_FORMAT and a message in
+ * converted, 16-digit hex checksums, no \u0000 escape or NUL byte,
+ * which cJSON would cut a string at, at most TRAIN_STATE_MAX_NBYTES) and fails with IGRAD_E_FORMAT and a message in
  * trainer_last_error() that names the file and the field. Writing is
  * crash-safe (metrics_write_json) and reads back to the same fields.
  *
