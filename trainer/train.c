@@ -507,7 +507,7 @@ static igrad_status_t write_state(const run_t *r, const char *dir, int64_t next_
         .batch = r->G,
         .seq_len = r->T,
         .seed = o->seed,
-        .data = (char *)o->data,
+        .data = (char *)o->data, /* borrowed: not freed below */
         .method = (char *)igrad_method_name(r->scfg.method),
         .param_hash = train_hash_floats(r->model->params, r->model->num_params),
         /* step x batch, left out in the (unreachable) case of more than 2^53 */
@@ -517,7 +517,7 @@ static igrad_status_t write_state(const run_t *r, const char *dir, int64_t next_
         .has_optimizer_step = 1, .optimizer_step = r->opt->step,
         .has_engine_step = 1, .engine_step = igrad_engine_step(r->engine),
         .nfiles = NOWN + r->P,
-        .files = calloc((size_t)NOWN + (size_t)r->P, sizeof *s.files),
+        .files = calloc((size_t)NOWN + (size_t)r->P, sizeof(train_state_file_t)),
     };
     igrad_status_t st = IGRAD_OK;
     if (!path || !s.files) {
