@@ -1,20 +1,28 @@
 /*
  * fuzz_checkpoint.c — fuzz target for the trainer's checkpoint readers
- * (trainer/checkpoint.h): config.json (checkpoint_read_config), model
- * weights (checkpoint_load_params into a fixed 1-layer model) and the
- * optimizer state (checkpoint_load_optim for that model). The readers take
- * paths, so each input is written to a per-process temporary file first.
+ * (trainer/checkpoint.h, trainer/train_state.h): config.json
+ * (checkpoint_read_config), model weights (checkpoint_load_params into a
+ * fixed 1-layer model), the optimizer state (checkpoint_load_optim for
+ * that model) and train_state.json (train_state_read / _parse). The
+ * readers take paths, so each input is written to a per-process temporary
+ * file first.
  *
- * Input: one mode byte (value % 3: 0 config.json, 1 model.safetensors,
- * 2 optimizer.safetensors), then the file's bytes. Seeds are files the
- * trainer's own writers produce for the fixed model (and a few configs).
+ * Input: one mode byte (value % 4: 0 config.json, 1 model.safetensors,
+ * 2 optimizer.safetensors, 3 train_state.json; bytes 0-2 meant the same
+ * under the earlier % 3, so the committed corpus keeps its meaning), then
+ * the file's bytes. Seeds are files the trainer's own writers produce for
+ * the fixed model (and a few configs and train states).
  *
  * Invariants: no crash; a failure is FORMAT, MISMATCH, INVALID,
  * UNSUPPORTED or NOMEM with a message; the same input twice gives the same
  * status and message; a config that reads is written and read back equal;
  * loaded weights (moments) saved again and reloaded are bit-identical.
- * train_state.json's reader is static in trainer/train.c: not reachable
- * from here. The driver is tests/fuzz_main.c.
+ * train_state.json: reading the file and parsing the bytes agree (status,
+ * message, every field); a failure is FORMAT or NOMEM and names the file;
+ * an accepted state has every field in its documented range, held no
+ * \u0000 escape or NUL byte in the parsed text (either cuts a string), and
+ * printed by the trainer's writer parses back to the same fields and
+ * prints to the same text. The driver is tests/fuzz_main.c.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <float.h>
@@ -26,19 +34,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "checkpoint.h"
+#include "train_state.h"
 
 int igrad_fuzz_one(const uint8_t *data, size_t size);
 const char *igrad_fuzz_name(void);
 size_t igrad_fuzz_seed_count(void);
 const uint8_t *igrad_fuzz_seed(size_t i, size_t *size);
+int igrad_fuzz_fixed_defect(const char *what);
+int igrad_fuzz_has_u0000(const uint8_t *data, size_t size);
 
-enum { MODE_CONFIG, MODE_MODEL, MODE_OPTIM, NMODES };
+enum { MODE_CONFIG, MODE_MODEL, MODE_OPTIM, MODE_STATE, NMODES };
 
 static char dir[256], path[320], path2[320];
 static model_t *model;        /* the fixed model the weight files are for */
 static optim_t *opt;
-#define NSEEDS 6
+#define NSEEDS 8
 static uint8_t *seeds[NSEEDS];
 static size_t seed_n[NSEEDS];
 
@@ -122,9 +135,24 @@ static void setup(void)
         "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"vocab_size\": 16, "
         "\"max_position_embeddings\": 8, \"attention_bias\": true, \"rope_scaling\": "
         "{\"type\": \"linear\", \"factor\": 2.0}, \"hidden_act\": \"gelu\"}";
-    const char *lit[2] = {minimal, refused};
-    size_t litn[2] = {sizeof minimal - 1, sizeof refused - 1};
-    for (int k = 0; k < 2; k++) {
+    /* train states: version 1 (no files, informational fields left out)
+     * and a seed above 2^53, written as a string */
+    static const char state_v1[] =
+        "\x03{\"format\": \"igrad-train-state\", \"version\": 1, \"step\": 3, \"ranks\": 1, "
+        "\"data\": \"corpus\", \"batch\": 4, \"seq_len\": 32, \"seed\": 1337, "
+        "\"method\": \"dense\", \"param_hash\": \"0050659f45dbc5a5\"}";
+    static const char state_v2[] =
+        "\x03{\"format\": \"igrad-train-state\", \"version\": 2, \"step\": 9007199254740992, "
+        "\"sequences_consumed\": 40, \"ranks\": 2, \"data\": \"fortunes:\\u00e9\", "
+        "\"batch\": 4, \"seq_len\": 32, \"seed\": \"18446744073709551615\", "
+        "\"method\": \"adtopk_sync\", \"steps\": 20, \"param_hash\": \"0050659F45DBC5A5\", "
+        "\"optimizer_step\": 10, \"engine_step\": -1, \"files\": {"
+        "\"engine.rank0.bin\": {\"nbytes\": 272, \"fnv1a64\": \"4e22e7050a345c58\"}, "
+        "\"engine.rank0.bin\": {\"nbytes\": 0, \"fnv1a64\": \"ffffffffffffffff\"}}}";
+    const char *lit[4] = {minimal, refused, state_v1, state_v2};
+    size_t litn[4] = {sizeof minimal - 1, sizeof refused - 1, sizeof state_v1 - 1,
+                      sizeof state_v2 - 1};
+    for (int k = 0; k < 4; k++) {
         seeds[4 + k] = malloc(litn[k]);
         if (!seeds[4 + k]) die("malloc");
         memcpy(seeds[4 + k], lit[k], litn[k]);
@@ -238,11 +266,160 @@ static int check_round_trip(int mode, const model_config_t *cfg)
     return bad;
 }
 
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            fprintf(stderr, "invariant broken: " __VA_ARGS__);             \
+            fprintf(stderr, " [%s:%d]\n", __FILE__, __LINE__);             \
+            return 1;                                                      \
+        }                                                                  \
+    } while (0)
+
+#define EXACT_MAX (INT64_C(1) << 53)
+
+/* The first field in which two states differ, or NULL. */
+static const char *state_diff(const train_state_t *a, const train_state_t *b)
+{
+#define SAME(f) \
+    if (a->f != b->f) return #f
+    SAME(version);
+    SAME(step);
+    SAME(ranks);
+    SAME(batch);
+    SAME(seq_len);
+    SAME(seed);
+    SAME(param_hash);
+    SAME(has_sequences_consumed);
+    SAME(sequences_consumed);
+    SAME(has_steps);
+    SAME(steps);
+    SAME(has_optimizer_step);
+    SAME(optimizer_step);
+    SAME(has_engine_step);
+    SAME(engine_step);
+    SAME(nfiles);
+#undef SAME
+    if (!a->data || !b->data || strcmp(a->data, b->data) != 0) return "data";
+    if (!a->method || !b->method || strcmp(a->method, b->method) != 0) return "method";
+    for (int i = 0; i < a->nfiles; i++)
+        if (strcmp(a->files[i].name, b->files[i].name) != 0 ||
+            a->files[i].nbytes != b->files[i].nbytes || a->files[i].hash != b->files[i].hash)
+            return "files";
+    return NULL;
+}
+
+/* Every field of an accepted state within its range (train_state.h). */
+static int check_state_ranges(const train_state_t *s)
+{
+    CHECK(s->version == 1 || s->version == 2, "version %d", s->version);
+    CHECK(s->step >= 0 && s->step <= EXACT_MAX, "step %lld", (long long)s->step);
+    CHECK(s->ranks >= 1 && s->batch >= 1 && s->seq_len >= 1, "ranks %d batch %d seq_len %d",
+          s->ranks, s->batch, s->seq_len);
+    CHECK(s->data && s->method, "data or method is NULL");
+    CHECK(s->nfiles >= 0 && (s->nfiles == 0 || s->files), "nfiles %d, files %p", s->nfiles,
+          (void *)s->files);
+    CHECK(s->version >= 2 || s->nfiles == 0, "version 1 with %d files", s->nfiles);
+    for (int i = 0; i < s->nfiles; i++) {
+        const train_state_file_t *f = &s->files[i];
+        CHECK(memchr(f->name, 0, sizeof f->name) != NULL, "file %d: name not terminated", i);
+        CHECK(f->nbytes <= (uint64_t)EXACT_MAX, "files.%s.nbytes %llu", f->name,
+              (unsigned long long)f->nbytes);
+    }
+    const struct {
+        const char *name;
+        int has;
+        int64_t v, lo;
+    } info[] = {{"sequences_consumed", s->has_sequences_consumed, s->sequences_consumed, 0},
+                {"steps", s->has_steps, s->steps, 0},
+                {"optimizer_step", s->has_optimizer_step, s->optimizer_step, 0},
+                {"engine_step", s->has_engine_step, s->engine_step, -1}};
+    for (size_t i = 0; i < sizeof info / sizeof info[0]; i++)
+        CHECK(info[i].has == 1 ? info[i].v >= info[i].lo && info[i].v <= EXACT_MAX
+                          : info[i].has == 0 && info[i].v == 0,
+              "%s: has %d, value %lld", info[i].name, info[i].has, (long long)info[i].v);
+    return 0;
+}
+
+/* Whether the JSON value cJSON parses from p holds a \u0000 escape (one
+ * whose backslash is not itself escaped) or a NUL byte. */
+static int parsed_text_has_nul(const uint8_t *p, size_t n)
+{
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts((const char *)p, n, &end, 0);
+    if (!root) return 0;
+    cJSON_Delete(root);
+    size_t m = (size_t)(end - (const char *)p);
+    if (memchr(p, 0, m)) return 1;
+    for (size_t i = 0; i + 6 <= m; i++) {
+        if (!igrad_fuzz_has_u0000(p + i, 6)) continue;
+        size_t bs = 0;
+        while (bs < i && p[i - bs - 1] == '\\') bs++;
+        if (bs % 2 == 0) return 1;
+    }
+    return 0;
+}
+
+/* Mode 3: train_state.json. */
+static int fuzz_state(const uint8_t *p, size_t n)
+{
+    if (write_input(p, n) != 0) return 0;
+    train_state_t a, b, c;
+    igrad_status_t sa = train_state_read(path, &a);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", sa == IGRAD_OK ? "" : trainer_last_error());
+    igrad_status_t sb = train_state_parse(path, (const char *)p, n, &b);
+    const char *diff = sa == IGRAD_OK && sb == IGRAD_OK ? state_diff(&a, &b) : NULL;
+    int bad = 0;
+    char *text = NULL, *again = NULL;
+    memset(&c, 0, sizeof c);
+    if (sa != sb || (sa != IGRAD_OK && strcmp(msg, trainer_last_error()) != 0)) {
+        fprintf(stderr, "invariant broken: read and parse differ: %d '%s' vs %d '%s'\n",
+                (int)sa, msg, (int)sb, trainer_last_error());
+        bad = 1;
+    } else if (diff) {
+        fprintf(stderr, "invariant broken: read and parse give different \"%s\"\n", diff);
+        bad = 1;
+    } else if (sa != IGRAD_OK) {
+        if ((sa != IGRAD_E_FORMAT && sa != IGRAD_E_NOMEM) || !strstr(msg, path)) {
+            fprintf(stderr, "invariant broken: unexpected status %d or no file name: '%s'\n",
+                    (int)sa, msg);
+            bad = 1;
+        }
+    } else if (check_state_ranges(&a) != 0) {
+        bad = 1;
+    } else if (parsed_text_has_nul(p, n)) {
+        bad = igrad_fuzz_fixed_defect("a train_state.json holding \\u0000 or a NUL byte "
+                                      "accepted (cJSON cuts a string there)");
+    } else if ((text = train_state_print(&a)) != NULL) { /* NULL: out of memory */
+        igrad_status_t sc = train_state_parse(path2, text, strlen(text), &c);
+        if (sc != IGRAD_OK) {
+            fprintf(stderr, "invariant broken: printed state does not parse: %s\n",
+                    trainer_last_error());
+            bad = 1;
+        } else if ((diff = state_diff(&a, &c)) != NULL) {
+            fprintf(stderr, "invariant broken: printed and parsed back, \"%s\" differs\n", diff);
+            bad = 1;
+        } else if ((again = train_state_print(&c)) != NULL && strcmp(text, again) != 0) {
+            fprintf(stderr, "invariant broken: printed twice, the texts differ:\n%s\n%s\n", text,
+                    again);
+            bad = 1;
+        }
+    }
+    free(text);
+    free(again);
+    train_state_free(&a);
+    train_state_free(&b);
+    train_state_free(&c);
+    unlink(path);
+    return bad;
+}
+
 int igrad_fuzz_one(const uint8_t *data, size_t size)
 {
     setup();
     if (size == 0) return 0;
     int mode = data[0] % NMODES;
+    if (mode == MODE_STATE) return fuzz_state(data + 1, size - 1);
     if (write_input(data + 1, size - 1) != 0) return 0;
     model_config_t cfg, cfg2;
     memset(&cfg, 0, sizeof cfg);

@@ -11,7 +11,8 @@
  *
  * Not here: argument parsing, MPI start-up and exit codes (cmd_train.c);
  * CSV/JSON details (metrics.c); the model, optimizer, data and checkpoint
- * files themselves.
+ * files themselves, train_state.json included (train_state.c: this file
+ * fills it and compares what it reads with the run).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "train.h"
@@ -34,6 +35,7 @@
 #include "checkpoint.h"
 #include "data.h"
 #include "metrics.h"
+#include "train_state.h"
 
 #define MSG_NBYTES 1000 /* per-rank error message exchanged by agree() */
 
@@ -411,14 +413,8 @@ typedef struct run {
     int *vin, *vtg;           /* (M*T) validation rows */
     char *ckpt_dir;           /* out/checkpoint */
     int64_t start_step;
-    /* The checkpoint resumed from, as its train_state.json records it. */
-    int state_version;        /* 1: written before files had checksums */
-    uint64_t state_param_hash;
-    int nfiles;
-    struct ckpt_file {
-        char name[64];
-        uint64_t hash, nbytes;
-    } *files;                 /* (nfiles) */
+    train_state_t state;      /* the checkpoint resumed from, as its train_state.json
+                                 records it (version 1: files without checksums) */
     double f_imp;
     double t_start_ms;
     double last_val[3];       /* loss, ppl, acc of the last evaluation */
@@ -491,25 +487,9 @@ static double compute_f_imp(const igrad_layout_t *layout, const igrad_profile_t 
 /* resume state (train_state.json)                                          */
 /* ------------------------------------------------------------------------ */
 
-#define STATE_VERSION 2
-#define EXACT_DOUBLE_MAX 9007199254740992.0 /* 2^53: integers a JSON number holds exactly */
-
 static void engine_file_name(char *buf, size_t cap, int rank)
 {
     snprintf(buf, cap, "engine.rank%d.bin", rank);
-}
-
-static cJSON *file_entry(uint64_t hash, uint64_t nbytes)
-{
-    cJSON *e = cJSON_CreateObject();
-    char hex[24];
-    snprintf(hex, sizeof hex, "%016" PRIx64, hash);
-    if (e && (!cJSON_AddNumberToObject(e, "nbytes", (double)nbytes) ||
-              !cJSON_AddStringToObject(e, "fnv1a64", hex))) {
-        cJSON_Delete(e);
-        e = NULL;
-    }
-    return e;
 }
 
 /* The last file of a save: what the others are (`engine` holds every
@@ -519,242 +499,94 @@ static igrad_status_t write_state(const run_t *r, const char *dir, int64_t next_
                                   const uint64_t *engine)
 {
     const train_options_t *o = r->o;
+    static const char *const own[] = {CHECKPOINT_CONFIG_FILE, CHECKPOINT_MODEL_FILE,
+                                      CHECKPOINT_OPTIM_FILE};
+    enum { NOWN = sizeof own / sizeof own[0] };
     char *path = path_join(dir, TRAIN_STATE_FILE);
-    cJSON *root = cJSON_CreateObject();
-    cJSON *files = root ? cJSON_AddObjectToObject(root, "files") : NULL;
+    train_state_t s = {
+        .version = TRAIN_STATE_VERSION,
+        .step = next_step,
+        .ranks = r->P,
+        .batch = r->G,
+        .seq_len = r->T,
+        .seed = o->seed,
+        .data = (char *)o->data, /* borrowed: not freed below */
+        .method = (char *)igrad_method_name(r->scfg.method),
+        .param_hash = train_hash_floats(r->model->params, r->model->num_params),
+        /* step x batch, left out in the (unreachable) case of more than 2^53 */
+        .has_sequences_consumed = next_step <= (INT64_C(1) << 53) / r->G,
+        .sequences_consumed = next_step <= (INT64_C(1) << 53) / r->G ? next_step * r->G : 0,
+        .has_steps = 1, .steps = o->steps,
+        .has_optimizer_step = 1, .optimizer_step = r->opt->step,
+        .has_engine_step = 1, .engine_step = igrad_engine_step(r->engine),
+        .nfiles = NOWN + r->P,
+        .files = calloc((size_t)NOWN + (size_t)r->P, sizeof(train_state_file_t)),
+    };
     igrad_status_t st = IGRAD_OK;
-    if (!path || !root || !files) {
+    if (!path || !s.files) {
         st = trainer_fail(IGRAD_E_NOMEM, "checkpoint: out of memory");
         goto cleanup;
     }
-    static const char *const own[] = {CHECKPOINT_CONFIG_FILE, CHECKPOINT_MODEL_FILE,
-                                      CHECKPOINT_OPTIM_FILE};
-    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+    for (int i = 0; i < NOWN; i++) {
         char *p = path_join(dir, own[i]);
-        uint64_t h = 0, nbytes = 0;
-        st = p ? checkpoint_file_hash(p, &h, &nbytes) : trainer_fail(IGRAD_E_NOMEM, "out of memory");
+        st = p ? checkpoint_file_hash(p, &s.files[i].hash, &s.files[i].nbytes)
+               : trainer_fail(IGRAD_E_NOMEM, "out of memory");
         free(p);
         if (st != IGRAD_OK) goto cleanup;
-        cJSON *e = file_entry(h, nbytes);
-        if (!e) goto nomem;
-        cJSON_AddItemToObject(files, own[i], e);
+        snprintf(s.files[i].name, sizeof s.files[i].name, "%s", own[i]);
     }
     for (int q = 0; q < r->P; q++) {
-        char name[64];
-        engine_file_name(name, sizeof name, q);
-        cJSON *e = file_entry(engine[2 * q], engine[2 * q + 1]);
-        if (!e) goto nomem;
-        cJSON_AddItemToObject(files, name, e);
+        train_state_file_t *f = &s.files[NOWN + q];
+        engine_file_name(f->name, sizeof f->name, q);
+        f->hash = engine[2 * q];
+        f->nbytes = engine[2 * q + 1];
     }
-    char hash[24];
-    snprintf(hash, sizeof hash, "%016" PRIx64,
-             train_hash_floats(r->model->params, r->model->num_params));
-    cJSON_AddStringToObject(root, "format", "igrad-train-state");
-    cJSON_AddNumberToObject(root, "version", STATE_VERSION);
-    cJSON_AddNumberToObject(root, "step", (double)next_step);
-    cJSON_AddNumberToObject(root, "sequences_consumed", (double)next_step * r->G);
-    cJSON_AddNumberToObject(root, "ranks", r->P);
-    cJSON_AddStringToObject(root, "data", o->data);
-    cJSON_AddNumberToObject(root, "batch", r->G);
-    cJSON_AddNumberToObject(root, "seq_len", r->T);
-    if ((double)o->seed <= EXACT_DOUBLE_MAX) {
-        cJSON_AddNumberToObject(root, "seed", (double)o->seed);
-    } else { /* a double would round it */
-        char seed[32];
-        snprintf(seed, sizeof seed, "%" PRIu64, o->seed);
-        cJSON_AddStringToObject(root, "seed", seed);
-    }
-    cJSON_AddStringToObject(root, "method", igrad_method_name(r->scfg.method));
-    cJSON_AddNumberToObject(root, "steps", (double)o->steps);
-    cJSON_AddStringToObject(root, "param_hash", hash);
-    cJSON_AddNumberToObject(root, "optimizer_step", (double)r->opt->step);
-    cJSON_AddNumberToObject(root, "engine_step", (double)igrad_engine_step(r->engine));
-    /* "files" goes last, for readers of the file. */
-    cJSON_DetachItemViaPointer(root, files);
-    cJSON_AddItemToObject(root, "files", files);
-    st = metrics_write_json(path, root);
-    goto cleanup;
-nomem:
-    st = trainer_fail(IGRAD_E_NOMEM, "checkpoint: out of memory");
+    st = train_state_write(path, &s);
 cleanup:
-    cJSON_Delete(root);
+    free(s.files); /* data and method are borrowed */
     free(path);
     return st;
 }
 
-/* A number field that must be an integer in [lo, hi] (checked before any
- * conversion: a double outside the target type is undefined behaviour). */
-static igrad_status_t state_int(const cJSON *root, const char *path, const char *key, double lo,
-                                double hi, int64_t *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!cJSON_IsNumber(v))
-        return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"%s\" is missing or not a number",
-                            path, key);
-    double d = v->valuedouble;
-    if (!(d >= lo && d <= hi) || floor(d) != d)
-        return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"%s\" is %.17g, not an integer in "
-                            "[%.0f, %.0f]", path, key, d, lo, hi);
-    *out = (int64_t)d;
-    return IGRAD_OK;
-}
-
-/* Exactly 16 hex digits. */
-static int parse_hex64(const char *s, uint64_t *out)
-{
-    uint64_t v = 0;
-    int n = 0;
-    for (; s[n]; n++) {
-        char c = s[n];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0 || n >= 16) return 0;
-        v = v << 4 | (uint64_t)d;
-    }
-    if (n != 16) return 0;
-    *out = v;
-    return 1;
-}
-
-static igrad_status_t read_files(run_t *r, const cJSON *files, const char *path)
-{
-    if (!cJSON_IsObject(files))
-        return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"files\" is missing or not an "
-                            "object", path);
-    int n = cJSON_GetArraySize(files);
-    r->files = calloc((size_t)(n > 0 ? n : 1), sizeof *r->files);
-    if (!r->files) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
-    const cJSON *e;
-    cJSON_ArrayForEach(e, files)
-    {
-        struct ckpt_file *f = &r->files[r->nfiles];
-        const cJSON *hx = cJSON_GetObjectItemCaseSensitive(e, "fnv1a64");
-        int64_t nbytes = 0;
-        if (strlen(e->string) >= sizeof f->name || !cJSON_IsObject(e) || !cJSON_IsString(hx) ||
-            !parse_hex64(hx->valuestring, &f->hash))
-            return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: files.\"%.64s\" needs \"nbytes\" "
-                                "and \"fnv1a64\" (16 hex digits)", path, e->string);
-        char key[96];
-        snprintf(key, sizeof key, "files.%s.nbytes", e->string);
-        const cJSON *nb = cJSON_GetObjectItemCaseSensitive(e, "nbytes");
-        if (!cJSON_IsNumber(nb) || !(nb->valuedouble >= 0 && nb->valuedouble <= EXACT_DOUBLE_MAX) ||
-            floor(nb->valuedouble) != nb->valuedouble)
-            return trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"%s\" is not an integer in [0, "
-                                "2^53]", path, key);
-        nbytes = (int64_t)nb->valuedouble;
-        snprintf(f->name, sizeof f->name, "%s", e->string);
-        f->nbytes = (uint64_t)nbytes;
-        r->nfiles++;
-    }
-    return IGRAD_OK;
-}
-
-/* Reads the checkpoint's state and checks that this run continues it. */
+/* Reads the checkpoint's state (train_state.c checks the file itself) and
+ * checks that this run continues it. */
 static igrad_status_t read_state(run_t *r, const char *dir, int64_t *next_step)
 {
     const train_options_t *o = r->o;
     char *path = path_join(dir, TRAIN_STATE_FILE);
-    char *text = NULL;
-    cJSON *root = NULL;
-    igrad_status_t st = IGRAD_OK;
     if (!path) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        st = trainer_fail(IGRAD_E_IO, "--resume: %s: %s", path, strerror(errno));
+    train_state_t *s = &r->state;
+    igrad_status_t st = train_state_read(path, s);
+    if (st != IGRAD_OK) {
+        st = prefix_fail(st, "--resume");
         goto cleanup;
     }
-    /* About 100 bytes per rank's engine file entry: 16 MiB is 160k ranks. */
-    enum { STATE_MAX_NBYTES = 16 << 20 };
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || sb.st_size > STATE_MAX_NBYTES) {
-        fclose(fp);
-        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: larger than 16 MiB (or unreadable)",
-                          path);
-        goto cleanup;
-    }
-    text = calloc(1, (size_t)sb.st_size + 1);
-    size_t n = text ? fread(text, 1, (size_t)sb.st_size, fp) : 0;
-    fclose(fp);
-    if (!text) {
-        st = trainer_fail(IGRAD_E_NOMEM, "--resume: %s: out of memory", path);
-        goto cleanup;
-    }
-    if (!(root = cJSON_ParseWithLength(text, n)) || !cJSON_IsObject(root)) {
-        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: not a valid JSON object", path);
-        goto cleanup;
-    }
-    if ((st = checkpoint_json_refuse_nul(path, "--resume: train state", text, n)) != IGRAD_OK)
-        goto cleanup;
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
-    const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
-    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(root, "seed");
-    const cJSON *method = cJSON_GetObjectItemCaseSensitive(root, "method");
-    const cJSON *phash = cJSON_GetObjectItemCaseSensitive(root, "param_hash");
-    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "igrad-train-state") != 0) {
-        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"format\" is not "
-                          "\"igrad-train-state\"", path);
-        goto cleanup;
-    }
-    int64_t version = 0, step = 0, ranks = 0, batch = 0, seq = 0;
-    if ((st = state_int(root, path, "version", 1, STATE_VERSION, &version)) != IGRAD_OK ||
-        (st = state_int(root, path, "step", 0, EXACT_DOUBLE_MAX, &step)) != IGRAD_OK ||
-        (st = state_int(root, path, "ranks", 1, 2147483647.0, &ranks)) != IGRAD_OK ||
-        (st = state_int(root, path, "batch", 1, 2147483647.0, &batch)) != IGRAD_OK ||
-        (st = state_int(root, path, "seq_len", 1, 2147483647.0, &seq)) != IGRAD_OK)
-        goto cleanup;
-    uint64_t seed_v = 0;
-    if (cJSON_IsNumber(seed) && seed->valuedouble >= 0 && seed->valuedouble <= EXACT_DOUBLE_MAX &&
-        floor(seed->valuedouble) == seed->valuedouble) {
-        seed_v = (uint64_t)seed->valuedouble;
-    } else {
-        char *end = NULL;
-        errno = 0;
-        if (cJSON_IsString(seed) && seed->valuestring[0] >= '0' && seed->valuestring[0] <= '9')
-            seed_v = strtoull(seed->valuestring, &end, 10);
-        if (!end || *end || errno) {
-            st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"seed\" is not an integer in "
-                              "[0, 2^53] or a decimal string", path);
-            goto cleanup;
-        }
-    }
-    if (!cJSON_IsString(data) || !cJSON_IsString(method) || !cJSON_IsString(phash) ||
-        !parse_hex64(phash->valuestring, &r->state_param_hash)) {
-        st = trainer_fail(IGRAD_E_FORMAT, "--resume: %s: \"data\", \"method\" or \"param_hash\" "
-                          "(16 hex digits) is missing or malformed", path);
-        goto cleanup;
-    }
-    r->state_version = (int)version;
-    if (version < 2 && r->rank == 0)
+    if (s->version < 2 && r->rank == 0)
         fprintf(stderr, "igrad: train: warning: %s was written by an older igrad (version 1): "
                 "its files have no checksums; only the parameter hash and the steps are "
                 "checked\n", path);
-    if (version >= 2 &&
-        (st = read_files(r, cJSON_GetObjectItemCaseSensitive(root, "files"), path)) != IGRAD_OK)
-        goto cleanup;
     /* What decides the data stream, the residuals and the update must be
      * the same, or "continue exactly" would be a lie. */
-    if (ranks != r->P)
+    if (s->ranks != r->P)
         st = trainer_fail(IGRAD_E_MISMATCH,
                           "--resume: the checkpoint has engine state for %lld ranks, this run "
-                          "has %d", (long long)ranks, r->P);
-    else if (strcmp(data->valuestring, o->data) != 0)
+                          "has %d", (long long)s->ranks, r->P);
+    else if (strcmp(s->data, o->data) != 0)
         st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint was trained on --data "
-                          "%s, this run has %s", data->valuestring, o->data);
-    else if (batch != r->G || seq != r->T)
+                          "%s, this run has %s", s->data, o->data);
+    else if (s->batch != r->G || s->seq_len != r->T)
         st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint has --batch %lld "
-                          "--seq-len %lld, this run has %d and %d", (long long)batch,
-                          (long long)seq, r->G, r->T);
-    else if (seed_v != o->seed)
+                          "--seq-len %lld, this run has %d and %d", (long long)s->batch,
+                          (long long)s->seq_len, r->G, r->T);
+    else if (s->seed != o->seed)
         st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint has --seed %" PRIu64
-                          ", this run has %" PRIu64, seed_v, o->seed);
-    else if (strcmp(method->valuestring, igrad_method_name(r->scfg.method)) != 0)
+                          ", this run has %" PRIu64, s->seed, o->seed);
+    else if (strcmp(s->method, igrad_method_name(r->scfg.method)) != 0)
         st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint used --method %s, this "
-                          "run has %s", method->valuestring, igrad_method_name(r->scfg.method));
+                          "run has %s", s->method, igrad_method_name(r->scfg.method));
     else
-        *next_step = step;
+        *next_step = s->step;
 cleanup:
-    cJSON_Delete(root);
-    free(text);
     free(path);
     return st;
 }
@@ -763,10 +595,10 @@ cleanup:
  * train_state.json records for it (a version 1 state has none). */
 static igrad_status_t verify_file(const run_t *r, const char *name)
 {
-    if (r->state_version < 2) return IGRAD_OK;
-    const struct ckpt_file *f = NULL;
-    for (int i = 0; i < r->nfiles && !f; i++)
-        if (!strcmp(r->files[i].name, name)) f = &r->files[i];
+    if (r->state.version < 2) return IGRAD_OK;
+    const train_state_file_t *f = NULL;
+    for (int i = 0; i < r->state.nfiles && !f; i++)
+        if (!strcmp(r->state.files[i].name, name)) f = &r->state.files[i];
     if (!f)
         return trainer_fail(IGRAD_E_FORMAT, "--resume: %s/%s records no checksum for %s",
                             r->ckpt_dir, TRAIN_STATE_FILE, name);
@@ -937,12 +769,12 @@ static igrad_status_t setup_model(run_t *r)
         st = checkpoint_load_model(from, &r->model);
         if (st != IGRAD_OK) return prefix_fail(st, o->resume ? "--resume" : "--init");
         uint64_t h = train_hash_floats(r->model->params, r->model->num_params);
-        if (o->resume && h != r->state_param_hash)
+        if (o->resume && h != r->state.param_hash)
             return trainer_fail(IGRAD_E_MISMATCH,
                                 "--resume: %s/%s: the loaded parameters hash to %016" PRIx64
                                 ", %s records %016" PRIx64 " (not the model of this "
                                 "checkpoint)", from, CHECKPOINT_MODEL_FILE, h, TRAIN_STATE_FILE,
-                                r->state_param_hash);
+                                r->state.param_hash);
         if (r->T > r->model->config.max_seq_len)
             return trainer_fail(IGRAD_E_INVALID,
                                 "--seq-len %d is longer than the model's "
@@ -1124,7 +956,7 @@ static void run_free(run_t *r)
     free(r->vin);
     free(r->vtg);
     free(r->ckpt_dir);
-    free(r->files);
+    train_state_free(&r->state);
 }
 
 /* ------------------------------------------------------------------------ */
