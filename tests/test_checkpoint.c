@@ -384,6 +384,10 @@ static void test_bad_inputs(void **state)
     static const char nul_cfg[] = "{\"model_type\": \"lla\\u0000ma\"}";
     write_file(cfg_path, nul_cfg, strlen(nul_cfg));
     assert_fails_with(checkpoint_load_model(dir, &out), IGRAD_E_FORMAT, cfg_path, "\\u0000");
+    /* a raw NUL byte inside a string: cJSON would read "lla" */
+    static const char nul_byte_cfg[] = "{\"model_type\": \"lla\0ma\"}";
+    write_file(cfg_path, nul_byte_cfg, sizeof nul_byte_cfg - 1);
+    assert_fails_with(checkpoint_load_model(dir, &out), IGRAD_E_FORMAT, cfg_path, "NUL byte");
     /* ... and in a tensor name of the safetensors header */
     static const char nul_header[] =
         "{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";

@@ -938,9 +938,16 @@ static igrad_status_t read_text(const char *path, char **text, size_t *nbytes)
 igrad_status_t checkpoint_json_refuse_nul(const char *path, const char *what, const char *text,
                                           size_t nbytes)
 {
+    size_t line = 0, col = 0;
+    /* cJSON skips a raw NUL as white space and ends a string at one */
+    const char *raw = memchr(text, '\0', nbytes);
+    if (raw) {
+        igrad__text_line_col(text, (size_t)(raw - text), &line, &col);
+        return trainer_fail(IGRAD_E_FORMAT, "%s: %s %zu:%zu: NUL byte, which a JSON text "
+                            "cannot hold", path, what, line, col);
+    }
     size_t str_at = 0, at = igrad__json_find_nul_escape(text, nbytes, &str_at);
     if (at == IGRAD__JSON_NO_NUL) return IGRAD_OK;
-    size_t line = 0, col = 0;
     char excerpt[96];
     igrad__text_line_col(text, at, &line, &col);
     igrad__json_nul_excerpt(text, at, str_at, excerpt, sizeof excerpt);

@@ -62,9 +62,10 @@ igrad_status_t checkpoint_write_safetensors(const char *path, const checkpoint_t
  * rope_theta 10000, rms_norm_eps 1e-6, tie_word_embeddings false).
  * Unsupported options (biases, rope_scaling, another head_dim or
  * hidden_act) are refused. */
-/* Refuses a JSON text that cJSON accepted but whose strings hold a \u0000
- * escape (cJSON would cut the string there): IGRAD_E_FORMAT naming path,
- * line:column and the string. what names the text ("header", ...). */
+/* Refuses a JSON text that cJSON accepted but that holds a NUL byte or a
+ * string with a \u0000 escape (cJSON would skip the byte as white space or
+ * cut the string there): IGRAD_E_FORMAT naming path, line:column and the
+ * string. what names the text ("header", ...). */
 igrad_status_t checkpoint_json_refuse_nul(const char *path, const char *what, const char *text,
                                           size_t nbytes);
 
