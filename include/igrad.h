@@ -1216,7 +1216,7 @@ IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
  *  temporary name and renamed, so a crash never leaves a partial file.
  *  Local (not collective). Format (host byte order, little-endian on
  *  every supported platform):
- *    "IGRADST\0" magic, u32 version (1), u32 rank, u32 size, u32 nitems,
+ *    "IGRADST\0" magic, u32 version (2), u32 rank, u32 size, u32 nitems,
  *    nitems x (u64 value) — the agreement items (layout, profile, config
  *    fields, plan) in the engine's fixed order,
  *    i64 step, i64 steps begun, u64 ntensors, u64 residual count,
@@ -1229,9 +1229,13 @@ IGRAD_API igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine,
 
 /** Reads a state written by igrad_engine_save_state() into an engine built
  *  the same way. Collective: every rank loads its own file; if any rank
- *  fails, every rank fails and no engine changes.
- *  @return IGRAD_E_IO, IGRAD_E_FORMAT (truncated, corrupt: bad magic,
- *  version, sizes or checksum), IGRAD_E_MISMATCH (another layout, profile,
+ *  fails, every rank fails and no engine changes. The file is read once
+ *  and verified whole before the ranks agree; only then are residuals and
+ *  history copied in, from the same bytes.
+ *  @return IGRAD_E_IO, IGRAD_E_FORMAT (truncated or trailing bytes,
+ *  corrupt: bad magic, version, sizes or checksum, duplicated fields that
+ *  disagree — step and call count against their items, the history hash
+ *  against the history —, non-zero padding), IGRAD_E_MISMATCH (another layout, profile,
  *  config or plan: the message names the first differing item, or a
  *  saved rank/size that is not this rank's; or the ranks' files are from
  *  different steps); IGRAD_E_STATE, without any exchange, for a broken
