@@ -78,6 +78,10 @@ static int u0000_in_document(const uint8_t *p, size_t n)
     static const char *const keys[] = {"text", "instruction", "input", "output"};
     for (size_t i = 0; i + 6 <= n; i++) {
         if (!igrad_fuzz_has_u0000(p + i, 6)) continue;
+        /* "\\u0000" is an escaped backslash and the text "u0000" */
+        size_t esc = 0;
+        while (esc < i && p[i - esc - 1] == '\\') esc++;
+        if (esc % 2 != 0) continue;
         /* back to the opening quote of this string */
         size_t q = i;
         while (q > 0) {
