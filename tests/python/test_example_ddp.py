@@ -11,6 +11,8 @@ import sys
 import tempfile
 import unittest
 
+import unittest_main  # noqa: E402 (tests/python, the script's folder)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.environ.get("IGRAD_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(SOURCE_DIR, "examples", "torch_ddp_finetune.py")
@@ -47,4 +49,4 @@ class Example(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    unittest_main.main()

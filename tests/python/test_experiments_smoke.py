@@ -21,6 +21,8 @@ import tempfile
 import time
 import unittest
 
+import unittest_main  # noqa: E402 (tests/python, the script's folder)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.environ.get("IGRAD_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
 EXP = os.path.join(SOURCE_DIR, "experiments")
@@ -277,4 +279,4 @@ class Smoke(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    unittest_main.main(verbosity=2)

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import unittest
 
+import unittest_main  # noqa: E402 (tests/python, the script's folder)
+
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -161,4 +163,4 @@ class ModelVsTorch(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    unittest_main.main(verbosity=2)

@@ -31,6 +31,8 @@ import sys
 import tempfile
 import unittest
 
+import unittest_main  # noqa: E402 (tests/python, the script's folder)
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import igrad_torch_helpers as H  # noqa: E402
 
@@ -511,4 +513,4 @@ class DDPHook(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    unittest_main.main()

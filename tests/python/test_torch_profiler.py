@@ -15,6 +15,8 @@ import sys
 import tempfile
 import unittest
 
+import unittest_main  # noqa: E402 (tests/python, the script's folder)
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import igrad_torch_helpers as H  # noqa: E402
 
@@ -158,4 +160,4 @@ class ProfilerTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    unittest_main.main()
