@@ -52,6 +52,7 @@ import os
 import re
 import tempfile
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -475,12 +476,22 @@ class IgradState:
             raise L.InvalidArgumentError("method %r needs a profile (profile=path or Profile)"
                                          % self.config["method"])
         if isinstance(prof, (str, bytes, os.PathLike)):
-            return Profile.load(os.fspath(prof), self.layout)
-        if prof.layout_hash not in (0, self.layout.hash):
+            prof = Profile.load(os.fspath(prof), self.layout)
+        elif prof.layout_hash not in (0, self.layout.hash):
             raise L.MismatchError(
                 "the profile was made for another model (layout hash 0x%016x, this model's "
                 "is 0x%016x)" % (prof.layout_hash, self.layout.hash))
+        self._warn_profile_settings(prof)
         return prof
+
+    def _warn_profile_settings(self, prof):
+        # Usable, but its importance was measured on another selection (as
+        # `igrad train` warns too).
+        sp, rho = str(self.config["sparsifier"]).lower(), float(self.config["density"])
+        psp, prho = prof.sparsifier, prof.density
+        if psp != sp or abs(prho - rho) > 1e-12 * max(abs(rho), 1.0):
+            warnings.warn("the profile was made with sparsifier %s at density %g; this state "
+                          "uses %s at density %g" % (psp, prho, sp, rho), stacklevel=4)
 
     @property
     def engine(self):

@@ -158,6 +158,22 @@ class ProfilerTest(unittest.TestCase):
                                                                          info["kind"])
             self.assertEqual(plan["every_step"], want, info["name"])
 
+        # a profile made at another density (or sparsifier) works, with a
+        # warning naming both settings
+        import warnings
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            other = it.IgradState(H.TinyLlama(), profile=py_json, method="ig",
+                                  density=DENSITY * 5, sparsifier="topk")
+            other.engine
+        msgs = [str(w.message) for w in seen]
+        self.assertTrue(any("sparsifier adtopk at density %g" % DENSITY in m and
+                            "uses topk at density %g" % (DENSITY * 5) in m for m in msgs), msgs)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            it.IgradState(H.TinyLlama(), profile=py_json, method="ig", density=DENSITY).engine
+        self.assertFalse([w for w in seen if "profile was made" in str(w.message)])
+
 
 if __name__ == "__main__":
     unittest_main.main()
