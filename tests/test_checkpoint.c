@@ -21,6 +21,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -525,6 +526,30 @@ static void test_tidy(void **state)
     assert_false(exists(p));
     snprintf(p, sizeof p, "%s/train_state.json", dir);
     assert_true(exists(p));
+
+    /* A killed save whose process is a zombie (not reaped yet: kill(pid, 0)
+     * still succeeds; in a container whose init never reaps, for good) is
+     * dead too. */
+    pid_t zombie = fork();
+    assert_true(zombie >= 0);
+    if (zombie == 0) _exit(0);
+    char stat_path[64], st[256] = "";
+    snprintf(stat_path, sizeof stat_path, "/proc/%ld/stat", (long)zombie);
+    for (int i = 0; i < 500 && !strstr(st, ") Z"); i++) { /* until it has exited */
+        FILE *fp = fopen(stat_path, "r");
+        if (fp) {
+            size_t n = fread(st, 1, sizeof st - 1, fp);
+            st[n] = '\0';
+            fclose(fp);
+        }
+        nanosleep(&(struct timespec){.tv_nsec = 2000000}, NULL);
+    }
+    assert_non_null(strstr(st, ") Z"));
+    snprintf(p, sizeof p, "%s.tmp.%ld@%s", dir, (long)zombie, hosttag);
+    make_dir_with(p, "model.safetensors");
+    assert_int_equal(checkpoint_tidy(dir, "train_state.json", &recovered), IGRAD_OK);
+    assert_false(exists(p));
+    waitpid(zombie, NULL, 0);
 }
 
 /* The checkpoint checksum: FNV-1a 64 over the size word, then the words

@@ -279,11 +279,23 @@ static int parse_aside(const char *name, const char *base, const char *kind, lon
 }
 
 /* Is process `pid` of this host alive? EPERM: it exists, owned by another
- * user. */
+ * user. A zombie (killed, not yet reaped: in a container whose init does
+ * not reap, it can stay so) is dead: it will never finish its save. */
 static int pid_alive(long pid)
 {
     if (pid == (long)getpid()) return 1;
-    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+    if (pid <= 0) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno != EPERM) return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *fp = fopen(path, "r");
+    if (!fp) return 1; /* no /proc: trust kill() */
+    size_t n = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[n] = '\0';
+    /* "pid (comm) S ...": the state follows the last ')' */
+    const char *rp = strrchr(buf, ')');
+    return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
 }
 
 igrad_status_t checkpoint_tidy(const char *dir, const char *marker, int *recovered)
