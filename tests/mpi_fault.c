@@ -74,6 +74,10 @@ static int me, np;
 
 static int victim;
 static pid_t *pids;
+/* Every rank but the victim: rank 0 resumes the victim only once all of
+ * them have timed out (a survivor that entered the step later would
+ * otherwise see the victim join before its own deadline). */
+static MPI_Comm survivors = MPI_COMM_NULL;
 
 static igrad_layout_t *make_layout(void)
 {
@@ -225,6 +229,7 @@ static void test_stopped_in_buckets(const igrad_layout_t *L)
         CHECK_OK(igrad_engine_end(e, 2, G.g));
     } else {
         expect_timeout(e, &G, "step 2: bucket ");
+        MPI_Barrier(survivors);
         if (me == 0) resume_victim();
     }
     /* inside MPI the abandoned collectives progress until the victim has
@@ -249,6 +254,7 @@ static void test_stopped_before_step(const igrad_layout_t *L)
         CHECK_STATUS(igrad_engine_sync(e, 2, NULL), IGRAD_E_INVALID);
     } else {
         expect_timeout(e, &G, "step 2: agreement: ");
+        MPI_Barrier(survivors);
         if (me == 0) resume_victim();
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -329,12 +335,14 @@ int main(int argc, char **argv)
     for (int r = 0; r < np; r++) pids[r] = (pid_t)all[r];
     free(all);
 
+    MPI_Comm_split(MPI_COMM_WORLD, me == victim ? MPI_UNDEFINED : 0, me, &survivors);
     igrad_layout_t *L = make_layout();
     test_stopped_in_buckets(L);
     test_stopped_before_step(L);
     test_bad_bytes_on_one_rank(L);
     igrad_layout_free(L);
     free(pids);
+    if (survivors != MPI_COMM_NULL) MPI_Comm_free(&survivors);
 
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
