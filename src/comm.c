@@ -15,7 +15,6 @@
  * When the library is built without MPI, igrad_comm_create_mpi() is defined
  * here and reports IGRAD_E_UNSUPPORTED, so the API is the same everywhere.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "comm_internal.h"
 
 #include <float.h>
@@ -23,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* Backends are never handed NULL buffers: a zero-sized operation points
  * at this byte instead, so no backend needs its own NULL special case. */
@@ -41,13 +39,6 @@ igrad_status_t igrad__comm_new(const igrad__comm_vtable_t *vt, const char *backe
     comm->impl = impl;
     *out = comm;
     return IGRAD_OK;
-}
-
-double igrad__comm_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 igrad_status_t igrad__comm_break(igrad_comm_t *comm, igrad_status_t status)

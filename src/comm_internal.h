@@ -73,8 +73,6 @@ struct igrad_comm_request {
  * every later call quotes. Returns `status`. */
 igrad_status_t igrad__comm_break(igrad_comm_t *comm, igrad_status_t status);
 
-/* Seconds on a monotonic clock. */
-double igrad__comm_now_s(void);
 
 /* Allocates a comm around a backend's table and state. On failure `impl`
  * is left to the caller. */

@@ -138,13 +138,13 @@ static igrad_status_t mpi_complete(igrad_comm_t *comm, mpi_request_t *state, con
     if (limit <= 0.0) {
         rc = MPI_Waitall(state->count, state->reqs, MPI_STATUSES_IGNORE);
     } else {
-        double t0 = igrad__comm_now_s();
+        double t0 = igrad__now_ms();
         long sleep_ns = 0;
         for (;;) {
             int flag = 0;
             rc = MPI_Testall(state->count, state->reqs, &flag, MPI_STATUSES_IGNORE);
             if (rc != MPI_SUCCESS || flag) break;
-            double waited = igrad__comm_now_s() - t0;
+            double waited = (igrad__now_ms() - t0) / 1e3;
             if (waited >= limit) {
                 igrad__fail(IGRAD_E_TIMEOUT, __FILE__, __LINE__,
                             "%s did not complete within %g s (a rank is stopped, wedged or "

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define IGRAD__STR2(x) #x
@@ -18,6 +19,13 @@
 static _Thread_local char last_error[1024];
 
 unsigned igrad_version(void) { return IGRAD_VERSION_NUMBER; }
+
+double igrad__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
 
 const char *igrad_version_string(void)
 {

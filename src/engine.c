@@ -37,7 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -310,13 +309,6 @@ void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)
     e->items[IGRAD__ITEM_STEP] = (uint64_t)step;
     e->items[IGRAD__ITEM_CALLS] = (uint64_t)e->calls;
     e->items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->hist);
-}
-
-double igrad__engine_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1575,7 +1567,7 @@ static void zero_grads(igrad_engine_t *e, float *const *grads)
 /* Everything before packing: checks, agreement, gate, selection, plan. */
 static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const *grads)
 {
-    double t0 = igrad__engine_now_ms();
+    double t0 = igrad__now_ms();
     const int64_t *loads = e->stats.bucket_loads;
     memset(&e->stats, 0, sizeof e->stats);
     e->stats.step = step;
@@ -1587,7 +1579,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     igrad_status_t st = local_checks(e, step, grads, &bad);
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
-    double t1 = igrad__engine_now_ms();
+    double t1 = igrad__now_ms();
     int check = e->cfg.verify_every > 0 && e->calls > 0 && e->calls % e->cfg.verify_every == 0;
     igrad__engine_dynamic_items(e, step);
     char context[64];
@@ -1595,7 +1587,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, bad, msg,
                                             e->items, check, context);
     e->calls++;
-    double t2 = igrad__engine_now_ms();
+    double t2 = igrad__now_ms();
     e->stats.select_ms = t1 - t0;
     e->stats.comm_ms = t2 - t1;
     if (ag != IGRAD_OK) {
@@ -1615,11 +1607,11 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
         st = select_all(e, grads);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);
     }
-    double t3 = igrad__engine_now_ms();
+    double t3 = igrad__now_ms();
     e->stats.select_ms += t3 - t2;
     st = plan_step(e);
     if (st != IGRAD_OK) return igrad__engine_break(e, st);
-    e->stats.pack_ms = igrad__engine_now_ms() - t3;
+    e->stats.pack_ms = igrad__now_ms() - t3;
     return IGRAD_OK;
 }
 
@@ -1674,7 +1666,7 @@ static igrad_status_t finish_step(igrad_engine_t *e)
     s->dropped_sumsq = dropped;
     e->last_step = e->cur_step;
     e->state = IGRAD__ENGINE_IDLE;
-    s->total_ms = igrad__engine_now_ms() - e->t_start;
+    s->total_ms = igrad__now_ms() - e->t_start;
     if (e->trace && e->sp != IGRAD_SPARSIFIER_NONE)
         for (size_t t = 0; t < e->ntensors; t++)
             if (e->sent[t])
@@ -1696,9 +1688,9 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
     *buckets = NULL;
     *nbuckets = 0;
     IGRAD_CHECK(step_prepare(e, step, grads));
-    double t0 = igrad__engine_now_ms();
+    double t0 = igrad__now_ms();
     for (size_t j = 0; j < e->nbk; j++) pack_bucket(e, j, grads);
-    e->stats.pack_ms += igrad__engine_now_ms() - t0;
+    e->stats.pack_ms += igrad__now_ms() - t0;
     e->state = IGRAD__ENGINE_BEGUN;
     *buckets = e->desc;
     *nbuckets = e->nbk;
@@ -1718,7 +1710,7 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
     for (size_t t = 0; t < e->ntensors; t++)
         IGRAD_FAIL_IF(!grads[t], IGRAD_E_INVALID, "igrad_engine_end: grads[%zu] (%s) is NULL",
                       t, e->t[t].name);
-    double t0 = igrad__engine_now_ms();
+    double t0 = igrad__now_ms();
     zero_grads(e, grads);
     for (size_t j = 0; j < e->nbk; j++) {
         igrad_status_t st = unpack_bucket(e, j, grads);
@@ -1727,7 +1719,7 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
             return igrad__engine_break(e, st);
         }
     }
-    e->stats.unpack_ms = igrad__engine_now_ms() - t0;
+    e->stats.unpack_ms = igrad__now_ms() - t0;
     return finish_step(e);
 }
 
@@ -1769,9 +1761,9 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
     size_t issued = 0, done = 0;
     int zeroed = 0;
     for (size_t j = 0; j < e->nbk && st == IGRAD_OK; j++) {
-        a = igrad__engine_now_ms();
+        a = igrad__now_ms();
         pack_bucket(e, j, grads);
-        b = igrad__engine_now_ms();
+        b = igrad__now_ms();
         pack_ms += b - a;
         const igrad_bucket_t *d = &e->desc[j];
         if (d->kind == IGRAD_BUCKET_GATHER)
@@ -1779,7 +1771,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         else
             st = igrad_comm_iallreduce(e->comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
                                        IGRAD_REDUCE_SUM, &e->bk[j].req);
-        a = igrad__engine_now_ms();
+        a = igrad__now_ms();
         comm_ms += a - b;
         if (st != IGRAD_OK) {
             st = keep_first(bucket_failed(e, j, st), smsg, sizeof smsg);
@@ -1790,7 +1782,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             /* while the first bucket is in flight */
             zero_grads(e, grads);
             zeroed = 1;
-            b = igrad__engine_now_ms();
+            b = igrad__now_ms();
             unpack_ms += b - a;
             a = b;
         }
@@ -1805,7 +1797,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             if (!ready) break;
             st = igrad_comm_wait(e->comm, e->bk[done].req);
             e->bk[done].req = NULL;
-            b = igrad__engine_now_ms();
+            b = igrad__now_ms();
             comm_ms += b - a;
             if (st != IGRAD_OK) {
                 st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
@@ -1813,28 +1805,28 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             }
             if (ust == IGRAD_OK) ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
             done++;
-            a = igrad__engine_now_ms();
+            a = igrad__now_ms();
             unpack_ms += a - b;
         }
     }
     if (st == IGRAD_OK && !zeroed) {
-        a = igrad__engine_now_ms();
+        a = igrad__now_ms();
         zero_grads(e, grads);
-        unpack_ms += igrad__engine_now_ms() - a;
+        unpack_ms += igrad__now_ms() - a;
     }
     /* After a failure the remaining requests are still waited for: on a
      * comm broken by a timeout that only releases them. */
     while (done < issued) {
-        a = igrad__engine_now_ms();
+        a = igrad__now_ms();
         igrad_status_t ws = igrad_comm_wait(e->comm, e->bk[done].req);
         e->bk[done].req = NULL;
-        b = igrad__engine_now_ms();
+        b = igrad__now_ms();
         comm_ms += b - a;
         if (ws != IGRAD_OK && st == IGRAD_OK)
             st = keep_first(bucket_failed(e, done, ws), smsg, sizeof smsg);
         if (st == IGRAD_OK && ust == IGRAD_OK) {
             ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
-            unpack_ms += igrad__engine_now_ms() - b;
+            unpack_ms += igrad__now_ms() - b;
         }
         done++;
     }

@@ -238,7 +238,5 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
                                    const char *local_msg, const uint64_t *items,
                                    int check_items, const char *context);
 
-/* Milliseconds on a monotonic clock. */
-double igrad__engine_now_ms(void);
 
 #endif /* IGRAD_ENGINE_INTERNAL_H */

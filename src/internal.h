@@ -57,6 +57,9 @@ igrad_status_t igrad__fail(igrad_status_t status, const char *file, int line,
 /* FNV-1a, 64-bit. Chain calls by passing the previous result as `h`;
  * start from IGRAD__HASH_SEED. Stable across platforms and runs. */
 #define IGRAD__HASH_SEED 0xcbf29ce484222325ULL
+/* Milliseconds on a monotonic clock (step timings, collective deadlines). */
+double igrad__now_ms(void);
+
 uint64_t igrad__hash_bytes(uint64_t h, const void *data, size_t nbytes);
 uint64_t igrad__hash_str(uint64_t h, const char *s);   /* includes the NUL */
 uint64_t igrad__hash_i64(uint64_t h, int64_t v);       /* little-endian bytes */
