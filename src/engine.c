@@ -1738,25 +1738,25 @@ static igrad_status_t bucket_failed(const igrad_engine_t *e, size_t j, igrad_sta
                        j + 1, e->nbk, msg);
 }
 
-/* igrad_engine_sync after the argument checks, under the config's timeout.
- * Once a bucket has bad bytes nothing more is unpacked, but every bucket is
- * still issued and waited for, so this rank makes the same collectives as
- * the others (who see the same bytes and fail at the same bucket). */
+/* Keeps the message of a step's first failure in buf: waiting out the
+ * remaining requests records later ones. */
 static igrad_status_t keep_first(igrad_status_t st, char *buf, size_t nbytes)
 {
     if (st != IGRAD_OK && !buf[0]) snprintf(buf, nbytes, "%s", igrad_last_error());
     return st;
 }
 
+/* igrad_engine_sync after the argument checks, under the config's timeout.
+ * Once a bucket has bad bytes nothing more is unpacked, but every bucket is
+ * still issued and waited for, so this rank makes the same collectives as
+ * the others (who see the same bytes and fail at the same bucket). */
 static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *grads)
 {
     IGRAD_CHECK(step_prepare(e, step, grads));
 
     igrad_status_t st = IGRAD_OK;  /* the collectives */
     igrad_status_t ust = IGRAD_OK; /* unpacking */
-    /* the first failure's message: waiting out the remaining requests
-     * records later ones */
-    char smsg[1024] = "", umsg[1024] = "";
+    char smsg[1024] = "", umsg[1024] = ""; /* their first failures (keep_first) */
     double pack_ms = 0.0, comm_ms = 0.0, unpack_ms = 0.0, a, b;
     size_t issued = 0, done = 0;
     int zeroed = 0;
