@@ -33,6 +33,7 @@
 #endif
 
 #include "checkpoint.h"
+#include "internal.h" /* libigrad's FNV-1a (igrad__hash_bytes) */
 #include "data.h"
 #include "metrics.h"
 #include "train_state.h"
@@ -128,14 +129,7 @@ static igrad_status_t data_fail(const data_error_t *err)
 
 uint64_t train_hash_floats(const float *x, int64_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    const unsigned char *p = (const unsigned char *)x;
-    size_t nbytes = (size_t)n * sizeof *x;
-    for (size_t i = 0; i < nbytes; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
+    return igrad__hash_bytes(IGRAD__HASH_SEED, x, (size_t)n * sizeof *x);
 }
 
 /* Every rank passes its own status; all ranks return the status of the
@@ -195,15 +189,6 @@ typedef struct opt_list {
     opt_slot_t slot[OPT_MAX];
 } opt_list_t;
 
-static uint64_t fnv_bytes(uint64_t h, const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
 
 static void opt_add(opt_list_t *l, const char *name, const char *value)
 {
@@ -212,7 +197,7 @@ static void opt_add(opt_list_t *l, const char *name, const char *value)
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "%s", name);
     size_t len = strlen(value);
-    s->hash = fnv_bytes(fnv_bytes(0xcbf29ce484222325ULL, name, strlen(name) + 1), value, len);
+    s->hash = igrad__hash_bytes(igrad__hash_str(IGRAD__HASH_SEED, name), value, len);
     if (len < sizeof s->value) memcpy(s->value, value, len + 1);
     else snprintf(s->value, sizeof s->value, "%.*s...", (int)sizeof s->value - 4, value);
 }
@@ -319,8 +304,8 @@ static igrad_status_t agree_options(igrad_comm_t *comm, const train_options_t *o
     if (st == IGRAD_OK) run_defining_options(o, mine);
     /* An allocation failure must not skip the collectives: agree first. */
     if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (int i = 0; i < mine->n; i++) h = fnv_bytes(h, &mine->slot[i].hash, sizeof(uint64_t));
+    uint64_t h = IGRAD__HASH_SEED;
+    for (int i = 0; i < mine->n; i++) h = igrad__hash_bytes(h, &mine->slot[i].hash, sizeof(uint64_t));
     if ((st = igrad_comm_allgather(comm, &h, sizeof h, hashes)) != IGRAD_OK) {
         st = lib_fail(st, "comparing options across ranks");
         goto cleanup;
