@@ -27,39 +27,16 @@
 
 #include "igrad.h"
 
-static int failures;
-static int me, np;
+#include "mpi_util.h"
 
-#define CT_REQUIRE(cond)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "[rank %d] %s:%d: required: %s (%s)\n", me, __FILE__, __LINE__, \
-                    #cond, igrad_last_error());                                           \
-            MPI_Abort(MPI_COMM_WORLD, 2);                                                 \
-        }                                                                                 \
-    } while (0)
+/* contract_model.h's hooks: the MPI side's REQUIRE and a rank-tagged report */
+#define CT_REQUIRE(cond) REQUIRE(cond)
 #define CT_REPORT(...)                     \
     do {                                   \
         fprintf(stderr, "[rank %d] ", me); \
         fprintf(stderr, __VA_ARGS__);      \
     } while (0)
 #include "contract_model.h"
-
-#define CHECK(cond, ...)                                                             \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            failures++;                                                              \
-            fprintf(stderr, "[rank %d] %s:%d: %s: ", me, __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fputc('\n', stderr);                                                     \
-        }                                                                            \
-    } while (0)
-#define CHECK_OK(call)                                                                   \
-    do {                                                                                 \
-        igrad_status_t s_ = (call);                                                      \
-        CHECK(s_ == IGRAD_OK, "%s returned %d (%s): %s", #call, (int)s_,                 \
-              igrad_status_str(s_), igrad_last_error());                                 \
-    } while (0)
 
 /* u16 rows and flat tensors, a u32 flat tensor (70000) and u32 rows (70000
  * columns). */

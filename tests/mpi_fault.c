@@ -38,36 +38,7 @@
 #include "engine_internal.h" /* IGRAD__NITEMS: the agreement exchange's size */
 #include "igrad.h"
 
-static int failures;
-static int me, np;
-
-#define CHECK(cond, ...)                                                               \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            failures++;                                                                \
-            fprintf(stderr, "[rank %d] %s:%d: %s: ", me, __FILE__, __LINE__, #cond);   \
-            fprintf(stderr, __VA_ARGS__);                                              \
-            fputc('\n', stderr);                                                       \
-        }                                                                              \
-    } while (0)
-
-#define CHECK_STATUS(call, want)                                                       \
-    do {                                                                               \
-        igrad_status_t s_ = (call);                                                    \
-        CHECK(s_ == (want), "%s returned %d (%s), expected %d; last error: %s", #call, \
-              (int)s_, igrad_status_str(s_), (int)(want), igrad_last_error());         \
-    } while (0)
-
-#define CHECK_OK(call) CHECK_STATUS(call, IGRAD_OK)
-
-#define REQUIRE(cond)                                                                   \
-    do {                                                                                \
-        if (!(cond)) {                                                                  \
-            fprintf(stderr, "[rank %d] %s:%d: required: %s (%s)\n", me, __FILE__, __LINE__, \
-                    #cond, igrad_last_error());                                         \
-            MPI_Abort(MPI_COMM_WORLD, 2);                                               \
-        }                                                                               \
-    } while (0)
+#include "mpi_util.h"
 
 #define TIMEOUT_S 2.0
 #define BOUND_S 10.0 /* what "within about the timeout" must mean even on a loaded machine */
