@@ -47,6 +47,7 @@ static void usage(FILE *fp)
 "optimization:\n"
 "  --steps N (100)  --lr X (1e-3)  --min-lr X (1e-4)  --warmup N (0)\n"
 "  --weight-decay X (0.1)  --clip X (1.0; 0 = off)  --seed S (1337)\n"
+"  --beta1 X (0.9)  --beta2 X (0.95)   AdamW's moment decay rates\n"
 "  --threads N                 OpenMP/OpenBLAS threads per rank (default\n"
 "                              $OMP_NUM_THREADS, else cores / ranks on this node)\n"
 "synchronization:\n"
@@ -189,6 +190,8 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         F64_OPT("--min-lr", optim.min_lr)
         F64_OPT("--weight-decay", optim.weight_decay)
         F64_OPT("--clip", optim.grad_clip)
+        F64_OPT("--beta1", optim.beta1)
+        F64_OPT("--beta2", optim.beta2)
         F64_OPT("--density", density)
         F64_OPT("--comm-timeout", comm_timeout_s)
         F64_OPT("--release-keep", release_keep)

@@ -254,8 +254,8 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_i64(l, "--warmup", o->optim.warmup_steps);
     opt_add_f64(l, "--weight-decay", o->optim.weight_decay);
     opt_add_f64(l, "--clip", o->optim.grad_clip);
-    opt_add_f64(l, "beta1", o->optim.beta1);
-    opt_add_f64(l, "beta2", o->optim.beta2);
+    opt_add_f64(l, "--beta1", o->optim.beta1);
+    opt_add_f64(l, "--beta2", o->optim.beta2);
     opt_add_f64(l, "eps", o->optim.eps);
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, o->seed);
@@ -1317,6 +1317,8 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddNumberToObject(cfg, "min_lr", r->ocfg.min_lr);
     cJSON_AddNumberToObject(cfg, "warmup", (double)r->ocfg.warmup_steps);
     cJSON_AddNumberToObject(cfg, "weight_decay", r->ocfg.weight_decay);
+    cJSON_AddNumberToObject(cfg, "beta1", r->ocfg.beta1);
+    cJSON_AddNumberToObject(cfg, "beta2", r->ocfg.beta2);
     cJSON_AddNumberToObject(cfg, "clip", r->ocfg.grad_clip);
     cJSON_AddNumberToObject(cfg, "seed", (double)o->seed);
     cJSON_AddNumberToObject(cfg, "threads", o->threads);
