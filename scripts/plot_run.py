@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """plot_run.py — plots of `igrad train` runs: validation loss per evaluation
-and payload bytes per step, one line per run, side by side in one PNG.
+and payload bytes per step, side by side in one PNG. Runs with the same
+method (several seeds) are one line, their mean, with a band from the
+lowest to the highest run; bytes are drawn from the first run of each.
 
 Usage: /usr/bin/python3 scripts/plot_run.py --out demo.png [--title T] RUN_DIR...
 
@@ -47,19 +49,32 @@ def main():
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    fig, (ax_loss, ax_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
+    # Runs with the same label (one method, several seeds) are one line:
+    # the mean over the runs, with a band from the lowest to the highest.
+    groups = {}
     for run in args.runs:
-        label = label_of(run)
         try:
             evals = read_csv(os.path.join(run, "eval.csv"))
             steps = read_csv(os.path.join(run, "metrics.csv"))
         except OSError as e:
             print(f"plot_run: {run}: {e}", file=sys.stderr)
             return 1
-        ax_loss.plot([as_float(r["step"]) for r in evals],
-                     [as_float(r["val_loss"]) for r in evals], marker="o", ms=3, label=label)
-        ax_bytes.plot([as_float(r["step"]) for r in steps],
-                      [as_float(r["payload_bytes"]) for r in steps], lw=1, label=label)
+        groups.setdefault(label_of(run), []).append((evals, steps))
+
+    fig, (ax_loss, ax_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, members in groups.items():
+        curves = [{as_float(r["step"]): as_float(r["val_loss"]) for r in ev} for ev, _ in members]
+        xs = sorted(set.intersection(*(set(c) for c in curves)))
+        ys = [[c[x] for c in curves] for x in xs]
+        n = len(members)
+        line, = ax_loss.plot(xs, [sum(y) / n for y in ys], marker="o", ms=3,
+                             label=label if n == 1 else f"{label} (mean of {n})")
+        if n > 1:
+            ax_loss.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys],
+                                 color=line.get_color(), alpha=0.15, lw=0)
+        st = members[0][1]
+        ax_bytes.plot([as_float(r["step"]) for r in st],
+                      [as_float(r["payload_bytes"]) for r in st], lw=1, label=label)
 
     ax_loss.set_xlabel("optimizer steps")
     ax_loss.set_ylabel("validation loss (nats/byte)")

@@ -1,0 +1,206 @@
+#!/usr/bin/python3
+"""demo_summary.py — the table, summary.json and summary.md of `make demo`
+from its runs: one `igrad train --out` directory per method and seed.
+
+Usage: demo_summary.py --out DIR --seeds S[,S...] --methods M[,M...]
+                       [--workload W] [--ranks P] [--steps N]
+
+Reads DIR/<method>/seed<S>/summary.json for every method and seed and
+writes DIR/summary.json, DIR/summary.md (both replaced atomically) and
+prints the table. Every comparison is over all seeds: a method's val loss
+is the mean over seeds with its spread (min..max), and each ratio to a
+reference (payload or val loss against the same sparsifier's *_sync, val
+loss against dense) is also given paired by seed (the same seed shares the
+data order and initial state, so per-seed ratios are far tighter than the
+spread between seeds). Needs only the standard library. Not here: running
+anything (scripts/demo), plots (scripts/plot_run.py).
+"""
+import argparse
+import json
+import os
+import sys
+
+SYNC_OF = {"topk": "topk_sync", "adtopk": "adtopk_sync"}
+# The promise and its thresholds (docs/architecture.md, README).
+TARGET = {"ig_payload_ratio_max": 0.25, "ig_val_loss_ratio_max": 1.00,
+          "sparse_val_loss_ratio_to_dense_max": 1.01}
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def spread(xs):
+    return {"min": min(xs), "max": max(xs)}
+
+
+def load_runs(out, methods, seeds):
+    runs = {}
+    for m in methods:
+        for s in seeds:
+            path = os.path.join(out, m, f"seed{s}", "summary.json")
+            try:
+                with open(path) as f:
+                    runs[(m, s)] = json.load(f)
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"demo_summary: {path}: {e}")
+            if not runs[(m, s)].get("complete", False):
+                raise SystemExit(f"demo_summary: {path}: the run did not complete")
+    return runs
+
+
+def paired(runs, m, ref, seeds, key):
+    """Per-seed ratio key(m) / key(ref), with their mean and spread."""
+    vals = []
+    for s in seeds:
+        a, b = key(runs[(m, s)]), key(runs[(ref, s)])
+        if a is None or b is None or b == 0:
+            return None
+        vals.append(a / b)
+    return {"seeds": vals, "mean": mean(vals), **spread(vals)}
+
+
+def val_loss(s):
+    return s["final"]["val_loss"]
+
+
+def payload(s):
+    return s["payload_bytes_per_step"]
+
+
+def task_acc(s):
+    return s["final"].get("task_accuracy")
+
+
+def summarize(out, methods, seeds, workload, ranks, steps):
+    runs = load_runs(out, methods, seeds)
+    res = {}
+    for m in methods:
+        first = runs[(m, seeds[0])]
+        losses = [val_loss(runs[(m, s)]) for s in seeds]
+        r = {"val_loss": mean(losses), "val_loss_seeds": losses,
+             "val_loss_spread": spread(losses),
+             "payload_bytes_per_step": mean([payload(runs[(m, s)]) for s in seeds]),
+             "sync_ms_per_step": mean([runs[(m, s)]["sync_ms_per_step"] for s in seeds]),
+             "tokens_per_s": mean([runs[(m, s)]["tokens_per_s"] for s in seeds]),
+             "wall_s": sum(runs[(m, s)].get("wall_s", 0.0) for s in seeds)}
+        accs = [task_acc(runs[(m, s)]) for s in seeds]
+        if all(a is not None for a in accs):
+            r["task_accuracy"] = mean(accs)
+            r["task_accuracy_seeds"] = accs
+        fimp = [runs[(m, s)].get("f_imp") for s in seeds]
+        if all(f is not None for f in fimp):
+            r["f_imp"] = mean(fimp)
+            kappa = first["config"]["sync"].get("release_keep")
+            if m == "ig" and kappa is not None:
+                r["release_keep"] = kappa
+                r["model_ratio"] = r["f_imp"] + kappa * (1 - r["f_imp"])
+        ref = SYNC_OF.get(first["config"]["sync"].get("sparsifier"))
+        if ref in methods and ref != m:
+            r["ratio_to_sync"] = paired(runs, m, ref, seeds, payload)
+            r["val_loss_ratio_to_sync"] = paired(runs, m, ref, seeds, val_loss)
+        if "dense" in methods and m != "dense":
+            r["val_loss_ratio_to_dense"] = paired(runs, m, "dense", seeds, val_loss)
+        res[m] = r
+    summary = {"ranks": ranks, "steps": steps, "workload": workload, "seeds": seeds,
+               "methods": res}
+    if "ig" in res and "adtopk_sync" in res and "ratio_to_sync" in res["ig"]:
+        ig = res["ig"]
+        t = dict(TARGET)
+        t["ig_payload_ratio"] = ig["ratio_to_sync"]["mean"]
+        t["ig_val_loss_ratio"] = ig["val_loss_ratio_to_sync"]["mean"]
+        t["ig_val_loss_ratio_seeds"] = ig["val_loss_ratio_to_sync"]["seeds"]
+        t["payload_met"] = t["ig_payload_ratio"] <= t["ig_payload_ratio_max"]
+        t["val_loss_met"] = t["ig_val_loss_ratio"] <= t["ig_val_loss_ratio_max"]
+        if "dense" in res:
+            worst = {m: r["val_loss_ratio_to_dense"]["mean"] for m, r in res.items()
+                     if "val_loss_ratio_to_dense" in r}
+            t["sparse_val_loss_ratio_to_dense"] = worst
+            t["tracks_dense_met"] = all(v <= t["sparse_val_loss_ratio_to_dense_max"]
+                                        for v in worst.values())
+        t["met"] = all(v for k, v in t.items() if k.endswith("_met"))
+        summary["target"] = t
+    return summary
+
+
+def fmt_bytes(b):
+    for u in ("B", "KiB", "MiB", "GiB"):
+        if b < 1024 or u == "GiB":
+            return f"{b:.0f} {u}" if u == "B" else f"{b:.1f} {u}"
+        b /= 1024
+
+
+def table(summary):
+    head = ["method", "val loss (mean)", "spread", "vs dense", "task acc", "payload/step",
+            "ratio to *_sync", "f_imp", "sync ms/step", "tokens/s"]
+    rows = []
+    for m, r in summary["methods"].items():
+        sp = r["val_loss_spread"]
+        vd = r.get("val_loss_ratio_to_dense")
+        rs = r.get("ratio_to_sync")
+        rows.append([m, f"{r['val_loss']:.4f}", f"{sp['min']:.4f}..{sp['max']:.4f}",
+                     f"{vd['mean']:.4f}" if vd else "-",
+                     f"{r['task_accuracy']:.3f}" if "task_accuracy" in r else "-",
+                     fmt_bytes(r["payload_bytes_per_step"]),
+                     f"{rs['mean']:.3f}" if rs else "-",
+                     f"{r['f_imp']:.3f}" if "f_imp" in r else "-",
+                     f"{r['sync_ms_per_step']:.2f}", f"{r['tokens_per_s']:.0f}"])
+    return head, rows
+
+
+def target_line(t):
+    line = (f"Target: ig payload {t['ig_payload_ratio']:.3f} x adtopk_sync (<= "
+            f"{t['ig_payload_ratio_max']}), ig val loss {t['ig_val_loss_ratio']:.4f} x adtopk_sync "
+            f"(<= {t['ig_val_loss_ratio_max']:.2f}; per seed "
+            + ", ".join(f"{v:.4f}" for v in t["ig_val_loss_ratio_seeds"]) + ")")
+    if "sparse_val_loss_ratio_to_dense" in t:
+        line += (", sparse vs dense " + ", ".join(
+            f"{m} {v:.4f}" for m, v in t["sparse_val_loss_ratio_to_dense"].items())
+            + f" (<= {t['sparse_val_loss_ratio_to_dense_max']})")
+    return line + (": met" if t["met"] else ": NOT met")
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)  # never a half-written summary under the name
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seeds", required=True)
+    ap.add_argument("--methods", required=True)
+    ap.add_argument("--workload", default="")
+    ap.add_argument("--ranks", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=0)
+    a = ap.parse_args(argv)
+    seeds = [int(s) for s in a.seeds.split(",") if s]
+    methods = [m for m in a.methods.split(",") if m]
+    summary = summarize(a.out, methods, seeds, a.workload, a.ranks, a.steps)
+    write_atomic(os.path.join(a.out, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    head, rows = table(summary)
+    w = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    print()
+    print(f"igrad demo: post-training on {a.workload}, {a.ranks} ranks, {a.steps} steps, "
+          f"seeds {', '.join(map(str, seeds))} (val loss: mean over seeds; vs dense and "
+          f"ratio to *_sync: mean of per-seed ratios)")
+    print("  ".join(h.ljust(w[i]) if i == 0 else h.rjust(w[i]) for i, h in enumerate(head)))
+    for row in rows:
+        print("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(row)))
+    md = [f"Post-training on `{a.workload}`, {a.ranks} ranks, {a.steps} steps, seeds "
+          f"{', '.join(map(str, seeds))} (measured by `make demo`; val loss is the mean over "
+          f"seeds, ratios are means of per-seed ratios).", "",
+          "| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    md += ["| " + " | ".join(row) + " |" for row in rows]
+    if "target" in summary:
+        line = target_line(summary["target"])
+        print(line)
+        md += ["", line]
+    write_atomic(os.path.join(a.out, "summary.md"), "\n".join(md) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

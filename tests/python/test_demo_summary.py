@@ -1,0 +1,118 @@
+"""test_demo_summary.py — scripts/demo_summary.py (the table and summary.json
+of `make demo`): means over seeds, per-seed paired ratios to the same
+sparsifier's *_sync and to dense, task accuracy, the target block and its
+met/not-met verdict, refusal of an incomplete or missing run, and atomic
+files. Run summaries are written here with chosen numbers; the expected
+values are computed in the test by hand, not by the script's helpers.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import unittest_main  # noqa: E402 (tests/python, the script's folder)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.environ.get("IGRAD_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
+SCRIPT = os.path.join(SOURCE_DIR, "scripts", "demo_summary.py")
+
+SEEDS = [1, 2, 3]
+# method -> (sparsifier, per-seed val loss, per-seed payload, per-seed task accuracy, f_imp)
+RUNS = {
+    "dense": ("none", [2.00, 2.10, 1.90], [1000, 1000, 1000], [0.50, 0.40, 0.60], None),
+    "adtopk_sync": ("adtopk", [2.01, 2.11, 1.91], [100, 100, 100], [0.45, 0.35, 0.55], None),
+    "ig": ("adtopk", [2.00, 2.12, 1.90], [20, 22, 24], [0.46, 0.36, 0.50], 0.1),
+}
+
+
+def write_run(root, method, seed_i, complete=True):
+    sp, loss, pay, acc, fimp = RUNS[method]
+    d = os.path.join(root, method, f"seed{SEEDS[seed_i]}")
+    os.makedirs(d, exist_ok=True)
+    s = {"method": method, "complete": complete, "payload_bytes_per_step": pay[seed_i],
+         "sync_ms_per_step": 1.0, "tokens_per_s": 100.0, "wall_s": 10.0, "f_imp": fimp,
+         "config": {"sync": {"sparsifier": sp, "release_keep": 0.1}},
+         "final": {"val_loss": loss[seed_i], "task_accuracy": acc[seed_i]}}
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump(s, f)
+
+
+def run(root, methods="dense,adtopk_sync,ig"):
+    return subprocess.run([sys.executable, SCRIPT, "--out", root, "--seeds", "1,2,3",
+                           "--methods", methods, "--workload", "w", "--ranks", "2",
+                           "--steps", "5"], capture_output=True, text=True)
+
+
+class DemoSummary(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = self.tmp.name
+        for m in RUNS:
+            for i in range(3):
+                write_run(self.root, m, i)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_means_pairs_and_target(self):
+        p = run(self.root)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = json.load(open(os.path.join(self.root, "summary.json")))
+        self.assertEqual(s["seeds"], SEEDS)
+        ig = s["methods"]["ig"]
+        self.assertAlmostEqual(ig["val_loss"], (2.00 + 2.12 + 1.90) / 3)
+        self.assertEqual(ig["val_loss_seeds"], [2.00, 2.12, 1.90])
+        self.assertAlmostEqual(ig["payload_bytes_per_step"], 22.0)
+        self.assertAlmostEqual(ig["task_accuracy"], (0.46 + 0.36 + 0.50) / 3)
+        pr = [20 / 100, 22 / 100, 24 / 100]
+        for a, b in zip(ig["ratio_to_sync"]["seeds"], pr):
+            self.assertAlmostEqual(a, b)
+        self.assertAlmostEqual(ig["ratio_to_sync"]["mean"], sum(pr) / 3)
+        lr = [2.00 / 2.01, 2.12 / 2.11, 1.90 / 1.91]
+        self.assertAlmostEqual(ig["val_loss_ratio_to_sync"]["mean"], sum(lr) / 3)
+        self.assertAlmostEqual(ig["val_loss_ratio_to_sync"]["max"], 2.12 / 2.11)
+        self.assertAlmostEqual(ig["model_ratio"], 0.1 + 0.1 * 0.9)
+        self.assertNotIn("ratio_to_sync", s["methods"]["adtopk_sync"])
+        ad = s["methods"]["adtopk_sync"]["val_loss_ratio_to_dense"]
+        self.assertAlmostEqual(ad["mean"], (2.01 / 2.00 + 2.11 / 2.10 + 1.91 / 1.90) / 3)
+        t = s["target"]
+        self.assertTrue(t["payload_met"])       # 0.22 <= 0.25
+        self.assertTrue(t["val_loss_met"])      # mean paired ratio 0.9982 <= 1.00
+        self.assertTrue(t["tracks_dense_met"])  # worst mean 1.0050 <= 1.01
+        self.assertTrue(t["met"])
+        self.assertIn(": met", p.stdout)
+        self.assertTrue(os.path.exists(os.path.join(self.root, "summary.md")))
+        self.assertFalse([f for f in os.listdir(self.root) if f.endswith(".tmp")])
+
+    def test_not_met_when_payload_above_a_quarter(self):
+        RUNS_IG = RUNS["ig"]
+        try:
+            RUNS["ig"] = (RUNS_IG[0], RUNS_IG[1], [30, 30, 30], RUNS_IG[3], RUNS_IG[4])
+            for i in range(3):
+                write_run(self.root, "ig", i)
+        finally:
+            RUNS["ig"] = RUNS_IG
+        p = run(self.root)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        t = json.load(open(os.path.join(self.root, "summary.json")))["target"]
+        self.assertFalse(t["payload_met"])
+        self.assertFalse(t["met"])
+        self.assertIn("NOT met", p.stdout)
+
+    def test_incomplete_or_missing_run_is_refused(self):
+        write_run(self.root, "ig", 1, complete=False)
+        p = run(self.root)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(os.path.join("ig", "seed2", "summary.json"), p.stderr)
+        self.assertIn("did not complete", p.stderr)
+        write_run(self.root, "ig", 1)
+        p = run(self.root, "dense,adtopk_sync,ig,topk_sync")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(os.path.join("topk_sync", "seed1"), p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "summary.json")))
+
+
+if __name__ == "__main__":
+    unittest_main.main()
