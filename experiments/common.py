@@ -617,32 +617,37 @@ class Experiment:
             return False
 
     # ---- the base ----
-    def base(self):
+    def base(self, size=None):
         """The checkpoint every post-train starts from: --base, or a base
-        pretrained once per mode (dense, on Brown genres other than the
-        workloads) and cached under exp_shared."""
-        if self.base_given:
+        pretrained once per mode and model size (dense, on Brown genres
+        other than the workloads) and cached under exp_shared. size=None:
+        the mode's (or --size's) preset."""
+        size = size or self.cfg["size"]
+        if self.base_given and size == self.cfg["size"]:
             return self.base_given
-        if getattr(self, "_base", None):
-            return self._base
+        bases = self.__dict__.setdefault("_bases", {})
+        if size in bases:
+            return bases[size]
         c = self.cfg
         data = "gen:base" if self.mode == "smoke" else BASE_DATA
-        run = self.train("base", "dense", data, seed=1337, steps=c["base_steps"],
-                         size=c["size"], lr=c["base_lr"], min_lr=c["base_lr"] / 10,
+        run = self.train("base" if size == c["size"] else f"base-{size}", "dense", data,
+                         seed=1337, steps=c["base_steps"],
+                         size=size, lr=c["base_lr"], min_lr=c["base_lr"] / 10,
                          warmup=max(1, c["base_steps"] // 10),
                          eval_every=max(1, c["base_steps"] // 3), keep_checkpoint=True)
         self.used.pop()  # the base is not one of the RQ's runs
         ckpt = os.path.join(run.path, "checkpoint")
         self.check_checkpoint(ckpt)
-        self._base = ckpt
+        bases[size] = ckpt
         return ckpt
 
     # ---- profiles ----
-    def profiling_run(self, data, seed=1, steps=None, label=None):
-        """The adtopk_sync post-train that records rank 0's activity trace."""
+    def profiling_run(self, data, seed=1, steps=None, label=None, init=None):
+        """The adtopk_sync post-train that records rank 0's activity trace
+        (from `init`, default the shared base)."""
         steps = steps or self.cfg["profile_steps"]
         run = self.train(label or f"profile-{self.label_of(data)}-s{seed}", "adtopk_sync", data,
-                         seed=seed, steps=steps, trace=True, eval_every=0)
+                         seed=seed, steps=steps, trace=True, eval_every=0, init=init)
         return run
 
     def build_profile(self, trace, method="knee", window=None, tag=None):

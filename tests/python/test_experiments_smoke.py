@@ -79,11 +79,23 @@ FILES = {
         "png": ["curves.png", "network.png"],
     },
 }
+FILES["frontier"] = {
+    "screen.csv": "workload,size,partition,release_keep,release_period,n_important,n_components,"
+                  "f_imp,model_ratio,payload_ratio,trained",
+    "results.csv": "workload,size,config,partition,release_keep,release_period,seed,f_imp,"
+                   "val_loss,ref_val_loss,val_loss_ratio,task_accuracy,payload_bytes_per_step,"
+                   "payload_ratio",
+    "summary.csv": "workload,size,config,seeds,f_imp,payload_ratio,val_loss_mean,val_loss_std,"
+                   "val_loss_ratio_mean,val_loss_ratio_min,val_loss_ratio_max,met",
+    "runs.csv": "label,method,run_dir",
+    "png": ["frontier.png"],
+}
 # Rows each results table must hold in smoke mode (one seed).
 ROWS = {("rq2_partition_ablation", "results.csv"): 8,    # 2 references + 6 partitions
         ("rq3_release_frequency", "results.csv"): 11,    # adtopk_sync + 5 R x 2 residuals
         ("rq4_packing_ablation", "results.csv"): 6,      # iad + 5 policies
-        ("rq5_adtopk_e2e", "results.csv"): 5}            # 5 methods
+        ("rq5_adtopk_e2e", "results.csv"): 5,            # 5 methods
+        ("frontier", "screen.csv"): 4}                   # 2 workloads x 2 grid points
 
 
 def have_mpirun():
