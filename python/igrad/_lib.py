@@ -213,7 +213,9 @@ class Config(ctypes.Structure):
                 ("buckets", ctypes.c_int), ("block_entries", ctypes.c_int64),
                 ("risk_lambda", ctypes.c_double), ("verify_every", ctypes.c_int64),
                 ("value_dtype", c_enum), ("index_dtype", c_enum), ("collective", c_enum),
-                ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double)]
+                ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double),
+                ("profile_steps", ctypes.c_int64), ("profile_alpha", ctypes.c_double),
+                ("profile_partition", ctypes.c_char_p)]
 
 
 class Bucket(ctypes.Structure):

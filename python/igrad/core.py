@@ -567,6 +567,7 @@ CONFIG_DEFAULTS = {
     "pack": "contiguous", "buckets": 4, "block_entries": 16384, "risk_lambda": 1.0,
     "verify_every": 100, "value_dtype": "F32", "index_dtype": "U16", "collective": "auto",
     "threads": 0, "timeout_s": 300.0,
+    "profile_steps": 0, "profile_alpha": 0.7, "profile_partition": None,  # None = knee
 }
 
 
@@ -600,6 +601,10 @@ def make_config(**kw):
     c.collective = _enum_from_name("collective", v["collective"])
     c.threads = int(v["threads"])
     c.timeout_s = float(v["timeout_s"])
+    c.profile_steps = int(v["profile_steps"])
+    c.profile_alpha = float(v["profile_alpha"])
+    part = v["profile_partition"]
+    c.profile_partition = str(part).encode() if part is not None else None  # kept alive by c
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -620,6 +625,8 @@ def config_to_dict(c):
         "value_dtype": _s(lib.igrad_dtype_name(c.value_dtype)),
         "index_dtype": _s(lib.igrad_dtype_name(c.index_dtype)),
         "collective": _s(lib.igrad_collective_name(c.collective)), "threads": c.threads,
+        "profile_steps": c.profile_steps, "profile_alpha": c.profile_alpha,
+        "profile_partition": _s(c.profile_partition) if c.profile_partition else "knee",
     }
 
 
