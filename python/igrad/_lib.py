@@ -249,6 +249,13 @@ class TensorPlan(ctypes.Structure):
                 ("step_nbytes", ctypes.c_int64), ("release_nbytes", ctypes.c_int64)]
 
 
+class OnlineInfo(ctypes.Structure):
+    _fields_ = [("profiling", ctypes.c_int), ("profile_steps", ctypes.c_int64),
+                ("steps_recorded", ctypes.c_int64), ("switch_step", ctypes.c_int64),
+                ("replans", ctypes.c_int64), ("gather_ms", ctypes.c_double),
+                ("build_ms", ctypes.c_double)]
+
+
 # ---------------------------------------------------------------------------
 # Function signatures
 # ---------------------------------------------------------------------------
@@ -364,6 +371,9 @@ SIGNATURES = {
     "igrad_engine_predict_payload": (i64, [P, i64]),
     "igrad_engine_residual": (ctypes.POINTER(ctypes.c_float), [P, sz]),
     "igrad_engine_set_trace": (S, [P, P]),
+    "igrad_engine_set_profile": (S, [P, P]),
+    "igrad_engine_profile": (P, [P]),
+    "igrad_engine_online_info": (S, [P, ctypes.POINTER(OnlineInfo)]),
     "igrad_engine_config": (S, [P, ctypes.POINTER(Config)]),
     "igrad_engine_step": (i64, [P]),
     "igrad_engine_workspace_nbytes": (sz, [P]),

@@ -8,6 +8,7 @@ The PyTorch integration (DDP hook, GradientSynchronizer, Profiler, a
 communicator over torch.distributed) lives in igrad/torch.py.
 """
 import ctypes
+import os
 import itertools
 import threading
 import traceback
@@ -725,6 +726,29 @@ class Engine(_Handle):
         c = L.Config()
         self._lib.call("igrad_engine_config", self.handle, ctypes.byref(c))
         return c
+
+    def set_profile(self, profile):
+        """Re-plans for `profile` keeping every residual (collective:
+        igrad_engine_set_profile)."""
+        self._lib.call("igrad_engine_set_profile", self.handle, profile.handle)
+
+    def online_info(self):
+        """Online profiling status (igrad_online_info_t as a dict)."""
+        o = L.OnlineInfo()
+        self._lib.call("igrad_engine_online_info", self.handle, ctypes.byref(o))
+        return {f: getattr(o, f) for f, _ in L.OnlineInfo._fields_}
+
+    def profile(self, layout=None):
+        """A copy of the profile the engine built online (or was given by
+        set_profile), or None while the window records."""
+        h = self._lib.igrad_engine_profile(self.handle)
+        if not h:
+            return None
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "profile.json")
+            self._lib.call("igrad_profile_save_json", h, _b(path))
+            return Profile.load(path, layout)
 
     @property
     def step(self):
