@@ -161,8 +161,17 @@ igrad_status_t igrad__online_prepare(const igrad_engine_t *e, const igrad_profil
 
 void igrad__online_commit(igrad_engine_t *e, igrad_engine_t *n, igrad_profile_t *profile)
 {
-    /* what belongs to the run, not to the plan, moves to n */
-    if (e->residual_count) memcpy(n->residual_mem, e->residual_mem, 4 * (size_t)e->residual_count);
+    /* What belongs to the run, not to the plan, moves to n. The residuals
+     * move by pointer (same layout, same offsets): no copy, and n's own
+     * calloc'd block, never touched, costs no memory until it is freed. */
+    float *mine = n->residual_mem;
+    n->residual_mem = e->residual_mem;
+    e->residual_mem = mine;
+    int64_t off = 0;
+    for (size_t i = 0; i < n->ntensors && n->residual_mem; i++) {
+        n->t[i].residual = n->residual_mem + off;
+        off += n->t[i].n;
+    }
     n->trace = e->trace;
     n->calls = e->calls;
     n->last_step = e->last_step;
