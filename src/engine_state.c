@@ -23,6 +23,7 @@
 #include "engine_online.h"
 #include "profile_internal.h"
 
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -488,6 +489,17 @@ static igrad_status_t check_window(const igrad_engine_t *e, const unsigned char 
         IGRAD_FAIL_IF((int64_t)rd64(p + 8 * s) <= (int64_t)rd64(p + 8 * (s - 1)), IGRAD_E_FORMAT,
                       "%s: the online window's steps do not increase: corrupt state file",
                       name);
+    size_t T = e->ntensors;
+    const unsigned char *sq = p + 8 * (size_t)W, *cnt = sq + 8 * (size_t)W * T;
+    for (size_t k = 0; k < (size_t)ov->nrec * T; k++) {
+        double v;
+        memcpy(&v, sq + 8 * k, 8);
+        IGRAD_FAIL_IF(!(v >= 0.0 && v <= DBL_MAX) || (int64_t)rd64(cnt + 8 * k) < 0,
+                      IGRAD_E_FORMAT,
+                      "%s: online window record %zu of tensor %zu is not a selection "
+                      "(sum of squares %g, count %lld): corrupt state file",
+                      name, k / T, k % T, v, (long long)rd64(cnt + 8 * k));
+    }
     return IGRAD_OK;
 }
 

@@ -503,6 +503,44 @@ static void test_state_resume(void **state)
         igrad_engine_free(b);
         remove(path);
     }
+    /* a window record that no selection gives (negative sum of squares),
+     * checksum recomputed: refused by name, the engine unchanged */
+    {
+        char bad[512];
+        snprintf(bad, sizeof bad, "%s/state_bad.bin", tmpdir);
+        igrad_engine_t *a = NULL;
+        run_reference(L, &c, 3, &H, &a);
+        assert_ok(igrad_engine_save_state(a, bad));
+        igrad_engine_free(a);
+        FILE *fp = fopen(bad, "r+b");
+        assert_non_null(fp);
+        fseek(fp, 0, SEEK_END);
+        long nb = ftell(fp);
+        unsigned char *buf = malloc((size_t)nb);
+        assert_non_null(buf);
+        fseek(fp, 0, SEEK_SET);
+        assert_int_equal(fread(buf, 1, (size_t)nb, fp), (size_t)nb);
+        double neg = -1.0;
+        memcpy(buf + nb - 8 - 16 * W * (long)T, &neg, 8); /* record 0, tensor 0 */
+        uint64_t h = 0xcbf29ce484222325ULL;
+        for (long o = 0; o + 8 < nb; o += 8) {
+            uint64_t w;
+            memcpy(&w, buf + o, 8);
+            h = (h ^ w) * 0x100000001b3ULL;
+        }
+        memcpy(buf + nb - 8, &h, 8);
+        fseek(fp, 0, SEEK_SET);
+        assert_int_equal(fwrite(buf, 1, (size_t)nb, fp), (size_t)nb);
+        fclose(fp);
+        free(buf);
+        igrad_engine_t *b = NULL;
+        assert_ok(igrad_engine_create(L, NULL, &c, comm, &b));
+        assert_status(igrad_engine_load_state(b, bad), IGRAD_E_FORMAT);
+        assert_error_has("is not a selection");
+        assert_int_equal(igrad_engine_step(b), -1);
+        igrad_engine_free(b);
+        remove(bad);
+    }
     /* a switched state cannot be loaded into an engine with another window */
     igrad_config_t c3 = online_config(W + 1);
     char path[512];
