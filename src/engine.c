@@ -1084,12 +1084,6 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
     IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_engine_create: comm is NULL");
     int nranks = igrad_comm_size(comm);
     IGRAD_FAIL_IF(nranks < 1, IGRAD_E_INVALID, "igrad_engine_create: comm has %d ranks", nranks);
-    IGRAD_FAIL_IF(profile && config && config->size >= sizeof *config &&
-                      config->profile_steps > 0,
-                  IGRAD_E_INVALID,
-                  "igrad_engine_create: a profile and config.profile_steps %lld given: pass "
-                  "one (NULL profile for online profiling)",
-                  (long long)config->profile_steps);
     /* The exchange buffer first: without it this rank could not even take
      * part in telling the others that it failed. */
     uint64_t *abuf = calloc((size_t)nranks * AGREE_WORDS, sizeof *abuf);
@@ -1098,6 +1092,12 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
     igrad_status_t st;
     igrad_engine_t *e = calloc(1, sizeof *e);
     if (!e) st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "igrad_engine_create: out of memory");
+    else if (profile && config && config->size >= sizeof *config && config->profile_steps > 0)
+        /* still through the agreement below: the other ranks wait in it */
+        st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
+                         "igrad_engine_create: a profile and config.profile_steps %lld given: "
+                         "pass one (NULL profile for online profiling)",
+                         (long long)config->profile_steps);
     else st = igrad__engine_build(e, layout, profile, config, comm);
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());

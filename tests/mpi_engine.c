@@ -743,6 +743,10 @@ static void test_online(igrad_comm_t *comm, const igrad_layout_t *L)
     CHECK_STATUS(igrad_engine_create(L, NULL, &d, comm, &x), IGRAD_E_MISMATCH);
     CHECK(strstr(igrad_last_error(), "config.profile_steps differs"), "message: %s",
           igrad_last_error());
+    /* a profile and a window on one rank only: every rank fails, none hangs */
+    igrad_profile_t *P0 = make_profile(L, "fixed:0.4");
+    CHECK_STATUS(igrad_engine_create(L, me == 0 ? P0 : NULL, &c, comm, &x), IGRAD_E_INVALID);
+    igrad_profile_free(P0);
     /* set_profile with another profile on one rank: refused, nothing changes */
     igrad_engine_t *y = create(L, NULL, &c, comm);
     igrad_profile_t *P1 = make_profile(L, "fixed:0.4"), *P2 = make_profile(L, "fixed:0.7");

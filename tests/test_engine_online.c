@@ -398,6 +398,19 @@ static void test_config(void **state)
     assert_status(igrad_engine_create(L, NULL, &c, comm, &e), IGRAD_E_INVALID);
     assert_error_has("profile_steps");
     assert_null(e);
+    /* a profile and a window */
+    igrad_trace_t *tr = NULL;
+    assert_ok(igrad_trace_create(L, &tr));
+    assert_ok(igrad_trace_record(tr, 0, 1, 1.0, 1));
+    igrad_profile_options_t po = IGRAD_PROFILE_OPTIONS_INIT;
+    igrad_profile_t *p = NULL;
+    assert_ok(igrad_profile_build(tr, &po, &p));
+    c = online_config(5);
+    assert_status(igrad_engine_create(L, p, &c, comm, &e), IGRAD_E_INVALID);
+    assert_error_has("pass one");
+    assert_null(e);
+    igrad_profile_free(p);
+    igrad_trace_free(tr);
     /* the partition string is copied: the caller's buffer may change */
     char part[16] = "fixed:0.4";
     c = online_config(4);
