@@ -983,6 +983,21 @@ typedef struct igrad_config {
                                            forever (IGRAD_DEFAULT_TIMEOUT_S). Applies
                                            to the built-in MPI communicator; see
                                            igrad_comm_set_timeout() for the others */
+    /* Online profiling (iad/ig without a profile): the engine profiles the
+     * first profile_steps steps of the run itself, then re-plans. */
+    int64_t profile_steps;            /**< W: iad/ig with a NULL profile send every
+                                           component every step (as the
+                                           sparsifier's *_sync method) for the
+                                           first W completed steps, recording
+                                           their selections; at the next begin
+                                           the engine builds the profile from the
+                                           ranks' summed records (the same code
+                                           as igrad_profile_build) and re-plans
+                                           (igrad_engine_set_profile). 0 = off
+                                           (a profile must be given) */
+    double profile_alpha;             /**< alpha of the built profile (0.7) */
+    const char *profile_partition;    /**< partition method of the built profile;
+                                           NULL = "knee". Copied at create */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -995,7 +1010,7 @@ typedef struct igrad_config {
       IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
-      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S }
+      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
@@ -1198,6 +1213,45 @@ IGRAD_API const float *igrad_engine_residual(const igrad_engine_t *engine, size_
  *  sparsifier and density to the engine's.
  *  @return IGRAD_E_MISMATCH for a trace of another layout. */
 IGRAD_API igrad_status_t igrad_engine_set_trace(igrad_engine_t *engine, igrad_trace_t *trace);
+
+/** Re-plans the engine for `profile` (iad/ig): phases, budgets, buckets
+ *  and the agreement items are rebuilt as igrad_engine_create would build
+ *  them, and every residual is kept as it is (nothing is sent or lost by
+ *  the switch), as are the step, the call count and the trace. Stops
+ *  online profiling if it is still recording. Collective: every rank calls
+ *  it between steps with the same profile; the ranks agree on the new plan
+ *  first, and if any rank fails every engine stays as it was.
+ *  @param profile copied; its components must be the layout's.
+ *  @return IGRAD_E_INVALID (another method, NULL profile), IGRAD_E_STATE (a
+ *  step is open, broken engine), IGRAD_E_MISMATCH (profile vs layout, or
+ *  the ranks' plans differ: the first differing item is named), as
+ *  igrad_engine_create otherwise. */
+IGRAD_API igrad_status_t igrad_engine_set_profile(igrad_engine_t *engine,
+                                                  const igrad_profile_t *profile);
+
+/** @return the profile the engine plans with when it was built online
+ *  (config.profile_steps) or set by igrad_engine_set_profile; NULL while
+ *  the window is still recording, for a profile given at create, or for
+ *  methods without a profile. Owned by the engine; valid until the next
+ *  re-plan or free. Save it with igrad_profile_save_json(). */
+IGRAD_API const igrad_profile_t *igrad_engine_profile(const igrad_engine_t *engine);
+
+/** Online profiling status (igrad_engine_online_info). */
+typedef struct igrad_online_info {
+    int profiling;          /**< 1 while the window is recording */
+    int64_t profile_steps;  /**< W (config.profile_steps) */
+    int64_t steps_recorded; /**< steps of the window recorded so far */
+    int64_t switch_step;    /**< first step planned with the built/set profile
+                                 (-1 before any re-plan) */
+    int64_t replans;        /**< re-plans so far (switch and set_profile) */
+    double gather_ms;       /**< last switch: exchange of the window */
+    double build_ms;        /**< last re-plan: profile build + plan + agreement */
+} igrad_online_info_t;
+
+/** Copies the online profiling status (zeros, switch_step -1, for engines
+ *  without it). */
+IGRAD_API igrad_status_t igrad_engine_online_info(const igrad_engine_t *engine,
+                                                  igrad_online_info_t *out);
 
 /** Copies the configuration the engine was created with. */
 IGRAD_API igrad_status_t igrad_engine_config(const igrad_engine_t *engine,

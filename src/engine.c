@@ -30,6 +30,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "engine_internal.h"
+#include "profile_internal.h"
 #include "schedule.h"
 
 #include <float.h>
@@ -181,6 +182,24 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
                   "config.timeout_s is %g (must be a finite number of seconds >= 0; 0 = no "
                   "timeout)",
                   c->timeout_s);
+    /* online profiling */
+    IGRAD_FAIL_IF(c->profile_steps < 0 || c->profile_steps > IGRAD__ONLINE_MAX_STEPS,
+                  IGRAD_E_INVALID, "config.profile_steps is %lld (must be in [0, %d]; 0 = off)",
+                  (long long)c->profile_steps, IGRAD__ONLINE_MAX_STEPS);
+    IGRAD_FAIL_IF(c->profile_steps > 0 && !method_defers(c->method), IGRAD_E_INVALID,
+                  "config.profile_steps is %lld, but method %s uses no profile (iad, ig)",
+                  (long long)c->profile_steps, igrad_method_name(c->method));
+    IGRAD_FAIL_IF(!(c->profile_alpha >= 0.0 && c->profile_alpha <= 1.0), IGRAD_E_INVALID,
+                  "config.profile_alpha is %g (must be in [0, 1])", c->profile_alpha);
+    if (c->profile_partition) {
+        igrad__partition_method_t pm;
+        IGRAD_FAIL_IF(strlen(c->profile_partition) >= IGRAD__ONLINE_PARTITION_NBYTES ||
+                          igrad__partition_parse(c->profile_partition, &pm) != IGRAD_OK,
+                      IGRAD_E_INVALID,
+                      "config.profile_partition is \"%.60s\" (knee, otsu, kmeans2, gmm2, "
+                      "percentile:P, fixed:F)",
+                      c->profile_partition);
+    }
     return IGRAD_OK;
 }
 
@@ -211,10 +230,14 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_INDEX_DTYPE] = {"config.index_dtype", IGRAD__ITEM_DTYPE, 1},
     [IGRAD__ITEM_CFG_COLLECTIVE] = {"config.collective", IGRAD__ITEM_COLLECTIVE, 1},
     [IGRAD__ITEM_CFG_TIMEOUT] = {"config.timeout_s", IGRAD__ITEM_F64, 0},
+    [IGRAD__ITEM_CFG_PROFILE_STEPS] = {"config.profile_steps", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_PROFILE_ALPHA] = {"config.profile_alpha", IGRAD__ITEM_F64, 1},
+    [IGRAD__ITEM_CFG_PROFILE_PARTITION] = {"config.profile_partition", IGRAD__ITEM_HASH, 1},
     [IGRAD__ITEM_PLAN] = {"plan", IGRAD__ITEM_HASH, 1},
     [IGRAD__ITEM_STEP] = {"step", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_CALLS] = {"engine step count", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_HISTORY] = {"risk size history", IGRAD__ITEM_HASH, 0},
+    [IGRAD__ITEM_ONLINE] = {"online profiling steps recorded", IGRAD__ITEM_I64, 0},
 };
 
 static uint64_t f64_bits(double v)
@@ -302,6 +325,11 @@ static void static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profi
     v[IGRAD__ITEM_CFG_COLLECTIVE] = (uint64_t)(int64_t)c->collective;
     v[IGRAD__ITEM_CFG_TIMEOUT] = f64_bits(c->timeout_s);
     v[IGRAD__ITEM_PLAN] = plan_hash;
+    /* online profiling */
+    v[IGRAD__ITEM_CFG_PROFILE_STEPS] = (uint64_t)c->profile_steps;
+    v[IGRAD__ITEM_CFG_PROFILE_ALPHA] = f64_bits(c->profile_alpha);
+    v[IGRAD__ITEM_CFG_PROFILE_PARTITION] =
+        igrad__hash_str(IGRAD__HASH_SEED, c->profile_partition ? c->profile_partition : "knee");
 }
 
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)
@@ -309,6 +337,7 @@ void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)
     e->items[IGRAD__ITEM_STEP] = (uint64_t)step;
     e->items[IGRAD__ITEM_CALLS] = (uint64_t)e->calls;
     e->items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->hist);
+    e->items[IGRAD__ITEM_ONLINE] = (uint64_t)igrad__online_item(e);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -682,7 +711,7 @@ static igrad_status_t plan_phases(igrad_engine_t *e, const igrad_profile_t *prof
     size_t C = e->ncomp;
     for (size_t c = 0; c < C; c++) e->comp_phase[c] = IGRAD__PHASE_EVERY;
     if (e->deferral) {
-        for (size_t c = 0; c < C; c++) {
+        for (size_t c = 0; c < C && profile; c++) { /* none: all important (online) */
             int imp = igrad_profile_is_important(profile, e->comp_layer[c], e->comp_kind[c]);
             IGRAD_FAIL_IF(imp < 0, IGRAD_E_MISMATCH,
                           "profile has no component (%d, %s) of the layout", e->comp_layer[c],
@@ -842,9 +871,9 @@ static void sort_work(igrad_engine_t *e)
     }
 }
 
-static igrad_status_t build(igrad_engine_t *e, const igrad_layout_t *layout,
-                            const igrad_profile_t *profile, const igrad_config_t *config,
-                            igrad_comm_t *comm)
+igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layout,
+                                   const igrad_profile_t *profile,
+                                   const igrad_config_t *config, igrad_comm_t *comm)
 {
     IGRAD_FAIL_IF(!layout, IGRAD_E_INVALID, "igrad_engine_create: layout is NULL");
     IGRAD_CHECK(igrad_config_validate(config));
@@ -863,11 +892,13 @@ static igrad_status_t build(igrad_engine_t *e, const igrad_layout_t *layout,
     }
     e->deferral = method_defers(c->method);
     e->per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
-    IGRAD_FAIL_IF(e->deferral && !profile, IGRAD_E_INVALID,
+    IGRAD_FAIL_IF(e->deferral && !profile && c->profile_steps == 0, IGRAD_E_INVALID,
                   "igrad_engine_create: method %s needs a profile (igrad_profile_build or "
-                  "igrad_profile_load)",
+                  "igrad_profile_load) or config.profile_steps > 0 (online profiling)",
                   igrad_method_name(c->method));
-    if (e->deferral) IGRAD_CHECK(check_profile(profile, layout));
+    if (e->deferral && profile) IGRAD_CHECK(check_profile(profile, layout));
+    /* iad/ig: e->online copies the partition string and points at the copy */
+    if (!e->deferral) e->cfg.profile_partition = NULL;
 
     IGRAD_CHECK(copy_layout(e, layout));
     size_t T = e->ntensors;
@@ -988,6 +1019,7 @@ static igrad_status_t build(igrad_engine_t *e, const igrad_layout_t *layout,
     e->ws = calloc((size_t)e->nthreads, sizeof *e->ws);
     IGRAD_FAIL_IF(!e->ws, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     for (int i = 0; i < e->nthreads; i++) IGRAD_CHECK(igrad_select_ws_create(&e->ws[i]));
+    if (e->deferral) IGRAD_CHECK(igrad__online_init(e, layout, profile));
 
     static_items(e, igrad_layout_hash(layout), profile_hash(e), plan_hash(e));
     e->calls = 0;
@@ -1032,6 +1064,7 @@ void igrad_engine_free(igrad_engine_t *e)
     free(e->bk);
     free(e->desc);
     free(e->pack_scratch);
+    igrad__online_free(e->online);
     /* After a timeout a collective is left pending on these buffers (MPI
      * may still read or write them): they are leaked on purpose. */
     if (e->broken != IGRAD_E_TIMEOUT) {
@@ -1059,7 +1092,13 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
     igrad_status_t st;
     igrad_engine_t *e = calloc(1, sizeof *e);
     if (!e) st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "igrad_engine_create: out of memory");
-    else st = build(e, layout, profile, config, comm);
+    else if (profile && config && config->size >= sizeof *config && config->profile_steps > 0)
+        /* still through the agreement below: the other ranks wait in it */
+        st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
+                         "igrad_engine_create: a profile and config.profile_steps %lld given: "
+                         "pass one (NULL profile for online profiling)",
+                         (long long)config->profile_steps);
+    else st = igrad__engine_build(e, layout, profile, config, comm);
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
     /* A rank whose build failed still waits no longer than its config says
@@ -1574,6 +1613,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     e->stats.bucket_loads = loads;
     e->t_start = t0;
     e->cur_step = step;
+    if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
 
     int64_t bad = -1;
     igrad_status_t st = local_checks(e, step, grads, &bad);
@@ -1667,6 +1707,7 @@ static igrad_status_t finish_step(igrad_engine_t *e)
     e->last_step = e->cur_step;
     e->state = IGRAD__ENGINE_IDLE;
     s->total_ms = igrad__now_ms() - e->t_start;
+    if (e->online) igrad__online_record(e);
     if (e->trace && e->sp != IGRAD_SPARSIFIER_NONE)
         for (size_t t = 0; t < e->ntensors; t++)
             if (e->sent[t])

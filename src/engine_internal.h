@@ -64,6 +64,13 @@ enum {
     IGRAD__ITEM_STEP,       /* step of the call (ranks only) */
     IGRAD__ITEM_CALLS,      /* begin calls so far */
     IGRAD__ITEM_HISTORY,    /* risk policy's size history */
+    /* Appended later (so earlier items keep their numbers in the state
+     * file); static, but after FIRST_DYNAMIC they are compared at every
+     * exchange, which costs nothing. */
+    IGRAD__ITEM_CFG_PROFILE_STEPS,     /* online profiling (engine_online.c) */
+    IGRAD__ITEM_CFG_PROFILE_ALPHA,
+    IGRAD__ITEM_CFG_PROFILE_PARTITION, /* hash of the method string */
+    IGRAD__ITEM_ONLINE,     /* online profiling: steps recorded, -1 when not recording */
     IGRAD__NITEMS
 };
 #define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP
@@ -202,6 +209,10 @@ struct igrad_engine {
      * later call fails fast with IGRAD_E_STATE quoting the first error. */
     igrad_status_t broken;              /* IGRAD_OK while usable */
     char broken_msg[768];
+
+    /* iad/ig: the layout copy and online-profiling state (engine_online.c);
+     * NULL for the other methods. */
+    struct igrad__online *online;
 };
 
 /* IGRAD_OK, or IGRAD_E_STATE "<what>: the engine is unusable since ..."
@@ -238,5 +249,30 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
                                    const char *local_msg, const uint64_t *items,
                                    int check_items, const char *context);
 
+/* ---- engine.c / engine_online.c ----------------------------------------- */
+
+#define IGRAD__ONLINE_MAX_STEPS 100000      /* config.profile_steps */
+#define IGRAD__ONLINE_PARTITION_NBYTES 64   /* config.profile_partition, NUL included */
+
+/* Everything igrad_engine_create does before the agreement: plan, buffers,
+ * residuals (zeroed), workspaces, static items, for `profile` (NULL with
+ * iad/ig only when config->profile_steps > 0: every component important).
+ * Local; `e` is zeroed memory, freed with igrad_engine_free on failure. */
+igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layout,
+                                   const igrad_profile_t *profile,
+                                   const igrad_config_t *config, igrad_comm_t *comm);
+
+/* engine_online.c: sets up e->online for iad/ig (a layout copy; with
+ * profile_steps > 0 and no profile, the window buffers). Local. */
+igrad_status_t igrad__online_init(igrad_engine_t *e, const igrad_layout_t *layout,
+                                  const igrad_profile_t *profile);
+void igrad__online_free(struct igrad__online *on);
+/* Steps recorded in the window, -1 when not profiling (the ONLINE item). */
+int64_t igrad__online_item(const igrad_engine_t *e);
+/* At the start of a begin: when the window is complete, gathers the ranks'
+ * records, builds the profile and re-plans (collective, agreed). */
+igrad_status_t igrad__online_before_step(igrad_engine_t *e, int64_t step);
+/* At the end of a completed step: records its selections into the window. */
+void igrad__online_record(igrad_engine_t *e);
 
 #endif /* IGRAD_ENGINE_INTERNAL_H */

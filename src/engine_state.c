@@ -20,13 +20,22 @@
  * Not here: the engine itself (engine.c).
  */
 #include "engine_state.h"
+#include "engine_online.h"
+#include "profile_internal.h"
 
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 2u /* 2: 26 items (config.timeout_s) */
+#define STATE_VERSION 3u /* 2: 26 items (config.timeout_s); 3: 30 items and the
+                            online profiling section */
+/* online section modes */
+#define ONLINE_NONE 0u      /* no online state (or the create-time profile) */
+#define ONLINE_WINDOW 1u    /* recording: the window's records follow */
+#define ONLINE_PROFILE 2u   /* re-planned: the profile JSON follows */
+#define STATE_PROFILE_MAX_NBYTES (16u * 1024u * 1024u)
 #define FNV_PRIME 0x100000001b3ULL
 #define CHUNK_NBYTES (1u << 20)
 
@@ -92,6 +101,7 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
     items[IGRAD__ITEM_STEP] = (uint64_t)e->last_step;
     items[IGRAD__ITEM_CALLS] = (uint64_t)e->calls;
     items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->hist);
+    items[IGRAD__ITEM_ONLINE] = (uint64_t)igrad__online_item(e);
 
     igrad__atomic_file_t af;
     IGRAD_CHECK(igrad__atomic_open(&af, path));
@@ -114,6 +124,42 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
         put(&w, e->hist.mean, hc * sizeof *e->hist.mean);
         put(&w, e->hist.m2, hc * sizeof *e->hist.m2);
     }
+    /* online profiling: the window being recorded, or the profile the plan
+     * was built from (the items alone could not rebuild it) */
+    const igrad__online_t *on = e->online;
+    uint64_t mode = !on ? ONLINE_NONE
+                    : on->active ? ONLINE_WINDOW
+                    : on->profile ? ONLINE_PROFILE
+                                  : ONLINE_NONE;
+    put_u64(&w, mode);
+    if (mode == ONLINE_WINDOW) {
+        size_t WT = (size_t)on->W * e->ntensors;
+        put_u64(&w, (uint64_t)on->nrec);
+        put(&w, on->steps, (size_t)on->W * 8);
+        put(&w, on->sumsq, WT * 8);
+        put(&w, on->count, WT * 8);
+    } else if (mode == ONLINE_PROFILE) {
+        char *text = NULL;
+        igrad_status_t pst = igrad__profile_to_json_text(on->profile, &text);
+        if (pst != IGRAD_OK) {
+            igrad__atomic_abort(&af);
+            return pst;
+        }
+        size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
+        put_u64(&w, (uint64_t)on->switch_step);
+        put_u64(&w, (uint64_t)on->replans);
+        put_u64(&w, (uint64_t)len);
+        char *buf = calloc(padded ? padded : 8, 1);
+        if (!buf) {
+            free(text);
+            igrad__atomic_abort(&af);
+            return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
+        }
+        memcpy(buf, text, len);
+        put(&w, buf, padded);
+        free(buf);
+        free(text);
+    }
     uint64_t sum = w.h;
     if (!w.err && fwrite(&sum, 1, 8, af.fp) != 8) w.err = 1;
     if (w.err) {
@@ -133,10 +179,31 @@ static uint64_t residual_section_nbytes(uint64_t count)
     return 4 * count + (count & 1 ? 4 : 0);
 }
 
-uint64_t igrad__engine_state_nbytes(const igrad_engine_t *e)
+/* Everything but the online section. */
+static uint64_t base_nbytes(const igrad_engine_t *e)
 {
     return HEADER_NBYTES + residual_section_nbytes((uint64_t)e->residual_count) + 8 +
            32 * (uint64_t)e->hist.count + 8;
+}
+
+static uint64_t window_nbytes(const igrad_engine_t *e)
+{
+    uint64_t W = e->online ? (uint64_t)e->online->W : 0;
+    return 8 + 8 * W + 16 * W * (uint64_t)e->ntensors;
+}
+
+uint64_t igrad__engine_state_nbytes(const igrad_engine_t *e)
+{
+    const igrad__online_t *on = e->online;
+    uint64_t online = 8;
+    if (on && on->active) online += window_nbytes(e);
+    else if (on && on->profile) {
+        char *text = NULL;
+        if (igrad__profile_to_json_text(on->profile, &text) == IGRAD_OK)
+            online += 24 + ((strlen(text) + 7) & ~(size_t)7);
+        free(text);
+    }
+    return base_nbytes(e) + online;
 }
 
 /* A cursor over the file's bytes; every section is checked against the end
@@ -301,16 +368,18 @@ static igrad_status_t parse_history(const igrad_engine_t *e, cursor_t *c, state_
 
 /* Verifies all of the bytes; touches nothing of the engine. */
 static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char *bytes,
-                                   size_t nbytes, const char *name, state_view_t *v)
+                                   size_t nbytes, const char *name, uint64_t online_nbytes,
+                                   state_view_t *v)
 {
     cursor_t c = {bytes, nbytes, 0, name};
     IGRAD_CHECK(parse_header(e, &c, v));
     /* From here the size is known: check it whole before hashing. */
-    uint64_t want = igrad__engine_state_nbytes(e);
+    uint64_t want = base_nbytes(e) + online_nbytes;
     uint64_t rbytes = residual_section_nbytes(v->residual_count);
     IGRAD_CHECK(need(&c, rbytes, "the residuals"));
     IGRAD_CHECK(need(&c, rbytes + 8, "the history count"));
-    IGRAD_CHECK(need(&c, want - 8 - c.pos, "the history"));
+    IGRAD_CHECK(need(&c, want - 8 - online_nbytes - c.pos, "the history"));
+    IGRAD_CHECK(need(&c, want - 8 - c.pos, "the online profiling section"));
     IGRAD_CHECK(need(&c, want - c.pos, "the checksum"));
     IGRAD_FAIL_IF(nbytes > want, IGRAD_E_FORMAT, "%s: unexpected bytes after the checksum",
                   name);
@@ -332,29 +401,178 @@ static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char 
     return parse_history(e, &c, v);
 }
 
+/* The online section, found without the plan (its offset follows from the
+ * counts in the file). Sizes that do not fit leave mode NONE, so that
+ * verify_state names what is truncated; a profile section is parsed
+ * (strictly, against the layout) because the plan to verify against is
+ * built from it. */
+typedef struct online_view {
+    uint64_t mode, nbytes;        /* section mode and size */
+    uint64_t nrec;                /* WINDOW */
+    size_t win_off;               /* WINDOW: offset of the steps */
+    int64_t switch_step, replans; /* PROFILE */
+    igrad_profile_t *profile;     /* PROFILE, parsed */
+} online_view_t;
+
+static uint64_t rd64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static igrad_status_t locate_online(const igrad_engine_t *e, const unsigned char *bytes,
+                                    size_t nbytes, const char *name, online_view_t *ov)
+{
+    memset(ov, 0, sizeof *ov);
+    ov->nbytes = 8;
+    if (nbytes < HEADER_NBYTES) return IGRAD_OK;
+    uint64_t rc = rd64(bytes + HEADER_NBYTES - 8);
+    if (rc != (uint64_t)e->residual_count) return IGRAD_OK;
+    uint64_t off = HEADER_NBYTES + residual_section_nbytes(rc);
+    if (off + 8 > nbytes) return IGRAD_OK;
+    uint64_t hc = rd64(bytes + off);
+    if (hc > nbytes / 32) return IGRAD_OK;
+    off += 8 + 32 * hc;
+    if (off + 8 > nbytes) return IGRAD_OK;
+    uint64_t mode = rd64(bytes + off);
+    if (mode == ONLINE_WINDOW) {
+        int64_t W = e->cfg.profile_steps;
+        ov->mode = mode;
+        ov->nbytes = 8 + 8 + 8 * (uint64_t)W + 16 * (uint64_t)W * e->ntensors;
+        if (off + 16 <= nbytes) ov->nrec = rd64(bytes + off + 8);
+        ov->win_off = (size_t)off + 16;
+        return IGRAD_OK;
+    }
+    if (mode != ONLINE_PROFILE) {
+        /* ONLINE_NONE, or a bad mode that verify_state's checksum or the
+         * mode check after it refuses */
+        ov->mode = mode;
+        return IGRAD_OK;
+    }
+    IGRAD_FAIL_IF(!e->online, IGRAD_E_MISMATCH,
+                  "%s: the state file holds a re-planned profile, but method %s uses none",
+                  name, igrad_method_name(e->cfg.method));
+    IGRAD_FAIL_IF(off + 32 > nbytes, IGRAD_E_FORMAT,
+                  "%s: truncated state file (inside the online profiling section)", name);
+    ov->mode = mode;
+    ov->switch_step = (int64_t)rd64(bytes + off + 8);
+    ov->replans = (int64_t)rd64(bytes + off + 16);
+    uint64_t len = rd64(bytes + off + 24);
+    IGRAD_FAIL_IF(len == 0 || len > STATE_PROFILE_MAX_NBYTES || len > nbytes - off - 32,
+                  IGRAD_E_FORMAT, "%s: the online profile is %llu bytes (corrupt or truncated "
+                  "state file)",
+                  name, (unsigned long long)len);
+    uint64_t padded = (len + 7) & ~(uint64_t)7;
+    IGRAD_FAIL_IF(padded > nbytes - off - 32, IGRAD_E_FORMAT,
+                  "%s: truncated state file (inside the online profile)", name);
+    for (uint64_t i = len; i < padded; i++)
+        IGRAD_FAIL_IF(bytes[off + 32 + i] != 0, IGRAD_E_FORMAT,
+                      "%s: the online profile's padding is not zero: corrupt state file", name);
+    ov->nbytes = 32 + padded;
+    char src[300];
+    snprintf(src, sizeof src, "%s (online profile)", name);
+    return igrad__profile_from_json_text((const char *)bytes + off + 32, (size_t)len, src,
+                                         e->online->layout, &ov->profile);
+}
+
+/* The window's records must be what a run could have written. */
+static igrad_status_t check_window(const igrad_engine_t *e, const unsigned char *bytes,
+                                   const online_view_t *ov, const char *name)
+{
+    int64_t W = e->cfg.profile_steps;
+    IGRAD_FAIL_IF(ov->nrec > (uint64_t)W, IGRAD_E_FORMAT,
+                  "%s: the online window has %llu records of %lld: corrupt state file", name,
+                  (unsigned long long)ov->nrec, (long long)W);
+    const unsigned char *p = bytes + ov->win_off;
+    for (uint64_t s = 1; s < ov->nrec; s++)
+        IGRAD_FAIL_IF((int64_t)rd64(p + 8 * s) <= (int64_t)rd64(p + 8 * (s - 1)), IGRAD_E_FORMAT,
+                      "%s: the online window's steps do not increase: corrupt state file",
+                      name);
+    size_t T = e->ntensors;
+    const unsigned char *sq = p + 8 * (size_t)W, *cnt = sq + 8 * (size_t)W * T;
+    for (size_t k = 0; k < (size_t)ov->nrec * T; k++) {
+        double v;
+        memcpy(&v, sq + 8 * k, 8);
+        IGRAD_FAIL_IF(!(v >= 0.0 && v <= DBL_MAX) || (int64_t)rd64(cnt + 8 * k) < 0,
+                      IGRAD_E_FORMAT,
+                      "%s: online window record %zu of tensor %zu is not a selection "
+                      "(sum of squares %g, count %lld): corrupt state file",
+                      name, k / T, k % T, v, (long long)rd64(cnt + 8 * k));
+    }
+    return IGRAD_OK;
+}
+
 igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned char *bytes,
                                               size_t nbytes, const char *name)
 {
     state_view_t v;
     memset(&v, 0, sizeof v);
-    igrad_status_t st = verify_state(e, bytes, nbytes, name, &v);
+    online_view_t ov;
+    igrad_engine_t *n = NULL; /* the plan of the file's profile */
+    igrad_status_t st = locate_online(e, bytes, nbytes, name, &ov);
+    if (st == IGRAD_OK && ov.profile) st = igrad__online_prepare(e, ov.profile, &n);
+    igrad_engine_t *target = n ? n : e;
+    if (st == IGRAD_OK) st = verify_state(target, bytes, nbytes, name, ov.nbytes, &v);
+    if (st == IGRAD_OK) {
+        int active = e->online && e->online->active;
+        if (ov.mode == ONLINE_WINDOW && !active)
+            st = igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                             "%s: the state file is of a run still profiling online, this "
+                             "engine is not profiling",
+                             name);
+        else if (ov.mode == ONLINE_NONE && active)
+            st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
+                             "%s: no online profiling section, but the engine profiles online "
+                             "with the same config: corrupt state file",
+                             name);
+        else if (ov.mode > ONLINE_PROFILE)
+            st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
+                             "%s: online section mode %llu: corrupt state file", name,
+                             (unsigned long long)ov.mode);
+        else if (ov.mode == ONLINE_WINDOW)
+            st = check_window(e, bytes, &ov, name);
+        uint64_t copy = ov.mode == ONLINE_WINDOW ? ov.nrec : (uint64_t)-1;
+        if (st == IGRAD_OK && v.items[IGRAD__ITEM_ONLINE] != copy)
+            st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
+                             "%s: the online record count differs from its copy in the items "
+                             "(%lld vs %lld): corrupt state file",
+                             name, (long long)copy, (long long)v.items[IGRAD__ITEM_ONLINE]);
+    }
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
 
     /* Every rank's file must be good and from the same point of the run. */
     uint64_t items[IGRAD__NITEMS];
-    memcpy(items, e->items, sizeof items);
+    memcpy(items, target->items, sizeof items);
     items[IGRAD__ITEM_STEP] = st == IGRAD_OK ? (uint64_t)v.step : 0;
     items[IGRAD__ITEM_CALLS] = st == IGRAD_OK ? (uint64_t)v.calls : 0;
     items[IGRAD__ITEM_HISTORY] = st == IGRAD_OK ? v.items[IGRAD__ITEM_HISTORY] : 0;
+    items[IGRAD__ITEM_ONLINE] = ov.mode == ONLINE_WINDOW ? ov.nrec : (uint64_t)-1;
     igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg,
                                             items, 1, "load state");
     if (ag != IGRAD_OK) {
         view_free(&v);
+        igrad_engine_free(n);
+        igrad_profile_free(ov.profile);
         return ag;
     }
 
     /* Verified here and everywhere: apply, from the same bytes. */
+    if (n) {
+        igrad__online_commit(e, n, ov.profile); /* e now plans with the file's profile */
+        e->online->switch_step = ov.switch_step;
+        e->online->replans = ov.replans;
+    }
+    if (ov.mode == ONLINE_WINDOW) {
+        igrad__online_t *on = e->online;
+        size_t W = (size_t)on->W, WT = W * e->ntensors;
+        const unsigned char *p = bytes + ov.win_off;
+        on->nrec = (size_t)ov.nrec;
+        memcpy(on->steps, p, W * 8);
+        memcpy(on->sumsq, p + W * 8, WT * 8);
+        memcpy(on->count, p + W * 8 + WT * 8, WT * 8);
+    }
     if (e->residual_count)
         memcpy(e->residual_mem, bytes + v.residual_off, 4 * (size_t)e->residual_count);
     size_t hc = v.hist.count;
@@ -378,7 +596,8 @@ static igrad_status_t read_once(const igrad_engine_t *e, const char *path, unsig
 {
     *out = NULL;
     *nbytes = 0;
-    uint64_t cap64 = igrad__engine_state_nbytes(e) + 1;
+    /* the online section may hold a profile of any size up to the limit */
+    uint64_t cap64 = base_nbytes(e) + window_nbytes(e) + 32 + STATE_PROFILE_MAX_NBYTES + 1;
     IGRAD_FAIL_IF(cap64 > SIZE_MAX, IGRAD_E_NOMEM, "%s: state file too large", path);
     size_t cap = (size_t)cap64;
     unsigned char *buf = malloc(cap);

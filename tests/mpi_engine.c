@@ -618,6 +618,163 @@ static void test_resume(igrad_comm_t *comm, const igrad_layout_t *L, const igrad
     igrad_engine_free(b);
 }
 
+/* ---- online profiling ---------------------------------------------------------------- */
+
+static uint64_t plan_hash_of(const igrad_engine_t *e, size_t T)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t t = 0; t < T; t++) {
+        igrad_tensor_plan_t tp;
+        CHECK_OK(igrad_engine_tensor_plan(e, t, &tp));
+        int64_t v[5] = {tp.every_step, tp.important, tp.phase, tp.count, tp.release_count};
+        const unsigned char *p = (const unsigned char *)v;
+        for (size_t i = 0; i < sizeof v; i++) {
+            h ^= p[i];
+            h *= 0x100000001b3ULL;
+        }
+    }
+    return h;
+}
+
+static void check_same_u64(uint64_t h, const char *what)
+{
+    uint64_t lo = 0, hi = 0;
+    MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    CHECK(lo == hi, "%s differs between ranks (%llx here, min %llx, max %llx)", what,
+          (unsigned long long)h, (unsigned long long)lo, (unsigned long long)hi);
+}
+
+/* The switch on every rank: identical plans and profiles, the same
+ * gradients, conservation over ranks (sum of every rank's gradients =
+ * P x applied + sum of residuals), and a resume from inside the window and
+ * from after the switch. */
+static void test_online(igrad_comm_t *comm, const igrad_layout_t *L)
+{
+    char dir[128] = "/tmp/igrad_mpi_online_XXXXXX";
+    if (me == 0) REQUIRE(mkdtemp(dir) != NULL);
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    char path[256];
+    snprintf(path, sizeof path, "%s/state.rank%d.bin", dir, me);
+
+    const int64_t W = 8, steps = 30;
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.density = 0.05;
+    c.block_entries = 40;
+    c.profile_steps = W;
+    c.profile_partition = "fixed:0.4";
+    igrad_engine_t *a = create(L, NULL, &c, comm), *b = create(L, NULL, &c, comm);
+    size_t T = igrad_layout_count(L);
+    grads_t Ga = grads_new(L), Gb = grads_new(L);
+    double **in = calloc(T, sizeof *in), **out = calloc(T, sizeof *out);
+    REQUIRE(in && out);
+    for (size_t t = 0; t < T; t++) {
+        in[t] = calloc((size_t)Ga.n[t], sizeof(double));
+        out[t] = calloc((size_t)Ga.n[t], sizeof(double));
+        REQUIRE(in[t] && out[t]);
+    }
+    for (int64_t s = 0; s < steps; s++) {
+        grads_fill(&Ga, me, s);
+        grads_copy(&Gb, &Ga);
+        for (size_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < Ga.n[t]; i++) in[t][i] += Ga.g[t][i];
+        CHECK_OK(igrad_engine_sync(a, s, Ga.g));
+        for (size_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < Ga.n[t]; i++) out[t][i] += Ga.g[t][i];
+        if (s == 5 || s == 20) { /* inside the window, after the switch */
+            CHECK_OK(igrad_engine_save_state(b, path));
+            igrad_engine_free(b);
+            b = create(L, NULL, &c, comm);
+            CHECK_OK(igrad_engine_load_state(b, path));
+        }
+        CHECK_OK(igrad_engine_sync(b, s, Gb.g));
+        for (size_t t = 0; t < T; t++)
+            CHECK(memcmp(Ga.g[t], Gb.g[t], (size_t)Ga.n[t] * sizeof(float)) == 0,
+                  "online resume: step %lld tensor %zu differs from the uninterrupted run",
+                  (long long)s, t);
+        check_identical(&Ga, "online profiling step");
+        if (s == W) {
+            igrad_online_info_t oi;
+            CHECK_OK(igrad_engine_online_info(a, &oi));
+            CHECK(oi.profiling == 0 && oi.switch_step == W, "online: switch_step %lld",
+                  (long long)oi.switch_step);
+            check_same_u64(plan_hash_of(a, T), "the plan after the switch");
+            const igrad_profile_t *pa = igrad_engine_profile(a);
+            REQUIRE(pa);
+            uint64_t h = 0xcbf29ce484222325ULL;
+            for (size_t k = 0; k < igrad_profile_count(pa); k++) {
+                igrad_profile_entry_t pe;
+                CHECK_OK(igrad_profile_entry(pa, k, &pe));
+                uint64_t bits;
+                memcpy(&bits, &pe.score, 8);
+                h = (h ^ bits ^ (uint64_t)pe.important) * 0x100000001b3ULL;
+            }
+            check_same_u64(h, "the built profile");
+        }
+    }
+    CHECK(plan_hash_of(a, T) == plan_hash_of(b, T), "online resume: plans differ");
+    /* conservation over ranks */
+    for (size_t t = 0; t < T; t++) {
+        int64_t n = Ga.n[t];
+        double *loc = malloc(2 * (size_t)n * sizeof *loc), *sum = malloc(2 * (size_t)n * sizeof *sum);
+        REQUIRE(loc && sum);
+        const float *r = igrad_engine_residual(a, t);
+        for (int64_t i = 0; i < n; i++) {
+            loc[i] = in[t][i];
+            loc[n + i] = (double)r[i];
+        }
+        MPI_Allreduce(loc, sum, 2 * (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        double err = 0.0, ref = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = sum[i] - (double)np * out[t][i] - sum[n + i];
+            err += d * d;
+            ref += sum[i] * sum[i];
+        }
+        CHECK(sqrt(err) <= 1e-4 * sqrt(ref) + 1e-6,
+              "online conservation, tensor %zu: |sum in - P applied - sum e| = %g (ref %g)", t,
+              sqrt(err), sqrt(ref));
+        free(loc);
+        free(sum);
+    }
+    /* one rank with another window: every rank fails, naming it */
+    igrad_config_t d = c;
+    if (me == np - 1) d.profile_steps = W + 1;
+    igrad_engine_t *x = NULL;
+    CHECK_STATUS(igrad_engine_create(L, NULL, &d, comm, &x), IGRAD_E_MISMATCH);
+    CHECK(strstr(igrad_last_error(), "config.profile_steps differs"), "message: %s",
+          igrad_last_error());
+    /* a profile and a window on one rank only: every rank fails, none hangs */
+    igrad_profile_t *P0 = make_profile(L, "fixed:0.4");
+    CHECK_STATUS(igrad_engine_create(L, me == 0 ? P0 : NULL, &c, comm, &x), IGRAD_E_INVALID);
+    igrad_profile_free(P0);
+    /* set_profile with another profile on one rank: refused, nothing changes */
+    igrad_engine_t *y = create(L, NULL, &c, comm);
+    igrad_profile_t *P1 = make_profile(L, "fixed:0.4"), *P2 = make_profile(L, "fixed:0.7");
+    uint64_t before = plan_hash_of(y, T);
+    CHECK_STATUS(igrad_engine_set_profile(y, me == np - 1 ? P2 : P1), IGRAD_E_MISMATCH);
+    CHECK(plan_hash_of(y, T) == before, "a refused set_profile changed the plan");
+    CHECK_OK(igrad_engine_set_profile(y, P1));
+    check_same_u64(plan_hash_of(y, T), "the plan after set_profile");
+    igrad_profile_free(P1);
+    igrad_profile_free(P2);
+    igrad_engine_free(y);
+
+    MPI_Barrier(MPI_COMM_WORLD);
+    unlink(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me == 0) rmdir(dir);
+    for (size_t t = 0; t < T; t++) {
+        free(in[t]);
+        free(out[t]);
+    }
+    free(in);
+    free(out);
+    grads_free(&Ga);
+    grads_free(&Gb);
+    igrad_engine_free(a);
+    igrad_engine_free(b);
+}
+
 /* ---- agreement and faults ------------------------------------------------------------ */
 
 static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
@@ -970,6 +1127,7 @@ int main(int argc, char **argv)
     c.collective = IGRAD_COLLECTIVE_AUTO;
     two_phase_vs_sync(comm, L, P, c, 1, "two-phase iad");
     test_resume(comm, L, P);
+    test_online(comm, L);
     test_mismatch(comm, L, P);
     test_nonfinite(comm, L, P);
     test_step_skew(comm, L, P);

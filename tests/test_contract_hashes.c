@@ -48,7 +48,7 @@
 #define GOLDEN_PLAN_IG 0x7d5e4f9a69445b2aULL          /* ig_config(), item 23 */
 #define GOLDEN_PLAN_ADTOPK 0x9fbf6f202bdbc3daULL      /* adtopk_sync, item 23 */
 #define GOLDEN_HISTORY_RISK 0xe770e0bd1cf668dbULL     /* ig + pack risk, 2 steps, item 26 */
-#define GOLDEN_CHECKSUM_FRESH 0x1e39d8c042081565ULL   /* fresh ig engine, state version 2 */
+#define GOLDEN_CHECKSUM_FRESH 0x4ceba05ac625f22bULL   /* fresh ig engine, state version 3 */
 
 /* ---- FNV-1a 64 as the docs define it -------------------------------------- */
 
@@ -251,7 +251,7 @@ static igrad_config_t ig_config(void)
 typedef struct state_file {
     unsigned char *bytes;
     size_t nbytes;
-    uint64_t items[26];
+    uint64_t items[30];
     uint32_t version, rank, size, nitems;
 } state_file_t;
 
@@ -286,15 +286,15 @@ static state_file_t save_and_read(const igrad_engine_t *eng)
     fclose(fp);
     remove(path);
     rmdir(dir);
-    assert_true(f.nbytes >= 272);
+    assert_true(f.nbytes >= 304);
     assert_memory_equal(f.bytes, "IGRADST\0", 8);
     f.version = rd_u32(f.bytes + 8);
     f.rank = rd_u32(f.bytes + 12);
     f.size = rd_u32(f.bytes + 16);
     f.nitems = rd_u32(f.bytes + 20);
-    assert_int_equal(f.version, 2);
-    assert_int_equal(f.nitems, 26);
-    for (int i = 0; i < 26; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
+    assert_int_equal(f.version, 3);
+    assert_int_equal(f.nitems, 30);
+    for (int i = 0; i < 30; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
     return f;
 }
 
@@ -315,11 +315,12 @@ static uint64_t doc_checksum(const state_file_t *f)
  * key, n, mean and m2. */
 static uint64_t doc_history_hash(const state_file_t *f)
 {
-    uint64_t N = rd_u64(f->bytes + 256);
-    size_t o = 264 + 4 * (size_t)N + (N % 2 ? 4 : 0);
+    uint64_t N = rd_u64(f->bytes + 288);
+    size_t o = 296 + 4 * (size_t)N + (N % 2 ? 4 : 0);
     uint64_t H = rd_u64(f->bytes + o);
     o += 8;
-    assert_int_equal(o + 32 * H + 8, f->nbytes);
+    assert_int_equal(o + 32 * H + 8 + 8, f->nbytes); /* + online mode 0 + checksum */
+    assert_int_equal(rd_u64(f->bytes + o + 32 * H), 0);
     uint64_t h = fnv_str(DOC_FNV_SEED, "igrad-pack-history");
     h = fnv_u64(h, H);
     for (uint64_t i = 0; i < H; i++) {
@@ -348,7 +349,7 @@ static uint64_t dbits(double x)
 static void check_items(const state_file_t *f, const igrad_layout_t *L, const igrad_config_t *c,
                         int64_t step, int64_t calls)
 {
-    const uint64_t want[26] = {
+    const uint64_t want[30] = {
         [0] = IGRAD_VERSION_NUMBER,
         [1] = igrad_layout_count(L),
         [2] = igrad_layout_hash(L),
@@ -372,8 +373,12 @@ static void check_items(const state_file_t *f, const igrad_layout_t *L, const ig
         [21] = dbits(c->timeout_s),
         [23] = (uint64_t)step,
         [24] = (uint64_t)calls,
+        [26] = (uint64_t)c->profile_steps,
+        [27] = dbits(c->profile_alpha),
+        [28] = fnv_str(DOC_FNV_SEED, c->profile_partition ? c->profile_partition : "knee"),
+        [29] = (uint64_t)-1, /* not recording an online window */
     };
-    for (int i = 0; i < 26; i++) {
+    for (int i = 0; i < 30; i++) {
         if (i == 4 || i == 22 || i == 25) continue; /* hashes: pinned by the tests */
         if (f->items[i] != want[i]) {
             print_error("state item %d is 0x%llx, formats.md §7 says 0x%llx\n", i + 1,
@@ -473,7 +478,7 @@ static void test_state_hashes_golden(void **state)
     }
     f = save_and_read(eng);
     check_items(&f, L, &c, 1, 2);
-    assert_true(rd_u64(f.bytes + 264 + 4 * igrad_layout_total_count(L)) > 0); /* H */
+    assert_true(rd_u64(f.bytes + 296 + 4 * igrad_layout_total_count(L)) > 0); /* H */
     check_hash(f.items[25], doc_history_hash(&f), "risk history hash vs formats.md §7");
     check_hash(f.items[25], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
     free(f.bytes);

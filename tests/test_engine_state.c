@@ -44,7 +44,7 @@ enum {
     ITEM_HISTORY = 25,
     OFF_STEP = 24 + 8 * ITEM_STEP,
     OFF_CALLS = 24 + 8 * ITEM_CALLS,
-    OFF_RESIDUALS = 24 + 8 * 26 + 32,
+    OFF_RESIDUALS = 24 + 8 * 30 + 32,
 };
 
 static uint64_t fnv_words(const unsigned char *p, size_t nbytes)
@@ -198,7 +198,8 @@ static void make_files(fixture_t *f)
     assert_true(f->nbytes > f->off_history + 16);
     f->hist_count = get_le64(f->file + f->off_history);
     assert_true(f->hist_count > 0);
-    assert_int_equal(f->nbytes, f->off_history + 8 + 32 * f->hist_count + 8);
+    /* + the online section's mode word (0: none) + the checksum */
+    assert_int_equal(f->nbytes, f->off_history + 8 + 32 * f->hist_count + 8 + 8);
 
     assert_ok(igrad_engine_create(f->layout, NULL, &f->cfg, f->comm, &f->loader));
     run_steps(f->loader, 0, 3, -0.5f);

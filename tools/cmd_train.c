@@ -59,7 +59,12 @@ static void usage(FILE *fp)
 "  --comm-timeout S            a collective that has not completed after S seconds\n"
 "                              (a stopped or hung rank) ends the job on every rank\n"
 "                              that waits, naming the step (default 300; 0 = never)\n"
-"  --profile FILE              importance profile (required for iad and ig)\n"
+"  --profile FILE|auto         importance profile (required for iad and ig); auto:\n"
+"                              the engine profiles the first --profile-steps steps of\n"
+"                              this run itself (sending as the sparsifier's *_sync),\n"
+"                              then switches to the method; DIR/profile.json is the\n"
+"                              profile it built\n"
+"  --profile-steps W (30)  --profile-partition knee|otsu|kmeans2|gmm2|percentile:P|fixed:F\n"
 "  --trace FILE                record the activity trace of this run (sparse methods);\n"
 "                              rank 0 writes it: the trace of rank 0's selections\n"
 "evaluation, checkpoints, output:\n"
@@ -170,6 +175,8 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         STR_OPT("--residual", residual)
         STR_OPT("--pack", pack)
         STR_OPT("--profile", profile)
+        STR_OPT("--profile-partition", profile_partition)
+        INT_OPT("--profile-steps", 1, profile_steps)
         STR_OPT("--trace", trace)
         STR_OPT("--out", out)
         INT_OPT("--steps", 1, steps)

@@ -271,8 +271,10 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_i64(l, "--buckets", o->buckets);
     opt_add_i64(l, "--verify-every", o->verify_every);
     opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
-    if (!o->profile) {
-        opt_add_str(l, "--profile", NULL);
+    if (!o->profile || train_profile_auto(o)) {
+        opt_add_str(l, "--profile", o->profile);
+        opt_add_i64(l, "--profile-steps", o->profile_steps);
+        opt_add_str(l, "--profile-partition", o->profile_partition);
     } else {
         /* By content: the path may differ from host to host. */
         uint64_t h = 0, nbytes = 0;
@@ -370,6 +372,7 @@ void train_options_default(train_options_t *o)
     o->eval_every = 50;
     o->eval_batches = 4;
     o->progress = TRAIN_PROGRESS_AUTO;
+    o->profile_steps = 30;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -404,6 +407,7 @@ typedef struct run {
     double t_start_ms;
     double last_val[3];       /* loss, ppl, acc of the last evaluation */
     int tty;
+    int online_written;       /* --profile auto: out/profile.json written */
 } run_t;
 
 /* ------------------------------------------------------------------------ */
@@ -431,6 +435,10 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
     c.verify_every = o->verify_every;
     c.timeout_s = o->comm_timeout_s;
     c.threads = o->threads;
+    if (train_profile_auto(o) && (c.method == IGRAD_METHOD_IAD || c.method == IGRAD_METHOD_IG)) {
+        c.profile_steps = o->profile_steps; /* other methods: refused in setup, by name */
+        c.profile_partition = o->profile_partition;
+    }
     if ((st = igrad_config_validate(&c)) != IGRAD_OK) return lib_fail(st, "sync config");
     *cfg = c;
     return IGRAD_OK;
@@ -861,8 +869,13 @@ static igrad_status_t setup_local(run_t *r)
     if (needs_profile && !o->profile)
         return trainer_fail(IGRAD_E_INVALID,
                             "--method %s needs --profile FILE (build one with `igrad profile` "
-                            "from a --trace of an adtopk_sync or topk_sync run)", o->method);
-    if (o->profile) {
+                            "from a --trace of an adtopk_sync or topk_sync run) or --profile "
+                            "auto", o->method);
+    if (train_profile_auto(o) && !needs_profile)
+        return trainer_fail(IGRAD_E_INVALID,
+                            "--profile auto profiles online for iad and ig; --method %s uses no "
+                            "profile", o->method);
+    if (o->profile && !train_profile_auto(o)) {
         st = igrad_profile_load(o->profile, r->layout, &r->profile);
         if (st == IGRAD_E_MISMATCH)
             return trainer_fail(st, "--profile %s was made for another model: %s", o->profile,
@@ -1333,18 +1346,31 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddStringToObject(sync, "pack", igrad_pack_policy_name(r->scfg.pack));
     cJSON_AddNumberToObject(sync, "buckets", r->scfg.buckets);
     if (o->profile) cJSON_AddStringToObject(cfg, "profile", o->profile);
+    if (train_profile_auto(o)) {
+        igrad_online_info_t oi;
+        if (igrad_engine_online_info(r->engine, &oi) == IGRAD_OK) {
+            cJSON *on = cJSON_AddObjectToObject(root, "online_profile");
+            cJSON_AddNumberToObject(on, "profile_steps", (double)oi.profile_steps);
+            cJSON_AddNumberToObject(on, "switch_step", (double)oi.switch_step);
+            metrics_json_number(on, "gather_ms", oi.gather_ms);
+            metrics_json_number(on, "build_ms", oi.build_ms);
+            if (r->online_written)
+                cJSON_AddStringToObject(on, "file", TRAIN_ONLINE_PROFILE_FILE);
+        }
+    }
     if (o->trace) cJSON_AddStringToObject(cfg, "trace", o->trace);
-    if (r->profile) {
-        size_t nc = igrad_profile_count(r->profile), nimp = 0;
+    const igrad_profile_t *prof = r->profile ? r->profile : igrad_engine_profile(r->engine);
+    if (prof) {
+        size_t nc = igrad_profile_count(prof), nimp = 0;
         for (size_t i = 0; i < nc; i++) {
             igrad_profile_entry_t e;
-            if (igrad_profile_entry(r->profile, i, &e) == IGRAD_OK && e.important) nimp++;
+            if (igrad_profile_entry(prof, i, &e) == IGRAD_OK && e.important) nimp++;
         }
         cJSON *pj = cJSON_AddObjectToObject(root, "profile");
         cJSON_AddNumberToObject(pj, "components", (double)nc);
         cJSON_AddNumberToObject(pj, "important", (double)nimp);
-        metrics_json_number(pj, "tau", igrad_profile_threshold(r->profile));
-        cJSON_AddStringToObject(pj, "method", igrad_profile_method(r->profile));
+        metrics_json_number(pj, "tau", igrad_profile_threshold(prof));
+        cJSON_AddStringToObject(pj, "method", igrad_profile_method(prof));
     }
     metrics_json_number(root, "f_imp", r->f_imp);
 
@@ -1380,6 +1406,24 @@ static igrad_status_t at_step(igrad_status_t st, int64_t step)
     char where[48];
     snprintf(where, sizeof where, "step %lld", (long long)step);
     return prefix_fail(st, where);
+}
+
+/* --profile auto: once the engine has built its profile (or loaded it with
+ * a resumed state), rank 0 writes it to out/profile.json for users to
+ * inspect or reuse with --profile FILE, and f_imp is known. */
+static igrad_status_t online_profile_written(run_t *r)
+{
+    if (!train_profile_auto(r->o) || r->online_written) return IGRAD_OK;
+    const igrad_profile_t *p = igrad_engine_profile(r->engine);
+    if (!p) return IGRAD_OK;
+    r->online_written = 1;
+    r->f_imp = compute_f_imp(r->layout, p, method_sparsifier(&r->scfg), r->scfg.density);
+    if (r->rank != 0 || !r->o->out) return IGRAD_OK;
+    char *path = path_join(r->o->out, TRAIN_ONLINE_PROFILE_FILE);
+    if (!path) return trainer_fail(IGRAD_E_NOMEM, "out of memory");
+    igrad_status_t st = igrad_profile_save_json(p, path);
+    free(path);
+    return st == IGRAD_OK ? IGRAD_OK : lib_fail(st, "--profile auto: writing the profile");
 }
 
 igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_result_t *res)
@@ -1480,6 +1524,9 @@ igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_res
     for (; step < last; step++) {
         metrics_row_t row;
         if ((st = train_step(&r, step, &row)) != IGRAD_OK) break;
+        /* the same step on every rank: the engines switch together */
+        if (train_profile_auto(o) && !r.online_written && igrad_engine_profile(r.engine))
+            if ((st = agree(comm, online_profile_written(&r))) != IGRAD_OK) break;
         if (step == r.start_step) res->first_loss = row.loss;
         res->last_loss = row.loss;
         res->steps_done = step + 1;
@@ -1506,6 +1553,7 @@ igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_res
     if (r.start_step >= last) res->steps_done = r.start_step;
 
     res->wall_s = (now_ms() - r.t_start_ms) / 1000.0;
+    res->f_imp = r.f_imp;
     st = IGRAD_OK;
     if (r.rank == 0) {
         if (r.tty && o->progress != TRAIN_PROGRESS_QUIET) printf("\n");

@@ -61,11 +61,15 @@
 
 #include <stdint.h>
 
+#include <string.h>
+
 #include "igrad.h"
 #include "model.h"
 #include "optim.h"
 
 #define TRAIN_CHECKPOINT_DIR "checkpoint"
+/* --profile auto: the profile the engine built, written into --out */
+#define TRAIN_ONLINE_PROFILE_FILE "profile.json"
 #define TRAIN_STATE_FILE "train_state.json"
 #define TRAIN_SUMMARY_FILE "summary.json"
 
@@ -114,7 +118,9 @@ typedef struct train_options {
     int64_t verify_every;     /* agreement check period (steps) */
     double comm_timeout_s;    /* bound on every collective, the trainer's own
                                  included (seconds; 0 = wait forever) */
-    const char *profile;      /* profile JSON, required for iad/ig */
+    const char *profile;      /* profile JSON, required for iad/ig; "auto": the
+                                 engine profiles the first profile_steps steps
+                                 itself and writes out/profile.json */
     const char *trace;        /* record rank 0's activity trace to this CSV */
 
     /* Evaluation, checkpoints, output. */
@@ -128,6 +134,10 @@ typedef struct train_options {
     int overwrite;            /* a fresh run may replace a checkpoint already in out
                                  (deleted once setup succeeded); else refused */
     train_progress_t progress;
+
+    /* Online profiling (--profile auto). */
+    int64_t profile_steps;    /* W: steps of the profiling window (30) */
+    const char *profile_partition; /* partition method of the built profile (knee) */
 } train_options_t;
 
 /* Defaults: tiny model, T 64, G 8, 100 steps, optim_config_default() with
@@ -152,6 +162,12 @@ typedef struct train_result {
  * calls it with the same options. @return IGRAD_OK, or a status and
  * message in trainer_last_error() that agree across ranks. */
 igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_result_t *res);
+
+/* 1 for --profile auto (online profiling). */
+static inline int train_profile_auto(const train_options_t *o)
+{
+    return o->profile && strcmp(o->profile, "auto") == 0;
+}
 
 /* FNV-1a hash of a float buffer's bytes (the cross-rank parameter check). */
 uint64_t train_hash_floats(const float *x, int64_t n);

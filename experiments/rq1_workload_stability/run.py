@@ -8,7 +8,12 @@ profile (component scores, threshold tau, important set). The script then
 compares profiles pairwise:
   * across workloads (seed 1, whole window);
   * across three consecutive windows of one trace (the first workload);
-  * across seeds of the first workload (different data order).
+  * across seeds of the first workload (different data order);
+  * online against offline, per workload: the profile `ig --profile auto
+    --profile-steps W` builds inside the real run (its first W steps, every
+    rank's selections summed) against the offline one of the same data and
+    seed (rank 0's trace, W = the profiling run's steps); the switch's cost
+    (exchange + build + re-plan, ms) from its summary.json.
 Per pair: Jaccard of the important sets, top-k overlap (k = a quarter of
 the components), Spearman rank correlation of the scores, |delta tau|.
 
@@ -21,6 +26,7 @@ Not here: training with a profile (RQ2–RQ5), the runner (../common.py).
 Usage: /usr/bin/python3 experiments/rq1_workload_stability/run.py [--mode quick]
        [--workload SPEC ...] [--stability-seeds N] [common flags, see --help]
 """
+import json
 import math
 import os
 import sys
@@ -126,6 +132,23 @@ def body():
         add(name, "seed", main_w, s, os.path.join(run.path, "trace.csv"), (0, steps))
         seed_names.append(name)
 
+    # online: the profile the real run builds itself over the same W steps
+    online_names, online_cost = [], {}
+    for w, lab in zip(workloads, labels):
+        run = exp.train(f"online-{lab}", "ig", w, seed=1, steps=steps + 1, eval_every=0,
+                        extra=["--profile", "auto", "--profile-steps", str(steps),
+                               "--sparsifier", "adtopk"])
+        path = os.path.join(run.path, "profile.json")
+        with open(path) as f:
+            prof = json.load(f)
+        with open(os.path.join(run.path, "summary.json")) as f:
+            op = json.load(f).get("online_profile", {})
+        name = f"{lab}~online"
+        profiles[name] = dict(profile=prof, group="online", data=w, seed=1, window=(0, steps),
+                              trace=profiles[lab]["trace"], path=path)
+        online_names.append((lab, name))
+        online_cost[name] = (op.get("gather_ms"), op.get("build_ms"))
+
     # ---- tables ----
     comp_rows, sum_rows = [], []
     for name, p in profiles.items():
@@ -158,6 +181,10 @@ def body():
             for j in range(i + 1, len(names)):
                 m = compare(profiles[names[i]]["profile"], profiles[names[j]]["profile"])
                 pair_rows.append(dict(group=g, a=names[i], b=names[j], **m))
+    for off, on in online_names:
+        m = compare(profiles[off]["profile"], profiles[on]["profile"])
+        pair_rows.append(dict(group="online", a=off, b=on, **m))
+    groups["online"] = [on for _, on in online_names]
     pair_cols = ["group", "a", "b", "jaccard", "topk_overlap", "k", "spearman", "abs_dtau",
                  "n_imp_a", "n_imp_b"]
     C.write_csv(os.path.join(exp.out, "pairs.csv"), pair_cols, pair_rows)
@@ -262,6 +289,13 @@ def body():
                        C.fmt_pm([r["spearman"] for r in rs], ".3f"),
                        C.fmt_pm([r["abs_dtau"] for r in rs], ".4f")]
                       for g in groups for rs in [[r for r in pair_rows if r["group"] == g]]]),
+          "", "Online (`ig --profile auto`, the run's own first "
+          f"{steps} steps, every rank's selections summed) vs offline (rank 0's trace of a "
+          "separate run): the `online` rows above. Cost of the switch (one exchange of the "
+          "window, profile build, re-plan and agreement), ms:", "",
+          C.md_table(["profile", "exchange ms", "build + re-plan ms"],
+                     [[n, C.fmt(online_cost[n][0], ".2f"), C.fmt(online_cost[n][1], ".2f")]
+                      for _, n in online_names]),
           "", "Figures: `heatmaps.png`, `scores.png`, `stability.png`.  Data: `profiles.csv`, "
           "`profile_summary.csv`, `pairs.csv`."]
     exp.finish(md, figs)

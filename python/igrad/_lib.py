@@ -213,7 +213,9 @@ class Config(ctypes.Structure):
                 ("buckets", ctypes.c_int), ("block_entries", ctypes.c_int64),
                 ("risk_lambda", ctypes.c_double), ("verify_every", ctypes.c_int64),
                 ("value_dtype", c_enum), ("index_dtype", c_enum), ("collective", c_enum),
-                ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double)]
+                ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double),
+                ("profile_steps", ctypes.c_int64), ("profile_alpha", ctypes.c_double),
+                ("profile_partition", ctypes.c_char_p)]
 
 
 class Bucket(ctypes.Structure):
@@ -245,6 +247,13 @@ class TensorPlan(ctypes.Structure):
                 ("count", ctypes.c_int64), ("release_count", ctypes.c_int64),
                 ("row_wise", ctypes.c_int), ("index_nbytes", ctypes.c_int),
                 ("step_nbytes", ctypes.c_int64), ("release_nbytes", ctypes.c_int64)]
+
+
+class OnlineInfo(ctypes.Structure):
+    _fields_ = [("profiling", ctypes.c_int), ("profile_steps", ctypes.c_int64),
+                ("steps_recorded", ctypes.c_int64), ("switch_step", ctypes.c_int64),
+                ("replans", ctypes.c_int64), ("gather_ms", ctypes.c_double),
+                ("build_ms", ctypes.c_double)]
 
 
 # ---------------------------------------------------------------------------
@@ -362,6 +371,9 @@ SIGNATURES = {
     "igrad_engine_predict_payload": (i64, [P, i64]),
     "igrad_engine_residual": (ctypes.POINTER(ctypes.c_float), [P, sz]),
     "igrad_engine_set_trace": (S, [P, P]),
+    "igrad_engine_set_profile": (S, [P, P]),
+    "igrad_engine_profile": (P, [P]),
+    "igrad_engine_online_info": (S, [P, ctypes.POINTER(OnlineInfo)]),
     "igrad_engine_config": (S, [P, ctypes.POINTER(Config)]),
     "igrad_engine_step": (i64, [P]),
     "igrad_engine_workspace_nbytes": (sz, [P]),

@@ -8,6 +8,7 @@ The PyTorch integration (DDP hook, GradientSynchronizer, Profiler, a
 communicator over torch.distributed) lives in igrad/torch.py.
 """
 import ctypes
+import os
 import itertools
 import threading
 import traceback
@@ -567,6 +568,7 @@ CONFIG_DEFAULTS = {
     "pack": "contiguous", "buckets": 4, "block_entries": 16384, "risk_lambda": 1.0,
     "verify_every": 100, "value_dtype": "F32", "index_dtype": "U16", "collective": "auto",
     "threads": 0, "timeout_s": 300.0,
+    "profile_steps": 0, "profile_alpha": 0.7, "profile_partition": None,  # None = knee
 }
 
 
@@ -600,6 +602,10 @@ def make_config(**kw):
     c.collective = _enum_from_name("collective", v["collective"])
     c.threads = int(v["threads"])
     c.timeout_s = float(v["timeout_s"])
+    c.profile_steps = int(v["profile_steps"])
+    c.profile_alpha = float(v["profile_alpha"])
+    part = v["profile_partition"]
+    c.profile_partition = str(part).encode() if part is not None else None  # kept alive by c
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -620,6 +626,8 @@ def config_to_dict(c):
         "value_dtype": _s(lib.igrad_dtype_name(c.value_dtype)),
         "index_dtype": _s(lib.igrad_dtype_name(c.index_dtype)),
         "collective": _s(lib.igrad_collective_name(c.collective)), "threads": c.threads,
+        "profile_steps": c.profile_steps, "profile_alpha": c.profile_alpha,
+        "profile_partition": _s(c.profile_partition) if c.profile_partition else "knee",
     }
 
 
@@ -718,6 +726,29 @@ class Engine(_Handle):
         c = L.Config()
         self._lib.call("igrad_engine_config", self.handle, ctypes.byref(c))
         return c
+
+    def set_profile(self, profile):
+        """Re-plans for `profile` keeping every residual (collective:
+        igrad_engine_set_profile)."""
+        self._lib.call("igrad_engine_set_profile", self.handle, profile.handle)
+
+    def online_info(self):
+        """Online profiling status (igrad_online_info_t as a dict)."""
+        o = L.OnlineInfo()
+        self._lib.call("igrad_engine_online_info", self.handle, ctypes.byref(o))
+        return {f: getattr(o, f) for f, _ in L.OnlineInfo._fields_}
+
+    def profile(self, layout=None):
+        """A copy of the profile the engine built online (or was given by
+        set_profile), or None while the window records."""
+        h = self._lib.igrad_engine_profile(self.handle)
+        if not h:
+            return None
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "profile.json")
+            self._lib.call("igrad_profile_save_json", h, _b(path))
+            return Profile.load(path, layout)
 
     @property
     def step(self):

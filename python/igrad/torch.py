@@ -340,6 +340,13 @@ class IgradState:
     profile:        path of a profile JSON or a Profile (required for
                     methods "iad" and "ig"); checked against the model's
                     layout (MismatchError for a profile of another model).
+                    "auto": no separate profiling run; the engine sends
+                    everything for the first `profile_steps` synchronized
+                    steps (as the sparsifier's *_sync), builds the profile
+                    from what every rank selected and switches to the
+                    method (`online_info`, `built_profile()`).
+    profile_steps:  the window of profile="auto" (30);
+    profile_partition: its partition method (None = "knee").
     method:         "ig" (default), "iad", "topk_sync", "adtopk_sync", "dense".
     sparsifier, density, release_period, release_keep, schedule, pack,
     buckets, verify_every, collective, interleave, residual, block_entries,
@@ -364,7 +371,8 @@ class IgradState:
                  schedule="staggered", pack="contiguous", buckets=4, verify_every=100,
                  start_iter=0, collective="auto", interleave=False, residual="on",
                  block_entries=None, risk_lambda=1.0, index_dtype="U16", threads=0,
-                 nonfinite="allreduce", timeout_s=300.0):
+                 nonfinite="allreduce", timeout_s=300.0, profile_steps=30,
+                 profile_partition=None):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -378,6 +386,12 @@ class IgradState:
             "block_entries": block_entries, "risk_lambda": risk_lambda,
             "index_dtype": index_dtype, "threads": threads, "timeout_s": timeout_s,
         }
+        if isinstance(profile, str) and profile == "auto":
+            if str(method).lower() not in ("ig", "iad"):
+                raise L.InvalidArgumentError("profile='auto' profiles online for iad and ig; "
+                                             "method %r uses no profile" % (method,))
+            self.config["profile_steps"] = int(profile_steps)
+            self.config["profile_partition"] = profile_partition
         make_config(**self.config)  # validates now, not at the first backward
         self.profile = profile
         self.start_iter = int(start_iter)
@@ -469,7 +483,7 @@ class IgradState:
         return str(self.config["method"]).lower() in ("ig", "iad")
 
     def _resolve_profile(self):
-        if not self._needs_profile():
+        if not self._needs_profile() or self.profile == "auto":
             return None
         prof = self.profile
         if prof is None:
@@ -543,6 +557,17 @@ class IgradState:
         if any_pending and not_all == 0:
             raise L.StateError("load_state_dict() was called on some ranks but not on "
                                "others (every rank loads its own state)")
+
+    @property
+    def online_info(self):
+        """profile="auto": the window's status (profiling, steps_recorded,
+        switch_step, replans, gather_ms, build_ms)."""
+        return self.engine.online_info()
+
+    def built_profile(self):
+        """profile="auto": a copy of the profile the engine built (a Profile;
+        save it with save_json to reuse it), or None while profiling."""
+        return self.engine.profile(self.layout)
 
     def set_trace(self, trace):
         """Records the engine's selections into an igrad Trace (the run

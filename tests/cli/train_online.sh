@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# tests/cli/train_online.sh — `igrad train --method ig --profile auto` on
+# the tiny model: the run profiles its first --profile-steps steps itself,
+# switches to ig (summary.json: online_profile.switch_step, fewer bytes per
+# step after the switch than during the window), writes DIR/profile.json
+# (a profile `--profile FILE` accepts), and a run stopped inside the window
+# and one stopped after the switch resume to the same parameters as the
+# uninterrupted run. --profile auto with a method that uses no profile is
+# refused.
+#
+# Data: a generated corpus (no network). Runs under mpirun -np 2 when
+# mpirun exists, else on 1 rank.
+#
+# Usage: train_online.sh path/to/igrad   (CTest passes the built binary)
+set -u
+IGRAD=${1:?usage: train_online.sh path/to/igrad}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/igrad-train-online.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+PY=python3
+command -v "$PY" >/dev/null || PY=/usr/bin/python3
+
+mkdir -p "$tmp/corpus"
+words=(the cat sat on a mat and dog ran to red house in sun was big)
+seed=5
+for d in 0 1 2 3 4 5 6 7; do
+  line=""
+  for _ in $(seq 1 400); do
+    seed=$(( (seed * 1103515245 + 12345) % 2147483648 ))
+    line+="${words[$(( (seed / 65536) % 16 ))]} "
+  done
+  echo "$line" > "$tmp/corpus/doc$d.txt"
+done
+
+launch=()
+if command -v mpirun >/dev/null; then
+  launch=(mpirun --oversubscribe -np 2)
+  [ "$(id -u)" -ne 0 ] || launch+=(--allow-run-as-root)
+fi
+common=(--data "$tmp/corpus" --seq-len 32 --batch 8 --steps 16 --eval-every 8 --eval-batches 2
+        --val-fraction 0.1 --threads 1 --progress quiet --method ig --profile auto
+        --profile-steps 5 --profile-partition fixed:0.4)
+
+timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]}" --out "$tmp/full" 2>"$tmp/full.err" \
+  || fail "ig --profile auto: $(cat "$tmp/full.err")"
+[ -s "$tmp/full/profile.json" ] || fail "no profile.json in the run's --out"
+"$PY" - "$tmp/full" <<'EOF' || fail "summary/metrics checks"
+import csv, json, os, sys
+d = sys.argv[1]
+s = json.load(open(os.path.join(d, "summary.json")))
+bad = []
+op = s.get("online_profile", {})
+if op.get("switch_step") != 5: bad.append("online_profile.switch_step %r, want 5" % op.get("switch_step"))
+if op.get("file") != "profile.json": bad.append("online_profile.file %r" % op.get("file"))
+if not (op.get("build_ms", -1) >= 0): bad.append("online_profile.build_ms %r" % op.get("build_ms"))
+p = json.load(open(os.path.join(d, "profile.json")))
+imp = sum(1 for c in p["components"] if c["important"])
+if s.get("profile", {}).get("important") != imp: bad.append("summary profile.important vs profile.json")
+if not (0 < s.get("f_imp", 0) < 1): bad.append("f_imp %r" % s.get("f_imp"))
+rows = list(csv.DictReader(open(os.path.join(d, "metrics.csv"))))
+pay = [float(r["payload_bytes"]) for r in rows]
+win, after = pay[:5], pay[5:]
+if min(win) != max(win): bad.append("window payloads vary: %r" % win)
+if not (sum(after) / len(after) < min(win)): bad.append("ig after the switch sends no less: %r vs %r" % (after, win))
+if bad:
+    print("\n".join(bad)); sys.exit(1)
+EOF
+# the built profile is a profile igrad train accepts
+timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]/auto/$tmp/full/profile.json}" --steps 4 \
+  --out "$tmp/reuse" 2>"$tmp/reuse.err" || fail "--profile DIR/profile.json: $(cat "$tmp/reuse.err")"
+
+# stopped inside the window (step 3) and after the switch (step 9): exact resume
+for stop in 3 9; do
+  out="$tmp/stop$stop"
+  timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]}" --out "$out" --stop-at $stop \
+    2>"$out.err" || fail "stop at $stop: $(cat "$out.err")"
+  timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]}" --out "$out" --resume \
+    2>"$out.err2" || fail "resume from $stop: $(cat "$out.err2")"
+  cmp -s "$tmp/full/checkpoint/model.safetensors" "$out/checkpoint/model.safetensors" \
+    || fail "resumed from step $stop: parameters differ from the uninterrupted run"
+  cmp -s "$tmp/full/profile.json" "$out/profile.json" \
+    || fail "resumed from step $stop: profile.json differs"
+done
+
+# a method without a profile
+if timeout 60 "$IGRAD" train --data "$tmp/corpus" --method adtopk_sync --profile auto \
+     --steps 2 --progress quiet --out "$tmp/bad" 2>"$tmp/bad.err"; then
+  fail "--profile auto with adtopk_sync was accepted"
+fi
+grep -qF -- "--profile auto profiles online for iad and ig" "$tmp/bad.err" \
+  || fail "message for --profile auto with adtopk_sync: $(cat "$tmp/bad.err")"
+
+[ "$fails" -eq 0 ] && echo "train_online: ok"
+exit $((fails > 0))
