@@ -26,7 +26,7 @@
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 2u /* 2: 26 items (config.timeout_s) */
+#define STATE_VERSION 3u /* 2: 26 items (config.timeout_s); 3: 27 (config.gate_other) */
 #define FNV_PRIME 0x100000001b3ULL
 #define CHUNK_NBYTES (1u << 20)
 

@@ -2,7 +2,7 @@
  * test_contract_hashes.c — golden values of every hash igrad puts in a
  * file or in the agreement exchange: the layout hash (profiles, traces,
  * state files, optimizer files), the profile hash, the plan hash and the
- * risk history hash (agreement items 5, 23 and 26 of the engine state
+ * risk history hash (agreement items 5, 24 and 27 of the engine state
  * file, formats.md §7) and the state file checksum.
  *
  * The constants below were computed once and are part of the file
@@ -21,7 +21,7 @@
  * layout hash from the layout's rows, the profile hash from the profile's
  * entries, the plan hash from the public select specs and tensor plans
  * (not for pack = direct, whose map is not modelled), the history hash
- * and the checksum from the state file's own bytes. The other 21 items
+ * and the checksum from the state file's own bytes. The other 22 items
  * are checked against the config they encode.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
@@ -44,11 +44,11 @@
 
 #define GOLDEN_LAYOUT_OPT125M 0x4fb755b0eb80ae70ULL   /* configs/opt-125m.json (F16) */
 #define GOLDEN_LAYOUT_SMALL 0xda8543021da82b9dULL     /* small_layout() below */
-#define GOLDEN_PROFILE_SMALL 0x328da46a06459a84ULL    /* small_profile(), item 5 */
-#define GOLDEN_PLAN_IG 0x7d5e4f9a69445b2aULL          /* ig_config(), item 23 */
-#define GOLDEN_PLAN_ADTOPK 0x9fbf6f202bdbc3daULL      /* adtopk_sync, item 23 */
-#define GOLDEN_HISTORY_RISK 0xe770e0bd1cf668dbULL     /* ig + pack risk, 2 steps, item 26 */
-#define GOLDEN_CHECKSUM_FRESH 0x1e39d8c042081565ULL   /* fresh ig engine, state version 2 */
+#define GOLDEN_PROFILE_SMALL 0x5d08d6c54c2bc7c2ULL    /* small_profile(), item 5 */
+#define GOLDEN_PLAN_IG 0x0cbd7a126f269311ULL          /* ig_config(), item 24 */
+#define GOLDEN_PLAN_ADTOPK 0x0d72d2be6b05cb01ULL      /* adtopk_sync, item 24 */
+#define GOLDEN_HISTORY_RISK 0xc1d0767b70f3d702ULL     /* ig + pack risk, 2 steps, item 27 */
+#define GOLDEN_CHECKSUM_FRESH 0xe41fe03c7a30fda3ULL   /* fresh ig engine, state version 3 */
 
 /* ---- FNV-1a 64 as the docs define it -------------------------------------- */
 
@@ -251,7 +251,7 @@ static igrad_config_t ig_config(void)
 typedef struct state_file {
     unsigned char *bytes;
     size_t nbytes;
-    uint64_t items[26];
+    uint64_t items[27];
     uint32_t version, rank, size, nitems;
 } state_file_t;
 
@@ -286,15 +286,15 @@ static state_file_t save_and_read(const igrad_engine_t *eng)
     fclose(fp);
     remove(path);
     rmdir(dir);
-    assert_true(f.nbytes >= 272);
+    assert_true(f.nbytes >= 280);
     assert_memory_equal(f.bytes, "IGRADST\0", 8);
     f.version = rd_u32(f.bytes + 8);
     f.rank = rd_u32(f.bytes + 12);
     f.size = rd_u32(f.bytes + 16);
     f.nitems = rd_u32(f.bytes + 20);
-    assert_int_equal(f.version, 2);
-    assert_int_equal(f.nitems, 26);
-    for (int i = 0; i < 26; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
+    assert_int_equal(f.version, 3);
+    assert_int_equal(f.nitems, 27);
+    for (int i = 0; i < 27; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
     return f;
 }
 
@@ -315,8 +315,8 @@ static uint64_t doc_checksum(const state_file_t *f)
  * key, n, mean and m2. */
 static uint64_t doc_history_hash(const state_file_t *f)
 {
-    uint64_t N = rd_u64(f->bytes + 256);
-    size_t o = 264 + 4 * (size_t)N + (N % 2 ? 4 : 0);
+    uint64_t N = rd_u64(f->bytes + 264);
+    size_t o = 272 + 4 * (size_t)N + (N % 2 ? 4 : 0);
     uint64_t H = rd_u64(f->bytes + o);
     o += 8;
     assert_int_equal(o + 32 * H + 8, f->nbytes);
@@ -343,12 +343,12 @@ static uint64_t dbits(double x)
     return u;
 }
 
-/* Items 1–22 and 24–25 from their definitions (§7: enums as their numbers,
+/* Items 1–23 and 25–26 from their definitions (§7: enums as their numbers,
  * doubles as their IEEE bit pattern). */
 static void check_items(const state_file_t *f, const igrad_layout_t *L, const igrad_config_t *c,
                         int64_t step, int64_t calls)
 {
-    const uint64_t want[26] = {
+    const uint64_t want[27] = {
         [0] = IGRAD_VERSION_NUMBER,
         [1] = igrad_layout_count(L),
         [2] = igrad_layout_hash(L),
@@ -370,11 +370,12 @@ static void check_items(const state_file_t *f, const igrad_layout_t *L, const ig
         [19] = (uint64_t)c->index_dtype,
         [20] = (uint64_t)c->collective,
         [21] = dbits(c->timeout_s),
-        [23] = (uint64_t)step,
-        [24] = (uint64_t)calls,
+        [22] = (uint64_t)c->gate_other,
+        [24] = (uint64_t)step,
+        [25] = (uint64_t)calls,
     };
-    for (int i = 0; i < 26; i++) {
-        if (i == 4 || i == 22 || i == 25) continue; /* hashes: pinned by the tests */
+    for (int i = 0; i < 27; i++) {
+        if (i == 4 || i == 23 || i == 26) continue; /* hashes: pinned by the tests */
         if (f->items[i] != want[i]) {
             print_error("state item %d is 0x%llx, formats.md §7 says 0x%llx\n", i + 1,
                         (unsigned long long)f->items[i], (unsigned long long)want[i]);
@@ -430,9 +431,9 @@ static void test_state_hashes_golden(void **state)
     check_hash(f.items[2], GOLDEN_LAYOUT_SMALL, "state item 3 (layout hash) vs golden");
     check_hash(f.items[4], doc_profile_hash(P), "profile hash vs formats.md §7");
     check_hash(f.items[4], GOLDEN_PROFILE_SMALL, "profile hash vs golden");
-    check_hash(f.items[22], doc_plan_hash(eng, L), "ig plan hash vs formats.md §7");
-    check_hash(f.items[22], GOLDEN_PLAN_IG, "ig plan hash vs golden");
-    check_hash(f.items[25], doc_history_hash(&f), "empty history hash vs formats.md §7");
+    check_hash(f.items[23], doc_plan_hash(eng, L), "ig plan hash vs formats.md §7");
+    check_hash(f.items[23], GOLDEN_PLAN_IG, "ig plan hash vs golden");
+    check_hash(f.items[26], doc_history_hash(&f), "empty history hash vs formats.md §7");
     check_hash(rd_u64(f.bytes + f.nbytes - 8), GOLDEN_CHECKSUM_FRESH,
                "fresh state checksum vs golden");
     free(f.bytes);
@@ -447,8 +448,8 @@ static void test_state_hashes_golden(void **state)
     assert_ok(igrad_engine_config(eng, &used));
     check_items(&f, L, &used, -1, 0);
     check_hash(f.items[4], 0, "adtopk_sync profile hash");
-    check_hash(f.items[22], doc_plan_hash(eng, L), "adtopk_sync plan hash vs formats.md §7");
-    check_hash(f.items[22], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash vs golden");
+    check_hash(f.items[23], doc_plan_hash(eng, L), "adtopk_sync plan hash vs formats.md §7");
+    check_hash(f.items[23], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
 
@@ -473,9 +474,9 @@ static void test_state_hashes_golden(void **state)
     }
     f = save_and_read(eng);
     check_items(&f, L, &c, 1, 2);
-    assert_true(rd_u64(f.bytes + 264 + 4 * igrad_layout_total_count(L)) > 0); /* H */
-    check_hash(f.items[25], doc_history_hash(&f), "risk history hash vs formats.md §7");
-    check_hash(f.items[25], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
+    assert_true(rd_u64(f.bytes + 272 + 4 * igrad_layout_total_count(L)) > 0); /* H */
+    check_hash(f.items[26], doc_history_hash(&f), "risk history hash vs formats.md §7");
+    check_hash(f.items[26], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
     for (size_t t = 0; t < T; t++) free(g[t]);

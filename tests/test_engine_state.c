@@ -39,12 +39,12 @@
 enum {
     OFF_ITEMS = 24,
     ITEM_VERIFY_EVERY = 17,
-    ITEM_STEP = 23,
-    ITEM_CALLS = 24,
-    ITEM_HISTORY = 25,
+    ITEM_STEP = 24,
+    ITEM_CALLS = 25,
+    ITEM_HISTORY = 26,
     OFF_STEP = 24 + 8 * ITEM_STEP,
     OFF_CALLS = 24 + 8 * ITEM_CALLS,
-    OFF_RESIDUALS = 24 + 8 * 26 + 32,
+    OFF_RESIDUALS = 24 + 8 * 27 + 32,
 };
 
 static uint64_t fnv_words(const unsigned char *p, size_t nbytes)

@@ -271,6 +271,7 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_i64(l, "--buckets", o->buckets);
     opt_add_i64(l, "--verify-every", o->verify_every);
     opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
+    opt_add_i64(l, "--gate-other", o->gate_other);
     if (!o->profile) {
         opt_add_str(l, "--profile", NULL);
     } else {
@@ -364,6 +365,7 @@ void train_options_default(train_options_t *o)
     o->density = 0.01;
     o->release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
     o->release_keep = IGRAD_DEFAULT_RELEASE_KEEP;
+    o->gate_other = 1;
     o->buckets = 4;
     o->verify_every = 100;
     o->comm_timeout_s = IGRAD_DEFAULT_TIMEOUT_S;
@@ -431,6 +433,7 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
     c.verify_every = o->verify_every;
     c.timeout_s = o->comm_timeout_s;
     c.threads = o->threads;
+    c.gate_other = o->gate_other;
     if ((st = igrad_config_validate(&c)) != IGRAD_OK) return lib_fail(st, "sync config");
     *cfg = c;
     return IGRAD_OK;
@@ -449,10 +452,11 @@ static igrad_sparsifier_t method_sparsifier(const igrad_config_t *c)
 
 /* f_imp: the share of the sparsifier's per-step budget that goes to
  * tensors sent every step (important components and OTHER tensors, which
- * are never deferred). The payload ratio to *_sync is about
+ * are never deferred; EMB/HEAD/NORM too with gate_other 0 or when the
+ * profile lacks them). The payload ratio to *_sync is about
  * f_imp + kappa * (1 - f_imp) (NOTES.md). */
 static double compute_f_imp(const igrad_layout_t *layout, const igrad_profile_t *profile,
-                            igrad_sparsifier_t sp, double density)
+                            igrad_sparsifier_t sp, double density, int gate_other)
 {
     double every = 0.0, all = 0.0;
     for (size_t t = 0; t < igrad_layout_count(layout); t++) {
@@ -462,7 +466,10 @@ static double compute_f_imp(const igrad_layout_t *layout, const igrad_profile_t 
             igrad_select_spec(sp, density, 1.0, 0, 0, ti.ndim, ti.shape, &spec) != IGRAD_OK)
             return NAN;
         all += (double)spec.count;
-        if (ti.kind == IGRAD_KIND_OTHER || igrad_profile_is_important(profile, ti.layer, ti.kind) != 0)
+        int outer = ti.kind == IGRAD_KIND_EMB || ti.kind == IGRAD_KIND_HEAD ||
+                    ti.kind == IGRAD_KIND_NORM;
+        if (ti.kind == IGRAD_KIND_OTHER || (outer && !gate_other) ||
+            igrad_profile_is_important(profile, ti.layer, ti.kind) != 0)
             every += (double)spec.count;
     }
     return all > 0 ? every / all : NAN;
@@ -872,7 +879,7 @@ static igrad_status_t setup_local(run_t *r)
     r->f_imp = NAN;
     if (r->profile && method_sparsifier(&r->scfg) != IGRAD_SPARSIFIER_NONE)
         r->f_imp = compute_f_imp(r->layout, r->profile, method_sparsifier(&r->scfg),
-                                 r->scfg.density);
+                                 r->scfg.density, r->scfg.gate_other);
     return IGRAD_OK;
 }
 
@@ -1332,6 +1339,7 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddStringToObject(sync, "residual", igrad_residual_policy_name(r->scfg.residual));
     cJSON_AddStringToObject(sync, "pack", igrad_pack_policy_name(r->scfg.pack));
     cJSON_AddNumberToObject(sync, "buckets", r->scfg.buckets);
+    cJSON_AddBoolToObject(sync, "gate_other", r->scfg.gate_other);
     if (o->profile) cJSON_AddStringToObject(cfg, "profile", o->profile);
     if (o->trace) cJSON_AddStringToObject(cfg, "trace", o->trace);
     if (r->profile) {

@@ -114,6 +114,8 @@ typedef struct train_options {
     int64_t verify_every;     /* agreement check period (steps) */
     double comm_timeout_s;    /* bound on every collective, the trainer's own
                                  included (seconds; 0 = wait forever) */
+    int gate_other;           /* 1: EMB/HEAD/NORM components gated (default); 0:
+                                 always sent (igrad_config_t.gate_other) */
     const char *profile;      /* profile JSON, required for iad/ig */
     const char *trace;        /* record rank 0's activity trace to this CSV */
 

@@ -48,8 +48,8 @@ def library_path():
 
 
 def component_of(name):
-    """(layer, kind) of a parameter name, e.g. (3, "Q"); (-1, "OTHER")
-    outside the Transformer blocks."""
+    """(layer, kind) of a parameter name, e.g. (3, "Q"), (3, "NORM"),
+    (-1, "EMB"), (-1, "HEAD"); (-1, "OTHER") for names no rule knows."""
     import ctypes
     from ._lib import KIND_NAMES
     layer = ctypes.c_int()

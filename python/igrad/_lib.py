@@ -213,7 +213,8 @@ class Config(ctypes.Structure):
                 ("buckets", ctypes.c_int), ("block_entries", ctypes.c_int64),
                 ("risk_lambda", ctypes.c_double), ("verify_every", ctypes.c_int64),
                 ("value_dtype", c_enum), ("index_dtype", c_enum), ("collective", c_enum),
-                ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double)]
+                ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double),
+                ("gate_other", ctypes.c_int)]
 
 
 class Bucket(ctypes.Structure):

@@ -566,7 +566,7 @@ CONFIG_DEFAULTS = {
     "release_period": 4, "release_keep": 0.25, "schedule": "staggered", "residual": "on",
     "pack": "contiguous", "buckets": 4, "block_entries": 16384, "risk_lambda": 1.0,
     "verify_every": 100, "value_dtype": "F32", "index_dtype": "U16", "collective": "auto",
-    "threads": 0, "timeout_s": 300.0,
+    "threads": 0, "timeout_s": 300.0, "gate_other": True,
 }
 
 
@@ -600,6 +600,7 @@ def make_config(**kw):
     c.collective = _enum_from_name("collective", v["collective"])
     c.threads = int(v["threads"])
     c.timeout_s = float(v["timeout_s"])
+    c.gate_other = int(bool(v["gate_other"]))
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -620,6 +621,7 @@ def config_to_dict(c):
         "value_dtype": _s(lib.igrad_dtype_name(c.value_dtype)),
         "index_dtype": _s(lib.igrad_dtype_name(c.index_dtype)),
         "collective": _s(lib.igrad_collective_name(c.collective)), "threads": c.threads,
+        "gate_other": bool(c.gate_other),
     }
 
 

@@ -349,6 +349,9 @@ class IgradState:
                     torch.distributed process group the group's timeout
                     (init_process_group(timeout=...)) bounds each collective
                     instead; one that times out there raises CommError.
+    gate_other:     True (default): embeddings, lm_head and norms (EMB, HEAD,
+                    NORM components) are gated like projections; False: they
+                    are sent every step (the behaviour before; an ablation).
     start_iter:     the first `start_iter` steps are plain averaged
                     all-reduces without igrad (warm-up, as in PowerSGD).
     nonfinite:      "allreduce" (default) or "keep": what a skipped
@@ -364,7 +367,7 @@ class IgradState:
                  schedule="staggered", pack="contiguous", buckets=4, verify_every=100,
                  start_iter=0, collective="auto", interleave=False, residual="on",
                  block_entries=None, risk_lambda=1.0, index_dtype="U16", threads=0,
-                 nonfinite="allreduce", timeout_s=300.0):
+                 nonfinite="allreduce", timeout_s=300.0, gate_other=True):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -377,6 +380,7 @@ class IgradState:
             "interleave": bool(interleave), "residual": residual,
             "block_entries": block_entries, "risk_lambda": risk_lambda,
             "index_dtype": index_dtype, "threads": threads, "timeout_s": timeout_s,
+            "gate_other": bool(gate_other),
         }
         make_config(**self.config)  # validates now, not at the first backward
         self.profile = profile

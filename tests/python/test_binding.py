@@ -283,8 +283,12 @@ class Binding(unittest.TestCase):
         self.assertEqual((d["layer"], d["kind"]), (0, "FC2"))
         self.assertEqual(layout.total_count,
                          sum(p.numel() for p in model.parameters() if p.requires_grad))
-        # 2 layers x (Q, K, V, O, FC1, FC2)
-        self.assertEqual(len(layout.components()), 12)
+        # 2 layers x (Q, K, V, O, FC1, FC2, NORM), (-1, EMB), (-1, HEAD); the
+        # final norm is frozen, so there is no (-1, NORM)
+        self.assertEqual(len(layout.components()), 16)
+        self.assertEqual(layout.components()[0]["kind"], "EMB")
+        self.assertEqual(igrad.component_of("model.layers.0.input_layernorm.weight"),
+                         (0, "NORM"))
         self.assertEqual(igrad.component_of("model.layers.3.mlp.up_proj.weight"), (3, "FC1"))
 
     # -- communicators ---------------------------------------------------------
