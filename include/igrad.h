@@ -569,6 +569,12 @@ IGRAD_API const char *igrad_profile_method(const igrad_profile_t *profile);
  *  NORM component as important). */
 IGRAD_API int igrad_profile_is_important(const igrad_profile_t *profile, int layer,
                                          igrad_kind_t kind);
+/** Re-marks the important set: important = (score >= tau), for every
+ *  entry; the profile's threshold becomes tau (saved files stay
+ *  consistent). Used by the budget-driven plan (igrad_target_fit).
+ *  @return IGRAD_E_INVALID for a NULL profile or a non-finite tau. */
+IGRAD_API igrad_status_t igrad_profile_set_threshold(igrad_profile_t *profile, double tau);
+
 /** @return the sparsifier the trace was made with ("unknown" if not said). */
 IGRAD_API const char *igrad_profile_sparsifier(const igrad_profile_t *profile);
 /** @return the sparsifier's density (0 if unknown). */
@@ -1206,6 +1212,43 @@ IGRAD_API igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *engine, 
  *  a pure function of the plan and step; -1 for a NULL engine. */
 IGRAD_API int64_t igrad_engine_predict_payload(const igrad_engine_t *engine, int64_t step);
 
+/** The smallest kappa igrad_target_fit() chooses unless told otherwise:
+ *  below it a deferred component is hardly ever refreshed. */
+#define IGRAD_TARGET_MIN_KEEP 0.05
+
+/** What igrad_target_fit() chose and what it plans to send. */
+typedef struct igrad_target_fit {
+    double tau;          /**< threshold: gated components with score >= tau are
+                              important (igrad_profile_set_threshold) */
+    double release_keep; /**< kappa */
+    size_t n_important;  /**< gated components marked important */
+    size_t n_gated;      /**< components under the gate (scored, not forced) */
+    double f_imp;        /**< share of the *_sync payload sent every step */
+    double ratio;        /**< planned mean payload per step / *_sync's (the
+                              engine's budgets, rounding included) */
+    double model_ratio;  /**< f_imp + kappa (1 - f_imp), for comparison */
+    int met;             /**< 1 if ratio <= target */
+} igrad_target_fit_t;
+
+/** Budget-driven plan for method ig: chooses the important set and kappa
+ *  so that the mean payload per step is at most `target_ratio` times the
+ *  *_sync payload of config->sparsifier at config->density. Algorithm:
+ *  gated components (every projection; EMB/HEAD/NORM with gate_other and
+ *  a profile row) by score, highest first; the longest prefix (ties kept
+ *  together) whose plan at kappa = min_keep meets the target; then the
+ *  largest kappa in [min_keep, 1] that still meets it (bisection on the
+ *  planned bytes, which do not decrease with kappa). Forced tensors (OTHER,
+ *  ungated components) always count as sent. When even no important
+ *  component at min_keep meets the target, the result is that plan with
+ *  met = 0. The plan counts per-row rounding (ADTopk rows of few entries
+ *  release at least one entry per row per R steps) and index widths
+ *  exactly as the engine plans them; steps are averaged over parities.
+ *  Apply it with igrad_profile_set_threshold(profile, out->tau) and
+ *  config->release_keep = out->release_keep. Thread-safe. */
+IGRAD_API igrad_status_t igrad_target_fit(const igrad_layout_t *layout,
+                                          const igrad_profile_t *profile,
+                                          const igrad_config_t *config, double target_ratio,
+                                          double min_keep, igrad_target_fit_t *out);
 
 /** @return tensor t's residual (count floats; NULL for method dense or t
  *  out of range). Valid until the engine is freed; read-only. */

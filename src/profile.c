@@ -230,6 +230,17 @@ int igrad_profile_is_important(const igrad_profile_t *profile, int layer, igrad_
     return -1;
 }
 
+igrad_status_t igrad_profile_set_threshold(igrad_profile_t *profile, double tau)
+{
+    IGRAD_FAIL_IF(!profile, IGRAD_E_INVALID, "igrad_profile_set_threshold: NULL profile");
+    IGRAD_FAIL_IF(!isfinite(tau), IGRAD_E_INVALID,
+                  "igrad_profile_set_threshold: tau %g is not finite", tau);
+    profile->tau = tau;
+    for (size_t i = 0; i < profile->count; i++)
+        profile->entries[i].important = profile->entries[i].score >= tau;
+    return IGRAD_OK;
+}
+
 /* ---- writers -------------------------------------------------------------- */
 
 /* cJSON prints doubles with 15 digits whenever they compare equal within an

@@ -62,6 +62,9 @@ static void usage(FILE *fp)
 "  --gate-other on|off         on (default): embeddings, lm_head and norms (EMB, HEAD,\n"
 "                              NORM components) are deferred when the profile calls\n"
 "                              them unimportant; off: always sent (the old behaviour)\n"
+"  --target-ratio X            ig: choose the important set and kappa from the\n"
+"                              profile's scores so the payload is X times *_sync's\n"
+"                              (overrides --release-keep and the profile's set)\n"
 "  --profile FILE              importance profile (required for iad and ig)\n"
 "  --trace FILE                record the activity trace of this run (sparse methods);\n"
 "                              rank 0 writes it: the trace of rank 0's selections\n"
@@ -198,6 +201,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         F64_OPT("--density", density)
         F64_OPT("--comm-timeout", comm_timeout_s)
         F64_OPT("--release-keep", release_keep)
+        F64_OPT("--target-ratio", target_ratio)
         if ((r = cli_opt(argc, argv, &i, "--gate-other", &v)) != 0) {
             if (r < 0) return -1;
             if (!strcmp(v, "on")) o->gate_other = 1;

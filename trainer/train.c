@@ -272,6 +272,7 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_i64(l, "--verify-every", o->verify_every);
     opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
     opt_add_i64(l, "--gate-other", o->gate_other);
+    opt_add_f64(l, "--target-ratio", o->target_ratio);
     if (!o->profile) {
         opt_add_str(l, "--profile", NULL);
     } else {
@@ -403,6 +404,7 @@ typedef struct run {
     train_state_t state;      /* the checkpoint resumed from, as its train_state.json
                                  records it (version 1: files without checksums) */
     double f_imp;
+    igrad_target_fit_t target; /* --target-ratio's choice (zero when off) */
     double t_start_ms;
     double last_val[3];       /* loss, ppl, acc of the last evaluation */
     int tty;
@@ -448,6 +450,38 @@ static igrad_sparsifier_t method_sparsifier(const igrad_config_t *c)
     case IGRAD_METHOD_ADTOPK_SYNC: return IGRAD_SPARSIFIER_ADTOPK;
     default: return c->sparsifier;
     }
+}
+
+/* --target-ratio: the important set and kappa from the profile's scores
+ * (igrad_target_fit), applied to the loaded profile and the sync config
+ * before the engine exists. The same on every rank (a pure function of
+ * agreed inputs; the engine's agreement checks the result). */
+static igrad_status_t fit_target(run_t *r)
+{
+    const train_options_t *o = r->o;
+    if (r->scfg.method != IGRAD_METHOD_IG)
+        return trainer_fail(IGRAD_E_INVALID, "--target-ratio needs --method ig (not %s)",
+                            o->method);
+    if (!(o->target_ratio > 0.0 && o->target_ratio <= 1.0))
+        return trainer_fail(IGRAD_E_INVALID, "--target-ratio %g must be in (0, 1]",
+                            o->target_ratio);
+    igrad_status_t st = igrad_target_fit(r->layout, r->profile, &r->scfg, o->target_ratio,
+                                         IGRAD_TARGET_MIN_KEEP, &r->target);
+    if (st != IGRAD_OK) return lib_fail(st, "--target-ratio");
+    if ((st = igrad_profile_set_threshold(r->profile, r->target.tau)) != IGRAD_OK)
+        return lib_fail(st, "--target-ratio");
+    r->scfg.release_keep = r->target.release_keep;
+    if (r->rank == 0) {
+        fprintf(stderr,
+                "train: --target-ratio %g: %zu of %zu gated components important (tau %.6g), "
+                "kappa %.6g, f_imp %.4f, planned ratio %.4f (model %.4f)%s\n",
+                o->target_ratio, r->target.n_important, r->target.n_gated, r->target.tau,
+                r->target.release_keep, r->target.f_imp, r->target.ratio,
+                r->target.model_ratio,
+                r->target.met ? "" : " -- NOT met: even no important component at the "
+                                     "smallest kappa sends more");
+    }
+    return IGRAD_OK;
 }
 
 /* f_imp: the share of the sparsifier's per-step budget that goes to
@@ -876,6 +910,7 @@ static igrad_status_t setup_local(run_t *r)
                                 igrad_last_error());
         if (st != IGRAD_OK) return lib_fail(st, "--profile");
     }
+    if (o->target_ratio != 0.0) TRY(fit_target(r));
     r->f_imp = NAN;
     if (r->profile && method_sparsifier(&r->scfg) != IGRAD_SPARSIFIER_NONE)
         r->f_imp = compute_f_imp(r->layout, r->profile, method_sparsifier(&r->scfg),
@@ -1340,6 +1375,17 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddStringToObject(sync, "pack", igrad_pack_policy_name(r->scfg.pack));
     cJSON_AddNumberToObject(sync, "buckets", r->scfg.buckets);
     cJSON_AddBoolToObject(sync, "gate_other", r->scfg.gate_other);
+    if (o->target_ratio != 0.0) {
+        cJSON *tg = cJSON_AddObjectToObject(sync, "target");
+        cJSON_AddNumberToObject(tg, "ratio", o->target_ratio);
+        cJSON_AddNumberToObject(tg, "planned_ratio", r->target.ratio);
+        cJSON_AddNumberToObject(tg, "release_keep", r->target.release_keep);
+        cJSON_AddNumberToObject(tg, "tau", r->target.tau);
+        cJSON_AddNumberToObject(tg, "n_important", (double)r->target.n_important);
+        cJSON_AddNumberToObject(tg, "n_gated", (double)r->target.n_gated);
+        cJSON_AddNumberToObject(tg, "f_imp", r->target.f_imp);
+        cJSON_AddBoolToObject(tg, "met", r->target.met);
+    }
     if (o->profile) cJSON_AddStringToObject(cfg, "profile", o->profile);
     if (o->trace) cJSON_AddStringToObject(cfg, "trace", o->trace);
     if (r->profile) {
