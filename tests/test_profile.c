@@ -541,6 +541,14 @@ static void layer_fraction(cJSON *r)
 {
     cJSON_ReplaceItemInObject(component(r, 3), "layer", cJSON_CreateNumber(1.5));
 }
+static void projection_at_layer_minus1(cJSON *r)
+{
+    cJSON_ReplaceItemInObject(component(r, 0), "layer", cJSON_CreateNumber(-1));
+}
+static void layer_minus2(cJSON *r)
+{
+    cJSON_ReplaceItemInObject(component(r, 0), "layer", cJSON_CreateNumber(-2));
+}
 static void duplicate_component(cJSON *r)
 {
     cJSON_AddItemToArray(cJSON_GetObjectItem(r, "components"),
@@ -606,6 +614,8 @@ static void test_malformed_profiles(void **state)
     expect_mutation(bad_kind, "components[0]: kind 'MLP'");
     expect_mutation(layer_string, "components[0]: key 'layer' must be a number");
     expect_mutation(layer_fraction, "key 'layer' must be an integer");
+    expect_mutation(projection_at_layer_minus1, "layer -1 is only for EMB, HEAD and NORM, not Q");
+    expect_mutation(layer_minus2, "key 'layer' is -2");
     expect_mutation(duplicate_component, "component layer 0 Q is listed twice");
     expect_mutation(magnitude_range, "key 'magnitude' is 1.5");
     expect_mutation(bad_hash, "key 'layout_hash' is '12345'");
