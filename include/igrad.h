@@ -125,8 +125,11 @@ IGRAD_API void igrad_free(void *ptr);
 /* ------------------------------------------------------------------------ */
 
 /** Kind of a Transformer component. FC1 = up/gate projection, FC2 = down
- *  projection; QKV = fused query/key/value. Anything outside a block
- *  (embeddings, final norm, lm_head) and all norms are OTHER. */
+ *  projection; QKV = fused query/key/value. EMB, HEAD and NORM (appended
+ *  after OTHER, so older values keep their numbers) are the tensors outside
+ *  the projections: they are components like any other, scored and
+ *  deferred, unless config.gate_other is 0. Names that match no rule are
+ *  OTHER: not a component, sent every step. */
 typedef enum igrad_kind {
     IGRAD_KIND_Q = 0,
     IGRAD_KIND_K = 1,
@@ -135,11 +138,15 @@ typedef enum igrad_kind {
     IGRAD_KIND_O = 4,
     IGRAD_KIND_FC1 = 5,
     IGRAD_KIND_FC2 = 6,
-    IGRAD_KIND_OTHER = 7,
-    IGRAD_KIND_COUNT = 8
+    IGRAD_KIND_OTHER = 7, /**< unknown names: never a component, always sent */
+    IGRAD_KIND_EMB = 8,   /**< token/position embeddings (a tied lm_head too), layer -1 */
+    IGRAD_KIND_HEAD = 9,  /**< an untied lm_head, layer -1 */
+    IGRAD_KIND_NORM = 10, /**< norms: (block, NORM), or (-1, NORM) outside blocks */
+    IGRAD_KIND_COUNT = 11
 } igrad_kind_t;
 
-/** @return "Q", "K", "V", "QKV", "O", "FC1", "FC2" or "OTHER". */
+/** @return "Q", "K", "V", "QKV", "O", "FC1", "FC2", "OTHER", "EMB", "HEAD"
+ *  or "NORM" ("?" out of range). */
 IGRAD_API const char *igrad_kind_name(igrad_kind_t kind);
 
 /** Parses a kind name (case-insensitive). @return IGRAD_E_INVALID if unknown. */
@@ -149,8 +156,12 @@ IGRAD_API igrad_status_t igrad_kind_from_name(const char *name, igrad_kind_t *ki
  *  Examples: "model.layers.3.self_attn.q_proj.weight" -> (3, Q);
  *  "transformer.h.3.attn.c_attn.weight" -> (3, QKV);
  *  "model.layers.3.block_sparse_moe.experts.5.w1.weight" -> (3, FC1);
- *  "model.norm.weight" -> (-1, OTHER). Biases map with their projection.
- *  @param layer receives the block index, or -1 for OTHER (may be NULL).
+ *  "model.layers.3.input_layernorm.weight" -> (3, NORM);
+ *  "model.norm.weight" -> (-1, NORM); "model.embed_tokens.weight" ->
+ *  (-1, EMB); "lm_head.weight" -> (-1, HEAD); "model.layers.3.mlp.gate.
+ *  weight" (a MoE router) -> (-1, OTHER). Biases map with their module.
+ *  @param layer receives the block index, or -1 outside blocks and for
+ *  OTHER (may be NULL).
  *  @return the kind. Never fails; unknown names are OTHER. Thread-safe. */
 IGRAD_API igrad_kind_t igrad_component_of(const char *name, int *layer);
 
@@ -539,7 +550,10 @@ IGRAD_API igrad_status_t igrad_profile_save_csv(const igrad_profile_t *profile,
  *  If `layout` is not NULL its hash and components (layer, kind, numel)
  *  must match the profile's (IGRAD_E_MISMATCH otherwise); a profile whose
  *  layout hash is unknown (0x0000000000000000, made from a trace without
- *  its comment line) is checked on the components only. */
+ *  its comment line) is checked on the components only. A layout's EMB,
+ *  HEAD or NORM component that the profile lacks (a profile from before
+ *  those kinds existed) is accepted and treated as important by the
+ *  engine; a missing projection component is IGRAD_E_MISMATCH. */
 IGRAD_API igrad_status_t igrad_profile_load(const char *path, const igrad_layout_t *layout,
                                             igrad_profile_t **out);
 IGRAD_API void igrad_profile_free(igrad_profile_t *profile);
@@ -551,9 +565,16 @@ IGRAD_API double igrad_profile_threshold(const igrad_profile_t *profile);
 IGRAD_API uint64_t igrad_profile_layout_hash(const igrad_profile_t *profile);
 IGRAD_API const char *igrad_profile_method(const igrad_profile_t *profile);
 /** @return 1 if (layer, kind) is important, 0 if low-importance, -1 if the
- *  profile has no such component. */
+ *  profile has no such component (the engine reads -1 on an EMB, HEAD or
+ *  NORM component as important). */
 IGRAD_API int igrad_profile_is_important(const igrad_profile_t *profile, int layer,
                                          igrad_kind_t kind);
+/** Re-marks the important set: important = (score >= tau), for every
+ *  entry; the profile's threshold becomes tau (saved files stay
+ *  consistent). Used by the budget-driven plan (igrad_target_fit).
+ *  @return IGRAD_E_INVALID for a NULL profile or a non-finite tau. */
+IGRAD_API igrad_status_t igrad_profile_set_threshold(igrad_profile_t *profile, double tau);
+
 /** @return the sparsifier the trace was made with ("unknown" if not said). */
 IGRAD_API const char *igrad_profile_sparsifier(const igrad_profile_t *profile);
 /** @return the sparsifier's density (0 if unknown). */
@@ -998,6 +1019,11 @@ typedef struct igrad_config {
     double profile_alpha;             /**< alpha of the built profile (0.7) */
     const char *profile_partition;    /**< partition method of the built profile;
                                            NULL = "knee". Copied at create */
+    int gate_other;                   /**< 1: EMB, HEAD and NORM components are
+                                           gated like projections (deferred when
+                                           the profile calls them unimportant);
+                                           0: always sent, the behaviour before
+                                           they were gated (an ablation) (1) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1010,7 +1036,7 @@ typedef struct igrad_config {
       IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
-      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL }
+      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1 }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
@@ -1024,7 +1050,8 @@ IGRAD_API igrad_status_t igrad_config_validate(const igrad_config_t *config);
 typedef struct igrad_engine igrad_engine_t;
 
 /** Builds the plan and allocates everything a step needs: per tensor
- *  whether it is sent every step (important components and OTHER tensors)
+ *  whether it is sent every step (important components, OTHER tensors and,
+ *  with gate_other 0, EMB/HEAD/NORM components)
  *  or released at its phase, its budgets, the bucket map, zeroed
  *  residuals and the workspaces. Then checks, on every rank, that all
  *  ranks agree on layout, profile (important set), config and plan.
@@ -1199,6 +1226,44 @@ IGRAD_API igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *engine, 
  *  entries x wire bytes per entry, as if every bucket were a gather),
  *  a pure function of the plan and step; -1 for a NULL engine. */
 IGRAD_API int64_t igrad_engine_predict_payload(const igrad_engine_t *engine, int64_t step);
+
+/** The smallest kappa igrad_target_fit() chooses unless told otherwise:
+ *  below it a deferred component is hardly ever refreshed. */
+#define IGRAD_TARGET_MIN_KEEP 0.05
+
+/** What igrad_target_fit() chose and what it plans to send. */
+typedef struct igrad_target_fit {
+    double tau;          /**< threshold: gated components with score >= tau are
+                              important (igrad_profile_set_threshold) */
+    double release_keep; /**< kappa */
+    size_t n_important;  /**< gated components marked important */
+    size_t n_gated;      /**< components under the gate (scored, not forced) */
+    double f_imp;        /**< share of the *_sync payload sent every step */
+    double ratio;        /**< planned mean payload per step / *_sync's (the
+                              engine's budgets, rounding included) */
+    double model_ratio;  /**< f_imp + kappa (1 - f_imp), for comparison */
+    int met;             /**< 1 if ratio <= target */
+} igrad_target_fit_t;
+
+/** Budget-driven plan for method ig: chooses the important set and kappa
+ *  so that the mean payload per step is at most `target_ratio` times the
+ *  *_sync payload of config->sparsifier at config->density. Algorithm:
+ *  gated components (every projection; EMB/HEAD/NORM with gate_other and
+ *  a profile row) by score, highest first; the longest prefix (ties kept
+ *  together) whose plan at kappa = min_keep meets the target; then the
+ *  largest kappa in [min_keep, 1] that still meets it (bisection on the
+ *  planned bytes, which do not decrease with kappa). Forced tensors (OTHER,
+ *  ungated components) always count as sent. When even no important
+ *  component at min_keep meets the target, the result is that plan with
+ *  met = 0. The plan counts per-row rounding (ADTopk rows of few entries
+ *  release at least one entry per row per R steps) and index widths
+ *  exactly as the engine plans them; steps are averaged over parities.
+ *  Apply it with igrad_profile_set_threshold(profile, out->tau) and
+ *  config->release_keep = out->release_keep. Thread-safe. */
+IGRAD_API igrad_status_t igrad_target_fit(const igrad_layout_t *layout,
+                                          const igrad_profile_t *profile,
+                                          const igrad_config_t *config, double target_ratio,
+                                          double min_keep, igrad_target_fit_t *out);
 
 /** @return tensor t's residual (count floats; NULL for method dense or t
  *  out of range). Valid until the engine is freed; read-only. */

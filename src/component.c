@@ -7,8 +7,12 @@
  * the last module token, read in the context of its parent (GPT-2's c_proj
  * is O under "attn" but FC2 under "mlp"; "dense" is O only under an
  * attention module; a bare "gate" is a MoE router, not a projection).
- * Norms anywhere, embeddings, lm_head and unknown names are OTHER with
- * layer -1. The table of a whole model (layout.c) and the HF family
+ * Outside the projections: a norm is (block, NORM) inside a block and
+ * (-1, NORM) outside (final and embedding norms); token and position
+ * embeddings are (-1, EMB) (a tied lm_head is the embedding tensor, so it
+ * is EMB too); an untied lm_head/embed_out/output is (-1, HEAD). Anything
+ * else (MoE routers, unknown modules) is OTHER with layer -1, never a
+ * component. The table of a whole model (layout.c) and the HF family
  * builders (layout_hf.c) live elsewhere.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -18,8 +22,13 @@
 #include <string.h>
 
 static const char *const kind_names[IGRAD_KIND_COUNT] = {
-    "Q", "K", "V", "QKV", "O", "FC1", "FC2", "OTHER",
+    "Q", "K", "V", "QKV", "O", "FC1", "FC2", "OTHER", "EMB", "HEAD", "NORM",
 };
+
+int igrad__kind_is_outer(igrad_kind_t kind)
+{
+    return kind == IGRAD_KIND_EMB || kind == IGRAD_KIND_HEAD || kind == IGRAD_KIND_NORM;
+}
 
 const char *igrad_kind_name(igrad_kind_t kind)
 {
@@ -37,8 +46,8 @@ igrad_status_t igrad_kind_from_name(const char *name, igrad_kind_t *kind)
         }
     }
     return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
-                       "unknown component kind '%s' (expected Q, K, V, QKV, O, FC1, FC2 "
-                       "or OTHER)", name);
+                       "unknown component kind '%s' (expected Q, K, V, QKV, O, FC1, FC2, "
+                       "OTHER, EMB, HEAD or NORM)", name);
 }
 
 /* Names are split into at most this many dot-separated tokens; anything
@@ -130,6 +139,25 @@ static igrad_kind_t kind_of_module(const token_t *mod, const token_t *parent)
     return IGRAD_KIND_OTHER;
 }
 
+/* Names outside any block: embeddings and the output head. A
+ * "word_embeddings_layernorm" is a norm (checked first). */
+static igrad_kind_t kind_outside_block(const token_t *tok, int ntok)
+{
+    static const char *const emb[] = {"embed_tokens", "embed_positions", "embed_in", "wte",
+                                      "wpe", "word_embeddings", "tok_embeddings",
+                                      "position_embeddings", "token_embeddings", NULL};
+    static const char *const head[] = {"lm_head", "embed_out", "output", NULL};
+    int end = ntok;
+    if (end > 0 && (tok_is(&tok[end - 1], "weight") || tok_is(&tok[end - 1], "bias"))) end--;
+    if (end <= 0) return IGRAD_KIND_OTHER;
+    for (int i = 0; i < end; i++) {
+        if (tok_is_norm(&tok[i])) return IGRAD_KIND_NORM;
+    }
+    if (tok_in(&tok[end - 1], emb)) return IGRAD_KIND_EMB;
+    if (tok_in(&tok[end - 1], head)) return IGRAD_KIND_HEAD;
+    return IGRAD_KIND_OTHER;
+}
+
 igrad_kind_t igrad_component_of(const char *name, int *layer)
 {
     if (layer) *layer = -1;
@@ -161,14 +189,17 @@ igrad_kind_t igrad_component_of(const char *name, int *layer)
             }
         }
     }
-    if (block < 0) return IGRAD_KIND_OTHER;
+    if (block < 0) return kind_outside_block(tok, ntok);
 
     int end = ntok;
     if (end > block && (tok_is(&tok[end - 1], "weight") || tok_is(&tok[end - 1], "bias")))
         end--;
     if (end <= block) return IGRAD_KIND_OTHER;
     for (int i = block; i < end; i++) {
-        if (tok_is_norm(&tok[i])) return IGRAD_KIND_OTHER;
+        if (tok_is_norm(&tok[i])) {
+            if (layer) *layer = index;
+            return IGRAD_KIND_NORM;
+        }
     }
     const token_t *mod = &tok[end - 1];
     const token_t *parent = end - 2 >= block ? &tok[end - 2] : NULL;

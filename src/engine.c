@@ -200,6 +200,9 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
                       "percentile:P, fixed:F)",
                       c->profile_partition);
     }
+    IGRAD_FAIL_IF(c->gate_other != 0 && c->gate_other != 1, IGRAD_E_INVALID,
+                  "config.gate_other is %d (1: EMB/HEAD/NORM gated, 0: always sent)",
+                  c->gate_other);
     return IGRAD_OK;
 }
 
@@ -233,6 +236,7 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_PROFILE_STEPS] = {"config.profile_steps", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_PROFILE_ALPHA] = {"config.profile_alpha", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_PROFILE_PARTITION] = {"config.profile_partition", IGRAD__ITEM_HASH, 1},
+    [IGRAD__ITEM_CFG_GATE_OTHER] = {"config.gate_other", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_PLAN] = {"plan", IGRAD__ITEM_HASH, 1},
     [IGRAD__ITEM_STEP] = {"step", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_CALLS] = {"engine step count", IGRAD__ITEM_I64, 0},
@@ -324,6 +328,7 @@ static void static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profi
     v[IGRAD__ITEM_CFG_INDEX_DTYPE] = (uint64_t)(int64_t)c->index_dtype;
     v[IGRAD__ITEM_CFG_COLLECTIVE] = (uint64_t)(int64_t)c->collective;
     v[IGRAD__ITEM_CFG_TIMEOUT] = f64_bits(c->timeout_s);
+    v[IGRAD__ITEM_CFG_GATE_OTHER] = (uint64_t)(int64_t)c->gate_other;
     v[IGRAD__ITEM_PLAN] = plan_hash;
     /* online profiling */
     v[IGRAD__ITEM_CFG_PROFILE_STEPS] = (uint64_t)c->profile_steps;
@@ -565,32 +570,41 @@ static int index_nbytes(const igrad_engine_t *e, const igrad_select_spec_t *sp)
     return 4;
 }
 
-/* Checks that a profile describes the layout's components. */
+/* Checks that a profile describes the layout's components. The profile may
+ * lack EMB/HEAD/NORM components (made before they were components): those
+ * are important (plan_phases). Both lists are sorted by (layer, kind). */
 static igrad_status_t check_profile(const igrad_profile_t *profile,
                                     const igrad_layout_t *layout)
 {
     size_t nc = igrad_layout_component_count(layout), np = igrad_profile_count(profile);
-    IGRAD_FAIL_IF(np != nc, IGRAD_E_MISMATCH,
-                  "profile does not match the layout: %zu components in the profile, %zu in "
-                  "the layout",
-                  np, nc);
     uint64_t ph = igrad_profile_layout_hash(profile), lh = igrad_layout_hash(layout);
     IGRAD_FAIL_IF(ph != 0 && ph != lh, IGRAD_E_MISMATCH,
                   "profile does not match the layout: made for layout 0x%016llx, this layout "
                   "is 0x%016llx",
                   (unsigned long long)ph, (unsigned long long)lh);
+    size_t p = 0;
     for (size_t c = 0; c < nc; c++) {
         igrad_component_info_t ci;
-        igrad_profile_entry_t pe;
+        igrad_profile_entry_t pe = {0};
         IGRAD_CHECK(igrad_layout_component(layout, c, &ci));
-        IGRAD_CHECK(igrad_profile_entry(profile, c, &pe));
-        IGRAD_FAIL_IF(ci.layer != pe.layer || ci.kind != pe.kind || ci.count != pe.count,
-                      IGRAD_E_MISMATCH,
+        if (p < np) IGRAD_CHECK(igrad_profile_entry(profile, p, &pe));
+        int same = p < np && ci.layer == pe.layer && ci.kind == pe.kind;
+        if (!same && igrad__kind_is_outer(ci.kind)) continue; /* absent: important */
+        IGRAD_FAIL_IF(p >= np, IGRAD_E_MISMATCH,
+                      "profile does not match the layout: it has %zu components and lacks "
+                      "the layout's (%d, %s)",
+                      np, ci.layer, igrad_kind_name(ci.kind));
+        IGRAD_FAIL_IF(!same || ci.count != pe.count, IGRAD_E_MISMATCH,
                       "profile does not match the layout at component %zu: profile has "
                       "(%d, %s) with %lld entries, layout (%d, %s) with %lld",
                       c, pe.layer, igrad_kind_name(pe.kind), (long long)pe.count, ci.layer,
                       igrad_kind_name(ci.kind), (long long)ci.count);
+        p++;
     }
+    IGRAD_FAIL_IF(p != np, IGRAD_E_MISMATCH,
+                  "profile does not match the layout: %zu components in the profile, %zu of "
+                  "them in the layout",
+                  np, p);
     return IGRAD_OK;
 }
 
@@ -705,14 +719,17 @@ static int64_t tensor_dense_cap(const igrad_engine_t *e, const igrad__engine_ten
 }
 
 /* Phases: important components and OTHER every step, the rest by the
- * schedule, weighted by their release payload. */
+ * schedule, weighted by their release payload. EMB/HEAD/NORM components
+ * are important when gate_other is 0 or the profile lacks them. */
 static igrad_status_t plan_phases(igrad_engine_t *e, const igrad_profile_t *profile)
 {
     size_t C = e->ncomp;
     for (size_t c = 0; c < C; c++) e->comp_phase[c] = IGRAD__PHASE_EVERY;
     if (e->deferral) {
         for (size_t c = 0; c < C && profile; c++) { /* none: all important (online) */
+            int outer = igrad__kind_is_outer(e->comp_kind[c]);
             int imp = igrad_profile_is_important(profile, e->comp_layer[c], e->comp_kind[c]);
+            if (outer && (imp < 0 || !e->cfg.gate_other)) imp = 1;
             IGRAD_FAIL_IF(imp < 0, IGRAD_E_MISMATCH,
                           "profile has no component (%d, %s) of the layout", e->comp_layer[c],
                           igrad_kind_name(e->comp_kind[c]));

@@ -57,6 +57,7 @@ enum {
     IGRAD__ITEM_CFG_COLLECTIVE,
     IGRAD__ITEM_CFG_TIMEOUT,      /* ranks only: a stopped rank must not outwait
                                      the others' limit */
+    IGRAD__ITEM_CFG_GATE_OTHER,
     IGRAD__ITEM_PLAN,       /* phases, budgets, block cuts, direct map */
     /* The dynamic items: compared at every exchange, not only every
      * verify_every calls, since ranks out of step would otherwise unpack

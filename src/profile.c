@@ -8,6 +8,11 @@
  * A profile made from a trace without a "# igrad-trace" line has layout
  * hash 0 (unknown); its JSON says so in a "note" and igrad_profile_load()
  * then checks only the components against a layout, not the hash.
+ *
+ * Profiles from before EMB, HEAD and NORM were components (or any profile
+ * without some of those rows) still load: a layout's EMB/HEAD/NORM
+ * component that the profile lacks is important, i.e. sent every step as
+ * it always was. A missing projection component is still an error.
  */
 #include "json_strict.h"
 #include "profile_internal.h"
@@ -225,6 +230,17 @@ int igrad_profile_is_important(const igrad_profile_t *profile, int layer, igrad_
     return -1;
 }
 
+igrad_status_t igrad_profile_set_threshold(igrad_profile_t *profile, double tau)
+{
+    IGRAD_FAIL_IF(!profile, IGRAD_E_INVALID, "igrad_profile_set_threshold: NULL profile");
+    IGRAD_FAIL_IF(!isfinite(tau), IGRAD_E_INVALID,
+                  "igrad_profile_set_threshold: tau %g is not finite", tau);
+    profile->tau = tau;
+    for (size_t i = 0; i < profile->count; i++)
+        profile->entries[i].important = profile->entries[i].score >= tau;
+    return IGRAD_OK;
+}
+
 /* ---- writers -------------------------------------------------------------- */
 
 /* cJSON prints doubles with 15 digits whenever they compare equal within an
@@ -417,13 +433,17 @@ static igrad_status_t read_component(json_ctx_t *cx, const cJSON *o, double tau,
 {
     if (!cJSON_IsObject(o)) JSON_FAIL(cx, "must be an object");
     double layer = 0, numel = 0, v = 0;
-    IGRAD_CHECK(get_number(cx, o, "layer", 0, 2147483647.0, &layer));
+    IGRAD_CHECK(get_number(cx, o, "layer", -1, 2147483647.0, &layer));
     IGRAD_CHECK(check_integer(cx, "layer", layer));
     const char *kind_name = NULL;
     IGRAD_CHECK(get_string(cx, o, "kind", &kind_name));
     igrad_kind_t kind = IGRAD_KIND_OTHER;
     if (igrad_kind_from_name(kind_name, &kind) != IGRAD_OK || kind == IGRAD_KIND_OTHER) {
-        JSON_FAIL(cx, "kind '%s' is not one of Q, K, V, QKV, O, FC1, FC2", kind_name);
+        JSON_FAIL(cx, "kind '%s' is not one of Q, K, V, QKV, O, FC1, FC2, EMB, HEAD, NORM",
+                  kind_name);
+    }
+    if (layer < 0 && !igrad__kind_is_outer(kind)) {
+        JSON_FAIL(cx, "layer -1 is only for EMB, HEAD and NORM, not %s", kind_name);
     }
     size_t wl = strlen(cx->where);
     snprintf(cx->where + wl, sizeof cx->where - wl, " (layer %d %s)", (int)layer,
@@ -543,6 +563,12 @@ static igrad_status_t check_layout(const char *source, const igrad_profile_t *p,
         const igrad_profile_entry_t *en = i < p->count ? &p->entries[i] : NULL;
         igrad_profile_entry_t key = {.layer = ci.layer, .kind = ci.kind};
         int c = !en ? 1 : j >= nc ? -1 : entry_cmp(en, &key);
+        if (c > 0 && igrad__kind_is_outer(ci.kind)) {
+            /* a profile from before EMB/HEAD/NORM were components: the
+             * missing one counts as important (see igrad_profile_is_important) */
+            j++;
+            continue;
+        }
         IGRAD_FAIL_IF(c < 0, IGRAD_E_MISMATCH,
                       "%s has component layer %d %s, which this layout does not", source,
                       en->layer, igrad_kind_name(en->kind));

@@ -591,13 +591,18 @@ static igrad_status_t parse_row(reader_t *r, char *line, size_t line_no)
     if (!parse_i64_field(field[0], &step) || step < 0 || step >= IGRAD__MAX_EXACT_INT) {
         return FORMAT_FAIL(r, line_no, "step '%s' is not an integer in [0, 2^53)", field[0]);
     }
-    if (!parse_i64_field(field[1], &layer) || layer < 0 || layer > INT_MAX) {
-        return FORMAT_FAIL(r, line_no, "layer '%s' is not a non-negative integer", field[1]);
+    if (!parse_i64_field(field[1], &layer) || layer < -1 || layer > INT_MAX) {
+        return FORMAT_FAIL(r, line_no, "layer '%s' is not an integer >= -1", field[1]);
     }
     igrad_kind_t kind = IGRAD_KIND_OTHER;
     if (igrad_kind_from_name(field[2], &kind) != IGRAD_OK || kind == IGRAD_KIND_OTHER) {
         return FORMAT_FAIL(r, line_no,
-                           "unknown component kind '%s' (Q, K, V, QKV, O, FC1 or FC2)",
+                           "unknown component kind '%s' (Q, K, V, QKV, O, FC1, FC2, EMB, HEAD "
+                           "or NORM)",
+                           field[2]);
+    }
+    if (layer < 0 && !igrad__kind_is_outer(kind)) {
+        return FORMAT_FAIL(r, line_no, "layer -1 is only for EMB, HEAD and NORM, not %s",
                            field[2]);
     }
     if (!parse_f64_field(field[3], &raw) || !isfinite(raw) || raw < 0.0) {

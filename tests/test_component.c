@@ -34,6 +34,9 @@ typedef struct name_case {
 #define FC1 IGRAD_KIND_FC1
 #define FC2 IGRAD_KIND_FC2
 #define OTHER IGRAD_KIND_OTHER
+#define EMB IGRAD_KIND_EMB
+#define HEAD IGRAD_KIND_HEAD
+#define NORM IGRAD_KIND_NORM
 
 static const name_case_t cases[] = {
     /* llama / mistral / qwen2 / gemma */
@@ -45,11 +48,11 @@ static const name_case_t cases[] = {
     {"model.layers.3.mlp.up_proj.weight", 3, FC1},
     {"model.layers.3.mlp.down_proj.weight", 3, FC2},
     {"model.layers.31.self_attn.q_proj.bias", 31, Q}, /* qwen2 bias */
-    {"model.layers.0.input_layernorm.weight", -1, OTHER},
-    {"model.layers.0.post_attention_layernorm.weight", -1, OTHER},
-    {"model.embed_tokens.weight", -1, OTHER},
-    {"model.norm.weight", -1, OTHER},
-    {"lm_head.weight", -1, OTHER},
+    {"model.layers.0.input_layernorm.weight", 0, NORM},
+    {"model.layers.0.post_attention_layernorm.weight", 0, NORM},
+    {"model.embed_tokens.weight", -1, EMB},
+    {"model.norm.weight", -1, NORM},
+    {"lm_head.weight", -1, HEAD},
     /* mixtral */
     {"model.layers.3.block_sparse_moe.experts.5.w1.weight", 3, FC1},
     {"model.layers.3.block_sparse_moe.experts.5.w3.weight", 3, FC1},
@@ -62,11 +65,11 @@ static const name_case_t cases[] = {
     {"model.decoder.layers.4.self_attn.out_proj.weight", 4, O},
     {"model.decoder.layers.4.fc1.weight", 4, FC1},
     {"model.decoder.layers.4.fc2.bias", 4, FC2},
-    {"model.decoder.layers.4.self_attn_layer_norm.weight", -1, OTHER},
-    {"model.decoder.layers.4.final_layer_norm.bias", -1, OTHER},
-    {"model.decoder.embed_positions.weight", -1, OTHER},
+    {"model.decoder.layers.4.self_attn_layer_norm.weight", 4, NORM},
+    {"model.decoder.layers.4.final_layer_norm.bias", 4, NORM},
+    {"model.decoder.embed_positions.weight", -1, EMB},
     {"model.decoder.project_in.weight", -1, OTHER},
-    {"model.decoder.final_layer_norm.weight", -1, OTHER},
+    {"model.decoder.final_layer_norm.weight", -1, NORM},
     /* gpt2 */
     {"transformer.h.3.attn.c_attn.weight", 3, QKV},
     {"transformer.h.3.attn.c_attn.bias", 3, QKV},
@@ -74,29 +77,29 @@ static const name_case_t cases[] = {
     {"transformer.h.3.mlp.c_fc.weight", 3, FC1},
     {"transformer.h.3.mlp.c_proj.weight", 3, FC2},
     {"transformer.h.3.mlp.c_proj.bias", 3, FC2},
-    {"transformer.h.3.ln_1.weight", -1, OTHER},
-    {"transformer.h.3.ln_2.bias", -1, OTHER},
+    {"transformer.h.3.ln_1.weight", 3, NORM},
+    {"transformer.h.3.ln_2.bias", 3, NORM},
     {"transformer.h.3.attn.bias", -1, OTHER}, /* old checkpoints: causal mask buffer */
-    {"transformer.wte.weight", -1, OTHER},
-    {"transformer.wpe.weight", -1, OTHER},
-    {"transformer.ln_f.weight", -1, OTHER},
+    {"transformer.wte.weight", -1, EMB},
+    {"transformer.wpe.weight", -1, EMB},
+    {"transformer.ln_f.weight", -1, NORM},
     /* gpt_neox / pythia */
     {"gpt_neox.layers.5.attention.query_key_value.weight", 5, QKV},
     {"gpt_neox.layers.5.attention.dense.weight", 5, O},
     {"gpt_neox.layers.5.mlp.dense_h_to_4h.bias", 5, FC1},
     {"gpt_neox.layers.5.mlp.dense_4h_to_h.weight", 5, FC2},
-    {"gpt_neox.layers.5.input_layernorm.weight", -1, OTHER},
-    {"gpt_neox.embed_in.weight", -1, OTHER},
-    {"gpt_neox.final_layer_norm.weight", -1, OTHER},
-    {"embed_out.weight", -1, OTHER},
+    {"gpt_neox.layers.5.input_layernorm.weight", 5, NORM},
+    {"gpt_neox.embed_in.weight", -1, EMB},
+    {"gpt_neox.final_layer_norm.weight", -1, NORM},
+    {"embed_out.weight", -1, HEAD},
     /* bloom and falcon */
     {"transformer.h.7.self_attention.query_key_value.weight", 7, QKV},
     {"transformer.h.7.self_attention.dense.bias", 7, O},
     {"transformer.h.7.mlp.dense_h_to_4h.weight", 7, FC1},
     {"transformer.h.7.mlp.dense_4h_to_h.weight", 7, FC2},
-    {"transformer.word_embeddings_layernorm.weight", -1, OTHER},
-    {"transformer.h.7.ln_attn.weight", -1, OTHER},
-    {"transformer.h.7.ln_mlp.bias", -1, OTHER},
+    {"transformer.word_embeddings_layernorm.weight", -1, NORM},
+    {"transformer.h.7.ln_attn.weight", 7, NORM},
+    {"transformer.h.7.ln_mlp.bias", 7, NORM},
     /* gptj */
     {"transformer.h.2.attn.q_proj.weight", 2, Q},
     {"transformer.h.2.attn.k_proj.weight", 2, K},
@@ -104,7 +107,7 @@ static const name_case_t cases[] = {
     {"transformer.h.2.attn.out_proj.weight", 2, O},
     {"transformer.h.2.mlp.fc_in.weight", 2, FC1},
     {"transformer.h.2.mlp.fc_out.bias", 2, FC2},
-    {"lm_head.bias", -1, OTHER},
+    {"lm_head.bias", -1, HEAD},
     /* phi (transformers naming and the short q/k/v/dense form) */
     {"model.layers.9.self_attn.q_proj.weight", 9, Q},
     {"model.layers.9.self_attn.dense.weight", 9, O},
@@ -113,8 +116,8 @@ static const name_case_t cases[] = {
     {"model.layers.9.self_attn.v.weight", 9, V},
     {"model.layers.9.mlp.fc1.weight", 9, FC1},
     {"model.layers.9.mlp.fc2.bias", 9, FC2},
-    {"model.layers.9.self_attn.q_layernorm.weight", -1, OTHER},
-    {"model.final_layernorm.weight", -1, OTHER},
+    {"model.layers.9.self_attn.q_layernorm.weight", 9, NORM},
+    {"model.final_layernorm.weight", -1, NORM},
     /* DDP prefix and bare base models */
     {"module.model.layers.2.mlp.down_proj.weight", 2, FC2},
     {"module.transformer.h.11.attn.c_attn.weight", 11, QKV},
@@ -132,6 +135,15 @@ static const name_case_t cases[] = {
     {"model.layers.3.self_attn.rotary_emb.inv_freq", -1, OTHER},
     {"model.layers.99999999.self_attn.q_proj.weight", -1, OTHER}, /* index too large */
     {"vision.encoder.blocks.1.attn.qkv.weight", -1, OTHER},
+    {"model.decoder.project_out.weight", -1, OTHER}, /* OPT-350m's projections */
+    {"model.word_embeddings.weight", -1, EMB},
+    {"tok_embeddings.weight", -1, EMB},
+    {"output.weight", -1, HEAD}, /* Meta's llama naming */
+    {"norm.weight", -1, NORM},
+    {"model.layers.3.mlp.experts.0.router_norm.weight", 3, NORM},
+    {"model.embed_tokens.extra", -1, OTHER}, /* the last module decides */
+    {"model.lm_head_scale", -1, OTHER},
+    {"model.vision_tower.patch_embed.weight", -1, OTHER},
 };
 
 static void test_component_of_names(void **state)
@@ -154,7 +166,9 @@ static void test_component_of_names(void **state)
 static void test_kind_names(void **state)
 {
     (void)state;
-    static const char *const names[] = {"Q", "K", "V", "QKV", "O", "FC1", "FC2", "OTHER"};
+    static const char *const names[] = {"Q",   "K",     "V",   "QKV",  "O",   "FC1",
+                                        "FC2", "OTHER", "EMB", "HEAD", "NORM"};
+    assert_int_equal(sizeof names / sizeof names[0], IGRAD_KIND_COUNT);
     for (int k = 0; k < IGRAD_KIND_COUNT; k++) {
         assert_string_equal(igrad_kind_name((igrad_kind_t)k), names[k]);
         igrad_kind_t back = IGRAD_KIND_COUNT;
@@ -192,27 +206,31 @@ static const char *source_dir(void)
 typedef struct family_case {
     const char *config;
     int layers;
-    /* weight tensors (biases not counted) of Q, K, V, QKV, O, FC1, FC2, OTHER */
+    /* weight tensors (biases not counted) of Q, K, V, QKV, O, FC1, FC2, OTHER,
+     * EMB, HEAD, NORM */
     int weights[IGRAD_KIND_COUNT];
-    int components; /* (layer, kind) pairs */
+    int components; /* (layer, kind) pairs: per-block projections and NORM,
+                       then (-1, EMB), (-1, HEAD) if untied, (-1, NORM) if any */
 } family_case_t;
 
 static const family_case_t families[] = {
-    {"llama-2-7b", 32, {32, 32, 32, 0, 32, 64, 32, 67}, 32 * 6},
-    {"llama-100m", 12, {12, 12, 12, 0, 12, 24, 12, 26}, 12 * 6},
-    {"mistral-7b", 32, {32, 32, 32, 0, 32, 64, 32, 67}, 32 * 6},
-    {"qwen2-0.5b", 24, {24, 24, 24, 0, 24, 48, 24, 50}, 24 * 6},
-    {"gemma-2b", 18, {18, 18, 18, 0, 18, 36, 18, 38}, 18 * 6},
+    {"llama-2-7b", 32, {32, 32, 32, 0, 32, 64, 32, 0, 1, 1, 65}, 32 * 7 + 3},
+    {"llama-100m", 12, {12, 12, 12, 0, 12, 24, 12, 0, 1, 0, 25}, 12 * 7 + 2},
+    {"mistral-7b", 32, {32, 32, 32, 0, 32, 64, 32, 0, 1, 1, 65}, 32 * 7 + 3},
+    {"qwen2-0.5b", 24, {24, 24, 24, 0, 24, 48, 24, 0, 1, 0, 49}, 24 * 7 + 2},
+    {"gemma-2b", 18, {18, 18, 18, 0, 18, 36, 18, 0, 1, 0, 37}, 18 * 7 + 2},
     /* 8 experts x (w1, w3) x 32 layers = 512 FC1; OTHER has the 32 routers */
-    {"mixtral-8x7b", 32, {32, 32, 32, 0, 32, 512, 256, 99}, 32 * 6},
-    {"opt-125m", 12, {12, 12, 12, 0, 12, 12, 12, 27}, 12 * 6},
-    {"opt-350m", 24, {24, 24, 24, 0, 24, 24, 24, 52}, 24 * 6},
-    {"gpt2", 12, {0, 0, 0, 12, 12, 12, 12, 27}, 12 * 4},
-    {"pythia-160m", 12, {0, 0, 0, 12, 12, 12, 12, 27}, 12 * 4},
-    {"bloom-560m", 24, {0, 0, 0, 24, 24, 24, 24, 51}, 24 * 4},
-    {"falcon-7b", 32, {0, 0, 0, 32, 32, 32, 32, 34}, 32 * 4},
-    {"gpt-j-6b", 28, {28, 28, 28, 0, 28, 28, 28, 31}, 28 * 6},
-    {"phi-2", 32, {32, 32, 32, 0, 32, 32, 32, 35}, 32 * 6},
+    {"mixtral-8x7b", 32, {32, 32, 32, 0, 32, 512, 256, 32, 1, 1, 65}, 32 * 7 + 3},
+    /* tied; token and position embeddings are one EMB component */
+    {"opt-125m", 12, {12, 12, 12, 0, 12, 12, 12, 0, 2, 0, 25}, 12 * 7 + 2},
+    /* post-norm: no final norm; project_in/out stay OTHER */
+    {"opt-350m", 24, {24, 24, 24, 0, 24, 24, 24, 2, 2, 0, 48}, 24 * 7 + 1},
+    {"gpt2", 12, {0, 0, 0, 12, 12, 12, 12, 0, 2, 0, 25}, 12 * 5 + 2},
+    {"pythia-160m", 12, {0, 0, 0, 12, 12, 12, 12, 0, 1, 1, 25}, 12 * 5 + 3},
+    {"bloom-560m", 24, {0, 0, 0, 24, 24, 24, 24, 0, 1, 0, 50}, 24 * 5 + 2},
+    {"falcon-7b", 32, {0, 0, 0, 32, 32, 32, 32, 0, 1, 0, 33}, 32 * 5 + 2},
+    {"gpt-j-6b", 28, {28, 28, 28, 0, 28, 28, 28, 0, 1, 1, 29}, 28 * 7 + 3},
+    {"phi-2", 32, {32, 32, 32, 0, 32, 32, 32, 0, 1, 1, 33}, 32 * 7 + 3},
 };
 
 static void test_family_kind_counts(void **state)
@@ -232,11 +250,16 @@ static void test_family_kind_counts(void **state)
             assert_int_equal(igrad_layout_tensor(l, i, &t), IGRAD_OK);
             if (!t.is_bias) weights[t.kind]++;
             if (t.layer > max_layer) max_layer = t.layer;
-            /* OTHER always has layer -1 and no component; others both */
+            /* OTHER always has layer -1 and no component; projections both;
+             * EMB and HEAD layer -1, NORM either, and a component */
+            int outer = t.kind == EMB || t.kind == HEAD || t.kind == NORM;
             if (t.kind == OTHER && (t.layer != -1 || t.component != -1))
                 fail_msg("%s: %s is OTHER with layer %d component %d", fc->config, t.name,
                          t.layer, t.component);
-            if (t.kind != OTHER && (t.layer < 0 || t.component < 0))
+            if (outer && (t.component < 0 || (t.kind != NORM && t.layer != -1)))
+                fail_msg("%s: %s is %s with layer %d component %d", fc->config, t.name,
+                         igrad_kind_name(t.kind), t.layer, t.component);
+            if (t.kind != OTHER && !outer && (t.layer < 0 || t.component < 0))
                 fail_msg("%s: %s is %s with layer %d component %d", fc->config, t.name,
                          igrad_kind_name(t.kind), t.layer, t.component);
         }

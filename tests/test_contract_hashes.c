@@ -2,7 +2,7 @@
  * test_contract_hashes.c — golden values of every hash igrad puts in a
  * file or in the agreement exchange: the layout hash (profiles, traces,
  * state files, optimizer files), the profile hash, the plan hash and the
- * risk history hash (agreement items 5, 23 and 26 of the engine state
+ * risk history hash (agreement items 5, 24 and 27 of the engine state
  * file, formats.md §7) and the state file checksum.
  *
  * The constants below were computed once and are part of the file
@@ -21,7 +21,7 @@
  * layout hash from the layout's rows, the profile hash from the profile's
  * entries, the plan hash from the public select specs and tensor plans
  * (not for pack = direct, whose map is not modelled), the history hash
- * and the checksum from the state file's own bytes. The other 21 items
+ * and the checksum from the state file's own bytes. The other 22 items
  * are checked against the config they encode.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
@@ -344,7 +344,7 @@ static uint64_t dbits(double x)
     return u;
 }
 
-/* Items 1–22 and 24–25 from their definitions (§7: enums as their numbers,
+/* Items 1–23 and 25–26 from their definitions (§7: enums as their numbers,
  * doubles as their IEEE bit pattern). */
 static void check_items(const state_file_t *f, const igrad_layout_t *L, const igrad_config_t *c,
                         int64_t step, int64_t calls)
@@ -435,9 +435,9 @@ static void test_state_hashes_golden(void **state)
     check_hash(f.items[2], GOLDEN_LAYOUT_SMALL, "state item 3 (layout hash) vs golden");
     check_hash(f.items[4], doc_profile_hash(P), "profile hash vs formats.md §7");
     check_hash(f.items[4], GOLDEN_PROFILE_SMALL, "profile hash vs golden");
-    check_hash(f.items[22], doc_plan_hash(eng, L), "ig plan hash vs formats.md §7");
-    check_hash(f.items[22], GOLDEN_PLAN_IG, "ig plan hash vs golden");
-    check_hash(f.items[25], doc_history_hash(&f), "empty history hash vs formats.md §7");
+    check_hash(f.items[23], doc_plan_hash(eng, L), "ig plan hash vs formats.md §7");
+    check_hash(f.items[23], GOLDEN_PLAN_IG, "ig plan hash vs golden");
+    check_hash(f.items[26], doc_history_hash(&f), "empty history hash vs formats.md §7");
     check_hash(rd_u64(f.bytes + f.nbytes - 8), GOLDEN_CHECKSUM_FRESH,
                "fresh state checksum vs golden");
     free(f.bytes);
@@ -452,8 +452,8 @@ static void test_state_hashes_golden(void **state)
     assert_ok(igrad_engine_config(eng, &used));
     check_items(&f, L, &used, -1, 0);
     check_hash(f.items[4], 0, "adtopk_sync profile hash");
-    check_hash(f.items[22], doc_plan_hash(eng, L), "adtopk_sync plan hash vs formats.md §7");
-    check_hash(f.items[22], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash vs golden");
+    check_hash(f.items[23], doc_plan_hash(eng, L), "adtopk_sync plan hash vs formats.md §7");
+    check_hash(f.items[23], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
 

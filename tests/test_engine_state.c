@@ -39,9 +39,9 @@
 enum {
     OFF_ITEMS = 24,
     ITEM_VERIFY_EVERY = 17,
-    ITEM_STEP = 23,
-    ITEM_CALLS = 24,
-    ITEM_HISTORY = 25,
+    ITEM_STEP = 24,
+    ITEM_CALLS = 25,
+    ITEM_HISTORY = 26,
     OFF_STEP = 24 + 8 * ITEM_STEP,
     OFF_CALLS = 24 + 8 * ITEM_CALLS,
     OFF_RESIDUALS = 24 + 8 * 30 + 32,

@@ -166,8 +166,9 @@ static void test_add_offsets_components(void **state)
      * order, the sum of counts and number of tensors. */
     size_t nc = igrad_layout_component_count(l);
     size_t expect_index = 0;
-    for (int layer = 0; layer < 4; layer++) {
-        for (int k = 0; k < IGRAD_KIND_OTHER; k++) {
+    for (int layer = -1; layer < 4; layer++) {
+        for (int k = 0; k < IGRAD_KIND_COUNT; k++) {
+            if (k == IGRAD_KIND_OTHER) continue; /* never a component */
             int64_t count = 0;
             int tensors = 0;
             for (size_t i = 0; i < n; i++) {
@@ -191,7 +192,7 @@ static void test_add_offsets_components(void **state)
         }
     }
     assert_int_equal(nc, expect_index);
-    assert_int_equal(nc, 4); /* (0,Q) (0,FC2) (1,Q) (1,FC1) */
+    assert_int_equal(nc, 6); /* (-1,EMB) (0,Q) (0,FC2) (0,NORM) (1,Q) (1,FC1) */
 
     igrad_tensor_info_t t;
     igrad_component_info_t c;
@@ -1109,10 +1110,10 @@ static void test_to_json(void **state)
     assert_string_equal(cJSON_GetObjectItem(t1, "kind")->valuestring, "Q");
     cJSON *t0 = cJSON_GetArrayItem(tensors, 0);
     assert_int_equal(cJSON_GetObjectItem(t0, "layer")->valueint, -1);
-    assert_string_equal(cJSON_GetObjectItem(t0, "kind")->valuestring, "OTHER");
+    assert_string_equal(cJSON_GetObjectItem(t0, "kind")->valuestring, "EMB");
     cJSON *kinds = cJSON_GetObjectItem(root, "kinds");
-    assert_int_equal(cJSON_GetArraySize(kinds), 8);
-    static const int want[IGRAD_KIND_COUNT] = {32, 32, 32, 0, 32, 64, 32, 67};
+    assert_int_equal(cJSON_GetArraySize(kinds), IGRAD_KIND_COUNT);
+    static const int want[IGRAD_KIND_COUNT] = {32, 32, 32, 0, 32, 64, 32, 0, 1, 1, 65};
     for (int k = 0; k < IGRAD_KIND_COUNT; k++) {
         cJSON *v = cJSON_GetObjectItem(kinds, igrad_kind_name((igrad_kind_t)k));
         assert_non_null(v);
@@ -1346,11 +1347,12 @@ static void test_components_any_order(void **state)
     assert_int_equal(igrad_layout_count(l), n);
     expect_components_brute_force(l);
     /* Pinned from the sorted-array implementation this replaced: same
-     * components, same order, same hash. */
+     * components, same order, same hash (digests regenerated when norms and
+     * the embedding became components; the hash is unchanged). */
     uint64_t ht, hc;
     layout_digests(l, &ht, &hc);
-    if (igrad_layout_hash(l) != 0x3b0b9e7746cae7cbULL || ht != 0x8c89b99f4296eeb6ULL ||
-        hc != 0x42e47a205771a555ULL)
+    if (igrad_layout_hash(l) != 0x3b0b9e7746cae7cbULL || ht != 0xf3339138c953ccd5ULL ||
+        hc != 0xe1671c3341a76e9aULL)
         fail_msg("sorted list: hash %016llx tensors %016llx comps %016llx changed",
                  (unsigned long long)igrad_layout_hash(l), (unsigned long long)ht,
                  (unsigned long long)hc);
@@ -1392,7 +1394,10 @@ static void test_components_any_order(void **state)
 }
 
 /* Every shipped config's table, pinned from the implementation before the
- * component tree (layout hash, per-tensor and per-component digests). */
+ * component tree (layout hash, per-tensor and per-component digests).
+ * The digests were regenerated when EMB/HEAD/NORM became components (the
+ * layout hashes did not change: they cover names, dtypes and shapes); the
+ * brute force below checks the new components independently. */
 static void test_shipped_configs_pinned(void **state)
 {
     (void)state;
@@ -1400,20 +1405,20 @@ static void test_shipped_configs_pinned(void **state)
         const char *config;
         uint64_t hash, tensors, comps;
     } pinned[] = {
-        {"bloom-560m", 0x4b3fe74e3af4b6ecULL, 0xbf6777a084c71ec3ULL, 0x86ce3fbb8df28535ULL},
-        {"falcon-7b", 0x3526029175210343ULL, 0x21bff2cb7a83ef72ULL, 0xa5e441f2848c5865ULL},
-        {"gemma-2b", 0x6780bc9151f69b4eULL, 0x7718d6795ec7bfa2ULL, 0xeec13dd688d46729ULL},
-        {"gpt-j-6b", 0xec1ae0fdea325995ULL, 0x7999b5e0486a329aULL, 0xeee0deaa41cf647dULL},
-        {"gpt2", 0x259356be40fe6735ULL, 0x2efc4481f50e2b84ULL, 0x668e227d58e15a6dULL},
-        {"llama-100m", 0xc9ebe59dc7199b41ULL, 0xe9101d6f590e0410ULL, 0xde47da97e8ee4c05ULL},
-        {"llama-2-7b", 0x204a252657b7d59dULL, 0xf12200d1f00b0602ULL, 0xa4f43178693a1025ULL},
-        {"mistral-7b", 0x0234237962046962ULL, 0x9cf36ae3287c49d3ULL, 0x80febd212fe00565ULL},
-        {"mixtral-8x7b", 0xbdb0057d3a16ebfcULL, 0xce8315689d3c27a6ULL, 0x060a7ce25fb313e5ULL},
-        {"opt-125m", 0x4fb755b0eb80ae70ULL, 0xc1549ecee9014e40ULL, 0x6cb5402fc25c03d5ULL},
-        {"opt-350m", 0x8a103e16e320b560ULL, 0xd99494f065d0ef31ULL, 0xe49e797d33832285ULL},
-        {"phi-2", 0xd8c55fa17504fea8ULL, 0xaa3bdb7567c9c8e2ULL, 0x0b9d628d9ae8a7a5ULL},
-        {"pythia-160m", 0x68165434a8d9790fULL, 0x68aae33eed58a9fbULL, 0x668e227d58e15a6dULL},
-        {"qwen2-0.5b", 0xc13ac18bd746b2d5ULL, 0x04d87dd765d929ebULL, 0x49394ab5bb125865ULL},
+        {"bloom-560m", 0x4b3fe74e3af4b6ecULL, 0xb6722d06fb4d8450ULL, 0xb60813616faf47ffULL},
+        {"falcon-7b", 0x3526029175210343ULL, 0x1ccc9895c163efb1ULL, 0x764678fccb4c56a6ULL},
+        {"gemma-2b", 0x6780bc9151f69b4eULL, 0xf294d209144681a6ULL, 0x1532218a1990622fULL},
+        {"gpt-j-6b", 0xec1ae0fdea325995ULL, 0xf42416d6c8791ea5ULL, 0x7625111295741273ULL},
+        {"gpt2", 0x259356be40fe6735ULL, 0xe8163c2b2002c278ULL, 0x5f309d1c8f61377eULL},
+        {"llama-100m", 0xc9ebe59dc7199b41ULL, 0x8557e6f60888e8ffULL, 0xbb959e2ea554db92ULL},
+        {"llama-2-7b", 0x204a252657b7d59dULL, 0x75e84f986953d2d9ULL, 0x36911b89c8e61627ULL},
+        {"mistral-7b", 0x0234237962046962ULL, 0xe4231607b4222868ULL, 0x796697925159bca7ULL},
+        {"mixtral-8x7b", 0xbdb0057d3a16ebfcULL, 0xb6b610d61acfe53dULL, 0x780b8431a22e1467ULL},
+        {"opt-125m", 0x4fb755b0eb80ae70ULL, 0xf46cb47076965e0cULL, 0xc1332c5800bbb6ccULL},
+        {"opt-350m", 0x8a103e16e320b560ULL, 0x11cacf6c00b88695ULL, 0x4266786a69e607d0ULL},
+        {"phi-2", 0xd8c55fa17504fea8ULL, 0xf35859e38f52907dULL, 0x1d5cd7b1bb110fc3ULL},
+        {"pythia-160m", 0x68165434a8d9790fULL, 0x2ff0ef448689181bULL, 0xc5a01ad776639f06ULL},
+        {"qwen2-0.5b", 0xc13ac18bd746b2d5ULL, 0xd587bfdb6dc04388ULL, 0xb282df973d2699f7ULL},
     };
     int bad = 0;
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) {

@@ -278,13 +278,14 @@ static void test_json_round_trip_and_csv(void **state)
     opts.method = "kmeans2";
     igrad_profile_t *p = NULL, *q = NULL;
     assert_ok(igrad_profile_build(t, &opts, &p));
-    assert_int_equal(igrad_profile_count(p), 18);
+    assert_int_equal(igrad_profile_count(p), 19); /* 3 x 6 and (-1, EMB) */
     assert_true(igrad_profile_layout_hash(p) == igrad_layout_hash(l));
     assert_string_equal(igrad_profile_sparsifier(p), "topk");
     /* Activities sit at three levels: V and O sqrt(4/64) = .25, Q and K
      * sqrt(1/64) = .125, FC1 and FC2 sqrt(1/128) = .088 (times 1 +- 5%):
-     * scores about 1, .31 and 0, so kmeans2 keeps V and O alone. */
-    for (size_t i = 0; i < 18; i++) {
+     * scores about 1, .31 and 0, so kmeans2 keeps V and O alone (the
+     * embedding, 128 entries at level 1, sits with FC1 and FC2). */
+    for (size_t i = 0; i < 19; i++) {
         igrad_profile_entry_t e;
         assert_ok(igrad_profile_entry(p, i, &e));
         assert_int_equal(e.important, e.kind == IGRAD_KIND_V || e.kind == IGRAD_KIND_O);
@@ -329,7 +330,7 @@ static void test_json_round_trip_and_csv(void **state)
         assert_int_equal(imp, score >= tau);
         rows++;
     }
-    assert_int_equal(rows, 18);
+    assert_int_equal(rows, 19);
     free(csv);
     free(j1);
     free(j2);
@@ -341,6 +342,74 @@ static void test_json_round_trip_and_csv(void **state)
     free(cpath);
     igrad_profile_free(p);
     igrad_profile_free(q);
+    igrad_trace_free(t);
+    igrad_layout_free(l);
+}
+
+/* The trace text of `t` without the rows whose line contains `drop`. */
+static char *trace_text_without(const igrad_trace_t *t, const char *drop)
+{
+    char *text = NULL;
+    size_t n = 0;
+    assert_ok(igrad__trace_to_text(t, &text, &n));
+    char *out = malloc(n + 1), *o = out;
+    assert_non_null(out);
+    for (const char *line = text; *line;) {
+        const char *nl = strchr(line, '\n');
+        size_t len = nl ? (size_t)(nl - line) + 1 : strlen(line);
+        int keep = 1;
+        const char *hit = strstr(line, drop);
+        if (hit && hit < line + len) keep = 0;
+        if (keep) {
+            memcpy(o, line, len);
+            o += len;
+        }
+        line += len;
+    }
+    *o = '\0';
+    free(text);
+    return out;
+}
+
+/* A profile from before EMB/HEAD/NORM were components lacks their rows:
+ * it still loads against the layout (the engine then treats them as
+ * important); a profile lacking a projection does not. */
+static void test_profile_without_outer_components(void **state)
+{
+    (void)state;
+    igrad_layout_t *l = llama_layout(2, 8);
+    igrad_trace_t *t = recorded_trace(l, 4), *u = NULL;
+    igrad_profile_options_t opts = IGRAD_PROFILE_OPTIONS_INIT;
+    igrad_profile_t *p = NULL, *q = NULL;
+    char *path = strdup(tmp_path("old-profile.json"));
+
+    char *text = trace_text_without(t, ",-1,EMB,");
+    assert_ok(igrad__trace_from_text(text, strlen(text), "old.csv", &u));
+    assert_int_equal(igrad_trace_component_count(u), 12);
+    assert_ok(igrad_profile_build(u, &opts, &p));
+    assert_true(igrad_profile_layout_hash(p) == igrad_layout_hash(l));
+    assert_ok(igrad_profile_save_json(p, path));
+    assert_ok(igrad_profile_load(path, l, &q));
+    assert_int_equal(igrad_profile_count(q), 12);
+    assert_int_equal(igrad_profile_is_important(q, -1, IGRAD_KIND_EMB), -1);
+    igrad_profile_free(q);
+    igrad_profile_free(p);
+    igrad_trace_free(u);
+    free(text);
+
+    q = NULL;
+    text = trace_text_without(t, ",0,Q,");
+    assert_ok(igrad__trace_from_text(text, strlen(text), "noq.csv", &u));
+    assert_ok(igrad_profile_build(u, &opts, &p));
+    assert_ok(igrad_profile_save_json(p, path));
+    assert_int_equal(igrad_profile_load(path, l, &q), IGRAD_E_MISMATCH);
+    assert_error_has("lacks component layer 0 Q of this layout");
+    assert_null(q);
+    igrad_profile_free(p);
+    igrad_trace_free(u);
+    free(text);
+    unlink(path);
+    free(path);
     igrad_trace_free(t);
     igrad_layout_free(l);
 }
@@ -383,7 +452,7 @@ static void test_wrong_layout(void **state)
     igrad_profile_free(q);
     q = NULL;
     assert_int_equal(igrad_profile_load(path, other, &q), IGRAD_E_MISMATCH);
-    assert_error_has("component layer 0 Q has 64 entries, but 256 in this layout");
+    assert_error_has("component layer -1 EMB has 128 entries, but 256 in this layout");
     assert_int_equal(igrad_profile_load(path, fewer, &q), IGRAD_E_MISMATCH);
     assert_error_has("has component layer 1 Q, which this layout does not");
     assert_null(q);
@@ -472,6 +541,14 @@ static void layer_fraction(cJSON *r)
 {
     cJSON_ReplaceItemInObject(component(r, 3), "layer", cJSON_CreateNumber(1.5));
 }
+static void projection_at_layer_minus1(cJSON *r)
+{
+    cJSON_ReplaceItemInObject(component(r, 0), "layer", cJSON_CreateNumber(-1));
+}
+static void layer_minus2(cJSON *r)
+{
+    cJSON_ReplaceItemInObject(component(r, 0), "layer", cJSON_CreateNumber(-2));
+}
 static void duplicate_component(cJSON *r)
 {
     cJSON_AddItemToArray(cJSON_GetObjectItem(r, "components"),
@@ -537,6 +614,8 @@ static void test_malformed_profiles(void **state)
     expect_mutation(bad_kind, "components[0]: kind 'MLP'");
     expect_mutation(layer_string, "components[0]: key 'layer' must be a number");
     expect_mutation(layer_fraction, "key 'layer' must be an integer");
+    expect_mutation(projection_at_layer_minus1, "layer -1 is only for EMB, HEAD and NORM, not Q");
+    expect_mutation(layer_minus2, "key 'layer' is -2");
     expect_mutation(duplicate_component, "component layer 0 Q is listed twice");
     expect_mutation(magnitude_range, "key 'magnitude' is 1.5");
     expect_mutation(bad_hash, "key 'layout_hash' is '12345'");
@@ -607,6 +686,7 @@ int main(void)
         cmocka_unit_test(test_build_errors),
         cmocka_unit_test(test_json_round_trip_and_csv),
         cmocka_unit_test(test_wrong_layout),
+        cmocka_unit_test(test_profile_without_outer_components),
         cmocka_unit_test(test_malformed_profiles),
         cmocka_unit_test(test_nul_escape),
     };

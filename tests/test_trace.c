@@ -24,7 +24,9 @@
 
 /* A 2-layer llama-style model, C = 8, kv width 4, F = 16, vocab 32:
  * components per layer Q (64), K (32), V (32), O (64), FC1 = gate + up
- * (256), FC2 (128); embeddings, norms and lm_head are OTHER. */
+ * (256), FC2 (128), NORM (16); then (-1, EMB) 256, (-1, HEAD) 256,
+ * (-1, NORM) 8; 17 components. Layer 0 also has a MoE-style router
+ * "mlp.gate" (8x8), which is OTHER: no component. */
 static igrad_layout_t *llama_layout(void)
 {
     igrad_layout_t *l = NULL;
@@ -52,6 +54,7 @@ static igrad_layout_t *llama_layout(void)
             assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, t[k].which ? 2 : 1, shape));
         }
     }
+    assert_ok(igrad_layout_add(l, "model.layers.0.mlp.gate.weight", IGRAD_DTYPE_F32, 2, q));
     assert_ok(igrad_layout_add(l, "model.norm.weight", IGRAD_DTYPE_F32, 1, norm));
     assert_ok(igrad_layout_add(l, "lm_head.weight", IGRAD_DTYPE_F32, 2, emb));
     return l;
@@ -93,21 +96,22 @@ static void test_record_by_hand(void **state)
     igrad_layout_t *l = llama_layout();
     igrad_trace_t *t = NULL;
     assert_ok(igrad_trace_create(l, &t));
-    assert_int_equal(igrad_trace_component_count(t), 12);
+    assert_int_equal(igrad_trace_component_count(t), 17);
     assert_int_equal(igrad_trace_step_count(t), 0);
     assert_true(igrad_trace_layout_hash(t) == igrad_layout_hash(l));
     assert_string_equal(igrad_trace_sparsifier(t), "unknown");
 
     /* step 3: q of layer 0 keeps sumsq 16 over 64 entries: a = sqrt(16/64)
      * = 0.5. FC1 of layer 1 = gate (sumsq 1) + up (sumsq 3) over 256
-     * entries: a = sqrt(4/256) = 0.125, retained 5 + 7. OTHER tensors
-     * (embeddings, norm, lm_head) are ignored. */
+     * entries: a = sqrt(4/256) = 0.125, retained 5 + 7. The embedding
+     * (sumsq 64 over 256: 0.5) and layer 0's input norm (sumsq 9 over the
+     * 16 entries of both norms: 0.75) are components too. */
     assert_ok(igrad_trace_record(t, 3, tensor(l, "model.layers.0.self_attn.q_proj.weight"),
                                  16.0, 6));
     assert_ok(igrad_trace_record(t, 3, tensor(l, "model.layers.1.mlp.gate_proj.weight"), 1.0,
                                  5));
     assert_ok(igrad_trace_record(t, 3, tensor(l, "model.layers.1.mlp.up_proj.weight"), 3.0, 7));
-    assert_ok(igrad_trace_record(t, 3, tensor(l, "model.embed_tokens.weight"), 1e6, 100));
+    assert_ok(igrad_trace_record(t, 3, tensor(l, "model.embed_tokens.weight"), 64.0, 100));
     assert_ok(igrad_trace_record(t, 3, tensor(l, "model.layers.0.input_layernorm.weight"), 9.0,
                                  1));
     /* step 3 again (same step may be recorded in several calls), then 7 */
@@ -115,8 +119,8 @@ static void test_record_by_hand(void **state)
                                  2.0, 1));
     assert_ok(igrad_trace_record(t, 7, tensor(l, "model.layers.0.mlp.down_proj.weight"), 32.0,
                                  2));
-    /* an OTHER tensor at a later step adds no step row */
-    assert_ok(igrad_trace_record(t, 9, tensor(l, "lm_head.weight"), 1.0, 1));
+    /* an OTHER tensor (the router) at a later step adds no step row */
+    assert_ok(igrad_trace_record(t, 9, tensor(l, "model.layers.0.mlp.gate.weight"), 1.0, 1));
     assert_int_equal(igrad_trace_step_count(t), 2);
     assert_int_equal(igrad_trace_step(t, 0), 3);
     assert_int_equal(igrad_trace_step(t, 1), 7);
@@ -129,6 +133,11 @@ static void test_record_by_hand(void **state)
     assert_int_equal(r, 12);
     assert_near(activity_at(t, 0, 1, IGRAD_KIND_V, &r), sqrt(2.0 / 32.0), 1e-15);
     assert_int_equal(r, 1);
+    assert_near(activity_at(t, 0, -1, IGRAD_KIND_EMB, &r), 0.5, 1e-15);
+    assert_int_equal(r, 100);
+    assert_near(activity_at(t, 0, 0, IGRAD_KIND_NORM, &r), 0.75, 1e-15);
+    assert_int_equal(r, 1);
+    assert_near(activity_at(t, 0, -1, IGRAD_KIND_HEAD, &r), 0.0, 0);
     /* components not recorded at a step: activity 0, retained 0 */
     assert_near(activity_at(t, 0, 0, IGRAD_KIND_FC2, &r), 0.0, 0);
     assert_int_equal(r, 0);
@@ -138,10 +147,22 @@ static void test_record_by_hand(void **state)
     assert_int_equal(r, 2);
     /* component table: ordered by layer then kind, with tensor counts */
     igrad_component_info_t ci;
-    assert_ok(igrad_trace_component(t, 4, &ci));
+    assert_ok(igrad_trace_component(t, 7, &ci));
     assert_int_equal(ci.layer, 0);
     assert_int_equal(ci.kind, IGRAD_KIND_FC1);
     assert_int_equal(ci.count, 256);
+    assert_int_equal(ci.tensors, 2);
+    assert_ok(igrad_trace_component(t, 0, &ci));
+    assert_int_equal(ci.layer, -1);
+    assert_int_equal(ci.kind, IGRAD_KIND_EMB);
+    assert_ok(igrad_trace_component(t, 2, &ci));
+    assert_int_equal(ci.layer, -1);
+    assert_int_equal(ci.kind, IGRAD_KIND_NORM);
+    assert_int_equal(ci.count, 8);
+    assert_ok(igrad_trace_component(t, 9, &ci));
+    assert_int_equal(ci.layer, 0);
+    assert_int_equal(ci.kind, IGRAD_KIND_NORM);
+    assert_int_equal(ci.count, 16);
     assert_int_equal(ci.tensors, 2);
     igrad_trace_free(t);
     igrad_layout_free(l);
@@ -245,13 +266,13 @@ static void test_save_load_round_trip(void **state)
     igrad_trace_t *u = NULL;
     assert_ok(igrad_trace_load(p1, &u));
     assert_int_equal(igrad_trace_step_count(u), 5);
-    assert_int_equal(igrad_trace_component_count(u), 12);
+    assert_int_equal(igrad_trace_component_count(u), 17);
     assert_true(igrad_trace_layout_hash(u) == igrad_layout_hash(l));
     assert_string_equal(igrad_trace_sparsifier(u), "adtopk");
     assert_near(igrad_trace_density(u), 0.01, 0);
     for (size_t s = 0; s < 5; s++) {
         assert_int_equal(igrad_trace_step(u, s), igrad_trace_step(t, s));
-        for (size_t c = 0; c < 12; c++) {
+        for (size_t c = 0; c < 17; c++) {
             double a0, a1;
             int64_t r0, r1;
             igrad_component_info_t c0, c1;
@@ -282,7 +303,7 @@ static void test_save_load_round_trip(void **state)
     line = strtok_r(NULL, "\n", &save);
     assert_string_equal(line,
                         "step,layer,component,raw_activity,d_activity,numel,retained_numel");
-    double prev[12];
+    double prev[17];
     size_t rows = 0;
     while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
         long long step, numel, ret;
@@ -292,13 +313,13 @@ static void test_save_load_round_trip(void **state)
         assert_int_equal(sscanf(line, "%lld,%d,%7[^,],%lf,%lf,%lld,%lld", &step, &layer, kind,
                                 &raw, &d, &numel, &ret),
                          7);
-        size_t c = rows % 12;
-        if (rows < 12) assert_near(d, 0.0, 0);
+        size_t c = rows % 17;
+        if (rows < 17) assert_near(d, 0.0, 0);
         else assert_near(d, raw - prev[c], 1e-9 * fabs(raw) + 1e-300);
         prev[c] = raw;
         rows++;
     }
-    assert_int_equal(rows, 60);
+    assert_int_equal(rows, 5 * 17);
     free(text1);
     free(text2);
     unlink(p1);
@@ -362,6 +383,7 @@ static void test_load_errors(void **state)
     expect_format("0.5,0,Q,0.5,0,64,3\n", "step '0.5'");
     expect_format("0,0,QQ,0.5,0,64,3\n", "unknown component kind 'QQ'");
     expect_format("0,0,OTHER,0.5,0,64,3\n", "unknown component kind 'OTHER'");
+    expect_format("0,-1,Q,0.5,0,64,3\n", "layer -1 is only for EMB, HEAD and NORM, not Q");
     expect_format("0,0,,0.5,0,64,3\n", "bad.csv:2: empty component field");
     expect_format("0,0,Q,0.5,0,0,0\n", "numel '0'");
     expect_format("0,0,Q,0.5,0,64,65\n", "retained_numel 65 is more than numel 64");

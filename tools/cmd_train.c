@@ -59,6 +59,12 @@ static void usage(FILE *fp)
 "  --comm-timeout S            a collective that has not completed after S seconds\n"
 "                              (a stopped or hung rank) ends the job on every rank\n"
 "                              that waits, naming the step (default 300; 0 = never)\n"
+"  --gate-other on|off         on (default): embeddings, lm_head and norms (EMB, HEAD,\n"
+"                              NORM components) are deferred when the profile calls\n"
+"                              them unimportant; off: always sent (the old behaviour)\n"
+"  --target-ratio X            ig: choose the important set and kappa from the\n"
+"                              profile's scores so the payload is X times *_sync's\n"
+"                              (overrides --release-keep and the profile's set)\n"
 "  --profile FILE|auto         importance profile (required for iad and ig); auto:\n"
 "                              the engine profiles the first --profile-steps steps of\n"
 "                              this run itself (sending as the sparsifier's *_sync),\n"
@@ -202,6 +208,17 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         F64_OPT("--density", density)
         F64_OPT("--comm-timeout", comm_timeout_s)
         F64_OPT("--release-keep", release_keep)
+        F64_OPT("--target-ratio", target_ratio)
+        if ((r = cli_opt(argc, argv, &i, "--gate-other", &v)) != 0) {
+            if (r < 0) return -1;
+            if (!strcmp(v, "on")) o->gate_other = 1;
+            else if (!strcmp(v, "off")) o->gate_other = 0;
+            else {
+                fprintf(stderr, "igrad: --gate-other is '%s' (on or off)\n", v);
+                return -1;
+            }
+            continue;
+        }
         F64_OPT("--val-fraction", val_fraction)
         if ((r = cli_opt(argc, argv, &i, "--init-std", &v)) != 0) {
             if (r < 0 || cli_parse_f64("--init-std", v, &x) != 0) return -1;

@@ -271,6 +271,8 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_i64(l, "--buckets", o->buckets);
     opt_add_i64(l, "--verify-every", o->verify_every);
     opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
+    opt_add_i64(l, "--gate-other", o->gate_other);
+    opt_add_f64(l, "--target-ratio", o->target_ratio);
     if (!o->profile || train_profile_auto(o)) {
         opt_add_str(l, "--profile", o->profile);
         opt_add_i64(l, "--profile-steps", o->profile_steps);
@@ -366,6 +368,7 @@ void train_options_default(train_options_t *o)
     o->density = 0.01;
     o->release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
     o->release_keep = IGRAD_DEFAULT_RELEASE_KEEP;
+    o->gate_other = 1;
     o->buckets = 4;
     o->verify_every = 100;
     o->comm_timeout_s = IGRAD_DEFAULT_TIMEOUT_S;
@@ -404,6 +407,7 @@ typedef struct run {
     train_state_t state;      /* the checkpoint resumed from, as its train_state.json
                                  records it (version 1: files without checksums) */
     double f_imp;
+    igrad_target_fit_t target; /* --target-ratio's choice (zero when off) */
     double t_start_ms;
     double last_val[3];       /* loss, ppl, acc of the last evaluation */
     int tty;
@@ -439,6 +443,7 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
         c.profile_steps = o->profile_steps; /* other methods: refused in setup, by name */
         c.profile_partition = o->profile_partition;
     }
+    c.gate_other = o->gate_other;
     if ((st = igrad_config_validate(&c)) != IGRAD_OK) return lib_fail(st, "sync config");
     *cfg = c;
     return IGRAD_OK;
@@ -455,12 +460,45 @@ static igrad_sparsifier_t method_sparsifier(const igrad_config_t *c)
     }
 }
 
+/* --target-ratio: the important set and kappa from the profile's scores
+ * (igrad_target_fit), applied to the loaded profile and the sync config
+ * before the engine exists. The same on every rank (a pure function of
+ * agreed inputs; the engine's agreement checks the result). */
+static igrad_status_t fit_target(run_t *r)
+{
+    const train_options_t *o = r->o;
+    if (r->scfg.method != IGRAD_METHOD_IG)
+        return trainer_fail(IGRAD_E_INVALID, "--target-ratio needs --method ig (not %s)",
+                            o->method);
+    if (!(o->target_ratio > 0.0 && o->target_ratio <= 1.0))
+        return trainer_fail(IGRAD_E_INVALID, "--target-ratio %g must be in (0, 1]",
+                            o->target_ratio);
+    igrad_status_t st = igrad_target_fit(r->layout, r->profile, &r->scfg, o->target_ratio,
+                                         IGRAD_TARGET_MIN_KEEP, &r->target);
+    if (st != IGRAD_OK) return lib_fail(st, "--target-ratio");
+    if ((st = igrad_profile_set_threshold(r->profile, r->target.tau)) != IGRAD_OK)
+        return lib_fail(st, "--target-ratio");
+    r->scfg.release_keep = r->target.release_keep;
+    if (r->rank == 0) {
+        fprintf(stderr,
+                "train: --target-ratio %g: %zu of %zu gated components important (tau %.6g), "
+                "kappa %.6g, f_imp %.4f, planned ratio %.4f (model %.4f)%s\n",
+                o->target_ratio, r->target.n_important, r->target.n_gated, r->target.tau,
+                r->target.release_keep, r->target.f_imp, r->target.ratio,
+                r->target.model_ratio,
+                r->target.met ? "" : " -- NOT met: even no important component at the "
+                                     "smallest kappa sends more");
+    }
+    return IGRAD_OK;
+}
+
 /* f_imp: the share of the sparsifier's per-step budget that goes to
  * tensors sent every step (important components and OTHER tensors, which
- * are never deferred). The payload ratio to *_sync is about
+ * are never deferred; EMB/HEAD/NORM too with gate_other 0 or when the
+ * profile lacks them). The payload ratio to *_sync is about
  * f_imp + kappa * (1 - f_imp) (NOTES.md). */
 static double compute_f_imp(const igrad_layout_t *layout, const igrad_profile_t *profile,
-                            igrad_sparsifier_t sp, double density)
+                            igrad_sparsifier_t sp, double density, int gate_other)
 {
     double every = 0.0, all = 0.0;
     for (size_t t = 0; t < igrad_layout_count(layout); t++) {
@@ -470,7 +508,10 @@ static double compute_f_imp(const igrad_layout_t *layout, const igrad_profile_t 
             igrad_select_spec(sp, density, 1.0, 0, 0, ti.ndim, ti.shape, &spec) != IGRAD_OK)
             return NAN;
         all += (double)spec.count;
-        if (ti.kind == IGRAD_KIND_OTHER || igrad_profile_is_important(profile, ti.layer, ti.kind) != 0)
+        int outer = ti.kind == IGRAD_KIND_EMB || ti.kind == IGRAD_KIND_HEAD ||
+                    ti.kind == IGRAD_KIND_NORM;
+        if (ti.kind == IGRAD_KIND_OTHER || (outer && !gate_other) ||
+            igrad_profile_is_important(profile, ti.layer, ti.kind) != 0)
             every += (double)spec.count;
     }
     return all > 0 ? every / all : NAN;
@@ -882,10 +923,11 @@ static igrad_status_t setup_local(run_t *r)
                                 igrad_last_error());
         if (st != IGRAD_OK) return lib_fail(st, "--profile");
     }
+    if (o->target_ratio != 0.0) TRY(fit_target(r));
     r->f_imp = NAN;
     if (r->profile && method_sparsifier(&r->scfg) != IGRAD_SPARSIFIER_NONE)
         r->f_imp = compute_f_imp(r->layout, r->profile, method_sparsifier(&r->scfg),
-                                 r->scfg.density);
+                                 r->scfg.density, r->scfg.gate_other);
     return IGRAD_OK;
 }
 
@@ -1345,6 +1387,18 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddStringToObject(sync, "residual", igrad_residual_policy_name(r->scfg.residual));
     cJSON_AddStringToObject(sync, "pack", igrad_pack_policy_name(r->scfg.pack));
     cJSON_AddNumberToObject(sync, "buckets", r->scfg.buckets);
+    cJSON_AddBoolToObject(sync, "gate_other", r->scfg.gate_other);
+    if (o->target_ratio != 0.0) {
+        cJSON *tg = cJSON_AddObjectToObject(sync, "target");
+        cJSON_AddNumberToObject(tg, "ratio", o->target_ratio);
+        cJSON_AddNumberToObject(tg, "planned_ratio", r->target.ratio);
+        cJSON_AddNumberToObject(tg, "release_keep", r->target.release_keep);
+        cJSON_AddNumberToObject(tg, "tau", r->target.tau);
+        cJSON_AddNumberToObject(tg, "n_important", (double)r->target.n_important);
+        cJSON_AddNumberToObject(tg, "n_gated", (double)r->target.n_gated);
+        cJSON_AddNumberToObject(tg, "f_imp", r->target.f_imp);
+        cJSON_AddBoolToObject(tg, "met", r->target.met);
+    }
     if (o->profile) cJSON_AddStringToObject(cfg, "profile", o->profile);
     if (train_profile_auto(o)) {
         igrad_online_info_t oi;
@@ -1417,7 +1471,8 @@ static igrad_status_t online_profile_written(run_t *r)
     const igrad_profile_t *p = igrad_engine_profile(r->engine);
     if (!p) return IGRAD_OK;
     r->online_written = 1;
-    r->f_imp = compute_f_imp(r->layout, p, method_sparsifier(&r->scfg), r->scfg.density);
+    r->f_imp = compute_f_imp(r->layout, p, method_sparsifier(&r->scfg), r->scfg.density,
+                           r->scfg.gate_other);
     if (r->rank != 0 || !r->o->out) return IGRAD_OK;
     char *path = path_join(r->o->out, TRAIN_ONLINE_PROFILE_FILE);
     if (!path) return trainer_fail(IGRAD_E_NOMEM, "out of memory");

@@ -118,6 +118,11 @@ typedef struct train_options {
     int64_t verify_every;     /* agreement check period (steps) */
     double comm_timeout_s;    /* bound on every collective, the trainer's own
                                  included (seconds; 0 = wait forever) */
+    int gate_other;           /* 1: EMB/HEAD/NORM components gated (default); 0:
+                                 always sent (igrad_config_t.gate_other) */
+    double target_ratio;      /* > 0: ig picks the important set and kappa to send
+                                 this share of *_sync's payload (igrad_target_fit);
+                                 0 = off (--release-keep and the profile's set) */
     const char *profile;      /* profile JSON, required for iad/ig; "auto": the
                                  engine profiles the first profile_steps steps
                                  itself and writes out/profile.json */

@@ -34,9 +34,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common as C  # noqa: E402
 
-KINDS = ["Q", "K", "V", "QKV", "O", "FC1", "FC2"]
+# the library's order (igrad_kind_t); EMB, HEAD and NORM are components too
+KINDS = ["Q", "K", "V", "QKV", "O", "FC1", "FC2", "EMB", "HEAD", "NORM"]
 KIND_COLORS = {"Q": "#4c72b0", "K": "#55a868", "V": "#c44e52", "QKV": "#937860",
-               "O": "#8172b2", "FC1": "#ccb974", "FC2": "#64b5cd"}
+               "O": "#8172b2", "FC1": "#ccb974", "FC2": "#64b5cd", "EMB": "#8c8c8c",
+               "HEAD": "#dd8452", "NORM": "#da8bc3"}
 
 
 def add_args(ap):

@@ -23,7 +23,7 @@ from ._lib import (CommError, CommTimeoutError, FileError, FormatError, IgradErr
                    InvalidArgumentError, MismatchError, NonFiniteError, OutOfMemoryError,
                    StateError, UnsupportedError, __version__, load_library)
 from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace,  # noqa: F401
-                   config_to_dict, make_config, partition, select_spec)
+                   config_to_dict, make_config, partition, select_spec, target_fit)
 from .profile import build_profile  # noqa: F401
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
     "IgradError", "InvalidArgumentError", "OutOfMemoryError", "FileError", "FormatError",
     "UnsupportedError", "NonFiniteError", "MismatchError", "CommError", "StateError",
     "CommTimeoutError", "Layout", "Trace", "Profile", "Comm", "Engine", "SelectWorkspace", "make_config",
-    "config_to_dict", "partition", "select_spec", "build_profile",
+    "config_to_dict", "partition", "select_spec", "build_profile", "target_fit",
 ]
 
 _LIB = load_library()  # fails at import (ImportError) when no usable library
@@ -48,8 +48,8 @@ def library_path():
 
 
 def component_of(name):
-    """(layer, kind) of a parameter name, e.g. (3, "Q"); (-1, "OTHER")
-    outside the Transformer blocks."""
+    """(layer, kind) of a parameter name, e.g. (3, "Q"), (3, "NORM"),
+    (-1, "EMB"), (-1, "HEAD"); (-1, "OTHER") for names no rule knows."""
     import ctypes
     from ._lib import KIND_NAMES
     layer = ctypes.c_int()

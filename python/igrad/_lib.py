@@ -173,6 +173,13 @@ class ProfileEntry(ctypes.Structure):
                 ("important", ctypes.c_int)]
 
 
+class TargetFit(ctypes.Structure):
+    _fields_ = [("tau", ctypes.c_double), ("release_keep", ctypes.c_double),
+                ("n_important", ctypes.c_size_t), ("n_gated", ctypes.c_size_t),
+                ("f_imp", ctypes.c_double), ("ratio", ctypes.c_double),
+                ("model_ratio", ctypes.c_double), ("met", ctypes.c_int)]
+
+
 # Callback types of igrad_comm_ops_t. Pointers arrive as c_void_p (int or
 # None); every callback returns an igrad_status_t.
 ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
@@ -215,7 +222,8 @@ class Config(ctypes.Structure):
                 ("value_dtype", c_enum), ("index_dtype", c_enum), ("collective", c_enum),
                 ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double),
                 ("profile_steps", ctypes.c_int64), ("profile_alpha", ctypes.c_double),
-                ("profile_partition", ctypes.c_char_p)]
+                ("profile_partition", ctypes.c_char_p),
+                ("gate_other", ctypes.c_int)]
 
 
 class Bucket(ctypes.Structure):
@@ -326,6 +334,9 @@ SIGNATURES = {
     "igrad_profile_count": (sz, [P]),
     "igrad_profile_entry": (S, [P, sz, ctypes.POINTER(ProfileEntry)]),
     "igrad_profile_threshold": (dbl, [P]),
+    "igrad_profile_set_threshold": (S, [P, dbl]),
+    "igrad_target_fit": (S, [P, P, ctypes.POINTER(Config), dbl, dbl,
+                             ctypes.POINTER(TargetFit)]),
     "igrad_profile_layout_hash": (u64, [P]),
     "igrad_profile_method": (cstr, [P]),
     "igrad_profile_is_important": (ctypes.c_int, [P, ctypes.c_int, c_enum]),

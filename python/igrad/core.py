@@ -338,6 +338,29 @@ class Profile(_Handle):
         """[(layer, kind)] of the important components."""
         return [(e["layer"], e["kind"]) for e in self.entries() if e["important"]]
 
+    def set_threshold(self, tau):
+        """Re-marks the important set in place: important = score >= tau."""
+        self._lib.call("igrad_profile_set_threshold", self.handle, float(tau))
+
+
+TARGET_MIN_KEEP = 0.05  # IGRAD_TARGET_MIN_KEEP
+
+
+def target_fit(layout, profile, target_ratio, min_keep=TARGET_MIN_KEEP, **config):
+    """igrad_target_fit: the important set (as a threshold tau) and kappa
+    that make method ig send at most target_ratio x the sparsifier's
+    *_sync payload, priced with the engine's own budgets. `config` takes
+    make_config's fields (method must be ig, the default). Returns a dict:
+    tau, release_keep, n_important, n_gated, f_imp, ratio, model_ratio, met.
+    Apply it with profile.set_threshold(tau) and release_keep."""
+    cfg = make_config(**config)
+    out = L.TargetFit()
+    L.lib().call("igrad_target_fit", layout.handle, profile.handle, ctypes.byref(cfg),
+                 float(target_ratio), float(min_keep), ctypes.byref(out))
+    return {"tau": out.tau, "release_keep": out.release_keep,
+            "n_important": out.n_important, "n_gated": out.n_gated, "f_imp": out.f_imp,
+            "ratio": out.ratio, "model_ratio": out.model_ratio, "met": bool(out.met)}
+
 
 def partition(scores, method="knee"):
     """Threshold over scores by a partition method (igrad_partition)."""
@@ -569,6 +592,7 @@ CONFIG_DEFAULTS = {
     "verify_every": 100, "value_dtype": "F32", "index_dtype": "U16", "collective": "auto",
     "threads": 0, "timeout_s": 300.0,
     "profile_steps": 0, "profile_alpha": 0.7, "profile_partition": None,  # None = knee
+    "gate_other": True,
 }
 
 
@@ -606,6 +630,7 @@ def make_config(**kw):
     c.profile_alpha = float(v["profile_alpha"])
     part = v["profile_partition"]
     c.profile_partition = str(part).encode() if part is not None else None  # kept alive by c
+    c.gate_other = int(bool(v["gate_other"]))
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -628,6 +653,7 @@ def config_to_dict(c):
         "collective": _s(lib.igrad_collective_name(c.collective)), "threads": c.threads,
         "profile_steps": c.profile_steps, "profile_alpha": c.profile_alpha,
         "profile_partition": _s(c.profile_partition) if c.profile_partition else "knee",
+        "gate_other": bool(c.gate_other),
     }
 
 

@@ -59,7 +59,7 @@ import torch.distributed as dist
 
 from . import _lib as L
 from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace, config_to_dict,
-                   make_config, select_spec)
+                   make_config, select_spec, target_fit)
 
 _DTYPE_OF = operator.attrgetter("dtype")
 
@@ -356,6 +356,14 @@ class IgradState:
                     torch.distributed process group the group's timeout
                     (init_process_group(timeout=...)) bounds each collective
                     instead; one that times out there raises CommError.
+    target_ratio:   None (default) or X in (0, 1]: method "ig" chooses the
+                    important set and kappa from the profile's scores so
+                    that it sends at most X x the sparsifier's *_sync
+                    payload (igrad.target_fit; overrides release_keep and
+                    re-marks the profile). The choice is in `target_fit`.
+    gate_other:     True (default): embeddings, lm_head and norms (EMB, HEAD,
+                    NORM components) are gated like projections; False: they
+                    are sent every step (the behaviour before; an ablation).
     start_iter:     the first `start_iter` steps are plain averaged
                     all-reduces without igrad (warm-up, as in PowerSGD).
     nonfinite:      "allreduce" (default) or "keep": what a skipped
@@ -372,7 +380,7 @@ class IgradState:
                  start_iter=0, collective="auto", interleave=False, residual="on",
                  block_entries=None, risk_lambda=1.0, index_dtype="U16", threads=0,
                  nonfinite="allreduce", timeout_s=300.0, profile_steps=30,
-                 profile_partition=None):
+                 profile_partition=None, gate_other=True, target_ratio=None):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -385,6 +393,7 @@ class IgradState:
             "interleave": bool(interleave), "residual": residual,
             "block_entries": block_entries, "risk_lambda": risk_lambda,
             "index_dtype": index_dtype, "threads": threads, "timeout_s": timeout_s,
+            "gate_other": bool(gate_other),
         }
         if isinstance(profile, str) and profile == "auto":
             if str(method).lower() not in ("ig", "iad"):
@@ -393,6 +402,11 @@ class IgradState:
             self.config["profile_steps"] = int(profile_steps)
             self.config["profile_partition"] = profile_partition
         make_config(**self.config)  # validates now, not at the first backward
+        if target_ratio is not None and not (0.0 < float(target_ratio) <= 1.0):
+            raise L.InvalidArgumentError("target_ratio is %r (must be in (0, 1])"
+                                         % (target_ratio,))
+        self.target_ratio = None if target_ratio is None else float(target_ratio)
+        self.target_fit = None
         self.profile = profile
         self.start_iter = int(start_iter)
         self.nonfinite = nonfinite
@@ -530,6 +544,12 @@ class IgradState:
                 self._agree_setup(coll, err, pending)
             elif err is not None:
                 raise err
+            if self.target_ratio is not None and self._profile_obj is not None:
+                # a pure function of agreed inputs: the same on every rank
+                fit = target_fit(layout, self._profile_obj, self.target_ratio, **self.config)
+                self._profile_obj.set_threshold(fit["tau"])
+                self.config["release_keep"] = fit["release_keep"]
+                self.target_fit = fit
             cfg = make_config(**self.config)
             self._engine = Engine(layout, self._profile_obj, cfg, coll.comm())
             if self._trace is not None:

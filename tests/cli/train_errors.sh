@@ -3,7 +3,8 @@
 # missing data, an unreadable file (as root: run as nobody via setpriv),
 # an empty corpus, a sequence longer than the data, a checkpoint whose
 # config.json does not match its tensors, a truncated model.safetensors,
-# iad without a profile, --trace with dense, a batch that 2 MPI ranks
+# iad without a profile, --gate-other with a bad value, --target-ratio with
+# dense, --trace with dense, a batch that 2 MPI ranks
 # cannot split, missing data on 2 MPI ranks. Each must exit non-zero with a
 # message naming the problem, and leave no checkpoint and no temporary
 # files behind. Then a run killed (SIGKILL) while checkpointing every step
@@ -95,6 +96,11 @@ expect_error truncated "truncated" "$tmp/o6" -- \
 
 expect_error iad_no_profile "needs --profile" "$tmp/o7" -- \
   "$IGRAD" train --method iad --data "$tmp/corpus" --out "$tmp/o7" "${common[@]}"
+
+expect_error gate_other_bad "--gate-other is 'maybe' (on or off)" "$tmp/o7g" -- \
+  "$IGRAD" train --gate-other maybe --data "$tmp/corpus" --out "$tmp/o7g" "${common[@]}"
+expect_error target_ratio_dense "--target-ratio needs --method ig (not dense)" "$tmp/o7t" -- \
+  "$IGRAD" train --target-ratio 0.25 --data "$tmp/corpus" --out "$tmp/o7t" "${common[@]}"
 
 expect_error trace_dense "not dense" "$tmp/o8" -- \
   "$IGRAD" train --trace "$tmp/t.csv" --data "$tmp/corpus" --out "$tmp/o8" "${common[@]}"

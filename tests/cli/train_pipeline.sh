@@ -67,6 +67,13 @@ timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]}" --method ig --profile "
 grep -qF "was made with sparsifier adtopk at density 0.01; this run uses topk at density 0.05" \
   "$tmp/ig_other.err" || fail "no profile density/sparsifier warning: $(cat "$tmp/ig_other.err")"
 "$IGRAD" layout "$tmp/ig/checkpoint" >/dev/null || fail "igrad layout cannot read ig/checkpoint"
+# --target-ratio: the plan the trainer prints and records must be what the
+# engine sends (12 steps = 3 release periods of R = 4).
+timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]}" --method ig --profile "$tmp/profile.json" \
+  --target-ratio 0.5 --eval-every 0 --out "$tmp/ig_target" 2>"$tmp/ig_target.err" >/dev/null \
+  || fail "ig --target-ratio run: $(cat "$tmp/ig_target.err")"
+grep -qF -- "--target-ratio 0.5:" "$tmp/ig_target.err" \
+  || fail "no --target-ratio line: $(cat "$tmp/ig_target.err")"
 
 "$PY" - "$tmp" <<'EOF' || fail "file checks"
 import json, math, os, sys
@@ -101,6 +108,16 @@ else:
     if abs(ratio - model) > 0.1: bad.append(f"ig ratio {ratio:.3f} vs f_imp model {model:.3f}")
     print(f"ig/adtopk_sync payload {ratio:.3f}, f_imp {f:.3f}, model {model:.3f}")
 if ad["f_imp"] is not None: bad.append("adtopk_sync has an f_imp without a profile")
+tg = json.load(open(os.path.join(tmp, "ig_target", "summary.json")))
+t = tg["config"]["sync"]["target"]
+measured = tg["payload_bytes_per_step"] / ad["payload_bytes_per_step"]
+if not t["met"]: bad.append(f"target 0.5 not met: {t}")
+elif abs(measured - t["planned_ratio"]) > 1e-9 or measured > 0.5:
+    bad.append(f"--target-ratio 0.5: measured {measured:.6f}, planned {t['planned_ratio']:.6f}")
+if tg["config"]["sync"]["release_keep"] != t["release_keep"]:
+    bad.append("release_keep is not the target's kappa")
+print(f"--target-ratio 0.5: kappa {t['release_keep']:.4f}, planned {t['planned_ratio']:.4f}, "
+      f"measured {measured:.4f}")
 for b in bad: print("FAIL:", b)
 sys.exit(1 if bad else 0)
 EOF

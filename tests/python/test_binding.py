@@ -42,6 +42,7 @@ STRUCTS = {
     "igrad_profile_options_t": L.ProfileOptions, "igrad_profile_entry_t": L.ProfileEntry,
     "igrad_comm_ops_t": L.CommOps, "igrad_config_t": L.Config, "igrad_bucket_t": L.Bucket,
     "igrad_step_stats_t": L.StepStats, "igrad_tensor_plan_t": L.TensorPlan,
+    "igrad_target_fit_t": L.TargetFit,
 }
 
 
@@ -287,8 +288,12 @@ class Binding(unittest.TestCase):
         self.assertEqual((d["layer"], d["kind"]), (0, "FC2"))
         self.assertEqual(layout.total_count,
                          sum(p.numel() for p in model.parameters() if p.requires_grad))
-        # 2 layers x (Q, K, V, O, FC1, FC2)
-        self.assertEqual(len(layout.components()), 12)
+        # 2 layers x (Q, K, V, O, FC1, FC2, NORM), (-1, EMB), (-1, HEAD); the
+        # final norm is frozen, so there is no (-1, NORM)
+        self.assertEqual(len(layout.components()), 16)
+        self.assertEqual(layout.components()[0]["kind"], "EMB")
+        self.assertEqual(igrad.component_of("model.layers.0.input_layernorm.weight"),
+                         (0, "NORM"))
         self.assertEqual(igrad.component_of("model.layers.3.mlp.up_proj.weight"), (3, "FC1"))
 
     # -- communicators ---------------------------------------------------------
@@ -395,6 +400,41 @@ class Binding(unittest.TestCase):
             it.IgradState(model, density=0)
         with self.assertRaises(igrad.InvalidArgumentError):
             it.IgradState(model, nonfinite="ignore")
+
+    # -- budget-driven plan: target_ratio -------------------------------------------
+
+    def test_target_ratio(self):
+        model = H.TinyLlama()
+        layout = it.layout_from_module(model)
+        trace = igrad.Trace.create(layout, "adtopk", 0.125)
+        for s in range(3):
+            for t in range(len(layout)):
+                c = layout.tensor(t)["component"]
+                if c >= 0:
+                    trace.record(s, t, float((c * 7) % 11 + 1) ** 2, 1)
+        path = os.path.join(self.dir, "tiny.json")
+        igrad.build_profile(trace, out=path)
+        prof = igrad.Profile.load(path, layout)
+        fit = igrad.target_fit(layout, prof, 0.5, density=0.125)
+        self.assertTrue(fit["met"])
+        self.assertLessEqual(fit["ratio"], 0.5)
+        self.assertGreaterEqual(fit["release_keep"], igrad.core.TARGET_MIN_KEEP)
+        self.assertLessEqual(fit["n_important"], fit["n_gated"])
+        # gate_other off: EMB/HEAD/NORM are not chosen from
+        off = igrad.target_fit(layout, prof, 0.5, density=0.125, gate_other=False)
+        self.assertLess(off["n_gated"], fit["n_gated"])
+        # IgradState applies it at engine creation: kappa and the important set
+        state = it.IgradState(model, profile=path, method="ig", density=0.125, target_ratio=0.5)
+        sync = it.GradientSynchronizer(model.named_parameters(), state)
+        model(*H.batch(0, 0)).backward()
+        sync.synchronize(0)
+        self.assertEqual(state.target_fit, fit)
+        self.assertEqual(state.config["release_keep"], fit["release_keep"])
+        with self.assertRaises(igrad.InvalidArgumentError):
+            it.IgradState(model, target_ratio=1.5)
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.target_fit(layout, prof, 0.5, method="topk_sync")
+        self.assertIn("needs ig", str(cm.exception))
 
     # -- parameters changed after attaching (one process) -------------------------
 
