@@ -3,7 +3,7 @@
  * file or in the agreement exchange: the layout hash (profiles, traces,
  * state files, optimizer files), the profile hash, the plan hash and the
  * risk history hash (agreement items 5, 23 and 26 of the engine state
- * file, formats.md §7) and the state file checksum.
+ * file, formats.md §7) and the state file checksum (version 3).
  *
  * The constants below were computed once and are part of the file
  * formats: a state file, profile or trace written by one build must be
@@ -21,7 +21,7 @@
  * layout hash from the layout's rows, the profile hash from the profile's
  * entries, the plan hash from the public select specs and tensor plans
  * (not for pack = direct, whose map is not modelled), the history hash
- * and the checksum from the state file's own bytes. The other 21 items
+ * and the checksum from the state file's own bytes. The other 25 items
  * are checked against the config they encode.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
@@ -48,7 +48,7 @@
 #define GOLDEN_PLAN_IG 0x7d5e4f9a69445b2aULL          /* ig_config(), item 23 */
 #define GOLDEN_PLAN_ADTOPK 0x9fbf6f202bdbc3daULL      /* adtopk_sync, item 23 */
 #define GOLDEN_HISTORY_RISK 0xe770e0bd1cf668dbULL     /* ig + pack risk, 2 steps, item 26 */
-#define GOLDEN_CHECKSUM_FRESH 0x1e39d8c042081565ULL   /* fresh ig engine, state version 2 */
+#define GOLDEN_CHECKSUM_FRESH 0x41b18231def36a39ULL   /* fresh ig engine, state version 3 */
 
 /* ---- FNV-1a 64 as the docs define it -------------------------------------- */
 
@@ -251,7 +251,7 @@ static igrad_config_t ig_config(void)
 typedef struct state_file {
     unsigned char *bytes;
     size_t nbytes;
-    uint64_t items[26];
+    uint64_t items[30];
     uint32_t version, rank, size, nitems;
 } state_file_t;
 
@@ -286,15 +286,15 @@ static state_file_t save_and_read(const igrad_engine_t *eng)
     fclose(fp);
     remove(path);
     rmdir(dir);
-    assert_true(f.nbytes >= 272);
+    assert_true(f.nbytes >= 312);
     assert_memory_equal(f.bytes, "IGRADST\0", 8);
     f.version = rd_u32(f.bytes + 8);
     f.rank = rd_u32(f.bytes + 12);
     f.size = rd_u32(f.bytes + 16);
     f.nitems = rd_u32(f.bytes + 20);
-    assert_int_equal(f.version, 2);
-    assert_int_equal(f.nitems, 26);
-    for (int i = 0; i < 26; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
+    assert_int_equal(f.version, 3);
+    assert_int_equal(f.nitems, 30);
+    for (int i = 0; i < 30; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
     return f;
 }
 
@@ -315,8 +315,10 @@ static uint64_t doc_checksum(const state_file_t *f)
  * key, n, mean and m2. */
 static uint64_t doc_history_hash(const state_file_t *f)
 {
-    uint64_t N = rd_u64(f->bytes + 256);
-    size_t o = 264 + 4 * (size_t)N + (N % 2 ? 4 : 0);
+    uint64_t N = rd_u64(f->bytes + 288);
+    size_t o = 296 + 4 * (size_t)N + (N % 2 ? 4 : 0);
+    uint64_t V = rd_u64(f->bytes + o); /* velocities */
+    o += 8 + 4 * (size_t)V + (V % 2 ? 4 : 0);
     uint64_t H = rd_u64(f->bytes + o);
     o += 8;
     assert_int_equal(o + 32 * H + 8, f->nbytes);
@@ -343,12 +345,12 @@ static uint64_t dbits(double x)
     return u;
 }
 
-/* Items 1–22 and 24–25 from their definitions (§7: enums as their numbers,
+/* Items 1–22, 24–25 and 27–30 from their definitions (§7: enums as their numbers,
  * doubles as their IEEE bit pattern). */
 static void check_items(const state_file_t *f, const igrad_layout_t *L, const igrad_config_t *c,
                         int64_t step, int64_t calls)
 {
-    const uint64_t want[26] = {
+    const uint64_t want[30] = {
         [0] = IGRAD_VERSION_NUMBER,
         [1] = igrad_layout_count(L),
         [2] = igrad_layout_hash(L),
@@ -372,8 +374,12 @@ static void check_items(const state_file_t *f, const igrad_layout_t *L, const ig
         [21] = dbits(c->timeout_s),
         [23] = (uint64_t)step,
         [24] = (uint64_t)calls,
+        [26] = dbits(c->momentum),
+        [27] = (uint64_t)c->momentum_masking,
+        [28] = dbits(c->residual_decay),
+        [29] = (uint64_t)c->start_iter,
     };
-    for (int i = 0; i < 26; i++) {
+    for (int i = 0; i < 30; i++) {
         if (i == 4 || i == 22 || i == 25) continue; /* hashes: pinned by the tests */
         if (f->items[i] != want[i]) {
             print_error("state item %d is 0x%llx, formats.md §7 says 0x%llx\n", i + 1,
