@@ -213,7 +213,9 @@ class Config(ctypes.Structure):
                 ("buckets", ctypes.c_int), ("block_entries", ctypes.c_int64),
                 ("risk_lambda", ctypes.c_double), ("verify_every", ctypes.c_int64),
                 ("value_dtype", c_enum), ("index_dtype", c_enum), ("collective", c_enum),
-                ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double)]
+                ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double),
+                ("momentum", ctypes.c_double), ("momentum_masking", ctypes.c_int),
+                ("residual_decay", ctypes.c_double), ("start_iter", ctypes.c_int64)]
 
 
 class Bucket(ctypes.Structure):
@@ -361,6 +363,7 @@ SIGNATURES = {
     "igrad_engine_tensor_plan": (S, [P, sz, ctypes.POINTER(TensorPlan)]),
     "igrad_engine_predict_payload": (i64, [P, i64]),
     "igrad_engine_residual": (ctypes.POINTER(ctypes.c_float), [P, sz]),
+    "igrad_engine_velocity": (ctypes.POINTER(ctypes.c_float), [P, sz]),
     "igrad_engine_set_trace": (S, [P, P]),
     "igrad_engine_config": (S, [P, ctypes.POINTER(Config)]),
     "igrad_engine_step": (i64, [P]),

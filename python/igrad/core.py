@@ -567,6 +567,7 @@ CONFIG_DEFAULTS = {
     "pack": "contiguous", "buckets": 4, "block_entries": 16384, "risk_lambda": 1.0,
     "verify_every": 100, "value_dtype": "F32", "index_dtype": "U16", "collective": "auto",
     "threads": 0, "timeout_s": 300.0,
+    "momentum": 0.0, "momentum_masking": True, "residual_decay": 1.0, "start_iter": 0,
 }
 
 
@@ -600,6 +601,10 @@ def make_config(**kw):
     c.collective = _enum_from_name("collective", v["collective"])
     c.threads = int(v["threads"])
     c.timeout_s = float(v["timeout_s"])
+    c.momentum = float(v["momentum"])
+    c.momentum_masking = int(bool(v["momentum_masking"]))
+    c.residual_decay = float(v["residual_decay"])
+    c.start_iter = int(v["start_iter"])
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -620,6 +625,8 @@ def config_to_dict(c):
         "value_dtype": _s(lib.igrad_dtype_name(c.value_dtype)),
         "index_dtype": _s(lib.igrad_dtype_name(c.index_dtype)),
         "collective": _s(lib.igrad_collective_name(c.collective)), "threads": c.threads,
+        "momentum": c.momentum, "momentum_masking": bool(c.momentum_masking),
+        "residual_decay": c.residual_decay, "start_iter": c.start_iter,
     }
 
 
@@ -707,6 +714,12 @@ class Engine(_Handle):
     def residual_address(self, t):
         """Address of tensor t's residual (read-only), or None (dense)."""
         p = self._lib.igrad_engine_residual(self.handle, int(t))
+        return ctypes.cast(p, ctypes.c_void_p).value if p else None
+
+    def velocity_address(self, t):
+        """Address of tensor t's momentum-correction velocity (read-only), or
+        None (config momentum 0, or dense)."""
+        p = self._lib.igrad_engine_velocity(self.handle, int(t))
         return ctypes.cast(p, ctypes.c_void_p).value if p else None
 
     def set_trace(self, trace):
