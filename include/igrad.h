@@ -1234,7 +1234,8 @@ IGRAD_API igrad_status_t igrad_engine_config(const igrad_engine_t *engine,
  *  first; restored by igrad_engine_load_state()). */
 IGRAD_API int64_t igrad_engine_step(const igrad_engine_t *engine);
 
-/** @return bytes the engine holds: residuals, buffers, workspaces. */
+/** @return bytes the engine holds: residuals, velocities, buffers, workspaces
+ *  (and the dense warm-up engine of config.start_iter). */
 IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
 
 /** Writes this rank's state: residuals, step, hashes and the risk policy's

@@ -2123,7 +2123,8 @@ size_t igrad_engine_workspace_nbytes(const igrad_engine_t *e)
     size_t T = e->ntensors, mb = e->max_blocks, nb = (size_t)e->nb_max;
     size_t n = sizeof *e + T * (sizeof *e->t + sizeof *e->tensor_hash + sizeof *e->stage_off +
                                 2 + sizeof *e->work + sizeof *e->tstatus + 3 * sizeof(double));
-    n += (size_t)e->residual_count * sizeof(float);
+    n += (size_t)(e->residual_count + e->velocity_count) * sizeof(float);
+    n += igrad_engine_workspace_nbytes(e->warmup);
     n += e->max_entries * (sizeof(uint32_t) + sizeof(float));
     n += mb * (sizeof *e->blocks + sizeof *e->binfo + sizeof *e->bucket_of + sizeof *e->order);
     n += nb * (sizeof *e->start + sizeof *e->loads + sizeof *e->bk + sizeof *e->desc);

@@ -415,6 +415,9 @@ static void test_start_iter(void **state)
         assert_int_equal(igrad_engine_step(warm), s);
     }
     assert_true(igrad_engine_predict_payload(warm, 3) < total * 4);
+    /* the velocity and the warm-up engine's dense arena are counted */
+    assert_true(igrad_engine_workspace_nbytes(warm) >=
+                igrad_engine_workspace_nbytes(ref) + (size_t)total * sizeof(float));
     for (int64_t s = 3; s < 12; s++) {
         fill(&G, 9, s);
         copy_bufs(&H, &G);
