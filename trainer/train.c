@@ -254,7 +254,8 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_i64(l, "--warmup", o->optim.warmup_steps);
     opt_add_f64(l, "--weight-decay", o->optim.weight_decay);
     opt_add_f64(l, "--clip", o->optim.grad_clip);
-    opt_add_f64(l, "--beta1", o->optim.beta1);
+    if (o->beta1_auto) opt_add_str(l, "--beta1", "auto");
+    else opt_add_f64(l, "--beta1", o->optim.beta1);
     opt_add_f64(l, "--beta2", o->optim.beta2);
     opt_add_f64(l, "eps", o->optim.eps);
     char seed[32];
@@ -1452,7 +1453,9 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
     if (st != IGRAD_OK) return lib_fail(st, "--comm-timeout"); /* refused by cmd_train first */
     /* Options first: a rank with another --steps or --save-every would
      * otherwise leave the others waiting in a collective it never calls. */
-    st = agree_options(comm, o);
+    /* as given (auto unresolved), so that a rank with another --method is
+     * named by --method, not by the --beta1 it resolves to */
+    st = agree_options(comm, opts);
     if (st != IGRAD_OK) goto cleanup;
     r.ckpt_dir = o->out ? path_join(o->out, TRAIN_CHECKPOINT_DIR) : NULL;
     st = o->out && !r.ckpt_dir ? trainer_fail(IGRAD_E_NOMEM, "out of memory") : IGRAD_OK;
