@@ -1024,6 +1024,28 @@ typedef struct igrad_config {
                                            the profile calls them unimportant);
                                            0: always sent, the behaviour before
                                            they were gated (an ablation) (1) */
+    /* Quality remedies for error feedback (docs/results/remedies.md). All
+     * are ignored by method dense (no residual). */
+    double momentum;                  /**< m in [0, 1): DGC momentum correction; per
+                                           tensor a velocity u = m*u + g is kept and
+                                           a = residual + u is what error feedback
+                                           selects from (u replaces g). 0 = off (0.0).
+                                           Costs one float per parameter. Use it with
+                                           an optimizer without its own momentum
+                                           (AdamW beta1 = 0, SGD momentum 0) */
+    int momentum_masking;             /**< 1: the entries sent at a step have u (and
+                                           the residual) set to 0 (DGC's momentum
+                                           factor masking); 0: u keeps them. Only
+                                           with momentum > 0 (1) */
+    double residual_decay;            /**< d in (0, 1]: what is kept in the residual
+                                           is scaled by d after each step,
+                                           residual = d * (a - sent); 1 = none (1.0) */
+    int64_t start_iter;               /**< >= 0: steps below it are plain dense
+                                           averages (what method dense does: one
+                                           all-reduce of every gradient); residuals
+                                           and velocities stay 0 and the engine's
+                                           step count does not advance, as with
+                                           igrad.torch.IgradState(start_iter=) (0) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1036,7 +1058,7 @@ typedef struct igrad_config {
       IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
-      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1 }
+      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0 }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
@@ -1269,6 +1291,11 @@ IGRAD_API igrad_status_t igrad_target_fit(const igrad_layout_t *layout,
  *  out of range). Valid until the engine is freed; read-only. */
 IGRAD_API const float *igrad_engine_residual(const igrad_engine_t *engine, size_t t);
 
+/** @return tensor t's momentum-correction velocity u (count floats; NULL
+ *  when config.momentum is 0, for method dense or t out of range). Valid
+ *  until the engine is freed; read-only. */
+IGRAD_API const float *igrad_engine_velocity(const igrad_engine_t *engine, size_t t);
+
 /** Records every later selection into `trace` (igrad_trace_record with the
  *  selection's sumsq and count, once the step's result is in grads), so a
  *  run can profile itself; the method dense records nothing. The trace
@@ -1326,7 +1353,8 @@ IGRAD_API igrad_status_t igrad_engine_config(const igrad_engine_t *engine,
  *  first; restored by igrad_engine_load_state()). */
 IGRAD_API int64_t igrad_engine_step(const igrad_engine_t *engine);
 
-/** @return bytes the engine holds: residuals, buffers, workspaces. */
+/** @return bytes the engine holds: residuals, velocities, buffers, workspaces
+ *  (and the dense warm-up engine of config.start_iter). */
 IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
 
 /** Writes this rank's state: residuals, step, hashes and the risk policy's
@@ -1335,11 +1363,13 @@ IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
  *  temporary name and renamed, so a crash never leaves a partial file.
  *  Local (not collective). Format (host byte order, little-endian on
  *  every supported platform):
- *    "IGRADST\0" magic, u32 version (2), u32 rank, u32 size, u32 nitems,
+ *    "IGRADST\0" magic, u32 version (3), u32 rank, u32 size, u32 nitems,
  *    nitems x (u64 value) — the agreement items (layout, profile, config
  *    fields, plan) in the engine's fixed order,
  *    i64 step, i64 steps begun, u64 ntensors, u64 residual count,
  *    f32 residuals (layout order),
+ *    u64 velocity count (the residual count with config.momentum > 0,
+ *    else 0), f32 velocities (layout order),
  *    u64 history count, then u64 keys, i64 n, f64 mean, f64 m2 arrays,
  *    u64 checksum: FNV-1a over the file's little-endian 64-bit words before
  *    it (h ^= w; h *= 0x100000001b3; every section is padded to 8 bytes). */

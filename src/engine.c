@@ -203,6 +203,16 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
     IGRAD_FAIL_IF(c->gate_other != 0 && c->gate_other != 1, IGRAD_E_INVALID,
                   "config.gate_other is %d (1: EMB/HEAD/NORM gated, 0: always sent)",
                   c->gate_other);
+    IGRAD_FAIL_IF(!(c->momentum >= 0.0 && c->momentum < 1.0), IGRAD_E_INVALID,
+                  "config.momentum is %g (must be in [0, 1); 0 = off)", c->momentum);
+    IGRAD_FAIL_IF(c->momentum_masking != 0 && c->momentum_masking != 1, IGRAD_E_INVALID,
+                  "config.momentum_masking is %d (must be 0 or 1)", c->momentum_masking);
+    IGRAD_FAIL_IF(!(c->residual_decay > 0.0 && c->residual_decay <= 1.0), IGRAD_E_INVALID,
+                  "config.residual_decay is %g (must be in (0, 1]; 1 = none)",
+                  c->residual_decay);
+    IGRAD_FAIL_IF(c->start_iter < 0, IGRAD_E_INVALID,
+                  "config.start_iter is %lld (must be >= 0; 0 = no dense warm-up)",
+                  (long long)c->start_iter);
     return IGRAD_OK;
 }
 
@@ -242,6 +252,10 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CALLS] = {"engine step count", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_HISTORY] = {"risk size history", IGRAD__ITEM_HASH, 0},
     [IGRAD__ITEM_ONLINE] = {"online profiling steps recorded", IGRAD__ITEM_I64, 0},
+    [IGRAD__ITEM_CFG_MOMENTUM] = {"config.momentum", IGRAD__ITEM_F64, 1},
+    [IGRAD__ITEM_CFG_MOMENTUM_MASKING] = {"config.momentum_masking", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_RESIDUAL_DECAY] = {"config.residual_decay", IGRAD__ITEM_F64, 1},
+    [IGRAD__ITEM_CFG_START_ITER] = {"config.start_iter", IGRAD__ITEM_I64, 1},
 };
 
 static uint64_t f64_bits(double v)
@@ -335,6 +349,10 @@ static void static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profi
     v[IGRAD__ITEM_CFG_PROFILE_ALPHA] = f64_bits(c->profile_alpha);
     v[IGRAD__ITEM_CFG_PROFILE_PARTITION] =
         igrad__hash_str(IGRAD__HASH_SEED, c->profile_partition ? c->profile_partition : "knee");
+    v[IGRAD__ITEM_CFG_MOMENTUM] = f64_bits(c->momentum);
+    v[IGRAD__ITEM_CFG_MOMENTUM_MASKING] = (uint64_t)(int64_t)c->momentum_masking;
+    v[IGRAD__ITEM_CFG_RESIDUAL_DECAY] = f64_bits(c->residual_decay);
+    v[IGRAD__ITEM_CFG_START_ITER] = (uint64_t)c->start_iter;
 }
 
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)
@@ -1025,6 +1043,19 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
             e->t[i].residual = e->residual_mem + off;
             off += e->t[i].n;
         }
+        if (c->momentum > 0.0) {
+            e->velocity_count = total;
+            e->velocity_mem = calloc((size_t)total, sizeof(float));
+            IGRAD_FAIL_IF(!e->velocity_mem, IGRAD_E_NOMEM,
+                          "igrad_engine_create: out of memory for %lld velocity entries "
+                          "(config.momentum)",
+                          (long long)total);
+            off = 0;
+            for (size_t i = 0; i < T; i++) {
+                e->t[i].velocity = e->velocity_mem + off;
+                off += e->t[i].n;
+            }
+        }
     }
 
 #ifdef _OPENMP
@@ -1048,6 +1079,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
 void igrad_engine_free(igrad_engine_t *e)
 {
     if (!e) return;
+    igrad_engine_free(e->warmup);
     if (e->ws)
         for (int i = 0; i < e->nthreads; i++) igrad_select_ws_free(e->ws[i]);
     free(e->ws);
@@ -1062,6 +1094,7 @@ void igrad_engine_free(igrad_engine_t *e)
     free(e->comp_important);
     free(e->comp_phase);
     free(e->residual_mem);
+    free(e->velocity_mem);
     free(e->stage_idx);
     free(e->stage_val);
     free(e->stage_off);
@@ -1133,6 +1166,20 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
         return ag;
     }
     e->agree_buf = abuf;
+    if (e->sp != IGRAD_SPARSIFIER_NONE && e->cfg.start_iter > 0) {
+        /* Collective, after the agreement: every rank gets here. Its own
+         * agreement fails every rank if one rank cannot build it. */
+        igrad_config_t dc = e->cfg;
+        dc.method = IGRAD_METHOD_DENSE;
+        dc.momentum = 0.0;
+        dc.residual_decay = 1.0;
+        dc.start_iter = 0;
+        st = igrad_engine_create(layout, NULL, &dc, comm, &e->warmup);
+        if (st != IGRAD_OK) {
+            igrad_engine_free(e);
+            return st;
+        }
+    }
     *out = e;
     return IGRAD_OK;
 }
@@ -1172,12 +1219,31 @@ static double sumsq_ge(const float *restrict g, const float *restrict e, int64_t
     return s;
 }
 
-/* First index where a = g (+ e) is not finite, or -1 (after sumsq_ge said
- * there is one). */
-static int64_t first_nonfinite(const float *g, const float *e, int64_t n)
+/* With momentum correction: sum of a^2 for a = (m*u + g) + e, computed as
+ * select_all will (u becomes m*u + g, then the selection adds e), so the
+ * check proves finite exactly the values the step will write. */
+static double sumsq_muge(const float *restrict g, const float *restrict u,
+                         const float *restrict e, float m, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(g[i] + (e ? e[i] : 0.0f))) return i;
+    double s = 0.0;
+    SIMD_SUM
+    for (int64_t i = 0; i < n; i++) {
+        float v = m * u[i] + g[i];
+        float a = v + e[i];
+        s += (double)a * (double)a;
+    }
+    return s;
+}
+
+/* First index where a = (m*u +) g (+ e) is not finite, or -1 (after the
+ * sum said there is one). u may be NULL (no momentum), e too (dense). */
+static int64_t first_nonfinite(const float *g, const float *u, float m, const float *e,
+                               int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float v = u ? m * u[i] + g[i] : g[i];
+        if (!isfinite(v) || !isfinite(v + (e ? e[i] : 0.0f))) return i;
+    }
     return -1;
 }
 
@@ -1201,20 +1267,32 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
         }
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
     int64_t T = (int64_t)e->ntensors;
+    float m = (float)e->cfg.momentum;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
 #endif
     for (int64_t w = 0; w < T; w++) {
         uint32_t t = e->work[w];
+        const igrad__engine_tensor_t *tp = &e->t[t];
         /* kept in tnorm until select_all turns it into the residual's */
-        e->tnorm[t] = sumsq_ge(grads[t], dense ? NULL : e->t[t].residual, e->t[t].n);
+        e->tnorm[t] = tp->velocity
+                          ? sumsq_muge(grads[t], tp->velocity, tp->residual, m, tp->n)
+                          : sumsq_ge(grads[t], dense ? NULL : tp->residual, tp->n);
     }
     for (size_t t = 0; t < e->ntensors; t++) {
         if (isfinite(e->tnorm[t])) continue;
         const float *r = dense ? NULL : e->t[t].residual;
-        int64_t i = first_nonfinite(grads[t], r, e->t[t].n);
+        const float *u = e->t[t].velocity;
+        int64_t i = first_nonfinite(grads[t], u, m, r, e->t[t].n);
         if (i < 0) i = 0; /* cannot happen: the sum saw a non-finite a */
         *bad_tensor = (int64_t)t;
+        if (u && isfinite(grads[t][i]) && isfinite(u[i]) && isfinite(r[i]))
+            return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
+                               "step %lld: %s: momentum * velocity + grad + residual overflows "
+                               "at index %lld (grad %g, velocity %g, residual %g); the step is "
+                               "skipped on every rank",
+                               (long long)step, e->t[t].name, (long long)i,
+                               (double)grads[t][i], (double)u[i], (double)r[i]);
         float g = grads[t][i], rv = r ? r[i] : 0.0f;
         if (isfinite(g) && isfinite(rv))
             return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
@@ -1230,12 +1308,58 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
     return IGRAD_OK;
 }
 
+/* Momentum factor masking: the velocity of the entries just sent is
+ * cleared (the residual already is). */
+static void mask_sent(float *restrict u, const igrad_select_spec_t *sp, const uint32_t *idx)
+{
+    if (sp->count == sp->n) {
+        memset(u, 0, (size_t)sp->n * sizeof *u);
+    } else if (sp->row_wise) {
+        for (int64_t r = 0; r < sp->rows; r++) {
+            float *ur = u + r * sp->cols;
+            const uint32_t *ir = idx + r * sp->per_row;
+            for (int64_t j = 0; j < sp->per_row; j++) ur[ir[j]] = 0.0f;
+        }
+    } else {
+        for (int64_t j = 0; j < sp->count; j++) u[idx[j]] = 0.0f;
+    }
+}
+
+/* One sent tensor with the remedies on (momentum correction, masking,
+ * residual decay); the plain case calls igrad_select_ef directly. The
+ * selection reads u = m*u + g in place of g. */
+static igrad_status_t select_remedies(const igrad_engine_t *e, igrad__engine_tensor_t *tp,
+                                      const float *restrict g, const igrad_select_spec_t *sp,
+                                      igrad_select_ws_t *ws, igrad_selection_t *sel)
+{
+    float *restrict u = tp->velocity, *restrict r = tp->residual;
+    int64_t n = tp->n;
+    const float *src = g;
+    if (u) {
+        float m = (float)e->cfg.momentum;
+        SIMD
+        for (int64_t i = 0; i < n; i++) u[i] = m * u[i] + g[i];
+        src = u;
+    }
+    IGRAD_CHECK(igrad_select_ef(src, r, sp, tp->name, ws, sel));
+    if (u && e->cfg.momentum_masking) mask_sent(u, sp, sel->index);
+    if (e->cfg.residual_decay < 1.0) {
+        float d = (float)e->cfg.residual_decay;
+        SIMD
+        for (int64_t i = 0; i < n; i++) r[i] = d * r[i];
+    }
+    return IGRAD_OK;
+}
+
 /* Error feedback + selection of sent tensors, accumulate (or drop) the
  * rest, on e->nthreads threads. */
 static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
 {
     int64_t T = (int64_t)e->ntensors;
     int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
+    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
+    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
+    double d2 = (double)d * (double)d;
     int64_t off = 0;
     int par = step_parity(e, e->cur_step);
     for (size_t t = 0; t < e->ntensors; t++) {
@@ -1262,15 +1386,31 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
         if (e->sent[t]) {
             igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
                                      .value = e->stage_val + e->stage_off[t]};
-            e->tstatus[t] = igrad_select_ef(g, r, &tp->spec[e->rel[t]][par], tp->name,
-                                            e->ws[tid], &sel);
+            const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
+            e->tstatus[t] = remedies ? select_remedies(e, tp, g, sp, e->ws[tid], &sel)
+                                     : igrad_select_ef(g, r, sp, tp->name, e->ws[tid], &sel);
             e->tsumsq[t] = sel.sumsq;
-            /* the residual is a with the selected entries zeroed */
-            e->tnorm[t] = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
-        } else if (!drop) {
+            /* the residual is a with the selected entries zeroed (then decayed) */
+            e->tnorm[t] = a2 - sel.sumsq > 0.0 ? (a2 - sel.sumsq) * (remedies ? d2 : 1.0) : 0.0;
+        } else if (!drop && !remedies) {
             SIMD
             for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
+        } else if (!drop) {
+            float *restrict u = tp->velocity;
+            if (u) {
+                SIMD
+                for (int64_t i = 0; i < n; i++) {
+                    u[i] = m * u[i] + g[i];
+                    r[i] = d * (u[i] + r[i]);
+                }
+            } else {
+                SIMD
+                for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
+            }
+            e->tnorm[t] = a2 * d2;
         } else {
+            /* the ablation drops the velocity with the residual */
+            if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
             memset(r, 0, (size_t)n * sizeof *r);
             e->tdropped[t] = a2;
             e->tnorm[t] = 0.0;
@@ -1733,6 +1873,27 @@ static igrad_status_t finish_step(igrad_engine_t *e)
     return IGRAD_OK;
 }
 
+/* Dense warm-up (cfg.start_iter): a step below it runs on e->warmup, a
+ * method dense engine over the same comm. This engine takes its statistics
+ * and last step, and its failure if it broke; its own step count, residuals
+ * and velocities are untouched. */
+static int warmup_step(const igrad_engine_t *e, int64_t step)
+{
+    return e->warmup && step < e->cfg.start_iter;
+}
+
+static igrad_status_t warmup_done(igrad_engine_t *e, igrad_status_t st)
+{
+    const igrad_engine_t *w = e->warmup;
+    e->stats = w->stats;
+    e->last_step = w->last_step;
+    if (w->broken != IGRAD_OK && e->broken == IGRAD_OK) {
+        e->broken = w->broken;
+        snprintf(e->broken_msg, sizeof e->broken_msg, "%s", w->broken_msg);
+    }
+    return st;
+}
+
 igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const *grads,
                                   const igrad_bucket_t **buckets, size_t *nbuckets)
 {
@@ -1745,6 +1906,14 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
                   "igrad_engine_begin: buckets or nbuckets is NULL");
     *buckets = NULL;
     *nbuckets = 0;
+    if (warmup_step(e, step)) {
+        IGRAD_CHECK(warmup_done(e, igrad_engine_begin(e->warmup, step, grads, buckets,
+                                                      nbuckets)));
+        e->state = IGRAD__ENGINE_BEGUN;
+        e->warm_open = 1;
+        e->cur_step = step;
+        return IGRAD_OK;
+    }
     IGRAD_CHECK(step_prepare(e, step, grads));
     double t0 = igrad__now_ms();
     for (size_t j = 0; j < e->nbk; j++) pack_bucket(e, j, grads);
@@ -1764,6 +1933,11 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
     IGRAD_FAIL_IF(step != e->cur_step, IGRAD_E_STATE,
                   "igrad_engine_end: step %lld, but step %lld is open", (long long)step,
                   (long long)e->cur_step);
+    if (e->warm_open) {
+        e->state = IGRAD__ENGINE_IDLE;
+        e->warm_open = 0;
+        return warmup_done(e, igrad_engine_end(e->warmup, step, grads));
+    }
     IGRAD_FAIL_IF(!grads, IGRAD_E_INVALID, "igrad_engine_end: grads is NULL");
     for (size_t t = 0; t < e->ntensors; t++)
         IGRAD_FAIL_IF(!grads[t], IGRAD_E_INVALID, "igrad_engine_end: grads[%zu] (%s) is NULL",
@@ -1907,6 +2081,7 @@ igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_sync: step %lld is open (call igrad_engine_end first)",
                   (long long)e->cur_step);
+    if (warmup_step(e, step)) return warmup_done(e, igrad_engine_sync(e->warmup, step, grads));
     double saved = igrad_comm_timeout(e->comm);
     igrad_comm_set_timeout(e->comm, e->cfg.timeout_s);
     igrad_status_t st = sync_step(e, step, grads);
@@ -1950,6 +2125,7 @@ igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *e, size_t t,
 int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
 {
     if (!e) return -1;
+    if (warmup_step(e, step)) return igrad_engine_predict_payload(e->warmup, step);
     int par = step_parity(e, step);
     int64_t total = 0;
     for (size_t t = 0; t < e->ntensors; t++) {
@@ -1964,6 +2140,12 @@ const float *igrad_engine_residual(const igrad_engine_t *e, size_t t)
 {
     if (!e || t >= e->ntensors) return NULL;
     return e->t[t].residual;
+}
+
+const float *igrad_engine_velocity(const igrad_engine_t *e, size_t t)
+{
+    if (!e || t >= e->ntensors) return NULL;
+    return e->t[t].velocity;
 }
 
 igrad_status_t igrad_engine_set_trace(igrad_engine_t *e, igrad_trace_t *trace)
@@ -1999,7 +2181,8 @@ size_t igrad_engine_workspace_nbytes(const igrad_engine_t *e)
     size_t T = e->ntensors, mb = e->max_blocks, nb = (size_t)e->nb_max;
     size_t n = sizeof *e + T * (sizeof *e->t + sizeof *e->tensor_hash + sizeof *e->stage_off +
                                 2 + sizeof *e->work + sizeof *e->tstatus + 3 * sizeof(double));
-    n += (size_t)e->residual_count * sizeof(float);
+    n += (size_t)(e->residual_count + e->velocity_count) * sizeof(float);
+    n += igrad_engine_workspace_nbytes(e->warmup);
     n += e->max_entries * (sizeof(uint32_t) + sizeof(float));
     n += mb * (sizeof *e->blocks + sizeof *e->binfo + sizeof *e->bucket_of + sizeof *e->order);
     n += nb * (sizeof *e->start + sizeof *e->loads + sizeof *e->bk + sizeof *e->desc);

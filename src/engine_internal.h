@@ -72,6 +72,14 @@ enum {
     IGRAD__ITEM_CFG_PROFILE_ALPHA,
     IGRAD__ITEM_CFG_PROFILE_PARTITION, /* hash of the method string */
     IGRAD__ITEM_ONLINE,     /* online profiling: steps recorded, -1 when not recording */
+    /* Config fields added after the state file's version 2; they sit past
+     * the dynamic items so that the numbers of the items above (formats.md
+     * §7) stay put. Being constant, comparing them at every exchange costs
+     * nothing. */
+    IGRAD__ITEM_CFG_MOMENTUM,
+    IGRAD__ITEM_CFG_MOMENTUM_MASKING,
+    IGRAD__ITEM_CFG_RESIDUAL_DECAY,
+    IGRAD__ITEM_CFG_START_ITER,
     IGRAD__NITEMS
 };
 #define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP
@@ -104,6 +112,7 @@ typedef struct igrad__engine_tensor {
     int64_t blk_entries[2][2];          /* block size (whole rows if row-wise) */
     int64_t nblocks[2][2];
     float *residual;                    /* n floats (NULL for dense) */
+    float *velocity;                    /* n floats (NULL unless cfg.momentum > 0) */
 } igrad__engine_tensor_t;
 
 /* One block of a step: a run of a tensor's selected entries. */
@@ -163,6 +172,11 @@ struct igrad_engine {
 
     float *residual_mem;                /* all residuals, layout order */
     int64_t residual_count;
+    float *velocity_mem;                /* all velocities (momentum > 0), layout order */
+    int64_t velocity_count;             /* residual_count, or 0 without momentum */
+    igrad_engine_t *warmup;             /* method dense engine for steps below
+                                           cfg.start_iter (NULL if none) */
+    int warm_open;                      /* begin of a warm-up step is open */
 
     /* per-step scratch, sized at create for the largest step */
     size_t max_entries, max_blocks;

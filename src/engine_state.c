@@ -29,8 +29,9 @@
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 3u /* 2: 26 items (config.timeout_s); 3: 30 items and the
-                            online profiling section */
+#define STATE_VERSION 3u /* 2: 26 items (config.timeout_s); 3: 35 items (gate_other,
+                            online profiling, remedies), the velocity section and
+                            the online profiling section */
 /* online section modes */
 #define ONLINE_NONE 0u      /* no online state (or the create-time profile) */
 #define ONLINE_WINDOW 1u    /* recording: the window's records follow */
@@ -116,6 +117,8 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
     put_u64(&w, (uint64_t)e->ntensors);
     put_u64(&w, (uint64_t)e->residual_count);
     if (e->residual_count) put_floats(&w, e->residual_mem, (size_t)e->residual_count);
+    put_u64(&w, (uint64_t)e->velocity_count);
+    if (e->velocity_count) put_floats(&w, e->velocity_mem, (size_t)e->velocity_count);
     size_t hc = e->hist.count;
     put_u64(&w, (uint64_t)hc);
     if (hc) {
@@ -183,6 +186,7 @@ static uint64_t residual_section_nbytes(uint64_t count)
 static uint64_t base_nbytes(const igrad_engine_t *e)
 {
     return HEADER_NBYTES + residual_section_nbytes((uint64_t)e->residual_count) + 8 +
+           residual_section_nbytes((uint64_t)e->velocity_count) + 8 +
            32 * (uint64_t)e->hist.count + 8;
 }
 
@@ -239,8 +243,9 @@ typedef struct state_view {
     uint32_t rank, size;
     uint64_t items[IGRAD__NITEMS];
     int64_t step, calls;
-    uint64_t ntensors, residual_count, hist_count;
+    uint64_t ntensors, residual_count, velocity_count, hist_count;
     size_t residual_off;        /* N floats (not necessarily aligned) */
+    size_t velocity_off;        /* velocity_count floats */
     igrad__pack_history_t hist; /* copies of the file's history (count = H) */
 } state_view_t;
 
@@ -377,7 +382,15 @@ static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char 
     uint64_t want = base_nbytes(e) + online_nbytes;
     uint64_t rbytes = residual_section_nbytes(v->residual_count);
     IGRAD_CHECK(need(&c, rbytes, "the residuals"));
-    IGRAD_CHECK(need(&c, rbytes + 8, "the history count"));
+    IGRAD_CHECK(need(&c, rbytes + 8, "the velocity count"));
+    uint64_t vcount;
+    memcpy(&vcount, bytes + c.pos + rbytes, 8);
+    IGRAD_FAIL_IF(vcount != (uint64_t)e->velocity_count, IGRAD_E_FORMAT,
+                  "%s: %llu velocity entries, the engine has %lld", name,
+                  (unsigned long long)vcount, (long long)e->velocity_count);
+    uint64_t vbytes = residual_section_nbytes(vcount);
+    IGRAD_CHECK(need(&c, rbytes + 8 + vbytes, "the velocities"));
+    IGRAD_CHECK(need(&c, rbytes + 8 + vbytes + 8, "the history count"));
     IGRAD_CHECK(need(&c, want - 8 - online_nbytes - c.pos, "the history"));
     IGRAD_CHECK(need(&c, want - 8 - c.pos, "the online profiling section"));
     IGRAD_CHECK(need(&c, want - c.pos, "the checksum"));
@@ -397,7 +410,15 @@ static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char 
         IGRAD_FAIL_IF(memcmp(bytes + c.pos + 4 * rc, zero, 4) != 0, IGRAD_E_FORMAT,
                       "%s: the residual padding is not zero: corrupt state file", name);
     }
-    c.pos += (size_t)rbytes;
+    c.pos += (size_t)rbytes + 8;
+    v->velocity_count = vcount;
+    v->velocity_off = c.pos;
+    if (vcount & 1) {
+        static const unsigned char zero[4];
+        IGRAD_FAIL_IF(memcmp(bytes + c.pos + 4 * vcount, zero, 4) != 0, IGRAD_E_FORMAT,
+                      "%s: the velocity padding is not zero: corrupt state file", name);
+    }
+    c.pos += (size_t)vbytes;
     return parse_history(e, &c, v);
 }
 
@@ -430,6 +451,10 @@ static igrad_status_t locate_online(const igrad_engine_t *e, const unsigned char
     uint64_t rc = rd64(bytes + HEADER_NBYTES - 8);
     if (rc != (uint64_t)e->residual_count) return IGRAD_OK;
     uint64_t off = HEADER_NBYTES + residual_section_nbytes(rc);
+    if (off + 8 > nbytes) return IGRAD_OK;
+    uint64_t vc = rd64(bytes + off); /* the velocity section */
+    if (vc != (uint64_t)e->velocity_count) return IGRAD_OK;
+    off += 8 + residual_section_nbytes(vc);
     if (off + 8 > nbytes) return IGRAD_OK;
     uint64_t hc = rd64(bytes + off);
     if (hc > nbytes / 32) return IGRAD_OK;
@@ -575,6 +600,8 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
     }
     if (e->residual_count)
         memcpy(e->residual_mem, bytes + v.residual_off, 4 * (size_t)e->residual_count);
+    if (e->velocity_count)
+        memcpy(e->velocity_mem, bytes + v.velocity_off, 4 * (size_t)e->velocity_count);
     size_t hc = v.hist.count;
     if (hc) {
         memcpy(e->hist.n, v.hist.n, hc * sizeof *v.hist.n);

@@ -20,6 +20,10 @@
  *  - two-phase with this test running MPI_Allgather / MPI_Allreduce =
  *    igrad_engine_sync.
  *  - save at step 50, fresh engine, load, run to 100 = uninterrupted.
+ *  - the remedies (momentum correction, residual decay, dense warm-up): the
+ *    warm-up steps and later ones equal the average of per-rank twin
+ *    engines, bit-identical on every rank; another momentum on one rank is
+ *    IGRAD_E_MISMATCH naming config.momentum.
  *  - one rank with another density or another profile: IGRAD_E_MISMATCH on
  *    every rank naming it; NaN on one rank: IGRAD_E_NONFINITE on every rank,
  *    residuals unchanged; none of it hangs.
@@ -805,6 +809,74 @@ static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igr
               igrad_last_error());
 }
 
+/* ---- error-feedback remedies across ranks ---------------------------------- */
+
+/* ig with momentum correction, residual decay and a dense warm-up: every
+ * rank ends every step with bit-identical gradients; the warm-up steps are
+ * MPI_Allreduce / P, later steps the average of what every rank's twin
+ * engine (self communicator, that rank's gradients, recomputed here) sends;
+ * one rank with another momentum fails every rank naming config.momentum. */
+static void test_remedies(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.density = 0.05;
+    c.block_entries = 30;
+    c.momentum = 0.9;
+    c.residual_decay = 0.9;
+    c.start_iter = 3;
+    igrad_engine_t *e = create(L, P, &c, comm);
+    igrad_comm_t *self = NULL;
+    REQUIRE(igrad_comm_create_self(&self) == IGRAD_OK);
+    igrad_engine_t **twin = calloc((size_t)np, sizeof *twin);
+    REQUIRE(twin);
+    for (int r = 0; r < np; r++) twin[r] = create(L, P, &c, self);
+    grads_t G = grads_new(L), S = grads_new(L), W = grads_new(L);
+    for (int64_t s = 0; s < 16; s++) {
+        for (size_t t = 0; t < W.T; t++) memset(W.g[t], 0, (size_t)W.n[t] * sizeof(float));
+        for (int r = 0; r < np; r++) {
+            grads_fill(&S, r, s);
+            CHECK_OK(igrad_engine_sync(twin[r], s, S.g));
+            for (size_t t = 0; t < W.T; t++)
+                for (int64_t i = 0; i < W.n[t]; i++) W.g[t][i] += S.g[t][i] / (float)np;
+        }
+        grads_fill(&G, me, s);
+        CHECK_OK(igrad_engine_sync(e, s, G.g));
+        char what[64];
+        snprintf(what, sizeof what, "remedies step %lld", (long long)s);
+        check_identical(&G, what);
+        double worst = 0.0;
+        for (size_t t = 0; t < W.T; t++)
+            for (int64_t i = 0; i < W.n[t]; i++) {
+                double dlt = fabs((double)G.g[t][i] - (double)W.g[t][i]);
+                double tol = 1e-6 * (1.0 + fabs((double)W.g[t][i]));
+                if (dlt > tol && dlt > worst) worst = dlt;
+            }
+        CHECK(worst == 0.0, "%s: the average differs from the twins' by %g", what, worst);
+        for (size_t t = 0; t < W.T; t++) {
+            const float *u = igrad_engine_velocity(e, t), *ut = igrad_engine_velocity(twin[me], t);
+            CHECK(u && ut && memcmp(u, ut, (size_t)W.n[t] * sizeof *u) == 0,
+                  "%s: tensor %zu: velocity differs from this rank's twin", what, t);
+            CHECK(memcmp(igrad_engine_residual(e, t), igrad_engine_residual(twin[me], t),
+                         (size_t)W.n[t] * sizeof(float)) == 0,
+                  "%s: tensor %zu: residual differs from this rank's twin", what, t);
+        }
+    }
+    grads_free(&G);
+    grads_free(&S);
+    grads_free(&W);
+    for (int r = 0; r < np; r++) igrad_engine_free(twin[r]);
+    free(twin);
+    igrad_engine_free(e);
+    igrad_comm_free(self);
+
+    igrad_config_t d = c;
+    if (me == np - 1) d.momentum = 0.5;
+    igrad_engine_t *x = NULL;
+    CHECK_STATUS(igrad_engine_create(L, P, &d, comm, &x), IGRAD_E_MISMATCH);
+    CHECK(strstr(igrad_last_error(), "config.momentum differs"), "message: %s",
+          igrad_last_error());
+}
+
 static void test_nonfinite(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
@@ -1129,6 +1201,7 @@ int main(int argc, char **argv)
     test_resume(comm, L, P);
     test_online(comm, L);
     test_mismatch(comm, L, P);
+    test_remedies(comm, L, P);
     test_nonfinite(comm, L, P);
     test_step_skew(comm, L, P);
     test_bad_peer_bytes(L, P);

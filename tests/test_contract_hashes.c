@@ -3,7 +3,7 @@
  * file or in the agreement exchange: the layout hash (profiles, traces,
  * state files, optimizer files), the profile hash, the plan hash and the
  * risk history hash (agreement items 5, 24 and 27 of the engine state
- * file, formats.md §7) and the state file checksum.
+ * file, formats.md §7) and the state file checksum (version 3).
  *
  * The constants below were computed once and are part of the file
  * formats: a state file, profile or trace written by one build must be
@@ -21,7 +21,7 @@
  * layout hash from the layout's rows, the profile hash from the profile's
  * entries, the plan hash from the public select specs and tensor plans
  * (not for pack = direct, whose map is not modelled), the history hash
- * and the checksum from the state file's own bytes. The other 22 items
+ * and the checksum from the state file's own bytes. The other 32 items
  * are checked against the config they encode.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
@@ -44,11 +44,11 @@
 
 #define GOLDEN_LAYOUT_OPT125M 0x4fb755b0eb80ae70ULL   /* configs/opt-125m.json (F16) */
 #define GOLDEN_LAYOUT_SMALL 0xda8543021da82b9dULL     /* small_layout() below */
-#define GOLDEN_PROFILE_SMALL 0x328da46a06459a84ULL    /* small_profile(), item 5 */
-#define GOLDEN_PLAN_IG 0x7d5e4f9a69445b2aULL          /* ig_config(), item 23 */
-#define GOLDEN_PLAN_ADTOPK 0x9fbf6f202bdbc3daULL      /* adtopk_sync, item 23 */
-#define GOLDEN_HISTORY_RISK 0xe770e0bd1cf668dbULL     /* ig + pack risk, 2 steps, item 26 */
-#define GOLDEN_CHECKSUM_FRESH 0x4ceba05ac625f22bULL   /* fresh ig engine, state version 3 */
+#define GOLDEN_PROFILE_SMALL 0x5d08d6c54c2bc7c2ULL    /* small_profile(), item 5 */
+#define GOLDEN_PLAN_IG 0x0cbd7a126f269311ULL          /* ig_config(), item 24 */
+#define GOLDEN_PLAN_ADTOPK 0x0d72d2be6b05cb01ULL      /* adtopk_sync, item 24 */
+#define GOLDEN_HISTORY_RISK 0xc1d0767b70f3d702ULL     /* ig + pack risk, 2 steps, item 27 */
+#define GOLDEN_CHECKSUM_FRESH 0x8863d2269789cb15ULL   /* fresh ig engine, state version 3 */
 
 /* ---- FNV-1a 64 as the docs define it -------------------------------------- */
 
@@ -251,7 +251,7 @@ static igrad_config_t ig_config(void)
 typedef struct state_file {
     unsigned char *bytes;
     size_t nbytes;
-    uint64_t items[30];
+    uint64_t items[35];
     uint32_t version, rank, size, nitems;
 } state_file_t;
 
@@ -286,15 +286,15 @@ static state_file_t save_and_read(const igrad_engine_t *eng)
     fclose(fp);
     remove(path);
     rmdir(dir);
-    assert_true(f.nbytes >= 304);
+    assert_true(f.nbytes >= 344);
     assert_memory_equal(f.bytes, "IGRADST\0", 8);
     f.version = rd_u32(f.bytes + 8);
     f.rank = rd_u32(f.bytes + 12);
     f.size = rd_u32(f.bytes + 16);
     f.nitems = rd_u32(f.bytes + 20);
     assert_int_equal(f.version, 3);
-    assert_int_equal(f.nitems, 30);
-    for (int i = 0; i < 30; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
+    assert_int_equal(f.nitems, 35);
+    for (int i = 0; i < 35; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
     return f;
 }
 
@@ -315,8 +315,10 @@ static uint64_t doc_checksum(const state_file_t *f)
  * key, n, mean and m2. */
 static uint64_t doc_history_hash(const state_file_t *f)
 {
-    uint64_t N = rd_u64(f->bytes + 288);
-    size_t o = 296 + 4 * (size_t)N + (N % 2 ? 4 : 0);
+    uint64_t N = rd_u64(f->bytes + 328);
+    size_t o = 336 + 4 * (size_t)N + (N % 2 ? 4 : 0);
+    uint64_t V = rd_u64(f->bytes + o); /* velocities */
+    o += 8 + 4 * (size_t)V + (V % 2 ? 4 : 0);
     uint64_t H = rd_u64(f->bytes + o);
     o += 8;
     assert_int_equal(o + 32 * H + 8 + 8, f->nbytes); /* + online mode 0 + checksum */
@@ -344,12 +346,12 @@ static uint64_t dbits(double x)
     return u;
 }
 
-/* Items 1–23 and 25–26 from their definitions (§7: enums as their numbers,
+/* Items 1–23, 25–26 and 28–35 from their definitions (§7: enums as their numbers,
  * doubles as their IEEE bit pattern). */
 static void check_items(const state_file_t *f, const igrad_layout_t *L, const igrad_config_t *c,
                         int64_t step, int64_t calls)
 {
-    const uint64_t want[30] = {
+    const uint64_t want[35] = {
         [0] = IGRAD_VERSION_NUMBER,
         [1] = igrad_layout_count(L),
         [2] = igrad_layout_hash(L),
@@ -371,15 +373,20 @@ static void check_items(const state_file_t *f, const igrad_layout_t *L, const ig
         [19] = (uint64_t)c->index_dtype,
         [20] = (uint64_t)c->collective,
         [21] = dbits(c->timeout_s),
-        [23] = (uint64_t)step,
-        [24] = (uint64_t)calls,
-        [26] = (uint64_t)c->profile_steps,
-        [27] = dbits(c->profile_alpha),
-        [28] = fnv_str(DOC_FNV_SEED, c->profile_partition ? c->profile_partition : "knee"),
-        [29] = (uint64_t)-1, /* not recording an online window */
+        [22] = (uint64_t)c->gate_other,
+        [24] = (uint64_t)step,
+        [25] = (uint64_t)calls,
+        [27] = (uint64_t)c->profile_steps,
+        [28] = dbits(c->profile_alpha),
+        [29] = fnv_str(DOC_FNV_SEED, c->profile_partition ? c->profile_partition : "knee"),
+        [30] = (uint64_t)-1, /* not recording an online window */
+        [31] = dbits(c->momentum),
+        [32] = (uint64_t)c->momentum_masking,
+        [33] = dbits(c->residual_decay),
+        [34] = (uint64_t)c->start_iter,
     };
-    for (int i = 0; i < 30; i++) {
-        if (i == 4 || i == 22 || i == 25) continue; /* hashes: pinned by the tests */
+    for (int i = 0; i < 35; i++) {
+        if (i == 4 || i == 23 || i == 26) continue; /* hashes: pinned by the tests */
         if (f->items[i] != want[i]) {
             print_error("state item %d is 0x%llx, formats.md §7 says 0x%llx\n", i + 1,
                         (unsigned long long)f->items[i], (unsigned long long)want[i]);
@@ -478,9 +485,9 @@ static void test_state_hashes_golden(void **state)
     }
     f = save_and_read(eng);
     check_items(&f, L, &c, 1, 2);
-    assert_true(rd_u64(f.bytes + 296 + 4 * igrad_layout_total_count(L)) > 0); /* H */
-    check_hash(f.items[25], doc_history_hash(&f), "risk history hash vs formats.md §7");
-    check_hash(f.items[25], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
+    assert_true(rd_u64(f.bytes + 336 + 4 * igrad_layout_total_count(L) + 8) > 0); /* H, after V = 0 */
+    check_hash(f.items[26], doc_history_hash(&f), "risk history hash vs formats.md §7");
+    check_hash(f.items[26], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
     for (size_t t = 0; t < T; t++) free(g[t]);

@@ -44,7 +44,8 @@ enum {
     ITEM_HISTORY = 26,
     OFF_STEP = 24 + 8 * ITEM_STEP,
     OFF_CALLS = 24 + 8 * ITEM_CALLS,
-    OFF_RESIDUALS = 24 + 8 * 30 + 32,
+    NITEMS = 35,
+    OFF_RESIDUALS = 24 + 8 * NITEMS + 32,
 };
 
 static uint64_t fnv_words(const unsigned char *p, size_t nbytes)
@@ -194,7 +195,9 @@ static void make_files(fixture_t *f)
     assert_non_null(f->file);
     f->nbytes = fread(f->file, 1, 1 << 16, fp);
     fclose(fp);
-    f->off_history = OFF_RESIDUALS + 4 * 77 + 4;
+    /* 77 residuals, padding, then the velocity count (0: no momentum) */
+    assert_int_equal(get_le64(f->file + OFF_RESIDUALS + 4 * 77 + 4), 0);
+    f->off_history = OFF_RESIDUALS + 4 * 77 + 4 + 8;
     assert_true(f->nbytes > f->off_history + 16);
     f->hist_count = get_le64(f->file + f->off_history);
     assert_true(f->hist_count > 0);

@@ -47,7 +47,11 @@ static void usage(FILE *fp)
 "optimization:\n"
 "  --steps N (100)  --lr X (1e-3)  --min-lr X (1e-4)  --warmup N (0)\n"
 "  --weight-decay X (0.1)  --clip X (1.0; 0 = off)  --seed S (1337)\n"
-"  --beta1 X (0.9)  --beta2 X (0.95)   AdamW's moment decay rates\n"
+"  --beta1 X|auto (auto)  --beta2 X (0.95)   AdamW's moment decay rates; auto =\n"
+"                              0.9 for --method dense, 0 for the sparse methods\n"
+"                              (error feedback already integrates the gradient: a\n"
+"                              first moment on top keeps pushing stale released\n"
+"                              residuals; docs/results/remedies.md)\n"
 "  --threads N                 OpenMP/OpenBLAS threads per rank (default\n"
 "                              $OMP_NUM_THREADS, else cores / ranks on this node)\n"
 "synchronization:\n"
@@ -59,6 +63,16 @@ static void usage(FILE *fp)
 "  --comm-timeout S            a collective that has not completed after S seconds\n"
 "                              (a stopped or hung rank) ends the job on every rank\n"
 "                              that waits, naming the step (default 300; 0 = never)\n"
+"  --momentum M                DGC momentum correction in the engine, M in [0, 1):\n"
+"                              velocity u = M*u + g before error feedback (use\n"
+"                              with --beta1 0; one more float per parameter).\n"
+"                              Default: 0 (off)\n"
+"  --momentum-masking on|off   zero u where entries were sent (on)\n"
+"  --residual-decay D          residual = D * (what was not sent), D in (0, 1]\n"
+"                              (default 1 = none)\n"
+"  --start-iter N              the first N steps are plain dense averages (default 0)\n"
+"                              The four above act on error feedback: sparse methods\n"
+"                              only. summary.json records what they resolved to\n"
 "  --gate-other on|off         on (default): embeddings, lm_head and norms (EMB, HEAD,\n"
 "                              NORM components) are deferred when the profile calls\n"
 "                              them unimportant; off: always sent (the old behaviour)\n"
@@ -203,7 +217,30 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         F64_OPT("--min-lr", optim.min_lr)
         F64_OPT("--weight-decay", optim.weight_decay)
         F64_OPT("--clip", optim.grad_clip)
-        F64_OPT("--beta1", optim.beta1)
+        if ((r = cli_opt(argc, argv, &i, "--beta1", &v)) != 0) {
+            if (r < 0) return -1;
+            if (!strcmp(v, "auto")) {
+                o->beta1_auto = 1;
+                continue;
+            }
+            if (cli_parse_f64("--beta1", v, &x) != 0) return -1;
+            o->optim.beta1 = x;
+            o->beta1_auto = 0;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--momentum-masking", &v)) != 0) {
+            if (r < 0) return -1;
+            if (!strcmp(v, "on")) o->momentum_masking = 1;
+            else if (!strcmp(v, "off")) o->momentum_masking = 0;
+            else {
+                fprintf(stderr, "igrad: --momentum-masking: '%s' is not on or off\n", v);
+                return -1;
+            }
+            continue;
+        }
+        F64_OPT("--momentum", momentum)
+        F64_OPT("--residual-decay", residual_decay)
+        INT_OPT("--start-iter", 0, start_iter)
         F64_OPT("--beta2", optim.beta2)
         F64_OPT("--density", density)
         F64_OPT("--comm-timeout", comm_timeout_s)

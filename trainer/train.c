@@ -254,7 +254,8 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_i64(l, "--warmup", o->optim.warmup_steps);
     opt_add_f64(l, "--weight-decay", o->optim.weight_decay);
     opt_add_f64(l, "--clip", o->optim.grad_clip);
-    opt_add_f64(l, "--beta1", o->optim.beta1);
+    if (o->beta1_auto) opt_add_str(l, "--beta1", "auto");
+    else opt_add_f64(l, "--beta1", o->optim.beta1);
     opt_add_f64(l, "--beta2", o->optim.beta2);
     opt_add_f64(l, "eps", o->optim.eps);
     char seed[32];
@@ -273,6 +274,10 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
     opt_add_i64(l, "--gate-other", o->gate_other);
     opt_add_f64(l, "--target-ratio", o->target_ratio);
+    opt_add_f64(l, "--momentum", o->momentum);
+    opt_add_i64(l, "--momentum-masking", o->momentum_masking);
+    opt_add_f64(l, "--residual-decay", o->residual_decay);
+    opt_add_i64(l, "--start-iter", o->start_iter);
     if (!o->profile || train_profile_auto(o)) {
         opt_add_str(l, "--profile", o->profile);
         opt_add_i64(l, "--profile-steps", o->profile_steps);
@@ -372,10 +377,25 @@ void train_options_default(train_options_t *o)
     o->buckets = 4;
     o->verify_every = 100;
     o->comm_timeout_s = IGRAD_DEFAULT_TIMEOUT_S;
+    o->beta1_auto = 1;
+    o->momentum = NAN;
+    o->momentum_masking = 1;
+    o->residual_decay = NAN;
+    o->start_iter = -1;
     o->eval_every = 50;
     o->eval_batches = 4;
     o->progress = TRAIN_PROGRESS_AUTO;
     o->profile_steps = 30;
+}
+
+void train_options_resolve(train_options_t *o)
+{
+    int dense = o->method && igrad__name_equal(o->method, "dense");
+    if (o->beta1_auto) o->optim.beta1 = dense ? TRAIN_DENSE_BETA1 : TRAIN_SPARSE_BETA1;
+    o->beta1_auto = 0;
+    if (isnan(o->momentum)) o->momentum = dense ? 0.0 : TRAIN_SPARSE_MOMENTUM;
+    if (isnan(o->residual_decay)) o->residual_decay = dense ? 1.0 : TRAIN_SPARSE_RESIDUAL_DECAY;
+    if (o->start_iter < 0) o->start_iter = dense ? 0 : TRAIN_SPARSE_START_ITER;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -410,6 +430,7 @@ typedef struct run {
     igrad_target_fit_t target; /* --target-ratio's choice (zero when off) */
     double t_start_ms;
     double last_val[3];       /* loss, ppl, acc of the last evaluation */
+    int beta1_was_auto;       /* --beta1 not given (resolved by method) */
     int tty;
     int online_written;       /* --profile auto: out/profile.json written */
 } run_t;
@@ -444,6 +465,15 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
         c.profile_partition = o->profile_partition;
     }
     c.gate_other = o->gate_other;
+    if (c.method == IGRAD_METHOD_DENSE &&
+        (o->momentum > 0.0 || o->residual_decay < 1.0 || o->start_iter > 0))
+        return trainer_fail(IGRAD_E_INVALID,
+                            "--momentum, --residual-decay and --start-iter act on error "
+                            "feedback: method dense has none (use a sparse --method)");
+    c.momentum = o->momentum;
+    c.momentum_masking = o->momentum_masking;
+    c.residual_decay = o->residual_decay;
+    c.start_iter = o->start_iter;
     if ((st = igrad_config_validate(&c)) != IGRAD_OK) return lib_fail(st, "sync config");
     *cfg = c;
     return IGRAD_OK;
@@ -1373,6 +1403,8 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddNumberToObject(cfg, "warmup", (double)r->ocfg.warmup_steps);
     cJSON_AddNumberToObject(cfg, "weight_decay", r->ocfg.weight_decay);
     cJSON_AddNumberToObject(cfg, "beta1", r->ocfg.beta1);
+    /* "auto": --beta1 was not given and resolved by method (train_options_resolve) */
+    cJSON_AddStringToObject(cfg, "beta1_source", r->beta1_was_auto ? "auto" : "given");
     cJSON_AddNumberToObject(cfg, "beta2", r->ocfg.beta2);
     cJSON_AddNumberToObject(cfg, "clip", r->ocfg.grad_clip);
     cJSON_AddNumberToObject(cfg, "seed", (double)o->seed);
@@ -1399,6 +1431,10 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
         cJSON_AddNumberToObject(tg, "f_imp", r->target.f_imp);
         cJSON_AddBoolToObject(tg, "met", r->target.met);
     }
+    cJSON_AddNumberToObject(sync, "momentum", r->scfg.momentum);
+    cJSON_AddStringToObject(sync, "momentum_masking", r->scfg.momentum_masking ? "on" : "off");
+    cJSON_AddNumberToObject(sync, "residual_decay", r->scfg.residual_decay);
+    cJSON_AddNumberToObject(sync, "start_iter", (double)r->scfg.start_iter);
     if (o->profile) cJSON_AddStringToObject(cfg, "profile", o->profile);
     if (train_profile_auto(o)) {
         igrad_online_info_t oi;
@@ -1481,12 +1517,16 @@ static igrad_status_t online_profile_written(run_t *r)
     return st == IGRAD_OK ? IGRAD_OK : lib_fail(st, "--profile auto: writing the profile");
 }
 
-igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_result_t *res)
+igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_result_t *res)
 {
     run_t r;
     memset(&r, 0, sizeof r);
     memset(res, 0, sizeof *res);
     res->val_loss = res->val_ppl = res->val_acc = res->f_imp = NAN;
+    train_options_t resolved = *opts; /* the auto values made concrete */
+    train_options_resolve(&resolved);
+    const train_options_t *o = &resolved;
+    r.beta1_was_auto = opts->beta1_auto;
     r.o = o;
     r.comm = comm;
     r.rank = igrad_comm_rank(comm);
@@ -1512,7 +1552,9 @@ igrad_status_t train_run(const train_options_t *o, igrad_comm_t *comm, train_res
     if (st != IGRAD_OK) return lib_fail(st, "--comm-timeout"); /* refused by cmd_train first */
     /* Options first: a rank with another --steps or --save-every would
      * otherwise leave the others waiting in a collective it never calls. */
-    st = agree_options(comm, o);
+    /* as given (auto unresolved), so that a rank with another --method is
+     * named by --method, not by the --beta1 it resolves to */
+    st = agree_options(comm, opts);
     if (st != IGRAD_OK) goto cleanup;
     r.ckpt_dir = o->out ? path_join(o->out, TRAIN_CHECKPOINT_DIR) : NULL;
     st = o->out && !r.ckpt_dir ? trainer_fail(IGRAD_E_NOMEM, "out of memory") : IGRAD_OK;

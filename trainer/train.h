@@ -118,6 +118,13 @@ typedef struct train_options {
     int64_t verify_every;     /* agreement check period (steps) */
     double comm_timeout_s;    /* bound on every collective, the trainer's own
                                  included (seconds; 0 = wait forever) */
+    /* Error-feedback remedies (docs/results/remedies.md). Not given (the
+     * AUTO values below) they resolve by method, train_options_resolve(). */
+    int beta1_auto;           /* --beta1 not given: optim.beta1 by method */
+    double momentum;          /* DGC momentum correction m in [0, 1); NaN = auto */
+    int momentum_masking;     /* DGC momentum factor masking (1) */
+    double residual_decay;    /* residual = d * (a - sent), d in (0, 1]; NaN = auto */
+    int64_t start_iter;       /* dense warm-up steps; -1 = auto */
     int gate_other;           /* 1: EMB/HEAD/NORM components gated (default); 0:
                                  always sent (igrad_config_t.gate_other) */
     double target_ratio;      /* > 0: ig picks the important set and kappa to send
@@ -150,6 +157,17 @@ typedef struct train_options {
  * verify every 100 steps, collectives bounded by IGRAD_DEFAULT_TIMEOUT_S, val_fraction 0.05, eval every 50 steps over 4
  * batches, save only at the end, seed 1337. */
 void train_options_default(train_options_t *o);
+
+/* What the auto values (--beta1, --momentum, --residual-decay, --start-iter
+ * not given) resolve to: dense keeps AdamW's beta1 0.9 and no remedy; a
+ * sparse method gets TRAIN_SPARSE_* (measured, docs/results/remedies.md).
+ * Given values are kept. train_run() calls it on its own copy. */
+#define TRAIN_DENSE_BETA1 0.9
+#define TRAIN_SPARSE_BETA1 0.0
+#define TRAIN_SPARSE_MOMENTUM 0.0
+#define TRAIN_SPARSE_RESIDUAL_DECAY 1.0
+#define TRAIN_SPARSE_START_ITER 0
+void train_options_resolve(train_options_t *o);
 
 /* What a finished run measured (the same on every rank). */
 typedef struct train_result {

@@ -223,7 +223,9 @@ class Config(ctypes.Structure):
                 ("threads", ctypes.c_int), ("timeout_s", ctypes.c_double),
                 ("profile_steps", ctypes.c_int64), ("profile_alpha", ctypes.c_double),
                 ("profile_partition", ctypes.c_char_p),
-                ("gate_other", ctypes.c_int)]
+                ("gate_other", ctypes.c_int),
+                ("momentum", ctypes.c_double), ("momentum_masking", ctypes.c_int),
+                ("residual_decay", ctypes.c_double), ("start_iter", ctypes.c_int64)]
 
 
 class Bucket(ctypes.Structure):
@@ -381,6 +383,7 @@ SIGNATURES = {
     "igrad_engine_tensor_plan": (S, [P, sz, ctypes.POINTER(TensorPlan)]),
     "igrad_engine_predict_payload": (i64, [P, i64]),
     "igrad_engine_residual": (ctypes.POINTER(ctypes.c_float), [P, sz]),
+    "igrad_engine_velocity": (ctypes.POINTER(ctypes.c_float), [P, sz]),
     "igrad_engine_set_trace": (S, [P, P]),
     "igrad_engine_set_profile": (S, [P, P]),
     "igrad_engine_profile": (P, [P]),

@@ -593,6 +593,7 @@ CONFIG_DEFAULTS = {
     "threads": 0, "timeout_s": 300.0,
     "profile_steps": 0, "profile_alpha": 0.7, "profile_partition": None,  # None = knee
     "gate_other": True,
+    "momentum": 0.0, "momentum_masking": True, "residual_decay": 1.0, "start_iter": 0,
 }
 
 
@@ -631,6 +632,10 @@ def make_config(**kw):
     part = v["profile_partition"]
     c.profile_partition = str(part).encode() if part is not None else None  # kept alive by c
     c.gate_other = int(bool(v["gate_other"]))
+    c.momentum = float(v["momentum"])
+    c.momentum_masking = int(bool(v["momentum_masking"]))
+    c.residual_decay = float(v["residual_decay"])
+    c.start_iter = int(v["start_iter"])
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -654,6 +659,8 @@ def config_to_dict(c):
         "profile_steps": c.profile_steps, "profile_alpha": c.profile_alpha,
         "profile_partition": _s(c.profile_partition) if c.profile_partition else "knee",
         "gate_other": bool(c.gate_other),
+        "momentum": c.momentum, "momentum_masking": bool(c.momentum_masking),
+        "residual_decay": c.residual_decay, "start_iter": c.start_iter,
     }
 
 
@@ -741,6 +748,12 @@ class Engine(_Handle):
     def residual_address(self, t):
         """Address of tensor t's residual (read-only), or None (dense)."""
         p = self._lib.igrad_engine_residual(self.handle, int(t))
+        return ctypes.cast(p, ctypes.c_void_p).value if p else None
+
+    def velocity_address(self, t):
+        """Address of tensor t's momentum-correction velocity (read-only), or
+        None (config momentum 0, or dense)."""
+        p = self._lib.igrad_engine_velocity(self.handle, int(t))
         return ctypes.cast(p, ctypes.c_void_p).value if p else None
 
     def set_trace(self, trace):

@@ -366,6 +366,15 @@ class IgradState:
                     are sent every step (the behaviour before; an ablation).
     start_iter:     the first `start_iter` steps are plain averaged
                     all-reduces without igrad (warm-up, as in PowerSGD).
+    momentum, momentum_masking, residual_decay:  the engine's error-feedback
+                    remedies (igrad_config_t; off by default): DGC momentum
+                    correction (velocity u = momentum*u + g before error
+                    feedback, one more float per parameter; use it with an
+                    optimizer without momentum: SGD momentum=0, Adam
+                    betas=(0, ...)), momentum factor masking, and residual
+                    = residual_decay * (what was not sent). With igrad's
+                    sparse methods use Adam/AdamW with betas=(0.0, 0.95) (or
+                    0.999): see docs/results/remedies.md.
     nonfinite:      "allreduce" (default) or "keep": what a skipped
                     (non-finite) step returns, see the module docstring.
 
@@ -380,7 +389,8 @@ class IgradState:
                  start_iter=0, collective="auto", interleave=False, residual="on",
                  block_entries=None, risk_lambda=1.0, index_dtype="U16", threads=0,
                  nonfinite="allreduce", timeout_s=300.0, profile_steps=30,
-                 profile_partition=None, gate_other=True, target_ratio=None):
+                 profile_partition=None, gate_other=True, target_ratio=None, momentum=0.0,
+                 momentum_masking=True, residual_decay=1.0):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -394,6 +404,8 @@ class IgradState:
             "block_entries": block_entries, "risk_lambda": risk_lambda,
             "index_dtype": index_dtype, "threads": threads, "timeout_s": timeout_s,
             "gate_other": bool(gate_other),
+            "momentum": momentum, "momentum_masking": bool(momentum_masking),
+            "residual_decay": residual_decay,
         }
         if isinstance(profile, str) and profile == "auto":
             if str(method).lower() not in ("ig", "iad"):

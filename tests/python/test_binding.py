@@ -348,6 +348,52 @@ class Binding(unittest.TestCase):
             e3.sync(0, [t.data_ptr() for t in a])
         self.assertIn("the network is down", str(cm.exception))
 
+    # -- error-feedback remedies ---------------------------------------------------
+
+    def test_remedies_match_a_torch_reference(self):
+        """IgradState(momentum, momentum_masking, residual_decay) on one
+        process against DGC written in torch: u = m*u + g, a = u + e, the
+        top-k of |a| (torch.topk), e = d*(a - sent), u masked where sent."""
+        m, d, density = 0.9, 0.8, 0.05
+        for masking in (True, False):
+            model = H.TinyLlama()
+            state = it.IgradState(model, method="topk_sync", density=density, momentum=m,
+                                  momentum_masking=masking, residual_decay=d)
+            self.assertEqual(state.config["momentum"], m)
+            sync = it.GradientSynchronizer(model.named_parameters(), state)
+            params = [p for p in model.parameters()]
+            u = [torch.zeros(p.numel()) for p in params]
+            e = [torch.zeros(p.numel()) for p in params]
+            for step in range(4):
+                model.zero_grad()
+                model(*H.batch(0, step)).backward()
+                want = []
+                for i, p in enumerate(params):
+                    g = p.grad.reshape(-1).clone()
+                    u[i] = m * u[i] + g
+                    a = u[i] + e[i]
+                    k = L.lib().igrad_budget(a.numel(), density)
+                    idx = torch.topk(a.abs(), k).indices
+                    sent = torch.zeros_like(a)
+                    sent[idx] = a[idx]
+                    e[i] = d * (a - sent)
+                    if masking:
+                        u[i][idx] = 0.0
+                    want.append(sent)
+                sync.synchronize(step)
+                for i, p in enumerate(params):
+                    got = p.grad.reshape(-1)
+                    self.assertTrue(torch.allclose(got, want[i], rtol=1e-5, atol=1e-7),
+                                    "step %d tensor %d masking %s: max diff %g" % (
+                                        step, i, masking, (got - want[i]).abs().max()))
+            eng = state.engine
+            for i in range(len(params)):
+                v = it._wrap(eng.velocity_address(i), params[i].numel(), torch.float32)
+                self.assertTrue(torch.allclose(v, u[i], rtol=1e-5, atol=1e-7))
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            it.IgradState(H.TinyLlama(), method="topk_sync", momentum=1.0)
+        self.assertIn("config.momentum", str(cm.exception))
+
     # -- state errors without torch.distributed ----------------------------------
 
     def test_state_errors(self):
