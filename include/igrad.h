@@ -1046,6 +1046,18 @@ typedef struct igrad_config {
                                            and velocities stay 0 and the engine's
                                            step count does not advance, as with
                                            igrad.torch.IgradState(start_iter=) (0) */
+    double target_ratio;              /**< ig, X in (0, 1]: whenever the engine
+                                           plans with a profile it built online
+                                           (profile_steps) or was given by
+                                           igrad_engine_set_profile, it first
+                                           chooses the important set and kappa
+                                           with igrad_target_fit() so that the
+                                           payload is X times *_sync's (the
+                                           plan's release_keep becomes the
+                                           chosen kappa); 0 = off: the profile's
+                                           set and release_keep (0). A profile
+                                           given at create is used as it is
+                                           (fit it first, as igrad train does) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1058,7 +1070,7 @@ typedef struct igrad_config {
       IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
-      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0 }
+      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0 }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or

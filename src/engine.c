@@ -213,6 +213,12 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
     IGRAD_FAIL_IF(c->start_iter < 0, IGRAD_E_INVALID,
                   "config.start_iter is %lld (must be >= 0; 0 = no dense warm-up)",
                   (long long)c->start_iter);
+    IGRAD_FAIL_IF(!(c->target_ratio == 0.0 || (c->target_ratio > 0.0 && c->target_ratio <= 1.0)),
+                  IGRAD_E_INVALID, "config.target_ratio is %g (must be in (0, 1]; 0 = off)",
+                  c->target_ratio);
+    IGRAD_FAIL_IF(c->target_ratio > 0.0 && c->method != IGRAD_METHOD_IG, IGRAD_E_INVALID,
+                  "config.target_ratio is %g, but method %s has no kappa to choose (ig)",
+                  c->target_ratio, igrad_method_name(c->method));
     return IGRAD_OK;
 }
 
@@ -256,6 +262,7 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_MOMENTUM_MASKING] = {"config.momentum_masking", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_RESIDUAL_DECAY] = {"config.residual_decay", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_START_ITER] = {"config.start_iter", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_TARGET_RATIO] = {"config.target_ratio", IGRAD__ITEM_F64, 1},
 };
 
 static uint64_t f64_bits(double v)
@@ -353,6 +360,7 @@ static void static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profi
     v[IGRAD__ITEM_CFG_MOMENTUM_MASKING] = (uint64_t)(int64_t)c->momentum_masking;
     v[IGRAD__ITEM_CFG_RESIDUAL_DECAY] = f64_bits(c->residual_decay);
     v[IGRAD__ITEM_CFG_START_ITER] = (uint64_t)c->start_iter;
+    v[IGRAD__ITEM_CFG_TARGET_RATIO] = f64_bits(c->target_ratio);
 }
 
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)

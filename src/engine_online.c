@@ -141,13 +141,24 @@ static igrad_status_t copy_profile(const igrad_profile_t *p, const igrad_layout_
     return st;
 }
 
-igrad_status_t igrad__online_prepare(const igrad_engine_t *e, const igrad_profile_t *profile,
+igrad_status_t igrad__online_prepare(const igrad_engine_t *e, igrad_profile_t *profile,
                                      igrad_engine_t **out)
 {
     *out = NULL;
+    igrad_config_t cfg = e->cfg;
+    if (cfg.target_ratio > 0.0) {
+        /* A pure function of the profile's scores and the config, the same
+         * on every rank; the agreement below compares its result (the
+         * release_keep item, the profile and plan hashes). */
+        igrad_target_fit_t fit;
+        IGRAD_CHECK(igrad_target_fit(e->online->layout, profile, &cfg, cfg.target_ratio,
+                                     IGRAD_TARGET_MIN_KEEP, &fit));
+        IGRAD_CHECK(igrad_profile_set_threshold(profile, fit.tau));
+        cfg.release_keep = fit.release_keep;
+    }
     igrad_engine_t *n = calloc(1, sizeof *n);
     IGRAD_FAIL_IF(!n, IGRAD_E_NOMEM, "re-plan: out of memory");
-    igrad_status_t st = igrad__engine_build(n, e->online->layout, profile, &e->cfg, e->comm);
+    igrad_status_t st = igrad__engine_build(n, e->online->layout, profile, &cfg, e->comm);
     if (st != IGRAD_OK) {
         igrad_engine_free(n);
         return st;

@@ -31,7 +31,7 @@ typedef struct igrad__online {
 /* Builds, locally, an engine planned with `profile` from e's layout and
  * config, carrying e's step and call count (its items are what the ranks
  * must agree on). */
-igrad_status_t igrad__online_prepare(const igrad_engine_t *e, const igrad_profile_t *profile,
+igrad_status_t igrad__online_prepare(const igrad_engine_t *e, igrad_profile_t *profile,
                                      igrad_engine_t **out);
 
 /* Swaps n's plan into e, keeping e's residuals, step, trace and exchange

@@ -29,7 +29,7 @@
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 3u /* 2: 26 items (config.timeout_s); 3: 35 items (gate_other,
+#define STATE_VERSION 3u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
                             online profiling, remedies), the velocity section and
                             the online profiling section */
 /* online section modes */

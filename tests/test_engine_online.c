@@ -274,6 +274,87 @@ static void test_switch_conservation(void **state)
     igrad_layout_free(L);
 }
 
+/* config.target_ratio: at the switch the engine fits the important set and
+ * kappa to the target (igrad_target_fit on the built profile), plans as a
+ * fresh engine given that profile and kappa would, sends at most the
+ * target share of adtopk_sync's payload, and a state saved after the
+ * switch loads into a fresh online engine with the same plan. */
+static void test_target_switch(void **state)
+{
+    (void)state;
+    const int64_t W = 6, steps = 12;
+    const double target = 0.3;
+    igrad_layout_t *L = make_layout();
+    igrad_comm_t *comm = NULL;
+    assert_ok(igrad_comm_create_self(&comm));
+    igrad_config_t c = online_config(W);
+    c.target_ratio = target;
+    c.release_keep = 0.5; /* what the fit must replace */
+    igrad_engine_t *e = NULL;
+    assert_ok(igrad_engine_create(L, NULL, &c, comm, &e));
+    size_t T = igrad_layout_count(L);
+    grads_t G = grads_new(L);
+    for (int64_t s = 0; s < steps; s++) {
+        grads_fill(&G, 3, s);
+        assert_ok(igrad_engine_sync(e, s, G.g));
+    }
+    const igrad_profile_t *built = igrad_engine_profile(e);
+    assert_non_null(built);
+    igrad_target_fit_t fit;
+    assert_ok(igrad_target_fit(L, built, &c, target, IGRAD_TARGET_MIN_KEEP, &fit));
+    assert_true(fit.met);
+    igrad_config_t now;
+    assert_ok(igrad_engine_config(e, &now));
+    assert_true(now.release_keep == fit.release_keep);
+    assert_true(now.release_keep != c.release_keep); /* the fit moved kappa */
+    for (size_t i = 0; i < igrad_profile_count(built); i++) {
+        igrad_profile_entry_t en;
+        assert_ok(igrad_profile_entry(built, i, &en));
+        assert_int_equal(en.important, en.score >= fit.tau);
+    }
+    /* the plan of an engine given the fitted profile and kappa */
+    igrad_config_t c2 = c;
+    c2.profile_steps = 0;
+    c2.target_ratio = 0.0;
+    c2.release_keep = fit.release_keep;
+    igrad_engine_t *e2 = NULL;
+    assert_ok(igrad_engine_create(L, built, &c2, comm, &e2));
+    assert_plans_equal(e, e2, T, c.release_period);
+    /* at most the target share of adtopk_sync's payload over a cycle */
+    igrad_config_t c3 = IGRAD_CONFIG_INIT;
+    c3.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c3.threads = 1;
+    igrad_engine_t *e3 = NULL;
+    assert_ok(igrad_engine_create(L, NULL, &c3, comm, &e3));
+    double mine = 0.0, sync = 0.0;
+    for (int64_t s = 100; s < 100 + 2 * c.release_period; s++) {
+        mine += (double)igrad_engine_predict_payload(e, s);
+        sync += (double)igrad_engine_predict_payload(e3, s);
+    }
+    assert_true(mine <= target * sync * (1 + 1e-12));
+    /* save after the switch, load into a fresh online engine */
+    char dir[] = "/tmp/igrad_target_XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/state.bin", dir);
+    assert_ok(igrad_engine_save_state(e, path));
+    igrad_engine_t *b = NULL;
+    assert_ok(igrad_engine_create(L, NULL, &c, comm, &b));
+    assert_ok(igrad_engine_load_state(b, path));
+    assert_plans_equal(b, e, T, c.release_period);
+    igrad_config_t cb;
+    assert_ok(igrad_engine_config(b, &cb));
+    assert_true(cb.release_keep == fit.release_keep);
+    remove(path);
+    rmdir(dir);
+    igrad_engine_free(b);
+    igrad_engine_free(e3);
+    igrad_engine_free(e2);
+    grads_free(&G);
+    igrad_engine_free(e);
+    igrad_comm_free(comm);
+    igrad_layout_free(L);
+}
+
 /* set_profile mid-run: refused calls change nothing; an accepted one keeps
  * the residuals bit for bit and plans as a fresh engine would. */
 static void test_set_profile(void **state)
@@ -624,6 +705,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_switch_conservation),
         cmocka_unit_test(test_set_profile),
+        cmocka_unit_test(test_target_switch),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_state_resume),
         cmocka_unit_test(test_hysteresis),

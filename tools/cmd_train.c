@@ -78,7 +78,9 @@ static void usage(FILE *fp)
 "                              them unimportant; off: always sent (the old behaviour)\n"
 "  --target-ratio X            ig: choose the important set and kappa from the\n"
 "                              profile's scores so the payload is X times *_sync's\n"
-"                              (overrides --release-keep and the profile's set)\n"
+"                              (with --profile auto: when the engine switches).\n"
+"                              Default for ig: 0.25, unless --release-keep is given\n"
+"                              (then the profile's set and that kappa); 0 = off\n"
 "  --profile FILE|auto         importance profile (required for iad and ig); auto:\n"
 "                              the engine profiles the first --profile-steps steps of\n"
 "                              this run itself (sending as the sparsifier's *_sync),\n"
@@ -244,7 +246,12 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         F64_OPT("--beta2", optim.beta2)
         F64_OPT("--density", density)
         F64_OPT("--comm-timeout", comm_timeout_s)
-        F64_OPT("--release-keep", release_keep)
+        if ((r = cli_opt(argc, argv, &i, "--release-keep", &v)) != 0) {
+            if (r < 0 || cli_parse_f64("--release-keep", v, &x) != 0) return -1;
+            o->release_keep = x;
+            o->release_keep_given = 1;
+            continue;
+        }
         F64_OPT("--target-ratio", target_ratio)
         if ((r = cli_opt(argc, argv, &i, "--gate-other", &v)) != 0) {
             if (r < 0) return -1;

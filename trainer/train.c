@@ -374,6 +374,7 @@ void train_options_default(train_options_t *o)
     o->release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
     o->release_keep = IGRAD_DEFAULT_RELEASE_KEEP;
     o->gate_other = 1;
+    o->target_ratio = NAN;
     o->buckets = 4;
     o->verify_every = 100;
     o->comm_timeout_s = IGRAD_DEFAULT_TIMEOUT_S;
@@ -396,6 +397,10 @@ void train_options_resolve(train_options_t *o)
     if (isnan(o->momentum)) o->momentum = dense ? 0.0 : TRAIN_SPARSE_MOMENTUM;
     if (isnan(o->residual_decay)) o->residual_decay = dense ? 1.0 : TRAIN_SPARSE_RESIDUAL_DECAY;
     if (o->start_iter < 0) o->start_iter = dense ? 0 : TRAIN_SPARSE_START_ITER;
+    if (isnan(o->target_ratio)) {
+        int ig = o->method && igrad__name_equal(o->method, "ig");
+        o->target_ratio = ig && !o->release_keep_given ? TRAIN_IG_TARGET_RATIO : 0.0;
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -463,6 +468,7 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
     if (train_profile_auto(o) && (c.method == IGRAD_METHOD_IAD || c.method == IGRAD_METHOD_IG)) {
         c.profile_steps = o->profile_steps; /* other methods: refused in setup, by name */
         c.profile_partition = o->profile_partition;
+        if (c.method == IGRAD_METHOD_IG) c.target_ratio = o->target_ratio;
     }
     c.gate_other = o->gate_other;
     if (c.method == IGRAD_METHOD_DENSE &&
@@ -503,6 +509,7 @@ static igrad_status_t fit_target(run_t *r)
     if (!(o->target_ratio > 0.0 && o->target_ratio <= 1.0))
         return trainer_fail(IGRAD_E_INVALID, "--target-ratio %g must be in (0, 1]",
                             o->target_ratio);
+    if (!r->profile) return IGRAD_OK; /* --profile auto: the engine fits when it switches */
     igrad_status_t st = igrad_target_fit(r->layout, r->profile, &r->scfg, o->target_ratio,
                                          IGRAD_TARGET_MIN_KEEP, &r->target);
     if (st != IGRAD_OK) return lib_fail(st, "--target-ratio");
@@ -1507,6 +1514,14 @@ static igrad_status_t online_profile_written(run_t *r)
     const igrad_profile_t *p = igrad_engine_profile(r->engine);
     if (!p) return IGRAD_OK;
     r->online_written = 1;
+    if (r->o->target_ratio > 0.0) {
+        /* what the engine chose at the switch (the same pure function of
+         * the profile's scores), for the log and summary.json */
+        igrad_status_t fst = igrad_target_fit(r->layout, p, &r->scfg, r->o->target_ratio,
+                                              IGRAD_TARGET_MIN_KEEP, &r->target);
+        if (fst != IGRAD_OK) return lib_fail(fst, "--target-ratio");
+        r->scfg.release_keep = r->target.release_keep;
+    }
     r->f_imp = compute_f_imp(r->layout, p, method_sparsifier(&r->scfg), r->scfg.density,
                            r->scfg.gate_other);
     if (r->rank != 0 || !r->o->out) return IGRAD_OK;

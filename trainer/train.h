@@ -128,8 +128,11 @@ typedef struct train_options {
     int gate_other;           /* 1: EMB/HEAD/NORM components gated (default); 0:
                                  always sent (igrad_config_t.gate_other) */
     double target_ratio;      /* > 0: ig picks the important set and kappa to send
-                                 this share of *_sync's payload (igrad_target_fit);
-                                 0 = off (--release-keep and the profile's set) */
+                                 this share of *_sync's payload (igrad_target_fit;
+                                 with --profile auto the engine does it when it
+                                 switches); 0 = off (--release-keep and the
+                                 profile's set); NaN = auto */
+    int release_keep_given;   /* --release-keep was given (auto target: off) */
     const char *profile;      /* profile JSON, required for iad/ig; "auto": the
                                  engine profiles the first profile_steps steps
                                  itself and writes out/profile.json */
@@ -167,6 +170,10 @@ void train_options_default(train_options_t *o);
 #define TRAIN_SPARSE_MOMENTUM 0.0
 #define TRAIN_SPARSE_RESIDUAL_DECAY 1.0
 #define TRAIN_SPARSE_START_ITER 0
+/* --target-ratio not given: ig aims at this share of its sparsifier's
+ * *_sync payload (the method's promise), unless --release-keep is given
+ * (then the profile's set and that kappa, as before). Other methods: 0. */
+#define TRAIN_IG_TARGET_RATIO 0.25
 void train_options_resolve(train_options_t *o);
 
 /* What a finished run measured (the same on every rank). */

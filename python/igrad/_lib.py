@@ -225,7 +225,8 @@ class Config(ctypes.Structure):
                 ("profile_partition", ctypes.c_char_p),
                 ("gate_other", ctypes.c_int),
                 ("momentum", ctypes.c_double), ("momentum_masking", ctypes.c_int),
-                ("residual_decay", ctypes.c_double), ("start_iter", ctypes.c_int64)]
+                ("residual_decay", ctypes.c_double), ("start_iter", ctypes.c_int64),
+                ("target_ratio", ctypes.c_double)]
 
 
 class Bucket(ctypes.Structure):

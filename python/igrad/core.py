@@ -594,6 +594,7 @@ CONFIG_DEFAULTS = {
     "profile_steps": 0, "profile_alpha": 0.7, "profile_partition": None,  # None = knee
     "gate_other": True,
     "momentum": 0.0, "momentum_masking": True, "residual_decay": 1.0, "start_iter": 0,
+    "target_ratio": 0.0,
 }
 
 
@@ -636,6 +637,7 @@ def make_config(**kw):
     c.momentum_masking = int(bool(v["momentum_masking"]))
     c.residual_decay = float(v["residual_decay"])
     c.start_iter = int(v["start_iter"])
+    c.target_ratio = float(v["target_ratio"] or 0.0)
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -661,6 +663,7 @@ def config_to_dict(c):
         "gate_other": bool(c.gate_other),
         "momentum": c.momentum, "momentum_masking": bool(c.momentum_masking),
         "residual_decay": c.residual_decay, "start_iter": c.start_iter,
+        "target_ratio": c.target_ratio,
     }
 
 

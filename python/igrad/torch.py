@@ -360,7 +360,9 @@ class IgradState:
                     important set and kappa from the profile's scores so
                     that it sends at most X x the sparsifier's *_sync
                     payload (igrad.target_fit; overrides release_keep and
-                    re-marks the profile). The choice is in `target_fit`.
+                    re-marks the profile). The choice is in `target_fit`;
+                    with profile="auto" the engine makes it when it
+                    switches (igrad_config_t.target_ratio).
     gate_other:     True (default): embeddings, lm_head and norms (EMB, HEAD,
                     NORM components) are gated like projections; False: they
                     are sent every step (the behaviour before; an ablation).
@@ -413,6 +415,8 @@ class IgradState:
                                              "method %r uses no profile" % (method,))
             self.config["profile_steps"] = int(profile_steps)
             self.config["profile_partition"] = profile_partition
+            if target_ratio is not None:  # the engine fits it when it switches
+                self.config["target_ratio"] = float(target_ratio)
         make_config(**self.config)  # validates now, not at the first backward
         if target_ratio is not None and not (0.0 < float(target_ratio) <= 1.0):
             raise L.InvalidArgumentError("target_ratio is %r (must be in (0, 1])"

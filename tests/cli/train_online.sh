@@ -40,7 +40,7 @@ if command -v mpirun >/dev/null; then
 fi
 common=(--data "$tmp/corpus" --seq-len 32 --batch 8 --steps 16 --eval-every 8 --eval-batches 2
         --val-fraction 0.1 --threads 1 --progress quiet --method ig --profile auto
-        --profile-steps 5 --profile-partition fixed:0.4)
+        --profile-steps 5 --profile-partition fixed:0.4 --target-ratio 0)
 
 timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]}" --out "$tmp/full" 2>"$tmp/full.err" \
   || fail "ig --profile auto: $(cat "$tmp/full.err")"
@@ -66,6 +66,43 @@ if not (sum(after) / len(after) < min(win)): bad.append("ig after the switch sen
 if bad:
     print("\n".join(bad)); sys.exit(1)
 EOF
+# the default for ig: --target-ratio 0.25, fitted by the engine at the
+# switch; after it, at most a quarter of adtopk_sync's payload per step;
+# a run stopped after the switch resumes to the same parameters
+targs=(--data "$tmp/corpus" --seq-len 32 --batch 8 --steps 16 --eval-every 8 --eval-batches 2
+       --val-fraction 0.1 --threads 1 --progress quiet --method ig --profile auto
+       --profile-steps 5)
+timeout 120 "${launch[@]}" "$IGRAD" train "${targs[@]}" --out "$tmp/target" 2>"$tmp/target.err" \
+  || fail "ig --profile auto (default target): $(cat "$tmp/target.err")"
+timeout 120 "${launch[@]}" "$IGRAD" train --data "$tmp/corpus" --seq-len 32 --batch 8 --steps 4 \
+  --eval-every 0 --val-fraction 0.1 --threads 1 --progress quiet --method adtopk_sync \
+  --out "$tmp/adsync" 2>"$tmp/adsync.err" || fail "adtopk_sync: $(cat "$tmp/adsync.err")"
+"$PY" - "$tmp/target" "$tmp/adsync" <<'EOF' || fail "default target checks"
+import csv, json, os, sys
+s = json.load(open(os.path.join(sys.argv[1], "summary.json")))
+ref = json.load(open(os.path.join(sys.argv[2], "summary.json")))["payload_bytes_per_step"]
+bad = []
+t = s["config"]["sync"].get("target") or {}
+if t.get("ratio") != 0.25: bad.append("config.sync.target.ratio %r, want 0.25" % t.get("ratio"))
+if not (0 < t.get("planned_ratio", 1) <= 0.25): bad.append("planned ratio %r" % t.get("planned_ratio"))
+if s["config"]["sync"]["release_keep"] != t.get("release_keep"):
+    bad.append("release_keep %r is not the fitted %r" % (s["config"]["sync"]["release_keep"],
+                                                        t.get("release_keep")))
+rows = list(csv.DictReader(open(os.path.join(sys.argv[1], "metrics.csv"))))
+after = [float(r["payload_bytes"]) for r in rows][5:]
+if not (sum(after) / len(after) <= 0.25 * ref * (1 + 1e-9)):
+    bad.append("after the switch %.1f bytes/step, adtopk_sync %.1f" % (sum(after) / len(after), ref))
+if bad:
+    print("\n".join(bad)); sys.exit(1)
+EOF
+out="$tmp/tstop"
+timeout 120 "${launch[@]}" "$IGRAD" train "${targs[@]}" --out "$out" --stop-at 9 2>"$out.err" \
+  || fail "target stop at 9: $(cat "$out.err")"
+timeout 120 "${launch[@]}" "$IGRAD" train "${targs[@]}" --out "$out" --resume 2>"$out.err2" \
+  || fail "target resume from 9: $(cat "$out.err2")"
+cmp -s "$tmp/target/checkpoint/model.safetensors" "$out/checkpoint/model.safetensors" \
+  || fail "target: resumed after the switch differs from the uninterrupted run"
+
 # the built profile is a profile igrad train accepts
 timeout 120 "${launch[@]}" "$IGRAD" train "${common[@]/auto/$tmp/full/profile.json}" --steps 4 \
   --out "$tmp/reuse" 2>"$tmp/reuse.err" || fail "--profile DIR/profile.json: $(cat "$tmp/reuse.err")"
