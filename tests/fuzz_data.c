@@ -7,7 +7,9 @@
  *
  * Input: one mode byte (bit 0: alpaca: instead of jsonl:, bit 1:
  * response_only, bit 2: val_fraction 0.3, bits 3-4: seq_len 1, 2, 4 or 8),
- * then the file's bytes.
+ * then the file's bytes. With bit 5 set the bytes (up to a NUL or comma)
+ * are instead the argument of a "task:" spec at seq_len 96 or 128 (bit 3);
+ * specs asking for more than 2000 problems are only parsed.
  *
  * Invariants: no crash; a failure is FORMAT, EMPTY or NOMEM (never IO or
  * ARG: the file exists and the options are valid) with a message; the same
@@ -16,7 +18,9 @@
  * documents, masks 0/1 and a train batch of step 0 and 1 whose targets are
  * tokens or -1. A JSONL document field ("text", "instruction", "input",
  * "output") holding "\u0000" that loads is issue 9's known truncation
- * (refused once the parser fix is in).
+ * (refused once the parser fix is in). A task: spec loads or fails with
+ * ARG or EMPTY (too few tokens for T); a loaded one has test= exact-match rows whose targets are -1 or
+ * tokens and end, after the response, with EOT.
  * The driver is tests/fuzz_main.c.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -27,6 +31,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "task.h"
 
 int igrad_fuzz_one(const uint8_t *data, size_t size);
 const char *igrad_fuzz_name(void);
@@ -57,6 +62,11 @@ static const struct {
       "{\"text\": \"then a text record\"}\n"),
     S("\x00{\"text\": 5}\n"),
     S("\x00[1, 2, 3]\n{\"text\": \"x\"\n"),
+    S("\x22mix:train=60:test=10"),
+    S("\x2a" "arith+copy:size=1:train=30:test=3"),
+    S("\x20recall:size=4:test=4:train=9"),
+    S("\x20sort+sort"),
+    S("\x20" "arith:size=1:test=300:train=5"),
 #undef S
 };
 
@@ -163,9 +173,89 @@ static int check_dataset(const dataset_t *ds)
     return bad;
 }
 
+/* The exact-match rows of a loaded task dataset. */
+static int check_task_rows(const dataset_t *ds, size_t want)
+{
+    if (ds->ntask != want) {
+        fprintf(stderr, "%zu task rows, test=%zu\n", ds->ntask, want);
+        return 1;
+    }
+    int T = ds->task_seq_len, bad = 0;
+    int *in = malloc(sizeof(int) * (size_t)T), *tg = malloc(sizeof(int) * (size_t)T);
+    for (size_t i = 0; i < ds->ntask && in && tg && !bad; i++) {
+        data_error_t err;
+        if (dataset_task_batch(ds, i, 1, T, in, tg, &err) != DATA_OK) {
+            fprintf(stderr, "task row %zu: %s\n", i, err.message);
+            bad = 1;
+            break;
+        }
+        int last = -1;
+        for (int t = 0; t < T; t++) {
+            if (in[t] < 0 || in[t] > DATA_EOT || tg[t] < -1 || tg[t] > DATA_EOT) bad = 1;
+            if (tg[t] >= 0) last = t;
+        }
+        if (bad || last < 1 || tg[last] != DATA_EOT || tg[last - 1] < 0) {
+            fprintf(stderr, "task row %zu: bad targets\n", i);
+            bad = 1;
+        }
+    }
+    free(in);
+    free(tg);
+    return bad;
+}
+
+static int fuzz_task(const uint8_t *data, size_t size)
+{
+    char arg[200];
+    size_t n = 0;
+    while (n + 1 < size && n + 1 < sizeof arg && data[n + 1] && data[n + 1] != ',') {
+        arg[n] = (char)data[n + 1];
+        n++;
+    }
+    arg[n] = '\0';
+    task_spec_t ts;
+    char msg[512];
+    if (task_spec_parse(arg, &ts, msg, sizeof msg) != 0) {
+        if (!msg[0]) {
+            fprintf(stderr, "task:%s refused without a message\n", arg);
+            return 1;
+        }
+        return 0;
+    }
+    if (ts.ntrain + ts.ntest > 2000) return 0;
+    snprintf(spec, sizeof spec, "task:%s", arg);
+    data_options_t opts = DATA_OPTIONS_INIT;
+    opts.seq_len = data[0] & 8 ? 128 : 96;
+    opts.response_only = (data[0] >> 1) & 1;
+    opts.val_fraction = data[0] & 4 ? 0.3 : 0.0;
+    dataset_t a, b;
+    data_error_t ea, eb;
+    int sa = dataset_load(&a, spec, &opts, &ea), sb = dataset_load(&b, spec, &opts, &eb);
+    int bad = 0;
+    if (sa != sb || strcmp(ea.message, eb.message) != 0) {
+        fprintf(stderr, "%s not deterministic: %d '%s' vs %d '%s'\n", spec, sa, ea.message, sb,
+                eb.message);
+        bad = 1;
+    } else if (sa == DATA_OK) {
+        if (a.train.count != b.train.count || a.val.count != b.val.count ||
+            memcmp(a.train.tokens, b.train.tokens, a.train.count * sizeof *a.train.tokens) ||
+            memcmp(a.val.tokens, b.val.tokens, a.val.count * sizeof *a.val.tokens))
+            bad = 1, fprintf(stderr, "%s: the token streams differ\n", spec);
+        else
+            bad = check_dataset(&a) || check_task_rows(&a, ts.ntest);
+    } else if ((sa != DATA_E_ARG && sa != DATA_E_EMPTY) || !ea.message[0]) {
+        fprintf(stderr, "%s: unexpected status %d: '%s'\n", spec, sa, ea.message);
+        bad = 1;
+    }
+    dataset_free(&a);
+    dataset_free(&b);
+    return bad;
+}
+
 int igrad_fuzz_one(const uint8_t *data, size_t size)
 {
     if (size == 0) return 0;
+    if (data[0] & 0x20) return fuzz_task(data, size);
     if (!path[0]) snprintf(path, sizeof path, "/tmp/igrad_fuzz_data.%ld.jsonl", (long)getpid());
     uint8_t mode = data[0];
     FILE *fp = fopen(path, "wb");

@@ -36,7 +36,8 @@ static void usage(FILE *fp)
 "                              --rms-eps X; --init-std S (default 0.02)\n"
 "  --init DIR                  start from a checkpoint (config.json + model.safetensors)\n"
 "data:\n"
-"  --data SPEC                 text file/dir, jsonl:, alpaca:, brown:G[+G], fortunes:, kjv:\n"
+"  --data SPEC                 text file/dir, jsonl:, alpaca:, brown:G[+G], fortunes:, kjv:,\n"
+"                              task:KINDS[:train=N][:test=N][:size=S] (trainer/task.h)\n"
 "                              (comma-separated list; see trainer/data.h)\n"
 "  --response-only             alpaca data: loss on response tokens only\n"
 "  --val-fraction F            documents held out for validation (default 0.05)\n"
@@ -380,9 +381,13 @@ int cmd_train(int argc, char **argv)
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
     } else if (rank == 0 && o.progress != TRAIN_PROGRESS_QUIET) {
-        printf("done: %lld steps, last loss %.4f, val_loss %.4f (ppl %.3f, acc %.4f), %.1f s; "
+        char task[64] = "";
+        if (res.task_problems > 0)
+            snprintf(task, sizeof task, ", task_accuracy %.4f of %lld", res.task_accuracy,
+                     (long long)res.task_problems);
+        printf("done: %lld steps, last loss %.4f, val_loss %.4f (ppl %.3f, acc %.4f%s), %.1f s; "
                "results in %s\n", (long long)res.steps_done, res.last_loss, res.val_loss,
-               res.val_ppl, res.val_acc, res.wall_s, o.out);
+               res.val_ppl, res.val_acc, task, res.wall_s, o.out);
     }
     igrad_comm_free(comm);
     if (use_mpi) MPI_Finalize();

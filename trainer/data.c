@@ -11,6 +11,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "data.h"
+#include "task.h"
 #include "json_strict.h" /* libigrad's check for \u0000 in JSON strings */
 
 #include <cJSON.h>
@@ -90,10 +91,16 @@ size_t data_decode(const data_token_t *tokens, size_t count, char *out, size_t c
 /* Documents                                                                */
 /* ------------------------------------------------------------------------ */
 
+/* Where a document's split comes from. */
+enum { SPLIT_BY_HASH = 0, SPLIT_TRAIN = 1, SPLIT_VAL = 2 };
+
 typedef struct doc {
     char *text;           /* owned; not NUL-terminated necessarily */
     size_t nbytes;
     size_t prompt_nbytes; /* leading bytes whose targets are masked */
+    int split;            /* SPLIT_*: task problems choose their own */
+    size_t task_prompt;   /* > 0: a held-out task problem whose response
+                             starts at this byte (an exact-match row) */
 } doc_t;
 
 typedef struct doclist {
@@ -137,7 +144,7 @@ static int doclist_push(doclist_t *dl, char *text, size_t nbytes, size_t prompt_
         dl->items = items;
         dl->cap = cap;
     }
-    dl->items[dl->count++] = (doc_t){text, nbytes, prompt_nbytes};
+    dl->items[dl->count++] = (doc_t){text, nbytes, prompt_nbytes, SPLIT_BY_HASH, 0};
     return DATA_OK;
 }
 
@@ -354,6 +361,32 @@ static const char *json_str(const cJSON *obj, const char *key, int *bad)
     return v->valuestring;
 }
 
+/* Formats one record with the alpaca template of data.h and pushes it;
+ * *nprompt_out (if not NULL) gets the prompt's length in bytes. */
+static int alpaca_push(const char *what, const char *ins, const char *in, const char *out,
+                       int response_only, doclist_t *docs, size_t *nprompt_out,
+                       data_error_t *err)
+{
+    size_t nins = strlen(ins), nin = in ? strlen(in) : 0, nout = strlen(out);
+    static const char h_ins[] = "### Instruction:\n", h_in[] = "\n\n### Input:\n",
+                      h_out[] = "\n\n### Response:\n";
+    size_t nprompt = (sizeof h_ins - 1) + nins + (nin ? (sizeof h_in - 1) + nin : 0) +
+                     (sizeof h_out - 1);
+    char *text = malloc(nprompt + nout + 1);
+    if (!text) return fail_nomem(err, what);
+    char *p = text;
+    memcpy(p, h_ins, sizeof h_ins - 1), p += sizeof h_ins - 1;
+    memcpy(p, ins, nins), p += nins;
+    if (nin) {
+        memcpy(p, h_in, sizeof h_in - 1), p += sizeof h_in - 1;
+        memcpy(p, in, nin), p += nin;
+    }
+    memcpy(p, h_out, sizeof h_out - 1), p += sizeof h_out - 1;
+    memcpy(p, out, nout);
+    if (nprompt_out) *nprompt_out = nprompt;
+    return doclist_push(docs, text, nprompt + nout, response_only ? nprompt : 0, err);
+}
+
 static int alpaca_doc(const char *path, size_t line, const cJSON *obj, int response_only,
                       doclist_t *docs, data_error_t *err)
 {
@@ -369,23 +402,7 @@ static int alpaca_doc(const char *path, size_t line, const cJSON *obj, int respo
     const char *in = json_str(obj, "input", &bad);
     if (bad)
         return fail(err, DATA_E_FORMAT, "%s:%zu: alpaca \"input\" is not a string", path, line);
-    size_t nins = strlen(ins), nin = in ? strlen(in) : 0, nout = strlen(out);
-    static const char h_ins[] = "### Instruction:\n", h_in[] = "\n\n### Input:\n",
-                      h_out[] = "\n\n### Response:\n";
-    size_t nprompt = (sizeof h_ins - 1) + nins + (nin ? (sizeof h_in - 1) + nin : 0) +
-                     (sizeof h_out - 1);
-    char *text = malloc(nprompt + nout + 1);
-    if (!text) return fail_nomem(err, path);
-    char *p = text;
-    memcpy(p, h_ins, sizeof h_ins - 1), p += sizeof h_ins - 1;
-    memcpy(p, ins, nins), p += nins;
-    if (nin) {
-        memcpy(p, h_in, sizeof h_in - 1), p += sizeof h_in - 1;
-        memcpy(p, in, nin), p += nin;
-    }
-    memcpy(p, h_out, sizeof h_out - 1), p += sizeof h_out - 1;
-    memcpy(p, out, nout);
-    return doclist_push(docs, text, nprompt + nout, response_only ? nprompt : 0, err);
+    return alpaca_push(path, ins, in, out, response_only, docs, NULL, err);
 }
 
 static int load_jsonl(const char *path, enum jsonl_kind kind, int response_only,
@@ -662,6 +679,41 @@ static int load_kjv(const char *element, const char *arg, const char *data_dir,
 }
 
 /* ------------------------------------------------------------------------ */
+/* Synthetic tasks (task.h)                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* task:KINDS[:train=N][:test=N] — training problems, then the held-out
+ * ones, each an alpaca record whose split is its own (task.h). */
+static int load_task(const char *element, const char *arg, int response_only,
+                     doclist_t *docs, data_error_t *err)
+{
+    task_spec_t spec;
+    task_problem_t *train = NULL, *test = NULL;
+    uint64_t ninst = 0;
+    char msg[512];
+    if (task_spec_parse(arg, &spec, msg, sizeof msg) != 0)
+        return fail(err, DATA_E_ARG, "%s", msg);
+    if (task_build(&spec, &train, &test, &ninst, msg, sizeof msg) != 0)
+        return fail(err, strstr(msg, "out of memory") ? DATA_E_NOMEM : DATA_E_ARG, "%s: %s",
+                    element, msg);
+    int st = DATA_OK;
+    for (size_t i = 0; st == DATA_OK && i < spec.ntrain + spec.ntest; i++) {
+        int held = i >= spec.ntrain;
+        const task_problem_t *p = held ? &test[i - spec.ntrain] : &train[i];
+        size_t nprompt = 0;
+        st = alpaca_push(element, p->instruction, p->input, p->output, response_only, docs,
+                         &nprompt, err);
+        if (st == DATA_OK) {
+            docs->items[docs->count - 1].split = held ? SPLIT_VAL : SPLIT_TRAIN;
+            docs->items[docs->count - 1].task_prompt = held ? nprompt : 0;
+        }
+    }
+    free(train);
+    free(test);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Spec                                                                     */
 /* ------------------------------------------------------------------------ */
 
@@ -698,6 +750,7 @@ static int load_element(const char *element, const data_options_t *opts, doclist
         return load_jsonl(arg, PREFIX_IS("alpaca") ? JSONL_ALPACA : JSONL_AUTO,
                           opts->response_only, docs, err);
     }
+    if (PREFIX_IS("task")) return load_task(element, arg, opts->response_only, docs, err);
     if (PREFIX_IS("brown") || PREFIX_IS("fortunes") || PREFIX_IS("kjv")) {
         data_dir_resolve(opts->data_dir, data_dir, sizeof data_dir);
         if (PREFIX_IS("kjv")) return load_kjv(element, arg, data_dir, docs, err);
@@ -714,7 +767,7 @@ static int load_element(const char *element, const data_options_t *opts, doclist
 
 /* splitmix64's finalizer: a bijective mix, so distinct inputs never
  * collide, and stable across platforms. */
-static uint64_t mix64(uint64_t x)
+uint64_t data_mix64(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ULL;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -728,7 +781,7 @@ enum { DOMAIN_SPLIT = 1, DOMAIN_PERM = 2, DOMAIN_SHIFT = 3 };
 
 static uint64_t hash3(uint64_t seed, uint64_t domain, uint64_t x)
 {
-    return mix64(mix64(mix64(seed) ^ domain) ^ x);
+    return data_mix64(data_mix64(data_mix64(seed) ^ domain) ^ x);
 }
 
 static double unit_from_hash(uint64_t h)
@@ -750,7 +803,7 @@ static uint64_t permute(uint64_t k, uint64_t n, uint64_t key)
     do {
         uint64_t l = k >> half, r = k & mask;
         for (uint64_t round = 0; round < 4; round++) {
-            uint64_t f = mix64(r ^ mix64(key + round)) & mask;
+            uint64_t f = data_mix64(r ^ data_mix64(key + round)) & mask;
             uint64_t nl = r;
             r = l ^ f;
             l = nl;
@@ -796,9 +849,48 @@ static int build_split(data_split_t *sp, const doclist_t *docs, const uint8_t *i
     return DATA_OK;
 }
 
+/* The exact-match rows: every held-out task problem, in order. */
+static int build_task_rows(dataset_t *ds, const doclist_t *docs, size_t T, const char *spec,
+                           data_error_t *err)
+{
+    size_t n = 0, nbytes = 0, longest = 0;
+    for (size_t i = 0; i < docs->count; i++)
+        if (docs->items[i].task_prompt > 0) {
+            n++;
+            nbytes += docs->items[i].nbytes;
+            if (docs->items[i].nbytes > longest) longest = docs->items[i].nbytes;
+        }
+    if (n == 0) return DATA_OK;
+    if (longest + 1 > T)
+        return fail(err, DATA_E_ARG,
+                    "%s: a held-out task problem needs %zu tokens (end-of-text, record), more "
+                    "than the sequence length %zu", spec, longest + 1, T);
+    ds->task_tokens = malloc(nbytes * sizeof *ds->task_tokens);
+    ds->task_offsets = malloc((n + 1) * sizeof *ds->task_offsets);
+    ds->task_prompts = malloc(n * sizeof *ds->task_prompts);
+    if (!ds->task_tokens || !ds->task_offsets || !ds->task_prompts)
+        return fail_nomem(err, "task problems");
+    size_t k = 0, at = 0;
+    for (size_t i = 0; i < docs->count; i++) {
+        const doc_t *d = &docs->items[i];
+        if (d->task_prompt == 0) continue;
+        data_encode(d->text, d->nbytes, ds->task_tokens + at);
+        ds->task_offsets[k] = at;
+        ds->task_prompts[k++] = d->task_prompt;
+        at += d->nbytes;
+    }
+    ds->task_offsets[n] = at;
+    ds->ntask = n;
+    ds->task_seq_len = (int)(longest + 1);
+    return DATA_OK;
+}
+
 void dataset_free(dataset_t *ds)
 {
     if (!ds) return;
+    free(ds->task_tokens);
+    free(ds->task_offsets);
+    free(ds->task_prompts);
     free(ds->train.tokens);
     free(ds->train.counts);
     free(ds->val.tokens);
@@ -830,6 +922,7 @@ int dataset_load(dataset_t *ds, const char *spec, const data_options_t *opts,
     doclist_t docs = {0};
     uint8_t *in_val = NULL;
     size_t nskipped = 0;
+    int ntask_elements = 0;
     const size_t T = (size_t)opts->seq_len;
     int st = DATA_OK;
     char *elements = malloc(strlen(spec) + 1);
@@ -853,6 +946,12 @@ int dataset_load(dataset_t *ds, const char *spec, const data_options_t *opts,
             st = fail(err, DATA_E_ARG, "%s: empty element in the data spec", spec);
             break;
         }
+        if (strncmp(el, "task:", 5) == 0 && ntask_elements++ > 0) {
+            st = fail(err, DATA_E_ARG,
+                      "%s: more than one task: element; give every kind in one (task:A+B)",
+                      spec);
+            break;
+        }
         size_t before = docs.count;
         st = load_element(el, opts, &docs, &nskipped, err);
         if (st == DATA_OK && docs.count == before)
@@ -861,8 +960,10 @@ int dataset_load(dataset_t *ds, const char *spec, const data_options_t *opts,
     }
     if (st != DATA_OK) goto cleanup;
 
-    /* The split: by document, from (seed, index) only. */
-    size_t n = docs.count;
+    /* The split: by document, from (seed, index) only; task problems
+     * bring their own (task.h), which the fix-ups below never move. */
+    size_t n = docs.count, nforced = 0;
+    for (size_t i = 0; i < n; i++) nforced += docs.items[i].split != SPLIT_BY_HASH;
     if (opts->val_fraction > 0.0 && n < 2) {
         st = fail(err, DATA_E_EMPTY,
                   "%s: 1 document cannot be split into train and validation; give several "
@@ -874,19 +975,27 @@ int dataset_load(dataset_t *ds, const char *spec, const data_options_t *opts,
         st = fail_nomem(err, spec);
         goto cleanup;
     }
-    if (opts->val_fraction > 0.0) {
-        size_t nval = 0, lo = 0, hi = 0;
+    size_t nval = 0;
+    for (size_t i = 0; i < n; i++) {
+        in_val[i] = docs.items[i].split == SPLIT_VAL;
+        nval += in_val[i];
+    }
+    if (opts->val_fraction > 0.0 && nforced < n) {
+        size_t lo = 0, hi = 0;
         double ulo = 2.0, uhi = -1.0;
         for (size_t i = 0; i < n; i++) {
+            if (docs.items[i].split != SPLIT_BY_HASH) continue;
             double u = unit_from_hash(hash3(opts->seed, DOMAIN_SPLIT, i));
             in_val[i] = u < opts->val_fraction;
             nval += in_val[i];
             if (u < ulo) ulo = u, lo = i;
             if (u > uhi) uhi = u, hi = i;
         }
-        if (nval == 0) in_val[lo] = 1;
+        if (nval == 0) in_val[lo] = 1, nval++;
         if (nval == n) in_val[hi] = 0;
     }
+    st = build_task_rows(ds, &docs, T, spec, err);
+    if (st != DATA_OK) goto cleanup;
     st = build_split(&ds->train, &docs, in_val, 0, err);
     if (st == DATA_OK) st = build_split(&ds->val, &docs, in_val, 1, err);
     if (st != DATA_OK) goto cleanup;
@@ -985,5 +1094,29 @@ int dataset_val_batch(const dataset_t *ds, size_t first, size_t count, int *inpu
     const size_t T = (size_t)ds->seq_len;
     for (size_t i = 0; i < count; i++)
         fill_row(&ds->val, ds->val_starts[first + i], T, inputs + i * T, targets + i * T);
+    return DATA_OK;
+}
+
+int dataset_task_batch(const dataset_t *ds, size_t first, size_t count, int T, int *inputs,
+                       int *targets, data_error_t *err)
+{
+    if (!ds || (count > 0 && (!inputs || !targets)))
+        return fail(err, DATA_E_ARG, "dataset_task_batch: no dataset or buffers");
+    if (first > ds->ntask || count > ds->ntask - first)
+        return fail(err, DATA_E_ARG, "task problems [%zu, %zu) are outside [0, %zu)", first,
+                    first + count, ds->ntask);
+    if (count > 0 && T < ds->task_seq_len)
+        return fail(err, DATA_E_ARG, "task rows of %d tokens are shorter than the longest "
+                    "problem (%d)", T, ds->task_seq_len);
+    for (size_t i = 0; i < count; i++) {
+        const data_token_t *rec = ds->task_tokens + ds->task_offsets[first + i];
+        size_t nb = ds->task_offsets[first + i + 1] - ds->task_offsets[first + i];
+        size_t np = ds->task_prompts[first + i];
+        int *in = inputs + i * (size_t)T, *tg = targets + i * (size_t)T;
+        for (size_t t = 0; t < (size_t)T; t++) {
+            in[t] = t == 0 ? DATA_EOT : t <= nb ? rec[t - 1] : DATA_EOT;
+            tg[t] = t < np || t > nb ? -1 : t < nb ? rec[t] : DATA_EOT;
+        }
+    }
     return DATA_OK;
 }

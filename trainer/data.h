@@ -35,6 +35,15 @@
  *   brown:G[+G...]  Brown corpus genres (brown: or brown:all = all 15);
  *   fortunes:[N+N...]  fortune files by name (fortunes: = all);
  *   kjv:            the King James Bible, one document per book.
+ *   task:KINDS[:train=N][:test=N]
+ *                   synthetic instruction problems (task.h: arith, sort,
+ *                   reverse, copy, recall, or mix for all five), as alpaca
+ *                   records; generated from the spec alone. At most one
+ *                   task: element per spec. Its training problems always
+ *                   train and its held-out problems are always the
+ *                   validation split (whatever the validation fraction and
+ *                   seed), and are also the exact-match rows of
+ *                   dataset_task_batch().
  * The last three read files that scripts/fetch-corpus prepares under the
  * data directory: opts.data_dir, else $IGRAD_DATA_DIR, else data/ in the
  * source tree this file was compiled from. In those files documents are
@@ -50,7 +59,8 @@
  * Split: a document goes to validation when a hash of (seed, document
  * index in SPEC order) falls below val_fraction, so the split depends on the
  * spec and seed only, never on P. If that leaves a split empty, the document
- * with the smallest (largest) hash moves over, so both have one.
+ * with the smallest (largest) hash moves over, so both have one. Task
+ * problems are not hashed here: they take the split task.h gives them.
  *
  * Sampling (stateless, resume = the step number): the training stream is cut
  * into C = floor((n-1)/T) windows of T+1 tokens (consecutive windows share
@@ -63,6 +73,14 @@
  * Validation: the first Cv = floor((nv-1)/T) non-overlapping windows of the
  * validation stream (spread evenly when capped by val_max_seqs), the same on
  * every rank; data_shard() gives each rank a disjoint share.
+ *
+ * Exact-match rows (task: specs): held-out problem i is one row of T tokens
+ * on its own, starting after an end-of-text as records do in the stream:
+ *   inputs   EOT  r[0] ... r[n-1]  EOT ... (padding)
+ *   targets  -1 for the prompt, r[np] ... r[n-1] EOT, -1 ... (padding)
+ * (r the record's n bytes, np the prompt's length), whatever response_only
+ * is: the metric is about the response. Causal attention makes the padding
+ * invisible to the counted positions.
  */
 #ifndef IGRAD_TRAINER_DATA_H
 #define IGRAD_TRAINER_DATA_H
@@ -126,6 +144,12 @@ typedef struct dataset {
     size_t nval_seqs;     /* validation sequences (0 without validation) */
     size_t *val_starts;   /* (nval_seqs,) offsets into val.tokens */
     char *spec;           /* copy of the spec it was loaded from */
+    /* Held-out task problems (0 without a task: source). */
+    size_t ntask;              /* problems */
+    int task_seq_len;          /* tokens the longest problem's row needs */
+    data_token_t *task_tokens; /* the records' bytes, concatenated */
+    size_t *task_offsets;      /* (ntask + 1,) record i is [offsets[i], offsets[i+1]) */
+    size_t *task_prompts;      /* (ntask,) prompt bytes of each record */
 } dataset_t;
 
 /* Byte-level encoding: out[i] = bytes[i]. `out` holds nbytes tokens. */
@@ -166,6 +190,18 @@ int dataset_train_batch(const dataset_t *ds, int64_t step, int global_batch,
  * @return DATA_OK; DATA_E_ARG when the range is outside [0, nval_seqs). */
 int dataset_val_batch(const dataset_t *ds, size_t first, size_t count,
                       int *inputs, int *targets, data_error_t *err);
+
+/* Exact-match rows [first, first + count) of ds->ntask, as (count, T)
+ * inputs and targets laid out as at the top of this file (T may be less
+ * than the dataset's sequence length, down to ds->task_seq_len).
+ * @return DATA_OK; DATA_E_ARG when the range is outside [0, ntask) or T is
+ *         shorter than task_seq_len. */
+int dataset_task_batch(const dataset_t *ds, size_t first, size_t count, int T, int *inputs,
+                       int *targets, data_error_t *err);
+
+/* splitmix64's finalizer (bijective, platform-stable): the split's and
+ * the sampler's hash, and the task generators'. */
+uint64_t data_mix64(uint64_t x);
 
 /* Rank r's share [*begin, *end) of n items split over P ranks: contiguous,
  * disjoint, covering [0, n), sizes differing by at most one. */

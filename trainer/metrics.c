@@ -104,11 +104,13 @@ static int write_row(FILE *fp, const char *method, const metrics_row_t *r)
 
 static int write_eval(FILE *fp, const metrics_eval_t *e)
 {
-    char l[40], p[40], a[40];
+    char l[40], p[40], a[40], t[40];
     format_double(l, sizeof l, e->val_loss);
     format_double(p, sizeof p, e->val_ppl);
     format_double(a, sizeof a, e->val_acc);
-    int n = fprintf(fp, "%lld,%s,%s,%s\n", (long long)e->step, l, p, a);
+    format_double(t, sizeof t, e->task_accuracy);
+    int n = fprintf(fp, "%lld,%s,%s,%s,%s,%lld\n", (long long)e->step, l, p, a, t,
+                    (long long)e->task_problems);
     return n > 0 && fflush(fp) == 0;
 }
 
@@ -175,18 +177,21 @@ static int parse_row(char *line, metrics_row_t *r)
     return 1;
 }
 
-static int parse_eval(char *line, metrics_eval_t *e)
+/* A row of `nfields` fields: 6, or 4 in the older header's files. */
+static int parse_eval(char *line, int nfields, metrics_eval_t *e)
 {
-    char *f[4];
-    double v[4];
-    if (split_fields(line, f, 4) != 4) return 0;
-    for (int i = 0; i < 4; i++)
+    char *f[6];
+    double v[6] = {0, 0, 0, 0, NAN, 0};
+    if (split_fields(line, f, nfields) != nfields) return 0;
+    for (int i = 0; i < nfields; i++)
         if (!parse_num(f[i], &v[i])) return 0;
-    if (!integral_in(v[0], 0, STEP_MAX)) return 0;
+    if (!integral_in(v[0], 0, STEP_MAX) || !integral_in(v[5], 0, STEP_MAX)) return 0;
     e->step = (int64_t)v[0];
     e->val_loss = v[1];
     e->val_ppl = v[2];
     e->val_acc = v[3];
+    e->task_accuracy = v[4];
+    e->task_problems = (int64_t)v[5];
     return 1;
 }
 
@@ -229,6 +234,7 @@ static igrad_status_t reopen_file(metrics_t *mt, const char *path, int eval, int
     char *kept = NULL;
     size_t kept_len = 0, kept_cap = 0;
     FILE *in = NULL;
+    int legacy = 0; /* a four-column eval.csv: rows get ",nan,0" */
 
     kept_cap = strlen(header) + 2;
     kept = malloc(kept_cap);
@@ -242,6 +248,10 @@ static igrad_status_t reopen_file(metrics_t *mt, const char *path, int eval, int
             lineno++;
             while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
             if (lineno == 1) {
+                if (eval && strcmp(line, METRICS_EVAL_HEADER_V1) == 0) {
+                    legacy = 1;
+                    continue;
+                }
                 if (strcmp(line, header) != 0) {
                     st = trainer_fail(IGRAD_E_FORMAT, "%s: unexpected header (expected '%s')",
                                       path, header);
@@ -259,7 +269,7 @@ static igrad_status_t reopen_file(metrics_t *mt, const char *path, int eval, int
             int keep, ok;
             if (eval) {
                 metrics_eval_t e;
-                ok = parse_eval(copy, &e);
+                ok = parse_eval(copy, legacy ? 4 : 6, &e);
                 keep = ok && e.step <= resume_step;
                 if (keep) st = push_eval(mt, &e);
             } else {
@@ -277,6 +287,20 @@ static igrad_status_t reopen_file(metrics_t *mt, const char *path, int eval, int
             }
             if (st != IGRAD_OK) goto cleanup;
             if (!keep) continue;
+            if (legacy) {
+                static const char tail[] = ",nan,0";
+                if ((size_t)len + sizeof tail > cap) {
+                    char *p = realloc(line, (size_t)len + sizeof tail);
+                    if (!p) {
+                        st = trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", path);
+                        goto cleanup;
+                    }
+                    line = p;
+                    cap = (size_t)len + sizeof tail;
+                }
+                memcpy(line + len, tail, sizeof tail);
+                len += (ssize_t)(sizeof tail - 1);
+            }
             if (kept_len + (size_t)len + 2 > kept_cap) {
                 size_t ncap = 2 * (kept_len + (size_t)len + 2);
                 char *p = realloc(kept, ncap);
@@ -403,6 +427,8 @@ static cJSON *eval_object(cJSON *parent, const char *key, const metrics_eval_t *
     metrics_json_number(o, "val_loss", e->val_loss);
     metrics_json_number(o, "val_ppl", e->val_ppl);
     metrics_json_number(o, "val_acc", e->val_acc);
+    metrics_json_number(o, "task_accuracy", e->task_accuracy);
+    cJSON_AddNumberToObject(o, "task_problems", (double)e->task_problems);
     return o;
 }
 
@@ -469,6 +495,9 @@ igrad_status_t metrics_summary_add(const metrics_t *mt, int64_t tokens_per_step,
     if (!eval_object(root, "final", mt->nevals ? &mt->evals[mt->nevals - 1] : NULL) ||
         !eval_object(root, "best", best))
         return trainer_fail(IGRAD_E_NOMEM, "summary: out of memory");
+    const metrics_eval_t *fin = mt->nevals ? &mt->evals[mt->nevals - 1] : NULL;
+    metrics_json_number(root, "task_accuracy", fin ? fin->task_accuracy : NAN);
+    cJSON_AddNumberToObject(root, "task_problems", fin ? (double)fin->task_problems : 0.0);
     cJSON *ev = cJSON_AddArrayToObject(root, "eval");
     if (!ev) return trainer_fail(IGRAD_E_NOMEM, "summary: out of memory");
     for (size_t i = 0; i < mt->nevals; i++) {
@@ -476,8 +505,9 @@ igrad_status_t metrics_summary_add(const metrics_t *mt, int64_t tokens_per_step,
         cJSON *row = cJSON_CreateArray();
         if (!row) return trainer_fail(IGRAD_E_NOMEM, "summary: out of memory");
         cJSON_AddItemToArray(ev, row);
-        double vals[4] = {(double)e->step, e->val_loss, e->val_ppl, e->val_acc};
-        for (int k = 0; k < 4; k++)
+        double vals[6] = {(double)e->step, e->val_loss, e->val_ppl, e->val_acc,
+                          e->task_accuracy, (double)e->task_problems};
+        for (int k = 0; k < 6; k++)
             cJSON_AddItemToArray(row, isfinite(vals[k]) ? cJSON_CreateNumber(vals[k])
                                                         : cJSON_CreateNull());
     }

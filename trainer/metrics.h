@@ -7,7 +7,13 @@
  *   metrics.csv  step,method,loss,payload_bytes,wire_bytes,sent_entries,
  *                select_ms,pack_ms,comm_ms,unpack_ms,sync_ms,step_ms,
  *                tokens_per_s,buckets,imbalance,cv,overflow
- *   eval.csv     step,val_loss,val_ppl,val_acc
+ *   eval.csv     step,val_loss,val_ppl,val_acc,task_accuracy,task_problems
+ *
+ * task_accuracy is the exact-match share of the held-out task problems
+ * (task.h; nan without a task: workload) and task_problems their number
+ * (0 without). An eval.csv of an older run with the four-column header
+ * "step,val_loss,val_ppl,val_acc" is accepted on resume; its kept rows are
+ * rewritten with task_accuracy nan and task_problems 0.
  *
  * `step` in metrics.csv is the 0-based step that produced the row; in
  * eval.csv it is the number of optimizer steps taken before the evaluation
@@ -34,7 +40,8 @@
 #define METRICS_CSV_HEADER                                                      \
     "step,method,loss,payload_bytes,wire_bytes,sent_entries,select_ms,pack_ms," \
     "comm_ms,unpack_ms,sync_ms,step_ms,tokens_per_s,buckets,imbalance,cv,overflow"
-#define METRICS_EVAL_HEADER "step,val_loss,val_ppl,val_acc"
+#define METRICS_EVAL_HEADER "step,val_loss,val_ppl,val_acc,task_accuracy,task_problems"
+#define METRICS_EVAL_HEADER_V1 "step,val_loss,val_ppl,val_acc"
 #define METRICS_CSV_FILE "metrics.csv"
 #define METRICS_EVAL_FILE "eval.csv"
 
@@ -58,6 +65,8 @@ typedef struct metrics_row {
 typedef struct metrics_eval {
     int64_t step;          /* optimizer steps taken before this evaluation */
     double val_loss, val_ppl, val_acc;
+    double task_accuracy;  /* exact-match share of the task problems, NaN if none */
+    int64_t task_problems; /* 0 without a task workload */
 } metrics_eval_t;
 
 typedef struct metrics {
@@ -102,8 +111,12 @@ metrics_stat_t metrics_stat_of(const metrics_t *mt, size_t field);
  *       sync_ms, step_ms, tokens_per_s, imbalance, cv,
  *   "tokens_per_s": global tokens / summed step time,
  *   "final": the last eval row, "best": the eval row of least val_loss
- *       ({"step","val_loss","val_ppl","val_acc"}; null without evals),
- *   "eval": [[step, val_loss, val_ppl, val_acc], ...].
+ *       ({"step","val_loss","val_ppl","val_acc","task_accuracy",
+ *       "task_problems"}; null without evals),
+ *   "task_accuracy", "task_problems": the final row's (null, 0 without
+ *       evals or without a task),
+ *   "eval": [[step, val_loss, val_ppl, val_acc, task_accuracy,
+ *       task_problems], ...].
  * Non-finite numbers become null. Added to `root`; @return IGRAD_E_NOMEM. */
 igrad_status_t metrics_summary_add(const metrics_t *mt, int64_t tokens_per_step,
                                    cJSON *root);

@@ -35,6 +35,7 @@
 #include "checkpoint.h"
 #include "internal.h" /* libigrad's FNV-1a (igrad__hash_bytes) */
 #include "data.h"
+#include "task.h"
 #include "metrics.h"
 #include "train_state.h"
 
@@ -434,7 +435,8 @@ typedef struct run {
     double f_imp;
     igrad_target_fit_t target; /* --target-ratio's choice (zero when off) */
     double t_start_ms;
-    double last_val[3];       /* loss, ppl, acc of the last evaluation */
+    double last_val[5];       /* loss, ppl, acc, task accuracy, task problems of the
+                                 last evaluation */
     int beta1_was_auto;       /* --beta1 not given (resolved by method) */
     int tty;
     int online_written;       /* --profile auto: out/profile.json written */
@@ -1066,14 +1068,17 @@ igrad_status_t train_check_same_params(igrad_comm_t *comm, const float *params, 
 }
 
 /* Validation loss, perplexity and next-token accuracy over the fixed
- * validation set (each rank a disjoint share, sums reduced), then the
- * parameter check: every rank's parameter hash against rank 0's. */
-static igrad_status_t evaluate(run_t *r, int64_t steps_done, double *out3)
+ * validation set, and task exact match over the held-out task problems
+ * (task.h; one teacher-forced row each), each rank a disjoint share of both
+ * and the sums reduced, then the parameter check: every rank's parameter
+ * hash against rank 0's. out: loss, ppl, acc, task accuracy (NaN without
+ * task problems), task problems. */
+static igrad_status_t evaluate(run_t *r, int64_t steps_done, double *out)
 {
     model_t *m = r->model;
     const int T = r->T, V = m->config.vocab_size;
     size_t begin = 0, end = 0;
-    double sums[3] = {0, 0, 0}; /* loss sum, correct, counted targets */
+    double sums[5] = {0, 0, 0, 0, 0}; /* loss sum, correct, counted targets, solved, problems */
     igrad_status_t st = IGRAD_OK;
     data_shard(r->ds.nval_seqs, r->rank, r->P, &begin, &end);
     for (size_t first = begin; first < end && st == IGRAD_OK; first += (size_t)r->M) {
@@ -1092,21 +1097,38 @@ static igrad_status_t evaluate(run_t *r, int64_t steps_done, double *out3)
         sums[2] += (double)m->loss_count;
         for (size_t i = 0; i < count * (size_t)T; i++) {
             if (r->vtg[i] < 0) continue;
-            const float *row = m->acts.logits + i * (size_t)V;
-            int best = 0;
-            for (int v = 1; v < V; v++)
-                if (row[v] > row[best]) best = v;
-            sums[1] += best == r->vtg[i];
+            sums[1] += task_argmax(m->acts.logits + i * (size_t)V, V) == r->vtg[i];
         }
+    }
+    /* Task rows are only as long as the longest problem needs (<= T). */
+    const int Tt = r->ds.task_seq_len;
+    data_shard(r->ds.ntask, r->rank, r->P, &begin, &end);
+    for (size_t first = begin; first < end && st == IGRAD_OK; first += (size_t)r->M) {
+        size_t count = end - first < (size_t)r->M ? end - first : (size_t)r->M;
+        data_error_t err;
+        if (dataset_task_batch(&r->ds, first, count, Tt, r->vin, r->vtg, &err) != DATA_OK) {
+            st = data_fail(&err);
+            break;
+        }
+        if ((st = model_forward(m, r->vin, NULL, (int)count, Tt)) != IGRAD_OK) {
+            st = prefix_fail(st, "task evaluation");
+            break;
+        }
+        for (size_t i = 0; i < count; i++)
+            sums[3] += task_row_exact(m->acts.logits + i * (size_t)Tt * (size_t)V,
+                                      r->vtg + i * (size_t)Tt, Tt, V);
+        sums[4] += (double)count;
     }
     /* A local failure must not leave the others in the all-reduce alone. */
     TRY(agree(r->comm, st));
-    if ((st = igrad_comm_allreduce(r->comm, sums, sums, 3, IGRAD_DTYPE_F64, IGRAD_REDUCE_SUM)) !=
+    if ((st = igrad_comm_allreduce(r->comm, sums, sums, 5, IGRAD_DTYPE_F64, IGRAD_REDUCE_SUM)) !=
         IGRAD_OK)
         return lib_fail(st, "evaluation all-reduce");
-    out3[0] = sums[2] > 0 ? sums[0] / sums[2] : NAN;
-    out3[1] = exp(out3[0]);
-    out3[2] = sums[2] > 0 ? sums[1] / sums[2] : NAN;
+    out[0] = sums[2] > 0 ? sums[0] / sums[2] : NAN;
+    out[1] = exp(out[0]);
+    out[2] = sums[2] > 0 ? sums[1] / sums[2] : NAN;
+    out[3] = sums[4] > 0 ? sums[3] / sums[4] : NAN; /* integer counts: exact on every rank */
+    out[4] = sums[4];
 
     return train_check_same_params(r->comm, m->params, m->num_params, steps_done);
 }
@@ -1243,9 +1265,17 @@ static void show_progress(run_t *r, int64_t step, const metrics_row_t *row, doub
 static void show_eval(run_t *r, int64_t steps_done, const double *v)
 {
     if (r->rank != 0 || r->o->progress == TRAIN_PROGRESS_QUIET) return;
-    printf("%seval after %lld steps: val_loss %.4f ppl %.3f acc %.4f\n", r->tty ? "\r\033[K" : "",
-           (long long)steps_done, v[0], v[1], v[2]);
+    char task[64] = "";
+    if (v[4] > 0) snprintf(task, sizeof task, " task_acc %.4f (%.0f problems)", v[3], v[4]);
+    printf("%seval after %lld steps: val_loss %.4f ppl %.3f acc %.4f%s\n",
+           r->tty ? "\r\033[K" : "", (long long)steps_done, v[0], v[1], v[2], task);
     fflush(stdout);
+}
+
+static metrics_eval_t eval_row(int64_t steps_done, const double *v)
+{
+    metrics_eval_t ev = {steps_done, v[0], v[1], v[2], v[3], (int64_t)v[4]};
+    return ev;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1537,7 +1567,7 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
     run_t r;
     memset(&r, 0, sizeof r);
     memset(res, 0, sizeof *res);
-    res->val_loss = res->val_ppl = res->val_acc = res->f_imp = NAN;
+    res->val_loss = res->val_ppl = res->val_acc = res->task_accuracy = res->f_imp = NAN;
     train_options_t resolved = *opts; /* the auto values made concrete */
     train_options_resolve(&resolved);
     const train_options_t *o = &resolved;
@@ -1550,7 +1580,8 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
     r.T = o->seq_len;
     r.B = r.P > 0 ? o->batch / r.P : 0;
     r.M = o->micro_batch > 0 ? o->micro_batch : r.B;
-    r.last_val[0] = r.last_val[1] = r.last_val[2] = NAN;
+    r.last_val[0] = r.last_val[1] = r.last_val[2] = r.last_val[3] = NAN;
+    r.last_val[4] = 0;
     r.t_start_ms = now_ms();
     r.tty = o->progress == TRAIN_PROGRESS_LINE ||
             (o->progress == TRAIN_PROGRESS_AUTO && isatty(STDOUT_FILENO));
@@ -1626,7 +1657,7 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
     int64_t last = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
     if (r.start_step == 0 && o->eval_every > 0) {
         if ((st = evaluate(&r, 0, r.last_val)) != IGRAD_OK) goto cleanup;
-        metrics_eval_t ev = {0, r.last_val[0], r.last_val[1], r.last_val[2]};
+        metrics_eval_t ev = eval_row(0, r.last_val);
         if (r.rank == 0) st = metrics_add_eval(r.metrics, &ev);
         if ((st = agree(comm, st)) != IGRAD_OK) goto cleanup;
         show_eval(&r, 0, r.last_val);
@@ -1650,7 +1681,7 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
         if (at_multiple(done, o->eval_every) || done == o->steps ||
             (done == last && !at_multiple(done, o->eval_every))) {
             if ((st = evaluate(&r, done, r.last_val)) != IGRAD_OK) break;
-            metrics_eval_t ev = {done, r.last_val[0], r.last_val[1], r.last_val[2]};
+            metrics_eval_t ev = eval_row(done, r.last_val);
             st = r.rank == 0 ? metrics_add_eval(r.metrics, &ev) : IGRAD_OK;
             if ((st = agree(comm, st)) != IGRAD_OK) break;
             show_eval(&r, done, r.last_val);
@@ -1676,6 +1707,8 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
     res->val_loss = r.last_val[0];
     res->val_ppl = r.last_val[1];
     res->val_acc = r.last_val[2];
+    res->task_accuracy = r.last_val[3];
+    res->task_problems = (int64_t)r.last_val[4];
     res->param_hash = train_hash_floats(r.model->params, r.model->num_params);
 cleanup:
     if (r.tty && r.rank == 0 && st != IGRAD_OK && o->progress != TRAIN_PROGRESS_QUIET)

@@ -182,6 +182,8 @@ typedef struct train_result {
     int64_t steps_done;       /* steps completed, counting earlier invocations */
     double first_loss, last_loss; /* train loss of the first/last step of this call */
     double val_loss, val_ppl, val_acc; /* last evaluation (NaN if none) */
+    double task_accuracy;     /* its exact match on held-out task problems (NaN if none) */
+    int64_t task_problems;    /* 0 without a task: workload */
     double f_imp;             /* important share of the sparsifier budget; NaN if
                                  no profile */
     double wall_s;            /* this invocation */

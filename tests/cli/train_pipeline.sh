@@ -86,11 +86,15 @@ for run in ("adtopk", "ig"):
     if lines[0] != want_metrics: bad.append(f"{run}/metrics.csv header: {lines[0]}")
     if len(lines) != 13: bad.append(f"{run}/metrics.csv has {len(lines) - 1} rows, want 12")
     ev = open(os.path.join(tmp, run, "eval.csv")).read().splitlines()
-    if ev[0] != "step,val_loss,val_ppl,val_acc": bad.append(f"{run}/eval.csv header: {ev[0]}")
+    if ev[0] != "step,val_loss,val_ppl,val_acc,task_accuracy,task_problems":
+        bad.append(f"{run}/eval.csv header: {ev[0]}")
     steps = [int(l.split(",")[0]) for l in ev[1:]]
     if steps != [0, 6, 12]: bad.append(f"{run}/eval.csv steps {steps}, want [0, 6, 12]")
     for l in ev[1:]:
-        if not all(math.isfinite(float(x)) for x in l.split(",")): bad.append(f"{run}: {l}")
+        f = l.split(",")
+        # no task: workload here: task_accuracy nan, task_problems 0
+        if not all(math.isfinite(float(x)) for x in f[:4]) or f[4:] != ["nan", "0"]:
+            bad.append(f"{run}: {l}")
     s = json.load(open(os.path.join(tmp, run, "summary.json")))
     for k in ("method", "ranks", "steps", "workload", "config", "final", "best", "per_step",
               "payload_bytes_per_step", "sync_ms_per_step", "tokens_per_s", "f_imp", "wall_s"):
