@@ -689,7 +689,7 @@ class Experiment:
                 "--release-keep", repr(float(release_keep)), "--residual", residual,
                 "--schedule", schedule, "--pack", pack, "--buckets", str(buckets)]
 
-    def method_run(self, method, seed, profile=None, label=None, **kw):
+    def method_run(self, method, seed, profile=None, label=None, extra_flags=(), **kw):
         """dense / topk_sync / adtopk_sync / iad / ig on the post-train
         workload from the base; iad and ig on ADTopk with `profile`; ig's
         knobs in kw (see ig_extra), the rest goes to train()."""
@@ -705,7 +705,7 @@ class Experiment:
         else:
             profile = None
         return self.train(label or f"{method}-s{seed}", method, self.cfg["data"], seed=seed,
-                          profile=profile, extra=extra, **kw)
+                          profile=profile, extra=extra + list(extra_flags), **kw)
 
     # ---- netem ----
     def netem_check(self):

@@ -29,6 +29,13 @@ COLS = ["config", "release_period", "residual", "seed", "f_imp", "val_loss", "va
 NUM = COLS[4:]
 
 
+# (row name, igrad train flags): the trainer's old AdamW default, and the
+# engine's remedies measured in docs/results/remedies.md
+REMEDIES = [("beta1 0.9", ["--beta1", "0.9"]),
+            ("momentum 0.9", ["--momentum", "0.9"]),
+            ("decay 0.9", ["--residual-decay", "0.9"])]
+
+
 def add_args(ap):
     ap.add_argument("--periods", default="1,2,4,8,16", help="release periods R (comma-separated)")
     ap.add_argument("--release-keep", type=float, default=0.25, help="kappa (default 0.25)")
@@ -53,6 +60,12 @@ def body():
     for seed in exp.seeds:
         ref = exp.method_run("adtopk_sync", seed)
         runs = [("adtopk_sync", None, None, ref)]
+        # error-feedback remedies on the sparsifier (igrad train's default
+        # for sparse methods is beta1 0 and no engine remedy)
+        for name, flags in REMEDIES:
+            runs.append((f"adtopk_sync {name}", None, None, exp.method_run(
+                "adtopk_sync", seed, label=f"adtopk_sync-{name.replace(' ', '')}-s{seed}",
+                extra_flags=flags)))
         for res in ("on", "drop"):
             for R in periods:
                 runs.append((f"ig R={R} {res}", R, res, exp.method_run(

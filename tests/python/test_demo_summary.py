@@ -28,13 +28,20 @@ RUNS = {
 
 
 def write_run(root, method, seed_i, complete=True):
+    """ig profiles online: 2 window steps at 100 bytes, then 4 steps whose
+    mean is the table's payload; the whole-run mean goes to summary.json."""
     sp, loss, pay, acc, fimp = RUNS[method]
     d = os.path.join(root, method, f"seed{SEEDS[seed_i]}")
     os.makedirs(d, exist_ok=True)
-    s = {"method": method, "complete": complete, "payload_bytes_per_step": pay[seed_i],
+    steps = [100, 100] + [pay[seed_i]] * 4 if method == "ig" else [pay[seed_i]] * 6
+    with open(os.path.join(d, "metrics.csv"), "w") as f:
+        f.write("step,payload_bytes\n" + "".join(f"{i},{b}\n" for i, b in enumerate(steps)))
+    s = {"method": method, "complete": complete, "payload_bytes_per_step": sum(steps) / 6,
          "sync_ms_per_step": 1.0, "tokens_per_s": 100.0, "wall_s": 10.0, "f_imp": fimp,
          "config": {"sync": {"sparsifier": sp, "release_keep": 0.1}},
          "final": {"val_loss": loss[seed_i], "task_accuracy": acc[seed_i]}}
+    if method == "ig":
+        s["online_profile"] = {"switch_step": 2}
     with open(os.path.join(d, "summary.json"), "w") as f:
         json.dump(s, f)
 
@@ -64,7 +71,12 @@ class DemoSummary(unittest.TestCase):
         ig = s["methods"]["ig"]
         self.assertAlmostEqual(ig["val_loss"], (2.00 + 2.12 + 1.90) / 3)
         self.assertEqual(ig["val_loss_seeds"], [2.00, 2.12, 1.90])
-        self.assertAlmostEqual(ig["payload_bytes_per_step"], 22.0)
+        self.assertAlmostEqual(ig["payload_bytes_per_step"], 22.0)  # after the switch
+        self.assertAlmostEqual(ig["payload_bytes_per_step_whole_run"],
+                               ((200 + 80) + (200 + 88) + (200 + 96)) / 18)
+        wr = [(200 + 80) / 600, (200 + 88) / 600, (200 + 96) / 600]
+        self.assertAlmostEqual(ig["ratio_to_sync_whole_run"]["mean"], sum(wr) / 3)
+        self.assertEqual(ig["online_switch_step"], 2)
         self.assertAlmostEqual(ig["task_accuracy"], (0.46 + 0.36 + 0.50) / 3)
         pr = [20 / 100, 22 / 100, 24 / 100]
         for a, b in zip(ig["ratio_to_sync"]["seeds"], pr):
