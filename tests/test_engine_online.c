@@ -27,26 +27,6 @@
 #include "test_util.h"
 #include "engine_online.h" /* igrad__hysteresis_update */
 
-static void assert_status_(igrad_status_t st, igrad_status_t want, const char *expr,
-                           const char *file, int line)
-{
-    if (st != want) {
-        print_error("%s:%d: %s returned %d (%s), expected %d (%s); last error: %s\n", file, line,
-                    expr, (int)st, igrad_status_str(st), (int)want, igrad_status_str(want),
-                    igrad_last_error());
-        fail();
-    }
-}
-#define assert_status(expr, want) assert_status_((expr), (want), #expr, __FILE__, __LINE__)
-
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 /* 3 LLaMA blocks with embeddings, norms and lm_head. */
 static igrad_layout_t *make_layout(void)
 {

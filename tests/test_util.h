@@ -1,12 +1,15 @@
 /*
- * test_util.h — assertions the cmocka unit tests share: a status check that
- * prints the library's message, a message-fragment check, and a tolerance
- * check that prints both values. Include after <cmocka.h> and "igrad.h".
+ * test_util.h — what the cmocka unit tests share: a status check that
+ * prints the library's message (OK, or an expected status), a
+ * message-fragment check, a tolerance check that prints both values, and
+ * the splitmix64 mixer the engine tests draw their gradients from. Include
+ * after <cmocka.h> and "igrad.h".
  */
 #ifndef IGRAD_TEST_UTIL_H
 #define IGRAD_TEST_UTIL_H
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 static inline void assert_ok_(igrad_status_t st, const char *expr, const char *file, int line)
@@ -18,6 +21,27 @@ static inline void assert_ok_(igrad_status_t st, const char *expr, const char *f
     }
 }
 #define assert_ok(expr) assert_ok_((expr), #expr, __FILE__, __LINE__)
+
+static inline void assert_status_(igrad_status_t st, igrad_status_t want, const char *expr,
+                                  const char *file, int line)
+{
+    if (st != want) {
+        print_error("%s:%d: %s returned %d (%s), expected %d (%s); last error: %s\n", file, line,
+                    expr, (int)st, igrad_status_str(st), (int)want, igrad_status_str(want),
+                    igrad_last_error());
+        fail();
+    }
+}
+#define assert_status(expr, want) assert_status_((expr), (want), #expr, __FILE__, __LINE__)
+
+/* splitmix64: a well-mixed 64-bit hash of x (deterministic test data). */
+static inline uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
 
 static inline void assert_error_has(const char *frag)
 {
