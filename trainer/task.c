@@ -72,13 +72,13 @@ int task_spec_parse(const char *arg, task_spec_t *spec, char *msg, size_t cap)
                 if (strcmp(name, KIND_NAMES[k]) == 0) found = k;
             if (found < 0) {
                 snprintf(what, sizeof what,
-                         "unknown task kind '%s'; valid: mix, arith, sort, reverse, copy, "
+                         "unknown task kind '%.60s'; valid: mix, arith, sort, reverse, copy, "
                          "recall (joined with '+')", name);
                 return spec_fail(msg, cap, arg, what);
             }
             for (int k = 0; k < spec->nkinds; k++)
                 if (spec->kinds[k] == (task_kind_t)found) {
-                    snprintf(what, sizeof what, "task kind '%s' is given twice", name);
+                    snprintf(what, sizeof what, "task kind '%.60s' is given twice", name);
                     return spec_fail(msg, cap, arg, what);
                 }
             spec->kinds[spec->nkinds++] = (task_kind_t)found;
@@ -93,14 +93,14 @@ int task_spec_parse(const char *arg, task_spec_t *spec, char *msg, size_t cap)
         int is_train = strcmp(opt, "train") == 0, is_test = strcmp(opt, "test") == 0,
             is_size = strcmp(opt, "size") == 0;
         if (!eq || !(is_train || is_test || is_size)) {
-            snprintf(what, sizeof what, "unknown option '%s'; valid: train=N, test=N, size=N",
+            snprintf(what, sizeof what, "unknown option '%.60s'; valid: train=N, test=N, size=N",
                      opt);
             return spec_fail(msg, cap, arg, what);
         }
         size_t hi = is_train ? 10000000 : is_test ? 100000 : 4, size = 0;
         size_t *dst = is_train ? &spec->ntrain : is_test ? &spec->ntest : &size;
         if (parse_count(eq + 1, 1, hi, dst) != 0) {
-            snprintf(what, sizeof what, "%s=%s: expected a whole number in [1, %zu]", opt,
+            snprintf(what, sizeof what, "%.60s=%.60s: expected a whole number in [1, %zu]", opt,
                      eq + 1, hi);
             return spec_fail(msg, cap, arg, what);
         }
