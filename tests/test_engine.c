@@ -95,37 +95,6 @@ static igrad_profile_t *make_profile(const igrad_layout_t *L, const char *method
 
 /* Gradients: a deterministic function of (seed, step, tensor, index), with
  * per-tensor scales and an occasional large entry. */
-typedef struct grads {
-    size_t T;
-    int64_t *n;
-    float **g;
-} grads_t;
-
-static grads_t grads_new(const igrad_layout_t *L)
-{
-    grads_t G;
-    G.T = igrad_layout_count(L);
-    G.n = calloc(G.T, sizeof *G.n);
-    G.g = calloc(G.T, sizeof *G.g);
-    assert_non_null(G.n);
-    assert_non_null(G.g);
-    for (size_t t = 0; t < G.T; t++) {
-        igrad_tensor_info_t ti;
-        assert_ok(igrad_layout_tensor(L, t, &ti));
-        G.n[t] = ti.count;
-        G.g[t] = calloc((size_t)ti.count, sizeof(float));
-        assert_non_null(G.g[t]);
-    }
-    return G;
-}
-
-static void grads_free(grads_t *G)
-{
-    for (size_t t = 0; t < G->T; t++) free(G->g[t]);
-    free(G->g);
-    free(G->n);
-}
-
 static void grads_fill(grads_t *G, uint64_t seed, int64_t step)
 {
     for (size_t t = 0; t < G->T; t++) {

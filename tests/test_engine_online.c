@@ -54,37 +54,6 @@ static igrad_layout_t *make_layout(void)
     return L;
 }
 
-typedef struct grads {
-    size_t T;
-    int64_t *n;
-    float **g;
-} grads_t;
-
-static grads_t grads_new(const igrad_layout_t *L)
-{
-    grads_t G;
-    G.T = igrad_layout_count(L);
-    G.n = calloc(G.T, sizeof *G.n);
-    G.g = calloc(G.T, sizeof *G.g);
-    assert_non_null(G.n);
-    assert_non_null(G.g);
-    for (size_t t = 0; t < G.T; t++) {
-        igrad_tensor_info_t ti;
-        assert_ok(igrad_layout_tensor(L, t, &ti));
-        G.n[t] = ti.count;
-        G.g[t] = calloc((size_t)ti.count, sizeof(float));
-        assert_non_null(G.g[t]);
-    }
-    return G;
-}
-
-static void grads_free(grads_t *G)
-{
-    for (size_t t = 0; t < G->T; t++) free(G->g[t]);
-    free(G->g);
-    free(G->n);
-}
-
 /* Tensor t's scale differs by a factor of up to 9, so the profile has a
  * clear split; entries are deterministic in (seed, step, t, i). */
 static void grads_fill(grads_t *G, uint64_t seed, int64_t step)

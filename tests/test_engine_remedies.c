@@ -82,40 +82,9 @@ static igrad_profile_t *make_profile(const igrad_layout_t *L)
     return p;
 }
 
-typedef struct bufs {
-    size_t T;
-    int64_t *n;
-    float **g;
-} bufs_t;
-
-static bufs_t bufs_new(const igrad_layout_t *L)
-{
-    bufs_t B;
-    B.T = igrad_layout_count(L);
-    B.n = calloc(B.T, sizeof *B.n);
-    B.g = calloc(B.T, sizeof *B.g);
-    assert_non_null(B.n);
-    assert_non_null(B.g);
-    for (size_t t = 0; t < B.T; t++) {
-        igrad_tensor_info_t ti;
-        assert_ok(igrad_layout_tensor(L, t, &ti));
-        B.n[t] = ti.count;
-        B.g[t] = calloc((size_t)ti.count, sizeof(float));
-        assert_non_null(B.g[t]);
-    }
-    return B;
-}
-
-static void bufs_free(bufs_t *B)
-{
-    for (size_t t = 0; t < B->T; t++) free(B->g[t]);
-    free(B->g);
-    free(B->n);
-}
-
 /* Gradients as a function of (seed, step, tensor, index); a common drift
  * per tensor, so that momentum builds up, and an occasional large entry. */
-static void fill(bufs_t *B, uint64_t seed, int64_t step)
+static void fill(grads_t *B, uint64_t seed, int64_t step)
 {
     for (size_t t = 0; t < B->T; t++)
         for (int64_t i = 0; i < B->n[t]; i++) {
@@ -127,7 +96,7 @@ static void fill(bufs_t *B, uint64_t seed, int64_t step)
         }
 }
 
-static void copy_bufs(bufs_t *dst, const bufs_t *src)
+static void copy_bufs(grads_t *dst, const grads_t *src)
 {
     for (size_t t = 0; t < src->T; t++)
         memcpy(dst->g[t], src->g[t], (size_t)src->n[t] * sizeof(float));
@@ -252,7 +221,7 @@ static void run_reference(igrad_config_t c)
     assert_ok(igrad_comm_create_self(&comm));
     igrad_engine_t *eng = NULL;
     assert_ok(igrad_engine_create(L, NULL, &c, comm, &eng));
-    bufs_t G = bufs_new(L), U = bufs_new(L), E = bufs_new(L), W = bufs_new(L);
+    grads_t G = grads_new(L), U = grads_new(L), E = grads_new(L), W = grads_new(L);
     for (int64_t s = 0; s < 8; s++) {
         fill(&G, 11, s);
         for (size_t t = 0; t < G.T; t++) {
@@ -273,10 +242,10 @@ static void run_reference(igrad_config_t c)
             }
         }
     }
-    bufs_free(&G);
-    bufs_free(&U);
-    bufs_free(&E);
-    bufs_free(&W);
+    grads_free(&G);
+    grads_free(&U);
+    grads_free(&E);
+    grads_free(&W);
     igrad_engine_free(eng);
     igrad_comm_free(comm);
     igrad_layout_free(L);
@@ -321,7 +290,7 @@ static void test_conservation_ig(void **state)
         c.block_entries = 50;
         igrad_engine_t *eng = NULL;
         assert_ok(igrad_engine_create(L, P, &c, comm, &eng));
-        bufs_t G = bufs_new(L), A = bufs_new(L);
+        grads_t G = grads_new(L), A = grads_new(L);
         int64_t deferred_steps = 0;
         for (int64_t s = 0; s < 12; s++) {
             fill(&G, 5, s);
@@ -352,8 +321,8 @@ static void test_conservation_ig(void **state)
             }
         }
         assert_true(deferred_steps > 0); /* the profile deferred something */
-        bufs_free(&G);
-        bufs_free(&A);
+        grads_free(&G);
+        grads_free(&A);
         igrad_engine_free(eng);
     }
     igrad_comm_free(comm);
@@ -379,7 +348,7 @@ static void test_start_iter(void **state)
     igrad_engine_t *warm = NULL, *ref = NULL;
     assert_ok(igrad_engine_create(L, P, &c, comm, &warm));
     assert_ok(igrad_engine_create(L, P, &plain, comm, &ref));
-    bufs_t G = bufs_new(L), H = bufs_new(L);
+    grads_t G = grads_new(L), H = grads_new(L);
     int64_t total = igrad_layout_total_count(L);
     for (int64_t s = 0; s < 3; s++) {
         fill(&G, 9, s);
@@ -423,8 +392,8 @@ static void test_start_iter(void **state)
                         "velocity", s, t);
         }
     }
-    bufs_free(&G);
-    bufs_free(&H);
+    grads_free(&G);
+    grads_free(&H);
     igrad_engine_free(warm);
     igrad_engine_free(ref);
     igrad_comm_free(comm);
@@ -451,7 +420,7 @@ static void test_save_load_velocity(void **state)
     snprintf(path, sizeof path, "%s/state.bin", dir);
     igrad_engine_t *a = NULL, *b = NULL;
     assert_ok(igrad_engine_create(L, NULL, &c, comm, &a));
-    bufs_t G = bufs_new(L), H = bufs_new(L);
+    grads_t G = grads_new(L), H = grads_new(L);
     for (int64_t s = 0; s < 5; s++) {
         fill(&G, 3, s);
         assert_ok(igrad_engine_sync(a, s, G.g));
@@ -482,8 +451,8 @@ static void test_save_load_velocity(void **state)
     igrad_engine_free(b);
     remove(path);
     rmdir(dir);
-    bufs_free(&G);
-    bufs_free(&H);
+    grads_free(&G);
+    grads_free(&H);
     igrad_engine_free(a);
     igrad_comm_free(comm);
     igrad_layout_free(L);

@@ -2,7 +2,8 @@
  * test_util.h — what the cmocka unit tests share: a status check that
  * prints the library's message (OK, or an expected status), a
  * message-fragment check, a tolerance check that prints both values, and
- * the splitmix64 mixer the engine tests draw their gradients from. Include
+ * the splitmix64 mixer and the per-tensor gradient buffers (grads_t) the
+ * engine tests draw their gradients into. Include
  * after <cmocka.h> and "igrad.h".
  */
 #ifndef IGRAD_TEST_UTIL_H
@@ -10,6 +11,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static inline void assert_ok_(igrad_status_t st, const char *expr, const char *file, int line)
@@ -62,5 +64,38 @@ static inline void check_near(double a, double b, double tol, const char *ea, co
     }
 }
 #define assert_near(a, b, tol) check_near((a), (b), (tol), #a, #b, __FILE__, __LINE__)
+
+/* One float buffer per tensor of a layout, zeroed (the gradients of a
+ * step; each test fills them its own way). */
+typedef struct grads {
+    size_t T;
+    int64_t *n;
+    float **g;
+} grads_t;
+
+static inline grads_t grads_new(const igrad_layout_t *L)
+{
+    grads_t G;
+    G.T = igrad_layout_count(L);
+    G.n = calloc(G.T, sizeof *G.n);
+    G.g = calloc(G.T, sizeof *G.g);
+    assert_non_null(G.n);
+    assert_non_null(G.g);
+    for (size_t t = 0; t < G.T; t++) {
+        igrad_tensor_info_t ti;
+        assert_ok(igrad_layout_tensor(L, t, &ti));
+        G.n[t] = ti.count;
+        G.g[t] = calloc((size_t)ti.count, sizeof(float));
+        assert_non_null(G.g[t]);
+    }
+    return G;
+}
+
+static inline void grads_free(grads_t *G)
+{
+    for (size_t t = 0; t < G->T; t++) free(G->g[t]);
+    free(G->g);
+    free(G->n);
+}
 
 #endif /* IGRAD_TEST_UTIL_H */
