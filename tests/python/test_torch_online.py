@@ -11,6 +11,10 @@
     ranks of residuals;
   - state_dict() inside the window and after the switch: the resumed run
     equals the uninterrupted one bit for bit;
+  - profile="auto" with target_ratio: at the switch the engine fits the
+    important set and kappa to the built profile's scores (the same choice
+    as igrad.target_fit on that profile), and the payload after the switch
+    is the fit's planned ratio of the window's (adtopk_sync's) payload;
   - profile="auto" with a method without a profile is refused at once.
 Run with /usr/bin/python3 (torch 1.13); IGRAD_LIBRARY points at the built
 libigrad (set by CTest).
@@ -133,12 +137,40 @@ def w_resume(rank, world):
             stop, float((got - want).abs().max()))
 
 
+def w_target(rank, world):
+    R = 4
+    model, ddp, state = make_ddp(**dict(KW, target_ratio=0.5, release_period=R))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    pay = []
+    for step in range(W + 2 * R):
+        ddp.zero_grad()
+        ddp(*H.batch(rank, step)).backward()
+        opt.step()
+        pay.append(state.last_stats["payload_nbytes"])
+    assert state.online_info["switch_step"] == W, state.online_info
+    prof = state.built_profile()
+    fit = igrad.target_fit(state.layout, prof, 0.5, density=KW["density"], release_period=R)
+    assert fit["met"], fit
+    cfg = igrad.core.config_to_dict(state.engine.config())
+    assert cfg["release_keep"] == fit["release_keep"], (cfg["release_keep"], fit)
+    n_imp = sum(1 for e in prof.entries() if e["important"])
+    assert n_imp == fit["n_important"], (n_imp, fit)
+    window = pay[0]
+    assert min(pay[:W]) == max(pay[:W]) == window, pay
+    # two release cycles cover both ADTopk parities: the planned mean
+    ratio = sum(pay[W:]) / len(pay[W:]) / window
+    assert ratio <= 0.5 and abs(ratio - fit["ratio"]) <= 1e-9, (ratio, fit, pay)
+
+
 class OnlineProfile(unittest.TestCase):
     def test_switch_conservation_and_agreement(self):
         H.spawn(w_switch)
 
     def test_resume_inside_and_after_the_window(self):
         H.spawn(w_resume)
+
+    def test_target_ratio_fitted_at_the_switch(self):
+        H.spawn(w_target)
 
     def test_auto_needs_a_profiled_method(self):
         with self.assertRaises(igrad.InvalidArgumentError):
