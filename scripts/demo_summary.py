@@ -4,6 +4,7 @@ from its runs: one `igrad train --out` directory per method and seed.
 
 Usage: demo_summary.py --out DIR --seeds S[,S...] --methods M[,M...]
                        [--workload W] [--ranks P] [--steps N]
+                       [--task-out DIR --task-workload W --task-steps N]
 
 Reads DIR/<method>/seed<S>/summary.json for every method and seed and
 writes DIR/summary.json, DIR/summary.md (both replaced atomically) and
@@ -15,7 +16,11 @@ data order and initial state, so per-seed ratios are far tighter than the
 spread between seeds). A run that profiled itself online (--profile auto)
 sends what *_sync sends during its window: its payload ratio is given in
 the steady state (the steps after the switch, from metrics.csv) and over
-the whole run. Needs only the standard library. Not here: running
+the whole run. With --task-out, the same methods and seeds were also
+post-trained on a task workload (exact-match accuracy on held-out
+problems): each method gets a "task" block (val loss and task accuracy
+per seed, paired ratios and accuracy differences to dense and to *_sync)
+and its task_accuracy is that leg's. Needs only the standard library. Not here: running
 anything (scripts/demo), plots (scripts/plot_run.py).
 """
 import argparse
@@ -94,7 +99,41 @@ def task_acc(s):
     return s["final"].get("task_accuracy")
 
 
-def summarize(out, methods, seeds, workload, ranks, steps):
+def paired_diff(runs, m, ref, seeds, key):
+    """Per-seed difference key(m) - key(ref), with their mean and spread."""
+    vals = [key(runs[(m, s)]) - key(runs[(ref, s)]) for s in seeds]
+    return {"seeds": vals, "mean": mean(vals), **spread(vals)}
+
+
+def summarize_task(task_out, methods, seeds, workload, steps):
+    """The task leg: per method its val loss and exact-match accuracy over
+    seeds, paired against dense and the same sparsifier's *_sync."""
+    runs = load_runs(task_out, methods, seeds)
+    res = {}
+    for m in methods:
+        first = runs[(m, seeds[0])]
+        accs = [task_acc(runs[(m, s)]) for s in seeds]
+        if any(a is None for a in accs):
+            raise SystemExit(f"demo_summary: {task_out}/{m}: no task_accuracy (is {workload!r} "
+                             "a task workload?)")
+        losses = [val_loss(runs[(m, s)]) for s in seeds]
+        r = {"workload": workload, "steps": steps, "val_loss": mean(losses),
+             "val_loss_seeds": losses, "task_accuracy": mean(accs),
+             "task_accuracy_seeds": accs, "task_accuracy_spread": spread(accs),
+             "task_problems": first.get("task_problems"),
+             "payload_bytes_per_step": mean([payload(runs[(m, s)]) for s in seeds])}
+        ref = SYNC_OF.get(first["config"]["sync"].get("sparsifier"))
+        for name, other in (("dense", "dense"), ("sync", ref)):
+            if other in methods and other != m:
+                r[f"val_loss_ratio_to_{name}"] = paired(runs, m, other, seeds, val_loss)
+                r[f"task_accuracy_diff_to_{name}"] = paired_diff(runs, m, other, seeds, task_acc)
+                if name == "sync":
+                    r["ratio_to_sync"] = paired(runs, m, other, seeds, payload)
+        res[m] = r
+    return res
+
+
+def summarize(out, methods, seeds, workload, ranks, steps, task=None):
     runs = load_runs(out, methods, seeds)
     res = {}
     for m in methods:
@@ -134,8 +173,17 @@ def summarize(out, methods, seeds, workload, ranks, steps):
         if "dense" in methods and m != "dense":
             r["val_loss_ratio_to_dense"] = paired(runs, m, "dense", seeds, val_loss)
         res[m] = r
+    if task:
+        for m, tr in summarize_task(task["out"], methods, seeds, task["workload"],
+                                    task["steps"]).items():
+            res[m]["task"] = tr
+            res[m]["task_accuracy"] = tr["task_accuracy"]
+            res[m]["task_accuracy_seeds"] = tr["task_accuracy_seeds"]
     summary = {"ranks": ranks, "steps": steps, "workload": workload, "seeds": seeds,
                "methods": res}
+    if task:
+        summary["task_workload"] = task["workload"]
+        summary["task_steps"] = task["steps"]
     if "ig" in res and "adtopk_sync" in res and "ratio_to_sync" in res["ig"]:
         ig = res["ig"]
         t = dict(TARGET)
@@ -151,6 +199,10 @@ def summarize(out, methods, seeds, workload, ranks, steps):
             t["sparse_val_loss_ratio_to_dense"] = worst
             t["tracks_dense_met"] = all(v <= t["sparse_val_loss_ratio_to_dense_max"]
                                         for v in worst.values())
+        it = ig.get("task", {}).get("task_accuracy_diff_to_sync")
+        if it:  # reported beside the verdict, not part of it: no noise model here
+            t["ig_task_accuracy_diff_to_sync"] = it["mean"]
+            t["ig_task_accuracy_diff_to_sync_seeds"] = it["seeds"]
         t["met"] = all(v for k, v in t.items() if k.endswith("_met"))
         summary["target"] = t
     return summary
@@ -185,6 +237,37 @@ def table(summary):
     return head, rows
 
 
+def task_table(summary):
+    head = ["method", "task val loss", "vs dense", "vs *_sync", "task acc (mean)",
+            "per seed", "acc - *_sync", "payload ratio to *_sync"]
+    rows = []
+    for m, r in summary["methods"].items():
+        t = r.get("task")
+        if not t:
+            continue
+        vd, vs = t.get("val_loss_ratio_to_dense"), t.get("val_loss_ratio_to_sync")
+        ds, rs = t.get("task_accuracy_diff_to_sync"), t.get("ratio_to_sync")
+        rows.append([m, f"{t['val_loss']:.4f}", f"{vd['mean']:.4f}" if vd else "-",
+                     f"{vs['mean']:.4f}" if vs else "-", f"{t['task_accuracy']:.3f}",
+                     " ".join(f"{a:.3f}" for a in t["task_accuracy_seeds"]),
+                     f"{ds['mean']:+.3f}" if ds else "-", f"{rs['mean']:.3f}" if rs else "-"])
+    return head, rows
+
+
+def text_table(head, rows):
+    w = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w[i]) if i == 0 else h.rjust(w[i]) for i, h in enumerate(head))]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i])
+                               for i, c in enumerate(row)))
+    return "\n".join(lines)
+
+
+def md_table(head, rows):
+    md = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    return md + ["| " + " | ".join(row) + " |" for row in rows]
+
+
 def target_line(t):
     line = (f"Target: ig payload {t['ig_payload_ratio']:.3f} x adtopk_sync after its online "
             f"profiling window ({t['ig_payload_ratio_whole_run']:.3f} x over the whole run; <= "
@@ -195,7 +278,12 @@ def target_line(t):
         line += (", sparse vs dense " + ", ".join(
             f"{m} {v:.4f}" for m, v in t["sparse_val_loss_ratio_to_dense"].items())
             + f" (<= {t['sparse_val_loss_ratio_to_dense_max']})")
-    return line + (": met" if t["met"] else ": NOT met")
+    line += ": met" if t["met"] else ": NOT met"
+    if "ig_task_accuracy_diff_to_sync" in t:
+        line += ("; task accuracy ig - adtopk_sync " + ", ".join(
+            f"{v:+.3f}" for v in t["ig_task_accuracy_diff_to_sync_seeds"])
+            + " per seed (reported, not part of the verdict)")
+    return line
 
 
 def write_atomic(path, text):
@@ -213,25 +301,34 @@ def main(argv=None):
     ap.add_argument("--workload", default="")
     ap.add_argument("--ranks", type=int, default=0)
     ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--task-out", help="the task leg's runs (DIR/<method>/seed<S>)")
+    ap.add_argument("--task-workload", default="")
+    ap.add_argument("--task-steps", type=int, default=0)
     a = ap.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",") if s]
     methods = [m for m in a.methods.split(",") if m]
-    summary = summarize(a.out, methods, seeds, a.workload, a.ranks, a.steps)
+    task = {"out": a.task_out, "workload": a.task_workload, "steps": a.task_steps} \
+        if a.task_out else None
+    summary = summarize(a.out, methods, seeds, a.workload, a.ranks, a.steps, task)
     write_atomic(os.path.join(a.out, "summary.json"), json.dumps(summary, indent=2) + "\n")
     head, rows = table(summary)
-    w = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     print()
     print(f"igrad demo: post-training on {a.workload}, {a.ranks} ranks, {a.steps} steps, "
           f"seeds {', '.join(map(str, seeds))} (val loss: mean over seeds; vs dense and "
           f"ratio to *_sync: mean of per-seed ratios)")
-    print("  ".join(h.ljust(w[i]) if i == 0 else h.rjust(w[i]) for i, h in enumerate(head)))
-    for row in rows:
-        print("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(row)))
+    print(text_table(head, rows))
     md = [f"Post-training on `{a.workload}`, {a.ranks} ranks, {a.steps} steps, seeds "
           f"{', '.join(map(str, seeds))} (measured by `make demo`; val loss is the mean over "
-          f"seeds, ratios are means of per-seed ratios).", "",
-          "| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
-    md += ["| " + " | ".join(row) + " |" for row in rows]
+          f"seeds, ratios are means of per-seed ratios).", ""] + md_table(head, rows)
+    if task:
+        th, tr = task_table(summary)
+        what = (f"Task leg: post-training on `{a.task_workload}`, {a.task_steps} steps, the "
+                "same methods and seeds; val loss on the held-out problems' responses, task "
+                "accuracy = exact match on them")
+        print()
+        print(what.replace("`", "") + ":")
+        print(text_table(th, tr))
+        md += ["", what + ".", ""] + md_table(th, tr)
     if "target" in summary:
         line = target_line(summary["target"])
         print(line)

@@ -1,7 +1,8 @@
 """test_demo_summary.py — scripts/demo_summary.py (the table and summary.json
 of `make demo`): means over seeds, per-seed paired ratios to the same
-sparsifier's *_sync and to dense, task accuracy, the target block and its
-met/not-met verdict, refusal of an incomplete or missing run, and atomic
+sparsifier's *_sync and to dense, task accuracy (from the main runs, or
+from a task leg: its val loss, accuracy per seed and paired differences),
+the target block and its met/not-met verdict, refusal of an incomplete or missing run, and atomic
 files. Run summaries are written here with chosen numbers; the expected
 values are computed in the test by hand, not by the script's helpers.
 """
@@ -27,10 +28,18 @@ RUNS = {
 }
 
 
-def write_run(root, method, seed_i, complete=True):
+# the task leg: same layout, other numbers
+TASK_RUNS = {
+    "dense": ("none", [1.00, 1.20, 1.10], [1000, 1000, 1000], [0.20, 0.30, 0.25], None),
+    "adtopk_sync": ("adtopk", [1.05, 1.26, 1.10], [100, 100, 100], [0.18, 0.31, 0.20], None),
+    "ig": ("adtopk", [1.07, 1.25, 1.12], [20, 20, 20], [0.15, 0.30, 0.22], 0.1),
+}
+
+
+def write_run(root, method, seed_i, complete=True, table=None):
     """ig profiles online: 2 window steps at 100 bytes, then 4 steps whose
     mean is the table's payload; the whole-run mean goes to summary.json."""
-    sp, loss, pay, acc, fimp = RUNS[method]
+    sp, loss, pay, acc, fimp = (table or RUNS)[method]
     d = os.path.join(root, method, f"seed{SEEDS[seed_i]}")
     os.makedirs(d, exist_ok=True)
     steps = [100, 100] + [pay[seed_i]] * 4 if method == "ig" else [pay[seed_i]] * 6
@@ -46,10 +55,10 @@ def write_run(root, method, seed_i, complete=True):
         json.dump(s, f)
 
 
-def run(root, methods="dense,adtopk_sync,ig"):
+def run(root, methods="dense,adtopk_sync,ig", extra=()):
     return subprocess.run([sys.executable, SCRIPT, "--out", root, "--seeds", "1,2,3",
                            "--methods", methods, "--workload", "w", "--ranks", "2",
-                           "--steps", "5"], capture_output=True, text=True)
+                           "--steps", "5", *extra], capture_output=True, text=True)
 
 
 class DemoSummary(unittest.TestCase):
@@ -97,6 +106,41 @@ class DemoSummary(unittest.TestCase):
         self.assertIn(": met", p.stdout)
         self.assertTrue(os.path.exists(os.path.join(self.root, "summary.md")))
         self.assertFalse([f for f in os.listdir(self.root) if f.endswith(".tmp")])
+
+    def test_task_leg(self):
+        task = os.path.join(self.root, "task")
+        for m in TASK_RUNS:
+            for i in range(3):
+                write_run(task, m, i, table=TASK_RUNS)
+        p = run(self.root, extra=["--task-out", task, "--task-workload", "task:recall",
+                                  "--task-steps", "5"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = json.load(open(os.path.join(self.root, "summary.json")))
+        self.assertEqual(s["task_workload"], "task:recall")
+        ig = s["methods"]["ig"]
+        # the table's task accuracy is the task leg's, not the main runs'
+        self.assertAlmostEqual(ig["task_accuracy"], (0.15 + 0.30 + 0.22) / 3)
+        self.assertEqual(ig["task_accuracy_seeds"], [0.15, 0.30, 0.22])
+        t = ig["task"]
+        self.assertAlmostEqual(t["val_loss"], (1.07 + 1.25 + 1.12) / 3)
+        d = [0.15 - 0.18, 0.30 - 0.31, 0.22 - 0.20]
+        for a, b in zip(t["task_accuracy_diff_to_sync"]["seeds"], d):
+            self.assertAlmostEqual(a, b)
+        self.assertAlmostEqual(t["task_accuracy_diff_to_dense"]["mean"],
+                               ((0.15 - 0.20) + (0.30 - 0.30) + (0.22 - 0.25)) / 3)
+        self.assertAlmostEqual(t["val_loss_ratio_to_sync"]["mean"],
+                               (1.07 / 1.05 + 1.25 / 1.26 + 1.12 / 1.10) / 3)
+        self.assertAlmostEqual(t["ratio_to_sync"]["mean"], 0.2)
+        self.assertNotIn("task_accuracy_diff_to_sync", s["methods"]["adtopk_sync"]["task"])
+        self.assertAlmostEqual(s["target"]["ig_task_accuracy_diff_to_sync"], sum(d) / 3)
+        self.assertTrue(s["target"]["met"])  # reported beside the verdict, not in it
+        self.assertIn("Task leg", p.stdout)
+        self.assertIn("Task leg", open(os.path.join(self.root, "summary.md")).read())
+        # a task leg whose runs have no task accuracy is refused
+        write_run(task, "ig", 0, table={"ig": ("adtopk", [1, 1, 1], [20] * 3, [None] * 3, 0.1)})
+        p = run(self.root, extra=["--task-out", task, "--task-workload", "brown:news"])
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no task_accuracy", p.stderr)
 
     def test_not_met_when_payload_above_a_quarter(self):
         RUNS_IG = RUNS["ig"]
