@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """plot_run.py — plots of `igrad train` runs: validation loss per evaluation
-and payload bytes per step, side by side in one PNG. Runs with the same
+and payload bytes per step, side by side in one PNG (and task accuracy per
+evaluation as a third panel when the runs have a task workload). Runs with the same
 method (several seeds) are one line, their mean, with a band from the
 lowest to the highest run; bytes are drawn from the first run of each.
 
@@ -61,17 +62,28 @@ def main():
             return 1
         groups.setdefault(label_of(run), []).append((evals, steps))
 
-    fig, (ax_loss, ax_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for label, members in groups.items():
-        curves = [{as_float(r["step"]): as_float(r["val_loss"]) for r in ev} for ev, _ in members]
+    # a task workload: every evaluation has a task accuracy (not NaN, not absent)
+    has_task = all(as_float(r.get("task_accuracy")) == as_float(r.get("task_accuracy"))
+                   for members in groups.values() for ev, _ in members for r in ev)
+    ncols = 3 if has_task else 2
+    fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 4.5))
+    ax_loss, ax_bytes = axes[0], axes[1]
+
+    def mean_band(ax, members, key, label):
+        curves = [{as_float(r["step"]): as_float(r[key]) for r in ev} for ev, _ in members]
         xs = sorted(set.intersection(*(set(c) for c in curves)))
         ys = [[c[x] for c in curves] for x in xs]
         n = len(members)
-        line, = ax_loss.plot(xs, [sum(y) / n for y in ys], marker="o", ms=3,
-                             label=label if n == 1 else f"{label} (mean of {n})")
+        line, = ax.plot(xs, [sum(y) / n for y in ys], marker="o", ms=3,
+                        label=label if n == 1 else f"{label} (mean of {n})")
         if n > 1:
-            ax_loss.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys],
-                                 color=line.get_color(), alpha=0.15, lw=0)
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys],
+                            color=line.get_color(), alpha=0.15, lw=0)
+
+    for label, members in groups.items():
+        mean_band(ax_loss, members, "val_loss", label)
+        if has_task:
+            mean_band(axes[2], members, "task_accuracy", label)
         st = members[0][1]
         ax_bytes.plot([as_float(r["step"]) for r in st],
                       [as_float(r["payload_bytes"]) for r in st], lw=1, label=label)
@@ -87,6 +99,12 @@ def main():
     ax_bytes.set_title("bytes sent per step (log scale)")
     ax_bytes.grid(alpha=0.3, which="both")
     ax_bytes.legend()
+    if has_task:
+        axes[2].set_xlabel("optimizer steps")
+        axes[2].set_ylabel("exact match on held-out problems")
+        axes[2].set_title("task accuracy")
+        axes[2].grid(alpha=0.3)
+        axes[2].legend()
     if args.title:
         fig.suptitle(args.title)
     fig.tight_layout()
