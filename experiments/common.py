@@ -65,21 +65,29 @@ MODES = {
     "smoke": dict(size="tiny", seq_len=32, batch=8, ranks=2, base_steps=20, base_lr=3e-3,
                   profile_steps=8, steps=8, warmup=2, eval_every=4, eval_batches=1,
                   seeds=1, net_steps=4, rates=["none", "100mbit"],
-                  data="gen:news",
+                  data="gen:news", task="task:recall:size=1:train=200:test=20", task_steps=4,
+                  # the tiny base's 64 positions are fewer than a problem's
+                  # bytes: the smoke task leg trains a fresh small model
+                  task_batch=2, task_size="small",
                   workloads=["gen:news", "gen:fiction", "gen:learned", "gen:verse"]),
     # The default: a small model (3M parameters) on 2 ranks, short
-    # post-trains; all five scripts in well under an hour on 2 cores.
+    # post-trains, 3 seeds (seed-to-seed spread of the val loss is larger
+    # than most method differences: comparisons are paired by seed). With
+    # one seed all five scripts took well under an hour on 2 cores; three
+    # seeds take about three times as long.
     "quick": dict(size="small", seq_len=128, batch=16, ranks=2, base_steps=240, base_lr=2e-3,
                   profile_steps=30, steps=80, warmup=10, eval_every=20, eval_batches=4,
-                  seeds=1, net_steps=12, rates=["none", "1gbit", "100mbit"],
-                  data="brown:news",
+                  seeds=3, net_steps=12, rates=["none", "1gbit", "100mbit"],
+                  data="brown:news", task="task:recall:size=1:test=200", task_steps=120,
+                  task_batch=8,
                   workloads=["brown:news", "brown:fiction+romance", "brown:learned", "kjv:",
                              "fortunes:"]),
     # Scaled up: longer base and post-trains, 3 seeds, 4 ranks.
     "full": dict(size="small", seq_len=128, batch=16, ranks=4, base_steps=1000, base_lr=2e-3,
                  profile_steps=100, steps=300, warmup=20, eval_every=25, eval_batches=8,
                  seeds=3, net_steps=30, rates=["none", "1gbit", "100mbit"],
-                 data="brown:news",
+                 data="brown:news", task="task:recall:size=1:test=500", task_steps=300,
+                 task_batch=8,
                  # every workload new to the base (see BASE_DATA)
                  workloads=["brown:news", "brown:fiction", "brown:romance", "brown:learned",
                             "kjv:", "fortunes:"]),
@@ -88,6 +96,11 @@ MODES = {
 # Settings every post-train shares (as scripts/demo): the same schedule,
 # density and validation split for every method.
 POST_LR, POST_MIN_LR, DENSITY, VAL_FRACTION = 1e-3, 1e-4, 0.01, 0.1
+# The task workload (mode key "task", exact-match accuracy on held-out
+# problems; docs/results/task.md): loss on the response only, rows of 128
+# tokens (the longest problem must fit), the learning rate at which recall
+# leaves the floor within the steps a quick run has.
+TASK_SEQ_LEN, TASK_LR = 128, 3e-3
 
 
 def say(prefix, t0, msg):
@@ -441,8 +454,8 @@ class Experiment:
         """The files a --data spec needs (for a clear error before launching)."""
         need = []
         for part in spec.split(","):
-            if part.startswith("gen:"):
-                continue  # generated on demand (smoke mode)
+            if part.startswith("gen:") or part.startswith("task:"):
+                continue  # generated on demand (smoke mode; the task generator)
             if part.startswith("brown:"):
                 genres = part[6:]
                 if genres in ("", "all"):
@@ -706,6 +719,27 @@ class Experiment:
             profile = None
         return self.train(label or f"{method}-s{seed}", method, self.cfg["data"], seed=seed,
                           profile=profile, extra=extra + list(extra_flags), **kw)
+
+    def task_run(self, method, seed):
+        """One method on the mode's task workload: response-only loss, rows
+        of TASK_SEQ_LEN tokens, the mode's task batch and steps, TASK_LR;
+        evaluated (val loss, exact match) at the end and halfway. From the
+        shared base, or a fresh model of the mode's task_size if it has one.
+        iad and ig (ADTopk; ig with ig_extra's knobs) profile themselves
+        online on the task (--profile auto over the mode's profile_steps, at
+        most half the run): the user's path, and no profile of another
+        layout or workload is needed."""
+        c = self.cfg
+        steps = c["task_steps"]
+        flags = ["--response-only", "--seq-len", str(TASK_SEQ_LEN), "--batch",
+                 str(c["task_batch"])]
+        if method in ("iad", "ig"):
+            flags += ["--profile", "auto", "--profile-steps",
+                      str(max(1, min(c["profile_steps"], steps // 2)))]
+            flags += ["--sparsifier", "adtopk"] if method == "iad" else self.ig_extra()
+        return self.train(f"{method}-task-s{seed}", method, c["task"], seed=seed, steps=steps,
+                          extra=flags, lr=TASK_LR, eval_every=max(1, steps // 2),
+                          size=c.get("task_size"))
 
     # ---- netem ----
     def netem_check(self):

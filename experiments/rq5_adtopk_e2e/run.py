@@ -10,6 +10,13 @@ collective / sync / step ms (medians over steps), the engine's overhead
 (sync minus collective) as a share of step time, tokens/s; window-averaged
 training-loss, validation-loss and payload curves.
 
+Task leg: the five methods and seeds again on the mode's task workload
+(synthetic key-value recall, loss on the response only, exact-match
+accuracy on held-out problems; iad and ig profile themselves online on the
+task, --profile auto): val loss and task accuracy per seed, their means
+and spreads, and the paired ratios and differences to the same
+sparsifier's *_sync.
+
 Network runs: the five methods again for a few steps inside
 experiments/netem/run-shaped (MPI over TCP on a loopback shaped with tc) at
 each --rates entry (default: unshaped `none`, 1gbit, 100mbit): step,
@@ -23,8 +30,8 @@ Where run-shaped refuses
 (no root / CAP_NET_ADMIN / iproute2) the network runs are skipped and
 summary.md says why; the quality runs still count.
 
-Outputs (runs/rq5_adtopk_e2e[-MODE]/): results.csv, summary.csv, net.csv,
-speedup.csv, curves.png, network.png, summary.md.
+Outputs (runs/rq5_adtopk_e2e[-MODE]/): results.csv, summary.csv, task.csv,
+net.csv, speedup.csv, curves.png, network.png, summary.md.
 Not here: the runner (../common.py), the shaping (../netem/run-shaped).
 Usage: /usr/bin/python3 experiments/rq5_adtopk_e2e/run.py [--mode quick]
        [--rates none,1gbit,100mbit] [--net-steps N] [common flags, see --help]
@@ -42,6 +49,9 @@ COLS = ["method", "seed", "f_imp", "val_loss", "val_ppl", "val_acc", "payload_by
         "wire_bytes_per_step", "ratio_to_topk_sync", "ratio_to_own_sync", "select_ms",
         "comm_ms", "sync_ms", "step_ms", "overhead_share", "tokens_per_s"]
 NUM = COLS[2:]
+TASK_COLS = ["method", "seed", "f_imp", "val_loss", "task_accuracy", "task_problems",
+             "payload_bytes_per_step", "ratio_to_own_sync", "val_loss_ratio_to_own_sync",
+             "task_accuracy_diff_to_own_sync"]
 NET_COLS = ["link", "method", "steps", "f_imp", "payload_bytes_per_step", "wire_bytes_per_step",
             "comm_ms", "sync_ms", "step_ms", "tokens_per_s"]
 SPEED_COLS = ["link", "f_imp", "ig_payload_ratio_to_topk_sync", "ig_step_speedup_vs_topk_sync",
@@ -58,6 +68,14 @@ def add_args(ap):
 def sync_ref(run):
     sp = run.summary["config"]["sync"]["sparsifier"]
     return SYNC_OF.get(sp) if run.summary["method"] != "dense" else None
+
+
+def paired_cell(vals, spec):
+    """Mean (min..max) of per-seed paired values; '-' without any."""
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "-"
+    return f"{format(C.mean(vals), spec)} ({format(min(vals), spec)}..{format(max(vals), spec)})"
 
 
 def window_avg(xs, w):
@@ -109,6 +127,23 @@ def body():
         agg.append(a)
     C.write_csv(os.path.join(exp.out, "summary.csv"),
                 ["method", "seeds"] + [k + s for k in NUM for s in ("_mean", "_std")], agg)
+
+    # ---- task leg: exact-match accuracy on held-out problems ----
+    task_rows = []
+    for seed in exp.seeds:
+        truns = {m: exp.task_run(m, seed) for m in METHODS}
+        for m, run in truns.items():
+            s, ref = run.stats(), sync_ref(run)
+            acc = run.final.get("task_accuracy")
+            r0 = truns[ref] if ref else None
+            task_rows.append({
+                "method": m, "seed": seed, "f_imp": s["f_imp"], "val_loss": s["val_loss"],
+                "task_accuracy": acc, "task_problems": run.summary.get("task_problems"),
+                "payload_bytes_per_step": s["payload_bytes_per_step"],
+                "ratio_to_own_sync": s["payload_bytes_per_step"] / r0.payload if r0 else None,
+                "val_loss_ratio_to_own_sync": s["val_loss"] / r0.final["val_loss"] if r0 else None,
+                "task_accuracy_diff_to_own_sync": acc - r0.final["task_accuracy"] if r0 else None})
+    C.write_csv(os.path.join(exp.out, "task.csv"), TASK_COLS, task_rows)
 
     # ---- network runs: short, back to back, so their times compare ----
     net, notes = [], []
@@ -227,6 +262,24 @@ def body():
           "", "Times in this table come from runs spread over the whole script (and shared with "
           "RQ2–RQ4), so the machine's load may differ between rows; compare times in the next "
           "section, whose runs ran back to back.", "",
+          f"## Task leg: `{c['task']}`, {c['task_steps']} steps", "",
+          "The same methods, base and seeds post-trained on the synthetic recall task (loss on "
+          f"the response only, batch {c['task_batch']} × {C.TASK_SEQ_LEN} tokens, lr "
+          f"{C.TASK_LR}); task accuracy = exact match on the held-out problems; `iad`/`ig` "
+          "profile themselves online on the task (`--profile auto`). Paired columns: per seed "
+          "against the same sparsifier's *_sync, then the mean (min..max) over seeds.", "",
+          C.md_table(["method", "val loss", "task accuracy", "ratio to own *_sync",
+                      "val loss / own *_sync", "accuracy − own *_sync"],
+                     [[m, C.fmt_pm([r["val_loss"] for r in task_rows if r["method"] == m]),
+                       C.fmt_pm([r["task_accuracy"] for r in task_rows if r["method"] == m],
+                                ".3f"),
+                       paired_cell([r["ratio_to_own_sync"] for r in task_rows
+                                    if r["method"] == m], ".3f"),
+                       paired_cell([r["val_loss_ratio_to_own_sync"] for r in task_rows
+                                    if r["method"] == m], ".4f"),
+                       paired_cell([r["task_accuracy_diff_to_own_sync"] for r in task_rows
+                                    if r["method"] == m], "+.3f")] for m in METHODS]),
+          "",
           f"## Bandwidth-limited runs ({net_steps} steps each, seed 1, back to back)", "",
           "Links: `shm` plain mpirun (shared memory); `none` TCP over an unshaped loopback in a "
           "network namespace; a rate = that loopback (MTU 1500) shaped by `tc tbf` with a "
@@ -251,7 +304,7 @@ def body():
                         C.fmt(r["ig_sync_speedup_vs_dense"], ".2f") + "×",
                         C.fmt(r["ig_sync_ratio_to_topk_sync"], ".3f")] for r in speed]),
            "", "Figures: `curves.png`, `network.png`.  Data: `results.csv`, `summary.csv`, "
-           "`net.csv`, `speedup.csv`."]
+           "`task.csv`, `net.csv`, `speedup.csv`."]
     exp.finish(md, figs)
 
 

@@ -70,6 +70,9 @@ FILES = {
         "results.csv": "method,seed,f_imp,val_loss,val_ppl,val_acc,payload_bytes_per_step,"
                        "wire_bytes_per_step,ratio_to_topk_sync,ratio_to_own_sync,select_ms,"
                        "comm_ms,sync_ms,step_ms,overhead_share,tokens_per_s",
+        "task.csv": "method,seed,f_imp,val_loss,task_accuracy,task_problems,"
+                    "payload_bytes_per_step,ratio_to_own_sync,val_loss_ratio_to_own_sync,"
+                    "task_accuracy_diff_to_own_sync",
         "net.csv": "link,method,steps,f_imp,payload_bytes_per_step,wire_bytes_per_step,comm_ms,"
                    "sync_ms,step_ms,tokens_per_s",
         "speedup.csv": "link,f_imp,ig_payload_ratio_to_topk_sync,ig_step_speedup_vs_topk_sync,"
@@ -95,6 +98,7 @@ ROWS = {("rq2_partition_ablation", "results.csv"): 9,    # 2 references + 6 part
         ("rq3_release_frequency", "results.csv"): 14,    # adtopk_sync + 3 remedies + 5 R x 2
         ("rq4_packing_ablation", "results.csv"): 6,      # iad + 5 policies
         ("rq5_adtopk_e2e", "results.csv"): 5,            # 5 methods
+        ("rq5_adtopk_e2e", "task.csv"): 5,               # 5 methods on the task
         ("frontier", "screen.csv"): 4}                   # 2 workloads x 2 grid points
 
 
@@ -120,7 +124,7 @@ class Smoke(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def run_script(self, rq, *args, env=None, timeout=300):
+    def run_script(self, rq, *args, env=None, timeout=600):
         p = subprocess.run([sys.executable, script(rq), *args], env=env or self.env,
                            capture_output=True, text=True, timeout=timeout, cwd=self.tmp)
         return p
@@ -173,6 +177,16 @@ class Smoke(unittest.TestCase):
         self.assertEqual(float(by["topk_sync"]["ratio_to_topk_sync"]), 1.0)
         self.assertEqual(float(by["adtopk_sync"]["ratio_to_own_sync"]), 1.0)
         self.assertLess(float(by["ig"]["ratio_to_own_sync"]), 1.0, by["ig"])
+        # the task leg: an exact-match accuracy per method, paired to its *_sync
+        task = {r["method"]: r for r in common.read_csv(
+            os.path.join(root, "rq5_adtopk_e2e-smoke", "task.csv"))}
+        self.assertEqual(list(task), ["dense", "topk_sync", "adtopk_sync", "iad", "ig"])
+        for m, r in task.items():
+            self.assertTrue(0.0 <= float(r["task_accuracy"]) <= 1.0, r)
+            self.assertEqual(int(r["task_problems"]), 20, r)
+        self.assertEqual(float(task["adtopk_sync"]["task_accuracy_diff_to_own_sync"]), 0.0)
+        self.assertEqual(task["dense"]["ratio_to_own_sync"], "")
+        self.assertLess(float(task["ig"]["ratio_to_own_sync"]), 1.0, task["ig"])
         # the shared-memory rows are always in net.csv; shaped ones when allowed
         net = common.read_csv(os.path.join(root, "rq5_adtopk_e2e-smoke", "net.csv"))
         self.assertEqual([r["method"] for r in net if r["link"] == "shm"],
