@@ -32,6 +32,7 @@
 #include "engine_internal.h"
 #include "profile_internal.h"
 #include "schedule.h"
+#include "select_internal.h"
 
 #include <float.h>
 #include <math.h>
@@ -1337,19 +1338,27 @@ static void mask_sent(float *restrict u, const igrad_select_spec_t *sp, const ui
  * residual decay); the plain case calls igrad_select_ef directly. The
  * selection reads u = m*u + g in place of g. */
 static igrad_status_t select_remedies(const igrad_engine_t *e, igrad__engine_tensor_t *tp,
-                                      const float *restrict g, const igrad_select_spec_t *sp,
-                                      igrad_select_ws_t *ws, igrad_selection_t *sel)
+                                      float *restrict g, const igrad_select_spec_t *sp,
+                                      igrad_select_ws_t *ws, igrad_selection_t *sel, int zero)
 {
     float *restrict u = tp->velocity, *restrict r = tp->residual;
     int64_t n = tp->n;
-    const float *src = g;
     if (u) {
         float m = (float)e->cfg.momentum;
-        SIMD
-        for (int64_t i = 0; i < n; i++) u[i] = m * u[i] + g[i];
-        src = u;
+        if (zero) {
+            SIMD
+            for (int64_t i = 0; i < n; i++) {
+                u[i] = m * u[i] + g[i];
+                g[i] = 0.0f;
+            }
+        } else {
+            SIMD
+            for (int64_t i = 0; i < n; i++) u[i] = m * u[i] + g[i];
+        }
+        IGRAD_CHECK(igrad_select_ef(u, r, sp, tp->name, ws, sel));
+    } else {
+        IGRAD_CHECK(igrad__select_ef(g, r, sp, tp->name, ws, sel, zero));
     }
-    IGRAD_CHECK(igrad_select_ef(src, r, sp, tp->name, ws, sel));
     if (u && e->cfg.momentum_masking) mask_sent(u, sp, sel->index);
     if (e->cfg.residual_decay < 1.0) {
         float d = (float)e->cfg.residual_decay;
@@ -1360,8 +1369,10 @@ static igrad_status_t select_remedies(const igrad_engine_t *e, igrad__engine_ten
 }
 
 /* Error feedback + selection of sent tensors, accumulate (or drop) the
- * rest, on e->nthreads threads. */
-static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
+ * rest, on e->nthreads threads. With `zero` set (sync: the gradients are
+ * overwritten by the unpacking anyway) every gradient is also zeroed in
+ * the pass that reads it, while it is in cache. */
+static igrad_status_t select_all(igrad_engine_t *e, float *const *grads, int zero)
 {
     int64_t T = (int64_t)e->ntensors;
     int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
@@ -1387,7 +1398,7 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
 #endif
         uint32_t t = e->work[w];
         igrad__engine_tensor_t *tp = &e->t[t];
-        const float *restrict g = grads[t];
+        float *restrict g = grads[t];
         float *restrict r = tp->residual;
         int64_t n = tp->n;
         double a2 = e->tnorm[t]; /* sum of (g + e)^2 from the check */
@@ -1395,14 +1406,23 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
             igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
                                      .value = e->stage_val + e->stage_off[t]};
             const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
-            e->tstatus[t] = remedies ? select_remedies(e, tp, g, sp, e->ws[tid], &sel)
-                                     : igrad_select_ef(g, r, sp, tp->name, e->ws[tid], &sel);
+            e->tstatus[t] = remedies ? select_remedies(e, tp, g, sp, e->ws[tid], &sel, zero)
+                                     : igrad__select_ef(g, r, sp, tp->name, e->ws[tid], &sel,
+                                                        zero);
             e->tsumsq[t] = sel.sumsq;
             /* the residual is a with the selected entries zeroed (then decayed) */
             e->tnorm[t] = a2 - sel.sumsq > 0.0 ? (a2 - sel.sumsq) * (remedies ? d2 : 1.0) : 0.0;
         } else if (!drop && !remedies) {
-            SIMD
-            for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
+            if (zero) {
+                SIMD
+                for (int64_t i = 0; i < n; i++) {
+                    r[i] = g[i] + r[i];
+                    g[i] = 0.0f;
+                }
+            } else {
+                SIMD
+                for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
+            }
         } else if (!drop) {
             float *restrict u = tp->velocity;
             if (u) {
@@ -1415,11 +1435,13 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
                 SIMD
                 for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
             }
+            if (zero) memset(g, 0, (size_t)n * sizeof *g);
             e->tnorm[t] = a2 * d2;
         } else {
             /* the ablation drops the velocity with the residual */
             if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
             memset(r, 0, (size_t)n * sizeof *r);
+            if (zero) memset(g, 0, (size_t)n * sizeof *g);
             e->tdropped[t] = a2;
             e->tnorm[t] = 0.0;
         }
@@ -1768,8 +1790,11 @@ static void zero_grads(igrad_engine_t *e, float *const *grads)
     }
 }
 
-/* Everything before packing: checks, agreement, gate, selection, plan. */
-static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const *grads)
+/* Everything before packing: checks, agreement, gate, selection, plan.
+ * zero: the selection also zeroes the gradients (sparse methods; sync
+ * only, since begin must leave them as they are until end). */
+static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const *grads,
+                                   int zero)
 {
     double t0 = igrad__now_ms();
     const int64_t *loads = e->stats.bucket_loads;
@@ -1809,7 +1834,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
         e->rel[t] = (unsigned char)(ph >= 0);
     }
     if (e->sp != IGRAD_SPARSIFIER_NONE) {
-        st = select_all(e, grads);
+        st = select_all(e, grads, zero);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);
     }
     double t3 = igrad__now_ms();
@@ -1922,7 +1947,7 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
         e->cur_step = step;
         return IGRAD_OK;
     }
-    IGRAD_CHECK(step_prepare(e, step, grads));
+    IGRAD_CHECK(step_prepare(e, step, grads, 0));
     double t0 = igrad__now_ms();
     for (size_t j = 0; j < e->nbk; j++) pack_bucket(e, j, grads);
     e->stats.pack_ms += igrad__now_ms() - t0;
@@ -1992,14 +2017,13 @@ static igrad_status_t keep_first(igrad_status_t st, char *buf, size_t nbytes)
  * the others (who see the same bytes and fail at the same bucket). */
 static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *grads)
 {
-    IGRAD_CHECK(step_prepare(e, step, grads));
+    IGRAD_CHECK(step_prepare(e, step, grads, 1));
 
     igrad_status_t st = IGRAD_OK;  /* the collectives */
     igrad_status_t ust = IGRAD_OK; /* unpacking */
     char smsg[1024] = "", umsg[1024] = ""; /* their first failures (keep_first) */
     double pack_ms = 0.0, comm_ms = 0.0, unpack_ms = 0.0, a, b;
-    size_t issued = 0, done = 0;
-    int zeroed = 0;
+    size_t issued = 0, done = 0; /* the selection zeroed the gradients (sparse methods) */
     for (size_t j = 0; j < e->nbk && st == IGRAD_OK; j++) {
         a = igrad__now_ms();
         pack_bucket(e, j, grads);
@@ -2018,14 +2042,6 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             break;
         }
         issued++;
-        if (!zeroed) {
-            /* while the first bucket is in flight */
-            zero_grads(e, grads);
-            zeroed = 1;
-            b = igrad__now_ms();
-            unpack_ms += b - a;
-            a = b;
-        }
         /* unpack, in order, the buckets that have already arrived */
         while (done + 1 < issued) {
             int ready = 0;
@@ -2048,11 +2064,6 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             a = igrad__now_ms();
             unpack_ms += a - b;
         }
-    }
-    if (st == IGRAD_OK && !zeroed) {
-        a = igrad__now_ms();
-        zero_grads(e, grads);
-        unpack_ms += igrad__now_ms() - a;
     }
     /* After a failure the remaining requests are still waited for: on a
      * comm broken by a timeout that only releases them. */
