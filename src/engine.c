@@ -31,6 +31,7 @@
 
 #include "engine_internal.h"
 #include "profile_internal.h"
+#include "route.h"
 #include "schedule.h"
 #include "select_internal.h"
 
@@ -44,7 +45,6 @@
 #include <omp.h>
 #endif
 
-#define VALUE_NBYTES 4 /* F32 on the wire */
 
 /* ------------------------------------------------------------------------ */
 /* Names                                                                    */
@@ -730,7 +730,7 @@ static igrad_status_t plan_tensors(igrad_engine_t *e)
 /* Bytes a tensor sends at a step kind. */
 static int64_t tensor_nbytes(const igrad__engine_tensor_t *tp, int rel, int par)
 {
-    return tp->spec[rel][par].count * (VALUE_NBYTES + tp->idx_nbytes[rel][par]);
+    return tp->spec[rel][par].count * (IGRAD__VALUE_NBYTES + tp->idx_nbytes[rel][par]);
 }
 
 /* Floats a tensor needs in reduce buckets (its dense segments). */
@@ -849,7 +849,7 @@ static igrad_status_t full_blocks(const igrad_engine_t *e, igrad__pack_block_t *
         const igrad__engine_tensor_t *tp = &e->t[k];
         m += (size_t)igrad__pack_split((uint32_t)k, tp->spec[0][0].count,
                                        tp->blk_entries[0][0],
-                                       VALUE_NBYTES + tp->idx_nbytes[0][0],
+                                       IGRAD__VALUE_NBYTES + tp->idx_nbytes[0][0],
                                        (int64_t)(e->ntensors - 1 - k), b + m);
     }
     *out = b;
@@ -987,15 +987,8 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     e->max_entries = dense ? 0 : (size_t)mx[0];
     e->max_blocks = (size_t)mx[1];
     size_t slack = (size_t)e->nb_max * 8; /* each bucket's offset is 8-aligned */
-    if (dense || c->collective == IGRAD_COLLECTIVE_REDUCE) {
-        e->send_arena_nbytes = 0;
-        e->recv_arena_nbytes = (size_t)mx[3] * sizeof(float) + slack;
-    } else {
-        /* A reduce bucket under auto is chosen only when 4n < P*send/2,
-         * so its floats fit in the room of its gather. */
-        e->send_arena_nbytes = (size_t)mx[2] + slack;
-        e->recv_arena_nbytes = P * (size_t)mx[2] + slack;
-    }
+    igrad__route_arenas(c->collective, dense, mx[2], mx[3], P, slack, &e->send_arena_nbytes,
+                        &e->recv_arena_nbytes);
 
     size_t nbm = (size_t)e->nb_max, mb = e->max_blocks ? e->max_blocks : 1;
     e->stage_off = calloc(T, sizeof *e->stage_off);
@@ -1460,8 +1453,6 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads, int zer
 /* One step: blocks and buckets                                             */
 /* ------------------------------------------------------------------------ */
 
-static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
-
 /* Cuts the sent tensors into blocks (readiness order: last tensor first),
  * assigns them to buckets and lays the buckets out in the arenas. */
 static igrad_status_t plan_step(igrad_engine_t *e)
@@ -1477,7 +1468,7 @@ static igrad_status_t plan_step(igrad_engine_t *e)
         const igrad_select_spec_t *sp = &tp->spec[rel][par];
         int64_t blk = tp->blk_entries[rel][par];
         int idxb = tp->idx_nbytes[rel][par];
-        int64_t nb = igrad__pack_split((uint32_t)k, sp->count, blk, VALUE_NBYTES + idxb,
+        int64_t nb = igrad__pack_split((uint32_t)k, sp->count, blk, IGRAD__VALUE_NBYTES + idxb,
                                        (int64_t)(T - 1 - k), e->blocks + m);
         for (int64_t b = 0; b < nb; b++) {
             igrad__engine_block_t *bi = &e->binfo[m + (size_t)b];
@@ -1540,7 +1531,7 @@ static igrad_status_t plan_step(igrad_engine_t *e)
         for (size_t q = 0; q < cnt; q++) {
             igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
             entries += bi->count;
-            gbytes += bi->count * (VALUE_NBYTES + bi->idx_nbytes);
+            gbytes += bi->count * (IGRAD__VALUE_NBYTES + bi->idx_nbytes);
             /* flat blocks of one tensor share its whole-tensor segment */
             int shares = !dense && !bi->row_wise && prev && prev->tensor == bi->tensor;
             bi->seg_owner = !shares;
@@ -1553,38 +1544,10 @@ static igrad_status_t plan_step(igrad_engine_t *e)
             prev = bi;
         }
         bk->entries = entries;
-        int reduce;
-        if (dense || e->cfg.collective == IGRAD_COLLECTIVE_REDUCE) reduce = 1;
-        else if (e->cfg.collective == IGRAD_COLLECTIVE_GATHER || P == 1) reduce = 0;
-        else reduce = 8 * dcount < (int64_t)P * gbytes; /* 2(P-1)/P*4n < (P-1)*bytes */
-        if (reduce) {
-            bk->kind = IGRAD_BUCKET_REDUCE;
-            bk->dense_count = (size_t)dcount;
-            bk->recv_off = recv_off;
-            bk->recv_nbytes = (size_t)dcount * sizeof(float);
-            recv_off = align8(recv_off + bk->recv_nbytes);
-        } else {
-            bk->kind = IGRAD_BUCKET_GATHER;
-            size_t v = 0;
-            for (size_t q = 0; q < cnt; q++) {
-                igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
-                bi->val_off = v;
-                v += (size_t)bi->count * VALUE_NBYTES;
-            }
-            for (int width = 4; width >= 2; width -= 2)
-                for (size_t q = 0; q < cnt; q++) {
-                    igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
-                    if (bi->idx_nbytes != width) continue;
-                    bi->idx_off = v;
-                    v += (size_t)bi->count * (size_t)width;
-                }
-            bk->send_off = send_off;
-            bk->send_nbytes = v;
-            send_off = align8(send_off + v);
-            bk->recv_off = recv_off;
-            bk->recv_nbytes = P * v;
-            recv_off = align8(recv_off + bk->recv_nbytes);
-        }
+        bk->dense_count = (size_t)dcount;
+        bk->route = igrad__route_choose(e->cfg.collective, dense, (int64_t)P, gbytes, dcount);
+        bk->kind = bk->route->kind;
+        bk->route->layout(e, bk, &send_off, &recv_off);
         nbk++;
     }
     if (send_off > e->send_arena_nbytes || recv_off > e->recv_arena_nbytes)
@@ -1601,17 +1564,7 @@ static igrad_status_t plan_step(igrad_engine_t *e)
         d->index = bk->index;
         d->recv = e->recv_arena + bk->recv_off;
         d->recv_nbytes = bk->recv_nbytes;
-        if (bk->kind == IGRAD_BUCKET_REDUCE) {
-            d->send = d->recv;
-            d->send_nbytes = bk->recv_nbytes;
-            d->dtype = IGRAD_DTYPE_F32;
-            d->count = bk->dense_count;
-        } else {
-            d->send = e->send_arena + bk->send_off;
-            d->send_nbytes = bk->send_nbytes;
-            d->dtype = IGRAD_DTYPE_U8;
-            d->count = bk->send_nbytes;
-        }
+        bk->route->describe(e, bk, d);
     }
     return IGRAD_OK;
 }
@@ -1864,15 +1817,9 @@ static igrad_status_t finish_step(igrad_engine_t *e)
     }
     for (size_t j = 0; j < e->nbk; j++) {
         const igrad__engine_bucket_t *bk = &e->bk[j];
-        if (bk->kind == IGRAD_BUCKET_GATHER) {
-            s->gather_buckets++;
-            s->payload_nbytes += (int64_t)bk->send_nbytes;
-            s->wire_nbytes += (P - 1.0) * (double)bk->send_nbytes;
-        } else {
-            s->reduce_buckets++;
-            s->payload_nbytes += (int64_t)bk->recv_nbytes;
-            s->wire_nbytes += 2.0 * (P - 1.0) / P * (double)bk->recv_nbytes;
-        }
+        (*(int *)(void *)((char *)s + bk->route->stats_count))++;
+        s->payload_nbytes += bk->route->payload(bk);
+        s->wire_nbytes += bk->route->wire_nbytes(bk, P);
     }
     s->buckets = (int)e->nbk;
     s->bucket_count = e->nplanned;
@@ -1996,11 +1943,9 @@ static igrad_status_t bucket_failed(const igrad_engine_t *e, size_t j, igrad_sta
     snprintf(msg, sizeof msg, "%s", igrad_last_error());
     const igrad__engine_bucket_t *bk = &e->bk[j];
     return igrad__fail(st, __FILE__, __LINE__,
-                       "step %lld: bucket %d (%s of %zu bytes, %zu of %zu this step): %s",
-                       (long long)e->cur_step, bk->index,
-                       bk->kind == IGRAD_BUCKET_GATHER ? "gather" : "reduce",
-                       bk->kind == IGRAD_BUCKET_GATHER ? bk->send_nbytes : bk->recv_nbytes,
-                       j + 1, e->nbk, msg);
+                       "step %lld: bucket %d (%s of %lld bytes, %zu of %zu this step): %s",
+                       (long long)e->cur_step, bk->index, bk->route->name,
+                       (long long)bk->route->payload(bk), j + 1, e->nbk, msg);
 }
 
 /* Keeps the message of a step's first failure in buf: waiting out the
@@ -2029,12 +1974,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         pack_bucket(e, j, grads);
         b = igrad__now_ms();
         pack_ms += b - a;
-        const igrad_bucket_t *d = &e->desc[j];
-        if (d->kind == IGRAD_BUCKET_GATHER)
-            st = igrad_comm_iallgather(e->comm, d->send, d->send_nbytes, d->recv, &e->bk[j].req);
-        else
-            st = igrad_comm_iallreduce(e->comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
-                                       IGRAD_REDUCE_SUM, &e->bk[j].req);
+        st = e->bk[j].route->issue(e->comm, &e->desc[j], &e->bk[j].req);
         a = igrad__now_ms();
         comm_ms += a - b;
         if (st != IGRAD_OK) {

@@ -98,6 +98,10 @@ void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes);
 
 /* ---- the engine ----------------------------------------------------------- */
 
+#define IGRAD__VALUE_NBYTES 4 /* F32 values on the wire */
+
+struct igrad__route; /* route.h */
+
 /* One tensor's plan. Index [rel][par]: rel = 1 at a release step, par = 1
  * on odd steps (only differs from even with interleave). */
 typedef struct igrad__engine_tensor {
@@ -132,7 +136,8 @@ typedef struct igrad__engine_block {
 
 /* One bucket of a step. */
 typedef struct igrad__engine_bucket {
-    igrad_bucket_kind_t kind;
+    const struct igrad__route *route; /* its collective (route.h) */
+    igrad_bucket_kind_t kind;         /* route->kind */
     int index;
     size_t first, nblocks;   /* its blocks: order[first .. first + nblocks) */
     int64_t entries;
