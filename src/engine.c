@@ -2,14 +2,18 @@
  * engine.c — the sync engine (DESIGN.md §2): method/config names and
  * validation, the plan built at create (per tensor: every step or released
  * at a phase, budgets for normal and release steps, block cuts, buffer
- * sizes for the largest step), the cross-rank agreement check, and one
- * step: finiteness agreement, error feedback + selection on OpenMP
- * threads, packing into buckets, the collectives (two-phase or pipelined)
- * and unpacking the average into the caller's gradients, with statistics.
+ * sizes for the largest step), the cross-rank agreement check, and the
+ * order of one step: check, agree, gate, select, plan the blocks and
+ * buckets, pack, the collectives (two-phase or pipelined), unpack, with
+ * statistics. This is the control plane: every touch of gradient,
+ * residual, velocity or bucket memory goes through the data-plane table
+ * e->dp (dp.h; the CPU backend is dp_cpu*.c), and every choice of
+ * collective through the bucket routes (route.h).
  *
  * Not here: saving and loading a rank's state (engine_state.c); the gate,
  * phases and release budgets (schedule.c); bucket policies (pack.c);
- * selection itself (select.c); the collectives (comm*.c).
+ * selection itself (select.c); the stages' loops (dp_cpu*.c); the
+ * collectives (comm*.c).
  *
  * Why the step is shaped the way it is:
  *  - Nothing is written before every rank knows that every gradient is
@@ -31,6 +35,7 @@
 
 #include "engine_internal.h"
 #include "profile_internal.h"
+#include "dp.h"
 #include "route.h"
 #include "schedule.h"
 #include "select_internal.h"
@@ -919,6 +924,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
                                    const igrad_profile_t *profile,
                                    const igrad_config_t *config, igrad_comm_t *comm)
 {
+    e->dp = &igrad__dp_cpu; /* the one data plane so far */
     IGRAD_FAIL_IF(!layout, IGRAD_E_INVALID, "igrad_engine_create: layout is NULL");
     IGRAD_CHECK(igrad_config_validate(config));
     memcpy(&e->cfg, config, sizeof e->cfg);
@@ -1019,14 +1025,14 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         IGRAD_FAIL_IF(!e->pack_scratch, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     }
     if (e->max_entries) {
-        e->stage_idx = malloc(e->max_entries * sizeof *e->stage_idx);
-        e->stage_val = malloc(e->max_entries * sizeof *e->stage_val);
+        e->stage_idx = e->dp->alloc(e->max_entries * sizeof *e->stage_idx, 0);
+        e->stage_val = e->dp->alloc(e->max_entries * sizeof *e->stage_val, 0);
         IGRAD_FAIL_IF(!e->stage_idx || !e->stage_val, IGRAD_E_NOMEM,
                       "igrad_engine_create: out of memory for %zu staged entries",
                       e->max_entries);
     }
-    e->send_arena = malloc(e->send_arena_nbytes ? e->send_arena_nbytes : 1);
-    e->recv_arena = malloc(e->recv_arena_nbytes ? e->recv_arena_nbytes : 1);
+    e->send_arena = e->dp->alloc(e->send_arena_nbytes, 0);
+    e->recv_arena = e->dp->alloc(e->recv_arena_nbytes, 0);
     IGRAD_FAIL_IF(!e->send_arena || !e->recv_arena, IGRAD_E_NOMEM,
                   "igrad_engine_create: out of memory for %zu + %zu bytes of buckets",
                   e->send_arena_nbytes, e->recv_arena_nbytes);
@@ -1035,8 +1041,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         int64_t total = 0;
         for (size_t i = 0; i < T; i++) total += e->t[i].n;
         e->residual_count = total;
-        /* calloc: zero pages come from the kernel lazily */
-        e->residual_mem = calloc((size_t)total, sizeof(float));
+        e->residual_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
         IGRAD_FAIL_IF(!e->residual_mem, IGRAD_E_NOMEM,
                       "igrad_engine_create: out of memory for %lld residual entries",
                       (long long)total);
@@ -1047,7 +1052,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         }
         if (c->momentum > 0.0) {
             e->velocity_count = total;
-            e->velocity_mem = calloc((size_t)total, sizeof(float));
+            e->velocity_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
             IGRAD_FAIL_IF(!e->velocity_mem, IGRAD_E_NOMEM,
                           "igrad_engine_create: out of memory for %lld velocity entries "
                           "(config.momentum)",
@@ -1095,10 +1100,12 @@ void igrad_engine_free(igrad_engine_t *e)
     free(e->comp_count);
     free(e->comp_important);
     free(e->comp_phase);
-    free(e->residual_mem);
-    free(e->velocity_mem);
-    free(e->stage_idx);
-    free(e->stage_val);
+    if (e->dp) { /* set first thing at build: without it, nothing below was allocated */
+        e->dp->free(e->residual_mem);
+        e->dp->free(e->velocity_mem);
+        e->dp->free(e->stage_idx);
+        e->dp->free(e->stage_val);
+    }
     free(e->stage_off);
     free(e->sent);
     free(e->rel);
@@ -1120,8 +1127,10 @@ void igrad_engine_free(igrad_engine_t *e)
     /* After a timeout a collective is left pending on these buffers (MPI
      * may still read or write them): they are leaked on purpose. */
     if (e->broken != IGRAD_E_TIMEOUT) {
-        free(e->send_arena);
-        free(e->recv_arena);
+        if (e->dp) {
+            e->dp->free(e->send_arena);
+            e->dp->free(e->recv_arena);
+        }
         free(e->agree_buf);
     }
     free(e);
@@ -1190,70 +1199,6 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
 /* One step: checks and selection                                           */
 /* ------------------------------------------------------------------------ */
 
-/* Sums of squares vectorize only when the compiler may reorder them; with
- * OpenMP, "omp simd" says so. The order is fixed by the build, not by the
- * thread count, so every rank of one build gets the same bits. */
-#ifdef _OPENMP
-#define SIMD_SUM _Pragma("omp simd reduction(+ : s)")
-#define SIMD _Pragma("omp simd")
-#else
-#define SIMD_SUM
-#define SIMD
-#endif
-
-/* sum of (g + e)^2 in double (e may be NULL): one read-only pass that both
- * proves a = g + e finite (a NaN or Inf makes the sum non-finite, while a
- * finite float squared never overflows a double) and gives the residual
- * norm and dropped mass without another pass. */
-static double sumsq_ge(const float *restrict g, const float *restrict e, int64_t n)
-{
-    double s = 0.0;
-    if (e) {
-        SIMD_SUM
-        for (int64_t i = 0; i < n; i++) {
-            float a = g[i] + e[i];
-            s += (double)a * (double)a;
-        }
-    } else {
-        SIMD_SUM
-        for (int64_t i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
-    }
-    return s;
-}
-
-/* With momentum correction: sum of a^2 for a = (m*u + g) + e, computed as
- * select_all will (u becomes m*u + g, then the selection adds e), so the
- * check proves finite exactly the values the step will write. */
-static double sumsq_muge(const float *restrict g, const float *restrict u,
-                         const float *restrict e, float m, int64_t n)
-{
-    double s = 0.0;
-    SIMD_SUM
-    for (int64_t i = 0; i < n; i++) {
-        float v = m * u[i] + g[i];
-        float a = v + e[i];
-        s += (double)a * (double)a;
-    }
-    return s;
-}
-
-/* First index where a = (m*u +) g (+ e) is not finite, or -1 (after the
- * sum said there is one). u may be NULL (no momentum), e too (dense). */
-static int64_t first_nonfinite(const float *g, const float *u, float m, const float *e,
-                               int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) {
-        float v = u ? m * u[i] + g[i] : g[i];
-        if (!isfinite(v) || !isfinite(v + (e ? e[i] : 0.0f))) return i;
-    }
-    return -1;
-}
-
-static int step_parity(const igrad_engine_t *e, int64_t step)
-{
-    return e->cfg.interleave && step % 2 != 0;
-}
-
 /* Local argument and finiteness checks; records the message. */
 static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const *grads,
                                    int64_t *bad_tensor)
@@ -1267,35 +1212,19 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
                                "step %lld: grads[%zu] (%s) is NULL", (long long)step, t,
                                e->t[t].name);
         }
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
-    int64_t T = (int64_t)e->ntensors;
-    float m = (float)e->cfg.momentum;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
-#endif
-    for (int64_t w = 0; w < T; w++) {
-        uint32_t t = e->work[w];
-        const igrad__engine_tensor_t *tp = &e->t[t];
-        /* kept in tnorm until select_all turns it into the residual's */
-        e->tnorm[t] = tp->velocity
-                          ? sumsq_muge(grads[t], tp->velocity, tp->residual, m, tp->n)
-                          : sumsq_ge(grads[t], dense ? NULL : tp->residual, tp->n);
-    }
+    e->dp->check(e, grads);
     for (size_t t = 0; t < e->ntensors; t++) {
         if (isfinite(e->tnorm[t])) continue;
-        const float *r = dense ? NULL : e->t[t].residual;
-        const float *u = e->t[t].velocity;
-        int64_t i = first_nonfinite(grads[t], u, m, r, e->t[t].n);
-        if (i < 0) i = 0; /* cannot happen: the sum saw a non-finite a */
+        float g, u, rv;
+        int64_t i = e->dp->first_bad(e, grads, t, &g, &u, &rv);
         *bad_tensor = (int64_t)t;
-        if (u && isfinite(grads[t][i]) && isfinite(u[i]) && isfinite(r[i]))
+        if (e->velocity_count > 0 && isfinite(g) && isfinite(u) && isfinite(rv))
             return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
                                "step %lld: %s: momentum * velocity + grad + residual overflows "
                                "at index %lld (grad %g, velocity %g, residual %g); the step is "
                                "skipped on every rank",
-                               (long long)step, e->t[t].name, (long long)i,
-                               (double)grads[t][i], (double)u[i], (double)r[i]);
-        float g = grads[t][i], rv = r ? r[i] : 0.0f;
+                               (long long)step, e->t[t].name, (long long)i, (double)g,
+                               (double)u, (double)rv);
         if (isfinite(g) && isfinite(rv))
             return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
                                "step %lld: %s: grad + residual overflows at index %lld (grad "
@@ -1310,135 +1239,21 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
     return IGRAD_OK;
 }
 
-/* Momentum factor masking: the velocity of the entries just sent is
- * cleared (the residual already is). */
-static void mask_sent(float *restrict u, const igrad_select_spec_t *sp, const uint32_t *idx)
-{
-    if (sp->count == sp->n) {
-        memset(u, 0, (size_t)sp->n * sizeof *u);
-    } else if (sp->row_wise) {
-        for (int64_t r = 0; r < sp->rows; r++) {
-            float *ur = u + r * sp->cols;
-            const uint32_t *ir = idx + r * sp->per_row;
-            for (int64_t j = 0; j < sp->per_row; j++) ur[ir[j]] = 0.0f;
-        }
-    } else {
-        for (int64_t j = 0; j < sp->count; j++) u[idx[j]] = 0.0f;
-    }
-}
-
-/* One sent tensor with the remedies on (momentum correction, masking,
- * residual decay); the plain case calls igrad_select_ef directly. The
- * selection reads u = m*u + g in place of g. */
-static igrad_status_t select_remedies(const igrad_engine_t *e, igrad__engine_tensor_t *tp,
-                                      float *restrict g, const igrad_select_spec_t *sp,
-                                      igrad_select_ws_t *ws, igrad_selection_t *sel, int zero)
-{
-    float *restrict u = tp->velocity, *restrict r = tp->residual;
-    int64_t n = tp->n;
-    if (u) {
-        float m = (float)e->cfg.momentum;
-        if (zero) {
-            SIMD
-            for (int64_t i = 0; i < n; i++) {
-                u[i] = m * u[i] + g[i];
-                g[i] = 0.0f;
-            }
-        } else {
-            SIMD
-            for (int64_t i = 0; i < n; i++) u[i] = m * u[i] + g[i];
-        }
-        IGRAD_CHECK(igrad_select_ef(u, r, sp, tp->name, ws, sel));
-    } else {
-        IGRAD_CHECK(igrad__select_ef(g, r, sp, tp->name, ws, sel, zero));
-    }
-    if (u && e->cfg.momentum_masking) mask_sent(u, sp, sel->index);
-    if (e->cfg.residual_decay < 1.0) {
-        float d = (float)e->cfg.residual_decay;
-        SIMD
-        for (int64_t i = 0; i < n; i++) r[i] = d * r[i];
-    }
-    return IGRAD_OK;
-}
-
 /* Error feedback + selection of sent tensors, accumulate (or drop) the
  * rest, on e->nthreads threads. With `zero` set (sync: the gradients are
  * overwritten by the unpacking anyway) every gradient is also zeroed in
  * the pass that reads it, while it is in cache. */
 static igrad_status_t select_all(igrad_engine_t *e, float *const *grads, int zero)
 {
-    int64_t T = (int64_t)e->ntensors;
-    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
-    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
-    double d2 = (double)d * (double)d;
     int64_t off = 0;
-    int par = step_parity(e, e->cur_step);
+    int par = igrad__step_parity(e, e->cur_step);
     for (size_t t = 0; t < e->ntensors; t++) {
         e->stage_off[t] = off;
         e->tsumsq[t] = e->tdropped[t] = 0.0;
         e->tstatus[t] = IGRAD_OK;
         if (e->sent[t]) off += e->t[t].spec[e->rel[t]][par].count;
     }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
-#endif
-    for (int64_t w = 0; w < T; w++) {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
-        uint32_t t = e->work[w];
-        igrad__engine_tensor_t *tp = &e->t[t];
-        float *restrict g = grads[t];
-        float *restrict r = tp->residual;
-        int64_t n = tp->n;
-        double a2 = e->tnorm[t]; /* sum of (g + e)^2 from the check */
-        if (e->sent[t]) {
-            igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
-                                     .value = e->stage_val + e->stage_off[t]};
-            const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
-            e->tstatus[t] = remedies ? select_remedies(e, tp, g, sp, e->ws[tid], &sel, zero)
-                                     : igrad__select_ef(g, r, sp, tp->name, e->ws[tid], &sel,
-                                                        zero);
-            e->tsumsq[t] = sel.sumsq;
-            /* the residual is a with the selected entries zeroed (then decayed) */
-            e->tnorm[t] = a2 - sel.sumsq > 0.0 ? (a2 - sel.sumsq) * (remedies ? d2 : 1.0) : 0.0;
-        } else if (!drop && !remedies) {
-            if (zero) {
-                SIMD
-                for (int64_t i = 0; i < n; i++) {
-                    r[i] = g[i] + r[i];
-                    g[i] = 0.0f;
-                }
-            } else {
-                SIMD
-                for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
-            }
-        } else if (!drop) {
-            float *restrict u = tp->velocity;
-            if (u) {
-                SIMD
-                for (int64_t i = 0; i < n; i++) {
-                    u[i] = m * u[i] + g[i];
-                    r[i] = d * (u[i] + r[i]);
-                }
-            } else {
-                SIMD
-                for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
-            }
-            if (zero) memset(g, 0, (size_t)n * sizeof *g);
-            e->tnorm[t] = a2 * d2;
-        } else {
-            /* the ablation drops the velocity with the residual */
-            if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
-            memset(r, 0, (size_t)n * sizeof *r);
-            if (zero) memset(g, 0, (size_t)n * sizeof *g);
-            e->tdropped[t] = a2;
-            e->tnorm[t] = 0.0;
-        }
-    }
+    e->dp->select_into(e, grads, zero);
     for (size_t t = 0; t < e->ntensors; t++)
         if (e->tstatus[t] != IGRAD_OK)
             return igrad__fail((igrad_status_t)e->tstatus[t], __FILE__, __LINE__,
@@ -1457,7 +1272,7 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads, int zer
  * assigns them to buckets and lays the buckets out in the arenas. */
 static igrad_status_t plan_step(igrad_engine_t *e)
 {
-    int par = step_parity(e, e->cur_step);
+    int par = igrad__step_parity(e, e->cur_step);
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
     size_t T = e->ntensors, m = 0;
     int nsent = 0;
@@ -1569,178 +1384,15 @@ static igrad_status_t plan_step(igrad_engine_t *e)
     return IGRAD_OK;
 }
 
-/* Copies bucket j's blocks into its send bytes (gather) or dense floats. */
+/* Bucket j into, and out of, its route's wire layout (the data plane). */
 static void pack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 {
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = step_parity(e, e->cur_step);
-    if (bk->kind == IGRAD_BUCKET_GATHER) {
-        unsigned char *dst = e->send_arena + bk->send_off;
-        for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            int64_t src = e->stage_off[bi->tensor] + bi->first;
-            memcpy(dst + bi->val_off, e->stage_val + src, (size_t)bi->count * sizeof(float));
-            if (bi->idx_nbytes == 4) {
-                memcpy(dst + bi->idx_off, e->stage_idx + src, (size_t)bi->count * 4);
-            } else {
-                const uint32_t *in = e->stage_idx + src;
-                unsigned char *o = dst + bi->idx_off;
-                for (int64_t k = 0; k < bi->count; k++) {
-                    uint16_t s = (uint16_t)in[k];
-                    memcpy(o + 2 * k, &s, 2);
-                }
-            }
-        }
-        return;
-    }
-    float *buf = (float *)(void *)(e->recv_arena + bk->recv_off);
-    if (e->sp == IGRAD_SPARSIFIER_NONE) {
-        for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            memcpy(buf + bi->dense_off, grads[bi->tensor] + bi->first,
-                   (size_t)bi->count * sizeof(float));
-        }
-        return;
-    }
-    memset(buf, 0, bk->dense_count * sizeof(float));
-    for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
-        int64_t src = e->stage_off[bi->tensor] + bi->first;
-        const uint32_t *idx = e->stage_idx + src;
-        const float *val = e->stage_val + src;
-        float *d = buf + bi->dense_off;
-        if (bi->row_wise) {
-            const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
-            int64_t rows = bi->count / sp->per_row;
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t k = 0; k < sp->per_row; k++)
-                    d[r * sp->cols + idx[r * sp->per_row + k]] = val[r * sp->per_row + k];
-        } else {
-            for (int64_t k = 0; k < bi->count; k++) d[idx[k]] = val[k];
-        }
-    }
+    e->dp->pack[e->bk[j].route->wire](e, j, grads);
 }
 
-static inline float read_value(const unsigned char *p, int64_t k)
-{
-    float v;
-    memcpy(&v, p + 4 * k, 4);
-    return v;
-}
-
-static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
-{
-    if (width == 4) {
-        uint32_t i;
-        memcpy(&i, p + 4 * k, 4);
-        return i;
-    }
-    uint16_t s;
-    memcpy(&s, p + 2 * k, 2);
-    return s;
-}
-
-/* A received index outside its tensor or row: names the rank whose bytes
- * are bad, the bucket and the tensor. Every rank receives the same bytes,
- * so every rank that unpacks this bucket fails here with this message. */
-static igrad_status_t bad_index(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
-                                const igrad__engine_block_t *bi, int r,
-                                const unsigned char *ip, int64_t bound)
-{
-    int64_t k = 0;
-    uint32_t v = 0;
-    for (; k < bi->count; k++) {
-        v = read_index(ip, bi->idx_nbytes, k);
-        if ((int64_t)v >= bound) break;
-    }
-    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
-                       "step %lld: bucket %d: rank %d sent index %lu for tensor %s (entry %lld "
-                       "of a block of %lld), outside [0, %lld) %s; its bytes are bad (a "
-                       "corrupt transport, or ranks out of step); nothing more is unpacked "
-                       "and the engine is unusable",
-                       (long long)e->cur_step, bk->index, r, (unsigned long)v,
-                       e->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count,
-                       (long long)bound, bi->row_wise ? "(a column of its row)" : "");
-}
-
-/* Adds bucket j's contributions of every rank, divided by P, into grads
- * (the dense method assigns: its segments tile every tensor). Received
- * indices are checked against their tensor (flat) or row (row-wise) before
- * use; on a bad one the gradients are partly written. */
 static igrad_status_t unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 {
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = step_parity(e, e->cur_step);
-    /* multiplying by 1/P: exact division for powers of two, and a loop
-     * that vectorizes */
-    const float inv = 1.0f / (float)e->nranks;
-    if (bk->kind == IGRAD_BUCKET_REDUCE) {
-        /* dense floats only: offsets and counts are this rank's own plan */
-        const float *buf = (const float *)(const void *)(e->recv_arena + bk->recv_off);
-        int dense = e->sp == IGRAD_SPARSIFIER_NONE;
-        for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            if (!bi->seg_owner) continue;
-            float *restrict g = grads[bi->tensor] + bi->seg_begin;
-            const float *restrict s = buf + bi->dense_off;
-            int64_t cnt = bi->seg_count;
-            if (dense) {
-                SIMD
-                for (int64_t k = 0; k < cnt; k++) g[k] = s[k] * inv;
-            } else {
-                SIMD
-                for (int64_t k = 0; k < cnt; k++) g[k] += s[k] * inv;
-            }
-        }
-        return IGRAD_OK;
-    }
-    for (int r = 0; r < e->nranks; r++) {
-        const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
-        for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
-            float *g = grads[bi->tensor];
-            const unsigned char *vp = base + bi->val_off, *ip = base + bi->idx_off;
-            /* A rank's bytes start at r * send_nbytes, which need not be
-             * 4-aligned: read through memcpy. */
-            if (bi->row_wise) {
-                const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
-                const uint32_t cols = (uint32_t)sp->cols;
-                int64_t rows = bi->count / sp->per_row, k = 0;
-                for (int64_t rr = 0; rr < rows; rr++) {
-                    float *grow = g + (bi->row0 + rr) * sp->cols;
-                    for (int64_t c = 0; c < sp->per_row; c++, k++) {
-                        uint32_t i = read_index(ip, bi->idx_nbytes, k);
-                        if (i >= cols) return bad_index(e, bk, bi, r, ip, sp->cols);
-                        grow[i] += read_value(vp, k) * inv;
-                    }
-                }
-            } else {
-                const uint64_t n = (uint64_t)tp->n;
-                for (int64_t k = 0; k < bi->count; k++) {
-                    uint32_t i = read_index(ip, bi->idx_nbytes, k);
-                    if (i >= n) return bad_index(e, bk, bi, r, ip, tp->n);
-                    g[i] += read_value(vp, k) * inv;
-                }
-            }
-        }
-    }
-    return IGRAD_OK;
-}
-
-/* Zeroes the gradients that unpacking adds into (sparse methods: all). */
-static void zero_grads(igrad_engine_t *e, float *const *grads)
-{
-    if (e->sp == IGRAD_SPARSIFIER_NONE) return;
-    int64_t T = (int64_t)e->ntensors;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
-#endif
-    for (int64_t w = 0; w < T; w++) {
-        uint32_t t = e->work[w];
-        memset(grads[t], 0, (size_t)e->t[t].n * sizeof(float));
-    }
+    return e->dp->unpack[e->bk[j].route->wire](e, j, grads);
 }
 
 /* Everything before packing: checks, agreement, gate, selection, plan.
@@ -1802,7 +1454,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
 static igrad_status_t finish_step(igrad_engine_t *e)
 {
     igrad_step_stats_t *s = &e->stats;
-    int par = step_parity(e, e->cur_step);
+    int par = igrad__step_parity(e, e->cur_step);
     double P = (double)e->nranks;
     for (size_t t = 0; t < e->ntensors; t++) {
         if (!e->sent[t]) continue;
@@ -1923,7 +1575,7 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
         IGRAD_FAIL_IF(!grads[t], IGRAD_E_INVALID, "igrad_engine_end: grads[%zu] (%s) is NULL",
                       t, e->t[t].name);
     double t0 = igrad__now_ms();
-    zero_grads(e, grads);
+    e->dp->zero(e, grads);
     for (size_t j = 0; j < e->nbk; j++) {
         igrad_status_t st = unpack_bucket(e, j, grads);
         if (st != IGRAD_OK) {
@@ -2085,7 +1737,7 @@ int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
 {
     if (!e) return -1;
     if (warmup_step(e, step)) return igrad_engine_predict_payload(e->warmup, step);
-    int par = step_parity(e, step);
+    int par = igrad__step_parity(e, step);
     int64_t total = 0;
     for (size_t t = 0; t < e->ntensors; t++) {
         const igrad__engine_tensor_t *tp = &e->t[t];

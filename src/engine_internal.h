@@ -100,7 +100,8 @@ void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes);
 
 #define IGRAD__VALUE_NBYTES 4 /* F32 values on the wire */
 
-struct igrad__route; /* route.h */
+struct igrad__route;  /* route.h */
+struct igrad__dp_ops; /* dp.h */
 
 /* One tensor's plan. Index [rel][par]: rel = 1 at a release step, par = 1
  * on odd steps (only differs from even with interleave). */
@@ -151,6 +152,8 @@ enum { IGRAD__ENGINE_IDLE = 0, IGRAD__ENGINE_BEGUN = 1 };
 
 struct igrad_engine {
     igrad_config_t cfg;                 /* copy, size = sizeof */
+    const struct igrad__dp_ops *dp;     /* data plane: every access to gradient,
+                                           residual, velocity and bucket memory */
     igrad_comm_t *comm;                 /* borrowed */
     int rank, nranks;
     igrad_trace_t *trace;               /* borrowed, may be NULL */
@@ -269,6 +272,12 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
                                    uint64_t *buf, igrad_status_t status, int64_t detail,
                                    const char *local_msg, const uint64_t *items,
                                    int check_items, const char *context);
+
+/* Odd steps select with spec[.][1] when interleaving. */
+static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)
+{
+    return e->cfg.interleave && step % 2 != 0;
+}
 
 /* ---- engine.c / engine_online.c ----------------------------------------- */
 
