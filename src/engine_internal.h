@@ -1,6 +1,7 @@
 /*
- * engine_internal.h — what engine.c (plan, step, agreement) and
- * engine_state.c (save/load of a rank's state) share: the engine's layout
+ * engine_internal.h — what engine.c (plan, step), engine_agree.c
+ * (agreement), engine_state.c (save/load of a rank's state), the bucket
+ * routes (route.c) and the data plane (dp*.c) share: the engine's layout
  * in memory and the agreement items, the fixed list of values every rank
  * must have in common (layout, profile, config fields, plan), which the
  * cross-rank check and the state file both compare one by one so that a
@@ -249,9 +250,18 @@ igrad_status_t igrad__engine_usable(const igrad_engine_t *e, const char *what);
  * (the first failure is kept). Returns `status`. */
 igrad_status_t igrad__engine_break(igrad_engine_t *e, igrad_status_t status);
 
+/* engine_agree.c: the items that depend only on what the engine was built
+ * from, into items[] (at create). */
+void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profile_hash,
+                                uint64_t plan_hash);
+
 /* Fills the items that change with the run (step, calls, history) into
  * items[] of the engine (the static ones were set at create). */
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step);
+
+/* Words per rank of the agreement exchange: status, detail, check flag,
+ * the items. */
+#define IGRAD__AGREE_WORDS (3 + IGRAD__NITEMS)
 
 /* Exchanges (status, detail, items) with every rank and decides
  * (the exchange runs under e->cfg.timeout_s when e is given; if it fails or
