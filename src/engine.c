@@ -2,14 +2,19 @@
  * engine.c — the sync engine (DESIGN.md §2): method/config names and
  * validation, the plan built at create (per tensor: every step or released
  * at a phase, budgets for normal and release steps, block cuts, buffer
- * sizes for the largest step), the cross-rank agreement check, and one
- * step: finiteness agreement, error feedback + selection on OpenMP
- * threads, packing into buckets, the collectives (two-phase or pipelined)
- * and unpacking the average into the caller's gradients, with statistics.
+ * sizes for the largest step), and the
+ * order of one step: check, agree, gate, select, plan the blocks and
+ * buckets, pack, the collectives (two-phase or pipelined), unpack, with
+ * statistics. This is the control plane: every touch of gradient,
+ * residual, velocity or bucket memory goes through the data-plane table
+ * e->dp (dp.h; the CPU backend is dp_cpu*.c), and every choice of
+ * collective through the bucket routes (route.h).
  *
- * Not here: saving and loading a rank's state (engine_state.c); the gate,
+ * Not here: the agreement items and their exchange (engine_agree.c);
+ * saving and loading a rank's state (engine_state.c); the gate,
  * phases and release budgets (schedule.c); bucket policies (pack.c);
- * selection itself (select.c); the collectives (comm*.c).
+ * selection itself (select.c); the stages' loops (dp_cpu*.c); the
+ * collectives (comm*.c).
  *
  * Why the step is shaped the way it is:
  *  - Nothing is written before every rank knows that every gradient is
@@ -31,7 +36,10 @@
 
 #include "engine_internal.h"
 #include "profile_internal.h"
+#include "dp.h"
+#include "route.h"
 #include "schedule.h"
+#include "select_internal.h"
 
 #include <float.h>
 #include <math.h>
@@ -43,7 +51,6 @@
 #include <omp.h>
 #endif
 
-#define VALUE_NBYTES 4 /* F32 on the wire */
 
 /* ------------------------------------------------------------------------ */
 /* Names                                                                    */
@@ -223,365 +230,6 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Agreement items                                                          */
-/* ------------------------------------------------------------------------ */
-
-const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
-    [IGRAD__ITEM_VERSION] = {"igrad version", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_TENSORS] = {"layout tensor count", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_LAYOUT] = {"layout", IGRAD__ITEM_HASH, 1},
-    [IGRAD__ITEM_COMPONENTS] = {"layout component count", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_PROFILE] = {"profile", IGRAD__ITEM_HASH, 1},
-    [IGRAD__ITEM_CFG_METHOD] = {"config.method", IGRAD__ITEM_METHOD, 1},
-    [IGRAD__ITEM_CFG_SPARSIFIER] = {"config.sparsifier", IGRAD__ITEM_SPARSIFIER, 1},
-    [IGRAD__ITEM_CFG_INTERLEAVE] = {"config.interleave", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_DENSITY] = {"config.density", IGRAD__ITEM_F64, 1},
-    [IGRAD__ITEM_CFG_RELEASE_PERIOD] = {"config.release_period", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_RELEASE_KEEP] = {"config.release_keep", IGRAD__ITEM_F64, 1},
-    [IGRAD__ITEM_CFG_SCHEDULE] = {"config.schedule", IGRAD__ITEM_SCHEDULE, 1},
-    [IGRAD__ITEM_CFG_RESIDUAL] = {"config.residual", IGRAD__ITEM_RESIDUAL, 1},
-    [IGRAD__ITEM_CFG_PACK] = {"config.pack", IGRAD__ITEM_PACK, 1},
-    [IGRAD__ITEM_CFG_BUCKETS] = {"config.buckets", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_BLOCK_ENTRIES] = {"config.block_entries", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_RISK_LAMBDA] = {"config.risk_lambda", IGRAD__ITEM_F64, 1},
-    [IGRAD__ITEM_CFG_VERIFY_EVERY] = {"config.verify_every", IGRAD__ITEM_I64, 0},
-    [IGRAD__ITEM_CFG_VALUE_DTYPE] = {"config.value_dtype", IGRAD__ITEM_DTYPE, 1},
-    [IGRAD__ITEM_CFG_INDEX_DTYPE] = {"config.index_dtype", IGRAD__ITEM_DTYPE, 1},
-    [IGRAD__ITEM_CFG_COLLECTIVE] = {"config.collective", IGRAD__ITEM_COLLECTIVE, 1},
-    [IGRAD__ITEM_CFG_TIMEOUT] = {"config.timeout_s", IGRAD__ITEM_F64, 0},
-    [IGRAD__ITEM_CFG_PROFILE_STEPS] = {"config.profile_steps", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_PROFILE_ALPHA] = {"config.profile_alpha", IGRAD__ITEM_F64, 1},
-    [IGRAD__ITEM_CFG_PROFILE_PARTITION] = {"config.profile_partition", IGRAD__ITEM_HASH, 1},
-    [IGRAD__ITEM_CFG_GATE_OTHER] = {"config.gate_other", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_PLAN] = {"plan", IGRAD__ITEM_HASH, 1},
-    [IGRAD__ITEM_STEP] = {"step", IGRAD__ITEM_I64, 0},
-    [IGRAD__ITEM_CALLS] = {"engine step count", IGRAD__ITEM_I64, 0},
-    [IGRAD__ITEM_HISTORY] = {"risk size history", IGRAD__ITEM_HASH, 0},
-    [IGRAD__ITEM_ONLINE] = {"online profiling steps recorded", IGRAD__ITEM_I64, 0},
-    [IGRAD__ITEM_CFG_MOMENTUM] = {"config.momentum", IGRAD__ITEM_F64, 1},
-    [IGRAD__ITEM_CFG_MOMENTUM_MASKING] = {"config.momentum_masking", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_RESIDUAL_DECAY] = {"config.residual_decay", IGRAD__ITEM_F64, 1},
-    [IGRAD__ITEM_CFG_START_ITER] = {"config.start_iter", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_TARGET_RATIO] = {"config.target_ratio", IGRAD__ITEM_F64, 1},
-};
-
-static uint64_t f64_bits(double v)
-{
-    uint64_t u;
-    memcpy(&u, &v, sizeof u);
-    return u;
-}
-
-void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes)
-{
-    int64_t s = (int64_t)value;
-    int type = igrad__items[i].type;
-    /* An enum item outside int (a corrupt state file) would be cut by the
-     * cast below and could print as a valid name on both sides. */
-    if (type != IGRAD__ITEM_I64 && type != IGRAD__ITEM_F64 && type != IGRAD__ITEM_HASH &&
-        (s < 0 || s > 0x7fffffff)) {
-        snprintf(buf, nbytes, "%lld (not a valid value)", (long long)s);
-        return;
-    }
-    switch (type) {
-    case IGRAD__ITEM_I64: snprintf(buf, nbytes, "%lld", (long long)s); return;
-    case IGRAD__ITEM_F64: {
-        double d;
-        memcpy(&d, &value, sizeof d);
-        /* the short form when it reads back exactly, else all digits */
-        snprintf(buf, nbytes, "%g", d);
-        if (strtod(buf, NULL) != d) snprintf(buf, nbytes, "%.17g", d);
-        return;
-    }
-    case IGRAD__ITEM_HASH:
-        snprintf(buf, nbytes, "0x%016llx", (unsigned long long)value);
-        return;
-    case IGRAD__ITEM_METHOD: snprintf(buf, nbytes, "%s", igrad_method_name((igrad_method_t)s)); return;
-    case IGRAD__ITEM_SPARSIFIER:
-        snprintf(buf, nbytes, "%s", igrad_sparsifier_name((igrad_sparsifier_t)s));
-        return;
-    case IGRAD__ITEM_SCHEDULE:
-        snprintf(buf, nbytes, "%s", igrad_schedule_name((igrad_schedule_t)s));
-        return;
-    case IGRAD__ITEM_RESIDUAL:
-        snprintf(buf, nbytes, "%s", igrad_residual_policy_name((igrad_residual_policy_t)s));
-        return;
-    case IGRAD__ITEM_PACK:
-        snprintf(buf, nbytes, "%s", igrad_pack_policy_name((igrad_pack_policy_t)s));
-        return;
-    case IGRAD__ITEM_DTYPE: {
-        const char *nm = igrad_dtype_name((igrad_dtype_t)s);
-        snprintf(buf, nbytes, "%s", nm ? nm : "?");
-        return;
-    }
-    case IGRAD__ITEM_COLLECTIVE:
-        snprintf(buf, nbytes, "%s", igrad_collective_name((igrad_collective_t)s));
-        return;
-    }
-    snprintf(buf, nbytes, "%llu", (unsigned long long)value);
-}
-
-/* The items that depend only on what the engine was built from. */
-static void static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profile_hash,
-                         uint64_t plan_hash)
-{
-    const igrad_config_t *c = &e->cfg;
-    uint64_t *v = e->items;
-    v[IGRAD__ITEM_VERSION] = (uint64_t)IGRAD_VERSION_NUMBER;
-    v[IGRAD__ITEM_TENSORS] = (uint64_t)e->ntensors;
-    v[IGRAD__ITEM_LAYOUT] = layout_hash;
-    v[IGRAD__ITEM_COMPONENTS] = (uint64_t)e->ncomp;
-    v[IGRAD__ITEM_PROFILE] = profile_hash;
-    v[IGRAD__ITEM_CFG_METHOD] = (uint64_t)(int64_t)c->method;
-    v[IGRAD__ITEM_CFG_SPARSIFIER] = (uint64_t)(int64_t)c->sparsifier;
-    v[IGRAD__ITEM_CFG_INTERLEAVE] = (uint64_t)(int64_t)c->interleave;
-    v[IGRAD__ITEM_CFG_DENSITY] = f64_bits(c->density);
-    v[IGRAD__ITEM_CFG_RELEASE_PERIOD] = (uint64_t)(int64_t)c->release_period;
-    v[IGRAD__ITEM_CFG_RELEASE_KEEP] = f64_bits(c->release_keep);
-    v[IGRAD__ITEM_CFG_SCHEDULE] = (uint64_t)(int64_t)c->schedule;
-    v[IGRAD__ITEM_CFG_RESIDUAL] = (uint64_t)(int64_t)c->residual;
-    v[IGRAD__ITEM_CFG_PACK] = (uint64_t)(int64_t)c->pack;
-    v[IGRAD__ITEM_CFG_BUCKETS] = (uint64_t)(int64_t)c->buckets;
-    v[IGRAD__ITEM_CFG_BLOCK_ENTRIES] = (uint64_t)c->block_entries;
-    v[IGRAD__ITEM_CFG_RISK_LAMBDA] = f64_bits(c->risk_lambda);
-    v[IGRAD__ITEM_CFG_VERIFY_EVERY] = (uint64_t)c->verify_every;
-    v[IGRAD__ITEM_CFG_VALUE_DTYPE] = (uint64_t)(int64_t)c->value_dtype;
-    v[IGRAD__ITEM_CFG_INDEX_DTYPE] = (uint64_t)(int64_t)c->index_dtype;
-    v[IGRAD__ITEM_CFG_COLLECTIVE] = (uint64_t)(int64_t)c->collective;
-    v[IGRAD__ITEM_CFG_TIMEOUT] = f64_bits(c->timeout_s);
-    v[IGRAD__ITEM_CFG_GATE_OTHER] = (uint64_t)(int64_t)c->gate_other;
-    v[IGRAD__ITEM_PLAN] = plan_hash;
-    /* online profiling */
-    v[IGRAD__ITEM_CFG_PROFILE_STEPS] = (uint64_t)c->profile_steps;
-    v[IGRAD__ITEM_CFG_PROFILE_ALPHA] = f64_bits(c->profile_alpha);
-    v[IGRAD__ITEM_CFG_PROFILE_PARTITION] =
-        igrad__hash_str(IGRAD__HASH_SEED, c->profile_partition ? c->profile_partition : "knee");
-    v[IGRAD__ITEM_CFG_MOMENTUM] = f64_bits(c->momentum);
-    v[IGRAD__ITEM_CFG_MOMENTUM_MASKING] = (uint64_t)(int64_t)c->momentum_masking;
-    v[IGRAD__ITEM_CFG_RESIDUAL_DECAY] = f64_bits(c->residual_decay);
-    v[IGRAD__ITEM_CFG_START_ITER] = (uint64_t)c->start_iter;
-    v[IGRAD__ITEM_CFG_TARGET_RATIO] = f64_bits(c->target_ratio);
-}
-
-void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)
-{
-    e->items[IGRAD__ITEM_STEP] = (uint64_t)step;
-    e->items[IGRAD__ITEM_CALLS] = (uint64_t)e->calls;
-    e->items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->hist);
-    e->items[IGRAD__ITEM_ONLINE] = (uint64_t)igrad__online_item(e);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Agreement across ranks                                                   */
-/* ------------------------------------------------------------------------ */
-
-#define AGREE_WORDS (3 + IGRAD__NITEMS)
-
-igrad_status_t igrad__engine_usable(const igrad_engine_t *e, const char *what)
-{
-    IGRAD_FAIL_IF(e->broken != IGRAD_OK, IGRAD_E_STATE,
-                  "%s: the engine is unusable since a failure after the ranks agreed (%s): %s",
-                  what, igrad_status_str(e->broken), e->broken_msg);
-    return IGRAD_OK;
-}
-
-igrad_status_t igrad__engine_break(igrad_engine_t *e, igrad_status_t status)
-{
-    if (e->broken == IGRAD_OK) {
-        e->broken = status;
-        snprintf(e->broken_msg, sizeof e->broken_msg, "%s", igrad_last_error());
-    }
-    return status;
-}
-
-/* A failed exchange (the comm's error, or a timeout): says where it
- * happened and returns the comm's status. */
-static igrad_status_t exchange_failed(igrad_status_t st, const char *context)
-{
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", igrad_last_error());
-    return igrad__fail(st, __FILE__, __LINE__, "%s: agreement: %s", context, msg);
-}
-
-/* Allocates a detail exchange's receive buffer and agrees on whether every
- * rank could (one word per rank in `buf`), so that an allocation failure
- * on one rank never leaves the others waiting in the detail allgather.
- * *out is NULL and *short_rank the first rank without memory when one
- * failed. */
-static igrad_status_t detail_alloc(igrad_comm_t *comm, int nranks, uint64_t *buf,
-                                   size_t nbytes, void **out, int *short_rank)
-{
-    void *p = malloc(nbytes + 1);
-    uint64_t ok = p != NULL;
-    *out = NULL;
-    *short_rank = -1;
-    igrad_status_t st = igrad_comm_allgather(comm, &ok, sizeof ok, buf);
-    if (st != IGRAD_OK) {
-        free(p);
-        return st;
-    }
-    for (int r = 0; r < nranks && *short_rank < 0; r++)
-        if (!buf[r]) *short_rank = r;
-    if (*short_rank >= 0) {
-        free(p);
-        return IGRAD_OK;
-    }
-    *out = p;
-    return IGRAD_OK;
-}
-
-/* Second exchange after a layout mismatch: per-tensor hashes. Returns
- * IGRAD_E_MISMATCH, or the comm's status if an exchange failed. */
-static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
-                                    uint64_t *buf, const char *context)
-{
-    size_t T = e->ntensors;
-    uint64_t *all = NULL;
-    int short_rank = -1;
-    IGRAD_CHECK(detail_alloc(comm, nranks, buf, (size_t)nranks * T * sizeof *all,
-                             (void **)&all, &short_rank));
-    if (short_rank >= 0)
-        return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
-                           "%s: layout differs between ranks (rank %d ran out of memory "
-                           "naming the tensor)",
-                           context, short_rank);
-    igrad_status_t st = igrad_comm_allgather(comm, e->tensor_hash, T * sizeof *all, all);
-    if (st != IGRAD_OK) {
-        if (st != IGRAD_E_TIMEOUT) free(all); /* else MPI may still write it */
-        return st;
-    }
-    for (size_t t = 0; t < T; t++)
-        for (int r = 1; r < nranks; r++)
-            if (all[(size_t)r * T + t] != all[t]) {
-                free(all);
-                return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
-                                   "%s: layout differs at tensor %s (index %zu): rank 0 and "
-                                   "rank %d have a different name, dtype or shape there",
-                                   context, e->t[t].name, t, r);
-            }
-    free(all);
-    return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
-                       "%s: layout differs between ranks (same tensors, other family?)",
-                       context);
-}
-
-/* Second exchange after a profile mismatch: the important flags. Returns
- * as layout_detail. */
-static igrad_status_t profile_detail(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
-                                     uint64_t *buf, const char *context)
-{
-    size_t C = e->ncomp;
-    unsigned char *all = NULL;
-    int short_rank = -1;
-    IGRAD_CHECK(detail_alloc(comm, nranks, buf, (size_t)nranks * C, (void **)&all,
-                             &short_rank));
-    if (short_rank >= 0)
-        return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
-                           "%s: profile differs between ranks (rank %d ran out of memory "
-                           "naming the component)",
-                           context, short_rank);
-    igrad_status_t st = igrad_comm_allgather(comm, e->comp_important, C, all);
-    if (st != IGRAD_OK) {
-        if (st != IGRAD_E_TIMEOUT) free(all); /* else MPI may still write it */
-        return st;
-    }
-    for (size_t c = 0; c < C; c++)
-        for (int r = 1; r < nranks; r++)
-            if (all[(size_t)r * C + c] != all[c]) {
-                int imp0 = all[c];
-                free(all);
-                return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
-                                   "%s: profile differs at component (%d, %s): rank 0 has it "
-                                   "%s, rank %d %s",
-                                   context, e->comp_layer[c], igrad_kind_name(e->comp_kind[c]),
-                                   imp0 ? "important" : "low-importance", r,
-                                   imp0 ? "low-importance" : "important");
-            }
-    free(all);
-    return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
-                       "%s: profile differs between ranks (one rank has none?)", context);
-}
-
-/* igrad__engine_agree without the timeout and the broken mark. *comm_failed
- * is set when an exchange itself failed. */
-static igrad_status_t agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks, uint64_t *buf,
-                            igrad_status_t status, int64_t detail, const char *local_msg,
-                            const uint64_t *items, int check_items, const char *context,
-                            int *comm_failed)
-{
-    uint64_t mine[AGREE_WORDS];
-    memset(mine, 0, sizeof mine);
-    mine[0] = (uint64_t)status;
-    mine[1] = (uint64_t)detail;
-    mine[2] = (uint64_t)(check_items != 0);
-    if (items) memcpy(mine + 3, items, IGRAD__NITEMS * sizeof *items);
-    igrad_status_t st = igrad_comm_allgather(comm, mine, sizeof mine, buf);
-    if (st != IGRAD_OK) {
-        *comm_failed = 1;
-        return exchange_failed(st, context);
-    }
-
-    int failed = -1, check = 0;
-    for (int r = 0; r < nranks; r++) {
-        const uint64_t *w = buf + (size_t)r * AGREE_WORDS;
-        if (w[0] != 0 && failed < 0) failed = r;
-        check |= w[2] != 0;
-    }
-    if (failed >= 0) {
-        if (status != IGRAD_OK)
-            return igrad__fail(status, __FILE__, __LINE__, "%s", local_msg ? local_msg : "");
-        const uint64_t *w = buf + (size_t)failed * AGREE_WORDS;
-        igrad_status_t fs = (igrad_status_t)w[0];
-        int64_t det = (int64_t)w[1];
-        if (e && e->t && det >= 0 && (size_t)det < e->ntensors)
-            return igrad__fail(fs, __FILE__, __LINE__,
-                               "%s failed on rank %d (%s) at tensor %s; every rank fails it",
-                               context, failed, igrad_status_str(fs), e->t[det].name);
-        return igrad__fail(fs, __FILE__, __LINE__, "%s failed on rank %d (%s); every rank fails it",
-                           context, failed, igrad_status_str(fs));
-    }
-
-    /* Every rank sees the same words, so every rank takes the same branch
-     * below (and makes the same detail exchanges). */
-    for (int i = check ? 0 : IGRAD__ITEM_FIRST_DYNAMIC; i < IGRAD__NITEMS; i++) {
-        uint64_t v0 = buf[3 + i];
-        for (int r = 1; r < nranks; r++) {
-            uint64_t vr = buf[(size_t)r * AGREE_WORDS + 3 + (size_t)i];
-            if (vr == v0) continue;
-            if (i == IGRAD__ITEM_LAYOUT || i == IGRAD__ITEM_PROFILE) {
-                st = i == IGRAD__ITEM_LAYOUT ? layout_detail(e, comm, nranks, buf, context)
-                                             : profile_detail(e, comm, nranks, buf, context);
-                if (st == IGRAD_E_MISMATCH) return st;
-                *comm_failed = 1;
-                return exchange_failed(st, context);
-            }
-            char a[64], b[64];
-            igrad__item_format(i, v0, a, sizeof a);
-            igrad__item_format(i, vr, b, sizeof b);
-            return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
-                               "%s: %s differs: rank 0 has %s, rank %d has %s", context,
-                               igrad__items[i].name, a, r, b);
-        }
-    }
-    return IGRAD_OK;
-}
-
-igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
-                                   uint64_t *buf, igrad_status_t status, int64_t detail,
-                                   const char *local_msg, const uint64_t *items,
-                                   int check_items, const char *context)
-{
-    double saved = igrad_comm_timeout(comm);
-    if (e) igrad_comm_set_timeout(comm, e->cfg.timeout_s);
-    int comm_failed = 0;
-    igrad_status_t st = agree(e, comm, nranks, buf, status, detail, local_msg, items,
-                              check_items, context, &comm_failed);
-    igrad_comm_set_timeout(comm, saved);
-    if (comm_failed && e) igrad__engine_break(e, st);
-    return st;
-}
-
-/* ------------------------------------------------------------------------ */
 /* Building the plan                                                        */
 /* ------------------------------------------------------------------------ */
 
@@ -729,7 +377,7 @@ static igrad_status_t plan_tensors(igrad_engine_t *e)
 /* Bytes a tensor sends at a step kind. */
 static int64_t tensor_nbytes(const igrad__engine_tensor_t *tp, int rel, int par)
 {
-    return tp->spec[rel][par].count * (VALUE_NBYTES + tp->idx_nbytes[rel][par]);
+    return tp->spec[rel][par].count * (IGRAD__VALUE_NBYTES + tp->idx_nbytes[rel][par]);
 }
 
 /* Floats a tensor needs in reduce buckets (its dense segments). */
@@ -848,7 +496,7 @@ static igrad_status_t full_blocks(const igrad_engine_t *e, igrad__pack_block_t *
         const igrad__engine_tensor_t *tp = &e->t[k];
         m += (size_t)igrad__pack_split((uint32_t)k, tp->spec[0][0].count,
                                        tp->blk_entries[0][0],
-                                       VALUE_NBYTES + tp->idx_nbytes[0][0],
+                                       IGRAD__VALUE_NBYTES + tp->idx_nbytes[0][0],
                                        (int64_t)(e->ntensors - 1 - k), b + m);
     }
     *out = b;
@@ -918,6 +566,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
                                    const igrad_profile_t *profile,
                                    const igrad_config_t *config, igrad_comm_t *comm)
 {
+    e->dp = &igrad__dp_cpu; /* the one data plane so far */
     IGRAD_FAIL_IF(!layout, IGRAD_E_INVALID, "igrad_engine_create: layout is NULL");
     IGRAD_CHECK(igrad_config_validate(config));
     memcpy(&e->cfg, config, sizeof e->cfg);
@@ -986,15 +635,8 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     e->max_entries = dense ? 0 : (size_t)mx[0];
     e->max_blocks = (size_t)mx[1];
     size_t slack = (size_t)e->nb_max * 8; /* each bucket's offset is 8-aligned */
-    if (dense || c->collective == IGRAD_COLLECTIVE_REDUCE) {
-        e->send_arena_nbytes = 0;
-        e->recv_arena_nbytes = (size_t)mx[3] * sizeof(float) + slack;
-    } else {
-        /* A reduce bucket under auto is chosen only when 4n < P*send/2,
-         * so its floats fit in the room of its gather. */
-        e->send_arena_nbytes = (size_t)mx[2] + slack;
-        e->recv_arena_nbytes = P * (size_t)mx[2] + slack;
-    }
+    igrad__route_arenas(c->collective, dense, mx[2], mx[3], P, slack, &e->send_arena_nbytes,
+                        &e->recv_arena_nbytes);
 
     size_t nbm = (size_t)e->nb_max, mb = e->max_blocks ? e->max_blocks : 1;
     e->stage_off = calloc(T, sizeof *e->stage_off);
@@ -1025,14 +667,14 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         IGRAD_FAIL_IF(!e->pack_scratch, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     }
     if (e->max_entries) {
-        e->stage_idx = malloc(e->max_entries * sizeof *e->stage_idx);
-        e->stage_val = malloc(e->max_entries * sizeof *e->stage_val);
+        e->stage_idx = e->dp->alloc(e->max_entries * sizeof *e->stage_idx, 0);
+        e->stage_val = e->dp->alloc(e->max_entries * sizeof *e->stage_val, 0);
         IGRAD_FAIL_IF(!e->stage_idx || !e->stage_val, IGRAD_E_NOMEM,
                       "igrad_engine_create: out of memory for %zu staged entries",
                       e->max_entries);
     }
-    e->send_arena = malloc(e->send_arena_nbytes ? e->send_arena_nbytes : 1);
-    e->recv_arena = malloc(e->recv_arena_nbytes ? e->recv_arena_nbytes : 1);
+    e->send_arena = e->dp->alloc(e->send_arena_nbytes, 0);
+    e->recv_arena = e->dp->alloc(e->recv_arena_nbytes, 0);
     IGRAD_FAIL_IF(!e->send_arena || !e->recv_arena, IGRAD_E_NOMEM,
                   "igrad_engine_create: out of memory for %zu + %zu bytes of buckets",
                   e->send_arena_nbytes, e->recv_arena_nbytes);
@@ -1041,8 +683,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         int64_t total = 0;
         for (size_t i = 0; i < T; i++) total += e->t[i].n;
         e->residual_count = total;
-        /* calloc: zero pages come from the kernel lazily */
-        e->residual_mem = calloc((size_t)total, sizeof(float));
+        e->residual_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
         IGRAD_FAIL_IF(!e->residual_mem, IGRAD_E_NOMEM,
                       "igrad_engine_create: out of memory for %lld residual entries",
                       (long long)total);
@@ -1053,7 +694,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         }
         if (c->momentum > 0.0) {
             e->velocity_count = total;
-            e->velocity_mem = calloc((size_t)total, sizeof(float));
+            e->velocity_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
             IGRAD_FAIL_IF(!e->velocity_mem, IGRAD_E_NOMEM,
                           "igrad_engine_create: out of memory for %lld velocity entries "
                           "(config.momentum)",
@@ -1077,7 +718,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     for (int i = 0; i < e->nthreads; i++) IGRAD_CHECK(igrad_select_ws_create(&e->ws[i]));
     if (e->deferral) IGRAD_CHECK(igrad__online_init(e, layout, profile));
 
-    static_items(e, igrad_layout_hash(layout), profile_hash(e), plan_hash(e));
+    igrad__engine_static_items(e, igrad_layout_hash(layout), profile_hash(e), plan_hash(e));
     e->calls = 0;
     igrad__engine_dynamic_items(e, -1);
     e->stats.step = -1;
@@ -1101,10 +742,12 @@ void igrad_engine_free(igrad_engine_t *e)
     free(e->comp_count);
     free(e->comp_important);
     free(e->comp_phase);
-    free(e->residual_mem);
-    free(e->velocity_mem);
-    free(e->stage_idx);
-    free(e->stage_val);
+    if (e->dp) { /* set first thing at build: without it, nothing below was allocated */
+        e->dp->free(e->residual_mem);
+        e->dp->free(e->velocity_mem);
+        e->dp->free(e->stage_idx);
+        e->dp->free(e->stage_val);
+    }
     free(e->stage_off);
     free(e->sent);
     free(e->rel);
@@ -1126,8 +769,10 @@ void igrad_engine_free(igrad_engine_t *e)
     /* After a timeout a collective is left pending on these buffers (MPI
      * may still read or write them): they are leaked on purpose. */
     if (e->broken != IGRAD_E_TIMEOUT) {
-        free(e->send_arena);
-        free(e->recv_arena);
+        if (e->dp) {
+            e->dp->free(e->send_arena);
+            e->dp->free(e->recv_arena);
+        }
         free(e->agree_buf);
     }
     free(e);
@@ -1144,7 +789,7 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
     IGRAD_FAIL_IF(nranks < 1, IGRAD_E_INVALID, "igrad_engine_create: comm has %d ranks", nranks);
     /* The exchange buffer first: without it this rank could not even take
      * part in telling the others that it failed. */
-    uint64_t *abuf = calloc((size_t)nranks * AGREE_WORDS, sizeof *abuf);
+    uint64_t *abuf = calloc((size_t)nranks * IGRAD__AGREE_WORDS, sizeof *abuf);
     IGRAD_FAIL_IF(!abuf, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
 
     igrad_status_t st;
@@ -1196,70 +841,6 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
 /* One step: checks and selection                                           */
 /* ------------------------------------------------------------------------ */
 
-/* Sums of squares vectorize only when the compiler may reorder them; with
- * OpenMP, "omp simd" says so. The order is fixed by the build, not by the
- * thread count, so every rank of one build gets the same bits. */
-#ifdef _OPENMP
-#define SIMD_SUM _Pragma("omp simd reduction(+ : s)")
-#define SIMD _Pragma("omp simd")
-#else
-#define SIMD_SUM
-#define SIMD
-#endif
-
-/* sum of (g + e)^2 in double (e may be NULL): one read-only pass that both
- * proves a = g + e finite (a NaN or Inf makes the sum non-finite, while a
- * finite float squared never overflows a double) and gives the residual
- * norm and dropped mass without another pass. */
-static double sumsq_ge(const float *restrict g, const float *restrict e, int64_t n)
-{
-    double s = 0.0;
-    if (e) {
-        SIMD_SUM
-        for (int64_t i = 0; i < n; i++) {
-            float a = g[i] + e[i];
-            s += (double)a * (double)a;
-        }
-    } else {
-        SIMD_SUM
-        for (int64_t i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
-    }
-    return s;
-}
-
-/* With momentum correction: sum of a^2 for a = (m*u + g) + e, computed as
- * select_all will (u becomes m*u + g, then the selection adds e), so the
- * check proves finite exactly the values the step will write. */
-static double sumsq_muge(const float *restrict g, const float *restrict u,
-                         const float *restrict e, float m, int64_t n)
-{
-    double s = 0.0;
-    SIMD_SUM
-    for (int64_t i = 0; i < n; i++) {
-        float v = m * u[i] + g[i];
-        float a = v + e[i];
-        s += (double)a * (double)a;
-    }
-    return s;
-}
-
-/* First index where a = (m*u +) g (+ e) is not finite, or -1 (after the
- * sum said there is one). u may be NULL (no momentum), e too (dense). */
-static int64_t first_nonfinite(const float *g, const float *u, float m, const float *e,
-                               int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) {
-        float v = u ? m * u[i] + g[i] : g[i];
-        if (!isfinite(v) || !isfinite(v + (e ? e[i] : 0.0f))) return i;
-    }
-    return -1;
-}
-
-static int step_parity(const igrad_engine_t *e, int64_t step)
-{
-    return e->cfg.interleave && step % 2 != 0;
-}
-
 /* Local argument and finiteness checks; records the message. */
 static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const *grads,
                                    int64_t *bad_tensor)
@@ -1273,35 +854,19 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
                                "step %lld: grads[%zu] (%s) is NULL", (long long)step, t,
                                e->t[t].name);
         }
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
-    int64_t T = (int64_t)e->ntensors;
-    float m = (float)e->cfg.momentum;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
-#endif
-    for (int64_t w = 0; w < T; w++) {
-        uint32_t t = e->work[w];
-        const igrad__engine_tensor_t *tp = &e->t[t];
-        /* kept in tnorm until select_all turns it into the residual's */
-        e->tnorm[t] = tp->velocity
-                          ? sumsq_muge(grads[t], tp->velocity, tp->residual, m, tp->n)
-                          : sumsq_ge(grads[t], dense ? NULL : tp->residual, tp->n);
-    }
+    e->dp->check(e, grads);
     for (size_t t = 0; t < e->ntensors; t++) {
         if (isfinite(e->tnorm[t])) continue;
-        const float *r = dense ? NULL : e->t[t].residual;
-        const float *u = e->t[t].velocity;
-        int64_t i = first_nonfinite(grads[t], u, m, r, e->t[t].n);
-        if (i < 0) i = 0; /* cannot happen: the sum saw a non-finite a */
+        float g, u, rv;
+        int64_t i = e->dp->first_bad(e, grads, t, &g, &u, &rv);
         *bad_tensor = (int64_t)t;
-        if (u && isfinite(grads[t][i]) && isfinite(u[i]) && isfinite(r[i]))
+        if (e->velocity_count > 0 && isfinite(g) && isfinite(u) && isfinite(rv))
             return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
                                "step %lld: %s: momentum * velocity + grad + residual overflows "
                                "at index %lld (grad %g, velocity %g, residual %g); the step is "
                                "skipped on every rank",
-                               (long long)step, e->t[t].name, (long long)i,
-                               (double)grads[t][i], (double)u[i], (double)r[i]);
-        float g = grads[t][i], rv = r ? r[i] : 0.0f;
+                               (long long)step, e->t[t].name, (long long)i, (double)g,
+                               (double)u, (double)rv);
         if (isfinite(g) && isfinite(rv))
             return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
                                "step %lld: %s: grad + residual overflows at index %lld (grad "
@@ -1316,114 +881,21 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
     return IGRAD_OK;
 }
 
-/* Momentum factor masking: the velocity of the entries just sent is
- * cleared (the residual already is). */
-static void mask_sent(float *restrict u, const igrad_select_spec_t *sp, const uint32_t *idx)
-{
-    if (sp->count == sp->n) {
-        memset(u, 0, (size_t)sp->n * sizeof *u);
-    } else if (sp->row_wise) {
-        for (int64_t r = 0; r < sp->rows; r++) {
-            float *ur = u + r * sp->cols;
-            const uint32_t *ir = idx + r * sp->per_row;
-            for (int64_t j = 0; j < sp->per_row; j++) ur[ir[j]] = 0.0f;
-        }
-    } else {
-        for (int64_t j = 0; j < sp->count; j++) u[idx[j]] = 0.0f;
-    }
-}
-
-/* One sent tensor with the remedies on (momentum correction, masking,
- * residual decay); the plain case calls igrad_select_ef directly. The
- * selection reads u = m*u + g in place of g. */
-static igrad_status_t select_remedies(const igrad_engine_t *e, igrad__engine_tensor_t *tp,
-                                      const float *restrict g, const igrad_select_spec_t *sp,
-                                      igrad_select_ws_t *ws, igrad_selection_t *sel)
-{
-    float *restrict u = tp->velocity, *restrict r = tp->residual;
-    int64_t n = tp->n;
-    const float *src = g;
-    if (u) {
-        float m = (float)e->cfg.momentum;
-        SIMD
-        for (int64_t i = 0; i < n; i++) u[i] = m * u[i] + g[i];
-        src = u;
-    }
-    IGRAD_CHECK(igrad_select_ef(src, r, sp, tp->name, ws, sel));
-    if (u && e->cfg.momentum_masking) mask_sent(u, sp, sel->index);
-    if (e->cfg.residual_decay < 1.0) {
-        float d = (float)e->cfg.residual_decay;
-        SIMD
-        for (int64_t i = 0; i < n; i++) r[i] = d * r[i];
-    }
-    return IGRAD_OK;
-}
-
 /* Error feedback + selection of sent tensors, accumulate (or drop) the
- * rest, on e->nthreads threads. */
-static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
+ * rest, on e->nthreads threads. With `zero` set (sync: the gradients are
+ * overwritten by the unpacking anyway) every gradient is also zeroed in
+ * the pass that reads it, while it is in cache. */
+static igrad_status_t select_all(igrad_engine_t *e, float *const *grads, int zero)
 {
-    int64_t T = (int64_t)e->ntensors;
-    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
-    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
-    double d2 = (double)d * (double)d;
     int64_t off = 0;
-    int par = step_parity(e, e->cur_step);
+    int par = igrad__step_parity(e, e->cur_step);
     for (size_t t = 0; t < e->ntensors; t++) {
         e->stage_off[t] = off;
         e->tsumsq[t] = e->tdropped[t] = 0.0;
         e->tstatus[t] = IGRAD_OK;
         if (e->sent[t]) off += e->t[t].spec[e->rel[t]][par].count;
     }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
-#endif
-    for (int64_t w = 0; w < T; w++) {
-#ifdef _OPENMP
-        int tid = omp_get_thread_num();
-#else
-        int tid = 0;
-#endif
-        uint32_t t = e->work[w];
-        igrad__engine_tensor_t *tp = &e->t[t];
-        const float *restrict g = grads[t];
-        float *restrict r = tp->residual;
-        int64_t n = tp->n;
-        double a2 = e->tnorm[t]; /* sum of (g + e)^2 from the check */
-        if (e->sent[t]) {
-            igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
-                                     .value = e->stage_val + e->stage_off[t]};
-            const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
-            e->tstatus[t] = remedies ? select_remedies(e, tp, g, sp, e->ws[tid], &sel)
-                                     : igrad_select_ef(g, r, sp, tp->name, e->ws[tid], &sel);
-            e->tsumsq[t] = sel.sumsq;
-            /* the residual is a with the selected entries zeroed (then decayed) */
-            e->tnorm[t] = a2 - sel.sumsq > 0.0 ? (a2 - sel.sumsq) * (remedies ? d2 : 1.0) : 0.0;
-        } else if (!drop && !remedies) {
-            SIMD
-            for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
-        } else if (!drop) {
-            float *restrict u = tp->velocity;
-            if (u) {
-                SIMD
-                for (int64_t i = 0; i < n; i++) {
-                    u[i] = m * u[i] + g[i];
-                    r[i] = d * (u[i] + r[i]);
-                }
-            } else {
-                SIMD
-                for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
-            }
-            e->tnorm[t] = a2 * d2;
-        } else {
-            /* the ablation drops the velocity with the residual */
-            if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
-            memset(r, 0, (size_t)n * sizeof *r);
-            e->tdropped[t] = a2;
-            e->tnorm[t] = 0.0;
-        }
-    }
+    e->dp->select_into(e, grads, zero);
     for (size_t t = 0; t < e->ntensors; t++)
         if (e->tstatus[t] != IGRAD_OK)
             return igrad__fail((igrad_status_t)e->tstatus[t], __FILE__, __LINE__,
@@ -1438,13 +910,11 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads)
 /* One step: blocks and buckets                                             */
 /* ------------------------------------------------------------------------ */
 
-static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
-
 /* Cuts the sent tensors into blocks (readiness order: last tensor first),
  * assigns them to buckets and lays the buckets out in the arenas. */
 static igrad_status_t plan_step(igrad_engine_t *e)
 {
-    int par = step_parity(e, e->cur_step);
+    int par = igrad__step_parity(e, e->cur_step);
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
     size_t T = e->ntensors, m = 0;
     int nsent = 0;
@@ -1455,7 +925,7 @@ static igrad_status_t plan_step(igrad_engine_t *e)
         const igrad_select_spec_t *sp = &tp->spec[rel][par];
         int64_t blk = tp->blk_entries[rel][par];
         int idxb = tp->idx_nbytes[rel][par];
-        int64_t nb = igrad__pack_split((uint32_t)k, sp->count, blk, VALUE_NBYTES + idxb,
+        int64_t nb = igrad__pack_split((uint32_t)k, sp->count, blk, IGRAD__VALUE_NBYTES + idxb,
                                        (int64_t)(T - 1 - k), e->blocks + m);
         for (int64_t b = 0; b < nb; b++) {
             igrad__engine_block_t *bi = &e->binfo[m + (size_t)b];
@@ -1518,7 +988,7 @@ static igrad_status_t plan_step(igrad_engine_t *e)
         for (size_t q = 0; q < cnt; q++) {
             igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
             entries += bi->count;
-            gbytes += bi->count * (VALUE_NBYTES + bi->idx_nbytes);
+            gbytes += bi->count * (IGRAD__VALUE_NBYTES + bi->idx_nbytes);
             /* flat blocks of one tensor share its whole-tensor segment */
             int shares = !dense && !bi->row_wise && prev && prev->tensor == bi->tensor;
             bi->seg_owner = !shares;
@@ -1531,38 +1001,10 @@ static igrad_status_t plan_step(igrad_engine_t *e)
             prev = bi;
         }
         bk->entries = entries;
-        int reduce;
-        if (dense || e->cfg.collective == IGRAD_COLLECTIVE_REDUCE) reduce = 1;
-        else if (e->cfg.collective == IGRAD_COLLECTIVE_GATHER || P == 1) reduce = 0;
-        else reduce = 8 * dcount < (int64_t)P * gbytes; /* 2(P-1)/P*4n < (P-1)*bytes */
-        if (reduce) {
-            bk->kind = IGRAD_BUCKET_REDUCE;
-            bk->dense_count = (size_t)dcount;
-            bk->recv_off = recv_off;
-            bk->recv_nbytes = (size_t)dcount * sizeof(float);
-            recv_off = align8(recv_off + bk->recv_nbytes);
-        } else {
-            bk->kind = IGRAD_BUCKET_GATHER;
-            size_t v = 0;
-            for (size_t q = 0; q < cnt; q++) {
-                igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
-                bi->val_off = v;
-                v += (size_t)bi->count * VALUE_NBYTES;
-            }
-            for (int width = 4; width >= 2; width -= 2)
-                for (size_t q = 0; q < cnt; q++) {
-                    igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
-                    if (bi->idx_nbytes != width) continue;
-                    bi->idx_off = v;
-                    v += (size_t)bi->count * (size_t)width;
-                }
-            bk->send_off = send_off;
-            bk->send_nbytes = v;
-            send_off = align8(send_off + v);
-            bk->recv_off = recv_off;
-            bk->recv_nbytes = P * v;
-            recv_off = align8(recv_off + bk->recv_nbytes);
-        }
+        bk->dense_count = (size_t)dcount;
+        bk->route = igrad__route_choose(e->cfg.collective, dense, (int64_t)P, gbytes, dcount);
+        bk->kind = bk->route->kind;
+        bk->route->layout(e, bk, &send_off, &recv_off);
         nbk++;
     }
     if (send_off > e->send_arena_nbytes || recv_off > e->recv_arena_nbytes)
@@ -1579,197 +1021,27 @@ static igrad_status_t plan_step(igrad_engine_t *e)
         d->index = bk->index;
         d->recv = e->recv_arena + bk->recv_off;
         d->recv_nbytes = bk->recv_nbytes;
-        if (bk->kind == IGRAD_BUCKET_REDUCE) {
-            d->send = d->recv;
-            d->send_nbytes = bk->recv_nbytes;
-            d->dtype = IGRAD_DTYPE_F32;
-            d->count = bk->dense_count;
-        } else {
-            d->send = e->send_arena + bk->send_off;
-            d->send_nbytes = bk->send_nbytes;
-            d->dtype = IGRAD_DTYPE_U8;
-            d->count = bk->send_nbytes;
-        }
+        bk->route->describe(e, bk, d);
     }
     return IGRAD_OK;
 }
 
-/* Copies bucket j's blocks into its send bytes (gather) or dense floats. */
+/* Bucket j into, and out of, its route's wire layout (the data plane). */
 static void pack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 {
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = step_parity(e, e->cur_step);
-    if (bk->kind == IGRAD_BUCKET_GATHER) {
-        unsigned char *dst = e->send_arena + bk->send_off;
-        for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            int64_t src = e->stage_off[bi->tensor] + bi->first;
-            memcpy(dst + bi->val_off, e->stage_val + src, (size_t)bi->count * sizeof(float));
-            if (bi->idx_nbytes == 4) {
-                memcpy(dst + bi->idx_off, e->stage_idx + src, (size_t)bi->count * 4);
-            } else {
-                const uint32_t *in = e->stage_idx + src;
-                unsigned char *o = dst + bi->idx_off;
-                for (int64_t k = 0; k < bi->count; k++) {
-                    uint16_t s = (uint16_t)in[k];
-                    memcpy(o + 2 * k, &s, 2);
-                }
-            }
-        }
-        return;
-    }
-    float *buf = (float *)(void *)(e->recv_arena + bk->recv_off);
-    if (e->sp == IGRAD_SPARSIFIER_NONE) {
-        for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            memcpy(buf + bi->dense_off, grads[bi->tensor] + bi->first,
-                   (size_t)bi->count * sizeof(float));
-        }
-        return;
-    }
-    memset(buf, 0, bk->dense_count * sizeof(float));
-    for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
-        int64_t src = e->stage_off[bi->tensor] + bi->first;
-        const uint32_t *idx = e->stage_idx + src;
-        const float *val = e->stage_val + src;
-        float *d = buf + bi->dense_off;
-        if (bi->row_wise) {
-            const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
-            int64_t rows = bi->count / sp->per_row;
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t k = 0; k < sp->per_row; k++)
-                    d[r * sp->cols + idx[r * sp->per_row + k]] = val[r * sp->per_row + k];
-        } else {
-            for (int64_t k = 0; k < bi->count; k++) d[idx[k]] = val[k];
-        }
-    }
+    e->dp->pack[e->bk[j].route->wire](e, j, grads);
 }
 
-static inline float read_value(const unsigned char *p, int64_t k)
-{
-    float v;
-    memcpy(&v, p + 4 * k, 4);
-    return v;
-}
-
-static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
-{
-    if (width == 4) {
-        uint32_t i;
-        memcpy(&i, p + 4 * k, 4);
-        return i;
-    }
-    uint16_t s;
-    memcpy(&s, p + 2 * k, 2);
-    return s;
-}
-
-/* A received index outside its tensor or row: names the rank whose bytes
- * are bad, the bucket and the tensor. Every rank receives the same bytes,
- * so every rank that unpacks this bucket fails here with this message. */
-static igrad_status_t bad_index(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
-                                const igrad__engine_block_t *bi, int r,
-                                const unsigned char *ip, int64_t bound)
-{
-    int64_t k = 0;
-    uint32_t v = 0;
-    for (; k < bi->count; k++) {
-        v = read_index(ip, bi->idx_nbytes, k);
-        if ((int64_t)v >= bound) break;
-    }
-    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
-                       "step %lld: bucket %d: rank %d sent index %lu for tensor %s (entry %lld "
-                       "of a block of %lld), outside [0, %lld) %s; its bytes are bad (a "
-                       "corrupt transport, or ranks out of step); nothing more is unpacked "
-                       "and the engine is unusable",
-                       (long long)e->cur_step, bk->index, r, (unsigned long)v,
-                       e->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count,
-                       (long long)bound, bi->row_wise ? "(a column of its row)" : "");
-}
-
-/* Adds bucket j's contributions of every rank, divided by P, into grads
- * (the dense method assigns: its segments tile every tensor). Received
- * indices are checked against their tensor (flat) or row (row-wise) before
- * use; on a bad one the gradients are partly written. */
 static igrad_status_t unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 {
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = step_parity(e, e->cur_step);
-    /* multiplying by 1/P: exact division for powers of two, and a loop
-     * that vectorizes */
-    const float inv = 1.0f / (float)e->nranks;
-    if (bk->kind == IGRAD_BUCKET_REDUCE) {
-        /* dense floats only: offsets and counts are this rank's own plan */
-        const float *buf = (const float *)(const void *)(e->recv_arena + bk->recv_off);
-        int dense = e->sp == IGRAD_SPARSIFIER_NONE;
-        for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            if (!bi->seg_owner) continue;
-            float *restrict g = grads[bi->tensor] + bi->seg_begin;
-            const float *restrict s = buf + bi->dense_off;
-            int64_t cnt = bi->seg_count;
-            if (dense) {
-                SIMD
-                for (int64_t k = 0; k < cnt; k++) g[k] = s[k] * inv;
-            } else {
-                SIMD
-                for (int64_t k = 0; k < cnt; k++) g[k] += s[k] * inv;
-            }
-        }
-        return IGRAD_OK;
-    }
-    for (int r = 0; r < e->nranks; r++) {
-        const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
-        for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
-            float *g = grads[bi->tensor];
-            const unsigned char *vp = base + bi->val_off, *ip = base + bi->idx_off;
-            /* A rank's bytes start at r * send_nbytes, which need not be
-             * 4-aligned: read through memcpy. */
-            if (bi->row_wise) {
-                const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
-                const uint32_t cols = (uint32_t)sp->cols;
-                int64_t rows = bi->count / sp->per_row, k = 0;
-                for (int64_t rr = 0; rr < rows; rr++) {
-                    float *grow = g + (bi->row0 + rr) * sp->cols;
-                    for (int64_t c = 0; c < sp->per_row; c++, k++) {
-                        uint32_t i = read_index(ip, bi->idx_nbytes, k);
-                        if (i >= cols) return bad_index(e, bk, bi, r, ip, sp->cols);
-                        grow[i] += read_value(vp, k) * inv;
-                    }
-                }
-            } else {
-                const uint64_t n = (uint64_t)tp->n;
-                for (int64_t k = 0; k < bi->count; k++) {
-                    uint32_t i = read_index(ip, bi->idx_nbytes, k);
-                    if (i >= n) return bad_index(e, bk, bi, r, ip, tp->n);
-                    g[i] += read_value(vp, k) * inv;
-                }
-            }
-        }
-    }
-    return IGRAD_OK;
+    return e->dp->unpack[e->bk[j].route->wire](e, j, grads);
 }
 
-/* Zeroes the gradients that unpacking adds into (sparse methods: all). */
-static void zero_grads(igrad_engine_t *e, float *const *grads)
-{
-    if (e->sp == IGRAD_SPARSIFIER_NONE) return;
-    int64_t T = (int64_t)e->ntensors;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
-#endif
-    for (int64_t w = 0; w < T; w++) {
-        uint32_t t = e->work[w];
-        memset(grads[t], 0, (size_t)e->t[t].n * sizeof(float));
-    }
-}
-
-/* Everything before packing: checks, agreement, gate, selection, plan. */
-static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const *grads)
+/* Everything before packing: checks, agreement, gate, selection, plan.
+ * zero: the selection also zeroes the gradients (sparse methods; sync
+ * only, since begin must leave them as they are until end). */
+static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const *grads,
+                                   int zero)
 {
     double t0 = igrad__now_ms();
     const int64_t *loads = e->stats.bucket_loads;
@@ -1809,7 +1081,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
         e->rel[t] = (unsigned char)(ph >= 0);
     }
     if (e->sp != IGRAD_SPARSIFIER_NONE) {
-        st = select_all(e, grads);
+        st = select_all(e, grads, zero);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);
     }
     double t3 = igrad__now_ms();
@@ -1824,7 +1096,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
 static igrad_status_t finish_step(igrad_engine_t *e)
 {
     igrad_step_stats_t *s = &e->stats;
-    int par = step_parity(e, e->cur_step);
+    int par = igrad__step_parity(e, e->cur_step);
     double P = (double)e->nranks;
     for (size_t t = 0; t < e->ntensors; t++) {
         if (!e->sent[t]) continue;
@@ -1839,15 +1111,9 @@ static igrad_status_t finish_step(igrad_engine_t *e)
     }
     for (size_t j = 0; j < e->nbk; j++) {
         const igrad__engine_bucket_t *bk = &e->bk[j];
-        if (bk->kind == IGRAD_BUCKET_GATHER) {
-            s->gather_buckets++;
-            s->payload_nbytes += (int64_t)bk->send_nbytes;
-            s->wire_nbytes += (P - 1.0) * (double)bk->send_nbytes;
-        } else {
-            s->reduce_buckets++;
-            s->payload_nbytes += (int64_t)bk->recv_nbytes;
-            s->wire_nbytes += 2.0 * (P - 1.0) / P * (double)bk->recv_nbytes;
-        }
+        (*(int *)(void *)((char *)s + bk->route->stats_count))++;
+        s->payload_nbytes += bk->route->payload(bk);
+        s->wire_nbytes += bk->route->wire_nbytes(bk, P);
     }
     s->buckets = (int)e->nbk;
     s->bucket_count = e->nplanned;
@@ -1922,7 +1188,7 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
         e->cur_step = step;
         return IGRAD_OK;
     }
-    IGRAD_CHECK(step_prepare(e, step, grads));
+    IGRAD_CHECK(step_prepare(e, step, grads, 0));
     double t0 = igrad__now_ms();
     for (size_t j = 0; j < e->nbk; j++) pack_bucket(e, j, grads);
     e->stats.pack_ms += igrad__now_ms() - t0;
@@ -1951,7 +1217,7 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
         IGRAD_FAIL_IF(!grads[t], IGRAD_E_INVALID, "igrad_engine_end: grads[%zu] (%s) is NULL",
                       t, e->t[t].name);
     double t0 = igrad__now_ms();
-    zero_grads(e, grads);
+    e->dp->zero(e, grads);
     for (size_t j = 0; j < e->nbk; j++) {
         igrad_status_t st = unpack_bucket(e, j, grads);
         if (st != IGRAD_OK) {
@@ -1971,11 +1237,9 @@ static igrad_status_t bucket_failed(const igrad_engine_t *e, size_t j, igrad_sta
     snprintf(msg, sizeof msg, "%s", igrad_last_error());
     const igrad__engine_bucket_t *bk = &e->bk[j];
     return igrad__fail(st, __FILE__, __LINE__,
-                       "step %lld: bucket %d (%s of %zu bytes, %zu of %zu this step): %s",
-                       (long long)e->cur_step, bk->index,
-                       bk->kind == IGRAD_BUCKET_GATHER ? "gather" : "reduce",
-                       bk->kind == IGRAD_BUCKET_GATHER ? bk->send_nbytes : bk->recv_nbytes,
-                       j + 1, e->nbk, msg);
+                       "step %lld: bucket %d (%s of %lld bytes, %zu of %zu this step): %s",
+                       (long long)e->cur_step, bk->index, bk->route->name,
+                       (long long)bk->route->payload(bk), j + 1, e->nbk, msg);
 }
 
 /* Keeps the message of a step's first failure in buf: waiting out the
@@ -1992,25 +1256,19 @@ static igrad_status_t keep_first(igrad_status_t st, char *buf, size_t nbytes)
  * the others (who see the same bytes and fail at the same bucket). */
 static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *grads)
 {
-    IGRAD_CHECK(step_prepare(e, step, grads));
+    IGRAD_CHECK(step_prepare(e, step, grads, 1));
 
     igrad_status_t st = IGRAD_OK;  /* the collectives */
     igrad_status_t ust = IGRAD_OK; /* unpacking */
     char smsg[1024] = "", umsg[1024] = ""; /* their first failures (keep_first) */
     double pack_ms = 0.0, comm_ms = 0.0, unpack_ms = 0.0, a, b;
-    size_t issued = 0, done = 0;
-    int zeroed = 0;
+    size_t issued = 0, done = 0; /* the selection zeroed the gradients (sparse methods) */
     for (size_t j = 0; j < e->nbk && st == IGRAD_OK; j++) {
         a = igrad__now_ms();
         pack_bucket(e, j, grads);
         b = igrad__now_ms();
         pack_ms += b - a;
-        const igrad_bucket_t *d = &e->desc[j];
-        if (d->kind == IGRAD_BUCKET_GATHER)
-            st = igrad_comm_iallgather(e->comm, d->send, d->send_nbytes, d->recv, &e->bk[j].req);
-        else
-            st = igrad_comm_iallreduce(e->comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
-                                       IGRAD_REDUCE_SUM, &e->bk[j].req);
+        st = e->bk[j].route->issue(e->comm, &e->desc[j], &e->bk[j].req);
         a = igrad__now_ms();
         comm_ms += a - b;
         if (st != IGRAD_OK) {
@@ -2018,14 +1276,6 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             break;
         }
         issued++;
-        if (!zeroed) {
-            /* while the first bucket is in flight */
-            zero_grads(e, grads);
-            zeroed = 1;
-            b = igrad__now_ms();
-            unpack_ms += b - a;
-            a = b;
-        }
         /* unpack, in order, the buckets that have already arrived */
         while (done + 1 < issued) {
             int ready = 0;
@@ -2048,11 +1298,6 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             a = igrad__now_ms();
             unpack_ms += a - b;
         }
-    }
-    if (st == IGRAD_OK && !zeroed) {
-        a = igrad__now_ms();
-        zero_grads(e, grads);
-        unpack_ms += igrad__now_ms() - a;
     }
     /* After a failure the remaining requests are still waited for: on a
      * comm broken by a timeout that only releases them. */
@@ -2134,7 +1379,7 @@ int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
 {
     if (!e) return -1;
     if (warmup_step(e, step)) return igrad_engine_predict_payload(e->warmup, step);
-    int par = step_parity(e, step);
+    int par = igrad__step_parity(e, step);
     int64_t total = 0;
     for (size_t t = 0; t < e->ntensors; t++) {
         const igrad__engine_tensor_t *tp = &e->t[t];

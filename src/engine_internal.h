@@ -1,6 +1,7 @@
 /*
- * engine_internal.h — what engine.c (plan, step, agreement) and
- * engine_state.c (save/load of a rank's state) share: the engine's layout
+ * engine_internal.h — what engine.c (plan, step), engine_agree.c
+ * (agreement), engine_state.c (save/load of a rank's state), the bucket
+ * routes (route.c) and the data plane (dp*.c) share: the engine's layout
  * in memory and the agreement items, the fixed list of values every rank
  * must have in common (layout, profile, config fields, plan), which the
  * cross-rank check and the state file both compare one by one so that a
@@ -98,6 +99,11 @@ void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes);
 
 /* ---- the engine ----------------------------------------------------------- */
 
+#define IGRAD__VALUE_NBYTES 4 /* F32 values on the wire */
+
+struct igrad__route;  /* route.h */
+struct igrad__dp_ops; /* dp.h */
+
 /* One tensor's plan. Index [rel][par]: rel = 1 at a release step, par = 1
  * on odd steps (only differs from even with interleave). */
 typedef struct igrad__engine_tensor {
@@ -132,7 +138,8 @@ typedef struct igrad__engine_block {
 
 /* One bucket of a step. */
 typedef struct igrad__engine_bucket {
-    igrad_bucket_kind_t kind;
+    const struct igrad__route *route; /* its collective (route.h) */
+    igrad_bucket_kind_t kind;         /* route->kind */
     int index;
     size_t first, nblocks;   /* its blocks: order[first .. first + nblocks) */
     int64_t entries;
@@ -146,6 +153,8 @@ enum { IGRAD__ENGINE_IDLE = 0, IGRAD__ENGINE_BEGUN = 1 };
 
 struct igrad_engine {
     igrad_config_t cfg;                 /* copy, size = sizeof */
+    const struct igrad__dp_ops *dp;     /* data plane: every access to gradient,
+                                           residual, velocity and bucket memory */
     igrad_comm_t *comm;                 /* borrowed */
     int rank, nranks;
     igrad_trace_t *trace;               /* borrowed, may be NULL */
@@ -241,9 +250,18 @@ igrad_status_t igrad__engine_usable(const igrad_engine_t *e, const char *what);
  * (the first failure is kept). Returns `status`. */
 igrad_status_t igrad__engine_break(igrad_engine_t *e, igrad_status_t status);
 
+/* engine_agree.c: the items that depend only on what the engine was built
+ * from, into items[] (at create). */
+void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profile_hash,
+                                uint64_t plan_hash);
+
 /* Fills the items that change with the run (step, calls, history) into
  * items[] of the engine (the static ones were set at create). */
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step);
+
+/* Words per rank of the agreement exchange: status, detail, check flag,
+ * the items. */
+#define IGRAD__AGREE_WORDS (3 + IGRAD__NITEMS)
 
 /* Exchanges (status, detail, items) with every rank and decides
  * (the exchange runs under e->cfg.timeout_s when e is given; if it fails or
@@ -264,6 +282,12 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
                                    uint64_t *buf, igrad_status_t status, int64_t detail,
                                    const char *local_msg, const uint64_t *items,
                                    int check_items, const char *context);
+
+/* Odd steps select with spec[.][1] when interleaving. */
+static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)
+{
+    return e->cfg.interleave && step % 2 != 0;
+}
 
 /* ---- engine.c / engine_online.c ----------------------------------------- */
 

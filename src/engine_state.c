@@ -21,6 +21,7 @@
  */
 #include "engine_state.h"
 #include "engine_online.h"
+#include "dp.h"
 #include "profile_internal.h"
 
 #include <float.h>
@@ -599,9 +600,9 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
         memcpy(on->count, p + W * 8 + WT * 8, WT * 8);
     }
     if (e->residual_count)
-        memcpy(e->residual_mem, bytes + v.residual_off, 4 * (size_t)e->residual_count);
+        e->dp->copy_in(e->residual_mem, bytes + v.residual_off, 4 * (size_t)e->residual_count);
     if (e->velocity_count)
-        memcpy(e->velocity_mem, bytes + v.velocity_off, 4 * (size_t)e->velocity_count);
+        e->dp->copy_in(e->velocity_mem, bytes + v.velocity_off, 4 * (size_t)e->velocity_count);
     size_t hc = v.hist.count;
     if (hc) {
         memcpy(e->hist.n, v.hist.n, hc * sizeof *v.hist.n);

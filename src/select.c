@@ -1,10 +1,10 @@
 /*
  * select.c — error feedback fused with selection. a = grad + residual; keep
  * the spec's entries of largest |a| (topk: flat, adtopk: per row, none:
- * all); residual = a with the kept entries set to 0. Also the budget and
- * spec arithmetic that every rank must agree on, and the sparsifier names.
- * Not here: which tensors are sent when (schedule.c), packing (pack.c), the
- * activity trace (profile.c).
+ * all); residual = a with the kept entries set to 0.
+ * Not here: the budget and spec arithmetic every rank must agree on and the
+ * sparsifier names (select_spec.c), which tensors are sent when
+ * (schedule.c), packing (pack.c), the activity trace (profile.c).
  *
  * How one selection runs, exactly and in O(n):
  *  pass 1, read-only over grad and residual: a is formed in small blocks;
@@ -100,106 +100,6 @@ static int par_threads(int64_t n)
 static int64_t piece_start(int64_t n, int p, int T)
 {
     return p == T ? n : (int64_t)((uint64_t)n * (uint64_t)p / (uint64_t)T) & ~(int64_t)63;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Names, budgets, specs                                                    */
-/* ------------------------------------------------------------------------ */
-
-const char *igrad_sparsifier_name(igrad_sparsifier_t sp)
-{
-    switch (sp) {
-    case IGRAD_SPARSIFIER_NONE: return "none";
-    case IGRAD_SPARSIFIER_TOPK: return "topk";
-    case IGRAD_SPARSIFIER_ADTOPK: return "adtopk";
-    }
-    return "unknown";
-}
-
-igrad_status_t igrad_sparsifier_from_name(const char *name, igrad_sparsifier_t *sp)
-{
-    IGRAD_FAIL_IF(!name || !sp, IGRAD_E_INVALID, "igrad_sparsifier_from_name: NULL argument");
-    static const igrad_sparsifier_t all[] = {IGRAD_SPARSIFIER_NONE, IGRAD_SPARSIFIER_TOPK,
-                                             IGRAD_SPARSIFIER_ADTOPK};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (igrad__name_equal(name, igrad_sparsifier_name(all[i]))) {
-            *sp = all[i];
-            return IGRAD_OK;
-        }
-    }
-    return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
-                       "unknown sparsifier '%s' (none, topk, adtopk)", name);
-}
-
-/* ceil(x) clamped to [1, n]; x may be NaN or huge. The product is taken in
- * double exactly as written (no epsilon), so any other implementation that
- * evaluates ceil(density * n) in double agrees with it. */
-static int64_t ceil_clamped(double x, int64_t n)
-{
-    double c = ceil(x);
-    if (!(c >= 1.0)) return 1;
-    if (c >= (double)n) return n;
-    return (int64_t)c;
-}
-
-int64_t igrad_budget(int64_t n, double density)
-{
-    if (n <= 0) return 0;
-    return ceil_clamped(density * (double)n, n);
-}
-
-igrad_status_t igrad_select_spec(igrad_sparsifier_t sp, double density, double scale,
-                                 int interleave, int64_t step, int ndim,
-                                 const int64_t *shape, igrad_select_spec_t *out)
-{
-    IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_select_spec: out is NULL");
-    IGRAD_FAIL_IF(sp != IGRAD_SPARSIFIER_NONE && sp != IGRAD_SPARSIFIER_TOPK &&
-                      sp != IGRAD_SPARSIFIER_ADTOPK,
-                  IGRAD_E_INVALID, "igrad_select_spec: unknown sparsifier %d", (int)sp);
-    IGRAD_FAIL_IF(!(density > 0.0 && density <= 1.0), IGRAD_E_INVALID,
-                  "igrad_select_spec: density %g outside (0, 1]", density);
-    IGRAD_FAIL_IF(!(scale > 0.0 && scale <= DBL_MAX), IGRAD_E_INVALID,
-                  "igrad_select_spec: scale %g is not a positive finite number", scale);
-    IGRAD_FAIL_IF(ndim < 0 || ndim > IGRAD_MAX_DIMS, IGRAD_E_INVALID,
-                  "igrad_select_spec: ndim %d outside 0..%d", ndim, IGRAD_MAX_DIMS);
-    IGRAD_FAIL_IF(ndim > 0 && !shape, IGRAD_E_INVALID, "igrad_select_spec: shape is NULL");
-    int64_t n = 1;
-    for (int d = 0; d < ndim; d++) {
-        IGRAD_FAIL_IF(shape[d] <= 0, IGRAD_E_INVALID,
-                      "igrad_select_spec: dimension %d is %lld", d, (long long)shape[d]);
-        IGRAD_FAIL_IF(n > INT64_MAX / shape[d], IGRAD_E_INVALID,
-                      "igrad_select_spec: entry count overflows int64");
-        n *= shape[d];
-    }
-    /* Selections carry 32-bit indices. */
-    IGRAD_FAIL_IF(n > (int64_t)UINT32_MAX + 1, IGRAD_E_INVALID,
-                  "igrad_select_spec: %lld entries, more than 32-bit indices can address",
-                  (long long)n);
-
-    memset(out, 0, sizeof *out);
-    out->n = n;
-    out->rows = 1;
-    out->cols = n;
-    if (sp == IGRAD_SPARSIFIER_NONE) {
-        out->count = out->per_row = n;
-        return IGRAD_OK;
-    }
-    if (sp == IGRAD_SPARSIFIER_ADTOPK && ndim >= 2) {
-        int64_t rows = shape[0], cols = n / rows;
-        int64_t per_row = ceil_clamped(scale * (double)igrad_budget(cols, density), cols);
-        if (interleave && step % 2 != 0) {
-            out->count = out->per_row = rows * per_row;
-        } else {
-            out->row_wise = 1;
-            out->rows = rows;
-            out->cols = cols;
-            out->per_row = per_row;
-            out->count = rows * per_row;
-        }
-        return IGRAD_OK;
-    }
-    out->count = out->per_row = ceil_clamped(scale * (double)igrad_budget(n, density), n);
-    return IGRAD_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -926,10 +826,13 @@ static inline void add_into(const float *restrict g, float *restrict e, int64_t 
 /* Pass 2 over [s0, s1) of the tensor: e = g + e in chunks, and the kept
  * entries of each chunk are zeroed while it is still in cache. kept holds
  * per_row ascending column indices for each of `rows` rows of `cols`
- * entries (a flat selection is one row; rows = 0: nothing kept). */
-static void write_residual_range(const float *restrict g, float *restrict e, int64_t s0,
-                                 int64_t s1, const uint32_t *kept, int64_t rows, int64_t cols,
-                                 int64_t per_row)
+ * entries (a flat selection is one row; rows = 0: nothing kept). With
+ * zero_g each chunk of g is zeroed once it has been added, while it is in
+ * cache (the engine's sync then needs no separate pass to clear the
+ * gradients it unpacks into); g is only written when zero_g is set. */
+static void write_residual_range(float *restrict g, float *restrict e, int64_t s0, int64_t s1,
+                                 const uint32_t *kept, int64_t rows, int64_t cols,
+                                 int64_t per_row, int zero_g)
 {
     int64_t r = rows, j = 0; /* the next kept entry at or after s0: row r, its j-th */
     if (rows > 0 && s0 / cols < rows) {
@@ -951,6 +854,7 @@ static void write_residual_range(const float *restrict g, float *restrict e, int
         /* A constant trip count lets -O2 vectorize without an epilogue. */
         if (end - s == CHUNK) add_into(g + s, e + s, CHUNK);
         else add_into(g + s, e + s, end - s);
+        if (zero_g) memset(g + s, 0, (size_t)(end - s) * sizeof *g);
         while (r < rows) {
             int64_t flat = r * cols + kept[r * per_row + j];
             if (flat >= end) break;
@@ -964,12 +868,12 @@ static void write_residual_range(const float *restrict g, float *restrict e, int
 }
 
 /* Pass 2 over the whole tensor, in pieces on threads for large ones. */
-static void write_residual(const float *g, float *e, int64_t n, const uint32_t *kept,
-                           int64_t rows, int64_t cols, int64_t per_row)
+static void write_residual(float *g, float *e, int64_t n, const uint32_t *kept, int64_t rows,
+                           int64_t cols, int64_t per_row, int zero_g)
 {
     int T = par_threads(n);
     if (T <= 1) {
-        write_residual_range(g, e, 0, n, kept, rows, cols, per_row);
+        write_residual_range(g, e, 0, n, kept, rows, cols, per_row, zero_g);
         return;
     }
 #ifdef _OPENMP
@@ -977,7 +881,7 @@ static void write_residual(const float *g, float *e, int64_t n, const uint32_t *
 #endif
     for (int p = 0; p < T; p++)
         write_residual_range(g, e, piece_start(n, p, T), piece_start(n, p + 1, T), kept, rows,
-                             cols, per_row);
+                             cols, per_row, zero_g);
 }
 
 /* Sum of squares in double, in eight fixed lanes (vectorizable, and the
@@ -1079,9 +983,9 @@ static inline int add_check(const float *restrict g, const float *restrict e,
 /* Everything is kept: values = a, residual = 0. Pass 1 fills values (and
  * indices) chunk by chunk; the residual is cleared only once all of a is
  * known to be finite. */
-static igrad_status_t select_dense(const float *restrict g, float *restrict e,
+static igrad_status_t select_dense(float *restrict g, float *restrict e,
                                    const igrad_select_spec_t *spec, const char *name,
-                                   igrad_selection_t *out)
+                                   igrad_selection_t *out, int zero_g)
 {
     int64_t n = spec->n;
     float *restrict val = out->value;
@@ -1097,6 +1001,7 @@ static igrad_status_t select_dense(const float *restrict g, float *restrict e,
             for (int64_t c = 0; c < cols; c++) out->index[r * cols + c] = (uint32_t)c;
     }
     memset(e, 0, (size_t)n * sizeof *e);
+    if (zero_g) memset(g, 0, (size_t)n * sizeof *g);
     return IGRAD_OK;
 }
 
@@ -1333,8 +1238,8 @@ static int64_t few_pass1(few_bound_fn bound, const float *g, const float *e, int
 
 /* Pass 2 over rows [r0, r1): selections (k per row, column order) and the
  * residual. */
-static void few_pass2(few_row_fn row, const float *g, float *e, int64_t r0, int64_t r1,
-                      int64_t cols, int k, const int32_t *thr, uint32_t *oidx, float *oval)
+static void few_pass2(few_row_fn row, float *g, float *e, int64_t r0, int64_t r1, int64_t cols,
+                      int k, const int32_t *thr, uint32_t *oidx, float *oval, int zero_g)
 {
     for (int64_t r = r0; r < r1; r++) {
         few_t f;
@@ -1343,6 +1248,7 @@ static void few_pass2(few_row_fn row, const float *g, float *e, int64_t r0, int6
         f.thr = thr[r];
         float *er = e + r * cols;
         row(g + r * cols, er, cols, &f);
+        if (zero_g) memset(g + r * cols, 0, (size_t)cols * sizeof *g); /* still in cache */
         /* the list (descending keys) in column order: insertion sort */
         uint32_t *ix = oidx + r * k;
         float *vl = oval + r * k;
@@ -1372,9 +1278,9 @@ static int few_fits(int64_t cols, int64_t k)
 
 /* Row-wise selection with per_row <= FEW_MAX; rows are spread over threads
  * for large tensors (rows are independent, so the result is the same). */
-static igrad_status_t select_few(igrad_select_ws_t *ws, const float *g, float *e,
+static igrad_status_t select_few(igrad_select_ws_t *ws, float *g, float *e,
                                  const igrad_select_spec_t *spec, const char *name,
-                                 igrad_selection_t *out)
+                                 igrad_selection_t *out, int zero_g)
 {
     int64_t n = spec->n, rows = spec->rows, cols = spec->cols;
     int k = (int)spec->per_row, T = par_threads(n);
@@ -1401,14 +1307,14 @@ static igrad_status_t select_few(igrad_select_ws_t *ws, const float *g, float *e
     for (int p = 0; p < T; p++) /* pieces in order: the first is the tensor's first */
         if (bad[p] >= 0) return fail_nonfinite(name, g, e, bad[p]);
     if (T <= 1) {
-        few_pass2(row, g, e, 0, rows, cols, k, thr, out->index, out->value);
+        few_pass2(row, g, e, 0, rows, cols, k, thr, out->index, out->value, zero_g);
     } else {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(T) schedule(static, 1)
 #endif
         for (int p = 0; p < T; p++)
             few_pass2(row, g, e, rows * p / T, rows * (p + 1) / T, cols, k, thr, out->index,
-                      out->value);
+                      out->value, zero_g);
     }
     return IGRAD_OK;
 }
@@ -1416,6 +1322,14 @@ static igrad_status_t select_few(igrad_select_ws_t *ws, const float *g, float *e
 igrad_status_t igrad_select_ef(const float *grad, float *residual,
                                const igrad_select_spec_t *spec, const char *name,
                                igrad_select_ws_t *ws, igrad_selection_t *out)
+{
+    /* grad is only written with zero_grad set */
+    return igrad__select_ef((float *)grad, residual, spec, name, ws, out, 0);
+}
+
+igrad_status_t igrad__select_ef(float *grad, float *residual, const igrad_select_spec_t *spec,
+                                const char *name, igrad_select_ws_t *ws, igrad_selection_t *out,
+                                int zero_grad)
 {
     IGRAD_FAIL_IF(!grad || !residual || !spec || !ws || !out, IGRAD_E_INVALID,
                   "igrad_select_ef: NULL argument");
@@ -1426,11 +1340,11 @@ igrad_status_t igrad_select_ef(const float *grad, float *residual,
                   "igrad_select_ef: out->index is NULL for a sparse spec");
 
     if (dense) {
-        IGRAD_CHECK(select_dense(grad, residual, spec, name, out));
+        IGRAD_CHECK(select_dense(grad, residual, spec, name, out, zero_grad));
     } else if (spec->row_wise && spec->per_row <= FEW_MAX &&
                (ws->rows == IGRAD__SELECT_ROWS_FEW ||
                 (ws->rows == IGRAD__SELECT_ROWS_AUTO && few_fits(spec->cols, spec->per_row)))) {
-        IGRAD_CHECK(select_few(ws, grad, residual, spec, name, out));
+        IGRAD_CHECK(select_few(ws, grad, residual, spec, name, out, zero_grad));
     } else {
         int64_t rows = spec->row_wise ? spec->rows : 1;
         int64_t len = spec->row_wise ? spec->cols : spec->n;
@@ -1458,7 +1372,7 @@ igrad_status_t igrad_select_ef(const float *grad, float *residual,
                                    : select_stream(ws, g, e, len, k, cap, oidx, oval);
             if (bad >= 0) return fail_nonfinite(name, grad, residual, r * len + bad);
         }
-        write_residual(grad, residual, spec->n, out->index, rows, len, (int64_t)k);
+        write_residual(grad, residual, spec->n, out->index, rows, len, (int64_t)k, zero_grad);
     }
 
     out->count = spec->count;
@@ -1476,6 +1390,6 @@ igrad_status_t igrad_residual_accumulate(const float *grad, float *residual, int
                   (long long)n);
     int64_t bad = check_finite(grad, residual, n);
     if (bad >= 0) return fail_nonfinite(name, grad, residual, bad);
-    write_residual(grad, residual, n, NULL, 0, 1, 1);
+    write_residual((float *)grad, residual, n, NULL, 0, 1, 1, 0);
     return IGRAD_OK;
 }

@@ -1,9 +1,9 @@
 /*
- * select_internal.h — internals of select.c that tests (and later the
- * engine) may reach: knobs that force the selection's threshold policy, so
- * that the rare recovery paths (too few candidates, buffer overflow and
- * compaction) run on small inputs, its pass-1 kernels, and which row-wise
- * path runs. Results never depend on any of them, only the time does; the
+ * select_internal.h — internals of select.c that tests and the engine's
+ * data plane may reach: the selection that also clears the gradient, and
+ * knobs that force the selection's threshold policy, so that the rare
+ * recovery paths (too few candidates, buffer overflow and compaction) run
+ * on small inputs, its pass-1 kernels, and which row-wise path runs. Results never depend on any of them, only the time does; the
  * public API lives in include/igrad.h.
  */
 #ifndef IGRAD_SELECT_INTERNAL_H
@@ -35,5 +35,15 @@ void igrad__select_ws_kernel(igrad_select_ws_t *ws, int kernel);
  * results; tests run all three. */
 enum { IGRAD__SELECT_ROWS_AUTO = 0, IGRAD__SELECT_ROWS_GENERAL = 1, IGRAD__SELECT_ROWS_FEW = 2 };
 void igrad__select_ws_rows(igrad_select_ws_t *ws, int rows);
+
+/* igrad_select_ef() for the engine's data plane: with zero_grad set, grad
+ * is also zeroed, each chunk (or row) once pass 2 has added it into the
+ * residual, so a caller that will overwrite grad anyway (the engine's sync
+ * unpacks into it) saves the separate pass that clears it. Nothing is
+ * written to grad before the selection is known to succeed. Without
+ * zero_grad it is igrad_select_ef() and grad is only read. */
+igrad_status_t igrad__select_ef(float *grad, float *residual, const igrad_select_spec_t *spec,
+                                const char *name, igrad_select_ws_t *ws, igrad_selection_t *out,
+                                int zero_grad);
 
 #endif /* IGRAD_SELECT_INTERNAL_H */

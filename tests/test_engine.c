@@ -847,6 +847,28 @@ static void test_two_phase_equals_sync(void **state)
     run_pair(&c, &c, 0, 6, "two-phase vs sync (ig, reduce buckets)");
     c.method = IGRAD_METHOD_DENSE;
     run_pair(&c, &c, 0, 3, "two-phase vs sync (dense)");
+
+    /* sync zeroes the gradients inside the selection pass, end zeroes them
+     * before unpacking: every path of the pass must agree */
+    igrad_config_t t = IGRAD_CONFIG_INIT;
+    t.density = 0.05;
+    t.block_entries = 50;
+    t.method = IGRAD_METHOD_TOPK_SYNC;
+    run_pair(&t, &t, 0, 4, "two-phase vs sync (topk_sync)");
+    t.density = 1.0; /* every spec keeps all: the dense path of the selection */
+    run_pair(&t, &t, 0, 3, "two-phase vs sync (topk_sync, density 1)");
+    igrad_config_t r = IGRAD_CONFIG_INIT;
+    r.density = 0.05;
+    r.block_entries = 50;
+    r.momentum = 0.9;
+    r.momentum_masking = 1;
+    run_pair(&r, &r, 0, 6, "two-phase vs sync (ig, momentum)");
+    r.momentum = 0.0;
+    r.residual_decay = 0.5;
+    run_pair(&r, &r, 0, 6, "two-phase vs sync (ig, residual decay)");
+    r.residual_decay = 1.0;
+    r.residual = IGRAD_RESIDUAL_DROP;
+    run_pair(&r, &r, 0, 6, "two-phase vs sync (ig, residual drop)");
 }
 
 static void test_reduce_equals_gather(void **state)

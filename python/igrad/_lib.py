@@ -135,6 +135,9 @@ NAME_TABLES = {
 # checks these (and STATUS_NAMES) against include/igrad.h.
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = 0, 1, 2
 BUCKET_GATHER, BUCKET_REDUCE = 0, 1
+# igrad_bucket_kind_t -> the name BucketDesc.kind carries (the library's
+# bucket routes, src/route.c); a kind missing here is refused, never guessed.
+BUCKET_KINDS = {BUCKET_GATHER: "gather", BUCKET_REDUCE: "reduce"}
 
 
 class TensorInfo(ctypes.Structure):

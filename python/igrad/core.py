@@ -674,7 +674,13 @@ class BucketDesc:
                  "count")
 
     def __init__(self, b):
-        self.kind = "gather" if b.kind == L.BUCKET_GATHER else "reduce"
+        if b.kind not in L.BUCKET_KINDS:
+            raise L.UnsupportedError(
+                "bucket %d has kind %d, which this binding does not know (it knows %s); "
+                "the library is newer than the binding" % (
+                    b.index, b.kind, ", ".join("%d (%s)" % kv for kv in
+                                              sorted(L.BUCKET_KINDS.items()))))
+        self.kind = L.BUCKET_KINDS[b.kind]
         self.index = b.index
         self.send, self.send_nbytes = b.send, b.send_nbytes
         self.recv, self.recv_nbytes = b.recv, b.recv_nbytes

@@ -289,12 +289,15 @@ class TorchComm:
     def run_buckets(self, buckets):
         """Runs an engine step's collectives (igrad.core.BucketDesc list):
         all issued in bucket order, then waited in the same order."""
+        issue = {
+            "gather": lambda b: self._issue_allgather(b.send, b.send_nbytes, b.recv),
+            "reduce": lambda b: self._issue_allreduce(b.recv, b.recv, b.count, "F32", "sum"),
+        }
         handles = []
         for b in buckets:
-            if b.kind == "gather":
-                handles.append(self._issue_allgather(b.send, b.send_nbytes, b.recv))
-            else:
-                handles.append(self._issue_allreduce(b.recv, b.recv, b.count, "F32", "sum"))
+            if b.kind not in issue:
+                raise L.UnsupportedError("bucket %d: no collective for kind %r" % (b.index, b.kind))
+            handles.append(issue[b.kind](b))
         for h in handles:
             self.wait(h)
 

@@ -128,9 +128,18 @@ class Binding(unittest.TestCase):
         "igrad_method": (L.METHODS, "IGRAD_METHOD_", str.lower),
         "igrad_residual_policy": (L.RESIDUAL_POLICIES, "IGRAD_RESIDUAL_", str.lower),
         "igrad_collective": (L.COLLECTIVES, "IGRAD_COLLECTIVE_", str.lower),
-        "igrad_bucket_kind": ({n: getattr(L, "BUCKET_" + n) for n in ("GATHER", "REDUCE")},
+        "igrad_bucket_kind": ({n.upper(): v for v, n in L.BUCKET_KINDS.items()},
                               "IGRAD_BUCKET_", str),
     }
+
+    def test_unknown_bucket_kind_is_refused(self):
+        """A bucket kind the binding does not know is an error, never taken
+        for an all-reduce."""
+        from igrad import core
+        for kind, name in L.BUCKET_KINDS.items():
+            self.assertEqual(core.BucketDesc(L.Bucket(kind=kind)).kind, name)
+        with self.assertRaisesRegex(L.UnsupportedError, "bucket 3 has kind 7"):
+            core.BucketDesc(L.Bucket(kind=7, index=3))
 
     def test_enum_tables_match_the_header(self):
         """Each Python enum table equals its C enum: enumerators read from

@@ -1,0 +1,72 @@
+/*
+ * dp.h — the engine's data plane: the table of operations that touch
+ * gradient, residual, velocity and bucket memory, one row per backend
+ * (the CPU one is dp_cpu*.c; a CUDA one would be a second row). The
+ * control plane — config, plan, budgets and select specs, schedule,
+ * packing policies, bucket routes, agreement, statistics (engine.c,
+ * schedule.c, pack.c, route.c, select.c's spec arithmetic) — decides what
+ * happens and reaches that memory only through these calls; it reads the
+ * per-tensor results the stages leave in the engine (tnorm, tsumsq,
+ * tdropped, tstatus), never the memory itself.
+ *
+ * Stages of one step, in order (architecture.md §2):
+ *   check        per tensor sum of (m*u + g + e)^2 in double (finiteness)
+ *   select_into  error feedback + selection of the sent tensors into the
+ *                staged selection, accumulate or drop the others
+ *   pack         a bucket's staged selections into its wire layout
+ *   unpack       a bucket's received bytes, 1/P, into the gradients
+ *   zero         the gradients that unpack adds into
+ * Memory: alloc/free/copy in the backend's memory space (`space`).
+ *
+ * Not here: what is sent, when and where (the control plane above).
+ */
+#ifndef IGRAD_DP_H
+#define IGRAD_DP_H
+
+#include "engine_internal.h"
+#include "route.h"
+
+/* Where a backend's memory lives. */
+typedef enum igrad__mem_space {
+    IGRAD__MEM_HOST = 0 /* ordinary host memory (the CPU backend) */
+} igrad__mem_space_t;
+
+typedef struct igrad__dp_ops {
+    const char *name;          /* "cpu" */
+    igrad__mem_space_t space;  /* of gradients, residuals, velocities, buckets */
+
+    /* nbytes in `space` (zeroed when asked); NULL when out of memory.
+     * alloc(0) returns a valid pointer. free(NULL) is a no-op. copy moves
+     * nbytes from host memory into `space`. */
+    void *(*alloc)(size_t nbytes, int zeroed);
+    void (*free)(void *p);
+    void (*copy_in)(void *dst, const void *src, size_t nbytes);
+
+    /* e->tnorm[t] = sum over t of a^2 in double (a = m*u + g + e; no e
+     * for the dense method), for every tensor: non-finite iff some a is.
+     * Read-only. */
+    void (*check)(igrad_engine_t *e, float *const *grads);
+    /* After check found tensor t non-finite: its first bad index (0 if
+     * none is found) and, as host copies, g, u (0 without momentum) and
+     * the residual (0 for the dense method) there. */
+    int64_t (*first_bad)(const igrad_engine_t *e, float *const *grads, size_t t,
+                         float *g, float *u, float *r);
+    /* The sent tensors' selections into e->stage_idx/stage_val at
+     * e->stage_off[t] (error feedback, remedies), the others accumulated
+     * or dropped; per tensor e->tstatus, tsumsq, tnorm (the residual's
+     * sum of squares, from check's) and tdropped. With `zero` every
+     * gradient is also zeroed in the pass that reads it. */
+    void (*select_into)(igrad_engine_t *e, float *const *grads, int zero);
+    /* Bucket j of the step into its send bytes (per wire layout). */
+    void (*pack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
+    /* Bucket j's received bytes into grads; checks every received index
+     * (IGRAD_E_COMM naming the rank on a bad one). */
+    igrad_status_t (*unpack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
+    /* Zeroes the gradients unpack adds into (sparse methods: all). */
+    void (*zero)(igrad_engine_t *e, float *const *grads);
+} igrad__dp_ops_t;
+
+/* The CPU backend (dp_cpu.c). */
+extern const igrad__dp_ops_t igrad__dp_cpu;
+
+#endif /* IGRAD_DP_H */

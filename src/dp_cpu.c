@@ -1,0 +1,23 @@
+/*
+ * dp_cpu.c — the CPU data-plane backend's row of the ops table (dp.h):
+ * host memory, OpenMP over tensors, the fused selection of select.c. The
+ * stages live one per file (dp_cpu_check.c, dp_cpu_select.c,
+ * dp_cpu_pack.c, dp_cpu_unpack.c, dp_cpu_mem.c).
+ */
+#include "dp_cpu.h"
+
+const igrad__dp_ops_t igrad__dp_cpu = {
+    .name = "cpu",
+    .space = IGRAD__MEM_HOST,
+    .alloc = igrad__dp_cpu_alloc,
+    .free = igrad__dp_cpu_free,
+    .copy_in = igrad__dp_cpu_copy_in,
+    .check = igrad__dp_cpu_check,
+    .first_bad = igrad__dp_cpu_first_bad,
+    .select_into = igrad__dp_cpu_select_into,
+    .pack = {[IGRAD__WIRE_SPARSE] = igrad__dp_cpu_pack_sparse,
+             [IGRAD__WIRE_DENSE] = igrad__dp_cpu_pack_dense},
+    .unpack = {[IGRAD__WIRE_SPARSE] = igrad__dp_cpu_unpack_sparse,
+               [IGRAD__WIRE_DENSE] = igrad__dp_cpu_unpack_dense},
+    .zero = igrad__dp_cpu_zero,
+};

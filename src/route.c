@@ -1,0 +1,203 @@
+/*
+ * route.c — the bucket route table (route.h): one row per collective a
+ * bucket can take, with its wire layout, the cost model of
+ * `collective = auto`, its arena room, its issue function and its
+ * statistics. Adding a collective is adding a row here (plus, for a new
+ * wire layout, its pack/unpack in each data-plane backend).
+ *
+ * Not here: the choice of blocks per bucket (pack.c), the bytes (dp_*.c).
+ */
+#include "route.h"
+
+#include <stddef.h>
+
+
+static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
+
+/* ---- gather: one allgather of the sparse payload ------------------------ */
+
+/* (P-1)*s on the wire, times P/(P-1) */
+static int64_t gather_cost(int64_t s, int64_t d, int64_t P)
+{
+    (void)d;
+    return P * s;
+}
+
+static void gather_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
+                         size_t *send, size_t *recv)
+{
+    (void)dmax;
+    (void)forced;
+    *send = (size_t)smax + slack;
+    *recv = P * (size_t)smax + slack;
+}
+
+/* [values of every block][32-bit indices][16-bit indices] (formats.md §8) */
+static void gather_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *send_off,
+                          size_t *recv_off)
+{
+    size_t v = 0;
+    for (size_t q = 0; q < bk->nblocks; q++) {
+        igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        bi->val_off = v;
+        v += (size_t)bi->count * IGRAD__VALUE_NBYTES;
+    }
+    for (int width = 4; width >= 2; width -= 2)
+        for (size_t q = 0; q < bk->nblocks; q++) {
+            igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            if (bi->idx_nbytes != width) continue;
+            bi->idx_off = v;
+            v += (size_t)bi->count * (size_t)width;
+        }
+    bk->send_off = *send_off;
+    bk->send_nbytes = v;
+    *send_off = align8(*send_off + v);
+    bk->recv_off = *recv_off;
+    bk->recv_nbytes = (size_t)e->nranks * v;
+    *recv_off = align8(*recv_off + bk->recv_nbytes);
+}
+
+static void gather_describe(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+                            igrad_bucket_t *d)
+{
+    d->send = e->send_arena + bk->send_off;
+    d->send_nbytes = bk->send_nbytes;
+    d->dtype = IGRAD_DTYPE_U8;
+    d->count = bk->send_nbytes;
+}
+
+static int64_t gather_payload(const igrad__engine_bucket_t *bk)
+{
+    return (int64_t)bk->send_nbytes;
+}
+
+static double gather_wire(const igrad__engine_bucket_t *bk, double P)
+{
+    return (P - 1.0) * (double)bk->send_nbytes;
+}
+
+static igrad_status_t gather_issue(igrad_comm_t *comm, const igrad_bucket_t *d,
+                                   igrad_comm_request_t **req)
+{
+    return igrad_comm_iallgather(comm, d->send, d->send_nbytes, d->recv, req);
+}
+
+/* ---- reduce: one in-place SUM all-reduce of dense segments -------------- */
+
+/* 2(P-1)/P * 4d on the wire, times P/(P-1) */
+static int64_t reduce_cost(int64_t s, int64_t d, int64_t P)
+{
+    (void)s;
+    (void)P;
+    return 8 * d;
+}
+
+/* Under auto a reduce bucket is chosen only when 8d < P*s, so its 4d
+ * bytes fit in the room of the gather it replaces: no room of its own. */
+static void reduce_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
+                         size_t *send, size_t *recv)
+{
+    (void)smax;
+    (void)P;
+    *send = 0;
+    *recv = forced ? (size_t)dmax * sizeof(float) + slack : 0;
+}
+
+static void reduce_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *send_off,
+                          size_t *recv_off)
+{
+    (void)e;
+    (void)send_off;
+    bk->recv_off = *recv_off;
+    bk->recv_nbytes = bk->dense_count * sizeof(float);
+    *recv_off = align8(*recv_off + bk->recv_nbytes);
+}
+
+static void reduce_describe(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+                            igrad_bucket_t *d)
+{
+    (void)e;
+    d->send = d->recv;
+    d->send_nbytes = bk->recv_nbytes;
+    d->dtype = IGRAD_DTYPE_F32;
+    d->count = bk->dense_count;
+}
+
+static int64_t reduce_payload(const igrad__engine_bucket_t *bk)
+{
+    return (int64_t)bk->recv_nbytes;
+}
+
+static double reduce_wire(const igrad__engine_bucket_t *bk, double P)
+{
+    return 2.0 * (P - 1.0) / P * (double)bk->recv_nbytes;
+}
+
+static igrad_status_t reduce_issue(igrad_comm_t *comm, const igrad_bucket_t *d,
+                                   igrad_comm_request_t **req)
+{
+    return igrad_comm_iallreduce(comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
+                                 IGRAD_REDUCE_SUM, req);
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+/* Indexed by igrad_bucket_kind_t; order matters for auto's ties (the
+ * earlier row wins). */
+static const igrad__route_t routes[] = {
+    {IGRAD_BUCKET_GATHER, "gather", IGRAD__WIRE_SPARSE, 0, IGRAD_COLLECTIVE_GATHER, gather_cost,
+     gather_arena, gather_layout, gather_describe,
+     offsetof(igrad_step_stats_t, gather_buckets), gather_payload, gather_wire, gather_issue},
+    {IGRAD_BUCKET_REDUCE, "reduce", IGRAD__WIRE_DENSE, 1, IGRAD_COLLECTIVE_REDUCE, reduce_cost,
+     reduce_arena, reduce_layout, reduce_describe,
+     offsetof(igrad_step_stats_t, reduce_buckets), reduce_payload, reduce_wire, reduce_issue},
+};
+#define NROUTES (sizeof routes / sizeof routes[0])
+
+const igrad__route_t *igrad__route_of(igrad_bucket_kind_t kind)
+{
+    for (size_t i = 0; i < NROUTES; i++)
+        if (routes[i].kind == kind) return &routes[i];
+    return NULL;
+}
+
+/* The route `collective` (or the dense method) forces, or NULL under auto. */
+static const igrad__route_t *forced_route(igrad_collective_t collective, int dense)
+{
+    for (size_t i = 0; i < NROUTES; i++)
+        if (dense ? routes[i].dense_method : routes[i].forced_by == collective)
+            return &routes[i];
+    return NULL;
+}
+
+const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int dense, int64_t P,
+                                          int64_t s, int64_t d)
+{
+    const igrad__route_t *f = forced_route(collective, dense);
+    if (f) return f;
+    if (P == 1) return &routes[0]; /* one rank: a copy of the payload */
+    const igrad__route_t *best = &routes[0];
+    int64_t c = best->cost(s, d, P);
+    for (size_t i = 1; i < NROUTES; i++) {
+        int64_t ci = routes[i].cost(s, d, P);
+        if (ci < c) {
+            best = &routes[i];
+            c = ci;
+        }
+    }
+    return best;
+}
+
+void igrad__route_arenas(igrad_collective_t collective, int dense, int64_t smax, int64_t dmax,
+                         size_t P, size_t slack, size_t *send, size_t *recv)
+{
+    const igrad__route_t *f = forced_route(collective, dense);
+    *send = *recv = 0;
+    for (size_t i = 0; i < NROUTES; i++) {
+        if (f && f != &routes[i]) continue;
+        size_t s = 0, r = 0;
+        routes[i].arena(smax, dmax, P, f != NULL, slack, &s, &r);
+        if (s > *send) *send = s;
+        if (r > *recv) *recv = r;
+    }
+}

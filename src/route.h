@@ -1,0 +1,79 @@
+/*
+ * route.h — bucket routes: the one table of the collectives a bucket can
+ * take (allgather of the sparse payload, all-reduce of dense segments).
+ * A route is everything the engine needs to know about a bucket kind: its
+ * wire layout (which the data plane packs and unpacks, dp.h), the cost
+ * model that `collective = auto` compares, its share of the bucket arenas,
+ * how its collective is issued and completed, and how it is counted in the
+ * statistics. engine.c asks the table and never tests a kind itself, so a
+ * new collective is one entry in route.c (and, if it needs a new wire
+ * layout, one pack/unpack pair per data-plane backend).
+ *
+ * Not here: which blocks go to which bucket (pack.c), the bytes themselves
+ * (dp_cpu_pack.c, dp_cpu_unpack.c), the communicators (comm*.c).
+ */
+#ifndef IGRAD_ROUTE_H
+#define IGRAD_ROUTE_H
+
+#include "engine_internal.h"
+
+/* How a bucket's bytes are laid out; the data plane has a pack and an
+ * unpack for each. */
+typedef enum igrad__wire {
+    IGRAD__WIRE_SPARSE = 0, /* per rank [values F32][32-bit indices][16-bit indices]
+                               (formats.md §8) */
+    IGRAD__WIRE_DENSE = 1,  /* F32 over the blocks' dense segments */
+    IGRAD__NWIRES
+} igrad__wire_t;
+
+typedef struct igrad__route {
+    igrad_bucket_kind_t kind;     /* what igrad_bucket_t.kind says */
+    const char *name;             /* "gather", "reduce" (messages) */
+    igrad__wire_t wire;
+    int dense_method;             /* the route of the dense method */
+    igrad_collective_t forced_by; /* config.collective that always takes it */
+    /* Modelled bytes on the wire per rank times P/(P-1), for a bucket of
+     * `s` gather bytes per rank and `d` dense floats: an integer, so that
+     * every rank's `auto` comparison is exact. auto takes the cheapest
+     * route, the earlier one in the table on ties. */
+    int64_t (*cost)(int64_t s, int64_t d, int64_t P);
+    /* This route's room in the send and recv arenas for the largest step
+     * (largest gather bytes `smax`, dense floats `dmax`, `slack` bytes for
+     * the buckets' 8-byte alignment of an arena it uses), alone when
+     * `forced`, else next to the others under auto. */
+    void (*arena)(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack, size_t *send,
+                  size_t *recv);
+    /* Lays bucket bk out at the running arena offsets (its blocks'
+     * dense_off are set): block offsets, send/recv bytes; advances them. */
+    void (*layout)(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *send_off,
+                   size_t *recv_off);
+    /* The caller's view of the bucket (igrad_engine_begin). */
+    void (*describe)(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+                     igrad_bucket_t *d);
+    /* Statistics: offsetof the igrad_step_stats_t counter of its buckets
+     * (an int), the bytes this rank contributes (payload) and the
+     * modelled wire bytes. */
+    size_t stats_count;
+    int64_t (*payload)(const igrad__engine_bucket_t *bk);
+    double (*wire_nbytes)(const igrad__engine_bucket_t *bk, double P);
+    /* Issues the non-blocking collective of d; completing it is
+     * igrad_comm_wait / igrad_comm_test on the request for every route. */
+    igrad_status_t (*issue)(igrad_comm_t *comm, const igrad_bucket_t *d,
+                            igrad_comm_request_t **req);
+} igrad__route_t;
+
+/* The route of a bucket kind; NULL for a kind the table does not know. */
+const igrad__route_t *igrad__route_of(igrad_bucket_kind_t kind);
+
+/* The route of one bucket this step: the dense method's route, the one
+ * `collective` forces, the first route with one rank, else (auto) the
+ * cheapest by cost(). s, d as in igrad__route_t.cost. */
+const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int dense, int64_t P,
+                                          int64_t s, int64_t d);
+
+/* Arena bytes for the largest step: the routes a config can choose, the
+ * largest room of each arena among them. */
+void igrad__route_arenas(igrad_collective_t collective, int dense, int64_t smax, int64_t dmax,
+                         size_t P, size_t slack, size_t *send, size_t *recv);
+
+#endif /* IGRAD_ROUTE_H */
