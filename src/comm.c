@@ -24,6 +24,7 @@
 #include "comm_internal.h"
 
 #include <float.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -478,6 +479,18 @@ static igrad_status_t custom_test(igrad_comm_t *comm, igrad_comm_request_t *req,
     return IGRAD_OK;
 }
 
+static igrad_status_t custom_group_start(igrad_comm_t *comm)
+{
+    custom_impl_t *impl = comm->impl;
+    return custom_result(impl, (int)impl->ops.group_start(impl->user), "group_start");
+}
+
+static igrad_status_t custom_group_end(igrad_comm_t *comm)
+{
+    custom_impl_t *impl = comm->impl;
+    return custom_result(impl, (int)impl->ops.group_end(impl->user), "group_end");
+}
+
 static void custom_destroy(igrad_comm_t *comm)
 {
     custom_impl_t *impl = comm->impl;
@@ -491,10 +504,22 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
     IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_comm_create_custom: out is NULL");
     *out = NULL;
     IGRAD_FAIL_IF(!ops, IGRAD_E_INVALID, "igrad_comm_create_custom: ops is NULL");
-    IGRAD_FAIL_IF(ops->size < sizeof(igrad_comm_ops_t), IGRAD_E_INVALID,
-                  "igrad_comm_create_custom: ops->size is %zu, this library needs %zu "
-                  "(set it to sizeof(igrad_comm_ops_t))",
-                  ops->size, sizeof(igrad_comm_ops_t));
+    /* The first version of the table ended at destroy: tables of that size
+     * keep working, without the fields added since. */
+    const size_t first_nbytes = offsetof(igrad_comm_ops_t, group_start);
+    IGRAD_FAIL_IF(ops->size < first_nbytes, IGRAD_E_INVALID,
+                  "igrad_comm_create_custom: ops->size is %zu, this library needs at least "
+                  "%zu (set it to sizeof(igrad_comm_ops_t))",
+                  ops->size, first_nbytes);
+    /* Only the caller's `size` bytes are read; a field that ends past them
+     * is absent. */
+    igrad_comm_ops_t known = {0};
+    memcpy(&known, ops, ops->size < sizeof known ? ops->size : sizeof known);
+    if (ops->size < offsetof(igrad_comm_ops_t, group_start) + sizeof known.group_start)
+        known.group_start = NULL;
+    if (ops->size < offsetof(igrad_comm_ops_t, group_end) + sizeof known.group_end)
+        known.group_end = NULL;
+    ops = &known;
     IGRAD_FAIL_IF(size < 1 || rank < 0 || rank >= size, IGRAD_E_INVALID,
                   "igrad_comm_create_custom: rank %d, size %d (need 0 <= rank < size)", rank,
                   size);
@@ -503,6 +528,8 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
                           : !ops->bcast ? "bcast"
                           : !ops->barrier ? "barrier"
                           : (ops->iallgather || ops->iallreduce) && !ops->wait ? "wait"
+                          : ops->group_start && !ops->group_end ? "group_end"
+                          : ops->group_end && !ops->group_start ? "group_start"
                           : NULL;
     IGRAD_FAIL_IF(missing, IGRAD_E_INVALID,
                   "igrad_comm_create_custom: ops->%s is NULL but required", missing);
@@ -515,7 +542,7 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
     } custom_comm_block_t;
     custom_comm_block_t *block = calloc(1, sizeof *block);
     IGRAD_FAIL_IF(!block, IGRAD_E_NOMEM, "igrad_comm_create_custom: out of memory");
-    block->impl.ops = *ops; /* a larger (newer) table: its known prefix */
+    block->impl.ops = *ops; /* of a larger (newer) table, its known prefix */
     block->impl.ops.size = sizeof(igrad_comm_ops_t);
     block->impl.user = user;
     block->vt = (igrad__comm_vtable_t){
@@ -528,6 +555,8 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
         .iallreduce = ops->iallreduce ? custom_iallreduce : NULL,
         .wait = ops->wait ? custom_wait : NULL,
         .test = ops->test ? custom_test : NULL,
+        .group_start = ops->group_start ? custom_group_start : NULL,
+        .group_end = ops->group_end ? custom_group_end : NULL,
         .destroy = custom_destroy,
     };
     /* impl is the first member, so custom_destroy's free(impl) frees the

@@ -470,6 +470,29 @@ static igrad_comm_ops_t fake_ops(int nonblocking)
     return ops;
 }
 
+/* Group callbacks of a custom table: they append to custom_group_log. */
+static char custom_group_log[16];
+
+static void custom_group_note(char c)
+{
+    size_t n = strlen(custom_group_log);
+    if (n + 1 < sizeof custom_group_log) custom_group_log[n] = c, custom_group_log[n + 1] = 0;
+}
+
+static igrad_status_t custom_group_start_cb(void *user)
+{
+    (void)user;
+    custom_group_note('S');
+    return IGRAD_OK;
+}
+
+static igrad_status_t custom_group_end_cb(void *user)
+{
+    (void)user;
+    custom_group_note('E');
+    return IGRAD_OK;
+}
+
 static void test_custom_validation(void **state)
 {
     (void)state;
@@ -482,7 +505,7 @@ static void test_custom_validation(void **state)
     assert_null(comm);
     assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, NULL), IGRAD_E_INVALID);
 
-    ops.size = sizeof(igrad_comm_ops_t) - 1;
+    ops.size = offsetof(igrad_comm_ops_t, group_start) - 1;
     assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
     assert_error_mentions("ops->size");
     ops.size = 0;
@@ -514,6 +537,33 @@ static void test_custom_validation(void **state)
     assert_status(igrad_comm_create_custom(&ops, &f, 0, 0, &comm), IGRAD_E_INVALID);
     assert_null(comm);
     assert_int_equal(f.destroyed, 0);
+
+    /* group callbacks: both or neither */
+    ops = fake_ops(1);
+    ops.group_start = custom_group_start_cb;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->group_end");
+    ops.group_start = NULL;
+    ops.group_end = custom_group_end_cb;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->group_start");
+
+    /* a table of the first version (it ended at destroy) still works, and
+     * what lies past its size is never read */
+    ops = fake_ops(1);
+    ops.group_start = custom_group_start_cb; /* past size: ignored */
+    ops.size = offsetof(igrad_comm_ops_t, group_start);
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    assert_null(comm->vt->group_start);
+    assert_null(comm->vt->group_end);
+    igrad_comm_free(comm);
+    assert_int_equal(f.destroyed, 1);
+    f.destroyed = 0;
+    /* group_end cut off, so absent: group_start alone is refused */
+    ops.size = sizeof(igrad_comm_ops_t) - 1;
+    ops.group_end = custom_group_end_cb;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->group_end");
 
     /* a table from a newer header (larger size) is accepted */
     struct {
@@ -994,6 +1044,43 @@ static void test_group_noop(void **state)
     igrad_comm_free(comm);
 }
 
+/* A custom table with group callbacks: the outermost pair reaches them,
+ * in order, and a handle issued inside is neither tested nor waited
+ * before the group ends. */
+static void test_custom_groups(void **state)
+{
+    (void)state;
+    fake_t f = {.rank = 0, .size = 1, .polls_to_finish = 1};
+    igrad_comm_ops_t ops = fake_ops(1);
+    ops.group_start = custom_group_start_cb;
+    ops.group_end = custom_group_end_cb;
+    igrad_comm_t *comm = NULL;
+    custom_group_log[0] = '\0';
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    double x = 1.5, y = 0.0;
+    int done = -1;
+    igrad_comm_request_t *req = NULL;
+    assert_status(igrad__comm_group_start(comm), IGRAD_OK);
+    assert_status(igrad__comm_group_start(comm), IGRAD_OK);
+    assert_string_equal(custom_group_log, "S");
+    assert_status(igrad_comm_iallreduce(comm, &x, &y, 1, IGRAD_DTYPE_F64, IGRAD_REDUCE_SUM,
+                                        &req),
+                  IGRAD_OK);
+    assert_status(igrad_comm_test(comm, req, &done), IGRAD_OK);
+    assert_int_equal(done, 0);
+    assert_status(igrad_comm_wait(comm, req), IGRAD_E_STATE);
+    assert_int_equal(f.calls[CB_TEST], 0);
+    assert_int_equal(f.calls[CB_WAIT], 0);
+    assert_status(igrad__comm_group_end(comm), IGRAD_OK);
+    assert_string_equal(custom_group_log, "S");
+    assert_status(igrad__comm_group_end(comm), IGRAD_OK);
+    assert_string_equal(custom_group_log, "SE");
+    assert_status(igrad_comm_wait(comm, req), IGRAD_OK);
+    assert_f64_equal(y, 1.5);
+    igrad_comm_free(comm);
+    assert_int_equal(f.destroyed, 1);
+}
+
 /* Buffers in a memory space the comm does not take are refused before the
  * backend sees them, naming both. */
 static void test_memory_space(void **state)
@@ -1153,6 +1240,7 @@ int main(void)
         cmocka_unit_test(test_custom_errors),
         cmocka_unit_test(test_group_hooks),
         cmocka_unit_test(test_group_noop),
+        cmocka_unit_test(test_custom_groups),
         cmocka_unit_test(test_memory_space),
         cmocka_unit_test(test_engine_grouped),
         cmocka_unit_test(test_mpi_without_init),
