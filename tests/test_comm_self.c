@@ -869,16 +869,24 @@ static igrad_status_t group_barrier(igrad_comm_t *comm)
 
 static int group_token; /* the handle of every operation in flight */
 
-static igrad_status_t group_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
-                                       void *recv, void *stream, igrad_comm_request_t *req)
+/* Both i* functions: log `c`, note the stream, copy (one rank), stay in
+ * flight. */
+static igrad_status_t group_issue(igrad_comm_t *comm, char c, const void *send, void *recv,
+                                  size_t nbytes, void *stream, igrad_comm_request_t *req)
 {
     group_fake_t *g = comm->impl;
-    group_log(comm, 'g');
+    group_log(comm, c);
     g->stream = stream;
     g->streams_seen++;
     if (send != recv) memmove(recv, send, nbytes);
     req->handle = &group_token;
     return IGRAD_OK;
+}
+
+static igrad_status_t group_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                       void *recv, void *stream, igrad_comm_request_t *req)
+{
+    return group_issue(comm, 'g', send, recv, nbytes, stream, req);
 }
 
 static igrad_status_t group_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
@@ -887,13 +895,7 @@ static igrad_status_t group_iallreduce(igrad_comm_t *comm, const void *send, voi
                                        igrad_comm_request_t *req)
 {
     (void)op;
-    group_fake_t *g = comm->impl;
-    group_log(comm, 'r');
-    g->stream = stream;
-    g->streams_seen++;
-    if (send != recv) memmove(recv, send, count * igrad_dtype_nbytes(dtype));
-    req->handle = &group_token;
-    return IGRAD_OK;
+    return group_issue(comm, 'r', send, recv, count * igrad_dtype_nbytes(dtype), stream, req);
 }
 
 static igrad_status_t group_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
