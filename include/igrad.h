@@ -1108,8 +1108,11 @@ typedef struct igrad_engine igrad_engine_t;
  *  NULL); copied. Its components must be the layout's.
  *  @param comm borrowed: it must outlive the engine.
  *  @return IGRAD_E_INVALID (config, NULL argument; the message names the
- *  field), IGRAD_E_UNSUPPORTED, IGRAD_E_MISMATCH (profile vs layout, or
- *  ranks disagree: the message names the first differing item, e.g.
+ *  field), IGRAD_E_UNSUPPORTED (among others a comm whose collectives
+ *  cannot take the engine's buffers: "communicator 'x' cannot take host
+ *  buffers"; the built-in ones all take host memory), IGRAD_E_MISMATCH
+ *  (profile vs layout, or ranks disagree: the message names the first
+ *  differing item, e.g.
  *  "config.density differs: rank 0 has 0.01, rank 1 has 0.02"),
  *  IGRAD_E_NOMEM, IGRAD_E_COMM, IGRAD_E_TIMEOUT (the agreement did not
  *  complete within config.timeout_s). On failure *out is NULL and nothing
