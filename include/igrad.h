@@ -637,9 +637,10 @@ typedef enum igrad_reduce_op {
  *  what the wrapper was given; when nbytes or count is 0 the buffers may
  *  point to a dummy byte. */
 typedef struct igrad_comm_ops {
-    /** sizeof(igrad_comm_ops_t) as the caller compiled it. Smaller than
-     *  this version's size is refused; a larger (newer) table is accepted
-     *  and its unknown trailing fields are ignored. */
+    /** sizeof(igrad_comm_ops_t) as the caller compiled it. A table that
+     *  ends before group_start (the first version's) is refused; the
+     *  fields a smaller, older table lacks are taken as NULL, and a larger
+     *  (newer) table is accepted with its unknown trailing fields ignored. */
     size_t size;
     /* Required. */
     igrad_status_t (*allgather)(void *user, const void *send, size_t nbytes, void *recv);
@@ -667,6 +668,16 @@ typedef struct igrad_comm_ops {
     const char *(*error_message)(void *user);
     /** Optional: called once by igrad_comm_free() to release `user`. */
     void (*destroy)(void *user);
+    /** Optional, both or neither (added after the fields above; older
+     *  tables go without): an engine step's non-blocking collectives are
+     *  issued between group_start and group_end, so a backend can batch
+     *  them (e.g. torch.distributed's coalescing). While a group is open,
+     *  test is not called on its handles (they read as not done), wait is
+     *  refused and so are blocking collectives; after a failing group_end,
+     *  wait must still release the group's handles. Custom backends take
+     *  host buffers and get no stream (architecture.md §11). */
+    igrad_status_t (*group_start)(void *user);
+    igrad_status_t (*group_end)(void *user);
 } igrad_comm_ops_t;
 
 /** Creates a one-rank communicator (rank 0 of 1). Needs no MPI. */
@@ -688,8 +699,8 @@ IGRAD_API igrad_status_t igrad_comm_create_mpi(const void *mpi_comm, igrad_comm_
  *  The table is copied; `user` is borrowed (see ops->destroy).
  *  @param rank, size this process's rank in [0, size) and the group size.
  *  @return IGRAD_E_INVALID (naming the field) for a table that is too
- *  small, lacks a required callback, or has i* callbacks without wait, or
- *  for a bad rank/size. */
+ *  small, lacks a required callback, has i* callbacks without wait or
+ *  only one of group_start/group_end, or for a bad rank/size. */
 IGRAD_API igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
                                                   int rank, int size, igrad_comm_t **out);
 
@@ -1097,8 +1108,11 @@ typedef struct igrad_engine igrad_engine_t;
  *  NULL); copied. Its components must be the layout's.
  *  @param comm borrowed: it must outlive the engine.
  *  @return IGRAD_E_INVALID (config, NULL argument; the message names the
- *  field), IGRAD_E_UNSUPPORTED, IGRAD_E_MISMATCH (profile vs layout, or
- *  ranks disagree: the message names the first differing item, e.g.
+ *  field), IGRAD_E_UNSUPPORTED (among others a comm whose collectives
+ *  cannot take the engine's buffers: "communicator 'x' cannot take host
+ *  buffers"; the built-in ones all take host memory), IGRAD_E_MISMATCH
+ *  (profile vs layout, or ranks disagree: the message names the first
+ *  differing item, e.g.
  *  "config.density differs: rank 0 has 0.01, rank 1 has 0.02"),
  *  IGRAD_E_NOMEM, IGRAD_E_COMM, IGRAD_E_TIMEOUT (the agreement did not
  *  complete within config.timeout_s). On failure *out is NULL and nothing

@@ -11,6 +11,12 @@
  * measures time itself (comm_mpi.c); a custom backend's callbacks own their
  * timeouts.
  *
+ * Groups (igrad__comm_group_start/end) reach a backend only when it has
+ * the hooks; for one that has them, the requests issued inside an open
+ * group are not launched yet, so nothing here blocks on them until the
+ * group ends. The memory-space check (igrad__comm_check_space) is the only
+ * place a comm's `spaces` is read.
+ *
  * The self backend lives in comm_self.c and the MPI backend in comm_mpi.c.
  * When the library is built without MPI, igrad_comm_create_mpi() is defined
  * here and reports IGRAD_E_UNSUPPORTED, so the API is the same everywhere.
@@ -18,6 +24,7 @@
 #include "comm_internal.h"
 
 #include <float.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +44,7 @@ igrad_status_t igrad__comm_new(const igrad__comm_vtable_t *vt, const char *backe
     comm->rank = rank;
     comm->size = size;
     comm->impl = impl;
+    comm->spaces = vt->spaces;
     *out = comm;
     return IGRAD_OK;
 }
@@ -59,6 +67,51 @@ static igrad_status_t check_usable(const igrad_comm_t *comm, const char *what)
                   "out and was left pending (%s); abort the job",
                   what, comm->backend, comm->broken_msg);
     return IGRAD_OK;
+}
+
+/* A group of a backend with group hooks is open: its requests have not
+ * been launched, so waiting on one (or a blocking collective) would hang. */
+static int group_open(const igrad_comm_t *comm)
+{
+    return comm->group_depth > 0 && comm->vt->group_start;
+}
+
+static igrad_status_t check_no_group(const igrad_comm_t *comm, const char *what)
+{
+    IGRAD_FAIL_IF(group_open(comm), IGRAD_E_STATE,
+                  "%s: a group of the %s communicator is open (its collectives start at "
+                  "group end)",
+                  what, comm->backend);
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__comm_check_space(const igrad_comm_t *comm, igrad__mem_space_t space,
+                                       const char *what)
+{
+    IGRAD_FAIL_IF(!(comm->spaces & IGRAD__MEM_BIT(space)), IGRAD_E_UNSUPPORTED,
+                  "%s: communicator '%s' cannot take %s buffers", what, comm->backend,
+                  igrad__mem_space_name(space));
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__comm_group_start(igrad_comm_t *comm)
+{
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad__comm_group_start: comm is NULL");
+    IGRAD_CHECK(check_usable(comm, "group start"));
+    if (comm->group_depth == 0 && comm->vt->group_start)
+        IGRAD_CHECK(comm->vt->group_start(comm));
+    comm->group_depth++;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__comm_group_end(igrad_comm_t *comm)
+{
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad__comm_group_end: comm is NULL");
+    IGRAD_FAIL_IF(comm->group_depth <= 0, IGRAD_E_STATE,
+                  "group end: no group of the %s communicator is open", comm->backend);
+    if (--comm->group_depth > 0 || !comm->vt->group_end) return IGRAD_OK;
+    IGRAD_CHECK(check_usable(comm, "group end"));
+    return comm->vt->group_end(comm);
 }
 
 igrad_status_t igrad_comm_set_timeout(igrad_comm_t *comm, double seconds)
@@ -160,6 +213,7 @@ igrad_status_t igrad_comm_allgather(igrad_comm_t *comm, const void *send, size_t
 {
     IGRAD_CHECK(check_allgather(comm, "igrad_comm_allgather", &send, nbytes, &recv));
     IGRAD_CHECK(check_usable(comm, "igrad_comm_allgather"));
+    IGRAD_CHECK(check_no_group(comm, "igrad_comm_allgather"));
     return comm->vt->allgather(comm, send, nbytes, recv);
 }
 
@@ -168,6 +222,7 @@ igrad_status_t igrad_comm_allreduce(igrad_comm_t *comm, const void *send, void *
 {
     IGRAD_CHECK(check_allreduce(comm, "igrad_comm_allreduce", &send, &recv, count, dtype, op));
     IGRAD_CHECK(check_usable(comm, "igrad_comm_allreduce"));
+    IGRAD_CHECK(check_no_group(comm, "igrad_comm_allreduce"));
     return comm->vt->allreduce(comm, send, recv, count, dtype, op);
 }
 
@@ -179,6 +234,7 @@ igrad_status_t igrad_comm_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, in
     if (nbytes == 0) buf = comm_dummy;
     IGRAD_FAIL_IF(!buf, IGRAD_E_INVALID, "igrad_comm_bcast: buf is NULL (nbytes %zu)", nbytes);
     IGRAD_CHECK(check_usable(comm, "igrad_comm_bcast"));
+    IGRAD_CHECK(check_no_group(comm, "igrad_comm_bcast"));
     return comm->vt->bcast(comm, buf, nbytes, root);
 }
 
@@ -186,6 +242,7 @@ igrad_status_t igrad_comm_barrier(igrad_comm_t *comm)
 {
     IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_comm_barrier: comm is NULL");
     IGRAD_CHECK(check_usable(comm, "igrad_comm_barrier"));
+    IGRAD_CHECK(check_no_group(comm, "igrad_comm_barrier"));
     return comm->vt->barrier(comm);
 }
 
@@ -216,17 +273,19 @@ static igrad_status_t request_issued(igrad_comm_request_t *req, igrad_status_t s
     return IGRAD_OK;
 }
 
-igrad_status_t igrad_comm_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
-                                     void *recv, igrad_comm_request_t **out)
+igrad_status_t igrad__comm_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                      void *recv, igrad__mem_space_t space, void *stream,
+                                      igrad_comm_request_t **out)
 {
     IGRAD_CHECK(check_request_out(out, "igrad_comm_iallgather"));
     IGRAD_CHECK(check_allgather(comm, "igrad_comm_iallgather", &send, nbytes, &recv));
+    IGRAD_CHECK(igrad__comm_check_space(comm, space, "igrad_comm_iallgather"));
     IGRAD_CHECK(check_usable(comm, "igrad_comm_iallgather"));
     igrad_comm_request_t *req = NULL;
     IGRAD_CHECK(request_new(comm, "iallgather", &req));
     igrad_status_t st;
     if (comm->vt->iallgather) {
-        st = comm->vt->iallgather(comm, send, nbytes, recv, req);
+        st = comm->vt->iallgather(comm, send, nbytes, recv, stream, req);
     } else {
         st = comm->vt->allgather(comm, send, nbytes, recv);
         req->done = 1;
@@ -234,23 +293,40 @@ igrad_status_t igrad_comm_iallgather(igrad_comm_t *comm, const void *send, size_
     return request_issued(req, st, out);
 }
 
-igrad_status_t igrad_comm_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
-                                     size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
-                                     igrad_comm_request_t **out)
+igrad_status_t igrad__comm_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                      size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                      igrad__mem_space_t space, void *stream,
+                                      igrad_comm_request_t **out)
 {
     IGRAD_CHECK(check_request_out(out, "igrad_comm_iallreduce"));
     IGRAD_CHECK(check_allreduce(comm, "igrad_comm_iallreduce", &send, &recv, count, dtype, op));
+    IGRAD_CHECK(igrad__comm_check_space(comm, space, "igrad_comm_iallreduce"));
     IGRAD_CHECK(check_usable(comm, "igrad_comm_iallreduce"));
     igrad_comm_request_t *req = NULL;
     IGRAD_CHECK(request_new(comm, "iallreduce", &req));
     igrad_status_t st;
     if (comm->vt->iallreduce) {
-        st = comm->vt->iallreduce(comm, send, recv, count, dtype, op, req);
+        st = comm->vt->iallreduce(comm, send, recv, count, dtype, op, stream, req);
     } else {
         st = comm->vt->allreduce(comm, send, recv, count, dtype, op);
         req->done = 1;
     }
     return request_issued(req, st, out);
+}
+
+/* The caller's buffers are host memory; a host collective has no stream. */
+igrad_status_t igrad_comm_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                     void *recv, igrad_comm_request_t **out)
+{
+    return igrad__comm_iallgather(comm, send, nbytes, recv, IGRAD__MEM_HOST, NULL, out);
+}
+
+igrad_status_t igrad_comm_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                     size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                     igrad_comm_request_t **out)
+{
+    return igrad__comm_iallreduce(comm, send, recv, count, dtype, op, IGRAD__MEM_HOST, NULL,
+                                  out);
 }
 
 igrad_status_t igrad_comm_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
@@ -259,6 +335,11 @@ igrad_status_t igrad_comm_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
     IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_comm_wait: comm is NULL");
     IGRAD_FAIL_IF(req->comm != comm, IGRAD_E_INVALID,
                   "igrad_comm_wait: the %s request belongs to another communicator", req->op);
+    /* Kept for a wait after the group ends: its operation has not started. */
+    IGRAD_FAIL_IF(req->handle && !comm->broken && group_open(comm), IGRAD_E_STATE,
+                  "igrad_comm_wait: the %s request's group of the %s communicator is still "
+                  "open (wait after group end)",
+                  req->op, comm->backend);
     igrad_status_t st = IGRAD_OK;
     /* A request the backend completed at issue time, or whose handle it
      * released in test, has nothing left in flight. On a broken comm the
@@ -280,6 +361,7 @@ igrad_status_t igrad_comm_test(igrad_comm_t *comm, igrad_comm_request_t *req, in
                   "igrad_comm_test: the %s request belongs to another communicator", req->op);
     if (!req->done && !req->handle) req->done = 1;
     if (!req->done) IGRAD_CHECK(check_usable(comm, "igrad_comm_test"));
+    if (!req->done && group_open(comm)) return IGRAD_OK; /* not launched yet */
     if (!req->done) {
         igrad_status_t st;
         if (comm->vt->test) {
@@ -348,8 +430,9 @@ static igrad_status_t custom_barrier(igrad_comm_t *comm)
 
 /* A callback that succeeds without a handle has nothing in flight. */
 static igrad_status_t custom_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
-                                        void *recv, igrad_comm_request_t *req)
+                                        void *recv, void *stream, igrad_comm_request_t *req)
 {
+    (void)stream; /* host buffers only (architecture.md §11) */
     custom_impl_t *impl = comm->impl;
     void *handle = NULL;
     IGRAD_CHECK(custom_result(
@@ -362,8 +445,10 @@ static igrad_status_t custom_iallgather(igrad_comm_t *comm, const void *send, si
 
 static igrad_status_t custom_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
                                         size_t count, igrad_dtype_t dtype,
-                                        igrad_reduce_op_t op, igrad_comm_request_t *req)
+                                        igrad_reduce_op_t op, void *stream,
+                                        igrad_comm_request_t *req)
 {
+    (void)stream;
     custom_impl_t *impl = comm->impl;
     void *handle = NULL;
     IGRAD_CHECK(custom_result(
@@ -394,6 +479,18 @@ static igrad_status_t custom_test(igrad_comm_t *comm, igrad_comm_request_t *req,
     return IGRAD_OK;
 }
 
+static igrad_status_t custom_group_start(igrad_comm_t *comm)
+{
+    custom_impl_t *impl = comm->impl;
+    return custom_result(impl, (int)impl->ops.group_start(impl->user), "group_start");
+}
+
+static igrad_status_t custom_group_end(igrad_comm_t *comm)
+{
+    custom_impl_t *impl = comm->impl;
+    return custom_result(impl, (int)impl->ops.group_end(impl->user), "group_end");
+}
+
 static void custom_destroy(igrad_comm_t *comm)
 {
     custom_impl_t *impl = comm->impl;
@@ -407,10 +504,22 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
     IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_comm_create_custom: out is NULL");
     *out = NULL;
     IGRAD_FAIL_IF(!ops, IGRAD_E_INVALID, "igrad_comm_create_custom: ops is NULL");
-    IGRAD_FAIL_IF(ops->size < sizeof(igrad_comm_ops_t), IGRAD_E_INVALID,
-                  "igrad_comm_create_custom: ops->size is %zu, this library needs %zu "
-                  "(set it to sizeof(igrad_comm_ops_t))",
-                  ops->size, sizeof(igrad_comm_ops_t));
+    /* The first version of the table ended at destroy: tables of that size
+     * keep working, without the fields added since. */
+    const size_t first_nbytes = offsetof(igrad_comm_ops_t, group_start);
+    IGRAD_FAIL_IF(ops->size < first_nbytes, IGRAD_E_INVALID,
+                  "igrad_comm_create_custom: ops->size is %zu, this library needs at least "
+                  "%zu (set it to sizeof(igrad_comm_ops_t))",
+                  ops->size, first_nbytes);
+    /* Only the caller's `size` bytes are read; a field that ends past them
+     * is absent. */
+    igrad_comm_ops_t known = {0};
+    memcpy(&known, ops, ops->size < sizeof known ? ops->size : sizeof known);
+    if (ops->size < offsetof(igrad_comm_ops_t, group_start) + sizeof known.group_start)
+        known.group_start = NULL;
+    if (ops->size < offsetof(igrad_comm_ops_t, group_end) + sizeof known.group_end)
+        known.group_end = NULL;
+    ops = &known;
     IGRAD_FAIL_IF(size < 1 || rank < 0 || rank >= size, IGRAD_E_INVALID,
                   "igrad_comm_create_custom: rank %d, size %d (need 0 <= rank < size)", rank,
                   size);
@@ -419,6 +528,8 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
                           : !ops->bcast ? "bcast"
                           : !ops->barrier ? "barrier"
                           : (ops->iallgather || ops->iallreduce) && !ops->wait ? "wait"
+                          : ops->group_start && !ops->group_end ? "group_end"
+                          : ops->group_end && !ops->group_start ? "group_start"
                           : NULL;
     IGRAD_FAIL_IF(missing, IGRAD_E_INVALID,
                   "igrad_comm_create_custom: ops->%s is NULL but required", missing);
@@ -431,10 +542,11 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
     } custom_comm_block_t;
     custom_comm_block_t *block = calloc(1, sizeof *block);
     IGRAD_FAIL_IF(!block, IGRAD_E_NOMEM, "igrad_comm_create_custom: out of memory");
-    block->impl.ops = *ops; /* a larger (newer) table: its known prefix */
+    block->impl.ops = *ops; /* of a larger (newer) table, its known prefix */
     block->impl.ops.size = sizeof(igrad_comm_ops_t);
     block->impl.user = user;
     block->vt = (igrad__comm_vtable_t){
+        .spaces = IGRAD__MEM_BIT(IGRAD__MEM_HOST),
         .allgather = custom_allgather,
         .allreduce = custom_allreduce,
         .bcast = custom_bcast,
@@ -443,6 +555,8 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
         .iallreduce = ops->iallreduce ? custom_iallreduce : NULL,
         .wait = ops->wait ? custom_wait : NULL,
         .test = ops->test ? custom_test : NULL,
+        .group_start = ops->group_start ? custom_group_start : NULL,
+        .group_end = ops->group_end ? custom_group_end : NULL,
         .destroy = custom_destroy,
     };
     /* impl is the first member, so custom_destroy's free(impl) frees the

@@ -16,6 +16,13 @@
  * or I64 and a valid op, and a root in range. Callers of the backend table
  * other than comm.c (tests that need an error only MPI itself can raise)
  * take those checks on themselves.
+ *
+ * What a device backend (comm_nccl.c, later) needs is in the table too, so
+ * it is one more row: the memory spaces its buffers may live in (comm.c
+ * refuses any other before the backend is called), a stream on the
+ * non-blocking collectives (an opaque queue of the backend's; NULL is its
+ * default, and the host backends ignore it) and optional group hooks that
+ * bracket a step's collectives so they can be launched together.
  */
 #ifndef IGRAD_COMM_INTERNAL_H
 #define IGRAD_COMM_INTERNAL_H
@@ -23,6 +30,10 @@
 #include "internal.h"
 
 typedef struct igrad__comm_vtable {
+    /* IGRAD__MEM_BIT of every memory space the collectives' buffers may
+     * live in (self, MPI, custom: host). igrad__comm_new copies it into
+     * the comm, where a backend may narrow or widen it per instance. */
+    unsigned spaces;
     /* Blocking collectives. Return IGRAD_OK or a recorded error. */
     igrad_status_t (*allgather)(igrad_comm_t *comm, const void *send, size_t nbytes,
                                 void *recv);
@@ -30,20 +41,32 @@ typedef struct igrad__comm_vtable {
                                 size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op);
     igrad_status_t (*bcast)(igrad_comm_t *comm, void *buf, size_t nbytes, int root);
     igrad_status_t (*barrier)(igrad_comm_t *comm);
-    /* Non-blocking: start the operation and keep its state in req->handle
-     * (or complete it now and set req->done). May be NULL: comm.c then
-     * runs the blocking function and marks the request done. */
+    /* Non-blocking: start the operation on `stream` (the backend's queue;
+     * NULL = its default; host backends ignore it) and keep its state in
+     * req->handle (or complete it now and set req->done). May be NULL:
+     * comm.c then runs the blocking function and marks the request done,
+     * so a backend that uses streams must have both. */
     igrad_status_t (*iallgather)(igrad_comm_t *comm, const void *send, size_t nbytes,
-                                 void *recv, igrad_comm_request_t *req);
+                                 void *recv, void *stream, igrad_comm_request_t *req);
     igrad_status_t (*iallreduce)(igrad_comm_t *comm, const void *send, void *recv,
                                  size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
-                                 igrad_comm_request_t *req);
+                                 void *stream, igrad_comm_request_t *req);
     /* Completes a request that is not done and releases req->handle, also
      * when the operation failed. Required when either i* function exists. */
     igrad_status_t (*wait)(igrad_comm_t *comm, igrad_comm_request_t *req);
     /* Sets *done without blocking (the handle stays until wait). May be
      * NULL: comm.c then waits, which always makes progress. */
     igrad_status_t (*test)(igrad_comm_t *comm, igrad_comm_request_t *req, int *done);
+    /* Optional (both or neither; NULL for self and MPI, where comm.c makes
+     * them no-ops): the non-blocking collectives issued between start and
+     * end form one group that the backend may launch at end (ncclGroupStart
+     * / ncclGroupEnd). comm.c calls them for the outermost pair only, and
+     * while such a group is open it neither tests nor waits a request with
+     * a live handle (test reports not done; wait is refused) and refuses
+     * blocking collectives. After a failed group_end, wait must still
+     * release the group's requests without blocking. */
+    igrad_status_t (*group_start)(igrad_comm_t *comm);
+    igrad_status_t (*group_end)(igrad_comm_t *comm);
     /* Releases comm->impl (not the comm itself). May be NULL. */
     void (*destroy)(igrad_comm_t *comm);
 } igrad__comm_vtable_t;
@@ -54,6 +77,8 @@ struct igrad_comm {
     int rank;
     int size;
     void *impl;           /* backend state, owned by the backend */
+    unsigned spaces;      /* IGRAD__MEM_BIT of the memory spaces it takes */
+    int group_depth;      /* open igrad__comm_group_start calls */
     int64_t pending;      /* requests issued and not yet waited */
     double timeout_s;     /* per operation; 0 = none (igrad_comm_set_timeout) */
     int broken;           /* an operation timed out and was left pending:
@@ -73,6 +98,31 @@ struct igrad_comm_request {
  * every later call quotes. Returns `status`. */
 igrad_status_t igrad__comm_break(igrad_comm_t *comm, igrad_status_t status);
 
+
+/* Refuses, with IGRAD_E_UNSUPPORTED naming the communicator and the
+ * space ("communicator 'mpi' cannot take device buffers"), buffers in a
+ * memory space the comm does not take. `what` prefixes the message. */
+igrad_status_t igrad__comm_check_space(const igrad_comm_t *comm, igrad__mem_space_t space,
+                                       const char *what);
+
+/* The non-blocking collectives as the engine issues them: igrad_comm_i*'s
+ * checks, plus the buffers' memory space (checked against comm->spaces)
+ * and the stream handed to the backend (NULL = its default). The public
+ * igrad_comm_i* are these with host buffers and a NULL stream. */
+igrad_status_t igrad__comm_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                      void *recv, igrad__mem_space_t space, void *stream,
+                                      igrad_comm_request_t **req);
+igrad_status_t igrad__comm_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                      size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                      igrad__mem_space_t space, void *stream,
+                                      igrad_comm_request_t **req);
+
+/* Brackets a group of non-blocking collectives (vtable group_start /
+ * group_end; no-ops for a backend without them). Pairs nest; only the
+ * outermost reaches the backend. group_end without a start is
+ * IGRAD_E_STATE. group_end always closes the pair, also when it fails. */
+igrad_status_t igrad__comm_group_start(igrad_comm_t *comm);
+igrad_status_t igrad__comm_group_end(igrad_comm_t *comm);
 
 /* Allocates a comm around a backend's table and state. On failure `impl`
  * is left to the caller. */

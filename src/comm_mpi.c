@@ -234,8 +234,9 @@ static igrad_status_t mpi_allgather(igrad_comm_t *comm, const void *send, size_t
 }
 
 static igrad_status_t mpi_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
-                                     void *recv, igrad_comm_request_t *req)
+                                     void *recv, void *stream, igrad_comm_request_t *req)
 {
+    (void)stream; /* MPI has no streams */
     const mpi_impl_t *impl = comm->impl;
     mpi_request_t *state = NULL;
     IGRAD_CHECK(request_state_new(piece_count(nbytes, impl->max_count),
@@ -286,8 +287,9 @@ static igrad_status_t mpi_allreduce(igrad_comm_t *comm, const void *send, void *
 
 static igrad_status_t mpi_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
                                      size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
-                                     igrad_comm_request_t *req)
+                                     void *stream, igrad_comm_request_t *req)
 {
+    (void)stream;
     const mpi_impl_t *impl = comm->impl;
     mpi_request_t *state = NULL;
     IGRAD_CHECK(request_state_new(piece_count(count, impl->max_count),
@@ -385,7 +387,10 @@ static void mpi_destroy(igrad_comm_t *comm)
     free(impl);
 }
 
+/* Host buffers (a CUDA-aware MPI could add the device bit per comm); no
+ * group hooks: each collective starts when issued. */
 static const igrad__comm_vtable_t mpi_vtable = {
+    .spaces = IGRAD__MEM_BIT(IGRAD__MEM_HOST),
     .allgather = mpi_allgather,
     .allreduce = mpi_allreduce,
     .bcast = mpi_bcast,

@@ -3,6 +3,7 @@
  * nothing, in place), so single-process runs and tests need no MPI. It has
  * no non-blocking functions of its own: comm.c's fallback runs the copy at
  * issue time, which is exactly when a one-rank collective can complete.
+ * Host memory only, no streams, no group hooks (comm.c's no-ops).
  * Argument checks live in comm.c.
  */
 #include "comm_internal.h"
@@ -41,6 +42,7 @@ static igrad_status_t self_barrier(igrad_comm_t *comm)
 }
 
 static const igrad__comm_vtable_t self_vtable = {
+    .spaces = IGRAD__MEM_BIT(IGRAD__MEM_HOST),
     .allgather = self_allgather,
     .allreduce = self_allreduce,
     .bcast = self_bcast,

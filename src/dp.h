@@ -16,7 +16,8 @@
  *   pack         a bucket's staged selections into its wire layout
  *   unpack       a bucket's received bytes, 1/P, into the gradients
  *   zero         the gradients that unpack adds into
- * Memory: alloc/free/copy in the backend's memory space (`space`).
+ * Memory: alloc/free/copy in the backend's memory space (`space`, the
+ * igrad__mem_space_t of internal.h that the communicators also take).
  *
  * Not here: what is sent, when and where (the control plane above).
  */
@@ -25,11 +26,6 @@
 
 #include "engine_internal.h"
 #include "route.h"
-
-/* Where a backend's memory lives. */
-typedef enum igrad__mem_space {
-    IGRAD__MEM_HOST = 0 /* ordinary host memory (the CPU backend) */
-} igrad__mem_space_t;
 
 typedef struct igrad__dp_ops {
     const char *name;          /* "cpu" */

@@ -35,6 +35,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "engine_internal.h"
+#include "comm_internal.h"
 #include "profile_internal.h"
 #include "dp.h"
 #include "route.h"
@@ -573,6 +574,9 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     e->cfg.size = sizeof e->cfg;
     const igrad_config_t *c = &e->cfg;
     e->comm = comm;
+    /* The buckets live in the data plane's memory: a comm that cannot
+     * take it could not run a single step. */
+    IGRAD_CHECK(igrad__comm_check_space(comm, e->dp->space, "igrad_engine_create"));
     e->rank = igrad_comm_rank(comm);
     e->nranks = igrad_comm_size(comm);
     e->last_step = -1;
@@ -1242,6 +1246,17 @@ static igrad_status_t bucket_failed(const igrad_engine_t *e, size_t j, igrad_sta
                        (long long)bk->route->payload(bk), j + 1, e->nbk, msg);
 }
 
+/* The step's group start or end (`what`) failed: says so, and at which
+ * step, and returns the comm's status. */
+static igrad_status_t group_failed(const igrad_engine_t *e, const char *what,
+                                   igrad_status_t st)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    return igrad__fail(st, __FILE__, __LINE__, "step %lld: %s of the step's %zu buckets: %s",
+                       (long long)e->cur_step, what, e->nbk, msg);
+}
+
 /* Keeps the message of a step's first failure in buf: waiting out the
  * remaining requests records later ones. */
 static igrad_status_t keep_first(igrad_status_t st, char *buf, size_t nbytes)
@@ -1263,12 +1278,22 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
     char smsg[1024] = "", umsg[1024] = ""; /* their first failures (keep_first) */
     double pack_ms = 0.0, comm_ms = 0.0, unpack_ms = 0.0, a, b;
     size_t issued = 0, done = 0; /* the selection zeroed the gradients (sparse methods) */
+    /* The step's collectives are one group: a backend with group hooks
+     * (a device one) launches them together at group end, and reports none
+     * of them ready before; on the host backends the hooks are no-ops and
+     * each bucket is unpacked as soon as it has arrived. */
+    a = igrad__now_ms();
+    st = igrad__comm_group_start(e->comm);
+    int grouped = st == IGRAD_OK;
+    comm_ms += igrad__now_ms() - a;
+    if (st != IGRAD_OK) st = keep_first(group_failed(e, "group start", st), smsg, sizeof smsg);
     for (size_t j = 0; j < e->nbk && st == IGRAD_OK; j++) {
         a = igrad__now_ms();
         pack_bucket(e, j, grads);
         b = igrad__now_ms();
         pack_ms += b - a;
-        st = e->bk[j].route->issue(e->comm, &e->desc[j], &e->bk[j].req);
+        /* NULL stream: the comm's default until an engine runs on one */
+        st = e->bk[j].route->issue(e->comm, &e->desc[j], e->dp->space, NULL, &e->bk[j].req);
         a = igrad__now_ms();
         comm_ms += a - b;
         if (st != IGRAD_OK) {
@@ -1298,6 +1323,13 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             a = igrad__now_ms();
             unpack_ms += a - b;
         }
+    }
+    if (grouped) {
+        a = igrad__now_ms();
+        igrad_status_t gs = igrad__comm_group_end(e->comm);
+        comm_ms += igrad__now_ms() - a;
+        if (gs != IGRAD_OK && st == IGRAD_OK)
+            st = keep_first(group_failed(e, "group end", gs), smsg, sizeof smsg);
     }
     /* After a failure the remaining requests are still waited for: on a
      * comm broken by a timeout that only releases them. */

@@ -54,6 +54,20 @@ igrad_status_t igrad__fail(igrad_status_t status, const char *file, int line,
         if (st != IGRAD_OK) goto cleanup;                                  \
     } while (0)
 
+/* Where a buffer lives: the data plane's memory (dp.h, `space`) and what
+ * a communicator's collectives accept (comm_internal.h, `spaces`). */
+typedef enum igrad__mem_space {
+    IGRAD__MEM_HOST = 0,  /* ordinary host memory (the CPU data plane) */
+    IGRAD__MEM_DEVICE = 1 /* an accelerator's memory (no backend in this build) */
+} igrad__mem_space_t;
+/* A set of memory spaces as a bit mask. */
+#define IGRAD__MEM_BIT(space) (1u << (unsigned)(space))
+
+static inline const char *igrad__mem_space_name(igrad__mem_space_t space)
+{
+    return space == IGRAD__MEM_HOST ? "host" : space == IGRAD__MEM_DEVICE ? "device" : "unknown";
+}
+
 /* FNV-1a, 64-bit. Chain calls by passing the previous result as `h`;
  * start from IGRAD__HASH_SEED. Stable across platforms and runs. */
 #define IGRAD__HASH_SEED 0xcbf29ce484222325ULL

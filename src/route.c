@@ -9,6 +9,8 @@
  */
 #include "route.h"
 
+#include "comm_internal.h"
+
 #include <stddef.h>
 
 
@@ -77,9 +79,10 @@ static double gather_wire(const igrad__engine_bucket_t *bk, double P)
 }
 
 static igrad_status_t gather_issue(igrad_comm_t *comm, const igrad_bucket_t *d,
+                                   igrad__mem_space_t space, void *stream,
                                    igrad_comm_request_t **req)
 {
-    return igrad_comm_iallgather(comm, d->send, d->send_nbytes, d->recv, req);
+    return igrad__comm_iallgather(comm, d->send, d->send_nbytes, d->recv, space, stream, req);
 }
 
 /* ---- reduce: one in-place SUM all-reduce of dense segments -------------- */
@@ -134,10 +137,11 @@ static double reduce_wire(const igrad__engine_bucket_t *bk, double P)
 }
 
 static igrad_status_t reduce_issue(igrad_comm_t *comm, const igrad_bucket_t *d,
+                                   igrad__mem_space_t space, void *stream,
                                    igrad_comm_request_t **req)
 {
-    return igrad_comm_iallreduce(comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
-                                 IGRAD_REDUCE_SUM, req);
+    return igrad__comm_iallreduce(comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
+                                  IGRAD_REDUCE_SUM, space, stream, req);
 }
 
 /* ---- the table ------------------------------------------------------------ */

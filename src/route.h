@@ -56,9 +56,12 @@ typedef struct igrad__route {
     size_t stats_count;
     int64_t (*payload)(const igrad__engine_bucket_t *bk);
     double (*wire_nbytes)(const igrad__engine_bucket_t *bk, double P);
-    /* Issues the non-blocking collective of d; completing it is
-     * igrad_comm_wait / igrad_comm_test on the request for every route. */
+    /* Issues the non-blocking collective of d, whose buffers are in
+     * `space` (the data plane's), on `stream` (NULL: the comm's default);
+     * completing it is igrad_comm_wait / igrad_comm_test on the request
+     * for every route. */
     igrad_status_t (*issue)(igrad_comm_t *comm, const igrad_bucket_t *d,
+                            igrad__mem_space_t space, void *stream,
                             igrad_comm_request_t **req);
 } igrad__route_t;
 

@@ -251,6 +251,44 @@ static void test_pipelined(igrad_comm_t *comm, const char *what)
     }
 }
 
+/* The seams of a device backend on MPI: host memory only (device buffers
+ * refused, naming the comm), a stream accepted and ignored, groups that
+ * are no-ops (MPI has no hooks), so requests inside one complete as
+ * usual. Every rank takes the same path: a refusal is local, before MPI. */
+static void test_device_seams(igrad_comm_t *comm)
+{
+    int rank = igrad_comm_rank(comm), size = igrad_comm_size(comm);
+    CHECK(comm->spaces == IGRAD__MEM_BIT(IGRAD__MEM_HOST), "spaces 0x%x", comm->spaces);
+    CHECK(!comm->vt->group_start && !comm->vt->group_end, "MPI has group hooks");
+    unsigned char send[40], recv[64 * 40 + 8]; /* at most 64 ranks, 8 guard bytes */
+    for (size_t i = 0; i < sizeof send; i++) send[i] = pattern(rank, i, 7);
+    memset(recv, 0xEE, sizeof recv);
+    igrad_comm_request_t *req = NULL;
+    CHECK_STATUS(igrad__comm_iallgather(comm, send, sizeof send, recv, IGRAD__MEM_DEVICE, NULL,
+                                        &req),
+                 IGRAD_E_UNSUPPORTED);
+    const char *msg = igrad_last_error();
+    CHECK(strstr(msg, "communicator 'mpi' cannot take device buffers") != NULL,
+          "message \"%s\"", msg);
+    CHECK(req == NULL && comm->pending == 0, "a refused request was issued");
+
+    int queue = 0, done = 0;
+    float x = (float)(rank + 1);
+    igrad_comm_request_t *r2 = NULL;
+    CHECK_OK(igrad__comm_group_start(comm));
+    CHECK_OK(igrad__comm_iallgather(comm, send, sizeof send, recv, IGRAD__MEM_HOST, &queue,
+                                    &req));
+    CHECK_OK(igrad__comm_iallreduce(comm, &x, &x, 1, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM,
+                                    IGRAD__MEM_HOST, NULL, &r2));
+    CHECK_OK(igrad_comm_test(comm, r2, &done));
+    CHECK_OK(igrad_comm_wait(comm, r2)); /* no hooks: waiting inside is fine */
+    CHECK_OK(igrad__comm_group_end(comm));
+    CHECK_OK(igrad_comm_wait(comm, req));
+    CHECK_STATUS(igrad__comm_group_end(comm), IGRAD_E_STATE);
+    check_gathered(recv, sizeof send, size, 7, "allgather in a group");
+    CHECK(x == (float)size * (float)(size + 1) / 2.0f, "allreduce in a group: %g", (double)x);
+}
+
 /* igrad's traffic runs on a duplicate: congruent with, but not the same
  * as, the caller's communicator, with its own error handler. */
 static void test_isolation(igrad_comm_t *comm)
@@ -447,6 +485,7 @@ int main(int argc, char **argv)
     test_pipelined(comm, "pipelined");
     test_pieces(comm);
     test_mpi_errors(comm);
+    test_device_seams(comm);
     test_split();
 
     /* the same operations polled under a timeout (non-blocking MPI calls

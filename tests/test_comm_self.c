@@ -3,7 +3,9 @@
  * custom backend driven by a small callback table written here (a complete
  * in-process backend of 1 rank, or of 2 ranks whose peer is simulated),
  * the generic layer's fallbacks for missing non-blocking callbacks, error
- * propagation from callbacks, and argument checking.
+ * propagation from callbacks, and argument checking; and the seams a
+ * device backend plugs into (memory spaces, streams, group hooks), through
+ * a logging backend on the internal table and the engine on top of it.
  *
  * The MPI backend is tested by tests/mpi_comm.c under mpirun.
  */
@@ -468,6 +470,29 @@ static igrad_comm_ops_t fake_ops(int nonblocking)
     return ops;
 }
 
+/* Group callbacks of a custom table: they append to custom_group_log. */
+static char custom_group_log[16];
+
+static void custom_group_note(char c)
+{
+    size_t n = strlen(custom_group_log);
+    if (n + 1 < sizeof custom_group_log) custom_group_log[n] = c, custom_group_log[n + 1] = 0;
+}
+
+static igrad_status_t custom_group_start_cb(void *user)
+{
+    (void)user;
+    custom_group_note('S');
+    return IGRAD_OK;
+}
+
+static igrad_status_t custom_group_end_cb(void *user)
+{
+    (void)user;
+    custom_group_note('E');
+    return IGRAD_OK;
+}
+
 static void test_custom_validation(void **state)
 {
     (void)state;
@@ -480,7 +505,7 @@ static void test_custom_validation(void **state)
     assert_null(comm);
     assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, NULL), IGRAD_E_INVALID);
 
-    ops.size = sizeof(igrad_comm_ops_t) - 1;
+    ops.size = offsetof(igrad_comm_ops_t, group_start) - 1;
     assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
     assert_error_mentions("ops->size");
     ops.size = 0;
@@ -512,6 +537,33 @@ static void test_custom_validation(void **state)
     assert_status(igrad_comm_create_custom(&ops, &f, 0, 0, &comm), IGRAD_E_INVALID);
     assert_null(comm);
     assert_int_equal(f.destroyed, 0);
+
+    /* group callbacks: both or neither */
+    ops = fake_ops(1);
+    ops.group_start = custom_group_start_cb;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->group_end");
+    ops.group_start = NULL;
+    ops.group_end = custom_group_end_cb;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->group_start");
+
+    /* a table of the first version (it ended at destroy) still works, and
+     * what lies past its size is never read */
+    ops = fake_ops(1);
+    ops.group_start = custom_group_start_cb; /* past size: ignored */
+    ops.size = offsetof(igrad_comm_ops_t, group_start);
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    assert_null(comm->vt->group_start);
+    assert_null(comm->vt->group_end);
+    igrad_comm_free(comm);
+    assert_int_equal(f.destroyed, 1);
+    f.destroyed = 0;
+    /* group_end cut off, so absent: group_start alone is refused */
+    ops.size = sizeof(igrad_comm_ops_t) - 1;
+    ops.group_end = custom_group_end_cb;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->group_end");
 
     /* a table from a newer header (larger size) is accepted */
     struct {
@@ -763,6 +815,401 @@ static void test_custom_errors(void **state)
 
 /* This executable never initializes MPI: the MPI backend must say so
  * (or, in a build without MPI, that it is unsupported), not crash. */
+/* ---- the generic layer's device-backend seams --------------------------- */
+
+/* A one-rank backend on the internal table, with group hooks, that logs
+ * what comm.c calls and which stream it passes: a test double of a device
+ * backend (comm_nccl.c is not in this build) for the layer above it. Its
+ * non-blocking operations stay in flight (a live handle) until waited. */
+typedef struct group_fake {
+    char log[256];      /* S group_start, E group_end, A blocking allgather,
+                           g iallgather, r iallreduce, t test, w wait */
+    size_t n;
+    void *stream;       /* the last stream an i* call got */
+    int streams_seen;   /* i* calls */
+    int fail_end;       /* group_end returns IGRAD_E_COMM */
+} group_fake_t;
+
+static void group_log(igrad_comm_t *comm, char c)
+{
+    group_fake_t *g = comm->impl;
+    if (g->n + 1 < sizeof g->log) g->log[g->n++] = c;
+    g->log[g->n] = '\0';
+}
+
+static igrad_status_t group_allgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                      void *recv)
+{
+    group_log(comm, 'A');
+    if (send != recv) memmove(recv, send, nbytes);
+    return IGRAD_OK;
+}
+
+static igrad_status_t group_allreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                      size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op)
+{
+    (void)op;
+    group_log(comm, 'R');
+    if (send != recv) memmove(recv, send, count * igrad_dtype_nbytes(dtype));
+    return IGRAD_OK;
+}
+
+static igrad_status_t group_bcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root)
+{
+    (void)buf, (void)nbytes, (void)root;
+    group_log(comm, 'B');
+    return IGRAD_OK;
+}
+
+static igrad_status_t group_barrier(igrad_comm_t *comm)
+{
+    group_log(comm, 'b');
+    return IGRAD_OK;
+}
+
+static int group_token; /* the handle of every operation in flight */
+
+/* Both i* functions: log `c`, note the stream, copy (one rank), stay in
+ * flight. */
+static igrad_status_t group_issue(igrad_comm_t *comm, char c, const void *send, void *recv,
+                                  size_t nbytes, void *stream, igrad_comm_request_t *req)
+{
+    group_fake_t *g = comm->impl;
+    group_log(comm, c);
+    g->stream = stream;
+    g->streams_seen++;
+    if (send != recv) memmove(recv, send, nbytes);
+    req->handle = &group_token;
+    return IGRAD_OK;
+}
+
+static igrad_status_t group_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
+                                       void *recv, void *stream, igrad_comm_request_t *req)
+{
+    return group_issue(comm, 'g', send, recv, nbytes, stream, req);
+}
+
+static igrad_status_t group_iallreduce(igrad_comm_t *comm, const void *send, void *recv,
+                                       size_t count, igrad_dtype_t dtype,
+                                       igrad_reduce_op_t op, void *stream,
+                                       igrad_comm_request_t *req)
+{
+    (void)op;
+    return group_issue(comm, 'r', send, recv, count * igrad_dtype_nbytes(dtype), stream, req);
+}
+
+static igrad_status_t group_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
+{
+    group_log(comm, 'w');
+    req->handle = NULL;
+    return IGRAD_OK;
+}
+
+static igrad_status_t group_test(igrad_comm_t *comm, igrad_comm_request_t *req, int *done)
+{
+    (void)req;
+    group_log(comm, 't');
+    *done = 1;
+    return IGRAD_OK;
+}
+
+static igrad_status_t group_start(igrad_comm_t *comm)
+{
+    group_log(comm, 'S');
+    return IGRAD_OK;
+}
+
+static igrad_status_t group_end(igrad_comm_t *comm)
+{
+    group_fake_t *g = comm->impl;
+    group_log(comm, 'E');
+    return g->fail_end ? igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__, "fake group end failed")
+                       : IGRAD_OK;
+}
+
+static const igrad__comm_vtable_t group_vtable = {
+    .spaces = IGRAD__MEM_BIT(IGRAD__MEM_HOST),
+    .allgather = group_allgather,
+    .allreduce = group_allreduce,
+    .bcast = group_bcast,
+    .barrier = group_barrier,
+    .iallgather = group_iallgather,
+    .iallreduce = group_iallreduce,
+    .wait = group_wait,
+    .test = group_test,
+    .group_start = group_start,
+    .group_end = group_end,
+};
+
+static igrad_comm_t *group_comm(group_fake_t *g, unsigned spaces)
+{
+    memset(g, 0, sizeof *g);
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad__comm_new(&group_vtable, "grouped", 0, 1, g, &comm), IGRAD_OK);
+    assert_int_equal(comm->spaces, IGRAD__MEM_BIT(IGRAD__MEM_HOST));
+    comm->spaces = spaces;
+    return comm;
+}
+
+static void test_group_hooks(void **state)
+{
+    (void)state;
+    group_fake_t g;
+    igrad_comm_t *comm = group_comm(&g, IGRAD__MEM_BIT(IGRAD__MEM_HOST));
+    float a[4] = {1, 2, 3, 4}, b[4] = {0}, c[4] = {0};
+    int queue = 0, done = -1;
+    igrad_comm_request_t *r1 = NULL, *r2 = NULL;
+
+    assert_status(igrad__comm_group_end(comm), IGRAD_E_STATE);
+    assert_error_mentions("no group");
+    assert_status(igrad__comm_group_start(comm), IGRAD_OK);
+    assert_status(igrad__comm_group_start(comm), IGRAD_OK); /* nested: not forwarded */
+    assert_status(igrad__comm_iallgather(comm, a, sizeof a, b, IGRAD__MEM_HOST, &queue, &r1),
+                  IGRAD_OK);
+    assert_true(g.stream == &queue);
+    assert_status(igrad__comm_iallreduce(comm, a, c, 4, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM,
+                                         IGRAD__MEM_HOST, NULL, &r2),
+                  IGRAD_OK);
+    assert_null(g.stream);
+    /* inside the group nothing has been launched: no test, wait or
+     * blocking collective reaches the backend */
+    assert_status(igrad_comm_test(comm, r1, &done), IGRAD_OK);
+    assert_int_equal(done, 0);
+    assert_status(igrad_comm_wait(comm, r1), IGRAD_E_STATE);
+    assert_error_mentions("still open");
+    assert_status(igrad_comm_barrier(comm), IGRAD_E_STATE);
+    assert_error_mentions("group of the grouped communicator is open");
+    assert_status(igrad_comm_allgather(comm, a, sizeof a, b), IGRAD_E_STATE);
+    assert_status(igrad__comm_group_end(comm), IGRAD_OK); /* inner */
+    assert_status(igrad_comm_test(comm, r1, &done), IGRAD_OK);
+    assert_int_equal(done, 0);
+    assert_status(igrad__comm_group_end(comm), IGRAD_OK); /* outer: forwarded */
+    assert_i64_equal(comm->pending, 2);
+    assert_status(igrad_comm_test(comm, r1, &done), IGRAD_OK);
+    assert_int_equal(done, 1);
+    assert_status(igrad_comm_wait(comm, r1), IGRAD_OK);
+    assert_status(igrad_comm_wait(comm, r2), IGRAD_OK);
+    assert_i64_equal(comm->pending, 0);
+    assert_string_equal(g.log, "SgrEtww");
+    assert_memory_equal(b, a, sizeof a);
+    assert_memory_equal(c, a, sizeof a);
+
+    /* the public wrappers: host buffers, NULL stream */
+    g.stream = &queue;
+    assert_status(igrad_comm_iallgather(comm, a, sizeof a, b, &r1), IGRAD_OK);
+    assert_null(g.stream);
+    assert_status(igrad_comm_wait(comm, r1), IGRAD_OK);
+    assert_int_equal(g.streams_seen, 3);
+
+    /* a failing group end closes the pair; its requests are still waited */
+    g.fail_end = 1;
+    g.n = 0;
+    assert_status(igrad__comm_group_start(comm), IGRAD_OK);
+    assert_status(igrad_comm_iallgather(comm, a, sizeof a, b, &r1), IGRAD_OK);
+    assert_status(igrad__comm_group_end(comm), IGRAD_E_COMM);
+    assert_int_equal(comm->group_depth, 0);
+    assert_status(igrad_comm_wait(comm, r1), IGRAD_OK);
+    assert_string_equal(g.log, "SgEw");
+    igrad_comm_free(comm);
+}
+
+/* Backends without hooks: group start/end are no-ops that still pair, and
+ * a request inside the "group" completes as it always does. */
+static void test_group_noop(void **state)
+{
+    (void)state;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_self(&comm), IGRAD_OK);
+    assert_null(comm->vt->group_start);
+    assert_null(comm->vt->group_end);
+    double x = 2.5, y = 0.0;
+    int done = 0;
+    igrad_comm_request_t *req = NULL;
+    assert_status(igrad__comm_group_start(comm), IGRAD_OK);
+    assert_status(igrad__comm_iallreduce(comm, &x, &y, 1, IGRAD_DTYPE_F64, IGRAD_REDUCE_SUM,
+                                         IGRAD__MEM_HOST, NULL, &req),
+                  IGRAD_OK);
+    assert_status(igrad_comm_test(comm, req, &done), IGRAD_OK);
+    assert_int_equal(done, 1);
+    assert_status(igrad_comm_wait(comm, req), IGRAD_OK);
+    assert_status(igrad_comm_barrier(comm), IGRAD_OK);
+    assert_status(igrad__comm_group_end(comm), IGRAD_OK);
+    assert_f64_equal(y, 2.5);
+    assert_status(igrad__comm_group_end(comm), IGRAD_E_STATE);
+    igrad_comm_free(comm);
+
+    fake_t f = {.rank = 0, .size = 1};
+    igrad_comm_ops_t ops = fake_ops(1);
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    assert_status(igrad__comm_group_start(comm), IGRAD_OK);
+    assert_status(igrad__comm_group_end(comm), IGRAD_OK);
+    igrad_comm_free(comm);
+}
+
+/* A custom table with group callbacks: the outermost pair reaches them,
+ * in order, and a handle issued inside is neither tested nor waited
+ * before the group ends. */
+static void test_custom_groups(void **state)
+{
+    (void)state;
+    fake_t f = {.rank = 0, .size = 1, .polls_to_finish = 1};
+    igrad_comm_ops_t ops = fake_ops(1);
+    ops.group_start = custom_group_start_cb;
+    ops.group_end = custom_group_end_cb;
+    igrad_comm_t *comm = NULL;
+    custom_group_log[0] = '\0';
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    double x = 1.5, y = 0.0;
+    int done = -1;
+    igrad_comm_request_t *req = NULL;
+    assert_status(igrad__comm_group_start(comm), IGRAD_OK);
+    assert_status(igrad__comm_group_start(comm), IGRAD_OK);
+    assert_string_equal(custom_group_log, "S");
+    assert_status(igrad_comm_iallreduce(comm, &x, &y, 1, IGRAD_DTYPE_F64, IGRAD_REDUCE_SUM,
+                                        &req),
+                  IGRAD_OK);
+    assert_status(igrad_comm_test(comm, req, &done), IGRAD_OK);
+    assert_int_equal(done, 0);
+    assert_status(igrad_comm_wait(comm, req), IGRAD_E_STATE);
+    assert_int_equal(f.calls[CB_TEST], 0);
+    assert_int_equal(f.calls[CB_WAIT], 0);
+    assert_status(igrad__comm_group_end(comm), IGRAD_OK);
+    assert_string_equal(custom_group_log, "S");
+    assert_status(igrad__comm_group_end(comm), IGRAD_OK);
+    assert_string_equal(custom_group_log, "SE");
+    assert_status(igrad_comm_wait(comm, req), IGRAD_OK);
+    assert_f64_equal(y, 1.5);
+    igrad_comm_free(comm);
+    assert_int_equal(f.destroyed, 1);
+}
+
+/* Buffers in a memory space the comm does not take are refused before the
+ * backend sees them, naming both. */
+static void test_memory_space(void **state)
+{
+    (void)state;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_self(&comm), IGRAD_OK);
+    assert_int_equal(comm->spaces, IGRAD__MEM_BIT(IGRAD__MEM_HOST));
+    assert_status(igrad__comm_check_space(comm, IGRAD__MEM_HOST, "here"), IGRAD_OK);
+    assert_status(igrad__comm_check_space(comm, IGRAD__MEM_DEVICE, "here"),
+                  IGRAD_E_UNSUPPORTED);
+    assert_error_mentions("here: communicator 'self' cannot take device buffers");
+    float a[2] = {1, 2}, b[2] = {0};
+    igrad_comm_request_t *req = (igrad_comm_request_t *)&req;
+    assert_status(igrad__comm_iallgather(comm, a, sizeof a, b, IGRAD__MEM_DEVICE, NULL, &req),
+                  IGRAD_E_UNSUPPORTED);
+    assert_error_mentions("communicator 'self' cannot take device buffers");
+    assert_null(req);
+    assert_status(igrad__comm_iallreduce(comm, a, b, 2, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM,
+                                         IGRAD__MEM_DEVICE, NULL, &req),
+                  IGRAD_E_UNSUPPORTED);
+    assert_i64_equal(comm->pending, 0);
+    assert_f64_equal(b[0], 0.0);
+    igrad_comm_free(comm);
+
+    group_fake_t g;
+    comm = group_comm(&g, IGRAD__MEM_BIT(IGRAD__MEM_DEVICE));
+    assert_status(igrad__comm_iallgather(comm, a, sizeof a, b, IGRAD__MEM_HOST, NULL, &req),
+                  IGRAD_E_UNSUPPORTED);
+    assert_error_mentions("communicator 'grouped' cannot take host buffers");
+    assert_string_equal(g.log, "");
+    igrad_comm_free(comm);
+}
+
+/* Two 2-D tensors and a 1-D one. */
+static igrad_layout_t *small_layout(void)
+{
+    igrad_layout_t *L = NULL;
+    int64_t w[2] = {48, 40}, v[2] = {40, 24}, bias[1] = {100};
+    assert_status(igrad_layout_create(&L), IGRAD_OK);
+    assert_status(igrad_layout_add(L, "model.layers.0.mlp.up_proj.weight", IGRAD_DTYPE_F32, 2,
+                                   w),
+                  IGRAD_OK);
+    assert_status(igrad_layout_add(L, "model.layers.0.mlp.down_proj.weight", IGRAD_DTYPE_F32,
+                                   2, v),
+                  IGRAD_OK);
+    assert_status(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, 1, bias),
+                  IGRAD_OK);
+    return L;
+}
+
+/* igrad_engine_sync on a backend with group hooks: the step's collectives
+ * are issued inside one group (none tested or waited before its end) on
+ * the default stream, with the same result, bit for bit, as on the self
+ * comm; an engine refuses a comm that cannot take its (host) buffers. */
+static void test_engine_grouped(void **state)
+{
+    (void)state;
+    igrad_layout_t *L = small_layout();
+    size_t T = igrad_layout_count(L), n[3];
+    float *ref[3], *got[3];
+    for (size_t t = 0; t < T; t++) {
+        igrad_tensor_info_t ti;
+        assert_status(igrad_layout_tensor(L, t, &ti), IGRAD_OK);
+        n[t] = (size_t)ti.count;
+        ref[t] = malloc(n[t] * sizeof(float));
+        got[t] = malloc(n[t] * sizeof(float));
+        assert_non_null(ref[t]);
+        assert_non_null(got[t]);
+    }
+    igrad_config_t cfg = IGRAD_CONFIG_INIT;
+    cfg.method = IGRAD_METHOD_TOPK_SYNC;
+    cfg.density = 0.1;
+    cfg.buckets = 3;
+
+    igrad_comm_t *self = NULL;
+    group_fake_t g;
+    igrad_comm_t *grouped = group_comm(&g, IGRAD__MEM_BIT(IGRAD__MEM_HOST));
+    igrad_engine_t *e_ref = NULL, *e_got = NULL;
+    assert_status(igrad_comm_create_self(&self), IGRAD_OK);
+    assert_status(igrad_engine_create(L, NULL, &cfg, self, &e_ref), IGRAD_OK);
+    assert_status(igrad_engine_create(L, NULL, &cfg, grouped, &e_got), IGRAD_OK);
+    for (int64_t step = 0; step < 3; step++) {
+        for (size_t t = 0; t < T; t++)
+            for (size_t i = 0; i < n[t]; i++)
+                ref[t][i] = got[t][i] =
+                    (float)sin(0.37 * (double)(i + 1) * (double)(t + 1) + (double)step);
+        g.n = 0;
+        g.log[0] = '\0';
+        assert_status(igrad_engine_sync(e_ref, step, ref), IGRAD_OK);
+        assert_status(igrad_engine_sync(e_got, step, got), IGRAD_OK);
+        for (size_t t = 0; t < T; t++) assert_memory_equal(got[t], ref[t], n[t] * sizeof(float));
+        igrad_step_stats_t st;
+        assert_status(igrad_engine_last_stats(e_got, &st), IGRAD_OK);
+        /* the finiteness agreement, then one group of st.buckets gathers,
+         * waited in order after its end */
+        char want[64] = "A", *w = want + 1;
+        *w++ = 'S';
+        for (int j = 0; j < st.buckets; j++) *w++ = 'g';
+        *w++ = 'E';
+        for (int j = 0; j < st.buckets; j++) *w++ = 'w';
+        *w = '\0';
+        assert_true(st.buckets >= 2);
+        assert_string_equal(g.log, want);
+        assert_null(g.stream);
+    }
+    assert_int_equal(grouped->group_depth, 0);
+    igrad_engine_free(e_got);
+    igrad_comm_free(grouped);
+
+    /* a device-only comm and the host data plane */
+    igrad_comm_t *dev = group_comm(&g, IGRAD__MEM_BIT(IGRAD__MEM_DEVICE));
+    e_got = (igrad_engine_t *)&e_got;
+    assert_status(igrad_engine_create(L, NULL, &cfg, dev, &e_got), IGRAD_E_UNSUPPORTED);
+    assert_error_mentions("communicator 'grouped' cannot take host buffers");
+    assert_null(e_got);
+    igrad_comm_free(dev);
+
+    igrad_engine_free(e_ref);
+    igrad_comm_free(self);
+    for (size_t t = 0; t < T; t++) {
+        free(ref[t]);
+        free(got[t]);
+    }
+    igrad_layout_free(L);
+}
+
 static void test_mpi_without_init(void **state)
 {
     (void)state;
@@ -793,6 +1240,11 @@ int main(void)
         cmocka_unit_test(test_custom_nonblocking),
         cmocka_unit_test(test_custom_two_ranks),
         cmocka_unit_test(test_custom_errors),
+        cmocka_unit_test(test_group_hooks),
+        cmocka_unit_test(test_group_noop),
+        cmocka_unit_test(test_custom_groups),
+        cmocka_unit_test(test_memory_space),
+        cmocka_unit_test(test_engine_grouped),
         cmocka_unit_test(test_mpi_without_init),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -205,6 +205,7 @@ TEST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
 # address it keeps alive (a c_char_p return would dangle).
 ERRMSG_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 DESTROY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+GROUP_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
 
 class CommOps(ctypes.Structure):
@@ -212,7 +213,8 @@ class CommOps(ctypes.Structure):
                 ("allreduce", ALLREDUCE_FN), ("bcast", BCAST_FN), ("barrier", BARRIER_FN),
                 ("iallgather", IALLGATHER_FN), ("iallreduce", IALLREDUCE_FN),
                 ("wait", WAIT_FN), ("test", TEST_FN), ("error_message", ERRMSG_FN),
-                ("destroy", DESTROY_FN)]
+                ("destroy", DESTROY_FN), ("group_start", GROUP_FN),
+                ("group_end", GROUP_FN)]
 
 
 class Config(ctypes.Structure):
