@@ -305,6 +305,18 @@ cleanup:
     return st;
 }
 
+/* An integer as exact JSON text. cJSON_CreateNumber goes through a double
+ * and prints it with 15 significant digits whenever the 17-digit form
+ * compares equal within its epsilon, which rounds integers above ~1e15
+ * (2^53 printed as 9007199254740990): offsets and shapes are written as
+ * raw digits instead. */
+static cJSON *json_u64(uint64_t v)
+{
+    char text[24];
+    snprintf(text, sizeof text, "%llu", (unsigned long long)v);
+    return cJSON_CreateRaw(text);
+}
+
 igrad_status_t igrad__layout_to_safetensors_header(const igrad_layout_t *layout,
                                                    unsigned char **bytes, size_t *nbytes,
                                                    uint64_t *data_nbytes)
@@ -333,12 +345,12 @@ igrad_status_t igrad__layout_to_safetensors_header(const igrad_layout_t *layout,
                             !shape || !off,
                         IGRAD_E_NOMEM, "safetensors: out of memory");
         for (int d = 0; d < t.ndim; d++) {
-            cJSON *v = cJSON_CreateNumber((double)t.shape[d]);
+            cJSON *v = json_u64((uint64_t)t.shape[d]);
             IGRAD_FAIL_GOTO(!v, IGRAD_E_NOMEM, "safetensors: out of memory");
             cJSON_AddItemToArray(shape, v);
         }
-        cJSON *b = cJSON_CreateNumber((double)at);
-        cJSON *en = cJSON_CreateNumber((double)(at + size));
+        cJSON *b = json_u64(at);
+        cJSON *en = json_u64(at + size);
         IGRAD_FAIL_GOTO(!b || !en, IGRAD_E_NOMEM, "safetensors: out of memory");
         cJSON_AddItemToArray(off, b);
         cJSON_AddItemToArray(off, en);
