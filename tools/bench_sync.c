@@ -150,13 +150,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         OPT_F64("--density", density)
         OPT_F64("--release-keep", release_keep)
         if (!strcmp(argv[i], "--gate-other") && i + 1 < argc) {
-            v = argv[++i];
-            if (!strcmp(v, "on")) o->gate_other = 1;
-            else if (!strcmp(v, "off")) o->gate_other = 0;
-            else {
-                fprintf(stderr, "igrad: --gate-other is '%s' (on or off)\n", v);
-                return -1;
-            }
+            if (cli_parse_onoff("--gate-other", argv[++i], &o->gate_other) != 0) return -1;
             continue;
         }
 #undef OPT_I64

@@ -28,6 +28,9 @@ int cli_opt(int argc, char **argv, int *i, const char *name, const char **value)
  * returns -1. */
 int cli_parse_i64(const char *name, const char *text, int64_t *out);
 int cli_parse_f64(const char *name, const char *text, double *out);
+/* "on" -> 1, "off" -> 0; anything else prints "igrad: --name is 'X' (on or
+ * off)" and returns -1. */
+int cli_parse_onoff(const char *name, const char *text, int *out);
 /* Prints "igrad: <what>: <igrad_last_error()>" to stderr and returns 1. */
 int cli_fail(const char *what, igrad_status_t st);
 /* Formats a byte count as "123.4 KiB" into buf (returns buf). */

@@ -232,13 +232,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
             continue;
         }
         if ((r = cli_opt(argc, argv, &i, "--momentum-masking", &v)) != 0) {
-            if (r < 0) return -1;
-            if (!strcmp(v, "on")) o->momentum_masking = 1;
-            else if (!strcmp(v, "off")) o->momentum_masking = 0;
-            else {
-                fprintf(stderr, "igrad: --momentum-masking: '%s' is not on or off\n", v);
-                return -1;
-            }
+            if (r < 0 || cli_parse_onoff("--momentum-masking", v, &o->momentum_masking) != 0) return -1;
             continue;
         }
         F64_OPT("--momentum", momentum)
@@ -255,13 +249,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         }
         F64_OPT("--target-ratio", target_ratio)
         if ((r = cli_opt(argc, argv, &i, "--gate-other", &v)) != 0) {
-            if (r < 0) return -1;
-            if (!strcmp(v, "on")) o->gate_other = 1;
-            else if (!strcmp(v, "off")) o->gate_other = 0;
-            else {
-                fprintf(stderr, "igrad: --gate-other is '%s' (on or off)\n", v);
-                return -1;
-            }
+            if (r < 0 || cli_parse_onoff("--gate-other", v, &o->gate_other) != 0) return -1;
             continue;
         }
         F64_OPT("--val-fraction", val_fraction)

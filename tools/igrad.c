@@ -96,6 +96,16 @@ int cli_parse_f64(const char *name, const char *text, double *out)
     return 0;
 }
 
+int cli_parse_onoff(const char *name, const char *text, int *out)
+{
+    if (!strcmp(text, "on") || !strcmp(text, "off")) {
+        *out = text[1] == 'n';
+        return 0;
+    }
+    fprintf(stderr, "igrad: %s is '%s' (on or off)\n", name, text);
+    return -1;
+}
+
 int cli_fail(const char *what, igrad_status_t st)
 {
     fprintf(stderr, "igrad: %s: %s (%s)\n", what, igrad_last_error(), igrad_status_str(st));
