@@ -191,28 +191,7 @@ static void check_hash(uint64_t got, uint64_t want, const char *what)
 
 static igrad_layout_t *small_layout(void)
 {
-    igrad_layout_t *L = NULL;
-    assert_ok(igrad_layout_create(&L));
-    int64_t emb[2] = {100, 16}, sq[2] = {16, 16}, up[2] = {48, 16}, down[2] = {16, 48};
-    int64_t vec[1] = {16};
-    char name[96];
-    assert_ok(igrad_layout_add(L, "model.embed_tokens.weight", IGRAD_DTYPE_F32, 2, emb));
-    static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    for (int l = 0; l < 2; l++) {
-        for (int a = 0; a < 4; a++) {
-            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, attn[a]);
-            assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, sq));
-        }
-        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
-        assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, up));
-        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
-        assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, down));
-        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
-        assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 1, vec));
-    }
-    assert_ok(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_BF16, 1, vec));
-    assert_ok(igrad_layout_add(L, "lm_head.weight", IGRAD_DTYPE_F32, 2, emb));
-    return L;
+    return llama_test_layout(2, 100, 16, 48, IGRAD_DTYPE_BF16);
 }
 
 /* A profile with a fixed important set: component c has activity

@@ -30,28 +30,7 @@
 /* 3 LLaMA blocks with embeddings, norms and lm_head. */
 static igrad_layout_t *make_layout(void)
 {
-    igrad_layout_t *L = NULL;
-    assert_ok(igrad_layout_create(&L));
-    int64_t emb[2] = {300, 32}, sq[2] = {32, 32}, up[2] = {64, 32}, down[2] = {32, 64};
-    int64_t vec[1] = {32};
-    char name[128];
-    assert_ok(igrad_layout_add(L, "model.embed_tokens.weight", IGRAD_DTYPE_F32, 2, emb));
-    static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    for (int l = 0; l < 3; l++) {
-        for (int a = 0; a < 4; a++) {
-            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, attn[a]);
-            assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, sq));
-        }
-        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
-        assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, up));
-        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
-        assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, down));
-        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
-        assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 1, vec));
-    }
-    assert_ok(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, 1, vec));
-    assert_ok(igrad_layout_add(L, "lm_head.weight", IGRAD_DTYPE_F32, 2, emb));
-    return L;
+    return llama_test_layout(3, 300, 32, 64, IGRAD_DTYPE_F32);
 }
 
 /* Tensor t's scale differs by a factor of up to 9, so the profile has a

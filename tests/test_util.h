@@ -2,8 +2,8 @@
  * test_util.h — what the cmocka unit tests share: a status check that
  * prints the library's message (OK, or an expected status), a
  * message-fragment check, a tolerance check that prints both values, and
- * the splitmix64 mixer and the per-tensor gradient buffers (grads_t) the
- * engine tests draw their gradients into. Include
+ * the splitmix64 mixer, the per-tensor gradient buffers (grads_t) the
+ * engine tests draw their gradients into, and a LLaMA-like test layout. Include
  * after <cmocka.h> and "igrad.h".
  */
 #ifndef IGRAD_TEST_UTIL_H
@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,37 @@ static inline void grads_free(grads_t *G)
     for (size_t t = 0; t < G->T; t++) free(G->g[t]);
     free(G->g);
     free(G->n);
+}
+
+/* A LLaMA-like layout of `layers` blocks: the token embedding (vocab x
+ * dim), per block q/k/v/o (dim x dim), up (ffn x dim), down (dim x ffn) and
+ * input_layernorm (dim), then model.norm (of dtype `norm_dtype`) and an
+ * untied lm_head (vocab x dim); everything else F32. */
+static inline igrad_layout_t *llama_test_layout(int layers, int64_t vocab, int64_t dim,
+                                                int64_t ffn, igrad_dtype_t norm_dtype)
+{
+    igrad_layout_t *L = NULL;
+    assert_ok(igrad_layout_create(&L));
+    int64_t emb[2] = {vocab, dim}, sq[2] = {dim, dim}, up[2] = {ffn, dim}, down[2] = {dim, ffn};
+    int64_t vec[1] = {dim};
+    char name[128];
+    assert_ok(igrad_layout_add(L, "model.embed_tokens.weight", IGRAD_DTYPE_F32, 2, emb));
+    static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    for (int l = 0; l < layers; l++) {
+        for (int a = 0; a < 4; a++) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, attn[a]);
+            assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, sq));
+        }
+        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
+        assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, up));
+        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
+        assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, down));
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        assert_ok(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 1, vec));
+    }
+    assert_ok(igrad_layout_add(L, "model.norm.weight", norm_dtype, 1, vec));
+    assert_ok(igrad_layout_add(L, "lm_head.weight", IGRAD_DTYPE_F32, 2, emb));
+    return L;
 }
 
 #endif /* IGRAD_TEST_UTIL_H */
