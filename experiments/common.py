@@ -26,6 +26,7 @@ The quick mode has no suffix; smoke and full add -smoke / -full.
 """
 import argparse
 import csv
+import functools
 import hashlib
 import json
 import math
@@ -128,6 +129,16 @@ def env_or(name, default, conv=str):
 # ---------------------------------------------------------------------------
 # Small statistics (no numpy needed)
 # ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def blas_coretype():
+    """The OPENBLAS_CORETYPE every run gets (scripts/blas-env: OpenBLAS
+    0.3.21 runs its SSE3 kernels on this machine's CPU unless told), or ''.
+    Part of each run's stamp: another kernel sums in another order."""
+    p = subprocess.run([os.path.join(REPO, "scripts", "blas-env")], capture_output=True,
+                       text=True)
+    return p.stdout.strip() if p.returncode == 0 else ""
+
 
 def mean(xs):
     xs = [x for x in xs if x is not None and not math.isnan(x)]
@@ -329,6 +340,15 @@ class Run:
     def f_imp(self):
         return self.summary.get("f_imp")
 
+    @property
+    def steady_payload(self):
+        """Payload bytes per step after an online profile's switch (before
+        it the run sends what *_sync sends); otherwise the whole run's."""
+        sw = (self.summary.get("online_profile") or {}).get("switch_step")
+        after = [float(r["payload_bytes"]) for r in self.metrics
+                 if sw is not None and int(r["step"]) >= sw]
+        return mean(after) if after else self.payload
+
     def stats(self):
         """The numbers every RQ table draws from (per-step medians over the
         run's own metrics.csv; tokens/s over the whole run)."""
@@ -516,6 +536,8 @@ class Experiment:
         # The corpora the checks above looked at are the ones igrad reads.
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                    IGRAD_DATA_DIR=self.data_dir)
+        if blas_coretype():
+            env["OPENBLAS_CORETYPE"] = blas_coretype()
         t = time.time()
         try:
             with open(log_path, "w") as log:
@@ -578,7 +600,7 @@ class Experiment:
         if rate is not None:
             inputs["run-shaped"] = sha256_file(RUN_SHAPED)  # the shaping decides the times
         stamp = {"v": 1, "args": args, "ranks": ranks, "rate": rate, "trace": bool(trace),
-                 "igrad": self.bin_sha(), "inputs": inputs,
+                 "igrad": self.bin_sha(), "inputs": inputs, "blas": blas_coretype(),
                  "data_dir": self.data_dir if not data.startswith("gen:") else None}
         key = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:12]
         rdir = os.path.join(self.shared, "train", f"{method}-{key}")

@@ -10,7 +10,11 @@ fixed by the plan, not by the gradients, so 2R steps give the exact
 average of the release cycle and both ADTopk parities), then every
 configuration whose screened payload ratio to `adtopk_sync` is at most
 --max-ratio is post-trained for every seed beside `adtopk_sync` on the
-same seed. Every comparison is paired by seed: the val loss ratio of a
+same seed. Beside the grid, ig as a user runs it — `--profile auto
+--target-ratio X` for each X of --targets (online profile, the important
+set and kappa fitted to the target at the switch; its payload ratio is
+measured after the switch) — is trained for every seed. Every comparison
+is paired by seed: the val loss ratio of a
 configuration is the mean over seeds of ig(seed) / adtopk_sync(seed).
 The optimizer and remedies are the trainer's defaults for sparse methods.
 
@@ -35,8 +39,11 @@ import common as C  # noqa: E402
 PARTITIONS = "knee,otsu,kmeans2,gmm2,percentile:75,fixed:0.1"
 KAPPAS = "0.05,0.1,0.25"
 PERIODS = "4,8"
+# The user's path: online profile and a payload target, the important set
+# and kappa fitted at the switch (igrad train's default for ig is 0.25).
+TARGETS = "0.15,0.25"
 # The smoke mode only keeps the script from rotting: two points per panel.
-SMOKE_GRID = {"partitions": "knee,fixed:0.1", "kappas": "0.1", "periods": "4"}
+SMOKE_GRID = {"partitions": "knee,fixed:0.1", "kappas": "0.1", "periods": "4", "targets": "0.25"}
 TARGET_RATIO, TARGET_LOSS = 0.25, 1.00
 
 SCREEN_COLS = ["workload", "size", "partition", "release_keep", "release_period", "n_important",
@@ -64,6 +71,8 @@ def add_args(ap):
     ap.add_argument("--partitions", help=f"default {PARTITIONS}")
     ap.add_argument("--kappas", help=f"release keep values (default {KAPPAS})")
     ap.add_argument("--periods", help=f"release periods R (default {PERIODS})")
+    ap.add_argument("--targets", help="payload targets X of `ig --profile auto --target-ratio X` "
+                    f"(trained for every seed; default {TARGETS}; 'none' skips them)")
     ap.add_argument("--max-ratio", type=float,
                     help="train only grid points whose screened payload ratio is at most this "
                     "(default 0.30; smoke mode 1.0)")
@@ -71,6 +80,13 @@ def add_args(ap):
 
 def ig_flags(kappa, period):
     return C.Experiment.ig_extra(release_period=period, release_keep=kappa)
+
+
+def target_flags(exp, target):
+    """ig as a user runs it: online profile over the mode's profiling
+    steps, the important set and kappa fitted to the payload target."""
+    return ["--sparsifier", "adtopk", "--profile", "auto", "--profile-steps",
+            str(exp.cfg["profile_steps"]), "--target-ratio", repr(float(target))]
 
 
 def body():
@@ -86,6 +102,10 @@ def body():
     parts = split_list(a.partitions or grid_default["partitions"], str, "partitions")
     kappas = split_list(a.kappas or grid_default["kappas"], float, "kappas")
     periods = split_list(a.periods or grid_default["periods"], int, "periods")
+    ttext = a.targets or (SMOKE_GRID["targets"] if smoke else TARGETS)
+    targets = [] if ttext == "none" else split_list(ttext, float, "targets")
+    if not all(0 < x <= 1 for x in targets):
+        raise C.ExperimentError("--targets must be in (0, 1]")
     if min(periods) < 1 or not all(0 < k <= 1 for k in kappas):
         raise C.ExperimentError("--periods must be >= 1 and --kappas in (0, 1]")
     max_ratio = a.max_ratio if a.max_ratio is not None else 1.0 if smoke else 0.30
@@ -143,6 +163,22 @@ def body():
                              "task_accuracy": run.final.get("task_accuracy"),
                              "payload_bytes_per_step": s["payload_bytes_per_step"],
                              "payload_ratio": s["payload_bytes_per_step"] / ref.payload})
+            for x in targets:
+                run = exp.train(f"ig-target{x}-{wl}-{z}-s{seed}", "ig", w, seed=seed, init=init,
+                                extra=target_flags(exp, x))
+                s, rs = run.stats(), ref.stats()
+                # after the switch: the window's steps send what adtopk_sync sends
+                pay = run.steady_payload
+                fitted = run.summary["config"]["sync"]  # kappa as fitted at the switch
+                rows.append({"workload": w, "size": z, "config": f"auto target={x}",
+                             "partition": "auto",
+                             "release_keep": fitted["release_keep"],
+                             "release_period": fitted["release_period"], "seed": seed,
+                             "f_imp": s["f_imp"],
+                             "val_loss": s["val_loss"], "ref_val_loss": rs["val_loss"],
+                             "val_loss_ratio": s["val_loss"] / rs["val_loss"],
+                             "task_accuracy": run.final.get("task_accuracy"),
+                             "payload_bytes_per_step": pay, "payload_ratio": pay / ref.payload})
     C.write_csv(os.path.join(exp.out, "screen.csv"), SCREEN_COLS, screen)
     C.write_csv(os.path.join(exp.out, "results.csv"), COLS, rows)
 
@@ -151,8 +187,11 @@ def body():
     for key in dict.fromkeys((r["workload"], r["size"], r["config"]) for r in rows):
         rs = [r for r in rows if (r["workload"], r["size"], r["config"]) == key]
         ratios = [r["val_loss_ratio"] for r in rs]
+        f_imp = C.mean([r["f_imp"] for r in rs if r["f_imp"] is not None])
+        kappa = C.mean([r["release_keep"] for r in rs])
         agg.append({"workload": key[0], "size": key[1], "config": key[2], "seeds": len(rs),
-                    "f_imp": C.mean([r["f_imp"] for r in rs if r["f_imp"] is not None]),
+                    "f_imp": f_imp, "release_keep": kappa,
+                    "model_ratio": f_imp + kappa * (1 - f_imp),
                     "payload_ratio": C.mean([r["payload_ratio"] for r in rs]),
                     "val_loss_mean": C.mean([r["val_loss"] for r in rs]),
                     "val_loss_std": C.std([r["val_loss"] for r in rs]),
@@ -161,7 +200,8 @@ def body():
                     "met": int(C.mean([r["payload_ratio"] for r in rs]) <= TARGET_RATIO
                                and C.mean(ratios) <= TARGET_LOSS)})
     C.write_csv(os.path.join(exp.out, "summary.csv"),
-                ["workload", "size", "config", "seeds", "f_imp", "payload_ratio", "val_loss_mean",
+                ["workload", "size", "config", "seeds", "f_imp", "release_keep", "model_ratio",
+                 "payload_ratio", "val_loss_mean",
                  "val_loss_std", "val_loss_ratio_mean", "val_loss_ratio_min",
                  "val_loss_ratio_max", "met"], agg)
 
@@ -196,9 +236,11 @@ def body():
           f"those at or below {max_ratio} × adtopk_sync's payload, every seed. Target: payload "
           f"≤ {TARGET_RATIO} × and val loss ≤ {TARGET_LOSS:.2f} × adtopk_sync's (mean of per-seed "
           f"ratios).", "",
-          C.md_table(["workload", "size", "config", "seeds", "f_imp", "payload ratio",
+          C.md_table(["workload", "size", "config", "seeds", "f_imp", "κ",
+                      "model ratio f_imp + κ(1 − f_imp)", "payload ratio",
                       "val loss", "val loss ratio (paired)", "per-seed range", "met"],
                      [[g["workload"], g["size"], g["config"], g["seeds"], C.fmt(g["f_imp"], ".3f"),
+                       C.fmt(g["release_keep"], ".3f"), C.fmt(g["model_ratio"], ".3f"),
                        C.fmt(g["payload_ratio"], ".3f"),
                        f"{g['val_loss_mean']:.4f} ± {g['val_loss_std']:.4f}",
                        C.fmt(g["val_loss_ratio_mean"], ".4f"),

@@ -88,8 +88,9 @@ FILES["frontier"] = {
     "results.csv": "workload,size,config,partition,release_keep,release_period,seed,f_imp,"
                    "val_loss,ref_val_loss,val_loss_ratio,task_accuracy,payload_bytes_per_step,"
                    "payload_ratio",
-    "summary.csv": "workload,size,config,seeds,f_imp,payload_ratio,val_loss_mean,val_loss_std,"
-                   "val_loss_ratio_mean,val_loss_ratio_min,val_loss_ratio_max,met",
+    "summary.csv": "workload,size,config,seeds,f_imp,release_keep,model_ratio,payload_ratio,"
+                   "val_loss_mean,val_loss_std,val_loss_ratio_mean,val_loss_ratio_min,"
+                   "val_loss_ratio_max,met",
     "runs.csv": "label,method,run_dir",
     "png": ["frontier.png"],
 }
@@ -99,7 +100,8 @@ ROWS = {("rq2_partition_ablation", "results.csv"): 9,    # 2 references + 6 part
         ("rq4_packing_ablation", "results.csv"): 6,      # iad + 5 policies
         ("rq5_adtopk_e2e", "results.csv"): 5,            # 5 methods
         ("rq5_adtopk_e2e", "task.csv"): 5,               # 5 methods on the task
-        ("frontier", "screen.csv"): 4}                   # 2 workloads x 2 grid points
+        ("frontier", "screen.csv"): 4,                   # 2 workloads x 2 grid points
+        ("frontier", "results.csv"): 6}                  # 2 workloads x (2 points + 1 target)
 
 
 def have_mpirun():
