@@ -10,7 +10,10 @@ communicator):
     (its residuals mix scales), which shows the comparison can fail;
   - a GradScaler-like object (get_scale()) is accepted, anything else is
     refused naming grad_scaler, and a scale of 0 fails the step naming it;
-  - value_dtype="BF16" sends 2 bytes less per entry than F32.
+  - value_dtype="BF16" sends 2 bytes less per entry than F32;
+  - the DDP hook on 2 gloo ranks: a loss scaled by a changing scale, with
+    an overflow step on one rank, gives the scale-1 run's gradients (/ S)
+    and residuals bit for bit, and the same parameters.
 """
 import ctypes
 import os
@@ -26,6 +29,7 @@ import torch  # noqa: E402
 
 import igrad  # noqa: E402
 import igrad.torch as it  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 SCALES = [2.0**16, 2.0**16, 2.0**15, 2.0**15, 2.0**17, 2.0**17, 2.0**17]
 INF_STEP = 3
@@ -77,6 +81,47 @@ def run(value_dtype, scaled, tell_scaler, steps=len(SCALES)):
     return out
 
 
+def w_ddp_amp(rank, world):
+    """Two DDP runs on the same data: A scales the loss by S (changing, with
+    an Inf on rank 0 at INF_STEP) and tells the state; B has scale 1."""
+    runs = []
+    for scaled in (False, True):
+        model = H.TinyLlama(seed=0)
+        ddp = DDP(model, bucket_cap_mb=0.05)
+        cur = {"s": 1.0}
+        state = it.IgradState(ddp, method="adtopk_sync", density=0.125, value_dtype="BF16",
+                              grad_scaler=(lambda: cur["s"]) if scaled else None)
+        ddp.register_comm_hook(state, it.hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        hist = []
+        for step in range(len(SCALES)):
+            s = SCALES[step] if scaled else 1.0
+            cur["s"] = s
+            opt.zero_grad()
+            loss = ddp(*H.batch(rank, step)) * s
+            if step == INF_STEP and rank == 0:
+                loss = loss * float("inf")
+            loss.backward()
+            skipped = state.last_stats["skipped"]
+            assert skipped == (1 if step == INF_STEP else 0), (step, state.last_stats)
+            grads = [p.grad / s for p in model.parameters()]
+            hist.append((grads, residuals(state), skipped))
+            if not skipped:  # what GradScaler does: unscale, or skip on Inf
+                for p in model.parameters():
+                    p.grad.div_(s)
+                opt.step()
+        runs.append((hist, [p.detach().clone() for p in model.parameters()]))
+    (h1, p1), (h2, p2) = runs
+    for step, ((g1, r1, sk), (g2, r2, _)) in enumerate(zip(h1, h2)):
+        for a, b in zip(r1, r2):
+            assert torch.equal(a, b), "step %d: residuals differ" % step
+        if not sk:
+            for a, b in zip(g1, g2):
+                assert torch.equal(a, b), "step %d: gradients differ" % step
+    for a, b in zip(p1, p2):
+        assert torch.equal(a, b), "parameters differ"
+
+
 class AmpTest(unittest.TestCase):
     def check_same(self, value_dtype):
         ref = run(value_dtype, scaled=False, tell_scaler=False)
@@ -124,6 +169,9 @@ class AmpTest(unittest.TestCase):
         with self.assertRaises(igrad.InvalidArgumentError) as cm:
             sync.synchronize(0)
         self.assertIn("the loss scale is 0.0", str(cm.exception))
+
+    def test_ddp_hook(self):
+        H.spawn(w_ddp_amp)
 
     def test_bf16_payload(self):
         f32 = run("F32", scaled=False, tell_scaler=False, steps=1)[0][2]
