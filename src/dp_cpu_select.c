@@ -55,7 +55,8 @@ static inline float round16(igrad_dtype_t dt, float v)
  * round16(v) goes back into its residual entry (which the selection left
  * at 0), so that nothing is lost: sent + residual = a. v - q is exact
  * (Sterbenz) except after an F16 clamp of |v| >= 2^29, where it is the
- * nearest float (a relative error below 2^-24 of v). Returns the sum of squares of what went back. */
+ * nearest float (a relative error below 2^-24 of v). Returns the sum of
+ * squares of what went back. */
 static double round_sent(igrad_dtype_t dt, float *restrict r, const igrad_select_spec_t *sp,
                          const igrad_selection_t *sel)
 {
@@ -104,7 +105,8 @@ static igrad_status_t select_remedies(const igrad_engine_t *e, igrad__engine_ten
         IGRAD_CHECK(igrad__select_ef(g, r, sp, tp->name, ws, sel, zero));
     }
     if (u && e->cfg.momentum_masking) mask_sent(u, sp, sel->index);
-    if (e->cfg.value_dtype != IGRAD_DTYPE_F32) *rounded = round_sent(e->cfg.value_dtype, r, sp, sel);
+    if (e->cfg.value_dtype != IGRAD_DTYPE_F32)
+        *rounded = round_sent(e->cfg.value_dtype, r, sp, sel);
     if (e->cfg.residual_decay < 1.0) {
         float d = (float)e->cfg.residual_decay;
         SIMD

@@ -1079,10 +1079,10 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     memset(&e->stats, 0, sizeof e->stats);
     e->stats.step = step;
     e->stats.bucket_loads = loads;
-    stats_memory(e, &e->stats);
     e->t_start = t0;
     e->cur_step = step;
     if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
+    stats_memory(e, &e->stats);
 
     int64_t bad = -1;
     igrad_status_t st = local_checks(e, step, grads, &bad);

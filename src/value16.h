@@ -40,7 +40,10 @@ static inline uint16_t igrad__f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-static inline float igrad__bf16_to_f32(uint16_t h) { return igrad__f32_from_bits((uint32_t)h << 16); }
+static inline float igrad__bf16_to_f32(uint16_t h)
+{
+    return igrad__f32_from_bits((uint32_t)h << 16);
+}
 
 /* Shifts m right by s in [1, 31] rounding to nearest, ties to even. */
 static inline uint32_t igrad__shift_rne(uint32_t m, unsigned s)
