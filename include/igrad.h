@@ -198,6 +198,17 @@ IGRAD_API size_t igrad_dtype_nbytes(igrad_dtype_t dtype);
 /** Parses a safetensors dtype name. @return IGRAD_E_INVALID if unknown. */
 IGRAD_API igrad_status_t igrad_dtype_from_name(const char *name, igrad_dtype_t *dtype);
 
+/** Converts `count` elements from src_dtype to dst_dtype: F32 to F16 or
+ *  BF16 with round-to-nearest-even (the conversion of the engine's 16-bit
+ *  wire values and of PyTorch's .half() / .to(torch.bfloat16): a finite
+ *  F32 of magnitude >= 65520 becomes an F16 Inf, NaN a quiet NaN), F16 or
+ *  BF16 to F32 (exact), or a copy when the dtypes are equal. src and dst
+ *  may not overlap unless equal with equal dtypes.
+ *  @return IGRAD_E_INVALID for NULL buffers (count > 0) or another pair
+ *  of dtypes (naming both). */
+IGRAD_API igrad_status_t igrad_convert(const void *src, igrad_dtype_t src_dtype, void *dst,
+                                       igrad_dtype_t dst_dtype, size_t count);
+
 /** An ordered table of trainable tensors. Immutable once built, so one
  *  layout may be shared by several threads and engines. */
 typedef struct igrad_layout igrad_layout_t;
@@ -906,7 +917,8 @@ IGRAD_API igrad_status_t igrad_pack_metrics_compute(const double *loads, int nbu
  *
  * Wire format. A gather bucket is one allgather of send_nbytes per rank;
  * recv holds every rank's bytes in rank order (size * send_nbytes). Its
- * bytes are [values (F32) of every block][32-bit indices][16-bit indices];
+ * bytes are [values (value_dtype: F32, or BF16/F16 codes) of every
+ * block][32-bit indices][16-bit indices];
  * every rank's block of a bucket has the same size because budgets are
  * known to all ranks. Row-wise (adtopk) selections send column indices,
  * 16-bit when the row has at most 65536 entries and index_dtype allows.
@@ -998,8 +1010,15 @@ typedef struct igrad_config {
     double risk_lambda;               /**< risk policy: mean + lambda*std (1.0) */
     int64_t verify_every;             /**< agreement check every this many steps
                                            (100); 0 = only at create and load */
-    igrad_dtype_t value_dtype;        /**< values on the wire: F32 (others are
-                                           IGRAD_E_UNSUPPORTED for now) */
+    igrad_dtype_t value_dtype;        /**< values of gather buckets on the wire:
+                                           F32, BF16 or F16 (2 bytes each). A
+                                           16-bit value is the selected value
+                                           rounded to nearest even (F16: clamped
+                                           to +-65504 instead of Inf) and its
+                                           rounding error stays in the residual.
+                                           Reduce buckets sum F32 (of the rounded
+                                           values); method dense needs F32
+                                           (IGRAD_E_UNSUPPORTED) (F32) */
     igrad_dtype_t index_dtype;        /**< U16: 16-bit indices wherever they fit
                                            (column indices of rows of <= 65536
                                            entries, flat indices of tensors of
@@ -1085,7 +1104,7 @@ typedef struct igrad_config {
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
- *  IGRAD_E_UNSUPPORTED for a wire dtype this version does not implement.
+ *  IGRAD_E_UNSUPPORTED for a 16-bit value_dtype with method dense.
  *  A size smaller than this version's struct is IGRAD_E_INVALID; a larger
  *  (newer) one is accepted and its trailing fields ignored. */
 IGRAD_API igrad_status_t igrad_config_validate(const igrad_config_t *config);
@@ -1182,6 +1201,20 @@ typedef struct igrad_step_stats {
     int overflow;             /**< buckets above 1.05 x mean */
     double residual_norm;     /**< L2 norm over all residuals after the step */
     double dropped_sumsq;     /**< residual=drop: sum of squares discarded this step */
+    /* Memory (appended after dropped_sumsq; filled on skipped steps too). */
+    int64_t dataplane_nbytes; /**< bytes this rank's engine holds in the data
+                                   plane's memory (the gradients' memory: host
+                                   for the CPU backend, the device for a GPU
+                                   one): residuals (4 B per parameter),
+                                   velocities (4 B per parameter with
+                                   momentum), the staged selection, the bucket
+                                   arenas, and the dense warm-up engine's
+                                   (start_iter); the O(parameters) part is the
+                                   residual. Host-only control state
+                                   (plans, scratch) is not counted: see
+                                   igrad_engine_workspace_nbytes() */
+    double dataplane_nbytes_per_param; /**< dataplane_nbytes / the layout's
+                                   parameters */
 } igrad_step_stats_t;
 
 /** First half of a step: agrees with the other ranks that every gradient

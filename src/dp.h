@@ -18,6 +18,13 @@
  *   zero         the gradients that unpack adds into
  * Memory: alloc/free/copy in the backend's memory space (`space`, the
  * igrad__mem_space_t of internal.h that the communicators also take).
+ * 16-bit wire values (cfg.value_dtype BF16/F16, e->value_nbytes 2): the
+ * gradients stay float; select_into rounds every staged value to the
+ * 16-bit dtype (value16.h; a value that would be Inf clamped to the
+ * largest finite one) and adds the rounding error to that entry's
+ * residual; the sparse pack writes the 2-byte codes, the sparse unpack
+ * decodes them; the dense wire stays F32. A backend that does not do this
+ * must refuse value_dtype != F32.
  *
  * Not here: what is sent, when and where (the control plane above).
  */

@@ -5,9 +5,13 @@
  * index areas, at the offsets the route laid out (formats.md §8). Dense:
  * the selected entries scattered into zeros over the blocks' dense
  * segments, or for the dense method the gradients copied. Which blocks a
- * bucket holds is the control plane's (pack.c, engine.c).
+ * bucket holds is the control plane's (pack.c, engine.c). 16-bit wire
+ * values (value_nbytes 2) are the staged values' 16-bit codes: the
+ * selection already rounded them (dp_cpu_select.c), so this is exact. The
+ * dense wire carries F32 whatever the value dtype (formats.md §8).
  */
 #include "dp_cpu.h"
+#include "value16.h"
 
 #include <string.h>
 
@@ -19,7 +23,16 @@ void igrad__dp_cpu_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
     for (size_t q = 0; q < bk->nblocks; q++) {
         const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
         int64_t src = e->stage_off[bi->tensor] + bi->first;
-        memcpy(dst + bi->val_off, e->stage_val + src, (size_t)bi->count * sizeof(float));
+        if (e->value_nbytes == 4) {
+            memcpy(dst + bi->val_off, e->stage_val + src, (size_t)bi->count * sizeof(float));
+        } else {
+            const float *in = e->stage_val + src;
+            unsigned char *o = dst + bi->val_off;
+            for (int64_t k = 0; k < bi->count; k++) {
+                uint16_t h = igrad__to16(e->cfg.value_dtype, in[k]);
+                memcpy(o + 2 * k, &h, 2);
+            }
+        }
         if (bi->idx_nbytes == 4) {
             memcpy(dst + bi->idx_off, e->stage_idx + src, (size_t)bi->count * 4);
         } else {

@@ -6,12 +6,16 @@
  * every selection inside is single-threaded). With the remedies on
  * (architecture.md §5.5a) momentum correction, factor masking and residual
  * decay run here too. With `zero` each gradient is zeroed in the pass that
- * reads it. Which tensors are sent and their specs are the control
- * plane's (engine.c, schedule.c).
+ * reads it. With 16-bit wire values (config.value_dtype BF16 or F16)
+ * each sent value is rounded here, its rounding error kept in the
+ * residual (architecture.md §5.2). Which tensors are sent and their specs
+ * are the control plane's (engine.c, schedule.c).
  */
 #include "dp_cpu.h"
 #include "select_internal.h"
+#include "value16.h"
 
+#include <math.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -35,12 +39,52 @@ static void mask_sent(float *restrict u, const igrad_select_spec_t *sp, const ui
     }
 }
 
+/* One sent value v as the 16-bit wire carries it: round-to-nearest-even,
+ * and a finite value that would round to Inf (F16: |v| >= 65520; BF16:
+ * within half a step of FLT_MAX) clamped to the largest finite value
+ * (65504; 0x1.fep127). Returns the rounded value (exactly representable
+ * in dt). */
+static inline float round16(igrad_dtype_t dt, float v)
+{
+    float q = igrad__from16(dt, igrad__to16(dt, v));
+    if (isinf(q)) q = v > 0.0f ? igrad__max16(dt) : -igrad__max16(dt);
+    return q;
+}
+
+/* 16-bit wire values: every selected value v becomes round16(v) and v -
+ * round16(v) goes back into its residual entry (which the selection left
+ * at 0), so that nothing is lost: sent + residual = a. v - q is exact
+ * (Sterbenz) except after an F16 clamp of |v| >= 2^29, where it is the
+ * nearest float (a relative error below 2^-24 of v). Returns the sum of
+ * squares of what went back. */
+static double round_sent(igrad_dtype_t dt, float *restrict r, const igrad_select_spec_t *sp,
+                         const igrad_selection_t *sel)
+{
+    double s = 0.0;
+    float *val = sel->value;
+    int64_t per = sp->row_wise ? sp->per_row : sp->count;
+    int64_t rows = sp->row_wise ? sp->rows : 1, cols = sp->row_wise ? sp->cols : sp->n;
+    for (int64_t row = 0; row < rows; row++)
+        for (int64_t j = 0; j < per; j++) {
+            int64_t k = row * per + j;
+            /* a dense spec (count == n) keeps every entry in place */
+            int64_t i = sp->count == sp->n ? k : row * cols + (int64_t)sel->index[k];
+            float q = round16(dt, val[k]);
+            float d = val[k] - q;
+            r[i] += d;
+            val[k] = q;
+            s += (double)d * (double)d;
+        }
+    return s;
+}
+
 /* One sent tensor with the remedies on (momentum correction, masking,
  * residual decay); the plain case calls igrad__select_ef directly. The
  * selection reads u = m*u + g in place of g. */
 static igrad_status_t select_remedies(const igrad_engine_t *e, igrad__engine_tensor_t *tp,
                                       float *restrict g, const igrad_select_spec_t *sp,
-                                      igrad_select_ws_t *ws, igrad_selection_t *sel, int zero)
+                                      igrad_select_ws_t *ws, igrad_selection_t *sel, int zero,
+                                      double *rounded)
 {
     float *restrict u = tp->velocity, *restrict r = tp->residual;
     int64_t n = tp->n;
@@ -61,6 +105,8 @@ static igrad_status_t select_remedies(const igrad_engine_t *e, igrad__engine_ten
         IGRAD_CHECK(igrad__select_ef(g, r, sp, tp->name, ws, sel, zero));
     }
     if (u && e->cfg.momentum_masking) mask_sent(u, sp, sel->index);
+    if (e->cfg.value_dtype != IGRAD_DTYPE_F32)
+        *rounded = round_sent(e->cfg.value_dtype, r, sp, sel);
     if (e->cfg.residual_decay < 1.0) {
         float d = (float)e->cfg.residual_decay;
         SIMD
@@ -96,12 +142,19 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
             igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
                                      .value = e->stage_val + e->stage_off[t]};
             const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
-            e->tstatus[t] = remedies ? select_remedies(e, tp, g, sp, e->ws[tid], &sel, zero)
-                                     : igrad__select_ef(g, r, sp, tp->name, e->ws[tid], &sel,
-                                                        zero);
+            double rounded = 0.0; /* sum of squares of rounding errors kept */
+            if (remedies) {
+                e->tstatus[t] = select_remedies(e, tp, g, sp, e->ws[tid], &sel, zero, &rounded);
+            } else {
+                e->tstatus[t] = igrad__select_ef(g, r, sp, tp->name, e->ws[tid], &sel, zero);
+                if (e->tstatus[t] == IGRAD_OK && e->cfg.value_dtype != IGRAD_DTYPE_F32)
+                    rounded = round_sent(e->cfg.value_dtype, r, sp, &sel);
+            }
             e->tsumsq[t] = sel.sumsq;
-            /* the residual is a with the selected entries zeroed (then decayed) */
-            e->tnorm[t] = a2 - sel.sumsq > 0.0 ? (a2 - sel.sumsq) * (remedies ? d2 : 1.0) : 0.0;
+            /* the residual is a with the selected entries zeroed (plus their
+             * rounding errors, then decayed) */
+            double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
+            e->tnorm[t] = (kept + rounded) * (remedies ? d2 : 1.0);
         } else if (!drop && !remedies) {
             if (zero) {
                 SIMD

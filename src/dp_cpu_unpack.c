@@ -4,17 +4,25 @@
  * for P a power of 2), in a fixed order (bucket, then rank) so that every
  * rank ends with bit-identical gradients. Received bytes are not trusted:
  * every index is checked against its tensor or row first, and a bad one
- * names the rank that sent it.
+ * names the rank that sent it. 16-bit values (BF16, F16) are decoded to
+ * F32 (exact) and added in the same order.
  */
 #include "dp_cpu.h"
+#include "value16.h"
 
 #include <string.h>
 
-static inline float read_value(const unsigned char *p, int64_t k)
+/* Value k of a values area: F32, or the 16-bit code of dt (width 2). */
+static inline float read_value(const unsigned char *p, int width, igrad_dtype_t dt, int64_t k)
 {
-    float v;
-    memcpy(&v, p + 4 * k, 4);
-    return v;
+    if (width == 4) {
+        float v;
+        memcpy(&v, p + 4 * k, 4);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, p + 2 * k, 2);
+    return igrad__from16(dt, h);
 }
 
 static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
@@ -62,6 +70,8 @@ igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *c
     /* multiplying by 1/P: exact division for powers of two, and a loop
      * that vectorizes */
     const float inv = 1.0f / (float)e->nranks;
+    const int vw = e->value_nbytes;
+    const igrad_dtype_t vt = e->cfg.value_dtype;
     for (int r = 0; r < e->nranks; r++) {
         const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
         for (size_t q = 0; q < bk->nblocks; q++) {
@@ -80,7 +90,7 @@ igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *c
                     for (int64_t c = 0; c < sp->per_row; c++, k++) {
                         uint32_t i = read_index(ip, bi->idx_nbytes, k);
                         if (i >= cols) return bad_index(e, bk, bi, r, ip, sp->cols);
-                        grow[i] += read_value(vp, k) * inv;
+                        grow[i] += read_value(vp, vw, vt, k) * inv;
                     }
                 }
             } else {
@@ -88,7 +98,7 @@ igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *c
                 for (int64_t k = 0; k < bi->count; k++) {
                     uint32_t i = read_index(ip, bi->idx_nbytes, k);
                     if (i >= n) return bad_index(e, bk, bi, r, ip, tp->n);
-                    g[i] += read_value(vp, k) * inv;
+                    g[i] += read_value(vp, vw, vt, k) * inv;
                 }
             }
         }

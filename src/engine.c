@@ -171,12 +171,15 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
     IGRAD_FAIL_IF(c->verify_every < 0, IGRAD_E_INVALID,
                   "config.verify_every is %lld (must be >= 0; 0 = only at create)",
                   (long long)c->verify_every);
-    IGRAD_FAIL_IF(c->value_dtype == IGRAD_DTYPE_F16 || c->value_dtype == IGRAD_DTYPE_BF16,
-                  IGRAD_E_UNSUPPORTED,
-                  "config.value_dtype %s is not implemented yet (values travel as F32)",
+    IGRAD_FAIL_IF(c->value_dtype != IGRAD_DTYPE_F32 && c->value_dtype != IGRAD_DTYPE_BF16 &&
+                      c->value_dtype != IGRAD_DTYPE_F16,
+                  IGRAD_E_INVALID, "config.value_dtype is %s (F32, BF16 or F16)",
                   igrad_dtype_name(c->value_dtype));
-    IGRAD_FAIL_IF(c->value_dtype != IGRAD_DTYPE_F32, IGRAD_E_INVALID,
-                  "config.value_dtype is %s (must be F32)", igrad_dtype_name(c->value_dtype));
+    IGRAD_FAIL_IF(c->value_dtype != IGRAD_DTYPE_F32 && c->method == IGRAD_METHOD_DENSE,
+                  IGRAD_E_UNSUPPORTED,
+                  "config.value_dtype is %s, but method dense all-reduces F32 (it keeps no "
+                  "residual to take the rounding error back; use F32)",
+                  igrad_dtype_name(c->value_dtype));
     IGRAD_FAIL_IF(c->index_dtype != IGRAD_DTYPE_U16 && c->index_dtype != IGRAD_DTYPE_U32,
                   IGRAD_E_INVALID,
                   "config.index_dtype is %s (U16: 16-bit where indices fit, U32: always 32-bit)",
@@ -376,9 +379,10 @@ static igrad_status_t plan_tensors(igrad_engine_t *e)
 }
 
 /* Bytes a tensor sends at a step kind. */
-static int64_t tensor_nbytes(const igrad__engine_tensor_t *tp, int rel, int par)
+static int64_t tensor_nbytes(const igrad_engine_t *e, const igrad__engine_tensor_t *tp, int rel,
+                             int par)
 {
-    return tp->spec[rel][par].count * (IGRAD__VALUE_NBYTES + tp->idx_nbytes[rel][par]);
+    return tp->spec[rel][par].count * (e->value_nbytes + tp->idx_nbytes[rel][par]);
 }
 
 /* Floats a tensor needs in reduce buckets (its dense segments). */
@@ -414,7 +418,8 @@ static igrad_status_t plan_phases(igrad_engine_t *e, const igrad_profile_t *prof
             int64_t *rel_nbytes = calloc(C, sizeof *rel_nbytes);
             IGRAD_FAIL_IF(!rel_nbytes, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
             for (size_t i = 0; i < e->ntensors; i++)
-                if (e->t[i].comp >= 0) rel_nbytes[e->t[i].comp] += tensor_nbytes(&e->t[i], 1, 0);
+                if (e->t[i].comp >= 0)
+                    rel_nbytes[e->t[i].comp] += tensor_nbytes(e, &e->t[i], 1, 0);
             igrad_status_t st =
                 igrad__schedule_assign(e->cfg.schedule, e->cfg.release_period, C, rel_nbytes,
                                        e->comp_important, e->comp_phase);
@@ -459,7 +464,7 @@ static igrad_status_t plan_maxima(igrad_engine_t *e, int64_t out[4])
         int64_t v[4];
         v[0] = tp->spec[rel][0].count; /* the same on both parities */
         v[1] = max64(tp->nblocks[rel][0], tp->nblocks[rel][1]);
-        v[2] = max64(tensor_nbytes(tp, rel, 0), tensor_nbytes(tp, rel, 1));
+        v[2] = max64(tensor_nbytes(e, tp, rel, 0), tensor_nbytes(e, tp, rel, 1));
         v[3] = max64(tensor_dense_cap(e, tp, rel, 0), tensor_dense_cap(e, tp, rel, 1));
         if (!rel) {
             for (int q = 0; q < 4; q++) every[q] += v[q];
@@ -497,7 +502,7 @@ static igrad_status_t full_blocks(const igrad_engine_t *e, igrad__pack_block_t *
         const igrad__engine_tensor_t *tp = &e->t[k];
         m += (size_t)igrad__pack_split((uint32_t)k, tp->spec[0][0].count,
                                        tp->blk_entries[0][0],
-                                       IGRAD__VALUE_NBYTES + tp->idx_nbytes[0][0],
+                                       e->value_nbytes + tp->idx_nbytes[0][0],
                                        (int64_t)(e->ntensors - 1 - k), b + m);
     }
     *out = b;
@@ -586,6 +591,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     case IGRAD_METHOD_ADTOPK_SYNC: e->sp = IGRAD_SPARSIFIER_ADTOPK; break;
     default: e->sp = c->sparsifier; break;
     }
+    e->value_nbytes = (int)igrad_dtype_nbytes(c->value_dtype);
     e->deferral = method_defers(c->method);
     e->per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
     IGRAD_FAIL_IF(e->deferral && !profile && c->profile_steps == 0, IGRAD_E_INVALID,
@@ -598,6 +604,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
 
     IGRAD_CHECK(copy_layout(e, layout));
     size_t T = e->ntensors;
+    for (size_t i = 0; i < T; i++) e->nparams += e->t[i].n;
     e->nb_max = e->per_tensor_buckets ? (int)(T < INT32_MAX ? T : INT32_MAX) : c->buckets;
     IGRAD_CHECK(plan_tensors(e));
     IGRAD_CHECK(plan_phases(e, profile));
@@ -831,6 +838,7 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
         dc.momentum = 0.0;
         dc.residual_decay = 1.0;
         dc.start_iter = 0;
+        dc.value_dtype = IGRAD_DTYPE_F32; /* as method dense requires */
         st = igrad_engine_create(layout, NULL, &dc, comm, &e->warmup);
         if (st != IGRAD_OK) {
             igrad_engine_free(e);
@@ -929,7 +937,7 @@ static igrad_status_t plan_step(igrad_engine_t *e)
         const igrad_select_spec_t *sp = &tp->spec[rel][par];
         int64_t blk = tp->blk_entries[rel][par];
         int idxb = tp->idx_nbytes[rel][par];
-        int64_t nb = igrad__pack_split((uint32_t)k, sp->count, blk, IGRAD__VALUE_NBYTES + idxb,
+        int64_t nb = igrad__pack_split((uint32_t)k, sp->count, blk, e->value_nbytes + idxb,
                                        (int64_t)(T - 1 - k), e->blocks + m);
         for (int64_t b = 0; b < nb; b++) {
             igrad__engine_block_t *bi = &e->binfo[m + (size_t)b];
@@ -992,7 +1000,7 @@ static igrad_status_t plan_step(igrad_engine_t *e)
         for (size_t q = 0; q < cnt; q++) {
             igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
             entries += bi->count;
-            gbytes += bi->count * (IGRAD__VALUE_NBYTES + bi->idx_nbytes);
+            gbytes += bi->count * (e->value_nbytes + bi->idx_nbytes);
             /* flat blocks of one tensor share its whole-tensor segment */
             int shares = !dense && !bi->row_wise && prev && prev->tensor == bi->tensor;
             bi->seg_owner = !shares;
@@ -1041,6 +1049,25 @@ static igrad_status_t unpack_bucket(igrad_engine_t *e, size_t j, float *const *g
     return e->dp->unpack[e->bk[j].route->wire](e, j, grads);
 }
 
+/* Bytes in the data plane's memory (stats.dataplane_nbytes): every
+ * dp->alloc of the engine and of its warm-up engine. */
+static int64_t dataplane_nbytes(const igrad_engine_t *e)
+{
+    if (!e) return 0;
+    int64_t n = (e->residual_count + e->velocity_count) * (int64_t)sizeof(float);
+    n += (int64_t)(e->max_entries * (sizeof *e->stage_idx + sizeof *e->stage_val));
+    n += (int64_t)(e->send_arena_nbytes + e->recv_arena_nbytes);
+    return n + dataplane_nbytes(e->warmup);
+}
+
+/* The memory statistics, on every step (skipped ones too). */
+static void stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s)
+{
+    s->dataplane_nbytes = dataplane_nbytes(e);
+    s->dataplane_nbytes_per_param =
+        e->nparams > 0 ? (double)s->dataplane_nbytes / (double)e->nparams : 0.0;
+}
+
 /* Everything before packing: checks, agreement, gate, selection, plan.
  * zero: the selection also zeroes the gradients (sparse methods; sync
  * only, since begin must leave them as they are until end). */
@@ -1055,6 +1082,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     e->t_start = t0;
     e->cur_step = step;
     if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
+    stats_memory(e, &e->stats);
 
     int64_t bad = -1;
     igrad_status_t st = local_checks(e, step, grads, &bad);
@@ -1164,6 +1192,7 @@ static igrad_status_t warmup_done(igrad_engine_t *e, igrad_status_t st)
 {
     const igrad_engine_t *w = e->warmup;
     e->stats = w->stats;
+    stats_memory(e, &e->stats);
     e->last_step = w->last_step;
     if (w->broken != IGRAD_OK && e->broken == IGRAD_OK) {
         e->broken = w->broken;
@@ -1402,8 +1431,8 @@ igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *e, size_t t,
     out->release_count = tp->phase >= 0 ? tp->spec[1][0].count : 0;
     out->row_wise = tp->spec[0][0].row_wise;
     out->index_nbytes = tp->idx_nbytes[0][0];
-    out->step_nbytes = tensor_nbytes(tp, 0, 0);
-    out->release_nbytes = tp->phase >= 0 ? tensor_nbytes(tp, 1, 0) : 0;
+    out->step_nbytes = tensor_nbytes(e, tp, 0, 0);
+    out->release_nbytes = tp->phase >= 0 ? tensor_nbytes(e, tp, 1, 0) : 0;
     return IGRAD_OK;
 }
 
@@ -1416,7 +1445,7 @@ int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
     for (size_t t = 0; t < e->ntensors; t++) {
         const igrad__engine_tensor_t *tp = &e->t[t];
         if (!igrad__schedule_sent(tp->phase, e->cfg.release_period, step)) continue;
-        total += tensor_nbytes(tp, tp->phase >= 0, par);
+        total += tensor_nbytes(e, tp, tp->phase >= 0, par);
     }
     return total;
 }

@@ -99,8 +99,6 @@ void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes);
 
 /* ---- the engine ----------------------------------------------------------- */
 
-#define IGRAD__VALUE_NBYTES 4 /* F32 values on the wire */
-
 struct igrad__route;  /* route.h */
 struct igrad__dp_ops; /* dp.h */
 
@@ -163,9 +161,11 @@ struct igrad_engine {
     int per_tensor_buckets;             /* iad */
     int nb_max;                         /* bucket slots: B, or tensors for iad */
     int nthreads;
+    int value_nbytes;                   /* sparse wire: 4 (F32) or 2 (BF16, F16) */
 
     size_t ntensors;
     igrad__engine_tensor_t *t;
+    int64_t nparams;                    /* entries of every tensor */
     char *names;                        /* all names, NUL-separated */
     uint64_t *tensor_hash;              /* (ntensors) for mismatch messages */
     size_t ncomp;

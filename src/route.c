@@ -42,7 +42,7 @@ static void gather_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t 
     for (size_t q = 0; q < bk->nblocks; q++) {
         igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
         bi->val_off = v;
-        v += (size_t)bi->count * IGRAD__VALUE_NBYTES;
+        v += (size_t)bi->count * (size_t)e->value_nbytes;
     }
     for (int width = 4; width >= 2; width -= 2)
         for (size_t q = 0; q < bk->nblocks; q++) {

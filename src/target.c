@@ -35,7 +35,7 @@ static igrad_status_t spec_nbytes(const igrad_config_t *c, igrad_sparsifier_t sp
                                   ti->shape, &s));
     int64_t range = s.row_wise ? s.cols : s.n;
     int ib = c->index_dtype == IGRAD_DTYPE_U16 && range <= 65536 ? 2 : 4;
-    *out = (double)s.count * (4.0 + ib);
+    *out = (double)s.count * ((double)igrad_dtype_nbytes(c->value_dtype) + ib);
     return IGRAD_OK;
 }
 

@@ -53,14 +53,6 @@
 
 #include "mpi_util.h"
 
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 static igrad_layout_t *make_layout(void)
 {
     igrad_layout_t *L = NULL;

@@ -2,8 +2,9 @@
  * mpi_util.h — what the MPI tests (tests/mpi_*.c) share: the rank and size
  * in MPI_COMM_WORLD, a failure count the test sums over ranks at the end,
  * checks that print the rank and the library's message, and REQUIRE for
- * setup failures, which aborts every rank rather than hang. Include after
- * <mpi.h>, <stdio.h> and "igrad.h"; set `me` and `np` after MPI_Init.
+ * setup failures, which aborts every rank rather than hang, and the
+ * splitmix64 mixer the tests draw their data from. Include after <mpi.h>,
+ * <stdio.h> and "igrad.h"; set `me` and `np` after MPI_Init.
  */
 #ifndef IGRAD_MPI_UTIL_H
 #define IGRAD_MPI_UTIL_H
@@ -39,5 +40,14 @@ static int me, np;
             MPI_Abort(MPI_COMM_WORLD, 2);                                               \
         }                                                                               \
     } while (0)
+
+/* splitmix64: deterministic test data from (rank, step, tensor, index). */
+static inline uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
 
 #endif /* IGRAD_MPI_UTIL_H */

@@ -208,7 +208,6 @@ static void test_config_validate(void **state)
     BAD(block_entries, 0, IGRAD_E_INVALID, "config.block_entries is 0");
     BAD(risk_lambda, -1.0, IGRAD_E_INVALID, "config.risk_lambda");
     BAD(verify_every, -1, IGRAD_E_INVALID, "config.verify_every");
-    BAD(value_dtype, IGRAD_DTYPE_BF16, IGRAD_E_UNSUPPORTED, "config.value_dtype BF16");
     BAD(value_dtype, IGRAD_DTYPE_I8, IGRAD_E_INVALID, "config.value_dtype");
     BAD(index_dtype, IGRAD_DTYPE_U8, IGRAD_E_INVALID, "config.index_dtype");
     BAD(collective, (igrad_collective_t)4, IGRAD_E_INVALID, "config.collective");
@@ -227,6 +226,15 @@ static void test_config_validate(void **state)
     d.method = IGRAD_METHOD_DENSE;
     d.sparsifier = IGRAD_SPARSIFIER_NONE;
     assert_ok(igrad_config_validate(&d));
+    /* 16-bit wire values: sparse methods take them, dense (no residual) not */
+    c.value_dtype = IGRAD_DTYPE_BF16;
+    assert_ok(igrad_config_validate(&c));
+    c.value_dtype = IGRAD_DTYPE_F16;
+    assert_ok(igrad_config_validate(&c));
+    d.value_dtype = IGRAD_DTYPE_BF16;
+    assert_status(igrad_config_validate(&d), IGRAD_E_UNSUPPORTED);
+    assert_error_has("config.value_dtype is BF16, but method dense");
+    d.value_dtype = IGRAD_DTYPE_F32;
     /* a larger (newer) struct is accepted */
     d.size += 16;
     assert_ok(igrad_config_validate(&d));

@@ -63,6 +63,7 @@ typedef struct options {
     uint64_t seed;
     int json;
     int gate_other; /* config.gate_other of iad and ig */
+    igrad_dtype_t value_dtype; /* config.value_dtype of the sparse methods */
 } options_t;
 
 /* What one method's run produced (medians of the slowest rank's times). */
@@ -71,6 +72,7 @@ typedef struct result {
     double payload, wire;                  /* mean bytes per step */
     double select_ms, pack_ms, comm_ms, unpack_ms, sync_ms;
     double imbalance, cv, overflow;        /* medians; overflow: mean per step */
+    double mem_per_param;                  /* stats.dataplane_nbytes_per_param */
     int buckets;                           /* median collectives per step */
 } result_t;
 
@@ -111,6 +113,8 @@ static void usage(FILE *fp)
             "  --pack POLICY          policy of the ig row: direct, sequential, greedy,\n"
             "                         risk, contiguous (contiguous)\n"
             "  --sparsifier SP        sparsifier of iad and ig: topk, adtopk (adtopk)\n"
+            "  --value-dtype DT       wire values of the sparse methods: f32, bf16, fp16\n"
+            "                         (f32; dense always all-reduces f32)\n"
             "  --threads N            OpenMP threads per rank (cores / ranks on the node)\n"
             "  --seed N               synthetic data seed (1)\n"
             "  --json                 print one JSON object instead of the table\n"
@@ -155,6 +159,11 @@ static int parse_args(int argc, char **argv, options_t *o)
         }
 #undef OPT_I64
 #undef OPT_F64
+        if ((r = cli_opt(argc, argv, &i, "--value-dtype", &v)) != 0) {
+            if (r < 0 || cli_parse_value_dtype("--value-dtype", v, &o->value_dtype) != 0)
+                return -1;
+            continue;
+        }
         if ((r = cli_opt(argc, argv, &i, "--config", &v)) != 0) {
             if (r < 0) return -1;
             o->config = v;
@@ -427,6 +436,7 @@ static igrad_config_t make_config(const options_t *o, igrad_method_t m, igrad_pa
     c.pack = pack;
     c.threads = (int)o->threads;
     c.gate_other = o->gate_other;
+    if (m != IGRAD_METHOD_DENSE) c.value_dtype = o->value_dtype;
     return c;
 }
 
@@ -488,6 +498,7 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         col[7][k] = (double)ss.buckets;
         payload += (double)ss.payload_nbytes;
         wire += ss.wire_nbytes;
+        res->mem_per_param = ss.dataplane_nbytes_per_param;
         overflow += ss.overflow;
     }
     if (!rc) {
@@ -610,6 +621,7 @@ static void json_method(const result_t *r)
     json_num("sync_ms", r->sync_ms, 0);
     json_num("buckets", r->buckets, 0);
     json_num("imbalance", r->imbalance, 0);
+    json_num("dataplane_bytes_per_param", r->mem_per_param, 0);
     json_num("cv", r->cv, 1);
 }
 
@@ -631,11 +643,11 @@ static void print_json(const options_t *o, const igrad_layout_t *L, const result
            (long long)o->profile_steps);
     printf("\"knobs\": {\"density\": %g, \"release_period\": %lld, \"release_keep\": %g, "
            "\"buckets\": %lld, \"block_entries\": %lld, \"pack\": \"%s\", \"sparsifier\": "
-           "\"%s\", \"threads\": %lld, \"seed\": %llu}, ",
+           "\"%s\", \"value_dtype\": \"%s\", \"threads\": %lld, \"seed\": %llu}, ",
            o->density, (long long)o->release_period, o->release_keep, (long long)o->buckets,
            (long long)o->block_entries, igrad_pack_policy_name(o->pack),
-           igrad_sparsifier_name(o->sparsifier), (long long)o->threads,
-           (unsigned long long)o->seed);
+           igrad_sparsifier_name(o->sparsifier), igrad_dtype_name(o->value_dtype),
+           (long long)o->threads, (unsigned long long)o->seed);
     json_num("f_imp", f_imp, 0);
     json_num("f_other", f_other, 0);
     json_num("predicted_ig_ratio", f_imp + o->release_keep * (1.0 - f_imp), 0);
@@ -680,15 +692,17 @@ static void print_table(const options_t *o, const igrad_layout_t *L, const resul
            o->config, igrad_layout_family(L), igrad_layout_count(L),
            (long long)igrad_layout_total_count(L), nranks_, (long long)o->steps,
            (long long)o->profile_steps);
-    printf("density %g, R %lld, kappa %g, B %lld, sparsifier %s, %lld thread(s)/rank; "
+    printf("density %g, R %lld, kappa %g, B %lld, sparsifier %s, values %s, %lld thread(s)/rank; "
            "profile: %d of %d components important\n",
            o->density, (long long)o->release_period, o->release_keep, (long long)o->buckets,
-           igrad_sparsifier_name(o->sparsifier), (long long)o->threads, nimp, ncomp);
+           igrad_sparsifier_name(o->sparsifier), igrad_dtype_name(o->value_dtype),
+           (long long)o->threads, nimp, ncomp);
     printf("f_imp %.3f (outside the projections: %.3f of the budget); predicted ig ratio f_imp + kappa (1 - f_imp) "
            "= %.3f\n\n",
            f_imp, f_other, f_imp + o->release_keep * (1.0 - f_imp));
-    printf("%-12s %12s %12s %8s %8s %6s %8s %8s %8s %8s %8s\n", "method", "payload/step",
-           "wire/step", "/topk", "/own", "f_imp", "select", "pack", "comm", "unpack", "sync ms");
+    printf("%-12s %12s %12s %8s %8s %6s %8s %8s %8s %8s %8s %7s\n", "method", "payload/step",
+           "wire/step", "/topk", "/own", "f_imp", "select", "pack", "comm", "unpack", "sync ms",
+           "B/param");
     for (int k = 0; k < NMETHODS; k++) {
         igrad_method_t m = methods[k];
         int defer = m == IGRAD_METHOD_IAD || m == IGRAD_METHOD_IG;
@@ -700,14 +714,15 @@ static void print_table(const options_t *o, const igrad_layout_t *L, const resul
         char label[24];
         snprintf(label, sizeof label, "%s%s", igrad_method_name(m),
                  m == IGRAD_METHOD_IG ? "*" : "");
-        printf("%-12s %12s %12s %8.3f %8s %6s %8.2f %8.2f %8.2f %8.2f %8.2f\n", label,
+        printf("%-12s %12s %12s %8.3f %8s %6s %8.2f %8.2f %8.2f %8.2f %8.2f %7.3f\n", label,
                cli_human_bytes(res[k].payload, b1, sizeof b1),
                cli_human_bytes(res[k].wire, b2, sizeof b2),
                topk > 0 ? res[k].payload / topk : NAN, own_r, fi, res[k].select_ms,
-               res[k].pack_ms, res[k].comm_ms, res[k].unpack_ms, res[k].sync_ms);
+               res[k].pack_ms, res[k].comm_ms, res[k].unpack_ms, res[k].sync_ms,
+               res[k].mem_per_param);
     }
     printf("(/own: ratio to %s, the same sparsifier; * ig packs with %s; times: medians of "
-           "the slowest rank)\n\n",
+           "the slowest rank; B/param: igrad's data-plane memory per parameter on a rank)\n\n",
            own_name, igrad_pack_policy_name(o->pack));
     printf("ig packing, %lld buckets:\n%-12s %10s %8s %10s %8s\n", (long long)o->buckets,
            "policy", "imbalance", "cv", "overflow", "sync ms");

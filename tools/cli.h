@@ -31,6 +31,10 @@ int cli_parse_f64(const char *name, const char *text, double *out);
 /* "on" -> 1, "off" -> 0; anything else prints "igrad: --name is 'X' (on or
  * off)" and returns -1. */
 int cli_parse_onoff(const char *name, const char *text, int *out);
+/* "f32", "bf16" or "fp16" (also "f16"; any case) -> the value dtype;
+ * anything else prints "igrad: --name is 'X' (f32, bf16 or fp16)" and
+ * returns -1. */
+int cli_parse_value_dtype(const char *name, const char *text, igrad_dtype_t *out);
 /* Prints "igrad: <what>: <igrad_last_error()>" to stderr and returns 1. */
 int cli_fail(const char *what, igrad_status_t st);
 /* Formats a byte count as "123.4 KiB" into buf (returns buf). */

@@ -61,6 +61,9 @@ static void usage(FILE *fp)
 "  --density RHO (0.01)  --release-period R (4)  --release-keep KAPPA (0.25)\n"
 "  --schedule aligned|staggered  --residual on|drop  --buckets B (4)\n"
 "  --pack direct|sequential|greedy|risk|contiguous  --verify-every N (100)\n"
+"  --value-dtype f32|bf16|fp16 wire values of the sparse methods (f32): bf16/fp16\n"
+"                              send 2-byte values, their rounding error kept in the\n"
+"                              residual (dense all-reduces f32)\n"
 "  --comm-timeout S            a collective that has not completed after S seconds\n"
 "                              (a stopped or hung rank) ends the job on every rank\n"
 "                              that waits, naming the step (default 300; 0 = never)\n"
@@ -231,6 +234,11 @@ static int parse_args(int argc, char **argv, train_options_t *o)
             o->beta1_auto = 0;
             continue;
         }
+        if ((r = cli_opt(argc, argv, &i, "--value-dtype", &v)) != 0) {
+            if (r < 0 || cli_parse_value_dtype("--value-dtype", v, &o->value_dtype) != 0)
+                return -1;
+            continue;
+        }
         if ((r = cli_opt(argc, argv, &i, "--momentum-masking", &v)) != 0) {
             if (r < 0 || cli_parse_onoff("--momentum-masking", v, &o->momentum_masking) != 0) return -1;
             continue;
@@ -373,9 +381,12 @@ int cmd_train(int argc, char **argv)
         if (res.task_problems > 0)
             snprintf(task, sizeof task, ", task_accuracy %.4f of %lld", res.task_accuracy,
                      (long long)res.task_problems);
+        char mem[32];
         printf("done: %lld steps, last loss %.4f, val_loss %.4f (ppl %.3f, acc %.4f%s), %.1f s; "
-               "results in %s\n", (long long)res.steps_done, res.last_loss, res.val_loss,
-               res.val_ppl, res.val_acc, task, res.wall_s, o.out);
+               "igrad memory %s per rank (%.2f B/param); results in %s\n",
+               (long long)res.steps_done, res.last_loss, res.val_loss, res.val_ppl, res.val_acc,
+               task, res.wall_s, cli_human_bytes((double)res.dataplane_nbytes, mem, sizeof mem),
+               res.dataplane_nbytes_per_param, o.out);
     }
     igrad_comm_free(comm);
     if (use_mpi) MPI_Finalize();

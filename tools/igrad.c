@@ -2,6 +2,7 @@
  * igrad.c — the igrad command line: dispatches to the subcommands in
  * tools/cmd_*.c and holds the argument helpers they share (cli.h).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -103,6 +104,27 @@ int cli_parse_onoff(const char *name, const char *text, int *out)
         return 0;
     }
     fprintf(stderr, "igrad: %s is '%s' (on or off)\n", name, text);
+    return -1;
+}
+
+int cli_parse_value_dtype(const char *name, const char *text, igrad_dtype_t *out)
+{
+    static const struct {
+        const char *name;
+        igrad_dtype_t dtype;
+    } names[] = {{"f32", IGRAD_DTYPE_F32},
+                 {"bf16", IGRAD_DTYPE_BF16},
+                 {"fp16", IGRAD_DTYPE_F16},
+                 {"f16", IGRAD_DTYPE_F16}};
+    char low[8] = "";
+    for (size_t k = 0; text[k] && k + 1 < sizeof low; k++)
+        low[k] = (char)tolower((unsigned char)text[k]);
+    for (size_t k = 0; strlen(text) < sizeof low && k < sizeof names / sizeof names[0]; k++)
+        if (!strcmp(low, names[k].name)) {
+            *out = names[k].dtype;
+            return 0;
+        }
+    fprintf(stderr, "igrad: %s is '%s' (f32, bf16 or fp16)\n", name, text);
     return -1;
 }
 

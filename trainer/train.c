@@ -270,6 +270,9 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_str(l, "--schedule", o->schedule);
     opt_add_str(l, "--residual", o->residual);
     opt_add_str(l, "--pack", o->pack);
+    /* only when given: checkpoints of runs before the option resume */
+    if (o->value_dtype != IGRAD_DTYPE_F32)
+        opt_add_str(l, "--value-dtype", igrad_dtype_name(o->value_dtype));
     opt_add_i64(l, "--buckets", o->buckets);
     opt_add_i64(l, "--verify-every", o->verify_every);
     opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
@@ -482,6 +485,7 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
     c.momentum_masking = o->momentum_masking;
     c.residual_decay = o->residual_decay;
     c.start_iter = o->start_iter;
+    c.value_dtype = o->value_dtype;
     if ((st = igrad_config_validate(&c)) != IGRAD_OK) return lib_fail(st, "sync config");
     *cfg = c;
     return IGRAD_OK;
@@ -1472,6 +1476,14 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddStringToObject(sync, "momentum_masking", r->scfg.momentum_masking ? "on" : "off");
     cJSON_AddNumberToObject(sync, "residual_decay", r->scfg.residual_decay);
     cJSON_AddNumberToObject(sync, "start_iter", (double)r->scfg.start_iter);
+    cJSON_AddStringToObject(sync, "value_dtype", igrad_dtype_name(r->scfg.value_dtype));
+    igrad_step_stats_t ss;
+    if (igrad_engine_last_stats(r->engine, &ss) == IGRAD_OK) {
+        cJSON *mem = cJSON_AddObjectToObject(sync, "memory");
+        cJSON_AddNumberToObject(mem, "dataplane_nbytes", (double)ss.dataplane_nbytes);
+        cJSON_AddNumberToObject(mem, "dataplane_nbytes_per_param",
+                                ss.dataplane_nbytes_per_param);
+    }
     if (o->profile) cJSON_AddStringToObject(cfg, "profile", o->profile);
     if (train_profile_auto(o)) {
         igrad_online_info_t oi;
@@ -1710,6 +1722,11 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
     res->task_accuracy = r.last_val[3];
     res->task_problems = (int64_t)r.last_val[4];
     res->param_hash = train_hash_floats(r.model->params, r.model->num_params);
+    igrad_step_stats_t ss;
+    if (igrad_engine_last_stats(r.engine, &ss) == IGRAD_OK) {
+        res->dataplane_nbytes = ss.dataplane_nbytes;
+        res->dataplane_nbytes_per_param = ss.dataplane_nbytes_per_param;
+    }
 cleanup:
     if (r.tty && r.rank == 0 && st != IGRAD_OK && o->progress != TRAIN_PROGRESS_QUIET)
         printf("\n");

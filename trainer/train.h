@@ -114,6 +114,7 @@ typedef struct train_options {
     const char *schedule;     /* aligned|staggered (NULL = default) */
     const char *residual;     /* on|drop (NULL = default) */
     const char *pack;         /* packing policy (NULL = default) */
+    igrad_dtype_t value_dtype; /* wire values of the sparse methods (F32 = 0) */
     int buckets;              /* B buckets */
     int64_t verify_every;     /* agreement check period (steps) */
     double comm_timeout_s;    /* bound on every collective, the trainer's own
@@ -188,6 +189,8 @@ typedef struct train_result {
                                  no profile */
     double wall_s;            /* this invocation */
     uint64_t param_hash;      /* hash of the final parameters (all ranks equal) */
+    int64_t dataplane_nbytes; /* igrad's data-plane memory on a rank (stats) */
+    double dataplane_nbytes_per_param;
 } train_result_t;
 
 /* Runs (or resumes) a training run. Collective over `comm`: every rank

@@ -254,7 +254,9 @@ class StepStats(ctypes.Structure):
                 ("bucket_loads", ctypes.POINTER(ctypes.c_int64)),
                 ("imbalance", ctypes.c_double), ("cv", ctypes.c_double),
                 ("overflow", ctypes.c_int), ("residual_norm", ctypes.c_double),
-                ("dropped_sumsq", ctypes.c_double)]
+                ("dropped_sumsq", ctypes.c_double),
+                ("dataplane_nbytes", ctypes.c_int64),
+                ("dataplane_nbytes_per_param", ctypes.c_double)]
 
 
 class TensorPlan(ctypes.Structure):
@@ -294,6 +296,7 @@ SIGNATURES = {
     "igrad_kind_name": (cstr, [c_enum]),
     "igrad_component_of": (c_enum, [cstr, ctypes.POINTER(ctypes.c_int)]),
     "igrad_dtype_from_name": (S, [cstr, ctypes.POINTER(c_enum)]),
+    "igrad_convert": (S, [P, c_enum, P, c_enum, sz]),
     # layout
     "igrad_layout_create": (S, [PP]),
     "igrad_layout_add": (S, [P, cstr, c_enum, ctypes.c_int, I64P]),

@@ -37,6 +37,15 @@ skips the step on all ranks alike; with nonfinite="keep" each rank's
 local, unmodified gradients are returned. Either way the skip is in
 state.last_stats["skipped"] and state.skipped_steps.
 
+AMP loss scales: with IgradState(grad_scaler=scaler) the engine is given
+every gradient divided by the current scale (scaler.get_scale(), or the
+callable's value), so residuals hold unscaled values whatever the scale
+does between steps, and the result is multiplied by the scale again:
+.grad stays scaled, as torch.cuda.amp.GradScaler expects (scaler.step
+unscales it and skips steps with Inf/NaN). Without grad_scaler, scaled
+gradients go in as they are, and a residual kept from a step with another
+scale would be added at the wrong scale.
+
 Parameters are fixed when the state is attached: every step checks each
 parameter's size, dtype and identity (and its gradient's size) against
 that, and a change on any rank raises MismatchError on every rank (see
@@ -380,6 +389,23 @@ class IgradState:
                     = residual_decay * (what was not sent). With igrad's
                     sparse methods use Adam/AdamW with betas=(0.0, 0.95) (or
                     0.999): see docs/results/remedies.md.
+    value_dtype:    "F32" (default), "BF16" or "F16": the values of gather
+                    buckets on the wire (2 bytes instead of 4), each rounded
+                    to nearest even with the rounding error kept in the
+                    residual (igrad_config_t.value_dtype; not for "dense").
+    grad_scaler:    AMP: a torch GradScaler (its get_scale()) or a callable
+                    returning the current loss scale S. The gradients DDP
+                    or the synchronizer hand over are scaled by S; the
+                    engine is given g / S, so residuals are always unscaled
+                    and never mix the scales of different steps, and the
+                    result is multiplied by S again, so .grad stays scaled
+                    as GradScaler's contract wants (scaler.step unscales,
+                    finds Inf/NaN and skips). Exact (bit for bit the run
+                    with scale 1) for powers of two, which is what
+                    GradScaler's default growth and backoff keep. A step
+                    with Inf/NaN is skipped by the engine (residuals
+                    unchanged) and returned as `nonfinite` says. None: the
+                    gradients are taken as they are (1).
     nonfinite:      "allreduce" (default) or "keep": what a skipped
                     (non-finite) step returns, see the module docstring.
 
@@ -395,7 +421,8 @@ class IgradState:
                  block_entries=None, risk_lambda=1.0, index_dtype="U16", threads=0,
                  nonfinite="allreduce", timeout_s=300.0, profile_steps=30,
                  profile_partition=None, gate_other=True, target_ratio=None, momentum=0.0,
-                 momentum_masking=True, residual_decay=1.0):
+                 momentum_masking=True, residual_decay=1.0, value_dtype="F32",
+                 grad_scaler=None):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -410,7 +437,7 @@ class IgradState:
             "index_dtype": index_dtype, "threads": threads, "timeout_s": timeout_s,
             "gate_other": bool(gate_other),
             "momentum": momentum, "momentum_masking": bool(momentum_masking),
-            "residual_decay": residual_decay,
+            "residual_decay": residual_decay, "value_dtype": value_dtype,
         }
         if isinstance(profile, str) and profile == "auto":
             if str(method).lower() not in ("ig", "iad"):
@@ -424,6 +451,11 @@ class IgradState:
         if target_ratio is not None and not (0.0 < float(target_ratio) <= 1.0):
             raise L.InvalidArgumentError("target_ratio is %r (must be in (0, 1])"
                                          % (target_ratio,))
+        if grad_scaler is not None and not (callable(grad_scaler)
+                                            or callable(getattr(grad_scaler, "get_scale", None))):
+            raise L.InvalidArgumentError("grad_scaler is %r (a torch GradScaler, or a callable "
+                                         "returning the current loss scale)" % (grad_scaler,))
+        self.grad_scaler = grad_scaler
         self.target_ratio = None if target_ratio is None else float(target_ratio)
         self.target_fit = None
         self.profile = profile
@@ -744,13 +776,24 @@ class IgradState:
         # else goes through a staging copy that is written back after end().
         # A refused step stages only the tensors before the refused one
         # (the engine names that one to every rank) and passes NULL from it on.
+        # With a loss scale S != 1 every gradient is staged as g / S (the
+        # user's tensors stay untouched until the result is written back).
+        scale = 1.0
+        try:
+            scale = self._loss_scale()
+        except L.IgradError as e:  # refused like a bad parameter: on every rank
+            if bad is None:
+                bad = (0, e)
         ok = len(self._meta) if bad is None else bad[0]
         bufs, back = [], []
         for g in (grads[:ok] if ok else ()):
-            if g.dtype == torch.float32 and g.device.type == "cpu" and g.is_contiguous():
+            if (scale == 1.0 and g.dtype == torch.float32 and g.device.type == "cpu"
+                    and g.is_contiguous()):
                 bufs.append(g)
             else:
                 s = g.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                if scale != 1.0:  # in place only in a copy of our own
+                    s = s.div_(scale) if s.data_ptr() != g.data_ptr() else s.div(scale)
                 bufs.append(s)
                 back.append((g, s))
         addrs = [b.data_ptr() for b in bufs] + [None] * (len(self._meta) - len(bufs))
@@ -779,13 +822,24 @@ class IgradState:
         t1 = time.perf_counter()
         eng.end(step, addrs)
         for g, s in back:
-            g.copy_(s)
+            g.copy_(s.mul_(scale) if scale != 1.0 else s)
         st = eng.stats()
         st["collective_ms"] = (t1 - t0) * 1e3
         self.total_payload_nbytes += st["payload_nbytes"]
         self.total_wire_nbytes += st["wire_nbytes"]
         self.last_stats = st
         return st
+
+    def _loss_scale(self):
+        """The current AMP loss scale (grad_scaler), 1.0 without one."""
+        sc = self.grad_scaler
+        if sc is None:
+            return 1.0
+        v = float(sc.get_scale() if callable(getattr(sc, "get_scale", None)) else sc())
+        if not (v > 0.0 and v != float("inf")):
+            raise L.InvalidArgumentError("grad_scaler: the loss scale is %r (must be a finite "
+                                         "number > 0)" % (v,))
+        return v
 
     def _layout_grads(self, by_name):
         missing = [n for n, _ in self._named if n not in by_name]
@@ -984,9 +1038,10 @@ class IgradState:
 
     def __getstate__(self):
         """Pickles the configuration and this rank's state_dict, never the
-        process group, the model or native handles."""
+        process group, the grad scaler (set state.grad_scaler again after
+        unpickling), the model or native handles."""
         d = {k: v for k, v in self.__dict__.items()
-             if not k.startswith("_") and k != "process_group"}
+             if not k.startswith("_") and k not in ("process_group", "grad_scaler")}
         if isinstance(d.get("profile"), Profile):
             d["profile_json"] = _profile_bytes(d.pop("profile"))
         d["_saved_state"] = self.state_dict() if self._engine is not None else \
@@ -998,6 +1053,7 @@ class IgradState:
         pj = d.pop("profile_json", None)
         self.__dict__.update(d)
         self.process_group = None  # the default group, resolved at first use
+        self.grad_scaler = None
         self._reset_runtime()
         if pj is not None:
             self.profile = _profile_from_bytes(pj)

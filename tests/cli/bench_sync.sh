@@ -65,6 +65,26 @@ if ranks > 1:
     assert abs(ts["wire_bytes_per_step"] - (ranks - 1) * ts["payload_bytes_per_step"]) < 1, ts
 PY
 
+# --value-dtype bf16: the sparse methods send 2 bytes less per entry than
+# with f32 (same selections); dense stays f32; the memory column is there
+OMP_NUM_THREADS=1 "$igrad" bench sync --config "$tmp/tiny.json" --steps 2 --profile-steps 4 \
+  --json >"$tmp/f32.json"
+OMP_NUM_THREADS=1 "$igrad" bench sync --config "$tmp/tiny.json" --steps 2 --profile-steps 4 \
+  --value-dtype bf16 --json >"$tmp/bf16.json"
+check "bench sync --value-dtype bf16: 2-byte values" python3 - "$tmp/f32.json" "$tmp/bf16.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["knobs"]["value_dtype"] == "F32" and b["knobs"]["value_dtype"] == "BF16", b["knobs"]
+ma, mb = a["methods"], b["methods"]
+assert mb["dense"]["payload_bytes_per_step"] == ma["dense"]["payload_bytes_per_step"]
+for m in ("topk_sync", "adtopk_sync"):
+    pa, pb = ma[m]["payload_bytes_per_step"], mb[m]["payload_bytes_per_step"]
+    # entries x (2 + idx) vs entries x (4 + idx), idx 2 or 4 bytes: 2/3 to 3/4
+    assert pa * 2 / 3 - 1 <= pb <= pa * 3 / 4 + 1, (m, pa, pb)
+for m in ma.values():
+    assert m["dataplane_bytes_per_param"] >= 4 or m is ma["dense"], m
+PY
+
 "$igrad" bench sync --help >"$tmp/help.txt"
 check "bench sync --help names --profile-steps" grep -q -- "--profile-steps" "$tmp/help.txt"
 set +e
