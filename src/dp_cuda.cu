@@ -23,7 +23,10 @@ static void *cuda_alloc(size_t nbytes, int zeroed)
 {
     void *p = NULL;
     if (cudaMalloc(&p, nbytes ? nbytes : 1) != cudaSuccess) return NULL;
-    if (zeroed && nbytes && cudaMemset(p, 0, nbytes) != cudaSuccess) {
+    /* cudaMemset runs on the legacy stream; a non-blocking engine stream
+     * does not wait for it, so the zeros are waited for here (create only) */
+    if (zeroed && nbytes &&
+        (cudaMemset(p, 0, nbytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)) {
         cudaFree(p);
         return NULL;
     }
