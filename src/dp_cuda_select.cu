@@ -321,9 +321,10 @@ void select_one(igrad__cuda_state_t *st, float *x, float *r, const igrad_select_
         int64_t nch = (n + IGRAD__CUDA_CHUNK - 1) / IGRAD__CUDA_CHUNK;
         cudaMemsetAsync(st->d_hist, 0, IGRAD__RADIX_BINS_MAX * sizeof(uint32_t), s);
         radix_init<<<1, 1, 0, s>>>(st->d_radix, (uint64_t)sp->count);
+        /* a grid-stride histogram: more blocks would only add flushes */
+        unsigned hgrid = igrad__cuda_grid(n) < 1024 ? igrad__cuda_grid(n) : 1024;
         for (int round = 0; round < IGRAD__RADIX_ROUNDS; round++) {
-            radix_hist<<<igrad__cuda_grid(n), T, 0, s>>>(x, r, n, round, st->d_radix,
-                                                         st->d_hist);
+            radix_hist<<<hgrid, T, 0, s>>>(x, r, n, round, st->d_radix, st->d_hist);
             radix_choose_kernel<<<1, 1024, 0, s>>>(st->d_hist, round, st->d_radix);
         }
         chunk_count<<<(unsigned)nch, T, 0, s>>>(x, r, n, st->d_radix, st->d_chunks, nch);
