@@ -12,7 +12,9 @@
  * accumulation and the residual-drop ablation (ig with online profiling,
  * whose re-plan builds a new engine on the same data plane). Gradients
  * mix ties (five values), normals and exact zeros; one step carries a NaN
- * and must fail on both with the same message. Plus the API's refusals.
+ * and must fail on both with the same message, and corrupt received bytes
+ * (begin/end, the caller's own copy) must be refused by both with the same
+ * message. Plus the API's refusals.
  * Without a CUDA device it prints "SKIP: ..." and exits 77 (CTest:
  * Skipped).
  */
@@ -148,6 +150,7 @@ static int same_bits(const float *host, const float *dev, int64_t n, float *scra
 static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *dcomm,
                     cudaStream_t s, int steps, int nan_step)
 {
+    int failures_before = failures;
     igrad_layout_t *L = make_layout();
     CHECK(L, "layout");
     if (!L) return;
@@ -204,7 +207,7 @@ static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *d
             CHECK(a.entries_sent == b.entries_sent, "%s: step %d: sent %lld vs %lld", name, step,
                   (long long)a.entries_sent, (long long)b.entries_sent);
     }
-    printf("%-28s %s\n", name, failures ? "(failures so far)" : "same bits");
+    printf("%-32s %s\n", name, failures > failures_before ? "DIFFERS" : "same bits");
     for (size_t t = 0; t < NT; t++) {
         free(hg[t]);
         cudaFree(dg[t]);
@@ -276,6 +279,67 @@ static void run_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag, in
     compare(name, &c, dcomm, s, 7, -1);
 }
 
+/* Corrupt received bytes: begin, the caller's own copy of each bucket
+ * (one rank: recv = send), the last 4 bytes of the first gather bucket set
+ * to 0xff (an index area's last entry: out of every bound here), end. The
+ * CPU and CUDA engines must refuse it alike, with the same message. */
+static void test_bad_index(igrad_comm_t *dcomm, cudaStream_t s)
+{
+    igrad_layout_t *L = make_layout();
+    igrad_comm_t *hcomm = NULL;
+    igrad_engine_t *ce = NULL, *ge = NULL;
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    float *hg[NT] = {0}, *dg[NT] = {0};
+    OK(igrad_comm_create_self(&hcomm));
+    OK(igrad_engine_create(L, NULL, &c, hcomm, &ce));
+    OK(igrad_engine_create_cuda(L, NULL, &c, dcomm, 0, s, &ge));
+    for (size_t t = 0; t < NT; t++) {
+        hg[t] = malloc((size_t)count_of(t) * 4);
+        for (int64_t i = 0; i < count_of(t); i++) hg[t][i] = grad_at(9, t, i);
+        CUDA(cudaMalloc((void **)&dg[t], (size_t)count_of(t) * 4));
+        CUDA(cudaMemcpy(dg[t], hg[t], (size_t)count_of(t) * 4, cudaMemcpyHostToDevice));
+    }
+    const igrad_bucket_t *cb = NULL, *gb = NULL;
+    size_t cn = 0, gn = 0;
+    OK(igrad_engine_begin(ce, 0, hg, &cb, &cn));
+    OK(igrad_engine_begin(ge, 0, dg, &gb, &gn));
+    CUDA(cudaStreamSynchronize(s));
+    CHECK(cn == gn && cn > 0, "buckets: cpu %zu, cuda %zu", cn, gn);
+    int corrupted = 0;
+    for (size_t j = 0; j < cn && j < gn; j++) {
+        CHECK(cb[j].send_nbytes == gb[j].send_nbytes, "bucket %zu: %zu vs %zu bytes", j,
+              cb[j].send_nbytes, gb[j].send_nbytes);
+        if (cb[j].kind != IGRAD_BUCKET_GATHER) continue;
+        memcpy(cb[j].recv, cb[j].send, cb[j].send_nbytes);
+        CUDA(cudaMemcpy(gb[j].recv, gb[j].send, gb[j].send_nbytes, cudaMemcpyDeviceToDevice));
+        if (!corrupted && cb[j].send_nbytes >= 4) {
+            memset((unsigned char *)cb[j].recv + cb[j].send_nbytes - 4, 0xff, 4);
+            CUDA(cudaMemset((unsigned char *)gb[j].recv + gb[j].send_nbytes - 4, 0xff, 4));
+            corrupted = 1;
+        }
+    }
+    CHECK(corrupted, "no gather bucket to corrupt");
+    igrad_status_t sc = igrad_engine_end(ce, 0, hg);
+    char cmsg[1024];
+    snprintf(cmsg, sizeof cmsg, "%s", igrad_last_error());
+    igrad_status_t sg = igrad_engine_end(ge, 0, dg);
+    CHECK(sc == IGRAD_E_COMM, "cpu end: %s (%s)", igrad_status_str(sc), cmsg);
+    CHECK(sg == sc, "cuda end: %s, cpu %s", igrad_status_str(sg), igrad_status_str(sc));
+    CHECK(strcmp(cmsg, igrad_last_error()) == 0, "bad-index messages differ:\n cpu  %s\n cuda %s",
+          cmsg, igrad_last_error());
+    printf("%-32s %s\n", "bad index", sg == sc ? "same refusal" : "DIFFERS");
+    for (size_t t = 0; t < NT; t++) {
+        free(hg[t]);
+        cudaFree(dg[t]);
+    }
+    igrad_engine_free(ce);
+    igrad_engine_free(ge);
+    igrad_comm_free(hcomm);
+    igrad_layout_free(L);
+}
+
 static void test_refusals(cudaStream_t s)
 {
     igrad_layout_t *L = make_layout();
@@ -324,6 +388,7 @@ int main(void)
         return 1;
     }
     run_configs(self, s, "self_cuda", 1);
+    test_bad_index(self, s);
     igrad_comm_free(self);
 #ifdef IGRAD_HAVE_NCCL
     ncclComm_t nc;
