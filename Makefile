@@ -26,7 +26,7 @@ bootstrap:
 build: bootstrap
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >$(BUILD).configure.log 2>&1 \
 	  || { cat $(BUILD).configure.log; exit 1; }
-	@grep -E -- "-- (cJSON|cmocka|OpenBLAS|OpenMP|MPI|NCCL):" $(BUILD).configure.log | sed 's/^-- /  /'
+	@grep -E -- "-- (cJSON|cmocka|OpenBLAS|OpenMP|MPI|CUDA|NCCL):" $(BUILD).configure.log | sed 's/^-- /  /'
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 test: build

@@ -67,9 +67,23 @@ typedef struct igrad__dp_ops {
     igrad_status_t (*unpack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
     /* Zeroes the gradients unpack adds into (sparse methods: all). */
     void (*zero)(igrad_engine_t *e, float *const *grads);
+    /* Frees e->dp_state (the backend's per-engine state); NULL when the
+     * backend keeps none (CPU). Called by igrad_engine_free. */
+    void (*release)(igrad_engine_t *e);
 } igrad__dp_ops_t;
+
+/* A received index v, entry k of block bi from rank r, outside [0, bound)
+ * of its tensor or row: IGRAD_E_COMM naming the rank whose bytes are bad,
+ * the bucket and the tensor. Every rank receives the same bytes, so every
+ * rank that unpacks this bucket fails with this message (every backend's
+ * unpack; dp_cpu_unpack.c). */
+igrad_status_t igrad__dp_bad_index(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+                                   const igrad__engine_block_t *bi, int r, int64_t k,
+                                   uint32_t v, int64_t bound);
 
 /* The CPU backend (dp_cpu.c). */
 extern const igrad__dp_ops_t igrad__dp_cpu;
+/* The CUDA backend (dp_cuda*.cu; only in a build with CUDA). */
+extern const igrad__dp_ops_t igrad__dp_cuda;
 
 #endif /* IGRAD_DP_H */

@@ -37,9 +37,21 @@ static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
     return s;
 }
 
-/* A received index outside its tensor or row: names the rank whose bytes
- * are bad, the bucket and the tensor. Every rank receives the same bytes,
- * so every rank that unpacks this bucket fails here with this message. */
+igrad_status_t igrad__dp_bad_index(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+                                   const igrad__engine_block_t *bi, int r, int64_t k,
+                                   uint32_t v, int64_t bound)
+{
+    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                       "step %lld: bucket %d: rank %d sent index %lu for tensor %s (entry %lld "
+                       "of a block of %lld), outside [0, %lld) %s; its bytes are bad (a "
+                       "corrupt transport, or ranks out of step); nothing more is unpacked "
+                       "and the engine is unusable",
+                       (long long)e->cur_step, bk->index, r, (unsigned long)v,
+                       e->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count,
+                       (long long)bound, bi->row_wise ? "(a column of its row)" : "");
+}
+
+/* The first received index of a block outside [0, bound), reported. */
 static igrad_status_t bad_index(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
                                 const igrad__engine_block_t *bi, int r,
                                 const unsigned char *ip, int64_t bound)
@@ -50,14 +62,7 @@ static igrad_status_t bad_index(const igrad_engine_t *e, const igrad__engine_buc
         v = read_index(ip, bi->idx_nbytes, k);
         if ((int64_t)v >= bound) break;
     }
-    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
-                       "step %lld: bucket %d: rank %d sent index %lu for tensor %s (entry %lld "
-                       "of a block of %lld), outside [0, %lld) %s; its bytes are bad (a "
-                       "corrupt transport, or ranks out of step); nothing more is unpacked "
-                       "and the engine is unusable",
-                       (long long)e->cur_step, bk->index, r, (unsigned long)v,
-                       e->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count,
-                       (long long)bound, bi->row_wise ? "(a column of its row)" : "");
+    return igrad__dp_bad_index(e, bk, bi, r, k, v, bound);
 }
 
 /* Sparse wire: adds every rank's entries, in rank order, times 1/P into

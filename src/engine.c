@@ -572,7 +572,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
                                    const igrad_profile_t *profile,
                                    const igrad_config_t *config, igrad_comm_t *comm)
 {
-    e->dp = &igrad__dp_cpu; /* the one data plane so far */
+    if (!e->dp) e->dp = &igrad__dp_cpu; /* igrad__engine_create may set another */
     IGRAD_FAIL_IF(!layout, IGRAD_E_INVALID, "igrad_engine_create: layout is NULL");
     IGRAD_CHECK(igrad_config_validate(config));
     memcpy(&e->cfg, config, sizeof e->cfg);
@@ -753,6 +753,7 @@ void igrad_engine_free(igrad_engine_t *e)
     free(e->comp_count);
     free(e->comp_important);
     free(e->comp_phase);
+    if (e->dp && e->dp->release) e->dp->release(e);
     if (e->dp) { /* set first thing at build: without it, nothing below was allocated */
         e->dp->free(e->residual_mem);
         e->dp->free(e->velocity_mem);
@@ -793,6 +794,14 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
                                    const igrad_config_t *config, igrad_comm_t *comm,
                                    igrad_engine_t **out)
 {
+    return igrad__engine_create(layout, profile, config, comm, &igrad__dp_cpu, NULL, out);
+}
+
+igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                                    const igrad_config_t *config, igrad_comm_t *comm,
+                                    const igrad__dp_ops_t *dp, void *stream,
+                                    igrad_engine_t **out)
+{
     IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_engine_create: out is NULL");
     *out = NULL;
     IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "igrad_engine_create: comm is NULL");
@@ -805,6 +814,10 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
 
     igrad_status_t st;
     igrad_engine_t *e = calloc(1, sizeof *e);
+    if (e) {
+        e->dp = dp;
+        e->dp_stream = stream;
+    }
     if (!e) st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "igrad_engine_create: out of memory");
     else if (profile && config && config->size >= sizeof *config && config->profile_steps > 0)
         /* still through the agreement below: the other ranks wait in it */
@@ -839,7 +852,7 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
         dc.residual_decay = 1.0;
         dc.start_iter = 0;
         dc.value_dtype = IGRAD_DTYPE_F32; /* as method dense requires */
-        st = igrad_engine_create(layout, NULL, &dc, comm, &e->warmup);
+        st = igrad__engine_create(layout, NULL, &dc, comm, e->dp, e->dp_stream, &e->warmup);
         if (st != IGRAD_OK) {
             igrad_engine_free(e);
             return st;
@@ -1321,8 +1334,9 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         pack_bucket(e, j, grads);
         b = igrad__now_ms();
         pack_ms += b - a;
-        /* NULL stream: the comm's default until an engine runs on one */
-        st = e->bk[j].route->issue(e->comm, &e->desc[j], e->dp->space, NULL, &e->bk[j].req);
+        /* the data plane's queue (NULL: the comm's default) */
+        st = e->bk[j].route->issue(e->comm, &e->desc[j], e->dp->space, e->dp_stream,
+                                   &e->bk[j].req);
         a = igrad__now_ms();
         comm_ms += a - b;
         if (st != IGRAD_OK) {

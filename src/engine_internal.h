@@ -153,6 +153,10 @@ struct igrad_engine {
     igrad_config_t cfg;                 /* copy, size = sizeof */
     const struct igrad__dp_ops *dp;     /* data plane: every access to gradient,
                                            residual, velocity and bucket memory */
+    void *dp_stream;                    /* the data plane's queue (a CUDA stream;
+                                           NULL: its default; host: unused) */
+    void *dp_state;                     /* the data plane's own per-engine state
+                                           (CUDA: device scratch), NULL until used */
     igrad_comm_t *comm;                 /* borrowed */
     int rank, nranks;
     igrad_trace_t *trace;               /* borrowed, may be NULL */
@@ -294,10 +298,19 @@ static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)
 #define IGRAD__ONLINE_MAX_STEPS 100000      /* config.profile_steps */
 #define IGRAD__ONLINE_PARTITION_NBYTES 64   /* config.profile_partition, NUL included */
 
+/* igrad_engine_create on data plane `dp` with queue `stream` (the CPU one
+ * and NULL for igrad_engine_create; igrad_engine_create_cuda for the
+ * device one). The warm-up engine gets the same data plane. */
+igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                                    const igrad_config_t *config, igrad_comm_t *comm,
+                                    const struct igrad__dp_ops *dp, void *stream,
+                                    igrad_engine_t **out);
+
 /* Everything igrad_engine_create does before the agreement: plan, buffers,
  * residuals (zeroed), workspaces, static items, for `profile` (NULL with
  * iad/ig only when config->profile_steps > 0: every component important).
- * Local; `e` is zeroed memory, freed with igrad_engine_free on failure. */
+ * Local; `e` is zeroed memory (but for e->dp and e->dp_stream, which may be
+ * set: NULL dp is the CPU one), freed with igrad_engine_free on failure. */
 igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layout,
                                    const igrad_profile_t *profile,
                                    const igrad_config_t *config, igrad_comm_t *comm);

@@ -158,6 +158,8 @@ igrad_status_t igrad__online_prepare(const igrad_engine_t *e, igrad_profile_t *p
     }
     igrad_engine_t *n = calloc(1, sizeof *n);
     IGRAD_FAIL_IF(!n, IGRAD_E_NOMEM, "re-plan: out of memory");
+    n->dp = e->dp; /* the same data plane and queue */
+    n->dp_stream = e->dp_stream;
     igrad_status_t st = igrad__engine_build(n, e->online->layout, profile, &cfg, e->comm);
     if (st != IGRAD_OK) {
         igrad_engine_free(n);

@@ -98,6 +98,10 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
                   "igrad_engine_save_state: step %lld is open (call igrad_engine_end first)",
                   (long long)engine->cur_step);
     const igrad_engine_t *e = engine;
+    IGRAD_FAIL_IF(e->dp->space != IGRAD__MEM_HOST, IGRAD_E_UNSUPPORTED,
+                  "igrad_engine_save_state: the engine's residuals are in %s memory (data "
+                  "plane '%s'); saving them is not supported yet",
+                  igrad__mem_space_name(e->dp->space), e->dp->name);
     uint64_t items[IGRAD__NITEMS];
     memcpy(items, e->items, sizeof items);
     items[IGRAD__ITEM_STEP] = (uint64_t)e->last_step;

@@ -58,7 +58,7 @@ igrad_status_t igrad__fail(igrad_status_t status, const char *file, int line,
  * a communicator's collectives accept (comm_internal.h, `spaces`). */
 typedef enum igrad__mem_space {
     IGRAD__MEM_HOST = 0,  /* ordinary host memory (the CPU data plane) */
-    IGRAD__MEM_DEVICE = 1 /* an accelerator's memory (no backend in this build) */
+    IGRAD__MEM_DEVICE = 1 /* a CUDA device's memory (dp_cuda*.cu, comm_nccl.c) */
 } igrad__mem_space_t;
 /* A set of memory spaces as a bit mask. */
 #define IGRAD__MEM_BIT(space) (1u << (unsigned)(space))

@@ -1,0 +1,418 @@
+/*
+ * cuda_engine.c — the CUDA data plane on a real GPU against the CPU one:
+ * the same layout, config and gradients through a CPU engine (self comm,
+ * host memory) and a CUDA engine (self_cuda comm, and NCCL on one rank),
+ * step after step; after every step the gradients and residuals must be
+ * equal bit for bit. The configs reach every kernel: flat top-k in one
+ * block and grid-wide (tensors above 65536 entries), row-wise ADTopk with
+ * rows around the block sizes, k = 1 (tiny density), k = n (density 1: the
+ * dense spec), interleave, 32- and 16-bit indices, the dense wire (reduce
+ * collective, the dense method), momentum correction with masking and
+ * residual decay, the warm-up engine (start_iter), deferral with
+ * accumulation and the residual-drop ablation (ig with online profiling,
+ * whose re-plan builds a new engine on the same data plane). Gradients
+ * mix ties (five values), normals and exact zeros; one step carries a NaN
+ * and must fail on both with the same message, and corrupt received bytes
+ * (begin/end, the caller's own copy) must be refused by both with the same
+ * message. Plus the API's refusals.
+ * Without a CUDA device it prints "SKIP: ..." and exits 77 (CTest:
+ * Skipped).
+ */
+#include "igrad.h"
+#include "igrad_cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef IGRAD_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);          \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                         \
+            failures++;                                                    \
+        }                                                                  \
+    } while (0)
+
+#define OK(expr)                                                                \
+    do {                                                                        \
+        igrad_status_t st_ = (expr);                                            \
+        if (st_ != IGRAD_OK) {                                                  \
+            fprintf(stderr, "%s:%d: FAIL: %s: %s: %s\n", __FILE__, __LINE__, #expr, \
+                    igrad_status_str(st_), igrad_last_error());                 \
+            failures++;                                                         \
+            return;                                                             \
+        }                                                                       \
+    } while (0)
+
+#define CUDA(expr)                                                                   \
+    do {                                                                             \
+        cudaError_t e_ = (expr);                                                     \
+        if (e_ != cudaSuccess) {                                                     \
+            fprintf(stderr, "%s:%d: FAIL: %s: %s\n", __FILE__, __LINE__, #expr,      \
+                    cudaGetErrorString(e_));                                         \
+            failures++;                                                              \
+            return;                                                                  \
+        }                                                                            \
+    } while (0)
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+typedef struct shape {
+    const char *name;
+    int ndim;
+    int64_t dims[2];
+} shape_t;
+
+static const shape_t shapes[] = {
+    {"model.embed_tokens.weight", 2, {300, 64}},
+    {"model.layers.0.self_attn.q_proj.weight", 2, {257, 256}},
+    {"model.layers.0.input_layernorm.weight", 1, {1, 0}},
+    {"model.layers.0.mlp.up_proj.weight", 2, {64, 1025}},
+    {"model.layers.0.mlp.down_proj.weight", 2, {1025, 64}},
+    {"model.layers.0.post_attention_layernorm.weight", 1, {255, 0}},
+    {"model.norm.weight", 1, {70000, 0}},
+    {"lm_head.weight", 2, {600, 700}},
+};
+#define NT (sizeof shapes / sizeof *shapes)
+
+static int64_t count_of(size_t t)
+{
+    return shapes[t].ndim == 1 ? shapes[t].dims[0] : shapes[t].dims[0] * shapes[t].dims[1];
+}
+
+/* Gradient entry i of tensor t at `step`: ties, normals-ish and zeros. */
+static float grad_at(int64_t step, size_t t, int64_t i)
+{
+    uint64_t r = mix64((uint64_t)step * 1000003u + t * 7919u + (uint64_t)i * 2654435761u);
+    switch ((t + (size_t)step) % 3) {
+    case 0: return (float)((int)(r % 5) - 2) * 0.5f;
+    case 1: return (r % 11 == 0) ? 0.0f : (float)((double)(int64_t)(r >> 11) * 0x1.0p-52 - 1.0);
+    default: return (float)tan(3.14159 * ((double)(r >> 11) * 0x1.0p-53 - 0.5)) * 1e-3f;
+    }
+}
+
+static igrad_layout_t *make_layout(void)
+{
+    igrad_layout_t *L = NULL;
+    if (igrad_layout_create(&L) != IGRAD_OK) return NULL;
+    for (size_t t = 0; t < NT; t++)
+        if (igrad_layout_add(L, shapes[t].name, IGRAD_DTYPE_F32, shapes[t].ndim, shapes[t].dims) !=
+            IGRAD_OK) {
+            igrad_layout_free(L);
+            return NULL;
+        }
+    return L;
+}
+
+static uint32_t bits_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+/* Compares n host floats with n device floats bit for bit; @return 0 if equal. */
+static int same_bits(const float *host, const float *dev, int64_t n, float *scratch,
+                     const char *what, const char *cfg, int64_t step, size_t t)
+{
+    if (cudaMemcpy(scratch, dev, (size_t)n * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        CHECK(0, "%s: copying %s back failed", cfg, what);
+        return 1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (bits_of(host[i]) != bits_of(scratch[i])) {
+            CHECK(0, "%s: step %lld: %s of %s differs at %lld: cpu %a, cuda %a", cfg,
+                  (long long)step, what, shapes[t].name, (long long)i, (double)host[i],
+                  (double)scratch[i]);
+            return 1;
+        }
+    return 0;
+}
+
+/* Runs `steps` steps of cfg on a CPU engine and a CUDA engine over dcomm,
+ * comparing after each; step nan_step carries a NaN. */
+static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *dcomm,
+                    cudaStream_t s, int steps, int nan_step)
+{
+    int failures_before = failures;
+    igrad_layout_t *L = make_layout();
+    CHECK(L, "layout");
+    if (!L) return;
+    igrad_comm_t *hcomm = NULL;
+    igrad_engine_t *ce = NULL, *ge = NULL;
+    float *hg[NT] = {0}, *dg[NT] = {0}, *scratch = NULL;
+    int64_t most = 0;
+    for (size_t t = 0; t < NT; t++) most = count_of(t) > most ? count_of(t) : most;
+    scratch = malloc((size_t)most * 4);
+    OK(igrad_comm_create_self(&hcomm));
+    OK(igrad_engine_create(L, NULL, cfg, hcomm, &ce));
+    OK(igrad_engine_create_cuda(L, NULL, cfg, dcomm, 0, s, &ge));
+    for (size_t t = 0; t < NT; t++) {
+        hg[t] = malloc((size_t)count_of(t) * 4);
+        CUDA(cudaMalloc((void **)&dg[t], (size_t)count_of(t) * 4));
+    }
+    for (int step = 0; step < steps; step++) {
+        for (size_t t = 0; t < NT; t++) {
+            for (int64_t i = 0; i < count_of(t); i++) hg[t][i] = grad_at(step, t, i);
+            if (step == nan_step && t == 3) hg[t][77] = NAN;
+            CUDA(cudaMemcpy(dg[t], hg[t], (size_t)count_of(t) * 4, cudaMemcpyHostToDevice));
+        }
+        igrad_status_t sc = igrad_engine_sync(ce, step, hg);
+        char cmsg[1024];
+        snprintf(cmsg, sizeof cmsg, "%s", igrad_last_error());
+        igrad_status_t sg = igrad_engine_sync(ge, step, dg);
+        CUDA(cudaStreamSynchronize(s));
+        CHECK(sc == sg, "%s: step %d: cpu %s, cuda %s (%s)", name, step, igrad_status_str(sc),
+              igrad_status_str(sg), igrad_last_error());
+        if (step == nan_step) {
+            CHECK(sc == IGRAD_E_NONFINITE, "%s: the NaN step returned %s", name,
+                  igrad_status_str(sc));
+            CHECK(strcmp(cmsg, igrad_last_error()) == 0, "%s: messages differ:\n cpu  %s\n cuda %s",
+                  name, cmsg, igrad_last_error());
+        } else if (sc != IGRAD_OK) {
+            CHECK(0, "%s: step %d failed: %s", name, step, cmsg);
+            break;
+        }
+        int bad = 0;
+        for (size_t t = 0; t < NT && !bad; t++) {
+            bad |= same_bits(hg[t], dg[t], count_of(t), scratch, "gradient", name, step, t);
+            const float *cr = igrad_engine_residual(ce, t), *gr = igrad_engine_residual(ge, t);
+            CHECK(!cr == !gr, "%s: residual of %s on one engine only", name, shapes[t].name);
+            if (cr && gr)
+                bad |= same_bits(cr, gr, count_of(t), scratch, "residual", name, step, t);
+            const float *cu = igrad_engine_velocity(ce, t), *gu = igrad_engine_velocity(ge, t);
+            if (cu && gu)
+                bad |= same_bits(cu, gu, count_of(t), scratch, "velocity", name, step, t);
+        }
+        if (bad) break;
+        igrad_step_stats_t a, b;
+        if (sc == IGRAD_OK && igrad_engine_last_stats(ce, &a) == IGRAD_OK &&
+            igrad_engine_last_stats(ge, &b) == IGRAD_OK)
+            CHECK(a.entries_sent == b.entries_sent, "%s: step %d: sent %lld vs %lld", name, step,
+                  (long long)a.entries_sent, (long long)b.entries_sent);
+    }
+    printf("%-32s %s\n", name, failures > failures_before ? "DIFFERS" : "same bits");
+    for (size_t t = 0; t < NT; t++) {
+        free(hg[t]);
+        cudaFree(dg[t]);
+    }
+    free(scratch);
+    igrad_engine_free(ce);
+    igrad_engine_free(ge);
+    igrad_comm_free(hcomm);
+    igrad_layout_free(L);
+}
+
+static void run_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag, int all)
+{
+    char name[64];
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    snprintf(name, sizeof name, "%s topk 1%%", tag);
+    compare(name, &c, dcomm, s, 5, 3);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.momentum = 0.9;
+    c.momentum_masking = 1;
+    c.residual_decay = 0.9;
+    c.collective = IGRAD_COLLECTIVE_REDUCE;
+    snprintf(name, sizeof name, "%s topk remedies reduce", tag);
+    compare(name, &c, dcomm, s, 4, -1);
+    if (!all) return;
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.start_iter = 1;
+    snprintf(name, sizeof name, "%s adtopk 1%% warm-up", tag);
+    compare(name, &c, dcomm, s, 4, 2);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.interleave = 1;
+    c.density = 0.05;
+    c.index_dtype = IGRAD_DTYPE_U32;
+    snprintf(name, sizeof name, "%s adtopk interleave u32", tag);
+    compare(name, &c, dcomm, s, 4, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.density = 1e-7;
+    snprintf(name, sizeof name, "%s topk k=1", tag);
+    compare(name, &c, dcomm, s, 3, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.density = 1.0;
+    snprintf(name, sizeof name, "%s adtopk k=n", tag);
+    compare(name, &c, dcomm, s, 3, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_DENSE;
+    snprintf(name, sizeof name, "%s dense", tag);
+    compare(name, &c, dcomm, s, 3, 1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT; /* ig, online profile, deferral */
+    c.profile_steps = 2;
+    c.release_period = 2;
+    snprintf(name, sizeof name, "%s ig online", tag);
+    compare(name, &c, dcomm, s, 7, -1);
+
+    c.residual = IGRAD_RESIDUAL_DROP;
+    snprintf(name, sizeof name, "%s ig online drop", tag);
+    compare(name, &c, dcomm, s, 7, -1);
+}
+
+/* Corrupt received bytes: begin, the caller's own copy of each bucket
+ * (one rank: recv = send), the last 4 bytes of the first gather bucket set
+ * to 0xff (an index area's last entry: out of every bound here), end. The
+ * CPU and CUDA engines must refuse it alike, with the same message. */
+static void test_bad_index(igrad_comm_t *dcomm, cudaStream_t s)
+{
+    igrad_layout_t *L = make_layout();
+    igrad_comm_t *hcomm = NULL;
+    igrad_engine_t *ce = NULL, *ge = NULL;
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    float *hg[NT] = {0}, *dg[NT] = {0};
+    OK(igrad_comm_create_self(&hcomm));
+    OK(igrad_engine_create(L, NULL, &c, hcomm, &ce));
+    OK(igrad_engine_create_cuda(L, NULL, &c, dcomm, 0, s, &ge));
+    for (size_t t = 0; t < NT; t++) {
+        hg[t] = malloc((size_t)count_of(t) * 4);
+        for (int64_t i = 0; i < count_of(t); i++) hg[t][i] = grad_at(9, t, i);
+        CUDA(cudaMalloc((void **)&dg[t], (size_t)count_of(t) * 4));
+        CUDA(cudaMemcpy(dg[t], hg[t], (size_t)count_of(t) * 4, cudaMemcpyHostToDevice));
+    }
+    const igrad_bucket_t *cb = NULL, *gb = NULL;
+    size_t cn = 0, gn = 0;
+    OK(igrad_engine_begin(ce, 0, hg, &cb, &cn));
+    OK(igrad_engine_begin(ge, 0, dg, &gb, &gn));
+    CUDA(cudaStreamSynchronize(s));
+    CHECK(cn == gn && cn > 0, "buckets: cpu %zu, cuda %zu", cn, gn);
+    int corrupted = 0;
+    for (size_t j = 0; j < cn && j < gn; j++) {
+        CHECK(cb[j].send_nbytes == gb[j].send_nbytes, "bucket %zu: %zu vs %zu bytes", j,
+              cb[j].send_nbytes, gb[j].send_nbytes);
+        if (cb[j].kind != IGRAD_BUCKET_GATHER) continue;
+        memcpy(cb[j].recv, cb[j].send, cb[j].send_nbytes);
+        CUDA(cudaMemcpy(gb[j].recv, gb[j].send, gb[j].send_nbytes, cudaMemcpyDeviceToDevice));
+        if (!corrupted && cb[j].send_nbytes >= 4) {
+            memset((unsigned char *)cb[j].recv + cb[j].send_nbytes - 4, 0xff, 4);
+            CUDA(cudaMemset((unsigned char *)gb[j].recv + gb[j].send_nbytes - 4, 0xff, 4));
+            corrupted = 1;
+        }
+    }
+    CHECK(corrupted, "no gather bucket to corrupt");
+    igrad_status_t sc = igrad_engine_end(ce, 0, hg);
+    char cmsg[1024];
+    snprintf(cmsg, sizeof cmsg, "%s", igrad_last_error());
+    igrad_status_t sg = igrad_engine_end(ge, 0, dg);
+    CHECK(sc == IGRAD_E_COMM, "cpu end: %s (%s)", igrad_status_str(sc), cmsg);
+    CHECK(sg == sc, "cuda end: %s, cpu %s", igrad_status_str(sg), igrad_status_str(sc));
+    CHECK(strcmp(cmsg, igrad_last_error()) == 0, "bad-index messages differ:\n cpu  %s\n cuda %s",
+          cmsg, igrad_last_error());
+    printf("%-32s %s\n", "bad index", sg == sc ? "same refusal" : "DIFFERS");
+    for (size_t t = 0; t < NT; t++) {
+        free(hg[t]);
+        cudaFree(dg[t]);
+    }
+    igrad_engine_free(ce);
+    igrad_engine_free(ge);
+    igrad_comm_free(hcomm);
+    igrad_layout_free(L);
+}
+
+static void test_refusals(cudaStream_t s)
+{
+    igrad_layout_t *L = make_layout();
+    igrad_comm_t *host = NULL;
+    igrad_engine_t *e = NULL;
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    OK(igrad_comm_create_self(&host));
+    CHECK(igrad_engine_create_cuda(L, NULL, &c, host, 0, s, &e) == IGRAD_E_UNSUPPORTED,
+          "a host-only comm was taken: %s", igrad_last_error());
+    CHECK(igrad_engine_create_cuda(L, NULL, &c, host, -1, s, &e) == IGRAD_E_INVALID,
+          "device -1 was taken");
+    OK(igrad_engine_create(L, NULL, &c, host, &e));
+    CHECK(igrad_engine_set_stream_cuda(e, s) == IGRAD_E_INVALID, "a CPU engine took a stream");
+    igrad_engine_free(e);
+    igrad_comm_t *dev = NULL;
+    OK(igrad_comm_create_self_cuda(s, &dev));
+    OK(igrad_engine_create_cuda(L, NULL, &c, dev, 0, s, &e));
+    CHECK(igrad_engine_save_state(e, "/tmp/igrad_cuda_state.bin") == IGRAD_E_UNSUPPORTED,
+          "save_state of a device engine");
+    OK(igrad_engine_set_stream_cuda(e, NULL));
+    igrad_engine_free(e);
+    igrad_comm_free(dev);
+    igrad_comm_free(host);
+    igrad_layout_free(L);
+}
+
+int main(void)
+{
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n == 0) {
+        printf("SKIP: no CUDA device (cudaGetDeviceCount: %s)\n",
+               err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        return 77;
+    }
+    cudaStream_t s;
+    if (cudaStreamCreate(&s) != cudaSuccess) {
+        printf("FAIL: cudaStreamCreate\n");
+        return 1;
+    }
+    test_refusals(s);
+    igrad_comm_t *self = NULL;
+    if (igrad_comm_create_self_cuda(s, &self) != IGRAD_OK) {
+        printf("FAIL: %s\n", igrad_last_error());
+        return 1;
+    }
+    run_configs(self, s, "self_cuda", 1);
+    test_bad_index(self, s);
+    igrad_comm_free(self);
+#ifdef IGRAD_HAVE_NCCL
+    ncclComm_t nc;
+    int devs[1] = {0};
+    ncclResult_t r = ncclCommInitAll(&nc, 1, devs);
+    CHECK(r == ncclSuccess, "ncclCommInitAll: %s", ncclGetErrorString(r));
+    if (r == ncclSuccess) {
+        igrad_comm_t *nccl = NULL;
+        if (igrad_comm_create_nccl(nc, s, &nccl) == IGRAD_OK) {
+            run_configs(nccl, s, "nccl", 0);
+            igrad_comm_free(nccl);
+        } else {
+            CHECK(0, "igrad_comm_create_nccl: %s", igrad_last_error());
+        }
+        ncclCommDestroy(nc);
+    }
+#else
+    printf("nccl: not built, its engine test not run\n");
+#endif
+    cudaStreamDestroy(s);
+    if (failures) {
+        printf("FAIL: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("PASS\n");
+    return 0;
+}
