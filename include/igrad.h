@@ -1069,6 +1069,23 @@ typedef struct igrad_config {
                                            set and release_keep (0). A profile
                                            given at create is used as it is
                                            (fit it first, as igrad train does) */
+    /* Periodic re-profiling (online profiling only, profile_steps > 0). */
+    int64_t reprofile_every;          /**< W': after the first switch, every W'
+                                           completed steps (at the next begin on
+                                           a phase boundary, step mod
+                                           release_period == 0) the engine builds
+                                           a profile from the window's records
+                                           (each tensor's last selection energy
+                                           per accumulated step, so deferred and
+                                           important components score alike),
+                                           moves a component to the other class
+                                           only when its score is beyond tau by
+                                           reprofile_margin in two consecutive
+                                           windows, and re-plans only if a class
+                                           changed (residuals carried over, the
+                                           ranks agreeing). 0 = off (0) */
+    double reprofile_margin;          /**< m in [0, 1]: the hysteresis margin on the
+                                           score (scores are in [0, 1]) (0.05) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1081,7 +1098,8 @@ typedef struct igrad_config {
       IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
-      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0 }
+      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0, \
+      0, 0.05 }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
@@ -1364,6 +1382,13 @@ typedef struct igrad_online_info {
     int64_t replans;        /**< re-plans so far (switch and set_profile) */
     double gather_ms;       /**< last switch: exchange of the window */
     double build_ms;        /**< last re-plan: profile build + plan + agreement */
+    int64_t reprofile_every;   /**< W' (config.reprofile_every) */
+    int64_t reprofiles;        /**< periodic re-profiles so far */
+    int64_t reprofile_replans; /**< of them, those that changed a class and
+                                    re-planned */
+    int64_t last_flips;        /**< components the last re-profile moved */
+    double reprofile_ms;       /**< last re-profile: exchange + build +
+                                    hysteresis + agreement (+ re-plan) */
 } igrad_online_info_t;
 
 /** Copies the online profiling status (zeros, switch_step -1, for engines

@@ -779,6 +779,129 @@ static void test_online(igrad_comm_t *comm, const igrad_layout_t *L)
     igrad_engine_free(b);
 }
 
+/* Periodic re-profiling on every rank: the scales of the tensors reversed
+ * at step 24, so that components move; after every re-profile the ranks
+ * hold the same plan, profile and counters, the gradients stay identical,
+ * a run resumed from a state saved inside a re-profiling window (with
+ * hysteresis flags set) continues exactly, and the sum over ranks is
+ * conserved through every re-plan. */
+static void grads_fill_swap(grads_t *G, int rank, int64_t step)
+{
+    grads_fill(G, rank, step);
+    if (step < 24) return;
+    for (size_t t = 0; t < G->T; t++) {
+        float f = (0.2f + 0.25f * (float)(3 - t % 4)) / (0.2f + 0.25f * (float)(t % 4));
+        for (int64_t i = 0; i < G->n[t]; i++) G->g[t][i] *= f;
+    }
+}
+
+static void test_reprofile(igrad_comm_t *comm, const igrad_layout_t *L)
+{
+    char dir[128] = "/tmp/igrad_mpi_reprof_XXXXXX";
+    if (me == 0) REQUIRE(mkdtemp(dir) != NULL);
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    char path[256];
+    snprintf(path, sizeof path, "%s/state.rank%d.bin", dir, me);
+
+    const int64_t W = 8, Wr = 8, steps = 66;
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.density = 0.05;
+    c.block_entries = 40;
+    c.profile_steps = W;
+    c.profile_partition = "fixed:0.4";
+    c.reprofile_every = Wr;
+    c.reprofile_margin = 0.05;
+    igrad_engine_t *a = create(L, NULL, &c, comm), *b = create(L, NULL, &c, comm);
+    size_t T = igrad_layout_count(L);
+    grads_t Ga = grads_new(L), Gb = grads_new(L);
+    double **in = calloc(T, sizeof *in), **out = calloc(T, sizeof *out);
+    REQUIRE(in && out);
+    for (size_t t = 0; t < T; t++) {
+        in[t] = calloc((size_t)Ga.n[t], sizeof(double));
+        out[t] = calloc((size_t)Ga.n[t], sizeof(double));
+        REQUIRE(in[t] && out[t]);
+    }
+    for (int64_t s = 0; s < steps; s++) {
+        grads_fill_swap(&Ga, me, s);
+        grads_copy(&Gb, &Ga);
+        for (size_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < Ga.n[t]; i++) in[t][i] += Ga.g[t][i];
+        CHECK_OK(igrad_engine_sync(a, s, Ga.g));
+        for (size_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < Ga.n[t]; i++) out[t][i] += Ga.g[t][i];
+        if (s == 36 || s == 49) { /* a window with flags set, after a re-plan */
+            CHECK_OK(igrad_engine_save_state(b, path));
+            igrad_engine_free(b);
+            b = create(L, NULL, &c, comm);
+            CHECK_OK(igrad_engine_load_state(b, path));
+        }
+        CHECK_OK(igrad_engine_sync(b, s, Gb.g));
+        for (size_t t = 0; t < T; t++)
+            CHECK(memcmp(Ga.g[t], Gb.g[t], (size_t)Ga.n[t] * sizeof(float)) == 0,
+                  "re-profiling resume: step %lld tensor %zu differs from the uninterrupted run",
+                  (long long)s, t);
+        check_identical(&Ga, "re-profiling step");
+        if (s > W && (s - W) % Wr == 0) {
+            igrad_online_info_t oi;
+            CHECK_OK(igrad_engine_online_info(a, &oi));
+            CHECK(oi.reprofiles == (s - W) / Wr, "step %lld: %lld re-profiles", (long long)s,
+                  (long long)oi.reprofiles);
+            check_same_u64(plan_hash_of(a, T), "the plan after a re-profile");
+            check_same_u64((uint64_t)oi.last_flips, "the flips of a re-profile");
+            check_same_u64((uint64_t)oi.reprofile_replans, "the re-plans of re-profiling");
+            check_same_u64(igrad_profile_threshold(igrad_engine_profile(a)) > 0.0 ? 1 : 0,
+                           "the profile's threshold sign");
+        }
+    }
+    igrad_online_info_t oi;
+    CHECK_OK(igrad_engine_online_info(a, &oi));
+    CHECK(oi.reprofile_replans >= 1, "the reversed scales moved no component (%lld re-plans)",
+          (long long)oi.reprofile_replans);
+    CHECK(plan_hash_of(a, T) == plan_hash_of(b, T), "re-profiling resume: plans differ");
+    for (size_t t = 0; t < T; t++) {
+        int64_t n = Ga.n[t];
+        double *loc = malloc(2 * (size_t)n * sizeof *loc), *sum = malloc(2 * (size_t)n * sizeof *sum);
+        REQUIRE(loc && sum);
+        const float *r = igrad_engine_residual(a, t);
+        for (int64_t i = 0; i < n; i++) {
+            loc[i] = in[t][i];
+            loc[n + i] = (double)r[i];
+        }
+        MPI_Allreduce(loc, sum, 2 * (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        double err = 0.0, ref = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = sum[i] - (double)np * out[t][i] - sum[n + i];
+            err += d * d;
+            ref += sum[i] * sum[i];
+        }
+        CHECK(sqrt(err) <= 1e-4 * sqrt(ref) + 1e-6,
+              "re-profiling conservation, tensor %zu: |sum in - P applied - sum e| = %g (ref %g)",
+              t, sqrt(err), sqrt(ref));
+        free(loc);
+        free(sum);
+    }
+    /* one rank with another margin: every rank fails, naming it */
+    igrad_config_t d = c;
+    if (me == np - 1) d.reprofile_margin = 0.1;
+    igrad_engine_t *x = NULL;
+    CHECK_STATUS(igrad_engine_create(L, NULL, &d, comm, &x), IGRAD_E_MISMATCH);
+    CHECK(strstr(igrad_last_error(), "config.reprofile_margin differs"), "message: %s",
+          igrad_last_error());
+    for (size_t t = 0; t < T; t++) {
+        free(in[t]);
+        free(out[t]);
+    }
+    free(in);
+    free(out);
+    grads_free(&Ga);
+    grads_free(&Gb);
+    igrad_engine_free(a);
+    igrad_engine_free(b);
+    remove(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me == 0) rmdir(dir);
+}
+
 /* ---- agreement and faults ------------------------------------------------------------ */
 
 static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
@@ -1200,6 +1323,7 @@ int main(int argc, char **argv)
     two_phase_vs_sync(comm, L, P, c, 1, "two-phase iad");
     test_resume(comm, L, P);
     test_online(comm, L);
+    test_reprofile(comm, L);
     test_mismatch(comm, L, P);
     test_remedies(comm, L, P);
     test_nonfinite(comm, L, P);
