@@ -1378,8 +1378,9 @@ typedef struct igrad_online_info {
     int64_t profile_steps;  /**< W (config.profile_steps) */
     int64_t steps_recorded; /**< steps of the window recorded so far */
     int64_t switch_step;    /**< first step planned with the built/set profile
-                                 (-1 before any re-plan) */
-    int64_t replans;        /**< re-plans so far (switch and set_profile) */
+                                 (-1 before any re-plan; re-profiles leave it) */
+    int64_t replans;        /**< re-plans so far (switch, set_profile and
+                                 re-profiles that changed a class) */
     double gather_ms;       /**< last switch: exchange of the window */
     double build_ms;        /**< last re-plan: profile build + plan + agreement */
     int64_t reprofile_every;   /**< W' (config.reprofile_every) */
@@ -1414,7 +1415,7 @@ IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
  *  temporary name and renamed, so a crash never leaves a partial file.
  *  Local (not collective). Format (host byte order, little-endian on
  *  every supported platform):
- *    "IGRADST\0" magic, u32 version (3), u32 rank, u32 size, u32 nitems,
+ *    "IGRADST\0" magic, u32 version (4), u32 rank, u32 size, u32 nitems,
  *    nitems x (u64 value) — the agreement items (layout, profile, config
  *    fields, plan) in the engine's fixed order,
  *    i64 step, i64 steps begun, u64 ntensors, u64 residual count,
@@ -1422,7 +1423,10 @@ IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
  *    u64 velocity count (the residual count with config.momentum > 0,
  *    else 0), f32 velocities (layout order),
  *    u64 history count, then u64 keys, i64 n, f64 mean, f64 m2 arrays,
- *    u64 checksum: FNV-1a over the file's little-endian 64-bit words before
+ *    the online profiling section (docs/formats.md §7: the window being
+ *    recorded, or the profile of the last re-plan followed, with
+ *    config.reprofile_every, by the re-profiling window and hysteresis
+ *    state), u64 checksum: FNV-1a over the file's little-endian 64-bit words before
  *    it (h ^= w; h *= 0x100000001b3; every section is padded to 8 bytes). */
 IGRAD_API igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine,
                                                  const char *path);

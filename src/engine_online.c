@@ -492,7 +492,9 @@ static igrad_status_t reprofile(igrad_engine_t *e, int64_t step)
         on->last_flips = flips;
         on->nrec = 0;
         if (n) {
-            igrad__online_commit(e, n, p); /* restarts the window */
+            int64_t switched = on->switch_step; /* stays the first switch's */
+            igrad__online_commit(e, n, p);     /* restarts the window */
+            on->switch_step = switched;
             on->fixed = 1;
             on->reprofile_replans++;
             p = NULL;

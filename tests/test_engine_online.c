@@ -92,6 +92,61 @@ static void assert_plans_equal(const igrad_engine_t *a, const igrad_engine_t *b,
 
 /* ---- the switch ------------------------------------------------------------ */
 
+/* Per-entry sums over steps (double), for the conservation checks. */
+static double **sums_new(const grads_t *G)
+{
+    double **x = calloc(G->T, sizeof *x);
+    assert_non_null(x);
+    for (size_t t = 0; t < G->T; t++) {
+        x[t] = calloc((size_t)G->n[t], sizeof(double));
+        assert_non_null(x[t]);
+    }
+    return x;
+}
+
+static void sums_free(double **x, size_t T)
+{
+    for (size_t t = 0; t < T && x; t++) free(x[t]);
+    free(x);
+}
+
+/* One sync of G, adding the gradients given to `in`, their magnitudes to
+ * `mag` and the result to `out`. */
+static void sync_counted(igrad_engine_t *e, int64_t step, grads_t *G, double **in, double **out,
+                         double **mag)
+{
+    for (size_t t = 0; t < G->T; t++)
+        for (int64_t i = 0; i < G->n[t]; i++) {
+            in[t][i] += G->g[t][i];
+            mag[t][i] += fabs((double)G->g[t][i]);
+        }
+    assert_ok(igrad_engine_sync(e, step, G->g));
+    for (size_t t = 0; t < G->T; t++)
+        for (int64_t i = 0; i < G->n[t]; i++) out[t][i] += G->g[t][i];
+}
+
+/* Conservation: per entry, sum of the gradients given = sum applied +
+ * residual (to float rounding of the sums). */
+static void check_conservation(const igrad_engine_t *e, const grads_t *G, double *const *in,
+                               double *const *out, double *const *mag)
+{
+    for (size_t t = 0; t < G->T; t++) {
+        const float *r = igrad_engine_residual(e, t);
+        assert_non_null(r);
+        double err = 0.0, ref = 0.0;
+        for (int64_t i = 0; i < G->n[t]; i++) {
+            double d = in[t][i] - out[t][i] - (double)r[i];
+            err += d * d;
+            ref += mag[t][i] * mag[t][i];
+        }
+        if (!(sqrt(err) <= 1e-5 * sqrt(ref))) {
+            print_error("tensor %zu: |sum g - sum applied - e| = %.9g, 1e-5 x |sum |g|| = %.9g\n",
+                        t, sqrt(err), 1e-5 * sqrt(ref));
+            fail();
+        }
+    }
+}
+
 static void test_switch_conservation(void **state)
 {
     (void)state;
@@ -109,17 +164,7 @@ static void test_switch_conservation(void **state)
     assert_ok(igrad_engine_set_trace(e, tr));
     size_t T = igrad_layout_count(L);
     grads_t G = grads_new(L);
-    double **in = calloc(T, sizeof *in), **out = calloc(T, sizeof *out);
-    double **mag = calloc(T, sizeof *mag);
-    assert_non_null(in);
-    assert_non_null(out);
-    assert_non_null(mag);
-    for (size_t t = 0; t < T; t++) {
-        in[t] = calloc((size_t)G.n[t], sizeof(double));
-        out[t] = calloc((size_t)G.n[t], sizeof(double));
-        mag[t] = calloc((size_t)G.n[t], sizeof(double));
-        assert_true(in[t] && out[t] && mag[t]);
-    }
+    double **in = sums_new(&G), **out = sums_new(&G), **mag = sums_new(&G);
     for (int64_t s = 0; s < steps; s++) {
         igrad_online_info_t oi;
         assert_ok(igrad_engine_online_info(e, &oi));
@@ -135,14 +180,7 @@ static void test_switch_conservation(void **state)
             }
         }
         grads_fill(&G, 9, s);
-        for (size_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < G.n[t]; i++) {
-                in[t][i] += G.g[t][i];
-                mag[t][i] += fabs((double)G.g[t][i]);
-            }
-        assert_ok(igrad_engine_sync(e, s, G.g));
-        for (size_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < G.n[t]; i++) out[t][i] += G.g[t][i];
+        sync_counted(e, s, &G, in, out, mag);
         if (s == W) {
             assert_ok(igrad_engine_online_info(e, &oi));
             assert_int_equal(oi.profiling, 0);
@@ -154,22 +192,7 @@ static void test_switch_conservation(void **state)
             assert_true(st.deferred_components + st.released_components > 0);
         }
     }
-    /* conservation through the switch */
-    for (size_t t = 0; t < T; t++) {
-        const float *r = igrad_engine_residual(e, t);
-        assert_non_null(r);
-        double err = 0.0, ref = 0.0;
-        for (int64_t i = 0; i < G.n[t]; i++) {
-            double d = in[t][i] - out[t][i] - (double)r[i];
-            err += d * d;
-            ref += mag[t][i] * mag[t][i];
-        }
-        if (!(sqrt(err) <= 1e-5 * sqrt(ref))) {
-            print_error("tensor %zu: |sum g - sum applied - e| = %.9g, 1e-5 x |sum |g|| = %.9g\n",
-                        t, sqrt(err), 1e-5 * sqrt(ref));
-            fail();
-        }
-    }
+    check_conservation(e, &G, in, out, mag); /* through the switch */
 
     /* the built profile is igrad profile's over the window's records */
     const igrad_profile_t *built = igrad_engine_profile(e);
@@ -201,14 +224,9 @@ static void test_switch_conservation(void **state)
 
     igrad_engine_free(e2);
     igrad_profile_free(ref);
-    for (size_t t = 0; t < T; t++) {
-        free(in[t]);
-        free(out[t]);
-        free(mag[t]);
-    }
-    free(in);
-    free(out);
-    free(mag);
+    sums_free(in, T);
+    sums_free(out, T);
+    sums_free(mag, T);
     grads_free(&G);
     igrad_engine_free(e);
     igrad_trace_free(tr);
@@ -760,27 +778,6 @@ static void engine_classes(const igrad_engine_t *e, const igrad_layout_t *L,
     }
 }
 
-/* sum g = sum applied + residual, per entry, after every re-plan */
-static void check_conservation(const igrad_engine_t *e, const grads_t *G, double *const *in,
-                               double *const *out, double *const *mag)
-{
-    for (size_t t = 0; t < G->T; t++) {
-        const float *r = igrad_engine_residual(e, t);
-        assert_non_null(r);
-        double err = 0.0, ref = 0.0;
-        for (int64_t i = 0; i < G->n[t]; i++) {
-            double d = in[t][i] - out[t][i] - (double)r[i];
-            err += d * d;
-            ref += mag[t][i] * mag[t][i];
-        }
-        if (!(sqrt(err) <= 1e-5 * sqrt(ref))) {
-            print_error("tensor %zu: |sum g - sum applied - e| = %.9g, 1e-5 x |sum |g|| = %.9g\n",
-                        t, sqrt(err), 1e-5 * sqrt(ref));
-            fail();
-        }
-    }
-}
-
 /* One run of W + REPROFILE_WINDOWS windows of Wr steps with the scales
  * reversed at step `swap`: at every re-profile the engine's classes are
  * the reference's (and change nowhere else), conservation holds through
@@ -804,15 +801,7 @@ static int64_t run_reprofile(double margin, int64_t swap, int *window_flips,
     size_t T = igrad_layout_count(L), nc = igrad_trace_component_count(tr);
     assert_true(nc <= 64);
     grads_t G = grads_new(L);
-    double **in = calloc(T, sizeof *in), **out = calloc(T, sizeof *out);
-    double **mag = calloc(T, sizeof *mag);
-    assert_true(in && out && mag);
-    for (size_t t = 0; t < T; t++) {
-        in[t] = calloc((size_t)G.n[t], sizeof(double));
-        out[t] = calloc((size_t)G.n[t], sizeof(double));
-        mag[t] = calloc((size_t)G.n[t], sizeof(double));
-        assert_true(in[t] && out[t] && mag[t]);
-    }
+    double **in = sums_new(&G), **out = sums_new(&G), **mag = sums_new(&G);
     ref_reprofile_t r = {.nc = nc, .nflips = nflips};
     r.held = calloc(nc, sizeof *r.held);
     r.last = malloc(nc * sizeof *r.last);
@@ -824,17 +813,11 @@ static int64_t run_reprofile(double margin, int64_t swap, int *window_flips,
     int64_t replans = 0, nreprof = 0;
     for (int64_t s = 0; s < steps; s++) {
         grads_fill_swap(&G, 9, s, swap);
-        for (size_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < G.n[t]; i++) {
-                in[t][i] += G.g[t][i];
-                mag[t][i] += fabs((double)G.g[t][i]);
-            }
-        assert_ok(igrad_engine_sync(e, s, G.g));
-        for (size_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < G.n[t]; i++) out[t][i] += G.g[t][i];
+        sync_counted(e, s, &G, in, out, mag);
         igrad_online_info_t oi;
         assert_ok(igrad_engine_online_info(e, &oi));
         assert_int_equal(oi.reprofile_every, Wr);
+        if (s >= W) assert_int_equal(oi.switch_step, W); /* re-profiles leave it */
         if (s == W) { /* the switch: the reference starts from its classes */
             engine_classes(e, L, tr, r.imp);
             assert_int_equal(oi.reprofiles, 0);
@@ -882,14 +865,9 @@ static int64_t run_reprofile(double margin, int64_t swap, int *window_flips,
     }
     assert_int_equal(nreprof, nwin);
     check_conservation(e, &G, in, out, mag);
-    for (size_t t = 0; t < T; t++) {
-        free(in[t]);
-        free(out[t]);
-        free(mag[t]);
-    }
-    free(in);
-    free(out);
-    free(mag);
+    sums_free(in, T);
+    sums_free(out, T);
+    sums_free(mag, T);
     free(r.held);
     free(r.last);
     free(r.imp);

@@ -612,7 +612,8 @@ class IgradState:
     @property
     def online_info(self):
         """profile="auto": the window's status (profiling, steps_recorded,
-        switch_step, replans, gather_ms, build_ms)."""
+        switch_step, replans, gather_ms, build_ms; with reprofile_every:
+        reprofiles, reprofile_replans, last_flips, reprofile_ms)."""
         return self.engine.online_info()
 
     def built_profile(self):
