@@ -483,11 +483,8 @@ static void test_config(void **state)
 static char tmpdir[256];
 
 static void run_reference(const igrad_layout_t *L, const igrad_config_t *c, int64_t steps,
-                          grads_t *G, igrad_engine_t **out)
+                          grads_t *G, igrad_comm_t *comm, igrad_engine_t **out)
 {
-    igrad_comm_t *comm = NULL;
-    assert_ok(igrad_comm_create_self(&comm));
-    (void)comm;
     igrad_engine_t *e = NULL;
     assert_ok(igrad_engine_create(L, NULL, c, comm, &e));
     for (int64_t s = 0; s < steps; s++) {
@@ -535,7 +532,7 @@ static void test_state_resume(void **state)
         snprintf(path, sizeof path, "%s/state_%lld.bin", tmpdir, (long long)stop);
         igrad_engine_t *a = NULL;
         if (stop > 0) {
-            run_reference(L, &c, stop, &H, &a);
+            run_reference(L, &c, stop, &H, comm, &a);
         } else {
             assert_ok(igrad_engine_create(L, NULL, &c, comm, &a));
         }
@@ -575,7 +572,7 @@ static void test_state_resume(void **state)
         char bad[512];
         snprintf(bad, sizeof bad, "%s/state_bad.bin", tmpdir);
         igrad_engine_t *a = NULL;
-        run_reference(L, &c, 3, &H, &a);
+        run_reference(L, &c, 3, &H, comm, &a);
         assert_ok(igrad_engine_save_state(a, bad));
         igrad_engine_free(a);
         FILE *fp = fopen(bad, "r+b");
