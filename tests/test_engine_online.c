@@ -494,6 +494,34 @@ static void run_reference(const igrad_layout_t *L, const igrad_config_t *c, int6
     *out = e;
 }
 
+/* Overwrites n bytes of the state file at `from_end` bytes before its end
+ * and recomputes the checksum (formats.md §7), so that the loader's field
+ * checks see the change. */
+static void patch_state(const char *path, long from_end, const void *bytes, size_t n)
+{
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long nb = ftell(fp);
+    assert_true(from_end <= nb && from_end >= (long)n + 8);
+    unsigned char *buf = malloc((size_t)nb);
+    assert_non_null(buf);
+    fseek(fp, 0, SEEK_SET);
+    assert_int_equal(fread(buf, 1, (size_t)nb, fp), (size_t)nb);
+    memcpy(buf + nb - from_end, bytes, n);
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (long o = 0; o + 8 < nb; o += 8) {
+        uint64_t w;
+        memcpy(&w, buf + o, 8);
+        h = (h ^ w) * 0x100000001b3ULL;
+    }
+    memcpy(buf + nb - 8, &h, 8);
+    fseek(fp, 0, SEEK_SET);
+    assert_int_equal(fwrite(buf, 1, (size_t)nb, fp), (size_t)nb);
+    fclose(fp);
+    free(buf);
+}
+
 static void test_state_resume(void **state)
 {
     (void)state;
@@ -575,27 +603,8 @@ static void test_state_resume(void **state)
         run_reference(L, &c, 3, &H, comm, &a);
         assert_ok(igrad_engine_save_state(a, bad));
         igrad_engine_free(a);
-        FILE *fp = fopen(bad, "r+b");
-        assert_non_null(fp);
-        fseek(fp, 0, SEEK_END);
-        long nb = ftell(fp);
-        unsigned char *buf = malloc((size_t)nb);
-        assert_non_null(buf);
-        fseek(fp, 0, SEEK_SET);
-        assert_int_equal(fread(buf, 1, (size_t)nb, fp), (size_t)nb);
         double neg = -1.0;
-        memcpy(buf + nb - 8 - 16 * W * (long)T, &neg, 8); /* record 0, tensor 0 */
-        uint64_t h = 0xcbf29ce484222325ULL;
-        for (long o = 0; o + 8 < nb; o += 8) {
-            uint64_t w;
-            memcpy(&w, buf + o, 8);
-            h = (h ^ w) * 0x100000001b3ULL;
-        }
-        memcpy(buf + nb - 8, &h, 8);
-        fseek(fp, 0, SEEK_SET);
-        assert_int_equal(fwrite(buf, 1, (size_t)nb, fp), (size_t)nb);
-        fclose(fp);
-        free(buf);
+        patch_state(bad, 8 + 16 * W * (long)T, &neg, 8); /* record 0, tensor 0 */
         igrad_engine_t *b = NULL;
         assert_ok(igrad_engine_create(L, NULL, &c, comm, &b));
         assert_status(igrad_engine_load_state(b, bad), IGRAD_E_FORMAT);
@@ -912,8 +921,10 @@ static void test_reprofile(void **state)
 /* A run with re-profiling stopped anywhere (inside the first window, in a
  * re-profiling window with hysteresis flags set, right before a
  * re-profile, after a re-plan) resumes exactly from its state file; a
- * refused igrad_engine_set_profile on the way changes nothing. With
- * target_ratio, a re-plan refits kappa alone on the hysteresis classes. */
+ * refused igrad_engine_set_profile on the way changes nothing; a file
+ * whose re-profiling section was edited (checksum recomputed) is refused
+ * by name and changes nothing. With target_ratio, a re-plan refits kappa
+ * alone on the hysteresis classes. */
 static void run_swap(igrad_engine_t *e, int64_t from, int64_t to, grads_t *G, float **keep,
                      int64_t ntot)
 {
@@ -966,6 +977,42 @@ static void check_reprofile_resume(const igrad_config_t *c)
         assert_int_equal(after.replans, before.replans);
         assert_ok(igrad_engine_save_state(a, path));
         igrad_engine_t *b = NULL;
+        if (stop == 36) { /* corrupt re-profiling sections, checksums recomputed */
+            char bad[560];
+            snprintf(bad, sizeof bad, "%s.bad", path);
+            size_t C = igrad_layout_component_count(L);
+            long Wr = (long)c->reprofile_every, cpad = (long)((C + 7) & ~(size_t)7);
+            long rep = 40 + 8 * Wr + 16 * Wr * (long)T + 24 * (long)T + cpad;
+            static const struct {
+                int what;
+                uint64_t value;
+                const char *msg;
+            } cases[] = {{0, 2, "hysteresis flag 0 is 2"},
+                         {1, 7, "re-profiling classes flag 7"},
+                         {2, 5, "the re-profiling counters are not a run's"}};
+            for (size_t q = 0; q < sizeof cases / sizeof *cases; q++) {
+                FILE *in = fopen(path, "rb"), *out = fopen(bad, "wb");
+                assert_true(in && out);
+                int ch;
+                while ((ch = fgetc(in)) != EOF) fputc(ch, out);
+                fclose(in);
+                fclose(out);
+                unsigned char flag = (unsigned char)cases[q].value;
+                if (cases[q].what == 0) patch_state(bad, 8 + cpad, &flag, 1);
+                else if (cases[q].what == 1) patch_state(bad, 8 + rep, &cases[q].value, 8);
+                else patch_state(bad, 8 + rep - 16, &cases[q].value, 8); /* re-plans > re-profiles */
+                assert_ok(igrad_engine_create(L, NULL, c, comm, &b));
+                assert_status(igrad_engine_load_state(b, bad), IGRAD_E_FORMAT);
+                assert_error_has(cases[q].msg);
+                assert_int_equal(igrad_engine_step(b), -1);
+                igrad_online_info_t oi;
+                assert_ok(igrad_engine_online_info(b, &oi));
+                assert_int_equal(oi.profiling, 1);
+                igrad_engine_free(b);
+                b = NULL;
+            }
+            remove(bad);
+        }
         assert_ok(igrad_engine_create(L, NULL, c, comm, &b));
         assert_ok(igrad_engine_load_state(b, path));
         igrad_online_info_t bi;
