@@ -1088,6 +1088,23 @@ typedef struct igrad_config {
                                            set and release_keep (0). A profile
                                            given at create is used as it is
                                            (fit it first, as igrad train does) */
+    /* Periodic re-profiling (online profiling only, profile_steps > 0). */
+    int64_t reprofile_every;          /**< W': after the first switch, every W'
+                                           completed steps (at the next begin on
+                                           a phase boundary, step mod
+                                           release_period == 0) the engine builds
+                                           a profile from the window's records
+                                           (each tensor's last selection energy
+                                           per accumulated step, so deferred and
+                                           important components score alike),
+                                           moves a component to the other class
+                                           only when its score is beyond tau by
+                                           reprofile_margin in two consecutive
+                                           windows, and re-plans only if a class
+                                           changed (residuals carried over, the
+                                           ranks agreeing). 0 = off (0) */
+    double reprofile_margin;          /**< m in [0, 1]: the hysteresis margin on the
+                                           score (scores are in [0, 1]) (0.05) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1100,7 +1117,8 @@ typedef struct igrad_config {
       IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
-      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0 }
+      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0, \
+      0, 0.05 }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
@@ -1393,10 +1411,18 @@ typedef struct igrad_online_info {
     int64_t profile_steps;  /**< W (config.profile_steps) */
     int64_t steps_recorded; /**< steps of the window recorded so far */
     int64_t switch_step;    /**< first step planned with the built/set profile
-                                 (-1 before any re-plan) */
-    int64_t replans;        /**< re-plans so far (switch and set_profile) */
+                                 (-1 before any re-plan; re-profiles leave it) */
+    int64_t replans;        /**< re-plans so far (switch, set_profile and
+                                 re-profiles that changed a class) */
     double gather_ms;       /**< last switch: exchange of the window */
     double build_ms;        /**< last re-plan: profile build + plan + agreement */
+    int64_t reprofile_every;   /**< W' (config.reprofile_every) */
+    int64_t reprofiles;        /**< periodic re-profiles so far */
+    int64_t reprofile_replans; /**< of them, those that changed a class and
+                                    re-planned */
+    int64_t last_flips;        /**< components the last re-profile moved */
+    double reprofile_ms;       /**< last re-profile: exchange + build +
+                                    hysteresis + agreement (+ re-plan) */
 } igrad_online_info_t;
 
 /** Copies the online profiling status (zeros, switch_step -1, for engines
@@ -1422,7 +1448,7 @@ IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
  *  temporary name and renamed, so a crash never leaves a partial file.
  *  Local (not collective). Format (host byte order, little-endian on
  *  every supported platform):
- *    "IGRADST\0" magic, u32 version (3), u32 rank, u32 size, u32 nitems,
+ *    "IGRADST\0" magic, u32 version (4), u32 rank, u32 size, u32 nitems,
  *    nitems x (u64 value) — the agreement items (layout, profile, config
  *    fields, plan) in the engine's fixed order,
  *    i64 step, i64 steps begun, u64 ntensors, u64 residual count,
@@ -1430,7 +1456,10 @@ IGRAD_API size_t igrad_engine_workspace_nbytes(const igrad_engine_t *engine);
  *    u64 velocity count (the residual count with config.momentum > 0,
  *    else 0), f32 velocities (layout order),
  *    u64 history count, then u64 keys, i64 n, f64 mean, f64 m2 arrays,
- *    u64 checksum: FNV-1a over the file's little-endian 64-bit words before
+ *    the online profiling section (docs/formats.md §7: the window being
+ *    recorded, or the profile of the last re-plan followed, with
+ *    config.reprofile_every, by the re-profiling window and hysteresis
+ *    state), u64 checksum: FNV-1a over the file's little-endian 64-bit words before
  *    it (h ^= w; h *= 0x100000001b3; every section is padded to 8 bytes). */
 IGRAD_API igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine,
                                                  const char *path);

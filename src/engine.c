@@ -230,6 +230,16 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
     IGRAD_FAIL_IF(c->target_ratio > 0.0 && c->method != IGRAD_METHOD_IG, IGRAD_E_INVALID,
                   "config.target_ratio is %g, but method %s has no kappa to choose (ig)",
                   c->target_ratio, igrad_method_name(c->method));
+    IGRAD_FAIL_IF(c->reprofile_every < 0 || c->reprofile_every > IGRAD__ONLINE_MAX_STEPS,
+                  IGRAD_E_INVALID,
+                  "config.reprofile_every is %lld (must be in [0, %d]; 0 = off)",
+                  (long long)c->reprofile_every, IGRAD__ONLINE_MAX_STEPS);
+    IGRAD_FAIL_IF(c->reprofile_every > 0 && c->profile_steps == 0, IGRAD_E_INVALID,
+                  "config.reprofile_every is %lld, but config.profile_steps is 0 (re-profiling "
+                  "follows online profiling)",
+                  (long long)c->reprofile_every);
+    IGRAD_FAIL_IF(!(c->reprofile_margin >= 0.0 && c->reprofile_margin <= 1.0), IGRAD_E_INVALID,
+                  "config.reprofile_margin is %g (must be in [0, 1])", c->reprofile_margin);
     return IGRAD_OK;
 }
 

@@ -60,6 +60,8 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_RESIDUAL_DECAY] = {"config.residual_decay", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_START_ITER] = {"config.start_iter", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_TARGET_RATIO] = {"config.target_ratio", IGRAD__ITEM_F64, 1},
+    [IGRAD__ITEM_CFG_REPROFILE_EVERY] = {"config.reprofile_every", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_REPROFILE_MARGIN] = {"config.reprofile_margin", IGRAD__ITEM_F64, 1},
 };
 
 static uint64_t f64_bits(double v)
@@ -157,6 +159,8 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_RESIDUAL_DECAY] = f64_bits(c->residual_decay);
     v[IGRAD__ITEM_CFG_START_ITER] = (uint64_t)c->start_iter;
     v[IGRAD__ITEM_CFG_TARGET_RATIO] = f64_bits(c->target_ratio);
+    v[IGRAD__ITEM_CFG_REPROFILE_EVERY] = (uint64_t)c->reprofile_every;
+    v[IGRAD__ITEM_CFG_REPROFILE_MARGIN] = f64_bits(c->reprofile_margin);
 }
 
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)

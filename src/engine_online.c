@@ -53,7 +53,7 @@ cleanup:
 
 static size_t window_words(const igrad__online_t *on, size_t T)
 {
-    return 2 + (size_t)on->W + 2 * (size_t)on->W * T;
+    return 2 + on->cap + 2 * on->cap * T;
 }
 
 igrad_status_t igrad__online_init(igrad_engine_t *e, const igrad_layout_t *layout,
@@ -67,10 +67,12 @@ igrad_status_t igrad__online_init(igrad_engine_t *e, const igrad_layout_t *layou
     e->cfg.profile_partition = on->partition; /* the engine's own copy */
     IGRAD_CHECK(copy_layout_obj(layout, &on->layout));
     on->W = e->cfg.profile_steps;
+    on->Wr = e->cfg.reprofile_every;
     on->switch_step = -1;
     if (profile || on->W == 0) return IGRAD_OK;
     on->active = 1;
-    size_t T = e->ntensors, W = (size_t)on->W, P = (size_t)e->nranks;
+    on->cap = (size_t)(on->W > on->Wr ? on->W : on->Wr);
+    size_t T = e->ntensors, W = on->cap, P = (size_t)e->nranks;
     on->steps = calloc(W, sizeof *on->steps);
     on->sumsq = calloc(W * T, sizeof *on->sumsq);
     on->count = calloc(W * T, sizeof *on->count);
@@ -80,7 +82,16 @@ igrad_status_t igrad__online_init(igrad_engine_t *e, const igrad_layout_t *layou
     IGRAD_FAIL_IF(!on->steps || !on->sumsq || !on->count || !on->send || !on->recv,
                   IGRAD_E_NOMEM, "igrad_engine_create: out of memory for a %lld-step profiling "
                   "window",
-                  (long long)on->W);
+                  (long long)on->cap);
+    if (on->Wr == 0) return IGRAD_OK;
+    on->npend = igrad_layout_component_count(layout);
+    on->held = calloc(T ? T : 1, sizeof *on->held);
+    on->held_count = calloc(T ? T : 1, sizeof *on->held_count);
+    on->last_sel = malloc((T ? T : 1) * sizeof *on->last_sel);
+    on->pending = calloc(on->npend ? on->npend : 1, 1);
+    IGRAD_FAIL_IF(!on->held || !on->held_count || !on->last_sel || !on->pending, IGRAD_E_NOMEM,
+                  "igrad_engine_create: out of memory for re-profiling");
+    for (size_t t = 0; t < T; t++) on->last_sel[t] = -1;
     return IGRAD_OK;
 }
 
@@ -103,6 +114,10 @@ void igrad__online_free(igrad__online_t *on)
 {
     if (!on) return;
     free_window(on);
+    free(on->held);
+    free(on->held_count);
+    free(on->last_sel);
+    free(on->pending);
     igrad_layout_free(on->layout);
     igrad_profile_free(on->profile);
     free(on);
@@ -110,19 +125,48 @@ void igrad__online_free(igrad__online_t *on)
 
 int64_t igrad__online_item(const igrad_engine_t *e)
 {
-    return e->online && e->online->active ? (int64_t)e->online->nrec : -1;
+    const igrad__online_t *on = e->online;
+    return on && (on->active || on->reprof) ? (int64_t)on->nrec : -1;
+}
+
+/* What a re-profiling window records per tensor: its last selection's sum
+ * of squares divided by the steps of gradient it had accumulated (1 for a
+ * tensor sent every step, up to R for a deferred one at its release),
+ * held until the next selection. A deferred component is then scored from
+ * the residual-inclusive selection it was last released with, at every
+ * step, rather than as 0 between releases (what the sent-only trace would
+ * say, which would keep it low for good); the division puts its release,
+ * which selects kappa*R times the entries from R steps of gradient, on a
+ * per-step footing with the important ones. */
+static void update_held(igrad_engine_t *e, int par)
+{
+    igrad__online_t *on = e->online;
+    for (size_t t = 0; t < e->ntensors; t++) {
+        if (!e->sent[t]) continue;
+        int64_t span = on->last_sel[t] >= 0 ? e->cur_step - on->last_sel[t] : 1;
+        on->held[t] = e->tsumsq[t] / (double)(span > 1 ? span : 1);
+        on->held_count[t] = e->t[t].spec[e->rel[t]][par].count;
+        on->last_sel[t] = e->cur_step;
+    }
 }
 
 void igrad__online_record(igrad_engine_t *e)
 {
     igrad__online_t *on = e->online;
-    if (!on->active || on->nrec >= (size_t)on->W) return;
-    size_t T = e->ntensors, s = on->nrec;
     int par = e->cfg.interleave ? (int)(e->cur_step & 1) : 0;
+    if (on->reprof) update_held(e, par);
+    size_t len = (size_t)(on->active ? on->W : on->Wr);
+    if (!(on->active || on->reprof) || on->nrec >= len) return;
+    size_t T = e->ntensors, s = on->nrec;
     on->steps[s] = e->cur_step;
     for (size_t t = 0; t < T; t++) {
-        on->sumsq[s * T + t] = e->sent[t] ? e->tsumsq[t] : 0.0;
-        on->count[s * T + t] = e->sent[t] ? e->t[t].spec[e->rel[t]][par].count : 0;
+        if (on->reprof) {
+            on->sumsq[s * T + t] = on->last_sel[t] >= 0 ? on->held[t] : 0.0;
+            on->count[s * T + t] = on->last_sel[t] >= 0 ? on->held_count[t] : 0;
+        } else {
+            on->sumsq[s * T + t] = e->sent[t] ? e->tsumsq[t] : 0.0;
+            on->count[s * T + t] = e->sent[t] ? e->t[t].spec[e->rel[t]][par].count : 0;
+        }
     }
     on->nrec++;
 }
@@ -142,7 +186,7 @@ static igrad_status_t copy_profile(const igrad_profile_t *p, const igrad_layout_
 }
 
 igrad_status_t igrad__online_prepare(const igrad_engine_t *e, igrad_profile_t *profile,
-                                     igrad_engine_t **out)
+                                     int fixed_classes, igrad_engine_t **out)
 {
     *out = NULL;
     igrad_config_t cfg = e->cfg;
@@ -151,9 +195,14 @@ igrad_status_t igrad__online_prepare(const igrad_engine_t *e, igrad_profile_t *p
          * on every rank; the agreement below compares its result (the
          * release_keep item, the profile and plan hashes). */
         igrad_target_fit_t fit;
-        IGRAD_CHECK(igrad_target_fit(e->online->layout, profile, &cfg, cfg.target_ratio,
-                                     IGRAD_TARGET_MIN_KEEP, &fit));
-        IGRAD_CHECK(igrad_profile_set_threshold(profile, fit.tau));
+        if (fixed_classes) {
+            IGRAD_CHECK(igrad__target_fit_kappa(e->online->layout, profile, &cfg,
+                                                cfg.target_ratio, IGRAD_TARGET_MIN_KEEP, &fit));
+        } else {
+            IGRAD_CHECK(igrad_target_fit(e->online->layout, profile, &cfg, cfg.target_ratio,
+                                         IGRAD_TARGET_MIN_KEEP, &fit));
+            IGRAD_CHECK(igrad_profile_set_threshold(profile, fit.tau));
+        }
         cfg.release_keep = fit.release_keep;
     }
     igrad_engine_t *n = calloc(1, sizeof *n);
@@ -197,7 +246,20 @@ void igrad__online_commit(igrad_engine_t *e, igrad_engine_t *n, igrad_profile_t 
     igrad__online_t *on = e->online;
     e->online = n->online; /* n's fresh copy is freed with the old plan */
     n->online = on;
-    free_window(on);
+    if (on->Wr > 0) {
+        if (on->active && on->nrec > 0) { /* every tensor was selected at the last record */
+            size_t T = n->ntensors, s = on->nrec - 1;
+            for (size_t t = 0; t < T; t++) {
+                on->held[t] = on->sumsq[s * T + t];
+                on->held_count[t] = on->count[s * T + t];
+                on->last_sel[t] = on->steps[s];
+            }
+        }
+        on->nrec = 0;
+        on->reprof = 1;
+    } else {
+        free_window(on);
+    }
     on->active = 0;
     igrad_profile_free(on->profile);
     on->profile = profile;
@@ -218,7 +280,7 @@ static igrad_status_t replan(igrad_engine_t *e, igrad_profile_t *profile, igrad_
                              const char *context)
 {
     igrad_engine_t *n = NULL;
-    if (st == IGRAD_OK) st = igrad__online_prepare(e, profile, &n);
+    if (st == IGRAD_OK) st = igrad__online_prepare(e, profile, 0, &n);
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
     igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg,
@@ -229,6 +291,8 @@ static igrad_status_t replan(igrad_engine_t *e, igrad_profile_t *profile, igrad_
         return ag;
     }
     igrad__online_commit(e, n, profile);
+    e->online->fixed = 0;
+    if (e->online->pending) memset(e->online->pending, 0, e->online->npend);
     return IGRAD_OK;
 }
 
@@ -237,7 +301,7 @@ static igrad_status_t replan(igrad_engine_t *e, igrad_profile_t *profile, igrad_
 static igrad_status_t build_profile(const igrad_engine_t *e, igrad_profile_t **out)
 {
     const igrad__online_t *on = e->online;
-    size_t T = e->ntensors, W = (size_t)on->W, words = window_words(on, T);
+    size_t T = e->ntensors, W = on->cap, words = window_words(on, T);
     size_t P = (size_t)e->nranks;
     for (size_t r = 0; r < P; r++) {
         const uint64_t *w = on->recv + r * words;
@@ -245,7 +309,7 @@ static igrad_status_t build_profile(const igrad_engine_t *e, igrad_profile_t **o
             return igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
                                "online profile: rank %zu could not send its records", r);
         IGRAD_FAIL_IF(w[1] != (uint64_t)on->nrec ||
-                          memcmp(w + 2, on->recv + 2, W * 8) != 0,
+                          memcmp(w + 2, on->recv + 2, on->nrec * 8) != 0,
                       IGRAD_E_MISMATCH,
                       "online profile: rank %zu recorded %llu steps, this rank %zu (or other "
                       "step numbers)",
@@ -284,34 +348,40 @@ cleanup:
     return st;
 }
 
-igrad_status_t igrad__online_before_step(igrad_engine_t *e, int64_t step)
+/* Allgathers every rank's window records (a failure breaks the engine:
+ * the exchange buffers may still be in use). */
+static igrad_status_t exchange_window(igrad_engine_t *e, int64_t step, const char *what)
 {
     igrad__online_t *on = e->online;
-    if (!on->active || on->nrec < (size_t)on->W) return IGRAD_OK;
-    double t0 = igrad__now_ms();
-    size_t T = e->ntensors, W = (size_t)on->W, words = window_words(on, T);
+    size_t T = e->ntensors, W = on->cap, words = window_words(on, T);
     uint64_t *w = on->send;
+    memset(w, 0, words * 8);
     w[0] = IGRAD_OK;
     w[1] = (uint64_t)on->nrec;
-    memcpy(w + 2, on->steps, W * 8);
-    memcpy(w + 2 + W, on->sumsq, W * T * 8);
-    memcpy(w + 2 + W + W * T, on->count, W * T * 8);
+    memcpy(w + 2, on->steps, on->nrec * 8);
+    memcpy(w + 2 + W, on->sumsq, on->nrec * T * 8);
+    memcpy(w + 2 + W + W * T, on->count, on->nrec * T * 8);
     double saved = igrad_comm_timeout(e->comm);
     igrad_comm_set_timeout(e->comm, e->cfg.timeout_s);
     igrad_status_t st = igrad_comm_allgather(e->comm, on->send, words * 8, on->recv);
     igrad_comm_set_timeout(e->comm, saved);
-    if (st != IGRAD_OK) {
-        if (st == IGRAD_E_TIMEOUT) on->leak_buffers = 1; /* MPI may still write them */
-        char msg[900];
-        snprintf(msg, sizeof msg, "%s", igrad_last_error());
-        igrad__fail(st, __FILE__, __LINE__,
-                    "step %lld: exchanging the online profiling window failed: %s",
-                    (long long)step, msg);
-        return igrad__engine_break(e, st);
-    }
+    if (st == IGRAD_OK) return IGRAD_OK;
+    if (st == IGRAD_E_TIMEOUT) on->leak_buffers = 1; /* MPI may still write them */
+    char msg[900];
+    snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    igrad__fail(st, __FILE__, __LINE__, "step %lld: exchanging the %s window failed: %s",
+                (long long)step, what, msg);
+    return igrad__engine_break(e, st);
+}
+
+/* The first switch: window profile, re-plan. */
+static igrad_status_t switch_plan(igrad_engine_t *e, int64_t step)
+{
+    double t0 = igrad__now_ms();
+    IGRAD_CHECK(exchange_window(e, step, "online profiling"));
     double t1 = igrad__now_ms();
     igrad_profile_t *p = NULL;
-    st = build_profile(e, &p);
+    igrad_status_t st = build_profile(e, &p);
     char context[64];
     snprintf(context, sizeof context, "step %lld: online profile", (long long)step);
     double gather_ms = t1 - t0;
@@ -319,6 +389,134 @@ igrad_status_t igrad__online_before_step(igrad_engine_t *e, int64_t step)
     if (st != IGRAD_OK) return st;
     e->online->gather_ms = gather_ms;
     e->online->build_ms = igrad__now_ms() - t1;
+    return IGRAD_OK;
+}
+
+/* Whether profile entry i is under the gate (the others are planned as
+ * important whatever their class). */
+static int entry_gated(const igrad_engine_t *e, const igrad_profile_entry_t *en)
+{
+    return !igrad__kind_is_outer(en->kind) || e->cfg.gate_other;
+}
+
+/* The hysteresis step of a re-profile over the gated entries of the new
+ * profile p against the current profile's classes: tau is p's (or, with
+ * target_ratio, the threshold igrad_target_fit chooses on p's scores).
+ * Writes the new classes (every entry) and pending flags; @return flips
+ * through *flips. */
+static igrad_status_t classify(const igrad_engine_t *e, const igrad_profile_t *p,
+                               unsigned char *important, unsigned char *pending, double *tau,
+                               int *flips)
+{
+    const igrad__online_t *on = e->online;
+    const igrad_profile_t *cur = on->profile;
+    size_t n = igrad_profile_count(p);
+    IGRAD_FAIL_IF(!cur || igrad_profile_count(cur) != n || n > on->npend, IGRAD_E_STATE,
+                  "re-profile: the new profile has %zu components, the current one %zu", n,
+                  cur ? igrad_profile_count(cur) : 0);
+    *tau = igrad_profile_threshold(p);
+    if (e->cfg.target_ratio > 0.0) {
+        igrad_target_fit_t fit;
+        IGRAD_CHECK(igrad_target_fit(on->layout, p, &e->cfg, e->cfg.target_ratio,
+                                     IGRAD_TARGET_MIN_KEEP, &fit));
+        *tau = fit.tau;
+    }
+    size_t n1 = n ? n : 1;
+    double *score = calloc(n1, sizeof *score);
+    unsigned char *was = calloc(n1, 1), *pend = calloc(n1, 1), *now = calloc(n1, 1);
+    size_t *idx = calloc(n1, sizeof *idx);
+    igrad_status_t st = IGRAD_OK;
+    IGRAD_FAIL_GOTO(!score || !was || !pend || !now || !idx, IGRAD_E_NOMEM,
+                    "re-profile: out of memory");
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        igrad_profile_entry_t a, b;
+        IGRAD_CHECK_GOTO(igrad_profile_entry(p, i, &a));
+        IGRAD_CHECK_GOTO(igrad_profile_entry(cur, i, &b));
+        IGRAD_FAIL_GOTO(a.layer != b.layer || a.kind != b.kind, IGRAD_E_STATE,
+                        "re-profile: component %zu is (%d, %s) in the new profile, (%d, %s) in "
+                        "the current one",
+                        i, a.layer, igrad_kind_name(a.kind), b.layer, igrad_kind_name(b.kind));
+        important[i] = (unsigned char)b.important;
+        pending[i] = 0;
+        if (!entry_gated(e, &a)) continue;
+        score[m] = a.score;
+        was[m] = (unsigned char)b.important;
+        pend[m] = on->pending[i];
+        idx[m++] = i;
+    }
+    *flips = igrad__hysteresis_update(m, score, *tau, e->cfg.reprofile_margin, was, pend, now);
+    for (size_t k = 0; k < m; k++) {
+        important[idx[k]] = now[k];
+        pending[idx[k]] = pend[k];
+    }
+cleanup:
+    free(score);
+    free(was);
+    free(pend);
+    free(now);
+    free(idx);
+    return st;
+}
+
+/* A periodic re-profile: the window's profile, the hysteresis rule, and a
+ * re-plan only when a class changed. The ranks agree in any case (each
+ * computes the same classes from the same gathered bytes, but a local
+ * failure must keep every rank's plan); on refusal the window and the
+ * hysteresis state stay as they were and the next phase boundary retries. */
+static igrad_status_t reprofile(igrad_engine_t *e, int64_t step)
+{
+    double t0 = igrad__now_ms();
+    IGRAD_CHECK(exchange_window(e, step, "re-profiling"));
+    igrad__online_t *on = e->online;
+    size_t np = on->npend ? on->npend : 1;
+    unsigned char *imp = calloc(np, 1), *pend = calloc(np, 1);
+    igrad_profile_t *p = NULL;
+    igrad_engine_t *n = NULL;
+    double tau = 0.0;
+    int flips = 0;
+    igrad_status_t st = imp && pend ? IGRAD_OK
+                                    : igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
+                                                  "re-profile: out of memory");
+    if (st == IGRAD_OK) st = build_profile(e, &p);
+    if (st == IGRAD_OK) st = classify(e, p, imp, pend, &tau, &flips);
+    if (st == IGRAD_OK && flips > 0) st = igrad__profile_set_classes(p, tau, imp);
+    if (st == IGRAD_OK && flips > 0) st = igrad__online_prepare(e, p, 1, &n);
+    char msg[1024] = "";
+    if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    char context[64];
+    snprintf(context, sizeof context, "step %lld: re-profile", (long long)step);
+    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg,
+                                            n ? n->items : e->items, 1, context);
+    if (ag == IGRAD_OK) {
+        memcpy(on->pending, pend, on->npend);
+        on->reprofiles++;
+        on->last_flips = flips;
+        on->nrec = 0;
+        if (n) {
+            int64_t switched = on->switch_step; /* stays the first switch's */
+            igrad__online_commit(e, n, p);     /* restarts the window */
+            on->switch_step = switched;
+            on->fixed = 1;
+            on->reprofile_replans++;
+            p = NULL;
+            n = NULL;
+        }
+        on->reprofile_ms = igrad__now_ms() - t0;
+    }
+    igrad_engine_free(n);
+    igrad_profile_free(p);
+    free(imp);
+    free(pend);
+    return ag;
+}
+
+igrad_status_t igrad__online_before_step(igrad_engine_t *e, int64_t step)
+{
+    igrad__online_t *on = e->online;
+    if (on->active && on->nrec >= (size_t)on->W) return switch_plan(e, step);
+    int64_t R = e->cfg.release_period, ph = ((step % R) + R) % R;
+    if (on->reprof && on->nrec >= (size_t)on->Wr && ph == 0) return reprofile(e, step);
     return IGRAD_OK;
 }
 
@@ -367,6 +565,11 @@ igrad_status_t igrad_engine_online_info(const igrad_engine_t *e, igrad_online_in
     out->replans = on->replans;
     out->gather_ms = on->gather_ms;
     out->build_ms = on->build_ms;
+    out->reprofile_every = on->Wr;
+    out->reprofiles = on->reprofiles;
+    out->reprofile_replans = on->reprofile_replans;
+    out->last_flips = on->last_flips;
+    out->reprofile_ms = on->reprofile_ms;
     return IGRAD_OK;
 }
 

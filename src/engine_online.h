@@ -26,17 +26,35 @@ typedef struct igrad__online {
     int64_t switch_step;       /* first step planned with it, -1 before */
     int64_t replans;           /* re-plans so far */
     double gather_ms, build_ms; /* cost of the last switch: exchange, build + plan */
+    /* periodic re-profiling (config.reprofile_every = Wr > 0) */
+    int64_t Wr;                /* config.reprofile_every */
+    size_t cap;                /* window rows allocated: max(W, Wr) */
+    int reprof;                /* after the switch: recording a re-profiling window */
+    int fixed;                 /* the profile's classes came from the hysteresis:
+                                  a re-plan with target_ratio fits only kappa */
+    double *held;              /* (ntensors) last selection's sum of squares per
+                                  step it accumulated (sumsq / span) */
+    int64_t *held_count;       /* (ntensors) its entry count */
+    int64_t *last_sel;         /* (ntensors) step of the last selection, -1 none */
+    unsigned char *pending;    /* (npend) profile entry crossed in the last window */
+    size_t npend;              /* layout components */
+    int64_t reprofiles, reprofile_replans, last_flips;
+    double reprofile_ms;       /* cost of the last re-profile */
 } igrad__online_t;
 
 /* Builds, locally, an engine planned with `profile` from e's layout and
  * config, carrying e's step and call count (its items are what the ranks
- * must agree on). */
+ * must agree on). With config.target_ratio the profile is first fitted:
+ * important set and kappa (igrad_target_fit), or with `fixed_classes`
+ * (classes from the re-profiling hysteresis) kappa alone. */
 igrad_status_t igrad__online_prepare(const igrad_engine_t *e, igrad_profile_t *profile,
-                                     igrad_engine_t **out);
+                                     int fixed_classes, igrad_engine_t **out);
 
 /* Swaps n's plan into e, keeping e's residuals, step, trace and exchange
  * buffer; e's online state records `profile` (taken) as the current one.
- * Frees the old plan. Cannot fail. */
+ * Frees the old plan, and the window unless re-profiling keeps recording
+ * (then the window restarts empty; leaving the first window, the held
+ * selections start from its last record). Cannot fail. */
 void igrad__online_commit(igrad_engine_t *e, igrad_engine_t *n, igrad_profile_t *profile);
 
 /* The hysteresis rule of re-profiling over n components: a component

@@ -30,9 +30,11 @@
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 3u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
+#define STATE_VERSION 4u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
                             online profiling, remedies), the velocity section and
-                            the online profiling section */
+                            the online profiling section; 4: 38 items
+                            (reprofile_every, reprofile_margin) and the
+                            re-profiling section after the online profile */
 /* online section modes */
 #define ONLINE_NONE 0u      /* no online state (or the create-time profile) */
 #define ONLINE_WINDOW 1u    /* recording: the window's records follow */
@@ -86,6 +88,32 @@ static void put_floats(writer_t *w, const float *x, size_t n)
     if (n & 1) {
         unsigned char buf[8] = {0};
         memcpy(buf, x + even, 4);
+        put(w, buf, 8);
+    }
+}
+
+/* The re-profiling section (config.reprofile_every > 0, after the online
+ * profile): counters, the window being recorded (Wr rows), the held
+ * selections and the hysteresis flags. */
+static void put_reprofile(writer_t *w, const igrad_engine_t *e)
+{
+    const igrad__online_t *on = e->online;
+    size_t T = e->ntensors, Wr = (size_t)on->Wr;
+    put_u64(w, (uint64_t)on->fixed);
+    put_u64(w, (uint64_t)on->reprofiles);
+    put_u64(w, (uint64_t)on->reprofile_replans);
+    put_u64(w, (uint64_t)on->last_flips);
+    put_u64(w, (uint64_t)on->nrec);
+    put(w, on->steps, Wr * 8);
+    put(w, on->sumsq, Wr * T * 8);
+    put(w, on->count, Wr * T * 8);
+    put(w, on->held, T * 8);
+    put(w, on->held_count, T * 8);
+    put(w, on->last_sel, T * 8);
+    for (size_t i = 0; i < on->npend; i += 8) {
+        unsigned char buf[8] = {0};
+        size_t k = on->npend - i < 8 ? on->npend - i : 8;
+        memcpy(buf, on->pending + i, k);
         put(w, buf, 8);
     }
 }
@@ -167,6 +195,7 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
         put(&w, buf, padded);
         free(buf);
         free(text);
+        if (on->Wr > 0) put_reprofile(&w, e);
     }
     uint64_t sum = w.h;
     if (!w.err && fwrite(&sum, 1, 8, af.fp) != 8) w.err = 1;
@@ -201,6 +230,15 @@ static uint64_t window_nbytes(const igrad_engine_t *e)
     return 8 + 8 * W + 16 * W * (uint64_t)e->ntensors;
 }
 
+/* The re-profiling section, from the engine's config (0 when off). */
+static uint64_t reprofile_nbytes(const igrad_engine_t *e)
+{
+    uint64_t Wr = (uint64_t)e->cfg.reprofile_every, T = e->ntensors;
+    if (!e->online || Wr == 0) return 0;
+    uint64_t npend = igrad_layout_component_count(e->online->layout);
+    return 40 + 8 * Wr + 16 * Wr * T + 24 * T + ((npend + 7) & ~(uint64_t)7);
+}
+
 uint64_t igrad__engine_state_nbytes(const igrad_engine_t *e)
 {
     const igrad__online_t *on = e->online;
@@ -209,7 +247,7 @@ uint64_t igrad__engine_state_nbytes(const igrad_engine_t *e)
     else if (on && on->profile) {
         char *text = NULL;
         if (igrad__profile_to_json_text(on->profile, &text) == IGRAD_OK)
-            online += 24 + ((strlen(text) + 7) & ~(size_t)7);
+            online += 24 + ((strlen(text) + 7) & ~(size_t)7) + reprofile_nbytes(e);
         free(text);
     }
     return base_nbytes(e) + online;
@@ -434,10 +472,12 @@ static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char 
  * built from it. */
 typedef struct online_view {
     uint64_t mode, nbytes;        /* section mode and size */
-    uint64_t nrec;                /* WINDOW */
+    uint64_t nrec;                /* WINDOW; PROFILE with re-profiling */
     size_t win_off;               /* WINDOW: offset of the steps */
     int64_t switch_step, replans; /* PROFILE */
     igrad_profile_t *profile;     /* PROFILE, parsed */
+    size_t rep_off;               /* PROFILE with re-profiling: offset of its section */
+    uint64_t fixed;               /* its classes came from the hysteresis */
 } online_view_t;
 
 static uint64_t rd64(const unsigned char *p)
@@ -500,6 +540,16 @@ static igrad_status_t locate_online(const igrad_engine_t *e, const unsigned char
         IGRAD_FAIL_IF(bytes[off + 32 + i] != 0, IGRAD_E_FORMAT,
                       "%s: the online profile's padding is not zero: corrupt state file", name);
     ov->nbytes = 32 + padded;
+    uint64_t rep = reprofile_nbytes(e);
+    if (rep) { /* one that does not fit: verify_state names what is short */
+        uint64_t at = off + 32 + padded;
+        ov->nbytes += rep;
+        if (rep <= nbytes - at && nbytes - at - rep >= 8) {
+            ov->rep_off = (size_t)at;
+            ov->fixed = rd64(bytes + at);
+            ov->nrec = rd64(bytes + at + 32);
+        }
+    }
     char src[300];
     snprintf(src, sizeof src, "%s (online profile)", name);
     return igrad__profile_from_json_text((const char *)bytes + off + 32, (size_t)len, src,
@@ -533,6 +583,73 @@ static igrad_status_t check_window(const igrad_engine_t *e, const unsigned char 
     return IGRAD_OK;
 }
 
+/* The re-profiling section must be what a run could have written. */
+static igrad_status_t check_reprofile(const igrad_engine_t *e, const unsigned char *bytes,
+                                      const online_view_t *ov, const char *name)
+{
+    const unsigned char *p = bytes + ov->rep_off;
+    size_t T = e->ntensors, Wr = (size_t)e->cfg.reprofile_every;
+    size_t npend = igrad_layout_component_count(e->online->layout);
+    IGRAD_FAIL_IF(ov->fixed > 1 || (int64_t)rd64(p + 8) < 0 || (int64_t)rd64(p + 16) < 0 ||
+                      rd64(p + 16) > rd64(p + 8) || (int64_t)rd64(p + 24) < 0 ||
+                      ov->nrec > (uint64_t)Wr,
+                  IGRAD_E_FORMAT,
+                  "%s: the re-profiling counters are not a run's (classes flag %llu, %lld "
+                  "re-profiles, %lld re-plans, %llu of %zu records): corrupt state file",
+                  name, (unsigned long long)ov->fixed, (long long)rd64(p + 8),
+                  (long long)rd64(p + 16), (unsigned long long)ov->nrec, Wr);
+    const unsigned char *steps = p + 40, *sq = steps + 8 * Wr, *cnt = sq + 8 * Wr * T;
+    const unsigned char *held = cnt + 8 * Wr * T, *hcnt = held + 8 * T, *last = hcnt + 8 * T;
+    const unsigned char *pend = last + 8 * T;
+    for (uint64_t s = 1; s < ov->nrec; s++)
+        IGRAD_FAIL_IF((int64_t)rd64(steps + 8 * s) <= (int64_t)rd64(steps + 8 * (s - 1)),
+                      IGRAD_E_FORMAT,
+                      "%s: the re-profiling window's steps do not increase: corrupt state file",
+                      name);
+    for (size_t k = 0; k < (size_t)ov->nrec * T + T; k++) {
+        int rec = k < (size_t)ov->nrec * T;
+        double v;
+        memcpy(&v, rec ? sq + 8 * k : held + 8 * (k - (size_t)ov->nrec * T), 8);
+        int64_t c = (int64_t)rd64(rec ? cnt + 8 * k : hcnt + 8 * (k - (size_t)ov->nrec * T));
+        IGRAD_FAIL_IF(!(v >= 0.0 && v <= DBL_MAX) || c < 0, IGRAD_E_FORMAT,
+                      "%s: re-profiling %s %zu is not a selection (sum of squares %g, count "
+                      "%lld): corrupt state file",
+                      name, rec ? "record" : "held tensor",
+                      rec ? k : k - (size_t)ov->nrec * T, v, (long long)c);
+    }
+    for (size_t t = 0; t < T; t++)
+        IGRAD_FAIL_IF((int64_t)rd64(last + 8 * t) < -1, IGRAD_E_FORMAT,
+                      "%s: tensor %zu's last selection is at step %lld: corrupt state file",
+                      name, t, (long long)rd64(last + 8 * t));
+    for (size_t i = 0; i < ((npend + 7) & ~(size_t)7); i++)
+        IGRAD_FAIL_IF(i < npend ? pend[i] > 1 : pend[i] != 0, IGRAD_E_FORMAT,
+                      "%s: hysteresis flag %zu is %u: corrupt state file", name, i,
+                      (unsigned)pend[i]);
+    return IGRAD_OK;
+}
+
+static void apply_reprofile(igrad_engine_t *e, const unsigned char *bytes,
+                            const online_view_t *ov)
+{
+    igrad__online_t *on = e->online;
+    const unsigned char *p = bytes + ov->rep_off;
+    size_t T = e->ntensors, Wr = (size_t)on->Wr;
+    on->fixed = (int)ov->fixed;
+    on->reprofiles = (int64_t)rd64(p + 8);
+    on->reprofile_replans = (int64_t)rd64(p + 16);
+    on->last_flips = (int64_t)rd64(p + 24);
+    on->nrec = (size_t)ov->nrec;
+    p += 40;
+    memcpy(on->steps, p, Wr * 8);
+    memcpy(on->sumsq, p + Wr * 8, Wr * T * 8);
+    memcpy(on->count, p + Wr * 8 + Wr * T * 8, Wr * T * 8);
+    p += Wr * 8 + 2 * Wr * T * 8;
+    memcpy(on->held, p, T * 8);
+    memcpy(on->held_count, p + T * 8, T * 8);
+    memcpy(on->last_sel, p + 2 * T * 8, T * 8);
+    memcpy(on->pending, p + 3 * T * 8, on->npend);
+}
+
 igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned char *bytes,
                                               size_t nbytes, const char *name)
 {
@@ -541,7 +658,12 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
     online_view_t ov;
     igrad_engine_t *n = NULL; /* the plan of the file's profile */
     igrad_status_t st = locate_online(e, bytes, nbytes, name, &ov);
-    if (st == IGRAD_OK && ov.profile) st = igrad__online_prepare(e, ov.profile, &n);
+    if (st == IGRAD_OK && ov.profile && ov.fixed > 1)
+        st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
+                         "%s: re-profiling classes flag %llu: corrupt state file", name,
+                         (unsigned long long)ov.fixed);
+    if (st == IGRAD_OK && ov.profile)
+        st = igrad__online_prepare(e, ov.profile, (int)ov.fixed, &n);
     igrad_engine_t *target = n ? n : e;
     if (st == IGRAD_OK) st = verify_state(target, bytes, nbytes, name, ov.nbytes, &v);
     if (st == IGRAD_OK) {
@@ -562,7 +684,9 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
                              (unsigned long long)ov.mode);
         else if (ov.mode == ONLINE_WINDOW)
             st = check_window(e, bytes, &ov, name);
-        uint64_t copy = ov.mode == ONLINE_WINDOW ? ov.nrec : (uint64_t)-1;
+        else if (ov.rep_off)
+            st = check_reprofile(e, bytes, &ov, name);
+        uint64_t copy = ov.mode == ONLINE_WINDOW || ov.rep_off ? ov.nrec : (uint64_t)-1;
         if (st == IGRAD_OK && v.items[IGRAD__ITEM_ONLINE] != copy)
             st = igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
                              "%s: the online record count differs from its copy in the items "
@@ -578,7 +702,7 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
     items[IGRAD__ITEM_STEP] = st == IGRAD_OK ? (uint64_t)v.step : 0;
     items[IGRAD__ITEM_CALLS] = st == IGRAD_OK ? (uint64_t)v.calls : 0;
     items[IGRAD__ITEM_HISTORY] = st == IGRAD_OK ? v.items[IGRAD__ITEM_HISTORY] : 0;
-    items[IGRAD__ITEM_ONLINE] = ov.mode == ONLINE_WINDOW ? ov.nrec : (uint64_t)-1;
+    items[IGRAD__ITEM_ONLINE] = ov.mode == ONLINE_WINDOW || ov.rep_off ? ov.nrec : (uint64_t)-1;
     igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg,
                                             items, 1, "load state");
     if (ag != IGRAD_OK) {
@@ -593,6 +717,7 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
         igrad__online_commit(e, n, ov.profile); /* e now plans with the file's profile */
         e->online->switch_step = ov.switch_step;
         e->online->replans = ov.replans;
+        if (ov.rep_off) apply_reprofile(e, bytes, &ov);
     }
     if (ov.mode == ONLINE_WINDOW) {
         igrad__online_t *on = e->online;
@@ -629,7 +754,8 @@ static igrad_status_t read_once(const igrad_engine_t *e, const char *path, unsig
     *out = NULL;
     *nbytes = 0;
     /* the online section may hold a profile of any size up to the limit */
-    uint64_t cap64 = base_nbytes(e) + window_nbytes(e) + 32 + STATE_PROFILE_MAX_NBYTES + 1;
+    uint64_t cap64 = base_nbytes(e) + window_nbytes(e) + 32 + STATE_PROFILE_MAX_NBYTES +
+                     reprofile_nbytes(e) + 1;
     IGRAD_FAIL_IF(cap64 > SIZE_MAX, IGRAD_E_NOMEM, "%s: state file too large", path);
     size_t cap = (size_t)cap64;
     unsigned char *buf = malloc(cap);

@@ -104,6 +104,13 @@ int igrad__name_equal(const char *a, const char *b);
  * config.gate_other puts under the gate (component.c). */
 int igrad__kind_is_outer(igrad_kind_t kind);
 
+/* igrad_target_fit for the profile's own important set (score >= its
+ * tau): only kappa is chosen, out->tau is the profile's (target.c). */
+igrad_status_t igrad__target_fit_kappa(const igrad_layout_t *layout,
+                                       const igrad_profile_t *profile,
+                                       const igrad_config_t *config, double target_ratio,
+                                       double min_keep, igrad_target_fit_t *out);
+
 /* strdup (NULL when out of memory). */
 char *igrad__strdup(const char *s);
 

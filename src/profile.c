@@ -241,6 +241,25 @@ igrad_status_t igrad_profile_set_threshold(igrad_profile_t *profile, double tau)
     return IGRAD_OK;
 }
 
+igrad_status_t igrad__profile_set_classes(igrad_profile_t *profile, double tau,
+                                          const unsigned char *important)
+{
+    IGRAD_FAIL_IF(!profile || !important || !isfinite(tau), IGRAD_E_INVALID,
+                  "profile: set classes: NULL argument or tau %g", tau);
+    int low = 0;
+    for (size_t i = 0; i < profile->count; i++) low |= !important[i];
+    if (tau > 1.0) tau = 1.0;                         /* scores stay in [0, 1] */
+    if (low && tau <= 0.0) tau = nextafter(0.0, 1.0); /* room for a score below it */
+    profile->tau = tau;
+    for (size_t i = 0; i < profile->count; i++) {
+        igrad_profile_entry_t *en = &profile->entries[i];
+        if (important[i] && en->score < tau) en->score = tau;
+        if (!important[i] && en->score >= tau) en->score = nextafter(tau, 0.0);
+        en->important = important[i];
+    }
+    return IGRAD_OK;
+}
+
 /* ---- writers -------------------------------------------------------------- */
 
 /* cJSON prints doubles with 15 digits whenever they compare equal within an

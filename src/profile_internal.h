@@ -65,6 +65,16 @@ igrad_status_t igrad__profile_from_json_text(const char *text, size_t nbytes,
 /* The exact text igrad_profile_save_json() writes (malloc'd). */
 igrad_status_t igrad__profile_to_json_text(const igrad_profile_t *profile, char **text);
 
+/* Marks entry i important[i] with threshold tau; a score on the wrong side
+ * of tau (a class the re-profiling hysteresis kept) is moved to the edge
+ * of its class (tau, or the double below it), so that important = score
+ * >= tau still holds and the profile's JSON reloads to the same classes.
+ * tau is first clamped to 1 (above every score: igrad_target_fit's tau
+ * when nothing fits) and, with a low entry, to at least the smallest
+ * positive double, so that every score stays in [0, 1]. */
+igrad_status_t igrad__profile_set_classes(igrad_profile_t *profile, double tau,
+                                          const unsigned char *important);
+
 /* A parsed partition method ("knee", "percentile:40", ...). */
 typedef enum igrad__partition_kind {
     IGRAD__PARTITION_KNEE,

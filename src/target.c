@@ -11,7 +11,10 @@
  * counts: a row that keeps 3 entries releases at least one per R steps, so
  * small kappas cost more than kappa says. tests/test_target.c checks the
  * model against igrad_engine_predict_payload() and the choice against a
- * brute force. The phase schedule is not here (engine.c, schedule.c).
+ * brute force. igrad__target_fit_kappa is the second half alone: kappa for
+ * the profile's own important set (periodic re-profiling, whose classes
+ * come from the hysteresis rule). The phase schedule is not here
+ * (engine.c, schedule.c).
  */
 #include "internal.h"
 #include "schedule.h"
@@ -138,9 +141,11 @@ static int prefix_ok(const fit_ctx_t *x, size_t k)
     return x->comp[x->order[k - 1]].score > x->comp[x->order[k]].score;
 }
 
-igrad_status_t igrad_target_fit(const igrad_layout_t *layout, const igrad_profile_t *profile,
-                                const igrad_config_t *config, double target_ratio,
-                                double min_keep, igrad_target_fit_t *out)
+/* keep_classes: the important set is the profile's (score >= its tau), only
+ * kappa is chosen. */
+static igrad_status_t fit(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                          const igrad_config_t *config, double target_ratio, double min_keep,
+                          int keep_classes, igrad_target_fit_t *out)
 {
     IGRAD_FAIL_IF(!layout || !profile || !config || !out, IGRAD_E_INVALID,
                   "igrad_target_fit: NULL argument");
@@ -179,7 +184,13 @@ igrad_status_t igrad_target_fit(const igrad_layout_t *layout, const igrad_profil
     IGRAD_CHECK_GOTO(fill_costs(&x, min_keep));
     size_t best_k = 0;
     int met = 0;
-    for (size_t k = 0; k <= x.ngated; k++) {
+    if (keep_classes) {
+        /* a threshold's important set is a prefix of the order */
+        double tau = igrad_profile_threshold(profile);
+        while (best_k < x.ngated && x.comp[x.order[best_k]].score >= tau) best_k++;
+        met = ratio_of(&x, best_k) <= target_ratio;
+    }
+    for (size_t k = 0; k <= x.ngated && !keep_classes; k++) {
         if (!prefix_ok(&x, k)) continue;
         if (ratio_of(&x, k) <= target_ratio) {
             best_k = k;
@@ -212,7 +223,8 @@ igrad_status_t igrad_target_fit(const igrad_layout_t *layout, const igrad_profil
     out->n_important = best_k;
     out->n_gated = x.ngated;
     /* tau: the lowest important score, or above every score when none */
-    if (best_k > 0) out->tau = x.comp[x.order[best_k - 1]].score;
+    if (keep_classes) out->tau = igrad_profile_threshold(profile);
+    else if (best_k > 0) out->tau = x.comp[x.order[best_k - 1]].score;
     else if (x.ngated > 0) out->tau = nextafter(x.comp[x.order[0]].score, HUGE_VAL);
     else out->tau = 1.0;
     out->f_imp = x.total > 0 ? every / x.total : 0.0;
@@ -223,4 +235,19 @@ cleanup:
     free(x.comp);
     free(x.order);
     return st;
+}
+
+igrad_status_t igrad_target_fit(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                                const igrad_config_t *config, double target_ratio,
+                                double min_keep, igrad_target_fit_t *out)
+{
+    return fit(layout, profile, config, target_ratio, min_keep, 0, out);
+}
+
+igrad_status_t igrad__target_fit_kappa(const igrad_layout_t *layout,
+                                       const igrad_profile_t *profile,
+                                       const igrad_config_t *config, double target_ratio,
+                                       double min_keep, igrad_target_fit_t *out)
+{
+    return fit(layout, profile, config, target_ratio, min_keep, 1, out);
 }

@@ -3,18 +3,24 @@
  * (igrad__engine_state_load_bytes, src/engine_state.c: everything
  * igrad_engine_load_state does after reading the file) on one engine over
  * the self communicator: two tensors of 72 and 5 entries (odd: the file
- * has padding), risk packing (the file has a history).
+ * has padding), risk packing (the file has a history). A second engine
+ * over the same layout runs ig with online profiling and re-profiling
+ * (profile_steps 2, reprofile_every 2, R 2), so that files with the online
+ * profile and the re-profiling section reach their parsers.
  *
  * Input: one mode byte, then the file. Mode bit 0 set: the harness first
  * recomputes the checksum (FNV-1a over the 64-bit words before the last 8
  * bytes, docs/formats.md §7) and writes it into the last 8 bytes, so
  * mutations get past the checksum to the field checks; the library itself
- * has no such switch.
+ * has no such switch. Mode bit 1 set: the file goes to the re-profiling
+ * engine.
  *
  * Invariants: no crash; status OK, FORMAT, MISMATCH or NOMEM; a refused
  * file leaves residuals, step and history as they were (bit for bit); a
  * loaded file sets the residuals to the file's and, saved again, gives the
- * same bytes except config.verify_every (the engine's own, not the file's);
+ * same bytes except config.verify_every (the engine's own, not the file's)
+ * — for the re-profiling engine, whose file holds a profile as JSON text,
+ * saved again gives a file that loads and saves back to itself;
  * the same input twice gives the same status and message. After a load
  * the engine is put back to its base state, so every input starts alike.
  * IGRAD_FUZZ_VERBOSE=1 prints each input's outcome (which check refused it).
@@ -39,11 +45,18 @@ const uint8_t *igrad_fuzz_seed(size_t i, size_t *size);
 #define OFF_VERIFY_EVERY (24 + 8 * IGRAD__ITEM_CFG_VERIFY_EVERY)
 #define OFF_TIMEOUT (24 + 8 * IGRAD__ITEM_CFG_TIMEOUT)
 
-static igrad_engine_t *eng;
-static uint8_t *base;           /* the engine's state file after its warm-up */
-static size_t base_n;
-static uint8_t *seed_buf[4];
-static size_t seed_n[4];
+/* The two engines (mode bit 1) and their state files after the warm-up. */
+typedef struct target {
+    igrad_engine_t *eng;
+    uint8_t *base;
+    size_t base_n;
+} target_t;
+
+#define NSEEDS 6
+static target_t tg[2];
+static igrad_engine_t *eng; /* the engine of the input being run */
+static uint8_t *seed_buf[NSEEDS];
+static size_t seed_n[NSEEDS];
 static char tmp_path[256];
 
 static uint64_t fnv_words(const uint8_t *p, size_t nbytes)
@@ -84,10 +97,49 @@ static void die(const char *what)
     abort();
 }
 
-/* The engine and its base state, built once per process. */
+static void gradients(int64_t s, float *g0, float *g1)
+{
+    for (int i = 0; i < 72; i++) g0[i] = (float)((i * 37 + s * 11) % 23 - 11);
+    for (int i = 0; i < 5; i++) g1[i] = (float)(i + 1) * (s % 2 ? -1.f : 1.f);
+}
+
+/* Runs target t for 7 steps, saving the states after the steps in `at`
+ * (ascending, the last one 7: the base) as seeds k, k + 1, ... */
+static void warm_up(target_t *t, const int64_t *at, size_t nat, uint8_t mode_bits, int *k)
+{
+    float g0[72], g1[5];
+    float *g[2] = {g0, g1};
+    size_t next = 0;
+    for (int64_t s = 0; s <= 7; s++) {
+        if (next < nat && s == at[next]) {
+            next++;
+            if (igrad_engine_save_state(t->eng, tmp_path) != IGRAD_OK) die("save");
+            uint8_t *f;
+            size_t n;
+            if (read_whole(tmp_path, &f, &n) != 0) die("read back");
+            seed_buf[*k] = malloc(n + 1);
+            if (!seed_buf[*k]) die("malloc");
+            seed_buf[*k][0] = (uint8_t)(mode_bits | (*k & 1)); /* both checksum modes */
+            memcpy(seed_buf[*k] + 1, f, n);
+            seed_n[*k] = n + 1;
+            (*k)++;
+            if (s == 7) {
+                t->base = f;
+                t->base_n = n;
+            } else {
+                free(f);
+            }
+        }
+        if (s == 7) break;
+        gradients(s, g0, g1);
+        if (igrad_engine_sync(t->eng, s, g) != IGRAD_OK) die("sync");
+    }
+}
+
+/* The engines and their base states, built once per process. */
 static void setup(void)
 {
-    if (eng) return;
+    if (tg[0].eng) return;
     snprintf(tmp_path, sizeof tmp_path, "/tmp/igrad_fuzz_engine_state.%ld.bin", (long)getpid());
     igrad_layout_t *L = NULL;
     igrad_comm_t *comm = NULL;
@@ -104,49 +156,35 @@ static void setup(void)
     c.pack = IGRAD_PACK_RISK;
     c.block_entries = 4;
     c.buckets = 2;
-    if (igrad_engine_create(L, NULL, &c, comm, &eng) != IGRAD_OK) die("engine");
+    if (igrad_engine_create(L, NULL, &c, comm, &tg[0].eng) != IGRAD_OK) die("engine");
+    c.method = IGRAD_METHOD_IG;
+    c.pack = IGRAD_PACK_CONTIGUOUS;
+    c.release_period = 2;
+    c.profile_steps = 2;
+    c.profile_partition = "fixed:0.5";
+    c.reprofile_every = 2;
+    if (igrad_engine_create(L, NULL, &c, comm, &tg[1].eng) != IGRAD_OK) die("ig engine");
     igrad_layout_free(L); /* copied; comm lives as long as the process */
 
-    /* Seeds: states before any step, after 1 and after 7 steps; base = 7. */
-    float g0[72], g1[5];
-    float *g[2] = {g0, g1};
+    /* Seeds: states before any step, after 1 and after 7 steps (the base);
+     * of the re-profiling engine after 3 (inside a window) and 7 (its base). */
     int k = 0;
-    for (int64_t s = 0; s <= 7; s++) {
-        if (s == 0 || s == 1 || s == 7) {
-            if (igrad_engine_save_state(eng, tmp_path) != IGRAD_OK) die("save");
-            uint8_t *f;
-            size_t n;
-            if (read_whole(tmp_path, &f, &n) != 0) die("read back");
-            seed_buf[k] = malloc(n + 1);
-            if (!seed_buf[k]) die("malloc");
-            seed_buf[k][0] = (uint8_t)(k & 1); /* both modes among the seeds */
-            memcpy(seed_buf[k] + 1, f, n);
-            seed_n[k] = n + 1;
-            k++;
-            if (s == 7) {
-                base = f;
-                base_n = n;
-            } else {
-                free(f);
-            }
-        }
-        if (s == 7) break;
-        for (int i = 0; i < 72; i++) g0[i] = (float)((i * 37 + s * 11) % 23 - 11);
-        for (int i = 0; i < 5; i++) g1[i] = (float)(i + 1) * (s % 2 ? -1.f : 1.f);
-        if (igrad_engine_sync(eng, s, g) != IGRAD_OK) die("sync");
-    }
+    static const int64_t at0[] = {0, 1, 7}, at1[] = {3, 7};
+    warm_up(&tg[0], at0, 3, 0, &k);
     /* a 4th seed: the base file with its checksum left to the harness */
-    seed_buf[3] = malloc(base_n + 1);
+    seed_buf[3] = malloc(tg[0].base_n + 1);
     if (!seed_buf[3]) die("malloc");
     seed_buf[3][0] = 1;
-    memcpy(seed_buf[3] + 1, base, base_n);
-    memset(seed_buf[3] + 1 + base_n - 8, 0, 8);
-    seed_n[3] = base_n + 1;
+    memcpy(seed_buf[3] + 1, tg[0].base, tg[0].base_n);
+    memset(seed_buf[3] + 1 + tg[0].base_n - 8, 0, 8);
+    seed_n[3] = tg[0].base_n + 1;
+    k = 4;
+    warm_up(&tg[1], at1, 2, 2, &k);
     unlink(tmp_path);
 }
 
 const char *igrad_fuzz_name(void) { return "engine_state"; }
-size_t igrad_fuzz_seed_count(void) { return 4; }
+size_t igrad_fuzz_seed_count(void) { return NSEEDS; }
 const uint8_t *igrad_fuzz_seed(size_t i, size_t *size)
 {
     setup();
@@ -160,6 +198,7 @@ typedef struct snapshot {
     int64_t step;
     size_t hist_count;
     double hist_mean0;
+    igrad_online_info_t online;
 } snapshot_t;
 
 static void take_snapshot(snapshot_t *s)
@@ -174,18 +213,25 @@ static void take_snapshot(snapshot_t *s)
     s->step = igrad_engine_step(eng);
     s->hist_count = eng->hist.count;
     s->hist_mean0 = eng->hist.count ? eng->hist.mean[0] : 0;
+    igrad_engine_online_info(eng, &s->online);
 }
 
 static int same_snapshot(const snapshot_t *a, const snapshot_t *b)
 {
+    const igrad_online_info_t *x = &a->online, *y = &b->online;
     return memcmp(a->res, b->res, sizeof a->res) == 0 && a->step == b->step &&
            a->hist_count == b->hist_count &&
-           memcmp(&a->hist_mean0, &b->hist_mean0, sizeof a->hist_mean0) == 0;
+           memcmp(&a->hist_mean0, &b->hist_mean0, sizeof a->hist_mean0) == 0 &&
+           x->profiling == y->profiling && x->steps_recorded == y->steps_recorded &&
+           x->switch_step == y->switch_step && x->replans == y->replans &&
+           x->reprofiles == y->reprofiles && x->reprofile_replans == y->reprofile_replans &&
+           x->last_flips == y->last_flips;
 }
 
 static int restore_base(void)
 {
-    if (igrad__engine_state_load_bytes(eng, base, base_n, "base") != IGRAD_OK) {
+    const target_t *t = eng == tg[0].eng ? &tg[0] : &tg[1];
+    if (igrad__engine_state_load_bytes(eng, t->base, t->base_n, "base") != IGRAD_OK) {
         fprintf(stderr, "the base state no longer loads: %s\n", igrad_last_error());
         return 1;
     }
@@ -212,7 +258,23 @@ static int check_loaded(const uint8_t *file, size_t n)
     size_t bn;
     if (read_whole(tmp_path, &back, &bn) != 0) return 1;
     unlink(tmp_path);
-    int bad = bn != n;
+    int bad = 0;
+    if (eng == tg[1].eng) {
+        /* The online profile is JSON: a file whose text differs from the
+         * writer's (other white space) loads to the same profile but
+         * saves back canonical, so the saved file must be a fixed point. */
+        uint8_t *again = NULL;
+        size_t an = 0;
+        bad = igrad__engine_state_load_bytes(eng, back, bn, "saved back") != IGRAD_OK ||
+              igrad_engine_save_state(eng, tmp_path) != IGRAD_OK ||
+              read_whole(tmp_path, &again, &an) != 0 || an != bn || memcmp(again, back, bn) != 0;
+        unlink(tmp_path);
+        free(again);
+        if (bad) fprintf(stderr, "the saved-back state is not a fixed point: %s\n", igrad_last_error());
+        free(back);
+        return bad;
+    }
+    bad = bn != n;
     if (!bad) {
         /* verify_every and timeout_s are the engine's own (not compared at
          * load): patch them back, fix the sum */
@@ -235,6 +297,7 @@ int igrad_fuzz_one(const uint8_t *data, size_t size)
     if (!file) return 0;
     if (n) memcpy(file, data + 1, n);
     if (data[0] & 1) put_checksum(file, n);
+    eng = tg[(data[0] >> 1) & 1].eng;
 
     snapshot_t before, after;
     take_snapshot(&before);

@@ -641,6 +641,84 @@ static void check_same_u64(uint64_t h, const char *what)
           (unsigned long long)h, (unsigned long long)lo, (unsigned long long)hi);
 }
 
+/* b's state saved and loaded into a fresh engine made the same way. */
+static igrad_engine_t *reloaded(igrad_engine_t *b, const char *path, const igrad_layout_t *L,
+                                const igrad_config_t *c, igrad_comm_t *comm)
+{
+    CHECK_OK(igrad_engine_save_state(b, path));
+    igrad_engine_free(b);
+    b = create(L, NULL, c, comm);
+    CHECK_OK(igrad_engine_load_state(b, path));
+    return b;
+}
+
+/* The resumed twin's gradients equal the uninterrupted run's, and every
+ * rank holds the same. */
+static void check_twin(const grads_t *Ga, const grads_t *Gb, int64_t step, const char *what)
+{
+    for (size_t t = 0; t < Ga->T; t++)
+        CHECK(memcmp(Ga->g[t], Gb->g[t], (size_t)Ga->n[t] * sizeof(float)) == 0,
+              "%s resume: step %lld tensor %zu differs from the uninterrupted run", what,
+              (long long)step, t);
+    check_identical(Ga, what);
+}
+
+/* Per-entry sums over steps (double), for the conservation checks. */
+static double **sums_new(const grads_t *G)
+{
+    double **x = calloc(G->T, sizeof *x);
+    REQUIRE(x);
+    for (size_t t = 0; t < G->T; t++) REQUIRE((x[t] = calloc((size_t)G->n[t], sizeof(double))));
+    return x;
+}
+
+static void sums_free(double **x, size_t T)
+{
+    for (size_t t = 0; t < T && x; t++) free(x[t]);
+    free(x);
+}
+
+/* One sync of G on engine a, adding the gradients given to `in` and the
+ * result to `out`. */
+static void sync_counted(igrad_engine_t *a, int64_t step, grads_t *G, double **in, double **out)
+{
+    for (size_t t = 0; t < G->T; t++)
+        for (int64_t i = 0; i < G->n[t]; i++) in[t][i] += G->g[t][i];
+    CHECK_OK(igrad_engine_sync(a, step, G->g));
+    for (size_t t = 0; t < G->T; t++)
+        for (int64_t i = 0; i < G->n[t]; i++) out[t][i] += G->g[t][i];
+}
+
+/* Sum over ranks of every rank's gradients = P x applied + sum over ranks
+ * of the residuals, per entry (in, out: this rank's sums over steps). */
+static void check_conservation_over_ranks(const igrad_engine_t *a, const grads_t *G,
+                                          double *const *in, double *const *out,
+                                          const char *what)
+{
+    for (size_t t = 0; t < G->T; t++) {
+        int64_t n = G->n[t];
+        double *loc = malloc(2 * (size_t)n * sizeof *loc), *sum = malloc(2 * (size_t)n * sizeof *sum);
+        REQUIRE(loc && sum);
+        const float *r = igrad_engine_residual(a, t);
+        for (int64_t i = 0; i < n; i++) {
+            loc[i] = in[t][i];
+            loc[n + i] = (double)r[i];
+        }
+        MPI_Allreduce(loc, sum, 2 * (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        double err = 0.0, ref = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = sum[i] - (double)np * out[t][i] - sum[n + i];
+            err += d * d;
+            ref += sum[i] * sum[i];
+        }
+        CHECK(sqrt(err) <= 1e-4 * sqrt(ref) + 1e-6,
+              "%s conservation, tensor %zu: |sum in - P applied - sum e| = %g (ref %g)", what, t,
+              sqrt(err), sqrt(ref));
+        free(loc);
+        free(sum);
+    }
+}
+
 /* The switch on every rank: identical plans and profiles, the same
  * gradients, conservation over ranks (sum of every rank's gradients =
  * P x applied + sum of residuals), and a resume from inside the window and
@@ -662,33 +740,16 @@ static void test_online(igrad_comm_t *comm, const igrad_layout_t *L)
     igrad_engine_t *a = create(L, NULL, &c, comm), *b = create(L, NULL, &c, comm);
     size_t T = igrad_layout_count(L);
     grads_t Ga = grads_new(L), Gb = grads_new(L);
-    double **in = calloc(T, sizeof *in), **out = calloc(T, sizeof *out);
-    REQUIRE(in && out);
-    for (size_t t = 0; t < T; t++) {
-        in[t] = calloc((size_t)Ga.n[t], sizeof(double));
-        out[t] = calloc((size_t)Ga.n[t], sizeof(double));
-        REQUIRE(in[t] && out[t]);
-    }
+    double **in = sums_new(&Ga), **out = sums_new(&Ga);
     for (int64_t s = 0; s < steps; s++) {
         grads_fill(&Ga, me, s);
         grads_copy(&Gb, &Ga);
-        for (size_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < Ga.n[t]; i++) in[t][i] += Ga.g[t][i];
-        CHECK_OK(igrad_engine_sync(a, s, Ga.g));
-        for (size_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < Ga.n[t]; i++) out[t][i] += Ga.g[t][i];
+        sync_counted(a, s, &Ga, in, out);
         if (s == 5 || s == 20) { /* inside the window, after the switch */
-            CHECK_OK(igrad_engine_save_state(b, path));
-            igrad_engine_free(b);
-            b = create(L, NULL, &c, comm);
-            CHECK_OK(igrad_engine_load_state(b, path));
+            b = reloaded(b, path, L, &c, comm);
         }
         CHECK_OK(igrad_engine_sync(b, s, Gb.g));
-        for (size_t t = 0; t < T; t++)
-            CHECK(memcmp(Ga.g[t], Gb.g[t], (size_t)Ga.n[t] * sizeof(float)) == 0,
-                  "online resume: step %lld tensor %zu differs from the uninterrupted run",
-                  (long long)s, t);
-        check_identical(&Ga, "online profiling step");
+        check_twin(&Ga, &Gb, s, "online");
         if (s == W) {
             igrad_online_info_t oi;
             CHECK_OK(igrad_engine_online_info(a, &oi));
@@ -709,29 +770,7 @@ static void test_online(igrad_comm_t *comm, const igrad_layout_t *L)
         }
     }
     CHECK(plan_hash_of(a, T) == plan_hash_of(b, T), "online resume: plans differ");
-    /* conservation over ranks */
-    for (size_t t = 0; t < T; t++) {
-        int64_t n = Ga.n[t];
-        double *loc = malloc(2 * (size_t)n * sizeof *loc), *sum = malloc(2 * (size_t)n * sizeof *sum);
-        REQUIRE(loc && sum);
-        const float *r = igrad_engine_residual(a, t);
-        for (int64_t i = 0; i < n; i++) {
-            loc[i] = in[t][i];
-            loc[n + i] = (double)r[i];
-        }
-        MPI_Allreduce(loc, sum, 2 * (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        double err = 0.0, ref = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            double d = sum[i] - (double)np * out[t][i] - sum[n + i];
-            err += d * d;
-            ref += sum[i] * sum[i];
-        }
-        CHECK(sqrt(err) <= 1e-4 * sqrt(ref) + 1e-6,
-              "online conservation, tensor %zu: |sum in - P applied - sum e| = %g (ref %g)", t,
-              sqrt(err), sqrt(ref));
-        free(loc);
-        free(sum);
-    }
+    check_conservation_over_ranks(a, &Ga, in, out, "online");
     /* one rank with another window: every rank fails, naming it */
     igrad_config_t d = c;
     if (me == np - 1) d.profile_steps = W + 1;
@@ -759,16 +798,93 @@ static void test_online(igrad_comm_t *comm, const igrad_layout_t *L)
     unlink(path);
     MPI_Barrier(MPI_COMM_WORLD);
     if (me == 0) rmdir(dir);
-    for (size_t t = 0; t < T; t++) {
-        free(in[t]);
-        free(out[t]);
-    }
-    free(in);
-    free(out);
+    sums_free(in, T);
+    sums_free(out, T);
     grads_free(&Ga);
     grads_free(&Gb);
     igrad_engine_free(a);
     igrad_engine_free(b);
+}
+
+/* Periodic re-profiling on every rank: the scales of the tensors reversed
+ * at step 24, so that components move; after every re-profile the ranks
+ * hold the same plan, profile and counters, the gradients stay identical,
+ * a run resumed from a state saved inside a re-profiling window (with
+ * hysteresis flags set) continues exactly, and the sum over ranks is
+ * conserved through every re-plan. */
+static void grads_fill_swap(grads_t *G, int rank, int64_t step)
+{
+    grads_fill(G, rank, step);
+    if (step < 24) return;
+    for (size_t t = 0; t < G->T; t++) {
+        float f = (0.2f + 0.25f * (float)(3 - t % 4)) / (0.2f + 0.25f * (float)(t % 4));
+        for (int64_t i = 0; i < G->n[t]; i++) G->g[t][i] *= f;
+    }
+}
+
+static void test_reprofile(igrad_comm_t *comm, const igrad_layout_t *L)
+{
+    char dir[128] = "/tmp/igrad_mpi_reprof_XXXXXX";
+    if (me == 0) REQUIRE(mkdtemp(dir) != NULL);
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    char path[256];
+    snprintf(path, sizeof path, "%s/state.rank%d.bin", dir, me);
+
+    const int64_t W = 8, Wr = 8, steps = 66;
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.density = 0.05;
+    c.block_entries = 40;
+    c.profile_steps = W;
+    c.profile_partition = "fixed:0.4";
+    c.reprofile_every = Wr;
+    c.reprofile_margin = 0.05;
+    igrad_engine_t *a = create(L, NULL, &c, comm), *b = create(L, NULL, &c, comm);
+    size_t T = igrad_layout_count(L);
+    grads_t Ga = grads_new(L), Gb = grads_new(L);
+    double **in = sums_new(&Ga), **out = sums_new(&Ga);
+    for (int64_t s = 0; s < steps; s++) {
+        grads_fill_swap(&Ga, me, s);
+        grads_copy(&Gb, &Ga);
+        sync_counted(a, s, &Ga, in, out);
+        if (s == 36 || s == 49) { /* a window with flags set, after a re-plan */
+            b = reloaded(b, path, L, &c, comm);
+        }
+        CHECK_OK(igrad_engine_sync(b, s, Gb.g));
+        check_twin(&Ga, &Gb, s, "re-profiling");
+        if (s > W && (s - W) % Wr == 0) {
+            igrad_online_info_t oi;
+            CHECK_OK(igrad_engine_online_info(a, &oi));
+            CHECK(oi.reprofiles == (s - W) / Wr, "step %lld: %lld re-profiles", (long long)s,
+                  (long long)oi.reprofiles);
+            check_same_u64(plan_hash_of(a, T), "the plan after a re-profile");
+            check_same_u64((uint64_t)oi.last_flips, "the flips of a re-profile");
+            check_same_u64((uint64_t)oi.reprofile_replans, "the re-plans of re-profiling");
+            check_same_u64(igrad_profile_threshold(igrad_engine_profile(a)) > 0.0 ? 1 : 0,
+                           "the profile's threshold sign");
+        }
+    }
+    igrad_online_info_t oi;
+    CHECK_OK(igrad_engine_online_info(a, &oi));
+    CHECK(oi.reprofile_replans >= 1, "the reversed scales moved no component (%lld re-plans)",
+          (long long)oi.reprofile_replans);
+    CHECK(plan_hash_of(a, T) == plan_hash_of(b, T), "re-profiling resume: plans differ");
+    check_conservation_over_ranks(a, &Ga, in, out, "re-profiling");
+    /* one rank with another margin: every rank fails, naming it */
+    igrad_config_t d = c;
+    if (me == np - 1) d.reprofile_margin = 0.1;
+    igrad_engine_t *x = NULL;
+    CHECK_STATUS(igrad_engine_create(L, NULL, &d, comm, &x), IGRAD_E_MISMATCH);
+    CHECK(strstr(igrad_last_error(), "config.reprofile_margin differs"), "message: %s",
+          igrad_last_error());
+    sums_free(in, T);
+    sums_free(out, T);
+    grads_free(&Ga);
+    grads_free(&Gb);
+    igrad_engine_free(a);
+    igrad_engine_free(b);
+    remove(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me == 0) rmdir(dir);
 }
 
 /* ---- agreement and faults ------------------------------------------------------------ */
@@ -1192,6 +1308,7 @@ int main(int argc, char **argv)
     two_phase_vs_sync(comm, L, P, c, 1, "two-phase iad");
     test_resume(comm, L, P);
     test_online(comm, L);
+    test_reprofile(comm, L);
     test_mismatch(comm, L, P);
     test_remedies(comm, L, P);
     test_nonfinite(comm, L, P);

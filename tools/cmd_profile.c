@@ -2,9 +2,13 @@
  * cmd_profile.c — `igrad profile`: reads an activity trace CSV, builds the
  * importance profile over a window of steps, prints the components ranked
  * by score with the threshold and the important share, and writes the
- * profile JSON (and optionally the reference CSV). All computation lives
- * in the library (src/profile.c, src/partition.c); this file only parses
- * arguments and prints.
+ * profile JSON (and optionally the reference CSV). With --target-ratio X
+ * (and the model's --layout) the important set and kappa come from
+ * igrad_target_fit, the engine's own budget-driven choice: the profile is
+ * re-marked at its threshold and the JSON gains a "target" object (kappa
+ * and the planned ratio; readers ignore it). All computation lives in the
+ * library (src/profile.c, src/partition.c, src/target.c); this file only
+ * parses arguments and prints.
  */
 #define _POSIX_C_SOURCE 200809L /* stat */
 #include <stdio.h>
@@ -19,7 +23,8 @@ static void usage(FILE *fp)
     fprintf(fp,
             "usage: igrad profile --trace TRACE.csv [--window A:B] [--alpha 0.7]\n"
             "                     [--method knee] [--out profile.json] [--csv profile.csv]\n"
-            "                     [--quiet]\n"
+            "                     [--target-ratio X --layout MODEL [--release-period R]\n"
+            "                      [--gate-other on|off]] [--quiet]\n"
             "\n"
             "Scores each (layer, kind) component of an activity trace over a window of\n"
             "steps (magnitude and persistence of the retained gradient), splits them into\n"
@@ -34,6 +39,16 @@ static void usage(FILE *fp)
             "               [0, 100]) or fixed:F (top fraction F in (0, 1])\n"
             "  --out F      write the profile JSON (the engine's input)\n"
             "  --csv F      also write layer,component,final_score,global_tau,is_important\n"
+            "  --target-ratio X  choose the important set and kappa so that ig sends at most\n"
+            "               X (in (0, 1]) times the sparsifier's *_sync payload per step\n"
+            "               (igrad_target_fit, as igrad train --target-ratio does): the\n"
+            "               threshold becomes the chosen one, the choice is printed and\n"
+            "               --out's JSON gets a \"target\" object (tau, release_keep = kappa,\n"
+            "               n_important, f_imp, planned and model ratio, met)\n"
+            "  --layout M   the model (anything `igrad layout` reads: HF config.json,\n"
+            "               .safetensors, a checkpoint directory); needed by --target-ratio\n"
+            "  --release-period R  R of the plan priced by --target-ratio (default 4)\n"
+            "  --gate-other on|off  EMB/HEAD/NORM under the gate for --target-ratio (on)\n"
             "  --quiet      print nothing but errors\n"
             "  -h, --help   this text\n");
 }
@@ -73,6 +88,92 @@ static int same_file(const char *a, const char *b)
     struct stat sa, sb;
     if (stat(a, &sa) != 0 || stat(b, &sb) != 0) return 0;
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* --target-ratio: what igrad_target_fit chose, for the printout and the
+ * JSON. */
+typedef struct target_choice {
+    double ratio;
+    int release_period, gate_other;
+    igrad_target_fit_t fit;
+} target_choice_t;
+
+/* @return 0, or 1 after printing why not. */
+static int fit_target(igrad_profile_t *profile, const char *layout_path, target_choice_t *tc)
+{
+    igrad_layout_t *layout = NULL;
+    igrad_status_t st = igrad_layout_load(layout_path, &layout);
+    if (st != IGRAD_OK) return cli_fail("profile: --layout", st);
+    int rc = 1;
+    uint64_t ph = igrad_profile_layout_hash(profile);
+    igrad_config_t cfg = IGRAD_CONFIG_INIT;
+    cfg.method = IGRAD_METHOD_IG;
+    cfg.release_period = tc->release_period;
+    cfg.gate_other = tc->gate_other;
+    cfg.density = igrad_profile_density(profile);
+    if (ph != 0 && ph != igrad_layout_hash(layout)) {
+        fprintf(stderr, "igrad: profile: --layout %s is not the model of the trace (layout "
+                        "hash 0x%016llx, the trace's 0x%016llx)\n",
+                layout_path, (unsigned long long)igrad_layout_hash(layout),
+                (unsigned long long)ph);
+    } else if (igrad_sparsifier_from_name(igrad_profile_sparsifier(profile), &cfg.sparsifier) !=
+                   IGRAD_OK ||
+               !(cfg.density > 0.0)) {
+        fprintf(stderr, "igrad: profile: --target-ratio prices the trace's sparsifier and "
+                        "density, but the trace names none ('%s', %g): record it with igrad "
+                        "train --trace\n",
+                igrad_profile_sparsifier(profile), cfg.density);
+    } else {
+        st = igrad_target_fit(layout, profile, &cfg, tc->ratio, IGRAD_TARGET_MIN_KEEP,
+                              &tc->fit);
+        if (st == IGRAD_OK) st = igrad_profile_set_threshold(profile, tc->fit.tau);
+        rc = st == IGRAD_OK ? 0 : cli_fail("profile: --target-ratio", st);
+    }
+    igrad_layout_free(layout);
+    return rc;
+}
+
+/* Appends the "target" object to the profile JSON at `path`, as text (the
+ * numbers as %.17g), before the final '}'. */
+static int write_target(const char *path, const target_choice_t *tc)
+{
+    FILE *fp = fopen(path, "rb");
+    char *text = NULL;
+    long n = -1;
+    if (fp && fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) > 0 && fseek(fp, 0, SEEK_SET) == 0 &&
+        (text = malloc((size_t)n + 1)) && fread(text, 1, (size_t)n, fp) == (size_t)n)
+        text[n] = '\0';
+    else
+        n = -1;
+    if (fp) fclose(fp);
+    char *end = n > 0 ? strrchr(text, '}') : NULL;
+    if (!end) {
+        free(text);
+        fprintf(stderr, "igrad: profile: cannot read back %s to add the target\n", path);
+        return 1;
+    }
+    while (end > text && (end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t')) end--;
+    *end = '\0';
+    const igrad_target_fit_t *f = &tc->fit;
+    fp = fopen(path, "wb");
+    int ok = fp && fprintf(fp,
+                           "%s,\n\t\"target\":\t{\n\t\t\"ratio\":\t%.17g,\n"
+                           "\t\t\"release_period\":\t%d,\n\t\t\"gate_other\":\t%s,\n"
+                           "\t\t\"tau\":\t%.17g,\n\t\t\"release_keep\":\t%.17g,\n"
+                           "\t\t\"n_important\":\t%zu,\n\t\t\"n_gated\":\t%zu,\n"
+                           "\t\t\"f_imp\":\t%.17g,\n\t\t\"planned_ratio\":\t%.17g,\n"
+                           "\t\t\"model_ratio\":\t%.17g,\n\t\t\"met\":\t%s\n\t}\n}\n",
+                           text, tc->ratio, tc->release_period,
+                           tc->gate_other ? "true" : "false", f->tau, f->release_keep,
+                           f->n_important, f->n_gated, f->f_imp, f->ratio, f->model_ratio,
+                           f->met ? "true" : "false") > 0;
+    if (fp && fclose(fp) != 0) ok = 0;
+    free(text);
+    if (!ok) {
+        fprintf(stderr, "igrad: profile: writing %s failed\n", path);
+        return 1;
+    }
+    return 0;
 }
 
 static const igrad_profile_entry_t *rank_entries;
@@ -147,7 +248,8 @@ static int print_profile(const igrad_profile_t *p, const igrad_trace_t *t, const
 int cmd_profile(int argc, char **argv)
 {
     const char *trace_path = NULL, *window = NULL, *alpha_text = NULL, *method = "knee";
-    const char *out = NULL, *csv = NULL;
+    const char *out = NULL, *csv = NULL, *layout_path = NULL, *target_text = NULL;
+    target_choice_t tc = {.release_period = IGRAD_DEFAULT_RELEASE_PERIOD, .gate_other = 1};
     int quiet = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -178,6 +280,23 @@ int cmd_profile(int argc, char **argv)
         } else if ((r = cli_opt(argc, argv, &i, "--csv", &v)) != 0) {
             if (r < 0) return 2;
             csv = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--target-ratio", &v)) != 0) {
+            if (r < 0) return 2;
+            target_text = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--layout", &v)) != 0) {
+            if (r < 0) return 2;
+            layout_path = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--release-period", &v)) != 0) {
+            int64_t rp = 0;
+            if (r < 0 || cli_parse_i64("--release-period", v, &rp) != 0) return 2;
+            if (rp < 1 || rp > 1000000) {
+                fprintf(stderr, "igrad: --release-period %lld must be in [1, 1000000]\n",
+                        (long long)rp);
+                return 2;
+            }
+            tc.release_period = (int)rp;
+        } else if ((r = cli_opt(argc, argv, &i, "--gate-other", &v)) != 0) {
+            if (r < 0 || cli_parse_onoff("--gate-other", v, &tc.gate_other) != 0) return 2;
         } else {
             fprintf(stderr, "igrad: profile: unknown argument '%s'\n\n", argv[i]);
             usage(stderr);
@@ -193,6 +312,21 @@ int cmd_profile(int argc, char **argv)
     opts.method = method;
     if (alpha_text && cli_parse_f64("--alpha", alpha_text, &opts.alpha) != 0) return 2;
     if (window && parse_window(window, &opts.window_begin, &opts.window_end) != 0) return 2;
+    if (target_text) {
+        if (cli_parse_f64("--target-ratio", target_text, &tc.ratio) != 0) return 2;
+        if (!(tc.ratio > 0.0 && tc.ratio <= 1.0)) {
+            fprintf(stderr, "igrad: --target-ratio %s must be in (0, 1]\n", target_text);
+            return 2;
+        }
+        if (!layout_path) {
+            fprintf(stderr, "igrad: profile: --target-ratio needs --layout MODEL (the tensor "
+                            "shapes price the plan)\n");
+            return 2;
+        }
+    } else if (layout_path) {
+        fprintf(stderr, "igrad: profile: --layout is only used with --target-ratio\n");
+        return 2;
+    }
     if ((out && same_file(out, trace_path)) || (csv && same_file(csv, trace_path))) {
         fprintf(stderr, "igrad: profile: refusing to write over the input trace %s\n",
                 trace_path);
@@ -213,8 +347,13 @@ int cmd_profile(int argc, char **argv)
         rc = cli_fail(trace_path, st);
         goto done;
     }
+    if (target_text && (rc = fit_target(profile, layout_path, &tc)) != 0) goto done;
     if (out && (st = igrad_profile_save_json(profile, out)) != IGRAD_OK) {
         rc = cli_fail("profile", st);
+        goto done;
+    }
+    if (out && target_text && write_target(out, &tc) != 0) {
+        rc = 1;
         goto done;
     }
     if (csv && (st = igrad_profile_save_csv(profile, csv)) != IGRAD_OK) {
@@ -223,6 +362,15 @@ int cmd_profile(int argc, char **argv)
     }
     if (!quiet) {
         rc = print_profile(profile, trace, trace_path);
+        if (target_text) {
+            const igrad_target_fit_t *f = &tc.fit;
+            printf("target ratio %g (R %d, gate_other %s): %zu of %zu gated components "
+                   "important (tau %.6g), kappa %.6g, f_imp %.4f, planned ratio %.4f (model "
+                   "%.4f)%s\n",
+                   tc.ratio, tc.release_period, tc.gate_other ? "on" : "off", f->n_important,
+                   f->n_gated, f->tau, f->release_keep, f->f_imp, f->ratio, f->model_ratio,
+                   f->met ? "" : ": NOT met, even no important component at the smallest kappa");
+        }
         if (out) printf("wrote %s\n", out);
         if (csv) printf("wrote %s\n", csv);
     }

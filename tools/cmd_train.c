@@ -91,6 +91,11 @@ static void usage(FILE *fp)
 "                              then switches to the method; DIR/profile.json is the\n"
 "                              profile it built\n"
 "  --profile-steps W (30)  --profile-partition knee|otsu|kmeans2|gmm2|percentile:P|fixed:F\n"
+"  --reprofile-every N (0 = off)  with --profile auto: after the switch, re-profile every\n"
+"                              N steps (at a release-period boundary) and re-plan when a\n"
+"                              component changed class; summary.json logs each re-profile\n"
+"  --reprofile-margin M (0.05)  a component changes class only when its score is beyond\n"
+"                              the threshold by M in two re-profiles in a row\n"
 "  --trace FILE                record the activity trace of this run (sparse methods);\n"
 "                              rank 0 writes it: the trace of rank 0's selections\n"
 "evaluation, checkpoints, output:\n"
@@ -203,6 +208,8 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         STR_OPT("--profile", profile)
         STR_OPT("--profile-partition", profile_partition)
         INT_OPT("--profile-steps", 1, profile_steps)
+        INT_OPT("--reprofile-every", 0, reprofile_every)
+        F64_OPT("--reprofile-margin", reprofile_margin)
         STR_OPT("--trace", trace)
         STR_OPT("--out", out)
         INT_OPT("--steps", 1, steps)

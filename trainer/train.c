@@ -286,6 +286,8 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
         opt_add_str(l, "--profile", o->profile);
         opt_add_i64(l, "--profile-steps", o->profile_steps);
         opt_add_str(l, "--profile-partition", o->profile_partition);
+        opt_add_i64(l, "--reprofile-every", o->reprofile_every);
+        opt_add_f64(l, "--reprofile-margin", o->reprofile_margin);
     } else {
         /* By content: the path may differ from host to host. */
         uint64_t h = 0, nbytes = 0;
@@ -391,6 +393,7 @@ void train_options_default(train_options_t *o)
     o->eval_batches = 4;
     o->progress = TRAIN_PROGRESS_AUTO;
     o->profile_steps = 30;
+    o->reprofile_margin = 0.05;
 }
 
 void train_options_resolve(train_options_t *o)
@@ -443,6 +446,8 @@ typedef struct run {
     int beta1_was_auto;       /* --beta1 not given (resolved by method) */
     int tty;
     int online_written;       /* --profile auto: out/profile.json written */
+    cJSON *reprofile_log;     /* --reprofile-every: one entry per re-profile */
+    int64_t reprofiles_seen;
 } run_t;
 
 /* ------------------------------------------------------------------------ */
@@ -474,6 +479,8 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
         c.profile_steps = o->profile_steps; /* other methods: refused in setup, by name */
         c.profile_partition = o->profile_partition;
         if (c.method == IGRAD_METHOD_IG) c.target_ratio = o->target_ratio;
+        c.reprofile_every = o->reprofile_every;
+        c.reprofile_margin = o->reprofile_margin;
     }
     c.gate_other = o->gate_other;
     if (c.method == IGRAD_METHOD_DENSE &&
@@ -959,6 +966,11 @@ static igrad_status_t setup_local(run_t *r)
         return trainer_fail(IGRAD_E_INVALID,
                             "--profile auto profiles online for iad and ig; --method %s uses no "
                             "profile", o->method);
+    if (o->reprofile_every != 0 && !train_profile_auto(o))
+        return trainer_fail(IGRAD_E_INVALID,
+                            "--reprofile-every %lld re-profiles an online profile; it needs "
+                            "--profile auto",
+                            (long long)o->reprofile_every);
     if (o->profile && !train_profile_auto(o)) {
         st = igrad_profile_load(o->profile, r->layout, &r->profile);
         if (st == IGRAD_E_MISMATCH)
@@ -1023,6 +1035,7 @@ static igrad_status_t setup_rank0(run_t *r)
 
 static void run_free(run_t *r)
 {
+    cJSON_Delete(r->reprofile_log);
     igrad_engine_free(r->engine);
     igrad_trace_free(r->trace);
     igrad_profile_free(r->profile);
@@ -1493,6 +1506,15 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
             cJSON_AddNumberToObject(on, "switch_step", (double)oi.switch_step);
             metrics_json_number(on, "gather_ms", oi.gather_ms);
             metrics_json_number(on, "build_ms", oi.build_ms);
+            if (oi.reprofile_every > 0) {
+                cJSON_AddNumberToObject(on, "reprofile_every", (double)oi.reprofile_every);
+                cJSON_AddNumberToObject(on, "reprofile_margin", r->scfg.reprofile_margin);
+                cJSON_AddNumberToObject(on, "reprofiles", (double)oi.reprofiles);
+                cJSON_AddNumberToObject(on, "reprofile_replans", (double)oi.reprofile_replans);
+                metrics_json_number(on, "reprofile_ms", oi.reprofile_ms);
+                if (r->reprofile_log)
+                    cJSON_AddItemReferenceToObject(on, "reprofile_log", r->reprofile_log);
+            }
             if (r->online_written)
                 cJSON_AddStringToObject(on, "file", TRAIN_ONLINE_PROFILE_FILE);
         }
@@ -1545,6 +1567,27 @@ static igrad_status_t at_step(igrad_status_t st, int64_t step)
     char where[48];
     snprintf(where, sizeof where, "step %lld", (long long)step);
     return prefix_fail(st, where);
+}
+
+/* --reprofile-every: an entry for a re-profile made at this step's begin
+ * (what moved, whether it re-planned, its cost) for summary.json. */
+static void log_reprofile(run_t *r, int64_t step)
+{
+    igrad_online_info_t oi;
+    if (igrad_engine_online_info(r->engine, &oi) != IGRAD_OK || oi.reprofiles <= r->reprofiles_seen)
+        return;
+    r->reprofiles_seen = oi.reprofiles;
+    if (!r->reprofile_log) r->reprofile_log = cJSON_CreateArray();
+    cJSON *e = cJSON_CreateObject();
+    if (!r->reprofile_log || !e) {
+        cJSON_Delete(e);
+        return;
+    }
+    cJSON_AddNumberToObject(e, "step", (double)step);
+    cJSON_AddNumberToObject(e, "flips", (double)oi.last_flips);
+    cJSON_AddNumberToObject(e, "replans", (double)oi.reprofile_replans);
+    metrics_json_number(e, "ms", oi.reprofile_ms);
+    cJSON_AddItemToArray(r->reprofile_log, e);
 }
 
 /* --profile auto: once the engine has built its profile (or loaded it with
@@ -1682,6 +1725,7 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
         /* the same step on every rank: the engines switch together */
         if (train_profile_auto(o) && !r.online_written && igrad_engine_profile(r.engine))
             if ((st = agree(comm, online_profile_written(&r))) != IGRAD_OK) break;
+        if (o->reprofile_every > 0) log_reprofile(&r, step);
         if (step == r.start_step) res->first_loss = row.loss;
         res->last_loss = row.loss;
         res->steps_done = step + 1;

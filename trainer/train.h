@@ -154,6 +154,8 @@ typedef struct train_options {
     /* Online profiling (--profile auto). */
     int64_t profile_steps;    /* W: steps of the profiling window (30) */
     const char *profile_partition; /* partition method of the built profile (knee) */
+    int64_t reprofile_every;  /* W': re-profile every W' steps after the switch (0 = off) */
+    double reprofile_margin;  /* the hysteresis margin of re-profiling (0.05) */
 } train_options_t;
 
 /* Defaults: tiny model, T 64, G 8, 100 steps, optim_config_default() with

@@ -231,7 +231,8 @@ class Config(ctypes.Structure):
                 ("gate_other", ctypes.c_int),
                 ("momentum", ctypes.c_double), ("momentum_masking", ctypes.c_int),
                 ("residual_decay", ctypes.c_double), ("start_iter", ctypes.c_int64),
-                ("target_ratio", ctypes.c_double)]
+                ("target_ratio", ctypes.c_double),
+                ("reprofile_every", ctypes.c_int64), ("reprofile_margin", ctypes.c_double)]
 
 
 class Bucket(ctypes.Structure):
@@ -271,7 +272,9 @@ class OnlineInfo(ctypes.Structure):
     _fields_ = [("profiling", ctypes.c_int), ("profile_steps", ctypes.c_int64),
                 ("steps_recorded", ctypes.c_int64), ("switch_step", ctypes.c_int64),
                 ("replans", ctypes.c_int64), ("gather_ms", ctypes.c_double),
-                ("build_ms", ctypes.c_double)]
+                ("build_ms", ctypes.c_double), ("reprofile_every", ctypes.c_int64),
+                ("reprofiles", ctypes.c_int64), ("reprofile_replans", ctypes.c_int64),
+                ("last_flips", ctypes.c_int64), ("reprofile_ms", ctypes.c_double)]
 
 
 # ---------------------------------------------------------------------------

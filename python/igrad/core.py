@@ -595,6 +595,7 @@ CONFIG_DEFAULTS = {
     "gate_other": True,
     "momentum": 0.0, "momentum_masking": True, "residual_decay": 1.0, "start_iter": 0,
     "target_ratio": 0.0,
+    "reprofile_every": 0, "reprofile_margin": 0.05,
 }
 
 
@@ -638,6 +639,8 @@ def make_config(**kw):
     c.residual_decay = float(v["residual_decay"])
     c.start_iter = int(v["start_iter"])
     c.target_ratio = float(v["target_ratio"] or 0.0)
+    c.reprofile_every = int(v["reprofile_every"])
+    c.reprofile_margin = float(v["reprofile_margin"])
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -664,6 +667,7 @@ def config_to_dict(c):
         "momentum": c.momentum, "momentum_masking": bool(c.momentum_masking),
         "residual_decay": c.residual_decay, "start_iter": c.start_iter,
         "target_ratio": c.target_ratio,
+        "reprofile_every": c.reprofile_every, "reprofile_margin": c.reprofile_margin,
     }
 
 

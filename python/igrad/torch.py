@@ -359,6 +359,12 @@ class IgradState:
                     method (`online_info`, `built_profile()`).
     profile_steps:  the window of profile="auto" (30);
     profile_partition: its partition method (None = "knee").
+    reprofile_every, reprofile_margin: with profile="auto", re-profile every
+                    N synchronized steps after the switch and move a
+                    component to the other class only when its score is
+                    beyond the threshold by the margin in two windows in a
+                    row (igrad_config_t.reprofile_every; 0 = off, margin
+                    0.05); counters in `online_info`.
     method:         "ig" (default), "iad", "topk_sync", "adtopk_sync", "dense".
     sparsifier, density, release_period, release_keep, schedule, pack,
     buckets, verify_every, collective, interleave, residual, block_entries,
@@ -422,7 +428,7 @@ class IgradState:
                  nonfinite="allreduce", timeout_s=300.0, profile_steps=30,
                  profile_partition=None, gate_other=True, target_ratio=None, momentum=0.0,
                  momentum_masking=True, residual_decay=1.0, value_dtype="F32",
-                 grad_scaler=None):
+                 grad_scaler=None, reprofile_every=0, reprofile_margin=0.05):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -447,6 +453,11 @@ class IgradState:
             self.config["profile_partition"] = profile_partition
             if target_ratio is not None:  # the engine fits it when it switches
                 self.config["target_ratio"] = float(target_ratio)
+            self.config["reprofile_every"] = int(reprofile_every)
+            self.config["reprofile_margin"] = float(reprofile_margin)
+        elif reprofile_every:
+            raise L.InvalidArgumentError("reprofile_every is %r, but re-profiling follows "
+                                         "online profiling (profile='auto')" % (reprofile_every,))
         make_config(**self.config)  # validates now, not at the first backward
         if target_ratio is not None and not (0.0 < float(target_ratio) <= 1.0):
             raise L.InvalidArgumentError("target_ratio is %r (must be in (0, 1])"
@@ -632,7 +643,8 @@ class IgradState:
     @property
     def online_info(self):
         """profile="auto": the window's status (profiling, steps_recorded,
-        switch_step, replans, gather_ms, build_ms)."""
+        switch_step, replans, gather_ms, build_ms; with reprofile_every:
+        reprofiles, reprofile_replans, last_flips, reprofile_ms)."""
         return self.engine.online_info()
 
     def built_profile(self):

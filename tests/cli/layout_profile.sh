@@ -72,5 +72,41 @@ set -e
 check "refuses to overwrite its input" test "$rc" -ne 0
 check "input still intact" grep -q "^19,1,FC2" "$tmp/trace.csv"
 
+# -- profile --target-ratio: the important set and kappa of igrad_target_fit
+# for the model given by --layout (a name list of the trace's components)
+for l in 0 1; do
+  for k in q k v o; do echo "model.layers.$l.self_attn.${k}_proj.weight 64 64"; done
+  echo "model.decoder.layers.$l.fc1.weight 64 64"
+  echo "model.decoder.layers.$l.fc2.weight 64 64"
+done >"$tmp/names.txt"
+"$igrad" profile --trace "$tmp/trace.csv" --target-ratio 0.5 --layout "$tmp/names.txt" \
+  --out "$tmp/t.json" >"$tmp/t.txt"
+check "--target-ratio prints the choice" grep -q "^target ratio 0.5 (R 4, gate_other on): .* kappa" "$tmp/t.txt"
+check "--target-ratio JSON: threshold, set and kappa of the fit" python3 - "$tmp/t.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = d["target"]
+imp = [c for c in d["components"] if c["important"]]
+assert t["ratio"] == 0.5 and t["met"] is True, t
+assert t["tau"] == d["tau"] and len(imp) == t["n_important"] and t["n_gated"] == 12, (t, d["tau"])
+assert all(c["score"] >= t["tau"] for c in imp), imp
+assert 0.05 <= t["release_keep"] <= 1 and t["planned_ratio"] <= 0.5, t
+# equal entries per component: f_imp is the important share, the model
+# ratio f_imp + kappa (1 - f_imp)
+f = len(imp) / 12.0
+assert abs(t["f_imp"] - f) < 1e-12, (t, f)
+assert abs(t["model_ratio"] - (f + t["release_keep"] * (1 - f))) < 1e-12, t
+PY
+set +e
+"$igrad" profile --trace "$tmp/trace.csv" --target-ratio 0.5 --quiet 2>"$tmp/err.txt"; rc=$?
+set -e
+check "--target-ratio without --layout fails" test "$rc" -eq 2
+check "... naming --layout" grep -q -- "--target-ratio needs --layout" "$tmp/err.txt"
+set +e
+"$igrad" profile --trace "$tmp/trace.csv" --target-ratio 0 --layout "$tmp/names.txt" 2>"$tmp/err.txt"; rc=$?
+set -e
+check "--target-ratio 0 fails" test "$rc" -eq 2
+check "... naming the range" grep -q "must be in (0, 1\]" "$tmp/err.txt"
+
 [ "$fails" -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "all CLI checks passed"

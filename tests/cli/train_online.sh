@@ -5,8 +5,10 @@
 # step after the switch than during the window), writes DIR/profile.json
 # (a profile `--profile FILE` accepts), and a run stopped inside the window
 # and one stopped after the switch resume to the same parameters as the
-# uninterrupted run. --profile auto with a method that uses no profile is
-# refused.
+# uninterrupted run. --reprofile-every: re-profiles logged in summary.json
+# and an exact resume from inside a re-profiling window. --profile auto
+# with a method that uses no profile is refused, and so is
+# --reprofile-every without --profile auto.
 #
 # Data: a generated corpus (no network). Runs under mpirun -np 2 when
 # mpirun exists, else on 1 rank.
@@ -127,6 +129,43 @@ if timeout 60 "$IGRAD" train --data "$tmp/corpus" --method adtopk_sync --profile
 fi
 grep -qF -- "--profile auto profiles online for iad and ig" "$tmp/bad.err" \
   || fail "message for --profile auto with adtopk_sync: $(cat "$tmp/bad.err")"
+
+# --reprofile-every 4: re-profiles at steps 8, 12 and 16 (4-step windows
+# after the switch at 4, each ending at a release-period boundary), logged
+# in summary.json; a run stopped inside a re-profiling window resumes
+# exactly
+rargs=(--data "$tmp/corpus" --seq-len 32 --batch 8 --steps 18 --eval-every 0 --val-fraction 0.1
+       --threads 1 --progress quiet --method ig --profile auto --profile-steps 4
+       --reprofile-every 4 --reprofile-margin 0)
+timeout 120 "${launch[@]}" "$IGRAD" train "${rargs[@]}" --out "$tmp/reprof" 2>"$tmp/reprof.err" \
+  || fail "--reprofile-every: $(cat "$tmp/reprof.err")"
+"$PY" - "$tmp/reprof" <<'EOF' || fail "re-profiling summary checks"
+import json, os, sys
+op = json.load(open(os.path.join(sys.argv[1], "summary.json"))).get("online_profile", {})
+bad = []
+if op.get("reprofile_every") != 4: bad.append("reprofile_every %r" % op.get("reprofile_every"))
+if op.get("reprofile_margin") != 0: bad.append("reprofile_margin %r" % op.get("reprofile_margin"))
+if op.get("reprofiles") != 3: bad.append("reprofiles %r, want 3" % op.get("reprofiles"))
+log = op.get("reprofile_log", [])
+if [e.get("step") for e in log] != [8, 12, 16]: bad.append("reprofile_log steps %r" % log)
+if log and log[-1].get("replans") != op.get("reprofile_replans"): bad.append("log vs replans %r" % op)
+if any(not (e.get("ms", -1) >= 0) or e.get("flips", -1) < 0 for e in log): bad.append("log %r" % log)
+if bad:
+    print("\n".join(bad)); sys.exit(1)
+EOF
+out="$tmp/rstop"
+timeout 120 "${launch[@]}" "$IGRAD" train "${rargs[@]}" --out "$out" --stop-at 14 2>"$out.err" \
+  || fail "re-profiling stop at 14: $(cat "$out.err")"
+timeout 120 "${launch[@]}" "$IGRAD" train "${rargs[@]}" --out "$out" --resume 2>"$out.err2" \
+  || fail "re-profiling resume from 14: $(cat "$out.err2")"
+cmp -s "$tmp/reprof/checkpoint/model.safetensors" "$out/checkpoint/model.safetensors" \
+  || fail "re-profiling: resumed inside a window differs from the uninterrupted run"
+if timeout 60 "$IGRAD" train --data "$tmp/corpus" --method ig --profile "$tmp/full/profile.json" \
+     --reprofile-every 4 --steps 2 --progress quiet --out "$tmp/bad2" 2>"$tmp/bad2.err"; then
+  fail "--reprofile-every with a profile file was accepted"
+fi
+grep -qF -- "it needs --profile auto" "$tmp/bad2.err" \
+  || fail "message for --reprofile-every without --profile auto: $(cat "$tmp/bad2.err")"
 
 [ "$fails" -eq 0 ] && echo "train_online: ok"
 exit $((fails > 0))

@@ -15,7 +15,12 @@
     important set and kappa to the built profile's scores (the same choice
     as igrad.target_fit on that profile), and the payload after the switch
     is the fit's planned ratio of the window's (adtopk_sync's) payload;
-  - profile="auto" with a method without a profile is refused at once.
+  - profile="auto" with reprofile_every: the engine re-profiles every N
+    steps after the switch (online_info counters, the same on both ranks,
+    parameters identical), and a state_dict() taken inside a re-profiling
+    window resumes bit for bit;
+  - profile="auto" with a method without a profile is refused at once, so
+    is reprofile_every without profile="auto".
 Run with /usr/bin/python3 (torch 1.13); IGRAD_LIBRARY points at the built
 libigrad (set by CTest).
 """
@@ -162,6 +167,45 @@ def w_target(rank, world):
     assert ratio <= 0.5 and abs(ratio - fit["ratio"]) <= 1e-9, (ratio, fit, pay)
 
 
+def w_reprofile(rank, world):
+    kw = dict(KW, reprofile_every=4, reprofile_margin=0.0)
+    steps = W + 3 * 4 + 1
+
+    def run(stop=None):
+        model, ddp, state = make_ddp(**kw)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        _train(ddp, opt, rank, range(steps if stop is None else stop))
+        return model, ddp, state
+
+    model, ddp, state = run()
+    want = flat_params(model)
+    assert same_on_all_ranks(want), "parameters differ"
+    info = state.online_info
+    assert info["reprofile_every"] == 4 and info["reprofiles"] == 3, info
+    assert info["replans"] == 1 + info["reprofile_replans"], info
+    assert info["reprofile_ms"] > 0.0, info
+    counters = torch.tensor([info["reprofiles"], info["reprofile_replans"],
+                             info["last_flips"], info["steps_recorded"]])
+    assert same_on_all_ranks(counters), info
+    stop = W + 4 + 2  # two steps into the second re-profiling window
+    model, ddp, state = run(stop)
+    assert state.online_info["steps_recorded"] == 2, state.online_info
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "igrad": state.state_dict()}, buf)
+    buf.seek(0)
+    ck = torch.load(buf)
+    model2, ddp2, state2 = make_ddp(seed=3, **kw)
+    model2.load_state_dict(ck["model"])
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1)
+    state2.load_state_dict(ck["igrad"])
+    assert state2.online_info["steps_recorded"] == 2, state2.online_info
+    _train(ddp2, opt2, rank, range(stop, steps))
+    got = flat_params(model2)
+    assert torch.equal(got, want), "resumed inside a re-profiling window: differs by %g" % (
+        float((got - want).abs().max()))
+    assert state2.online_info["reprofiles"] == 3, state2.online_info
+
+
 class OnlineProfile(unittest.TestCase):
     def test_switch_conservation_and_agreement(self):
         H.spawn(w_switch)
@@ -172,9 +216,14 @@ class OnlineProfile(unittest.TestCase):
     def test_target_ratio_fitted_at_the_switch(self):
         H.spawn(w_target)
 
+    def test_reprofile_every(self):
+        H.spawn(w_reprofile)
+
     def test_auto_needs_a_profiled_method(self):
         with self.assertRaises(igrad.InvalidArgumentError):
             it.IgradState(None, profile="auto", method="adtopk_sync")
+        with self.assertRaises(igrad.InvalidArgumentError):
+            it.IgradState(None, profile="none.json", reprofile_every=8)
 
 
 if __name__ == "__main__":
