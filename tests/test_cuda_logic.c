@@ -122,35 +122,8 @@ static void emu_topk(const float *a, int64_t n, int64_t k, int64_t chunk, uint32
     free(keys);
 }
 
-/* ---- the sort reference ---- */
-
-typedef struct ref_entry {
-    uint32_t key, index;
-} ref_entry_t;
-
-static int cmp_ref(const void *pa, const void *pb)
-{
-    const ref_entry_t *a = pa, *b = pb;
-    if (a->key != b->key) return a->key > b->key ? -1 : 1;
-    return (a->index > b->index) - (a->index < b->index);
-}
-
-static int cmp_u32(const void *pa, const void *pb)
-{
-    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
-    return (a > b) - (a < b);
-}
-
-static void ref_topk(const float *a, int64_t n, int64_t k, uint32_t *out)
-{
-    ref_entry_t *v = malloc((size_t)n * sizeof *v);
-    assert_non_null(v);
-    for (int64_t i = 0; i < n; i++) v[i] = (ref_entry_t){igrad__key(a[i]), (uint32_t)i};
-    qsort(v, (size_t)n, sizeof *v, cmp_ref);
-    for (int64_t j = 0; j < k; j++) out[j] = v[j].index;
-    qsort(out, (size_t)k, sizeof *out, cmp_u32);
-    free(v);
-}
+/* The sort reference is test_util.h's ref_topk (on |a| as floats, not on
+ * the kernels' keys). */
 
 static uint32_t bits_of(float x)
 {

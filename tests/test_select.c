@@ -28,6 +28,7 @@
 
 #include "igrad.h"
 #include "select_internal.h"
+#include "test_util.h"
 
 /* ------------------------------------------------------------------------ */
 /* Data                                                                     */
@@ -81,40 +82,6 @@ static void fill(float *x, int64_t n, dist_t d, uint64_t seed)
 /* ------------------------------------------------------------------------ */
 /* Reference                                                                */
 /* ------------------------------------------------------------------------ */
-
-typedef struct ref_entry {
-    float mag;
-    uint32_t index;
-} ref_entry_t;
-
-static int cmp_ref(const void *pa, const void *pb)
-{
-    const ref_entry_t *a = pa, *b = pb;
-    if (a->mag != b->mag) return a->mag > b->mag ? -1 : 1;
-    return (a->index > b->index) - (a->index < b->index);
-}
-
-static int cmp_u32(const void *pa, const void *pb)
-{
-    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
-    return (a > b) - (a < b);
-}
-
-/* Kept indices (ascending) of the top k of |a[0..n)|, ties to the lower
- * index, by sorting everything. */
-static void ref_topk(const float *a, int64_t n, int64_t k, uint32_t *out)
-{
-    ref_entry_t *v = malloc((size_t)n * sizeof *v);
-    assert_non_null(v);
-    for (int64_t i = 0; i < n; i++) {
-        v[i].mag = fabsf(a[i]);
-        v[i].index = (uint32_t)i;
-    }
-    qsort(v, (size_t)n, sizeof *v, cmp_ref);
-    for (int64_t j = 0; j < k; j++) out[j] = v[j].index;
-    qsort(out, (size_t)k, sizeof *out, cmp_u32);
-    free(v);
-}
 
 static uint32_t bits(float x)
 {

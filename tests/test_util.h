@@ -3,7 +3,8 @@
  * prints the library's message (OK, or an expected status), a
  * message-fragment check, a tolerance check that prints both values, and
  * the splitmix64 mixer, the per-tensor gradient buffers (grads_t) the
- * engine tests draw their gradients into, and a LLaMA-like test layout. Include
+ * engine tests draw their gradients into, a LLaMA-like test layout and the
+ * sort-based top-k reference of the selection tests. Include
  * after <cmocka.h> and "igrad.h".
  */
 #ifndef IGRAD_TEST_UTIL_H
@@ -128,6 +129,42 @@ static inline igrad_layout_t *llama_test_layout(int layers, int64_t vocab, int64
     assert_ok(igrad_layout_add(L, "model.norm.weight", norm_dtype, 1, vec));
     assert_ok(igrad_layout_add(L, "lm_head.weight", IGRAD_DTYPE_F32, 2, emb));
     return L;
+}
+
+/* ---- top-k by sorting: the reference the selection tests compare with ---- */
+
+typedef struct ref_entry {
+    float mag;
+    uint32_t index;
+} ref_entry_t;
+
+static inline int cmp_ref(const void *pa, const void *pb)
+{
+    const ref_entry_t *a = pa, *b = pb;
+    if (a->mag != b->mag) return a->mag > b->mag ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+static inline int cmp_u32(const void *pa, const void *pb)
+{
+    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+    return (a > b) - (a < b);
+}
+
+/* Kept indices (ascending) of the top k of |a[0..n)| (no NaN), ties to the
+ * lower index, by sorting everything. */
+static inline void ref_topk(const float *a, int64_t n, int64_t k, uint32_t *out)
+{
+    ref_entry_t *v = malloc((size_t)n * sizeof *v);
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++) {
+        v[i].mag = fabsf(a[i]);
+        v[i].index = (uint32_t)i;
+    }
+    qsort(v, (size_t)n, sizeof *v, cmp_ref);
+    for (int64_t j = 0; j < k; j++) out[j] = v[j].index;
+    qsort(out, (size_t)k, sizeof *out, cmp_u32);
+    free(v);
 }
 
 #endif /* IGRAD_TEST_UTIL_H */
