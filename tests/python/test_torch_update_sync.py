@@ -22,27 +22,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import igrad_torch_helpers as H  # noqa: E402
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import igrad  # noqa: E402
 import igrad.torch as it  # noqa: E402
 
 
-def flat_params(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def gathered(t):
-    flat = t.detach().reshape(-1).clone()
-    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, flat)
-    return out
-
-
 def w_adamw_identical(rank, world):
     model = H.TinyLlama()
-    start = flat_params(model).clone()
+    start = H.flat_params(model).clone()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     state = it.IgradState(method="adtopk_sync", density=0.125)
     sync = it.UpdateSynchronizer(model, opt, state)
@@ -52,13 +40,13 @@ def w_adamw_identical(rank, world):
         st = sync.step()
         assert st["skipped"] == 0 and st["step"] == step, st
         assert st["entries_sent"] < sum(p.numel() for p in model.parameters()), st
-        got = gathered(flat_params(model))
+        got = H.gather_flat(H.flat_params(model))
         assert all(torch.equal(got[0], g) for g in got[1:]), \
             "step %d: parameters differ across ranks" % step
-    moved = float((flat_params(model) - start).abs().max())
+    moved = float((H.flat_params(model) - start).abs().max())
     assert moved > 1e-3, "parameters moved by only %g" % moved
     m = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()])
-    got = gathered(m)
+    got = H.gather_flat(m)
     assert not torch.equal(got[0], got[1]), "AdamW's moments are equal on both ranks: " \
         "the optimizer did not run on local gradients"
     assert state.iter == 8
@@ -79,8 +67,8 @@ def w_dense_sgd_equals_ddp(rank, world):
         ref_opt.zero_grad()
         ddp(*H.batch(rank, step)).backward()
         ref_opt.step()
-    d = float((flat_params(model).double() - flat_params(ref).double()).abs().max())
-    moved = float((flat_params(ref) - flat_params(H.TinyLlama())).abs().max())
+    d = float((H.flat_params(model).double() - H.flat_params(ref).double()).abs().max())
+    moved = float((H.flat_params(ref) - H.flat_params(H.TinyLlama())).abs().max())
     assert moved > 1e-2, "SGD moved the parameters by only %g" % moved
     assert d <= 1e-6, "dense UpdateSynchronizer vs DDP + SGD: max |diff| %g" % d
 
