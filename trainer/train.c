@@ -401,8 +401,7 @@ void train_options_default(train_options_t *o)
 void train_options_resolve(train_options_t *o)
 {
     int dense = o->method && igrad__name_equal(o->method, "dense");
-    if (o->beta1_auto)
-        o->optim.beta1 = dense || o->ef_on_update ? TRAIN_DENSE_BETA1 : TRAIN_SPARSE_BETA1;
+    if (o->beta1_auto) o->optim.beta1 = dense ? TRAIN_DENSE_BETA1 : TRAIN_SPARSE_BETA1;
     o->beta1_auto = 0;
     if (isnan(o->momentum)) o->momentum = dense ? 0.0 : TRAIN_SPARSE_MOMENTUM;
     if (isnan(o->residual_decay)) o->residual_decay = dense ? 1.0 : TRAIN_SPARSE_RESIDUAL_DECAY;

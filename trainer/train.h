@@ -171,9 +171,8 @@ void train_options_default(train_options_t *o);
 
 /* What the auto values (--beta1, --momentum, --residual-decay, --start-iter
  * not given) resolve to: dense keeps AdamW's beta1 0.9 and no remedy; a
- * sparse method gets TRAIN_SPARSE_* (measured, docs/results/remedies.md),
- * except that --ef-on update keeps beta1 0.9 (AdamW runs locally on the
- * uncompressed gradient there, before error feedback).
+ * sparse method gets TRAIN_SPARSE_* (measured, docs/results/remedies.md;
+ * with --ef-on update too: beta1 0.9 there measured 1.03 x dense).
  * Given values are kept. train_run() calls it on its own copy. */
 #define TRAIN_DENSE_BETA1 0.9
 #define TRAIN_SPARSE_BETA1 0.0

@@ -7,7 +7,7 @@
 # residual decay and a dense warm-up stopped and resumed (velocities in the
 # engine state) ends with the same parameters as an uninterrupted one.
 # --ef-on: grad (the default) is bit for bit the run without the flag,
-# update resolves beta1 auto to 0.9, summary.json records it, and a bad
+# update keeps beta1 auto at 0 (sparse), summary.json records it, and a bad
 # value is refused.
 #
 # Usage: train_remedies.sh path/to/igrad   (CTest passes the built binary)
@@ -64,11 +64,11 @@ for f in checkpoint/train_state.json metrics.csv; do
   [ -n "$a" ] && [ "$a" = "$b" ] || fail "--ef-on grad differs from no flag in $f: '$a' vs '$b'"
 done
 run efupd --method adtopk_sync --ef-on update
-summary_is efupd 'c["ef_on"] == "update" and c["beta1"] == 0.9 and c["beta1_source"] == "auto"'
+summary_is efupd 'c["ef_on"] == "update" and c["beta1"] == 0 and c["beta1_source"] == "auto"'
 a=$(grep -o '"param_hash":[^,]*' "$tmp/sparse/checkpoint/train_state.json")
 b=$(grep -o '"param_hash":[^,]*' "$tmp/efupd/checkpoint/train_state.json")
 [ "$a" != "$b" ] || fail "--ef-on update ended with the parameters of --ef-on grad"
-echo "ok: --ef-on grad = no flag ($a); update recorded, beta1 auto 0.9"
+echo "ok: --ef-on grad = no flag ($a); update recorded, beta1 auto 0"
 
 # expect_error NAME NEEDLE ARGS...
 expect_error() {
