@@ -20,6 +20,11 @@
  *     IGRAD_E_MISMATCH naming the option and both values (before: a hang,
  *     MPI_ERR_TRUNCATE, or silently accepted); --threads/--progress may
  *     differ;
+ *   - --ef-on update: sparse on P ranks keeps the parameters identical on
+ *     every rank (each rank's own hash, and the evaluation's parameter
+ *     check) and differs from --ef-on grad; on 1 rank with dense it equals
+ *     --ef-on grad to float rounding (old + (new - old) vs new); --resume
+ *     with it is refused;
  *   - failures agree: missing data on every rank, a batch P does not divide, iad without a profile, a
  *     profile of another model, a resume with another batch: the same
  *     non-OK status on every rank, no hang, and no checkpoint directory.
@@ -452,6 +457,67 @@ static void expect_failure(igrad_comm_t *world, train_options_t *o, igrad_status
           what, o->out);
 }
 
+/* --ef-on update: every rank takes its own AdamW step on its local
+ * gradient and the engine syncs the update, so the parameters must still
+ * be identical on every rank; on one rank with dense the synced update is
+ * the local one and the run equals --ef-on grad up to the rounding of
+ * old + (new - old), one ulp per entry and step (5 steps: 1e-6 allowed
+ * where parameters are below 1 in magnitude). */
+static void test_ef_on_update(igrad_comm_t *world)
+{
+    train_options_t o;
+    train_result_t upd, grad;
+    base_options(&o, pathf("%s/efu", root));
+    o.method = "adtopk_sync";
+    o.ef_on_update = 1;
+    o.steps = 6;
+    o.eval_every = 3; /* each evaluation checks the parameters agree */
+    CHECK_OK(train_run(&o, world, &upd));
+    uint64_t *hashes = calloc((size_t)np, sizeof *hashes);
+    MPI_Allgather(&upd.param_hash, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    for (int q = 1; q < np; q++)
+        CHECK(hashes[q] == hashes[0], "--ef-on update: rank %d's parameters hash to %016llx, "
+              "rank 0's to %016llx", q, (unsigned long long)hashes[q],
+              (unsigned long long)hashes[0]);
+    free(hashes);
+    CHECK(isfinite(upd.last_loss) && isfinite(upd.val_loss), "--ef-on update: loss %g, val %g",
+          upd.last_loss, upd.val_loss);
+    base_options(&o, pathf("%s/efg", root));
+    o.method = "adtopk_sync";
+    o.steps = 6;
+    o.eval_every = 3;
+    CHECK_OK(train_run(&o, world, &grad));
+    CHECK(grad.param_hash != upd.param_hash, "--ef-on update changed nothing");
+
+    igrad_comm_t *self = NULL;
+    CHECK_OK(igrad_comm_create_self(&self));
+    model_t *mu = NULL, *mg = NULL;
+    base_options(&o, pathf("%s/efu1.rank%d", root, me));
+    o.ef_on_update = 1;
+    CHECK_OK(train_run(&o, self, &upd));
+    CHECK_OK(checkpoint_load_model(pathf("%s/efu1.rank%d/checkpoint", root, me), &mu));
+    base_options(&o, pathf("%s/efg1.rank%d", root, me));
+    CHECK_OK(train_run(&o, self, &grad));
+    CHECK_OK(checkpoint_load_model(pathf("%s/efg1.rank%d/checkpoint", root, me), &mg));
+    if (mu && mg) {
+        double maxdiff = 0;
+        for (int64_t i = 0; i < mu->num_params; i++) {
+            double d = fabs((double)mu->params[i] - (double)mg->params[i]);
+            if (d > maxdiff) maxdiff = d;
+        }
+        CHECK(maxdiff <= 1e-6, "dense on 1 rank: --ef-on update vs grad: max |diff| %.3g", maxdiff);
+        if (me == 0) printf("ef on update, dense, 1 rank vs --ef-on grad: max |diff| %.3g\n", maxdiff);
+    }
+    model_free(mu);
+    model_free(mg);
+    igrad_comm_free(self);
+
+    base_options(&o, pathf("%s/efu_resume", root));
+    o.ef_on_update = 1;
+    o.resume = 1;
+    expect_failure(world, &o, IGRAD_E_INVALID, "--resume with --ef-on update", "--ef-on update");
+}
+
 static void test_failures(igrad_comm_t *world, const char *profile_path)
 {
     train_options_t o;
@@ -560,6 +626,7 @@ int main(int argc, char **argv)
     test_resume(world, profile_path);
     test_learning(world);
     test_failures(world, profile_path);
+    test_ef_on_update(world);
     test_param_check(world);
 
     igrad_comm_free(world);

@@ -4,7 +4,9 @@
  * (decoupled decay applied only where the mask says, bias correction), the
  * warm-up + cosine schedule at its landmarks, global-norm clipping against
  * a direct sum, gradient scaling, the decay policy for a model (2-D tensors
- * decay, 1-D norm weights do not) and refused configurations.
+ * decay, 1-D norm weights do not) and refused configurations; and the
+ * update-returning step (optim_update_delta, --ef-on update) against
+ * optim_update itself, bit for bit.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -175,10 +177,72 @@ static void test_refused(void **state)
     optim_free(NULL);
 }
 
+/* optim_update_delta against optim_update on a twin optimizer: the
+ * update is exactly (optim_update's new params) - (old params), moments
+ * and step are bit-equal, in place (delta == grads) too; old + delta gives
+ * optim_update's params bit for bit wherever the subtraction is exact (new
+ * within a factor 2 of old, same sign: most entries here), else within one
+ * ulp. */
+static void test_update_delta_matches_update(void **state)
+{
+    (void)state;
+    enum { N = 53, STEPS = 5 };
+    optim_config_t c = optim_config_default();
+    c.weight_decay = 0.2;
+    optim_t *a = NULL, *b = NULL;
+    assert_int_equal(optim_create(&c, N, &a), IGRAD_OK);
+    assert_int_equal(optim_create(&c, N, &b), IGRAD_OK);
+    assert_int_equal(optim_set_decay(a, 20, 9, 0), IGRAD_OK);
+    assert_int_equal(optim_set_decay(b, 20, 9, 0), IGRAD_OK);
+    float pa[N], pb[N], g[N], d[N];
+    int exact_entries = 0;
+    for (int i = 0; i < N; i++) pa[i] = pb[i] = (float)(0.5 * sin(i + 1.0));
+    for (int s = 0; s < STEPS; s++) {
+        double lr = 2e-3 * (s + 1);
+        for (int i = 0; i < N; i++) g[i] = (float)(cos(5.0 * i + s) * (i % 4 ? 1.0 : 1e-4));
+        float old[N];
+        memcpy(old, pb, sizeof old);
+        optim_update(a, pa, g, lr);
+        if (s % 2) { /* in place: the gradient buffer receives the update */
+            memcpy(d, g, sizeof d);
+            optim_update_delta(b, pb, d, lr, d);
+        } else {
+            optim_update_delta(b, pb, g, lr, d);
+        }
+        assert_memory_equal(pb, old, sizeof old); /* params untouched */
+        assert_int_equal(a->step, b->step);
+        assert_memory_equal(a->m, b->m, sizeof(float) * N);
+        assert_memory_equal(a->v, b->v, sizeof(float) * N);
+        for (int i = 0; i < N; i++) {
+            float want = pa[i] - old[i];
+            if (memcmp(&d[i], &want, sizeof want))
+                fail_msg("step %d entry %d: delta %.9g, optim_update moved by %.9g", s, i, d[i],
+                         want);
+            pb[i] = old[i] + d[i];
+            int sterbenz = (old[i] > 0) == (pa[i] > 0) && fabsf(pa[i]) <= 2.0f * fabsf(old[i]) &&
+                           fabsf(old[i]) <= 2.0f * fabsf(pa[i]);
+            if (sterbenz) {
+                exact_entries++;
+                if (memcmp(&pb[i], &pa[i], sizeof(float)))
+                    fail_msg("step %d entry %d: old + delta %.9g != optim_update's %.9g", s, i,
+                             pb[i], pa[i]);
+            } else {
+                assert_true(fabsf(pb[i] - pa[i]) <= nextafterf(fabsf(pa[i]), INFINITY) -
+                                                     fabsf(pa[i]));
+                pb[i] = pa[i]; /* continue both from the same point */
+            }
+        }
+    }
+    assert_true(exact_entries > N * STEPS * 9 / 10);
+    optim_free(a);
+    optim_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_matches_reference),
+        cmocka_unit_test(test_update_delta_matches_update),
         cmocka_unit_test(test_schedule),
         cmocka_unit_test(test_clip_and_scale),
         cmocka_unit_test(test_model_decay_policy),

@@ -53,6 +53,15 @@ static void usage(FILE *fp)
 "                              (error feedback already integrates the gradient: a\n"
 "                              first moment on top keeps pushing stale released\n"
 "                              residuals; docs/results/remedies.md)\n"
+"  --ef-on grad|update         what error feedback compresses (grad). update: each\n"
+"                              rank clips its local gradient by its own global norm\n"
+"                              and takes a local AdamW step with its own moments;\n"
+"                              the engine syncs that update (error feedback,\n"
+"                              selection and the 1/P average as for a gradient) and\n"
+"                              every rank applies the result (no --resume: only\n"
+"                              rank 0's moments are saved). beta1 auto as above\n"
+"                              (0 measured best here too). With dense: the\n"
+"                              average of the local AdamW updates\n"
 "  --threads N                 OpenMP/OpenBLAS threads per rank (default\n"
 "                              $OMP_NUM_THREADS, else cores / ranks on this node)\n"
 "synchronization:\n"
@@ -239,6 +248,15 @@ static int parse_args(int argc, char **argv, train_options_t *o)
             if (cli_parse_f64("--beta1", v, &x) != 0) return -1;
             o->optim.beta1 = x;
             o->beta1_auto = 0;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--ef-on", &v)) != 0) {
+            if (r < 0) return -1;
+            if (strcmp(v, "grad") && strcmp(v, "update")) {
+                fprintf(stderr, "igrad: --ef-on: '%s' is not grad or update\n", v);
+                return -1;
+            }
+            o->ef_on_update = !strcmp(v, "update");
             continue;
         }
         if ((r = cli_opt(argc, argv, &i, "--value-dtype", &v)) != 0) {

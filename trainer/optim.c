@@ -143,27 +143,55 @@ void optim_scale(float *grads, int64_t count, float scale)
     for (int64_t i = 0; i < count; i++) grads[i] *= scale;
 }
 
-void optim_update(optim_t *opt, float *params, const float *grads, double lr)
+/* The coefficients of one AdamW step at opt->step + 1 (optim_update). */
+typedef struct adamw_coeffs {
+    float step_size, inv_sqrt_bc2, decay, b1, b2, eps;
+} adamw_coeffs_t;
+
+static adamw_coeffs_t adamw_coeffs(const optim_t *opt, double lr)
 {
     const optim_config_t *c = &opt->config;
-    int64_t t = opt->step + 1;
-    double bc1 = 1.0 - pow(c->beta1, (double)t);
-    double bc2 = 1.0 - pow(c->beta2, (double)t);
-    float step_size = (float)(lr / bc1);
-    float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
-    float decay = (float)(1.0 - lr * c->weight_decay);
-    float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
-    float *m = opt->m, *v = opt->v;
-    const uint8_t *dmask = opt->decay;
+    double t = (double)(opt->step + 1);
+    adamw_coeffs_t k = {
+        .step_size = (float)(lr / (1.0 - pow(c->beta1, t))),
+        .inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(c->beta2, t))),
+        .decay = (float)(1.0 - lr * c->weight_decay),
+        .b1 = (float)c->beta1,
+        .b2 = (float)c->beta2,
+        .eps = (float)c->eps,
+    };
+    return k;
+}
+
+/* Element i's new parameter value; updates its moments. The one place the
+ * AdamW rule is written (optim_update and optim_update_delta share it). */
+static inline float adamw_element(const adamw_coeffs_t *k, optim_t *opt, int64_t i, float p,
+                                  float g)
+{
+    if (opt->decay[i]) p *= k->decay;
+    float mi = k->b1 * opt->m[i] + (1.0f - k->b1) * g;
+    float vi = k->b2 * opt->v[i] + (1.0f - k->b2) * g * g;
+    opt->m[i] = mi;
+    opt->v[i] = vi;
+    return p - k->step_size * mi / (sqrtf(vi) * k->inv_sqrt_bc2 + k->eps);
+}
+
+void optim_update(optim_t *opt, float *params, const float *grads, double lr)
+{
+    adamw_coeffs_t k = adamw_coeffs(opt, lr);
+#pragma omp parallel for
+    for (int64_t i = 0; i < opt->count; i++) params[i] = adamw_element(&k, opt, i, params[i], grads[i]);
+    opt->step++;
+}
+
+void optim_update_delta(optim_t *opt, const float *params, const float *grads, double lr,
+                        float *delta)
+{
+    adamw_coeffs_t k = adamw_coeffs(opt, lr);
 #pragma omp parallel for
     for (int64_t i = 0; i < opt->count; i++) {
-        float g = grads[i];
-        float p = dmask[i] ? params[i] * decay : params[i];
-        float mi = b1 * m[i] + (1.0f - b1) * g;
-        float vi = b2 * v[i] + (1.0f - b2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        params[i] = p - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+        float p = params[i];
+        delta[i] = adamw_element(&k, opt, i, p, grads[i]) - p;
     }
-    opt->step = t;
+    opt->step++;
 }

@@ -75,4 +75,13 @@ void optim_scale(float *grads, int64_t count, float scale);
  * (optim_clip_grad_norm). */
 void optim_update(optim_t *opt, float *params, const float *grads, double lr);
 
+/* The same step without touching params: delta = (what optim_update would
+ * write) - params, computed in float, so params + delta is optim_update's
+ * result whenever the subtraction is exact (Sterbenz: the new value within
+ * a factor 2 of the old). Moments and step advance as in optim_update.
+ * delta may be grads (each element is read before it is written); it must
+ * not overlap params. For error feedback on the update (--ef-on update). */
+void optim_update_delta(optim_t *opt, const float *params, const float *grads, double lr,
+                        float *delta);
+
 #endif /* IGRAD_TRAINER_OPTIM_H */

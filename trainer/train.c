@@ -282,6 +282,8 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_i64(l, "--momentum-masking", o->momentum_masking);
     opt_add_f64(l, "--residual-decay", o->residual_decay);
     opt_add_i64(l, "--start-iter", o->start_iter);
+    /* only when given: checkpoints of runs before the option resume */
+    if (o->ef_on_update) opt_add_str(l, "--ef-on", "update");
     if (!o->profile || train_profile_auto(o)) {
         opt_add_str(l, "--profile", o->profile);
         opt_add_i64(l, "--profile-steps", o->profile_steps);
@@ -933,6 +935,11 @@ static igrad_status_t setup_local(run_t *r)
         return trainer_fail(IGRAD_E_INVALID,
                             "--trace records the sparsifier's selections: use it with "
                             "topk_sync, adtopk_sync, iad or ig, not dense");
+    if (o->resume && o->ef_on_update)
+        return trainer_fail(IGRAD_E_INVALID,
+                            "--resume with --ef-on update: each rank's AdamW moments are its "
+                            "own there, and a checkpoint saves only rank 0's, so the run "
+                            "could not continue exactly (start a new run with --init)");
     if (o->resume) {
         char *state = path_join(r->ckpt_dir, TRAIN_STATE_FILE);
         int ok = state && file_exists(state);
@@ -1370,6 +1377,16 @@ static igrad_status_t train_step(run_t *r, int64_t step, metrics_row_t *row)
         return trainer_fail(IGRAD_E_NONFINITE, "training diverged at step %lld: loss is %g "
                             "(lower --lr?)", (long long)step, loss);
 
+    /* --ef-on update: the local gradient, clipped by its own norm, takes a
+     * local AdamW step whose update replaces it in m->grads; the engine
+     * syncs that. A non-finite local norm clips nothing and leaves a
+     * non-finite update, which the engine's check below catches on every
+     * rank at once. */
+    if (r->o->ef_on_update) {
+        optim_clip_grad_norm(m->grads, m->num_params, r->ocfg.grad_clip);
+        optim_update_delta(r->opt, m->params, m->grads, optim_lr(&r->ocfg, step), m->grads);
+    }
+
     /* The engine fails a step on every rank at once (NaN/Inf on any rank,
      * a failed collective), so its status needs no extra agreement. */
     igrad_status_t st = igrad_engine_sync(r->engine, step, r->grad_ptrs);
@@ -1380,13 +1397,17 @@ static igrad_status_t train_step(run_t *r, int64_t step, metrics_row_t *row)
     igrad_step_stats_t ss;
     igrad_engine_last_stats(r->engine, &ss);
 
-    /* After the sync every rank holds the same gradient, so the norm and
-     * the update agree without communication. */
-    double norm = optim_clip_grad_norm(m->grads, m->num_params, r->ocfg.grad_clip);
-    if (!isfinite(norm))
-        return trainer_fail(IGRAD_E_NONFINITE, "training diverged at step %lld: gradient norm "
-                            "is %g", (long long)step, norm);
-    optim_update(r->opt, m->params, m->grads, optim_lr(&r->ocfg, step));
+    /* After the sync every rank holds the same gradient (or update), so the
+     * norm and the update agree without communication. */
+    if (r->o->ef_on_update) {
+        cblas_saxpy((int)m->num_params, 1.0f, m->grads, 1, m->params, 1);
+    } else {
+        double norm = optim_clip_grad_norm(m->grads, m->num_params, r->ocfg.grad_clip);
+        if (!isfinite(norm))
+            return trainer_fail(IGRAD_E_NONFINITE, "training diverged at step %lld: gradient "
+                                "norm is %g", (long long)step, norm);
+        optim_update(r->opt, m->params, m->grads, optim_lr(&r->ocfg, step));
+    }
     double t1 = now_ms();
 
     memset(row, 0, sizeof *row);
@@ -1459,6 +1480,7 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddNumberToObject(cfg, "beta1", r->ocfg.beta1);
     /* "auto": --beta1 was not given and resolved by method (train_options_resolve) */
     cJSON_AddStringToObject(cfg, "beta1_source", r->beta1_was_auto ? "auto" : "given");
+    cJSON_AddStringToObject(cfg, "ef_on", o->ef_on_update ? "update" : "grad");
     cJSON_AddNumberToObject(cfg, "beta2", r->ocfg.beta2);
     cJSON_AddNumberToObject(cfg, "clip", r->ocfg.grad_clip);
     cJSON_AddNumberToObject(cfg, "seed", (double)o->seed);

@@ -6,6 +6,9 @@
 # method dense are refused by name, and a 2-rank run with momentum,
 # residual decay and a dense warm-up stopped and resumed (velocities in the
 # engine state) ends with the same parameters as an uninterrupted one.
+# --ef-on: grad (the default) is bit for bit the run without the flag,
+# update keeps beta1 auto at 0 (sparse), summary.json records it, and a bad
+# value is refused.
 #
 # Usage: train_remedies.sh path/to/igrad   (CTest passes the built binary)
 set -u
@@ -51,6 +54,22 @@ run given --method topk_sync --beta1 0.5 --momentum 0.9 --momentum-masking off -
 summary_is given 'c["beta1"] == 0.5 and c["beta1_source"] == "given" and y["momentum"] == 0.9 and y["momentum_masking"] == "off" and y["residual_decay"] == 0.8 and y["start_iter"] == 1'
 echo "ok: auto and given values in summary.json"
 
+# --ef-on grad = no flag, bit for bit (parameters and the per-step losses).
+run efgrad --method adtopk_sync --ef-on grad
+summary_is efgrad 'c["ef_on"] == "grad"'
+summary_is sparse 'c["ef_on"] == "grad"'
+for f in checkpoint/train_state.json metrics.csv; do
+  if [ "$f" = metrics.csv ]; then a=$(cut -d, -f1,3 "$tmp/sparse/$f"); b=$(cut -d, -f1,3 "$tmp/efgrad/$f")
+  else a=$(grep -o '"param_hash":[^,]*' "$tmp/sparse/$f"); b=$(grep -o '"param_hash":[^,]*' "$tmp/efgrad/$f"); fi
+  [ -n "$a" ] && [ "$a" = "$b" ] || fail "--ef-on grad differs from no flag in $f: '$a' vs '$b'"
+done
+run efupd --method adtopk_sync --ef-on update
+summary_is efupd 'c["ef_on"] == "update" and c["beta1"] == 0 and c["beta1_source"] == "auto"'
+a=$(grep -o '"param_hash":[^,]*' "$tmp/sparse/checkpoint/train_state.json")
+b=$(grep -o '"param_hash":[^,]*' "$tmp/efupd/checkpoint/train_state.json")
+[ "$a" != "$b" ] || fail "--ef-on update ended with the parameters of --ef-on grad"
+echo "ok: --ef-on grad = no flag ($a); update recorded, beta1 auto 0"
+
 # expect_error NAME NEEDLE ARGS...
 expect_error() {
   local name=$1 needle=$2; shift 2
@@ -64,6 +83,7 @@ expect_error dense_momentum "--momentum" --method dense --momentum 0.9
 expect_error momentum_range "config.momentum" --method adtopk_sync --momentum 1
 expect_error decay_range "config.residual_decay" --method adtopk_sync --residual-decay 0
 expect_error masking_word "--momentum-masking" --method adtopk_sync --momentum-masking maybe
+expect_error ef_word "--ef-on" --method adtopk_sync --ef-on params
 
 # Stopped and resumed = uninterrupted, on 2 ranks.
 if command -v mpirun >/dev/null; then

@@ -8,6 +8,8 @@
                   a deadline (a hang becomes a failure, never a stuck test)
   ref_select(...) top-k / row-wise top-k with error feedback in torch ops,
                   ties to the lower index (the independent reference)
+  flat_params(m)  a model's parameters as one flat tensor
+  gather_flat(t)  every rank's copy of t, flattened (all_gather)
 """
 import datetime
 import math
@@ -118,6 +120,18 @@ def batch(rank, step, B=2, T=8, vocab=32):
     g = torch.Generator().manual_seed(1000003 * (rank + 1) + step)
     x = torch.randint(0, vocab, (B, T + 1), generator=g)
     return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+def flat_params(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def gather_flat(t):
+    """[rank 0's t, rank 1's t, ...], each flattened."""
+    flat = t.detach().reshape(-1).clone()
+    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, flat)
+    return out
 
 
 def free_port():

@@ -55,14 +55,11 @@ def make_ddp(seed=0, **kw):
     return model, ddp, state
 
 
-def flat_params(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+flat_params = H.flat_params
 
 
 def same_on_all_ranks(t):
-    flat = t.detach().reshape(-1).clone()
-    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, flat)
+    out = H.gather_flat(t)
     return all(torch.equal(out[0], o) for o in out[1:])
 
 
