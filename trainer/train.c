@@ -599,6 +599,7 @@ static igrad_status_t write_state(const run_t *r, const char *dir, int64_t next_
         .data = (char *)o->data, /* borrowed: not freed below */
         .method = (char *)igrad_method_name(r->scfg.method),
         .param_hash = train_hash_floats(r->model->params, r->model->num_params),
+        .ef_on_update = o->ef_on_update,
         /* step x batch, left out in the (unreachable) case of more than 2^53 */
         .has_sequences_consumed = next_step <= (INT64_C(1) << 53) / r->G,
         .sequences_consumed = next_step <= (INT64_C(1) << 53) / r->G ? next_step * r->G : 0,
@@ -670,6 +671,11 @@ static igrad_status_t read_state(run_t *r, const char *dir, int64_t *next_step)
     else if (strcmp(s->method, igrad_method_name(r->scfg.method)) != 0)
         st = trainer_fail(IGRAD_E_MISMATCH, "--resume: the checkpoint used --method %s, this "
                           "run has %s", s->method, igrad_method_name(r->scfg.method));
+    else if (s->ef_on_update)
+        st = trainer_fail(IGRAD_E_UNSUPPORTED, "--resume: the checkpoint was trained with "
+                          "--ef-on update, whose AdamW moments are per rank and not saved in "
+                          "it: it cannot be resumed exactly (start a new run from it with "
+                          "--init)");
     else
         *next_step = s->step;
 cleanup:

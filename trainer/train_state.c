@@ -162,6 +162,11 @@ static igrad_status_t parse_root(const cJSON *root, const char *path, train_stat
     if (!(s->data = dup_string(data->valuestring)) ||
         !(s->method = dup_string(method->valuestring)))
         return trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", path);
+    const cJSON *ef = cJSON_GetObjectItemCaseSensitive(root, "ef_on");
+    if (ef && !(cJSON_IsString(ef) && (strcmp(ef->valuestring, "grad") == 0 ||
+                                       strcmp(ef->valuestring, "update") == 0)))
+        return trainer_fail(IGRAD_E_FORMAT, "%s: \"ef_on\" is not \"grad\" or \"update\"", path);
+    s->ef_on_update = ef && strcmp(ef->valuestring, "update") == 0;
     if (s->version >= 2 &&
         (st = read_files(s, cJSON_GetObjectItemCaseSensitive(root, "files"), path)) != IGRAD_OK)
         return st;
@@ -265,6 +270,7 @@ char *train_state_print(const train_state_t *s)
         ok = cJSON_AddStringToObject(root, "seed", seed) != NULL;
     }
     ok = ok && cJSON_AddStringToObject(root, "method", s->method ? s->method : "") &&
+         (!s->ef_on_update || cJSON_AddStringToObject(root, "ef_on", "update")) &&
          (!s->has_steps || add_int(root, "steps", s->steps)) &&
          cJSON_AddStringToObject(root, "param_hash", hash) &&
          (!s->has_optimizer_step || add_int(root, "optimizer_step", s->optimizer_step)) &&

@@ -49,6 +49,9 @@ typedef struct train_state {
     char *data;               /* --data as given (owned) */
     char *method;             /* --method name (owned) */
     uint64_t param_hash;      /* train_hash_floats of the parameters */
+    int ef_on_update;         /* 1: the run synced AdamW's update (--ef-on update;
+                                 "ef_on": "update", written only then); its moments
+                                 are per rank and not in the checkpoint */
     int has_sequences_consumed, has_steps, has_optimizer_step, has_engine_step;
     int64_t sequences_consumed; /* [0, 2^53] */
     int64_t steps;            /* [0, 2^53]: the planned total */

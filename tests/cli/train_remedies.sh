@@ -69,6 +69,17 @@ a=$(grep -o '"param_hash":[^,]*' "$tmp/sparse/checkpoint/train_state.json")
 b=$(grep -o '"param_hash":[^,]*' "$tmp/efupd/checkpoint/train_state.json")
 [ "$a" != "$b" ] || fail "--ef-on update ended with the parameters of --ef-on grad"
 echo "ok: --ef-on grad = no flag ($a); update recorded, beta1 auto 0"
+# Its checkpoint records the mode, and --resume without the flag (which
+# would continue from rank 0's moments) is refused by name.
+grep -q '"ef_on":[[:space:]]*"update"' "$tmp/efupd/checkpoint/train_state.json" \
+  || fail "the --ef-on update checkpoint does not record ef_on"
+if "$IGRAD" train "${common[@]}" --steps 6 --method adtopk_sync --resume --out "$tmp/efupd" \
+     >"$tmp/efres.out" 2>"$tmp/efres.err"; then
+  fail "--resume of an --ef-on update checkpoint without the flag: exit code 0"
+fi
+grep -qF -- "was trained with --ef-on update" "$tmp/efres.err" \
+  || fail "resume of an --ef-on update checkpoint: $(cat "$tmp/efres.err")"
+echo "ok: $(head -n 1 "$tmp/efres.err")"
 
 # expect_error NAME NEEDLE ARGS...
 expect_error() {
