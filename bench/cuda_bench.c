@@ -15,6 +15,7 @@
  */
 #include "igrad.h"
 #include "igrad_cuda.h"
+#include "../tools/bench_stats.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -54,18 +55,6 @@ static void fill_normalish(float *x, int64_t n, uint64_t seed)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static int fail(const char *what)
 {
     fprintf(stderr, "bench_cuda: %s: %s\n", what, igrad_last_error());
@@ -98,8 +87,8 @@ static int time_engine(const igrad_layout_t *L, const igrad_config_t *c, igrad_c
             tot[r - 1] = st.total_ms;
         }
     }
-    *select_ms = median(sel, reps);
-    *total_ms = median(tot, reps);
+    *select_ms = bench_median(sel, reps);
+    *total_ms = bench_median(tot, reps);
     igrad_engine_free(e);
     return 0;
 }

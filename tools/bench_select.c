@@ -26,6 +26,7 @@
 #endif
 
 #include "cli.h"
+#include "bench_stats.h"
 #ifdef IGRAD_HAVE_TRAINER
 #include "model.h"
 #endif
@@ -80,18 +81,6 @@ static void stream_pass(const float *restrict g, float *restrict e, int64_t n)
 #endif
     for (int64_t c = 0; c < chunks; c++) stream_chunk(g + c * STREAM_CHUNK, e + c * STREAM_CHUNK);
     for (int64_t i = chunks * STREAM_CHUNK; i < n; i++) e[i] = e[i] + g[i];
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int cmp_pair(const void *a, const void *b)
@@ -373,7 +362,7 @@ static int bench_shapes(tensor_list_t *l, const char *title, double density, int
         for (int64_t grp = 0; grp <= G; grp++) {
             for (int64_t r = 0; r < reps; r++)
                 col[r] = t_ms[(size_t)(m * reps + r) * (size_t)(G + 1) + (size_t)grp];
-            med[m][grp] = median(col, (int)reps);
+            med[m][grp] = bench_median(col, (int)reps);
         }
     if (json) {
         printf("{\"title\": \"%s\", \"entries\": %lld, \"tensors\": %d, \"density\": %g, "
@@ -594,8 +583,9 @@ int bench_select(int argc, char **argv)
         }
         checksum += sel.sumsq;
     }
-    double ms_stream = median(t_stream, (int)reps), ms_topk = median(t_topk, (int)reps);
-    double ms_ad = median(t_ad, (int)reps), ms_sort = median(t_sort, (int)sort_reps);
+    double ms_stream = bench_median(t_stream, (int)reps);
+    double ms_topk = bench_median(t_topk, (int)reps), ms_ad = bench_median(t_ad, (int)reps);
+    double ms_sort = bench_median(t_sort, (int)sort_reps);
     if (json) {
         printf("{\"n\": %lld, \"density\": %g, \"threads\": %lld, \"stream_ms\": %.3f, "
                "\"topk_ef_ms\": %.3f, \"adtopk_ef_ms\": %.3f, \"sort_ms\": %.3f}\n",

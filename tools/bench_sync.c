@@ -50,6 +50,7 @@
 #endif
 
 #include "cli.h"
+#include "bench_stats.h"
 
 #define NMETHODS 5
 #define NPOLICIES 5
@@ -401,19 +402,6 @@ static void synth_fill(synth_t *s, int64_t step, int threads)
 
 /* ---- statistics helpers --------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n)
-{
-    if (n <= 0) return NAN;
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 static double now_ms(void)
 {
     struct timespec ts;
@@ -505,14 +493,14 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         res->ran = 1;
         res->payload = payload / S;
         res->wire = wire / S;
-        res->select_ms = median(col[0], S);
-        res->pack_ms = median(col[1], S);
-        res->comm_ms = median(col[2], S);
-        res->unpack_ms = median(col[3], S);
-        res->sync_ms = median(col[4], S);
-        res->imbalance = median(col[5], S);
-        res->cv = median(col[6], S);
-        res->buckets = (int)median(col[7], S);
+        res->select_ms = bench_median(col[0], S);
+        res->pack_ms = bench_median(col[1], S);
+        res->comm_ms = bench_median(col[2], S);
+        res->unpack_ms = bench_median(col[3], S);
+        res->sync_ms = bench_median(col[4], S);
+        res->imbalance = bench_median(col[5], S);
+        res->cv = bench_median(col[6], S);
+        res->buckets = (int)bench_median(col[7], S);
         res->overflow = overflow / S;
     }
     for (int k = 0; k < 9; k++) free(col[k]);
