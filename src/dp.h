@@ -17,7 +17,9 @@
  *   unpack       a bucket's received bytes, 1/P, into the gradients
  *   zero         the gradients that unpack adds into
  * Memory: alloc/free/copy in the backend's memory space (`space`, the
- * igrad__mem_space_t of internal.h that the communicators also take).
+ * igrad__mem_space_t of internal.h that the communicators also take);
+ * copy_out is how the host reads it (engine_state.c saves residuals and
+ * velocities through it, a bounded chunk at a time).
  * 16-bit wire values (cfg.value_dtype BF16/F16, e->value_nbytes 2): the
  * gradients stay float; select_into rounds every staged value to the
  * 16-bit dtype (value16.h; a value that would be Inf clamped to the
@@ -44,6 +46,11 @@ typedef struct igrad__dp_ops {
     void *(*alloc)(size_t nbytes, int zeroed);
     void (*free)(void *p);
     void (*copy_in)(void *dst, const void *src, size_t nbytes);
+    /* Copies nbytes from `space` (src) into host memory (dst), ordered
+     * after the engine's queued work and finished on return (CUDA: on
+     * e->dp_stream, then a wait). IGRAD_OK, or a recorded error. */
+    igrad_status_t (*copy_out)(const igrad_engine_t *e, void *dst, const void *src,
+                               size_t nbytes);
 
     /* e->tnorm[t] = sum over t of a^2 in double (a = m*u + g + e; no e
      * for the dense method), for every tensor: non-finite iff some a is.

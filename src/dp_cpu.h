@@ -35,6 +35,8 @@ igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *co
 void *igrad__dp_cpu_alloc(size_t nbytes, int zeroed);
 void igrad__dp_cpu_free(void *p);
 void igrad__dp_cpu_copy_in(void *dst, const void *src, size_t nbytes);
+igrad_status_t igrad__dp_cpu_copy_out(const igrad_engine_t *e, void *dst, const void *src,
+                                      size_t nbytes);
 void igrad__dp_cpu_zero(igrad_engine_t *e, float *const *grads);
 
 #endif /* IGRAD_DP_CPU_H */

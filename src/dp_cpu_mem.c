@@ -1,6 +1,7 @@
 /*
  * dp_cpu_mem.c — the CPU data plane's memory: host allocations (calloc
- * for zeroed ones: the kernel hands out zero pages lazily), copies in, and
+ * for zeroed ones: the kernel hands out zero pages lazily), copies in and
+ * out, and
  * the zero stage (the gradients that unpack adds into, on the engine's
  * threads).
  */
@@ -20,6 +21,14 @@ void igrad__dp_cpu_free(void *p) { free(p); }
 void igrad__dp_cpu_copy_in(void *dst, const void *src, size_t nbytes)
 {
     if (nbytes) memcpy(dst, src, nbytes);
+}
+
+igrad_status_t igrad__dp_cpu_copy_out(const igrad_engine_t *e, void *dst, const void *src,
+                                      size_t nbytes)
+{
+    (void)e;
+    if (nbytes) memcpy(dst, src, nbytes);
+    return IGRAD_OK;
 }
 
 /* Zeroes the gradients that unpacking adds into (sparse methods: all). */

@@ -1,7 +1,7 @@
 /*
  * dp_cuda.cu — the CUDA data-plane backend's row of the ops table (dp.h):
  * device memory (cudaMalloc; the engine's residuals, velocities, staged
- * selections and bucket arenas), the per-engine device state
+ * selections and bucket arenas; copies in and out), the per-engine device state
  * (igrad__cuda_state_t: per-tensor result arrays and kernel scratch, a
  * few KiB plus 16 bytes per 4096 entries of the largest tensor), the
  * zero stage and the CUDA error messages. The stages live one per file
@@ -40,7 +40,27 @@ static void cuda_free(void *p)
 
 static void cuda_copy_in(void *dst, const void *src, size_t nbytes)
 {
-    if (nbytes) cudaMemcpy(dst, src, nbytes, cudaMemcpyHostToDevice);
+    /* cudaMemcpy from pageable memory may return before the bytes reach
+     * the device, and a non-blocking engine stream would not wait for the
+     * legacy stream: waited for here (state loads only) */
+    if (nbytes && cudaMemcpy(dst, src, nbytes, cudaMemcpyHostToDevice) == cudaSuccess)
+        cudaDeviceSynchronize();
+}
+
+/* Device to host on the engine's stream, after the kernels queued there
+ * (the residuals' last writers), and waited for: dst is the caller's to
+ * read on return. */
+static igrad_status_t cuda_copy_out(const igrad_engine_t *e, void *dst, const void *src,
+                                    size_t nbytes)
+{
+    if (!nbytes) return IGRAD_OK;
+    const igrad__cuda_state_t *st = (const igrad__cuda_state_t *)e->dp_state;
+    cudaError_t err = st ? cudaSetDevice(st->device) : cudaSuccess;
+    cudaStream_t s = igrad__cuda_stream(e);
+    if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    return err == cudaSuccess ? IGRAD_OK
+                              : igrad__cuda_fail(err, "CUDA data plane: copying device memory out");
 }
 
 static void state_free(igrad__cuda_state_t *st)
@@ -123,6 +143,7 @@ extern "C" const igrad__dp_ops_t igrad__dp_cuda = {
     /* .alloc = */ cuda_alloc,
     /* .free = */ cuda_free,
     /* .copy_in = */ cuda_copy_in,
+    /* .copy_out = */ cuda_copy_out,
     /* .check = */ igrad__dp_cuda_check,
     /* .first_bad = */ igrad__dp_cuda_first_bad,
     /* .select_into = */ igrad__dp_cuda_select_into,

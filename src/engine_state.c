@@ -4,6 +4,11 @@
  * run continues exactly. The format is documented at
  * igrad_engine_save_state() in igrad.h.
  *
+ * Saving reads residuals and velocities through the data plane's copy_out
+ * (dp.h) one CHUNK_NBYTES piece at a time, so a device engine's state is
+ * written with O(chunk) host memory and the bytes are the same as a CPU
+ * engine's.
+ *
  * Every section is a multiple of 8 bytes (the residuals are padded), so the
  * checksum is FNV-1a taken over 64-bit words: one multiply per 8 bytes
  * keeps a 500 MB state file from costing seconds to hash.
@@ -92,6 +97,23 @@ static void put_floats(writer_t *w, const float *x, size_t n)
     }
 }
 
+/* n floats of the data plane's memory at src (a CUDA engine's are on the
+ * device) through dp->copy_out, CHUNK_NBYTES at a time into `buf`, so
+ * that host memory stays one chunk whatever the residual's size; the
+ * bytes are put_floats' (a chunk holds an even number of floats: only the
+ * last one can need padding). */
+static igrad_status_t put_dp_floats(writer_t *w, const igrad_engine_t *e, const float *src,
+                                    size_t n, float *buf)
+{
+    const size_t per = CHUNK_NBYTES / sizeof(float);
+    for (size_t i = 0; i < n && !w->err; i += per) {
+        size_t k = n - i < per ? n - i : per;
+        IGRAD_CHECK(e->dp->copy_out(e, buf, src + i, k * sizeof(float)));
+        put_floats(w, buf, k);
+    }
+    return IGRAD_OK;
+}
+
 /* The re-profiling section (config.reprofile_every > 0, after the online
  * profile): counters, the window being recorded (Wr rows), the held
  * selections and the hysteresis flags. */
@@ -126,10 +148,6 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
                   "igrad_engine_save_state: step %lld is open (call igrad_engine_end first)",
                   (long long)engine->cur_step);
     const igrad_engine_t *e = engine;
-    IGRAD_FAIL_IF(e->dp->space != IGRAD__MEM_HOST, IGRAD_E_UNSUPPORTED,
-                  "igrad_engine_save_state: the engine's residuals are in %s memory (data "
-                  "plane '%s'); saving them is not supported yet",
-                  igrad__mem_space_name(e->dp->space), e->dp->name);
     uint64_t items[IGRAD__NITEMS];
     memcpy(items, e->items, sizeof items);
     items[IGRAD__ITEM_STEP] = (uint64_t)e->last_step;
@@ -137,8 +155,17 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
     items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->hist);
     items[IGRAD__ITEM_ONLINE] = (uint64_t)igrad__online_item(e);
 
+    float *chunk = NULL; /* the residuals' and velocities' way out */
+    if (e->residual_count || e->velocity_count) {
+        chunk = malloc(CHUNK_NBYTES);
+        IGRAD_FAIL_IF(!chunk, IGRAD_E_NOMEM, "%s: out of memory", path);
+    }
     igrad__atomic_file_t af;
-    IGRAD_CHECK(igrad__atomic_open(&af, path));
+    igrad_status_t st = igrad__atomic_open(&af, path);
+    if (st != IGRAD_OK) {
+        free(chunk);
+        return st;
+    }
     writer_t w = {af.fp, IGRAD__HASH_SEED, 0};
     char magic[8] = STATE_MAGIC;
     put(&w, magic, 8);
@@ -149,9 +176,14 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
     put_u64(&w, (uint64_t)e->calls);
     put_u64(&w, (uint64_t)e->ntensors);
     put_u64(&w, (uint64_t)e->residual_count);
-    if (e->residual_count) put_floats(&w, e->residual_mem, (size_t)e->residual_count);
+    st = put_dp_floats(&w, e, e->residual_mem, (size_t)e->residual_count, chunk);
     put_u64(&w, (uint64_t)e->velocity_count);
-    if (e->velocity_count) put_floats(&w, e->velocity_mem, (size_t)e->velocity_count);
+    if (st == IGRAD_OK) st = put_dp_floats(&w, e, e->velocity_mem, (size_t)e->velocity_count, chunk);
+    free(chunk);
+    if (st != IGRAD_OK) {
+        igrad__atomic_abort(&af);
+        return st;
+    }
     size_t hc = e->hist.count;
     put_u64(&w, (uint64_t)hc);
     if (hc) {

@@ -14,7 +14,9 @@
  * mix ties (five values), normals and exact zeros; one step carries a NaN
  * and must fail on both with the same message, and corrupt received bytes
  * (begin/end, the caller's own copy) must be refused by both with the same
- * message. Plus the API's refusals.
+ * message. State files: a CUDA engine's file is the CPU engine's, byte
+ * for byte, and each loads into the other kind (test_state_files). Plus
+ * the API's refusals.
  * Without a CUDA device it prints "SKIP: ..." and exits 77 (CTest:
  * Skipped).
  */
@@ -340,6 +342,120 @@ static void test_bad_index(igrad_comm_t *dcomm, cudaStream_t s)
     igrad_layout_free(L);
 }
 
+/* Step `step` of grad_at on a CPU engine (hg) and a CUDA engine (dg;
+ * untouched when ge is NULL); @return 0 when both succeed. */
+static int step_both(igrad_engine_t *ce, igrad_engine_t *ge, int64_t step, float **hg,
+                     float **dg, cudaStream_t s)
+{
+    for (size_t t = 0; t < NT; t++) {
+        for (int64_t i = 0; i < count_of(t); i++) hg[t][i] = grad_at(step, t, i);
+        if (ge && cudaMemcpy(dg[t], hg[t], (size_t)count_of(t) * 4, cudaMemcpyHostToDevice) !=
+                      cudaSuccess)
+            return 1;
+    }
+    igrad_status_t sc = ce ? igrad_engine_sync(ce, step, hg) : IGRAD_OK;
+    CHECK(sc == IGRAD_OK, "state: cpu step %lld: %s", (long long)step, igrad_last_error());
+    igrad_status_t sg = ge ? igrad_engine_sync(ge, step, dg) : IGRAD_OK;
+    CHECK(sg == IGRAD_OK, "state: cuda step %lld: %s", (long long)step, igrad_last_error());
+    cudaStreamSynchronize(s);
+    return sc != IGRAD_OK || sg != IGRAD_OK;
+}
+
+/* A file's bytes (NULL on failure); *n its size. */
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *p = len > 0 ? malloc((size_t)len) : NULL;
+    *n = p ? fread(p, 1, (size_t)len, fp) : 0;
+    fclose(fp);
+    return p;
+}
+
+/* State files of a device engine: a CPU and a CUDA engine run the same
+ * steps and save; the two files must be the same bytes (the residuals and
+ * velocities bit for bit, through the CUDA copy_out's chunks). The CUDA
+ * engine's file is loaded into a fresh CPU engine and the CPU engine's
+ * into a fresh CUDA engine; two more steps on each must give the
+ * uninterrupted CPU engine's gradients and residuals bit for bit. */
+static void test_state_files(igrad_comm_t *dcomm, cudaStream_t s)
+{
+    const char *cpath = "/tmp/igrad_cuda_state_cpu.bin", *gpath = "/tmp/igrad_cuda_state_gpu.bin";
+    igrad_layout_t *L = make_layout();
+    igrad_comm_t *hcomm = NULL;
+    igrad_engine_t *ce = NULL, *ge = NULL, *ce2 = NULL, *ge2 = NULL;
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.momentum = 0.5;
+    c.pack = IGRAD_PACK_RISK;
+    float *hg[NT] = {0}, *hg2[NT] = {0}, *dg[NT] = {0}, *scratch = NULL;
+    int64_t most = 0;
+    for (size_t t = 0; t < NT; t++) most = count_of(t) > most ? count_of(t) : most;
+    scratch = malloc((size_t)most * 4);
+    for (size_t t = 0; t < NT; t++) {
+        hg[t] = malloc((size_t)count_of(t) * 4);
+        hg2[t] = malloc((size_t)count_of(t) * 4);
+        CUDA(cudaMalloc((void **)&dg[t], (size_t)count_of(t) * 4));
+    }
+    OK(igrad_comm_create_self(&hcomm));
+    OK(igrad_engine_create(L, NULL, &c, hcomm, &ce));
+    OK(igrad_engine_create_cuda(L, NULL, &c, dcomm, 0, s, &ge));
+    for (int64_t step = 0; step < 3; step++)
+        if (step_both(ce, ge, step, hg, dg, s)) return;
+    OK(igrad_engine_save_state(ce, cpath));
+    OK(igrad_engine_save_state(ge, gpath));
+    size_t cn = 0, gn = 0;
+    unsigned char *cb = slurp(cpath, &cn), *gb = slurp(gpath, &gn);
+    CHECK(cb && gb && cn == gn && memcmp(cb, gb, cn) == 0,
+          "state files of the CPU and CUDA engines differ (%zu and %zu bytes)", cn, gn);
+    free(cb);
+    free(gb);
+    OK(igrad_engine_create(L, NULL, &c, hcomm, &ce2));
+    OK(igrad_engine_load_state(ce2, gpath));
+    OK(igrad_engine_create_cuda(L, NULL, &c, dcomm, 0, s, &ge2));
+    OK(igrad_engine_load_state(ge2, cpath));
+    for (int64_t step = 3; step < 5; step++) {
+        if (step_both(ce, ge2, step, hg, dg, s)) break;
+        if (step_both(ce2, NULL, step, hg2, dg, s)) break;
+        for (size_t t = 0; t < NT; t++) {
+            const char *why = "a CUDA state file loaded into a CPU engine";
+            for (int64_t i = 0; i < count_of(t); i++)
+                if (bits_of(hg[t][i]) != bits_of(hg2[t][i])) {
+                    CHECK(0, "%s: step %lld: gradient of %s differs at %lld", why,
+                          (long long)step, shapes[t].name, (long long)i);
+                    break;
+                }
+            const float *r = igrad_engine_residual(ce, t), *r2 = igrad_engine_residual(ce2, t);
+            CHECK(r && r2 && memcmp(r, r2, (size_t)count_of(t) * 4) == 0,
+                  "%s: step %lld: residual of %s differs", why, (long long)step, shapes[t].name);
+            why = "a CPU state file loaded into a CUDA engine";
+            same_bits(hg[t], dg[t], count_of(t), scratch, "gradient", why, step, t);
+            same_bits(r, igrad_engine_residual(ge2, t), count_of(t), scratch, "residual", why,
+                      step, t);
+            same_bits(igrad_engine_velocity(ce, t), igrad_engine_velocity(ge2, t), count_of(t),
+                      scratch, "velocity", why, step, t);
+        }
+    }
+    printf("%-32s %s\n", "state files cpu <-> cuda", "checked");
+    for (size_t t = 0; t < NT; t++) {
+        free(hg[t]);
+        free(hg2[t]);
+        cudaFree(dg[t]);
+    }
+    free(scratch);
+    igrad_engine_free(ce);
+    igrad_engine_free(ge);
+    igrad_engine_free(ce2);
+    igrad_engine_free(ge2);
+    igrad_comm_free(hcomm);
+    igrad_layout_free(L);
+    remove(cpath);
+    remove(gpath);
+}
+
 static void test_refusals(cudaStream_t s)
 {
     igrad_layout_t *L = make_layout();
@@ -358,8 +474,6 @@ static void test_refusals(cudaStream_t s)
     igrad_comm_t *dev = NULL;
     OK(igrad_comm_create_self_cuda(s, &dev));
     OK(igrad_engine_create_cuda(L, NULL, &c, dev, 0, s, &e));
-    CHECK(igrad_engine_save_state(e, "/tmp/igrad_cuda_state.bin") == IGRAD_E_UNSUPPORTED,
-          "save_state of a device engine");
     OK(igrad_engine_set_stream_cuda(e, NULL));
     igrad_engine_free(e);
     igrad_comm_free(dev);
@@ -389,6 +503,7 @@ int main(void)
     }
     run_configs(self, s, "self_cuda", 1);
     test_bad_index(self, s);
+    test_state_files(self, s);
     igrad_comm_free(self);
 #ifdef IGRAD_HAVE_NCCL
     ncclComm_t nc;

@@ -8,7 +8,8 @@
  * risk-history hash copies in the items), a negative verify_every and
  * non-zero residual padding are refused by name; truncated files and
  * trailing bytes are refused; and the file is read exactly once (a FIFO
- * that would hand a second reader other bytes).
+ * that would hand a second reader other bytes); residual and velocity
+ * sections larger than the saver's copy chunk are the engine's floats.
  *
  * Not here: save/load mid-run = uninterrupted, mismatched configs and
  * profiles (test_engine.c), several ranks (mpi_engine.c).
@@ -435,6 +436,65 @@ static void test_read_once_corrupt_replacement(void **state)
     free(other);
 }
 
+/* Residuals and velocities of more than two of the saver's 1 MiB chunks
+ * (an odd count: the last chunk ends in padding): the file's sections are
+ * the engine's floats in layout order, read here at formats.md §7's
+ * offsets, with zero padding; the checksum is right and a fresh engine
+ * loads them back bit for bit. */
+#define BIG_N 600001
+static void test_large_sections_chunked(void **state)
+{
+    fixture_t *f = *state;
+    igrad_layout_t *L = NULL;
+    int64_t n = BIG_N;
+    assert_ok(igrad_layout_create(&L));
+    assert_ok(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, 1, &n));
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.momentum = 0.5;
+    igrad_engine_t *a = NULL, *b = NULL;
+    assert_ok(igrad_engine_create(L, NULL, &c, f->comm, &a));
+    float *g = malloc(BIG_N * sizeof *g);
+    assert_non_null(g);
+    for (int64_t s = 0; s < 2; s++) {
+        for (int64_t i = 0; i < BIG_N; i++)
+            g[i] = (float)((int64_t)(mix64((uint64_t)(s * BIG_N + i)) % 2001) - 1000) / 64.0f;
+        assert_ok(igrad_engine_sync(a, s, &g));
+    }
+    assert_ok(igrad_engine_save_state(a, f->path));
+    char *file = NULL;
+    size_t nbytes = 0;
+    FILE *fp = fopen(f->path, "rb");
+    assert_non_null(fp);
+    file = malloc(16u << 20);
+    assert_non_null(file);
+    nbytes = fread(file, 1, 16u << 20, fp);
+    fclose(fp);
+    const unsigned char *p = (const unsigned char *)file;
+    const float *r = igrad_engine_residual(a, 0), *u = igrad_engine_velocity(a, 0);
+    assert_non_null(r);
+    assert_non_null(u);
+    const size_t sec = 4 * (size_t)BIG_N + 4; /* floats + padding */
+    assert_int_equal(get_le64(p + OFF_RESIDUALS - 8), BIG_N);
+    assert_memory_equal(p + OFF_RESIDUALS, r, 4 * (size_t)BIG_N);
+    static const unsigned char zero4[4];
+    assert_memory_equal(p + OFF_RESIDUALS + 4 * (size_t)BIG_N, zero4, 4); /* padding */
+    assert_int_equal(get_le64(p + OFF_RESIDUALS + sec), BIG_N);            /* velocity count */
+    assert_memory_equal(p + OFF_RESIDUALS + sec + 8, u, 4 * (size_t)BIG_N);
+    assert_memory_equal(p + OFF_RESIDUALS + sec + 8 + 4 * (size_t)BIG_N, zero4, 4);
+    assert_true(nbytes > OFF_RESIDUALS + 2 * sec + 16);
+    assert_int_equal(get_le64(p + nbytes - 8), fnv_words(p, nbytes - 8));
+    assert_ok(igrad_engine_create(L, NULL, &c, f->comm, &b));
+    assert_ok(igrad_engine_load_state(b, f->path));
+    assert_memory_equal(igrad_engine_residual(b, 0), r, 4 * (size_t)BIG_N);
+    assert_memory_equal(igrad_engine_velocity(b, 0), u, 4 * (size_t)BIG_N);
+    free(file);
+    free(g);
+    igrad_engine_free(a);
+    igrad_engine_free(b);
+    igrad_layout_free(L);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN); /* a loader that stops reading early */
@@ -445,6 +505,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_truncated_and_trailing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_once_valid_replacement, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_once_corrupt_replacement, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_large_sections_chunked, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
