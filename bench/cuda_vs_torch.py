@@ -58,8 +58,8 @@ def main():
             gbps = 4.0 * n / (ms * 1e6)
             print(f"{model:9} {what:18} {label:14} {ms:9.3f} {gbps:9.1f} {100 * gbps / HBM_GBPS:6.1f}%")
         del x
-    print("DDP with the igrad hook vs plain DDP: not run (the Python binding has no CUDA "
-          "engine yet; docs/architecture.md section 11)")
+    print("DDP with the igrad hook vs plain DDP: bench/ddp_hook_gpu.py (the binding's CUDA "
+          "engine; scripts/gpu-check runs it next)")
 
 
 if __name__ == "__main__":

@@ -640,6 +640,13 @@ typedef enum igrad_reduce_op {
     IGRAD_REDUCE_MIN = 2
 } igrad_reduce_op_t;
 
+/** Where a custom communicator's non-blocking collectives take their
+ *  buffers (igrad_comm_ops_t.memory). */
+typedef enum igrad_memory {
+    IGRAD_MEMORY_HOST = 0, /**< host memory (every engine of igrad_engine_create) */
+    IGRAD_MEMORY_CUDA = 1  /**< CUDA device memory (igrad_engine_create_cuda, igrad_cuda.h) */
+} igrad_memory_t;
+
 /** Callbacks of a custom backend. `user` is the pointer given to
  *  igrad_comm_create_custom(). Each returns IGRAD_OK or a failure status
  *  (a value that is not an igrad_status_t is reported as IGRAD_E_COMM).
@@ -685,10 +692,24 @@ typedef struct igrad_comm_ops {
      *  them (e.g. torch.distributed's coalescing). While a group is open,
      *  test is not called on its handles (they read as not done), wait is
      *  refused and so are blocking collectives; after a failing group_end,
-     *  wait must still release the group's handles. Custom backends take
-     *  host buffers and get no stream (architecture.md §11). */
+     *  wait must still release the group's handles. */
     igrad_status_t (*group_start)(void *user);
     igrad_status_t (*group_end)(void *user);
+    /** Optional (added after group_end; a table without it means
+     *  IGRAD_MEMORY_HOST): where the buffers of iallgather and iallreduce
+     *  live. IGRAD_MEMORY_CUDA: device memory of the engine's CUDA device
+     *  (the bucket buffers of an igrad_engine_create_cuda engine, which
+     *  refuses a host comm, as igrad_engine_create refuses a CUDA one);
+     *  iallgather, iallreduce and wait are then required. The blocking
+     *  callbacks (allgather, allreduce, bcast, barrier: the engine's
+     *  agreement, the igrad_comm_* wrappers) take host buffers either way. */
+    igrad_memory_t memory;
+    /** Optional, with IGRAD_MEMORY_CUDA: called before each iallgather /
+     *  iallreduce with the cudaStream_t the engine's data plane runs on
+     *  (NULL: the default stream); the collective must start after the
+     *  work queued there so far (the bucket was packed there) and work
+     *  queued there after wait returns must see its result. */
+    igrad_status_t (*set_stream)(void *user, void *stream);
 } igrad_comm_ops_t;
 
 /** Creates a one-rank communicator (rank 0 of 1). Needs no MPI. */
@@ -711,7 +732,9 @@ IGRAD_API igrad_status_t igrad_comm_create_mpi(const void *mpi_comm, igrad_comm_
  *  @param rank, size this process's rank in [0, size) and the group size.
  *  @return IGRAD_E_INVALID (naming the field) for a table that is too
  *  small, lacks a required callback, has i* callbacks without wait or
- *  only one of group_start/group_end, or for a bad rank/size. */
+ *  only one of group_start/group_end, an unknown memory, IGRAD_MEMORY_CUDA
+ *  without iallgather/iallreduce, set_stream with host memory, or for a
+ *  bad rank/size. */
 IGRAD_API igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
                                                   int rank, int size, igrad_comm_t **out);
 

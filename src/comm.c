@@ -88,9 +88,14 @@ static igrad_status_t check_no_group(const igrad_comm_t *comm, const char *what)
 igrad_status_t igrad__comm_check_space(const igrad_comm_t *comm, igrad__mem_space_t space,
                                        const char *what)
 {
+    unsigned host = IGRAD__MEM_BIT(IGRAD__MEM_HOST), dev = IGRAD__MEM_BIT(IGRAD__MEM_DEVICE);
+    const char *takes = (comm->spaces & host) && (comm->spaces & dev) ? "host and device"
+                        : comm->spaces & host ? "host"
+                        : comm->spaces & dev  ? "device"
+                                              : "no";
     IGRAD_FAIL_IF(!(comm->spaces & IGRAD__MEM_BIT(space)), IGRAD_E_UNSUPPORTED,
-                  "%s: communicator '%s' cannot take %s buffers", what, comm->backend,
-                  igrad__mem_space_name(space));
+                  "%s: communicator '%s' cannot take %s buffers (it takes %s buffers)", what,
+                  comm->backend, igrad__mem_space_name(space), takes);
     return IGRAD_OK;
 }
 
@@ -428,12 +433,20 @@ static igrad_status_t custom_barrier(igrad_comm_t *comm)
     return custom_result(impl, (int)impl->ops.barrier(impl->user), "barrier");
 }
 
+/* A device comm's set_stream, before each of its non-blocking collectives
+ * (host comms get no stream: a host collective has none). */
+static igrad_status_t custom_stream(const custom_impl_t *impl, void *stream)
+{
+    if (!impl->ops.set_stream) return IGRAD_OK;
+    return custom_result(impl, (int)impl->ops.set_stream(impl->user, stream), "set_stream");
+}
+
 /* A callback that succeeds without a handle has nothing in flight. */
 static igrad_status_t custom_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
                                         void *recv, void *stream, igrad_comm_request_t *req)
 {
-    (void)stream; /* host buffers only (architecture.md §11) */
     custom_impl_t *impl = comm->impl;
+    IGRAD_CHECK(custom_stream(impl, stream));
     void *handle = NULL;
     IGRAD_CHECK(custom_result(
         impl, (int)impl->ops.iallgather(impl->user, send, nbytes, recv, &handle),
@@ -448,8 +461,8 @@ static igrad_status_t custom_iallreduce(igrad_comm_t *comm, const void *send, vo
                                         igrad_reduce_op_t op, void *stream,
                                         igrad_comm_request_t *req)
 {
-    (void)stream;
     custom_impl_t *impl = comm->impl;
+    IGRAD_CHECK(custom_stream(impl, stream));
     void *handle = NULL;
     IGRAD_CHECK(custom_result(
         impl,
@@ -519,7 +532,17 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
         known.group_start = NULL;
     if (ops->size < offsetof(igrad_comm_ops_t, group_end) + sizeof known.group_end)
         known.group_end = NULL;
+    if (ops->size < offsetof(igrad_comm_ops_t, memory) + sizeof known.memory)
+        known.memory = IGRAD_MEMORY_HOST;
+    if (ops->size < offsetof(igrad_comm_ops_t, set_stream) + sizeof known.set_stream)
+        known.set_stream = NULL;
     ops = &known;
+    IGRAD_FAIL_IF(ops->memory != IGRAD_MEMORY_HOST && ops->memory != IGRAD_MEMORY_CUDA,
+                  IGRAD_E_INVALID,
+                  "igrad_comm_create_custom: ops->memory is %d (IGRAD_MEMORY_HOST 0 or "
+                  "IGRAD_MEMORY_CUDA 1)",
+                  (int)ops->memory);
+    const int on_device = ops->memory == IGRAD_MEMORY_CUDA;
     IGRAD_FAIL_IF(size < 1 || rank < 0 || rank >= size, IGRAD_E_INVALID,
                   "igrad_comm_create_custom: rank %d, size %d (need 0 <= rank < size)", rank,
                   size);
@@ -530,9 +553,17 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
                           : (ops->iallgather || ops->iallreduce) && !ops->wait ? "wait"
                           : ops->group_start && !ops->group_end ? "group_end"
                           : ops->group_end && !ops->group_start ? "group_start"
+                          : on_device && !ops->iallgather ? "iallgather"
+                          : on_device && !ops->iallreduce ? "iallreduce"
                           : NULL;
+    /* device buffers reach only the non-blocking callbacks: the blocking
+     * fallback would hand them to callbacks that take host memory */
     IGRAD_FAIL_IF(missing, IGRAD_E_INVALID,
-                  "igrad_comm_create_custom: ops->%s is NULL but required", missing);
+                  "igrad_comm_create_custom: ops->%s is NULL but required%s", missing,
+                  missing[0] == 'i' ? " with memory IGRAD_MEMORY_CUDA" : "");
+    IGRAD_FAIL_IF(ops->set_stream && !on_device, IGRAD_E_INVALID,
+                  "igrad_comm_create_custom: ops->set_stream is set but ops->memory is "
+                  "IGRAD_MEMORY_HOST (host collectives have no stream)");
 
     /* The vtable is per comm because which non-blocking callbacks exist is
      * the caller's choice; NULL entries select comm.c's fallbacks. */
@@ -546,7 +577,7 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
     block->impl.ops.size = sizeof(igrad_comm_ops_t);
     block->impl.user = user;
     block->vt = (igrad__comm_vtable_t){
-        .spaces = IGRAD__MEM_BIT(IGRAD__MEM_HOST),
+        .spaces = IGRAD__MEM_BIT(on_device ? IGRAD__MEM_DEVICE : IGRAD__MEM_HOST),
         .allgather = custom_allgather,
         .allreduce = custom_allreduce,
         .bcast = custom_bcast,

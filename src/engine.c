@@ -591,7 +591,9 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     e->comm = comm;
     /* The buckets live in the data plane's memory: a comm that cannot
      * take it could not run a single step. */
-    IGRAD_CHECK(igrad__comm_check_space(comm, e->dp->space, "igrad_engine_create"));
+    char what[96];
+    snprintf(what, sizeof what, "igrad_engine_create (data plane '%s')", e->dp->name);
+    IGRAD_CHECK(igrad__comm_check_space(comm, e->dp->space, what));
     e->rank = igrad_comm_rank(comm);
     e->nranks = igrad_comm_size(comm);
     e->last_step = -1;

@@ -560,7 +560,7 @@ static void test_custom_validation(void **state)
     assert_int_equal(f.destroyed, 1);
     f.destroyed = 0;
     /* group_end cut off, so absent: group_start alone is refused */
-    ops.size = sizeof(igrad_comm_ops_t) - 1;
+    ops.size = offsetof(igrad_comm_ops_t, group_end) + sizeof ops.group_end - 1;
     ops.group_end = custom_group_end_cb;
     assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
     assert_error_mentions("ops->group_end");
@@ -1117,6 +1117,97 @@ static void test_memory_space(void **state)
     igrad_comm_free(comm);
 }
 
+/* set_stream of a device custom table: records the stream it is given. */
+static void *custom_stream_seen;
+static int custom_stream_calls;
+
+static igrad_status_t custom_set_stream_cb(void *user, void *stream)
+{
+    (void)user;
+    custom_stream_seen = stream;
+    custom_stream_calls++;
+    return IGRAD_OK;
+}
+
+/* The custom table's memory field: a CUDA table needs its non-blocking
+ * callbacks, refuses an unknown memory and set_stream on host memory;
+ * its comm takes device buffers only (the public wrappers' host buffers
+ * are refused naming both spaces), hands each non-blocking collective's
+ * stream to set_stream first, and a CPU engine refuses it naming its data
+ * plane and both spaces. A table that ends before `memory` is host. */
+static void test_custom_memory(void **state)
+{
+    (void)state;
+    fake_t f = {.rank = 0, .size = 1};
+    igrad_comm_t *comm = NULL;
+    igrad_comm_ops_t ops = fake_ops(0);
+    ops.memory = IGRAD_MEMORY_CUDA;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->iallgather is NULL but required with memory IGRAD_MEMORY_CUDA");
+    ops = fake_ops(1);
+    ops.iallreduce = NULL;
+    ops.memory = IGRAD_MEMORY_CUDA;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->iallreduce is NULL but required with memory IGRAD_MEMORY_CUDA");
+    ops = fake_ops(1);
+    ops.memory = (igrad_memory_t)7;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->memory is 7");
+    ops.memory = IGRAD_MEMORY_HOST;
+    ops.set_stream = custom_set_stream_cb;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_E_INVALID);
+    assert_error_mentions("ops->set_stream is set but ops->memory is IGRAD_MEMORY_HOST");
+    /* cut off before memory: host, and set_stream past the size unread */
+    ops.memory = IGRAD_MEMORY_CUDA;
+    ops.size = offsetof(igrad_comm_ops_t, memory);
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    assert_int_equal(comm->spaces, IGRAD__MEM_BIT(IGRAD__MEM_HOST));
+    igrad_comm_free(comm);
+
+    ops = fake_ops(1);
+    ops.memory = IGRAD_MEMORY_CUDA;
+    ops.set_stream = custom_set_stream_cb;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    assert_int_equal(comm->spaces, IGRAD__MEM_BIT(IGRAD__MEM_DEVICE));
+    float a[2] = {1, 2}, b[2] = {0};
+    igrad_comm_request_t *req = NULL;
+    assert_status(igrad_comm_iallgather(comm, a, sizeof a, b, &req), IGRAD_E_UNSUPPORTED);
+    assert_error_mentions("communicator 'custom' cannot take host buffers (it takes device "
+                          "buffers)");
+    assert_int_equal(f.calls[CB_IALLGATHER], 0);
+    /* the fake copies bytes, so host memory stands in for the device here */
+    custom_stream_calls = 0;
+    assert_status(igrad__comm_iallgather(comm, a, sizeof a, b, IGRAD__MEM_DEVICE,
+                                         (void *)&custom_stream_seen, &req),
+                  IGRAD_OK);
+    assert_int_equal(custom_stream_calls, 1);
+    assert_ptr_equal(custom_stream_seen, (void *)&custom_stream_seen);
+    assert_status(igrad_comm_wait(comm, req), IGRAD_OK);
+    assert_f64_equal(b[1], 2.0);
+    assert_status(igrad__comm_iallreduce(comm, a, b, 2, IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM,
+                                         IGRAD__MEM_DEVICE, NULL, &req),
+                  IGRAD_OK);
+    assert_int_equal(custom_stream_calls, 2);
+    assert_null(custom_stream_seen);
+    assert_status(igrad_comm_wait(comm, req), IGRAD_OK);
+    /* blocking collectives (the engine's agreement) stay on host memory */
+    assert_status(igrad_comm_allgather(comm, a, sizeof a, b), IGRAD_OK);
+
+    igrad_layout_t *L = NULL;
+    int64_t n = 16;
+    assert_status(igrad_layout_create(&L), IGRAD_OK);
+    assert_status(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, 1, &n), IGRAD_OK);
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    igrad_engine_t *e = (igrad_engine_t *)&e;
+    assert_status(igrad_engine_create(L, NULL, &c, comm, &e), IGRAD_E_UNSUPPORTED);
+    assert_null(e);
+    assert_error_mentions("igrad_engine_create (data plane 'cpu'): communicator 'custom' cannot "
+                          "take host buffers (it takes device buffers)");
+    igrad_layout_free(L);
+    igrad_comm_free(comm);
+}
+
 /* Two 2-D tensors and a 1-D one. */
 static igrad_layout_t *small_layout(void)
 {
@@ -1244,6 +1335,7 @@ int main(void)
         cmocka_unit_test(test_group_noop),
         cmocka_unit_test(test_custom_groups),
         cmocka_unit_test(test_memory_space),
+        cmocka_unit_test(test_custom_memory),
         cmocka_unit_test(test_engine_grouped),
         cmocka_unit_test(test_mpi_without_init),
     };

@@ -135,6 +135,7 @@ NAME_TABLES = {
 # checks these (and STATUS_NAMES) against include/igrad.h.
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = 0, 1, 2
 BUCKET_GATHER, BUCKET_REDUCE = 0, 1
+MEMORY_HOST, MEMORY_CUDA = 0, 1  # igrad_memory_t (igrad_comm_ops_t.memory)
 # igrad_bucket_kind_t -> the name BucketDesc.kind carries (the library's
 # bucket routes, src/route.c); a kind missing here is refused, never guessed.
 BUCKET_KINDS = {BUCKET_GATHER: "gather", BUCKET_REDUCE: "reduce"}
@@ -206,6 +207,7 @@ TEST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
 ERRMSG_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 DESTROY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 GROUP_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+STREAM_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 
 
 class CommOps(ctypes.Structure):
@@ -214,7 +216,7 @@ class CommOps(ctypes.Structure):
                 ("iallgather", IALLGATHER_FN), ("iallreduce", IALLREDUCE_FN),
                 ("wait", WAIT_FN), ("test", TEST_FN), ("error_message", ERRMSG_FN),
                 ("destroy", DESTROY_FN), ("group_start", GROUP_FN),
-                ("group_end", GROUP_FN)]
+                ("group_end", GROUP_FN), ("memory", c_enum), ("set_stream", STREAM_FN)]
 
 
 class Config(ctypes.Structure):
@@ -386,6 +388,10 @@ SIGNATURES = {
     # engine
     "igrad_config_validate": (S, [ctypes.POINTER(Config)]),
     "igrad_engine_create": (S, [P, P, ctypes.POINTER(Config), P, PP]),
+    # igrad_cuda.h (every build: without CUDA they return IGRAD_E_UNSUPPORTED)
+    "igrad_engine_create_cuda": (S, [P, P, ctypes.POINTER(Config), P, ctypes.c_int, P, PP]),
+    "igrad_engine_set_stream_cuda": (S, [P, P]),
+    "igrad_comm_create_self_cuda": (S, [P, PP]),
     "igrad_engine_free": (None, [P]),
     "igrad_engine_begin": (S, [P, i64, PP, ctypes.POINTER(ctypes.POINTER(Bucket)),
                                ctypes.POINTER(sz)]),

@@ -438,7 +438,12 @@ class Comm(_Handle):
     and optionally iallgather/iallreduce (same arguments, return a handle
     object or None when already complete) with wait(handle) and
     test(handle) -> bool. An exception in a callback becomes IGRAD_E_COMM,
-    its text the library's error message."""
+    its text the library's error message. With memory="cuda" the
+    non-blocking collectives get CUDA device addresses (the buckets of an
+    Engine(..., device=N)), and the backend's optional set_stream(stream)
+    (an int cudaStream_t, 0 = default) is called before each; the blocking
+    ones keep host addresses. `Comm.self_cuda(stream)`: one rank for device
+    buffers (igrad_comm_create_self_cuda)."""
 
     _free = "igrad_comm_free"
 
@@ -449,8 +454,14 @@ class Comm(_Handle):
         return cls(h.value)
 
     @classmethod
-    def custom(cls, backend, rank, size):
-        bridge = _CustomBridge(backend)
+    def self_cuda(cls, stream=None):
+        h = ctypes.c_void_p()
+        L.lib().call("igrad_comm_create_self_cuda", stream or None, ctypes.byref(h))
+        return cls(h.value)
+
+    @classmethod
+    def custom(cls, backend, rank, size, memory="host"):
+        bridge = _CustomBridge(backend, memory)
         h = ctypes.c_void_p()
         L.lib().call("igrad_comm_create_custom", ctypes.byref(bridge.ops), None, int(rank),
                      int(size), ctypes.byref(h))
@@ -484,7 +495,9 @@ class _CustomBridge:
     IGRAD_E_COMM. Non-blocking handles are small integers (never 0) that
     map to the backend's handle objects."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, memory="host"):
+        if memory not in ("host", "cuda"):
+            raise L.InvalidArgumentError("memory is %r (must be 'host' or 'cuda')" % (memory,))
         self.backend = backend
         self.error = b""
         self._err_buf = ctypes.create_string_buffer(1)
@@ -505,6 +518,13 @@ class _CustomBridge:
         msg = L.ERRMSG_FN(self._error_message)
         self._fns.append(msg)
         ops.error_message = msg
+        if memory == "cuda":
+            ops.memory = L.MEMORY_CUDA
+            if hasattr(backend, "set_stream"):
+                fn = L.STREAM_FN(lambda user, stream: self._guard(backend.set_stream,
+                                                                  stream or 0))
+                self._fns.append(fn)
+                ops.set_stream = fn
         self.ops = ops
 
     def _guard(self, fn, *args):
@@ -706,18 +726,30 @@ def _addr_array(addrs):
 class Engine(_Handle):
     """One rank's synchronization engine (igrad_engine_t). `grads` arguments
     are lists of addresses of contiguous float32 buffers, one per layout
-    tensor in layout order."""
+    tensor in layout order. With device=N the engine is
+    igrad_engine_create_cuda's on CUDA device N and `stream` (an int
+    cudaStream_t; None = the default stream): gradients, residuals and
+    buckets are device addresses, and `comm` must take device buffers
+    (Comm.self_cuda, Comm.custom(..., memory="cuda")). A library built
+    without CUDA raises UnsupportedError saying so."""
 
     _free = "igrad_engine_free"
 
-    def __init__(self, layout, profile, config, comm):
+    def __init__(self, layout, profile, config, comm, device=None, stream=None):
         if not isinstance(config, L.Config):
             config = make_config(**(config or {}))
         h = ctypes.c_void_p()
-        L.lib().call("igrad_engine_create", layout.handle,
-                     profile.handle if profile is not None else None, ctypes.byref(config),
-                     comm.handle, ctypes.byref(h))
+        prof = profile.handle if profile is not None else None
+        if device is None:
+            L.lib().call("igrad_engine_create", layout.handle, prof, ctypes.byref(config),
+                         comm.handle, ctypes.byref(h))
+        else:
+            L.lib().call("igrad_engine_create_cuda", layout.handle, prof,
+                         ctypes.byref(config), comm.handle, int(device), stream or None,
+                         ctypes.byref(h))
         super().__init__(h.value)
+        self.device = device
+        self.nparams = layout.total_count
         self.comm = comm  # borrowed by the engine: keep it alive
         self.ntensors = len(layout)
         self._trace = None
@@ -741,6 +773,23 @@ class Engine(_Handle):
 
     def sync(self, step, grads):
         self._lib.call("igrad_engine_sync", self.handle, int(step), self._grads(grads))
+
+    def set_stream(self, stream):
+        """A CUDA engine's later steps run on `stream` (int cudaStream_t, 0 =
+        the default stream)."""
+        self._lib.call("igrad_engine_set_stream_cuda", self.handle, stream or None)
+
+    def memory_stats(self):
+        """This rank's bytes: device (the data plane's memory of a CUDA
+        engine: residuals, velocities, staged selection, buckets) and host
+        (everything else the engine holds: plans, per-tensor results,
+        scratch), each also per parameter of the layout."""
+        nparams = self.nparams
+        device = int(self.stats()["dataplane_nbytes"]) if self.device is not None else 0
+        host = int(self.workspace_nbytes) - device
+        return {"device_nbytes": device, "host_nbytes": host,
+                "device_nbytes_per_param": device / nparams if nparams else 0.0,
+                "host_nbytes_per_param": host / nparams if nparams else 0.0}
 
     def stats(self):
         s = L.StepStats()

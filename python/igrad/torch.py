@@ -500,6 +500,7 @@ class IgradState:
         self._pending = []           # DDP buckets waiting for the last one
         self._pending_load = None    # state_dict to apply once the engine exists
         self._trace = None
+        self._data_dev = None        # where the engine's gradients live (_data_device)
 
     # -- setup ---------------------------------------------------------------
 
@@ -519,6 +520,7 @@ class IgradState:
         self._named = named
         self._meta = meta
         self._params = [p for _, p in named]
+        self._data_dev = None
         self._counts = [m[2] for m in meta]
         self._dtypes = [m[3] for m in meta]
         self._slots = None
@@ -532,11 +534,29 @@ class IgradState:
 
     def _group_comm(self):
         if self._coll is None:
-            if dist.is_available() and dist.is_initialized():
+            distributed = dist.is_available() and dist.is_initialized()
+            dev = self._data_device()
+            if dev.type == "cuda":  # the GPU path: igrad/cuda.py
+                from . import cuda as _cuda
+                self._coll = _cuda.group_comm(self.process_group, dev, distributed)
+            elif distributed:
                 self._coll = TorchComm(self.process_group)
             else:
                 self._coll = _SelfComm()
         return self._coll
+
+    def _data_device(self):
+        """The device of the engine's gradients: the parameters' CUDA device
+        (a CUDA engine, igrad/cuda.py), else the CPU. Known once attached."""
+        if self._data_dev is None:
+            if self._params is None:
+                return torch.device("cpu")
+            dev = None
+            if any(p.is_cuda for p in self._params):
+                from . import cuda as _cuda
+                dev = _cuda.params_device(self._params)
+            self._data_dev = dev if dev is not None else torch.device("cpu")
+        return self._data_dev
 
     @property
     def rank(self):
@@ -590,6 +610,9 @@ class IgradState:
     def engine(self):
         """The igrad Engine (created on first use; collective over the group)."""
         if self._engine is None:
+            if self._coll is not None and getattr(self._coll, "memory", "host") != (
+                    "cuda" if self._data_device().type == "cuda" else "host"):
+                self._coll = None  # made before the model was attached
             coll = self._group_comm()
             layout = self.layout
             # Every rank must reach engine_create (a collective) even when its
@@ -616,7 +639,12 @@ class IgradState:
                 self.config["release_keep"] = fit["release_keep"]
                 self.target_fit = fit
             cfg = make_config(**self.config)
-            self._engine = Engine(layout, self._profile_obj, cfg, coll.comm())
+            dev = self._data_device()
+            if dev.type == "cuda":
+                from . import cuda as _cuda
+                self._engine = _cuda.create_engine(layout, self._profile_obj, cfg, coll, dev)
+            else:
+                self._engine = Engine(layout, self._profile_obj, cfg, coll.comm())
             if self._trace is not None:
                 self._engine.set_trace(self._trace)
             if pending:
@@ -787,8 +815,9 @@ class IgradState:
             return self.last_stats
         eng = self.engine
         coll = self._group_comm()
-        # The engine reads and writes contiguous float32 CPU memory; anything
-        # else goes through a staging copy that is written back after end().
+        # The engine reads and writes contiguous float32 memory on its device
+        # (the CPU, or the parameters' GPU: igrad/cuda.py); anything else
+        # goes through a staging copy there that is written back after end().
         # A refused step stages only the tensors before the refused one
         # (the engine names that one to every rank) and passes NULL from it on.
         # With a loss scale S != 1 every gradient is staged as g / S (the
@@ -801,17 +830,21 @@ class IgradState:
                 bad = (0, e)
         ok = len(self._meta) if bad is None else bad[0]
         bufs, back = [], []
+        data_dev = self._data_device()
         for g in (grads[:ok] if ok else ()):
-            if (scale == 1.0 and g.dtype == torch.float32 and g.device.type == "cpu"
+            if (scale == 1.0 and g.dtype == torch.float32 and g.device == data_dev
                     and g.is_contiguous()):
                 bufs.append(g)
             else:
-                s = g.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                s = g.detach().to(device=data_dev, dtype=torch.float32).contiguous()
                 if scale != 1.0:  # in place only in a copy of our own
                     s = s.div_(scale) if s.data_ptr() != g.data_ptr() else s.div(scale)
                 bufs.append(s)
                 back.append((g, s))
         addrs = [b.data_ptr() for b in bufs] + [None] * (len(self._meta) - len(bufs))
+        if eng.device is not None:  # the stream the gradients were made on
+            from . import cuda as _cuda
+            _cuda.set_step_stream(eng, data_dev)
         try:
             buckets = eng.begin(step, addrs)
         except L.NonFiniteError as e:
@@ -839,6 +872,7 @@ class IgradState:
         for g, s in back:
             g.copy_(s.mul_(scale) if scale != 1.0 else s)
         st = eng.stats()
+        st.update(eng.memory_stats())
         st["collective_ms"] = (t1 - t0) * 1e3
         self.total_payload_nbytes += st["payload_nbytes"]
         self.total_wire_nbytes += st["wire_nbytes"]
@@ -958,7 +992,11 @@ class IgradState:
         residuals = {}
         for t, (n, shape, count, _) in enumerate(self._meta):  # as attached (the engine's)
             addr = eng.residual_address(t)
-            if addr is not None:
+            if addr is not None and eng.device is not None:  # device memory
+                from . import cuda as _cuda
+                residuals[n] = _cuda.device_view(addr, count, torch.float32,
+                                                 self._data_device()).clone().view(shape)
+            elif addr is not None:
                 residuals[n] = _wrap(addr, count, torch.float32).clone().view(shape)
         sd["residuals"] = residuals
         with tempfile.TemporaryDirectory(prefix="igrad-state-") as d:

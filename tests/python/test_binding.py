@@ -130,7 +130,74 @@ class Binding(unittest.TestCase):
         "igrad_collective": (L.COLLECTIVES, "IGRAD_COLLECTIVE_", str.lower),
         "igrad_bucket_kind": ({n.upper(): v for v, n in L.BUCKET_KINDS.items()},
                               "IGRAD_BUCKET_", str),
+        "igrad_memory": ({n: getattr(L, "MEMORY_" + n) for n in ("HOST", "CUDA")},
+                         "IGRAD_MEMORY_", str),
     }
+
+    def test_memory_stats_in_last_stats(self):
+        """last_stats carries igrad's memory per rank: on the CPU path no
+        device bytes, and host bytes = the engine's workspace, at least the
+        residual's 4 B per parameter."""
+        m = torch.nn.Linear(64, 32)
+        st = it.IgradState(m, method="topk_sync", density=0.1)
+        for p in m.parameters():
+            p.grad = torch.ones_like(p)
+        stats = it.GradientSynchronizer(m.named_parameters(), st).synchronize(0)
+        nparams = sum(p.numel() for p in m.parameters())
+        self.assertEqual(stats["device_nbytes"], 0)
+        self.assertEqual(stats["device_nbytes_per_param"], 0.0)
+        self.assertEqual(stats["host_nbytes"], st.engine.workspace_nbytes)
+        self.assertAlmostEqual(stats["host_nbytes_per_param"], stats["host_nbytes"] / nparams)
+        self.assertGreaterEqual(stats["host_nbytes_per_param"], 4.0)
+
+    def test_cuda_engine_entry(self):
+        """Engine(..., device=N) is igrad_engine_create_cuda: without a CUDA
+        device (or a library built without CUDA) an UnsupportedError that
+        says so; with one, a host-only comm is refused. A custom comm with
+        memory="cuda" is refused by a CPU engine, naming its data plane and
+        both memory spaces; an unknown memory is refused."""
+        from igrad.core import Comm, Engine, make_config
+        layout = it.layout_from_module(torch.nn.Linear(4, 3))
+        cfg = make_config(method="topk_sync")
+        with self.assertRaises(L.UnsupportedError) as cm:
+            Engine(layout, None, cfg, Comm.self_(), device=0)
+        if torch.cuda.is_available():
+            self.assertIn("communicator 'self' cannot take device buffers", str(cm.exception))
+        else:
+            self.assertRegex(str(cm.exception), "no CUDA device|has no CUDA")
+
+        class Copies:  # one rank: every collective copies send to recv
+            def allgather(self, send, nbytes, recv):
+                ctypes.memmove(recv, send, nbytes)
+
+            def allreduce(self, send, recv, count, dtype, op):
+                ctypes.memmove(recv, send, count * 8)
+
+            def bcast(self, buf, nbytes, root):
+                pass
+
+            def barrier(self):
+                pass
+
+            def iallgather(self, send, nbytes, recv):
+                self.allgather(send, nbytes, recv)
+
+            def iallreduce(self, send, recv, count, dtype, op):
+                self.allreduce(send, recv, count, dtype, op)
+
+            def wait(self, handle):
+                pass
+
+        import ctypes
+        comm = Comm.custom(Copies(), 0, 1, memory="cuda")
+        with self.assertRaisesRegex(L.UnsupportedError,
+                                    r"data plane 'cpu'\): communicator 'custom' cannot take "
+                                    r"host buffers \(it takes device buffers\)"):
+            Engine(layout, None, cfg, comm)
+        with self.assertRaisesRegex(L.InvalidArgumentError, "memory is 'gpu'"):
+            Comm.custom(Copies(), 0, 1, memory="gpu")
+        self.assertIsNone(__import__("igrad.cuda").cuda.params_device(
+            torch.nn.Linear(2, 2).parameters()))
 
     def test_unknown_bucket_kind_is_refused(self):
         """A bucket kind the binding does not know is an error, never taken
