@@ -28,8 +28,14 @@
  * so work queued after them on that stream sees the result, and the host
  * synchronizes the stream before reading the gradients itself.
  * igrad_engine_residual/velocity return device pointers.
- * igrad_engine_save_state refuses a device engine (IGRAD_E_UNSUPPORTED);
- * load_state works.
+ * igrad_engine_save_state and load_state work on a device engine: the
+ * file is the CPU engine's format, byte for byte the same for the same
+ * state, so either kind loads the other's (saving copies the residuals
+ * out through 1 MiB of host memory at a time; loading reads the whole
+ * file into host memory first, as for every engine).
+ *
+ * A custom communicator (igrad_comm_ops_t) takes the engine's device
+ * buckets when its table says memory = IGRAD_MEMORY_CUDA (igrad.h).
  *
  * In a build without CUDA (or without NCCL for igrad_comm_create_nccl)
  * every function here returns IGRAD_E_UNSUPPORTED with a message.
@@ -50,7 +56,8 @@ struct ncclComm;
 
 /** igrad_engine_create for gradients on CUDA device `device`, with its data
  *  plane on `stream` (NULL: the device's default stream). `comm` must take
- *  device buffers (igrad_comm_create_nccl, igrad_comm_create_self_cuda);
+ *  device buffers (igrad_comm_create_nccl, igrad_comm_create_self_cuda, a
+ *  custom comm with memory = IGRAD_MEMORY_CUDA);
  *  others are refused with IGRAD_E_UNSUPPORTED naming the communicator.
  *  Collective over comm, like igrad_engine_create.
  *  @return IGRAD_E_INVALID for a device outside [0, cudaGetDeviceCount),

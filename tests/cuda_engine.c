@@ -22,6 +22,7 @@
  */
 #include "igrad.h"
 #include "igrad_cuda.h"
+#include "internal.h" /* igrad__read_file; tests link the static library */
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -361,20 +362,6 @@ static int step_both(igrad_engine_t *ce, igrad_engine_t *ge, int64_t step, float
     return sc != IGRAD_OK || sg != IGRAD_OK;
 }
 
-/* A file's bytes (NULL on failure); *n its size. */
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *p = len > 0 ? malloc((size_t)len) : NULL;
-    *n = p ? fread(p, 1, (size_t)len, fp) : 0;
-    fclose(fp);
-    return p;
-}
-
 /* State files of a device engine: a CPU and a CUDA engine run the same
  * steps and save; the two files must be the same bytes (the residuals and
  * velocities bit for bit, through the CUDA copy_out's chunks). The CUDA
@@ -408,8 +395,10 @@ static void test_state_files(igrad_comm_t *dcomm, cudaStream_t s)
     OK(igrad_engine_save_state(ce, cpath));
     OK(igrad_engine_save_state(ge, gpath));
     size_t cn = 0, gn = 0;
-    unsigned char *cb = slurp(cpath, &cn), *gb = slurp(gpath, &gn);
-    CHECK(cb && gb && cn == gn && memcmp(cb, gb, cn) == 0,
+    char *cb = NULL, *gb = NULL;
+    OK(igrad__read_file(cpath, (size_t)1 << 30, &cb, &cn));
+    OK(igrad__read_file(gpath, (size_t)1 << 30, &gb, &gn));
+    CHECK(cn == gn && memcmp(cb, gb, cn) == 0,
           "state files of the CPU and CUDA engines differ (%zu and %zu bytes)", cn, gn);
     free(cb);
     free(gb);

