@@ -1169,8 +1169,10 @@ typedef struct igrad_engine igrad_engine_t;
  *  @param comm borrowed: it must outlive the engine.
  *  @return IGRAD_E_INVALID (config, NULL argument; the message names the
  *  field), IGRAD_E_UNSUPPORTED (among others a comm whose collectives
- *  cannot take the engine's buffers: "communicator 'x' cannot take host
- *  buffers"; the built-in ones all take host memory), IGRAD_E_MISMATCH
+ *  cannot take the engine's buffers: "igrad_engine_create (data plane
+ *  'cpu'): communicator 'x' cannot take host buffers (it takes device
+ *  buffers)"; self and MPI take host memory, a custom comm what its
+ *  table's `memory` says), IGRAD_E_MISMATCH
  *  (profile vs layout, or ranks disagree: the message names the first
  *  differing item, e.g.
  *  "config.density differs: rank 0 has 0.01, rank 1 has 0.02"),
