@@ -1056,6 +1056,7 @@ class IgradState:
         bad = s["refused"]
         try:
             eng.close(step)
+            t2 = time.perf_counter()
         except L.NonFiniteError as e:
             if bad is not None:
                 raise bad[1] from None
@@ -1080,6 +1081,7 @@ class IgradState:
         st = eng.stats()
         st["collective_ms"] = (t1 - t0) * 1e3  # the wait at the last bucket
         st["early_buckets"] = s["early"]
+        st["close_ms"] = (t2 - t1) * 1e3  # agreement, residuals, unpacking
         self.total_payload_nbytes += st["payload_nbytes"]
         self.total_wire_nbytes += st["wire_nbytes"]
         self.last_stats = st
