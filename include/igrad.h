@@ -1226,8 +1226,11 @@ typedef struct igrad_step_stats {
                                    one): residuals (4 B per parameter),
                                    velocities (4 B per parameter with
                                    momentum), the staged selection, the bucket
-                                   arenas, and the dense warm-up engine's
-                                   (start_iter); the O(parameters) part is the
+                                   arenas, the dense warm-up engine's
+                                   (start_iter) and, from the first
+                                   igrad_engine_open(), the streamed step's
+                                   selection scratch (threads x the largest
+                                   tensor); the O(parameters) part is the
                                    residual. Host-only control state
                                    (plans, scratch) is not counted: see
                                    igrad_engine_workspace_nbytes() */

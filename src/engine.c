@@ -1116,6 +1116,21 @@ void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s)
         e->nparams > 0 ? (double)s->dataplane_nbytes / (double)e->nparams : 0.0;
 }
 
+igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_status_t st,
+                                        int64_t bad)
+{
+    char msg[1024] = "";
+    if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    int check = e->cfg.verify_every > 0 && e->calls > 0 && e->calls % e->cfg.verify_every == 0;
+    igrad__engine_dynamic_items(e, step);
+    char context[64];
+    snprintf(context, sizeof context, "step %lld", (long long)step);
+    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, bad, msg,
+                                            e->items, check, context);
+    e->calls++;
+    return ag;
+}
+
 /* Everything before packing: checks, agreement, gate, selection, plan.
  * zero: the selection also zeroes the gradients (sparse methods; sync
  * only, since begin must leave them as they are until end). */
@@ -1134,16 +1149,8 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
 
     int64_t bad = -1;
     igrad_status_t st = local_checks(e, step, grads, &bad);
-    char msg[1024] = "";
-    if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
     double t1 = igrad__now_ms();
-    int check = e->cfg.verify_every > 0 && e->calls > 0 && e->calls % e->cfg.verify_every == 0;
-    igrad__engine_dynamic_items(e, step);
-    char context[64];
-    snprintf(context, sizeof context, "step %lld", (long long)step);
-    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, bad, msg,
-                                            e->items, check, context);
-    e->calls++;
+    igrad_status_t ag = igrad__engine_agree_step(e, step, st, bad);
     double t2 = igrad__now_ms();
     e->stats.select_ms = t1 - t0;
     e->stats.comm_ms = t2 - t1;

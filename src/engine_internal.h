@@ -348,6 +348,11 @@ igrad_status_t igrad__engine_null_grads(igrad_engine_t *e, int64_t step, float *
                                         int64_t *bad_tensor);
 igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *const *grads,
                                        int64_t *bad_tensor);
+/* The step's agreement: this rank's status `st` (its message is
+ * igrad_last_error(); `bad` the tensor or -1), the dynamic items and, every
+ * verify_every calls, all items (igrad__engine_agree); counts the call. */
+igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_status_t st,
+                                        int64_t bad);
 /* Blocks and buckets of the step from e->sent/e->rel (update_history: the
  * risk policy's history learns them). */
 igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history);

@@ -35,7 +35,6 @@
 #include "route.h"
 #include "schedule.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -332,15 +331,7 @@ igrad_status_t igrad_engine_close(igrad_engine_t *e, int64_t step)
     double t0 = igrad__now_ms();
     int64_t bad = -1;
     igrad_status_t st = local_failure(e, &bad);
-    char msg[1024] = "";
-    if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
-    int check = e->cfg.verify_every > 0 && e->calls > 0 && e->calls % e->cfg.verify_every == 0;
-    igrad__engine_dynamic_items(e, step);
-    char context[64];
-    snprintf(context, sizeof context, "step %lld", (long long)step);
-    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, bad, msg,
-                                            e->items, check, context);
-    e->calls++;
+    igrad_status_t ag = igrad__engine_agree_step(e, step, st, bad);
     double t1 = igrad__now_ms();
     e->stats.comm_ms += t1 - t0;
     if (ag != IGRAD_OK) {

@@ -22,7 +22,11 @@ model: engine.begin (agreement, error feedback, selection, packing),
 the step's collectives through torch.distributed on the process group,
 engine.end (the average of every rank's selections, written in place into
 the gradients, which are views of the bucket buffers), then completes every
-future with its bucket's buffer. One step over the whole model is what the
+future with its bucket's buffer. With IgradState(overlap=True) the same
+step is streamed instead: the first bucket opens it, every bucket's
+parameters are handed to engine.ready as the bucket arrives, the igrad
+buckets it returns are issued at once, and the last bucket waits them and
+closes the step (see IgradState._stream_bucket). One step over the whole model is what the
 C trainer runs, so selection, release schedule, bucket packing and byte
 statistics are exactly the C engine's for the same layout, profile and
 config, whatever DDP's bucketing. Parameters are identified by name (a
@@ -425,6 +429,12 @@ class IgradState:
                     gradients are taken as they are (1).
     nonfinite:      "allreduce" (default) or "keep": what a skipped
                     (non-finite) step returns, see the module docstring.
+    overlap:        True: the DDP hook streams the step (igrad_engine_open/
+                    ready/close): each DDP bucket's parameters go to the
+                    engine as backward delivers them and each igrad bucket's
+                    collective is issued as soon as its tensors are in; the
+                    result is bit for bit the default (False) last-bucket
+                    step's. last_stats adds "early_buckets" and "close_ms".
 
     After each step `last_stats` holds the engine's statistics of the step
     (igrad_step_stats_t fields plus "collective_ms", the time of the
