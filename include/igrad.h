@@ -915,6 +915,15 @@ IGRAD_API igrad_status_t igrad_pack_metrics_compute(const double *loads, int nbu
  *                    : allreduce_sum_in_place((float *)b[i].recv, b[i].count);
  *   igrad_engine_end(eng, step, grads);
  *
+ * Streamed use (overlap with backward: the same step, bit for bit, given
+ * tensor by tensor as their gradients become final):
+ *   igrad_engine_open(eng, step);
+ *   on each finished group of tensors idx[0..n) with gradients g[0..n):
+ *       igrad_engine_ready(eng, step, idx, n, g, &b, &nb);
+ *       issue b[0..nb) at once (non-blocking), in that order;
+ *   wait every issued collective;
+ *   igrad_engine_close(eng, step);     // agreement, residuals, results
+ *
  * Wire format. A gather bucket is one allgather of send_nbytes per rank;
  * recv holds every rank's bytes in rank order (size * send_nbytes). Its
  * bytes are [values (value_dtype: F32, or BF16/F16 codes) of every

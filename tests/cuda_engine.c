@@ -14,7 +14,7 @@
  * mix ties (five values), normals and exact zeros; one step carries a NaN
  * and must fail on both with the same message, and corrupt received bytes
  * (begin/end, the caller's own copy) must be refused by both with the same
- * message. Plus the API's refusals.
+ * message. Plus the API's refusals (a streamed step among them).
  * Without a CUDA device it prints "SKIP: ..." and exits 77 (CTest:
  * Skipped).
  */
@@ -360,6 +360,9 @@ static void test_refusals(cudaStream_t s)
     OK(igrad_engine_create_cuda(L, NULL, &c, dev, 0, s, &e));
     CHECK(igrad_engine_save_state(e, "/tmp/igrad_cuda_state.bin") == IGRAD_E_UNSUPPORTED,
           "save_state of a device engine");
+    CHECK(igrad_engine_open(e, 0) == IGRAD_E_UNSUPPORTED &&
+              strstr(igrad_last_error(), "no streamed step"),
+          "a streamed step on a device engine: %s", igrad_last_error());
     OK(igrad_engine_set_stream_cuda(e, NULL));
     igrad_engine_free(e);
     igrad_comm_free(dev);
