@@ -978,9 +978,9 @@ class IgradState:
                 s, self._stream = self._stream, None
                 self._stream_close(s)
         except BaseException as e:
-            pending, self._pending = self._pending, []
-            if bucket.is_last():
-                self._stream = None
+            # the step is lost on this rank: a later bucket or step gets the
+            # engine's "step N is still open" rather than joining this one
+            pending, self._pending, self._stream = self._pending, [], None
             for _, f in pending:
                 f.set_exception(e)
             raise
