@@ -938,6 +938,15 @@ IGRAD_API igrad_status_t igrad_pack_metrics_compute(const double *loads, int nbu
  *                    : allreduce_sum_in_place((float *)b[i].recv, b[i].count);
  *   igrad_engine_end(eng, step, grads);
  *
+ * Streamed use (overlap with backward: the same step, bit for bit, given
+ * tensor by tensor as their gradients become final):
+ *   igrad_engine_open(eng, step);
+ *   on each finished group of tensors idx[0..n) with gradients g[0..n):
+ *       igrad_engine_ready(eng, step, idx, n, g, &b, &nb);
+ *       issue b[0..nb) at once (non-blocking), in that order;
+ *   wait every issued collective;
+ *   igrad_engine_close(eng, step);     // agreement, residuals, results
+ *
  * Wire format. A gather bucket is one allgather of send_nbytes per rank;
  * recv holds every rank's bytes in rank order (size * send_nbytes). Its
  * bytes are [values (value_dtype: F32, or BF16/F16 codes) of every
@@ -1251,8 +1260,11 @@ typedef struct igrad_step_stats {
                                    one): residuals (4 B per parameter),
                                    velocities (4 B per parameter with
                                    momentum), the staged selection, the bucket
-                                   arenas, and the dense warm-up engine's
-                                   (start_iter); the O(parameters) part is the
+                                   arenas, the dense warm-up engine's
+                                   (start_iter) and, from the first
+                                   igrad_engine_open(), the streamed step's
+                                   selection scratch (threads x the largest
+                                   tensor); the O(parameters) part is the
                                    residual. Host-only control state
                                    (plans, scratch) is not counted: see
                                    igrad_engine_workspace_nbytes() */
@@ -1322,6 +1334,57 @@ IGRAD_API igrad_status_t igrad_engine_end(igrad_engine_t *engine, int64_t step,
  *  collectives. */
 IGRAD_API igrad_status_t igrad_engine_sync(igrad_engine_t *engine, int64_t step,
                                            float *const *grads);
+
+/* ---- Streamed step (overlap with backward) ------------------------------- */
+
+/** Opens a streamed step: the same step as igrad_engine_sync(), given tensor
+ *  by tensor as their gradients become final (e.g. from a DDP hook during
+ *  backward), whose collectives the caller issues bucket by bucket as
+ *  igrad_engine_ready() hands them out. Plans the step (which tensors are
+ *  sent, the buckets; with online profiling a completed window is gathered
+ *  and re-planned here, as at the whole step's start). Results — gradients,
+ *  residuals, velocities, statistics — equal igrad_engine_sync()'s bit for
+ *  bit. Collective when online profiling switches; call it on every rank
+ *  with the same step.
+ *  @return IGRAD_E_STATE when a step is open or the engine is broken,
+ *  IGRAD_E_UNSUPPORTED for an engine whose data plane has no streamed step
+ *  (a CUDA engine: use begin/end or sync). */
+IGRAD_API igrad_status_t igrad_engine_open(igrad_engine_t *engine, int64_t step);
+
+/** The gradients of `n` tensors (layout indices tensors[i], gradient
+ *  grads[i], count floats each) are final: checks them and selects the sent
+ *  ones into the engine's staged selection, writing no residual, velocity
+ *  or gradient, then packs every bucket whose tensors have all been given,
+ *  in bucket order (bucket j only after every bucket before it), and
+ *  returns those in *buckets (valid until igrad_engine_close()). Issue their
+ *  collectives at once, in the order returned, as for igrad_engine_begin();
+ *  the issue order is then the same on every rank whatever order and
+ *  chunks each rank gives its tensors in. Every rank must give every tensor
+ *  exactly once per step. The gradients must stay valid and unchanged until
+ *  close, which writes the result into them. A NaN/Inf or a NULL gradient
+ *  is not an error here: the buckets are still handed out (the other ranks
+ *  wait in those collectives) and close fails the step on every rank.
+ *  @return IGRAD_E_STATE without an open streamed step or for another step;
+ *  IGRAD_E_INVALID for an index out of range or a tensor already given (the
+ *  call changes nothing; the step stays open). */
+IGRAD_API igrad_status_t igrad_engine_ready(igrad_engine_t *engine, int64_t step,
+                                            const size_t *tensors, size_t n,
+                                            float *const *grads,
+                                            const igrad_bucket_t **buckets,
+                                            size_t *nbuckets);
+
+/** Closes the streamed step once every tensor was given and every bucket's
+ *  collective has completed: the step's agreement (as igrad_engine_begin():
+ *  IGRAD_E_NONFINITE, IGRAD_E_INVALID for a NULL gradient, IGRAD_E_MISMATCH,
+ *  the same messages, on every rank alike, residuals and velocities
+ *  bit-identical to before, stats.skipped = 1, the step closed), then the
+ *  residuals and velocities (one more pass over each gradient and its
+ *  residual), zeroed gradients and every bucket unpacked into the gradients
+ *  given to ready, as igrad_engine_end().
+ *  @return IGRAD_E_STATE without an open streamed step, for another step, or
+ *  when some tensor was not given (naming it; the step stays open); after
+ *  the agreement, errors as igrad_engine_end(). */
+IGRAD_API igrad_status_t igrad_engine_close(igrad_engine_t *engine, int64_t step);
 
 /** Copies the statistics of the most recent step (zeros before the first). */
 IGRAD_API igrad_status_t igrad_engine_last_stats(const igrad_engine_t *engine,

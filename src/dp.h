@@ -77,6 +77,22 @@ typedef struct igrad__dp_ops {
     /* Frees e->dp_state (the backend's per-engine state); NULL when the
      * backend keeps none (CPU). Called by igrad_engine_free. */
     void (*release)(igrad_engine_t *e);
+
+    /* Streamed steps (engine_stream.c); NULL in a backend without them,
+     * whose engines refuse igrad_engine_open. stream_ready: for the n
+     * tensors listed (their grads are final), check's sum into e->tnorm,
+     * then for the sent ones among them whose sum is finite the selection
+     * into the staged selection (tstatus, tsumsq, tnorm as select_into
+     * leaves them) *without writing residual, velocity or gradient*; a
+     * sent tensor with a NULL gradient, a non-finite sum or a failed
+     * selection gets a placeholder selection (valid indices, zero values)
+     * so that its buckets can still be packed and exchanged. stream_commit:
+     * for every tensor, the residual and velocity select_into would have
+     * written, recomputed from g, u, e and the staged selection; zeroes
+     * every gradient (sparse methods). */
+    void (*stream_ready)(igrad_engine_t *e, float *const *grads, const size_t *tensors,
+                         size_t n);
+    void (*stream_commit)(igrad_engine_t *e, float *const *grads);
 } igrad__dp_ops_t;
 
 /* A received index v, entry k of block bi from rank r, outside [0, bound)

@@ -2,7 +2,8 @@
  * dp_cpu.c — the CPU data-plane backend's row of the ops table (dp.h):
  * host memory, OpenMP over tensors, the fused selection of select.c. The
  * stages live one per file (dp_cpu_check.c, dp_cpu_select.c,
- * dp_cpu_pack.c, dp_cpu_unpack.c, dp_cpu_mem.c).
+ * dp_cpu_pack.c, dp_cpu_unpack.c, dp_cpu_mem.c; a streamed step's in
+ * dp_cpu_stream.c).
  */
 #include "dp_cpu.h"
 
@@ -21,4 +22,6 @@ const igrad__dp_ops_t igrad__dp_cpu = {
     .unpack = {[IGRAD__WIRE_SPARSE] = igrad__dp_cpu_unpack_sparse,
                [IGRAD__WIRE_DENSE] = igrad__dp_cpu_unpack_dense},
     .zero = igrad__dp_cpu_zero,
+    .stream_ready = igrad__dp_cpu_stream_ready,
+    .stream_commit = igrad__dp_cpu_stream_commit,
 };

@@ -31,6 +31,10 @@ void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads);
 /* dp_cpu_unpack.c */
 igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
 igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads);
+/* dp_cpu_stream.c */
+void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const size_t *tensors,
+                                size_t n);
+void igrad__dp_cpu_stream_commit(igrad_engine_t *e, float *const *grads);
 /* dp_cpu_mem.c */
 void *igrad__dp_cpu_alloc(size_t nbytes, int zeroed);
 void igrad__dp_cpu_free(void *p);

@@ -35,6 +35,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "engine_internal.h"
+#include "engine_stream.h"
 #include "comm_internal.h"
 #include "profile_internal.h"
 #include "dp.h"
@@ -790,6 +791,7 @@ void igrad_engine_free(igrad_engine_t *e)
     free(e->desc);
     free(e->pack_scratch);
     igrad__online_free(e->online);
+    igrad__stream_free(e);
     /* After a timeout a collective is left pending on these buffers (MPI
      * may still read or write them): they are leaked on purpose. */
     if (e->broken != IGRAD_E_TIMEOUT) {
@@ -878,9 +880,10 @@ igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_pr
 /* One step: checks and selection                                           */
 /* ------------------------------------------------------------------------ */
 
-/* Local argument and finiteness checks; records the message. */
-static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const *grads,
-                                   int64_t *bad_tensor)
+/* The first NULL gradient, as the step's local failure (IGRAD_E_INVALID
+ * naming it; *bad_tensor its index), or IGRAD_OK. */
+igrad_status_t igrad__engine_null_grads(igrad_engine_t *e, int64_t step, float *const *grads,
+                                        int64_t *bad_tensor)
 {
     *bad_tensor = -1;
     IGRAD_FAIL_IF(!grads, IGRAD_E_INVALID, "step %lld: grads is NULL", (long long)step);
@@ -891,7 +894,16 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
                                "step %lld: grads[%zu] (%s) is NULL", (long long)step, t,
                                e->t[t].name);
         }
-    e->dp->check(e, grads);
+    return IGRAD_OK;
+}
+
+/* After the check stage: the first tensor whose e->tnorm is not finite, as
+ * the step's local failure (IGRAD_E_NONFINITE naming it and the first bad
+ * index), or IGRAD_OK. */
+igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *const *grads,
+                                       int64_t *bad_tensor)
+{
+    *bad_tensor = -1;
     for (size_t t = 0; t < e->ntensors; t++) {
         if (isfinite(e->tnorm[t])) continue;
         float g, u, rv;
@@ -916,6 +928,15 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
                            (long long)step, e->t[t].name, (long long)i, (double)g, (double)rv);
     }
     return IGRAD_OK;
+}
+
+/* Local argument and finiteness checks; records the message. */
+static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const *grads,
+                                   int64_t *bad_tensor)
+{
+    IGRAD_CHECK(igrad__engine_null_grads(e, step, grads, bad_tensor));
+    e->dp->check(e, grads);
+    return igrad__engine_nonfinite(e, step, grads, bad_tensor);
 }
 
 /* Error feedback + selection of sent tensors, accumulate (or drop) the
@@ -948,8 +969,10 @@ static igrad_status_t select_all(igrad_engine_t *e, float *const *grads, int zer
 /* ------------------------------------------------------------------------ */
 
 /* Cuts the sent tensors into blocks (readiness order: last tensor first),
- * assigns them to buckets and lays the buckets out in the arenas. */
-static igrad_status_t plan_step(igrad_engine_t *e)
+ * assigns them to buckets and lays the buckets out in the arenas; with
+ * update_history the risk policy's history learns the step's blocks (a
+ * streamed step does that at close, once the step is known to count). */
+igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history)
 {
     int par = igrad__step_parity(e, e->cur_step);
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
@@ -1004,7 +1027,8 @@ static igrad_status_t plan_step(igrad_engine_t *e)
                                    .map = &e->map};
         IGRAD_CHECK(igrad__pack_plan(&pc, e->blocks, m, e->pack_scratch, e->pack_scratch_nbytes,
                                      e->bucket_of, e->loads));
-        if (e->hist.count) IGRAD_CHECK(igrad__pack_history_update(&e->hist, e->blocks, m));
+        if (e->hist.count && update_history)
+            IGRAD_CHECK(igrad__pack_history_update(&e->hist, e->blocks, m));
     }
     e->nplanned = nplan;
     if (nplan > 0) IGRAD_CHECK(igrad__pack_bucket_order(e->bucket_of, m, nplan, e->start, e->order));
@@ -1082,15 +1106,31 @@ static int64_t dataplane_nbytes(const igrad_engine_t *e)
     int64_t n = (e->residual_count + e->velocity_count) * (int64_t)sizeof(float);
     n += (int64_t)(e->max_entries * (sizeof *e->stage_idx + sizeof *e->stage_val));
     n += (int64_t)(e->send_arena_nbytes + e->recv_arena_nbytes);
+    n += igrad__stream_nbytes(e);
     return n + dataplane_nbytes(e->warmup);
 }
 
 /* The memory statistics, on every step (skipped ones too). */
-static void stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s)
+void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s)
 {
     s->dataplane_nbytes = dataplane_nbytes(e);
     s->dataplane_nbytes_per_param =
         e->nparams > 0 ? (double)s->dataplane_nbytes / (double)e->nparams : 0.0;
+}
+
+igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_status_t st,
+                                        int64_t bad)
+{
+    char msg[1024] = "";
+    if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    int check = e->cfg.verify_every > 0 && e->calls > 0 && e->calls % e->cfg.verify_every == 0;
+    igrad__engine_dynamic_items(e, step);
+    char context[64];
+    snprintf(context, sizeof context, "step %lld", (long long)step);
+    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, bad, msg,
+                                            e->items, check, context);
+    e->calls++;
+    return ag;
 }
 
 /* Everything before packing: checks, agreement, gate, selection, plan.
@@ -1107,20 +1147,12 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     e->t_start = t0;
     e->cur_step = step;
     if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
-    stats_memory(e, &e->stats);
+    igrad__engine_stats_memory(e, &e->stats);
 
     int64_t bad = -1;
     igrad_status_t st = local_checks(e, step, grads, &bad);
-    char msg[1024] = "";
-    if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
     double t1 = igrad__now_ms();
-    int check = e->cfg.verify_every > 0 && e->calls > 0 && e->calls % e->cfg.verify_every == 0;
-    igrad__engine_dynamic_items(e, step);
-    char context[64];
-    snprintf(context, sizeof context, "step %lld", (long long)step);
-    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, bad, msg,
-                                            e->items, check, context);
-    e->calls++;
+    igrad_status_t ag = igrad__engine_agree_step(e, step, st, bad);
     double t2 = igrad__now_ms();
     e->stats.select_ms = t1 - t0;
     e->stats.comm_ms = t2 - t1;
@@ -1143,14 +1175,14 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     }
     double t3 = igrad__now_ms();
     e->stats.select_ms += t3 - t2;
-    st = plan_step(e);
+    st = igrad__engine_plan_step(e, 1);
     if (st != IGRAD_OK) return igrad__engine_break(e, st);
     e->stats.pack_ms = igrad__now_ms() - t3;
     return IGRAD_OK;
 }
 
 /* Statistics and the trace, once the step's result is in grads. */
-static igrad_status_t finish_step(igrad_engine_t *e)
+igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
 {
     igrad_step_stats_t *s = &e->stats;
     int par = igrad__step_parity(e, e->cur_step);
@@ -1208,16 +1240,16 @@ static igrad_status_t finish_step(igrad_engine_t *e)
  * method dense engine over the same comm. This engine takes its statistics
  * and last step, and its failure if it broke; its own step count, residuals
  * and velocities are untouched. */
-static int warmup_step(const igrad_engine_t *e, int64_t step)
+int igrad__engine_warmup_step(const igrad_engine_t *e, int64_t step)
 {
     return e->warmup && step < e->cfg.start_iter;
 }
 
-static igrad_status_t warmup_done(igrad_engine_t *e, igrad_status_t st)
+igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st)
 {
     const igrad_engine_t *w = e->warmup;
     e->stats = w->stats;
-    stats_memory(e, &e->stats);
+    igrad__engine_stats_memory(e, &e->stats);
     e->last_step = w->last_step;
     if (w->broken != IGRAD_OK && e->broken == IGRAD_OK) {
         e->broken = w->broken;
@@ -1238,9 +1270,9 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
                   "igrad_engine_begin: buckets or nbuckets is NULL");
     *buckets = NULL;
     *nbuckets = 0;
-    if (warmup_step(e, step)) {
-        IGRAD_CHECK(warmup_done(e, igrad_engine_begin(e->warmup, step, grads, buckets,
-                                                      nbuckets)));
+    if (igrad__engine_warmup_step(e, step)) {
+        IGRAD_CHECK(igrad__engine_warmup_done(
+            e, igrad_engine_begin(e->warmup, step, grads, buckets, nbuckets)));
         e->state = IGRAD__ENGINE_BEGUN;
         e->warm_open = 1;
         e->cur_step = step;
@@ -1268,7 +1300,7 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
     if (e->warm_open) {
         e->state = IGRAD__ENGINE_IDLE;
         e->warm_open = 0;
-        return warmup_done(e, igrad_engine_end(e->warmup, step, grads));
+        return igrad__engine_warmup_done(e, igrad_engine_end(e->warmup, step, grads));
     }
     IGRAD_FAIL_IF(!grads, IGRAD_E_INVALID, "igrad_engine_end: grads is NULL");
     for (size_t t = 0; t < e->ntensors; t++)
@@ -1284,7 +1316,7 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
         }
     }
     e->stats.unpack_ms = igrad__now_ms() - t0;
-    return finish_step(e);
+    return igrad__engine_finish_step(e);
 }
 
 /* A collective of bucket j failed or timed out: says which, at which step,
@@ -1411,7 +1443,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
                     st != IGRAD_OK ? smsg : umsg);
         return igrad__engine_break(e, st != IGRAD_OK ? st : ust);
     }
-    return finish_step(e);
+    return igrad__engine_finish_step(e);
 }
 
 igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *grads)
@@ -1421,7 +1453,8 @@ igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_sync: step %lld is open (call igrad_engine_end first)",
                   (long long)e->cur_step);
-    if (warmup_step(e, step)) return warmup_done(e, igrad_engine_sync(e->warmup, step, grads));
+    if (igrad__engine_warmup_step(e, step))
+        return igrad__engine_warmup_done(e, igrad_engine_sync(e->warmup, step, grads));
     double saved = igrad_comm_timeout(e->comm);
     igrad_comm_set_timeout(e->comm, e->cfg.timeout_s);
     igrad_status_t st = sync_step(e, step, grads);
@@ -1465,7 +1498,7 @@ igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *e, size_t t,
 int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
 {
     if (!e) return -1;
-    if (warmup_step(e, step)) return igrad_engine_predict_payload(e->warmup, step);
+    if (igrad__engine_warmup_step(e, step)) return igrad_engine_predict_payload(e->warmup, step);
     int par = igrad__step_parity(e, step);
     int64_t total = 0;
     for (size_t t = 0; t < e->ntensors; t++) {

@@ -149,7 +149,11 @@ typedef struct igrad__engine_bucket {
     igrad_comm_request_t *req;
 } igrad__engine_bucket_t;
 
-enum { IGRAD__ENGINE_IDLE = 0, IGRAD__ENGINE_BEGUN = 1 };
+enum {
+    IGRAD__ENGINE_IDLE = 0,
+    IGRAD__ENGINE_BEGUN = 1,
+    IGRAD__ENGINE_STREAM = 2 /* a streamed step is open (engine_stream.c) */
+};
 
 struct igrad_engine {
     igrad_config_t cfg;                 /* copy, size = sizeof */
@@ -244,6 +248,10 @@ struct igrad_engine {
     /* iad/ig: the layout copy and online-profiling state (engine_online.c);
      * NULL for the other methods. */
     struct igrad__online *online;
+
+    /* Streamed steps (igrad_engine_open/ready/close, engine_stream.c):
+     * created at the first open, NULL before. */
+    struct igrad__stream *stream;
 };
 
 /* IGRAD_OK, or IGRAD_E_STATE "<what>: the engine is unusable since ..."
@@ -329,5 +337,33 @@ int64_t igrad__online_item(const igrad_engine_t *e);
 igrad_status_t igrad__online_before_step(igrad_engine_t *e, int64_t step);
 /* At the end of a completed step: records its selections into the window. */
 void igrad__online_record(igrad_engine_t *e);
+
+/* ---- engine.c, shared with the streamed step (engine_stream.c) ------------ */
+
+/* The step's local failures as the whole step reports them: the first
+ * NULL gradient (IGRAD_E_INVALID), and after the check stage the first
+ * tensor whose e->tnorm is not finite (IGRAD_E_NONFINITE with its first
+ * bad index). *bad_tensor is the tensor, -1 when OK. */
+igrad_status_t igrad__engine_null_grads(igrad_engine_t *e, int64_t step, float *const *grads,
+                                        int64_t *bad_tensor);
+igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *const *grads,
+                                       int64_t *bad_tensor);
+/* The step's agreement: this rank's status `st` (its message is
+ * igrad_last_error(); `bad` the tensor or -1), the dynamic items and, every
+ * verify_every calls, all items (igrad__engine_agree); counts the call. */
+igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_status_t st,
+                                        int64_t bad);
+/* Blocks and buckets of the step from e->sent/e->rel (update_history: the
+ * risk policy's history learns them). */
+igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history);
+/* Statistics, online record and trace of a step whose result is in grads;
+ * the engine is idle after it. */
+igrad_status_t igrad__engine_finish_step(igrad_engine_t *e);
+/* Dense warm-up (cfg.start_iter): whether `step` runs on e->warmup, and
+ * taking its statistics, last step and broken state after a call. */
+int igrad__engine_warmup_step(const igrad_engine_t *e, int64_t step);
+/* The memory statistics (dataplane_nbytes and per parameter) into *s. */
+void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s);
+igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st);
 
 #endif /* IGRAD_ENGINE_INTERNAL_H */

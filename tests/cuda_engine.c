@@ -16,7 +16,7 @@
  * (begin/end, the caller's own copy) must be refused by both with the same
  * message. State files: a CUDA engine's file is the CPU engine's, byte
  * for byte, and each loads into the other kind (test_state_files). Plus
- * the API's refusals.
+ * the API's refusals (a streamed step among them).
  * Without a CUDA device it prints "SKIP: ..." and exits 77 (CTest:
  * Skipped).
  */
@@ -463,6 +463,9 @@ static void test_refusals(cudaStream_t s)
     igrad_comm_t *dev = NULL;
     OK(igrad_comm_create_self_cuda(s, &dev));
     OK(igrad_engine_create_cuda(L, NULL, &c, dev, 0, s, &e));
+    CHECK(igrad_engine_open(e, 0) == IGRAD_E_UNSUPPORTED &&
+              strstr(igrad_last_error(), "no streamed step"),
+          "a streamed step on a device engine: %s", igrad_last_error());
     OK(igrad_engine_set_stream_cuda(e, NULL));
     igrad_engine_free(e);
     igrad_comm_free(dev);

@@ -790,6 +790,28 @@ class Engine(_Handle):
         return {"device_nbytes": device, "host_nbytes": host,
                 "device_nbytes_per_param": device / nparams if nparams else 0.0,
                 "host_nbytes_per_param": host / nparams if nparams else 0.0}
+    # The streamed step (igrad_engine_open / ready / close): tensors given as
+    # their gradients become final, buckets handed out for their collectives
+    # as soon as all their tensors are given (in bucket order).
+
+    def open(self, step):
+        self._lib.call("igrad_engine_open", self.handle, int(step))
+
+    def ready(self, step, tensors, grads):
+        """tensors: layout indices; grads: their buffers' addresses (None
+        for a refused one). Returns the buckets to issue now, in order."""
+        if len(tensors) != len(grads):
+            raise L.InvalidArgumentError("%d tensor indices but %d gradient buffers"
+                                         % (len(tensors), len(grads)))
+        idx = (ctypes.c_size_t * max(1, len(tensors)))(*tensors)
+        bp = ctypes.POINTER(L.Bucket)()
+        nb = ctypes.c_size_t()
+        self._lib.call("igrad_engine_ready", self.handle, int(step), idx, len(tensors),
+                       _addr_array(grads), ctypes.byref(bp), ctypes.byref(nb))
+        return [BucketDesc(bp[i]) for i in range(nb.value)]
+
+    def close(self, step):
+        self._lib.call("igrad_engine_close", self.handle, int(step))
 
     def stats(self):
         s = L.StepStats()

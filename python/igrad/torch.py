@@ -22,7 +22,11 @@ model: engine.begin (agreement, error feedback, selection, packing),
 the step's collectives through torch.distributed on the process group,
 engine.end (the average of every rank's selections, written in place into
 the gradients, which are views of the bucket buffers), then completes every
-future with its bucket's buffer. One step over the whole model is what the
+future with its bucket's buffer. With IgradState(overlap=True) the same
+step is streamed instead: the first bucket opens it, every bucket's
+parameters are handed to engine.ready as the bucket arrives, the igrad
+buckets it returns are issued at once, and the last bucket waits them and
+closes the step (see IgradState._stream_bucket). One step over the whole model is what the
 C trainer runs, so selection, release schedule, bucket packing and byte
 statistics are exactly the C engine's for the same layout, profile and
 config, whatever DDP's bucketing. Parameters are identified by name (a
@@ -298,18 +302,19 @@ class TorchComm:
     def barrier(self):
         dist.barrier(group=self.group)
 
+    def issue(self, b):
+        """Starts one engine bucket's collective (igrad.core.BucketDesc);
+        returns the handle to wait()."""
+        if b.kind == "gather":
+            return self._issue_allgather(b.send, b.send_nbytes, b.recv)
+        if b.kind == "reduce":
+            return self._issue_allreduce(b.recv, b.recv, b.count, "F32", "sum")
+        raise L.UnsupportedError("bucket %d: no collective for kind %r" % (b.index, b.kind))
+
     def run_buckets(self, buckets):
         """Runs an engine step's collectives (igrad.core.BucketDesc list):
         all issued in bucket order, then waited in the same order."""
-        issue = {
-            "gather": lambda b: self._issue_allgather(b.send, b.send_nbytes, b.recv),
-            "reduce": lambda b: self._issue_allreduce(b.recv, b.recv, b.count, "F32", "sum"),
-        }
-        handles = []
-        for b in buckets:
-            if b.kind not in issue:
-                raise L.UnsupportedError("bucket %d: no collective for kind %r" % (b.index, b.kind))
-            handles.append(issue[b.kind](b))
+        handles = [self.issue(b) for b in buckets]
         for h in handles:
             self.wait(h)
 
@@ -332,6 +337,13 @@ class _SelfComm:
         for b in buckets:
             if b.kind == "gather" and b.send != b.recv:
                 ctypes.memmove(b.recv, b.send, b.send_nbytes)
+
+    def issue(self, b):
+        self.run_buckets([b])
+
+    @staticmethod
+    def wait(handle):
+        pass
 
 
 # ---------------------------------------------------------------------------
@@ -417,6 +429,12 @@ class IgradState:
                     gradients are taken as they are (1).
     nonfinite:      "allreduce" (default) or "keep": what a skipped
                     (non-finite) step returns, see the module docstring.
+    overlap:        True: the DDP hook streams the step (igrad_engine_open/
+                    ready/close): each DDP bucket's parameters go to the
+                    engine as backward delivers them and each igrad bucket's
+                    collective is issued as soon as its tensors are in; the
+                    result is bit for bit the default (False) last-bucket
+                    step's. last_stats adds "early_buckets" and "close_ms".
 
     After each step `last_stats` holds the engine's statistics of the step
     (igrad_step_stats_t fields plus "collective_ms", the time of the
@@ -431,7 +449,7 @@ class IgradState:
                  nonfinite="allreduce", timeout_s=300.0, profile_steps=30,
                  profile_partition=None, gate_other=True, target_ratio=None, momentum=0.0,
                  momentum_masking=True, residual_decay=1.0, value_dtype="F32",
-                 grad_scaler=None, reprofile_every=0, reprofile_margin=0.05):
+                 grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -475,6 +493,7 @@ class IgradState:
         self.profile = profile
         self.start_iter = int(start_iter)
         self.nonfinite = nonfinite
+        self.overlap = bool(overlap)
         self.iter = 0
         self.skipped_steps = 0
         self.last_stats = {}
@@ -498,6 +517,7 @@ class IgradState:
         self._coll = None            # TorchComm or _SelfComm
         self._engine = None
         self._pending = []           # DDP buckets waiting for the last one
+        self._stream = None          # overlap: the streamed step in progress (a dict)
         self._pending_load = None    # state_dict to apply once the engine exists
         self._trace = None
         self._data_dev = None        # where the engine's gradients live (_data_device)
@@ -926,6 +946,8 @@ class IgradState:
             fut = torch.futures.Future()
             fut.set_result(buf)
             return fut
+        if getattr(self, "overlap", False):
+            return self._stream_bucket(bucket)
         fut = torch.futures.Future()
         self._pending.append((bucket, fut))
         if not bucket.is_last():
@@ -965,6 +987,149 @@ class IgradState:
         for b, f in pending:
             f.set_result(b.buffer())
         return fut
+
+    # -- DDP buckets, overlapped with backward (overlap=True) --------------------
+    #
+    # The same step as the last-bucket path, streamed: the first bucket of a
+    # step opens it (engine.open), each bucket's parameters are given to
+    # engine.ready as DDP hands the bucket over, and every igrad bucket
+    # ready returns is issued at once (async torch.distributed); the last
+    # DDP bucket waits them in order and closes the step (the agreement,
+    # residuals, results into the bucket buffers). Results are bit for bit
+    # the last-bucket path's. A rank that cannot take part (a changed
+    # parameter, a bad loss scale, a bucket it cannot map) gives the rest of
+    # its tensors as NULL at the last bucket, so its collectives still
+    # match the other ranks' and close fails the step on every rank.
+
+    def _stream_bucket(self, bucket):
+        fut = torch.futures.Future()
+        self._pending.append((bucket, fut))
+        try:
+            if self._stream is None:
+                self._stream = self._stream_open()
+            self._stream_give(self._stream, bucket)
+            if bucket.is_last():
+                s, self._stream = self._stream, None
+                self._stream_close(s)
+        except BaseException as e:
+            # the step is lost on this rank: a later bucket or step gets the
+            # engine's "step N is still open" rather than joining this one
+            pending, self._pending, self._stream = self._pending, [], None
+            for _, f in pending:
+                f.set_exception(e)
+            raise
+        if bucket.is_last():
+            pending, self._pending = self._pending, []
+            for b, f in pending:
+                f.set_result(b.buffer())
+        return fut
+
+    def _stream_open(self):
+        if self._param_names is None:
+            raise L.StateError("IgradState has no model: pass it to the constructor or call "
+                               "state.attach(model) (also after unpickling)")
+        step = self.iter
+        s = {"step": step, "given": set(), "views": {}, "handles": [], "back": [],
+             "keep": [], "scale": 1.0, "early": 0}
+        bad = self._check_step(step, self._params)  # gradients are checked per bucket
+        try:
+            s["scale"] = self._loss_scale()
+        except L.IgradError as e:
+            if bad is None:
+                bad = (0, e)
+        s["refused"] = bad
+        self.engine.open(step)
+        return s
+
+    def _stream_give(self, s, bucket):
+        if s["refused"] is not None:
+            return
+        scale, idx, addrs = s["scale"], [], []
+        try:
+            buf, off = bucket.buffer(), 0
+            for n, p in zip(self._bucket_names(bucket), bucket.parameters()):
+                g = buf[off:off + p.numel()]
+                off += p.numel()
+                t = self._index[n]
+                if t in s["given"] or t in idx:
+                    raise L.MismatchError("step %d: parameter %s is in two DDP buckets"
+                                          % (s["step"], n))
+                s["views"][t] = g
+                if (scale != 1.0 or g.dtype != torch.float32 or g.device.type != "cpu"
+                        or not g.is_contiguous()):
+                    st = g.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                    if scale != 1.0:
+                        st = st.div_(scale) if st.data_ptr() != g.data_ptr() else st.div(scale)
+                    s["back"].append((g, st))
+                    g = st
+                s["keep"].append(g)
+                idx.append(t)
+                addrs.append(g.data_ptr())
+            if off != buf.numel():
+                raise L.UnsupportedError(
+                    "a DDP bucket of %d entries holds parameters of %d entries (a parameter "
+                    "resized after DDP was built, or sparse gradients, which are not "
+                    "supported)" % (buf.numel(), off))
+        except L.IgradError as e:
+            s["refused"] = (0, e)
+            return
+        self._stream_ready(s, idx, addrs)
+
+    def _stream_ready(self, s, idx, addrs):
+        coll = self._group_comm()
+        for b in self.engine.ready(s["step"], idx, addrs):
+            s["handles"].append(coll.issue(b))
+        s["given"].update(idx)
+        if len(s["given"]) < len(self._meta):
+            s["early"] = len(s["handles"])  # issued before the step's last tensor
+
+    def _stream_close(self, s):
+        step, eng, coll = s["step"], self.engine, self._group_comm()
+        missing = [t for t in range(len(self._meta)) if t not in s["given"]]
+        if missing and s["refused"] is None:
+            s["refused"] = (missing[0], L.MismatchError(
+                "no gradient for %d parameter(s) of the layout this step (first: %s); with "
+                "DDP every trainable parameter must be in a bucket"
+                % (len(missing), self._meta[missing[0]][0])))
+        if missing:  # NULL: the agreement at close fails the step on every rank
+            self._stream_ready(s, missing, [None] * len(missing))
+        t0 = time.perf_counter()
+        for h in s["handles"]:
+            coll.wait(h)
+        t1 = time.perf_counter()
+        bad = s["refused"]
+        try:
+            eng.close(step)
+            t2 = time.perf_counter()
+        except L.NonFiniteError as e:
+            if bad is not None:
+                raise bad[1] from None
+            if self.nonfinite == "allreduce":
+                self._dense_average([s["views"][t] for t in range(len(self._meta))])
+            self.skipped_steps += 1
+            self.last_stats = {"step": step, "skipped": 1, "reason": str(e)}
+            self.iter += 1
+            return
+        except L.IgradError as e:
+            if bad is not None:
+                raise bad[1] from None
+            peer = self._peer_refusal(step, e)
+            if peer is not None:
+                raise peer from e
+            raise
+        if bad is not None:  # cannot happen: the engine refuses a NULL gradient
+            raise bad[1]
+        scale = s["scale"]
+        for g, st in s["back"]:
+            g.copy_(st.mul_(scale) if scale != 1.0 else st)
+        st = eng.stats()
+        st["collective_ms"] = (t1 - t0) * 1e3  # the wait at the last bucket
+        st["early_buckets"] = s["early"]
+        st["close_ms"] = (t2 - t1) * 1e3  # agreement, residuals, unpacking
+        self.total_payload_nbytes += st["payload_nbytes"]
+        self.total_wire_nbytes += st["wire_nbytes"]
+        self.last_stats = st
+        self.iter += 1
 
     # -- checkpointing -----------------------------------------------------------
 

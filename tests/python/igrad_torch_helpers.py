@@ -10,6 +10,7 @@
                   ties to the lower index (the independent reference)
   flat_params(m)  a model's parameters as one flat tensor
   gather_flat(t)  every rank's copy of t, flattened (all_gather)
+  residuals(st)   copies of an IgradState's engine residuals (None: none)
 """
 import datetime
 import math
@@ -131,6 +132,22 @@ def gather_flat(t):
     flat = t.detach().reshape(-1).clone()
     out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(out, flat)
+    return out
+
+
+def residuals(state):
+    """Copies of the engine's residuals, one per layout tensor (None for a
+    tensor without one: method dense)."""
+    import ctypes
+    eng = state.engine
+    out = []
+    for t, (_, p) in enumerate(state._named):
+        addr = eng.residual_address(t)
+        if not addr:
+            out.append(None)
+            continue
+        buf = (ctypes.c_float * p.numel()).from_address(addr)
+        out.append(torch.frombuffer(buf, dtype=torch.float32).clone())
     return out
 
 
