@@ -20,4 +20,5 @@ const igrad__dp_ops_t igrad__dp_cpu = {
     .unpack = {[IGRAD__WIRE_SPARSE] = igrad__dp_cpu_unpack_sparse,
                [IGRAD__WIRE_DENSE] = igrad__dp_cpu_unpack_dense},
     .zero = igrad__dp_cpu_zero,
+    .release = igrad__dp_cpu_release,
 };
