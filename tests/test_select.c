@@ -92,6 +92,13 @@ static uint32_t bits(float x)
     return u;
 }
 
+static uint64_t bits64(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
 static void expect_same_floats(const float *got, const float *want, int64_t n, const char *what)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -130,8 +137,9 @@ static float ref_round16(igrad_dtype_t dt, float v)
  * the same selection and residual as the one-call reference want_*, a^2
  * summed by find within 1e-12 of the double sum, and with 16-bit values
  * (dt BF16 / F16) the sent values rounded, their rounding errors in the
- * residual and the sum of their squares, against want_* rounded here. */
-static void check_halves(const float *g, const float *e0, const igrad_select_spec_t *spec,
+ * residual and the sum of their squares, against want_* rounded here.
+ * @return find's sum of a^2 (every kernel must give the same bits). */
+static double check_halves(const float *g, const float *e0, const igrad_select_spec_t *spec,
                          igrad_select_ws_t *ws, igrad_dtype_t dt, const uint32_t *want_idx,
                          const float *want_val, const float *want_e, double want_sumsq)
 {
@@ -185,6 +193,7 @@ static void check_halves(const float *g, const float *e0, const igrad_select_spe
     free(re);
     free(idx);
     free(bound);
+    return a2;
 }
 
 /* Row-wise paths, AUTO first (the one the library takes). */
@@ -225,6 +234,7 @@ static void check_against_reference(const float *g, const float *e0,
     /* both pass-1 kernels (AVX2 where the CPU has it, and portable C), and
      * for rows that keep a few entries each row-wise path */
     int modes = spec->row_wise && spec->per_row <= 16 ? 3 : 1;
+    double a2_auto = 0.0; /* find's sum of a^2 with the AUTO kernel, this row path */
     for (int run = 0; run < 2 * modes; run++) {
         int kernel = run % 2;
         igrad__select_ws_kernel(ws, kernel ? IGRAD__SELECT_KERNEL_GENERIC
@@ -247,7 +257,12 @@ static void check_against_reference(const float *g, const float *e0,
         expect_same_floats(val, want_val, k, "value");
         expect_same_floats(e, want_e, n, "residual");
         assert_float_equal(sel.sumsq, want_sumsq, 1e-9 * (want_sumsq + 1e-30));
-        check_halves(g, e0, spec, ws, IGRAD_DTYPE_F32, want, want_val, want_e, want_sumsq);
+        double a2 = check_halves(g, e0, spec, ws, IGRAD_DTYPE_F32, want, want_val, want_e,
+                                 want_sumsq);
+        if (kernel == 1 && bits64(a2) != bits64(a2_auto))
+            print_error("sum of a^2: portable %a, AVX2/auto %a\n", a2, a2_auto);
+        if (kernel == 1) assert_true(bits64(a2) == bits64(a2_auto));
+        a2_auto = a2;
         if (kernel == 0) {
             check_halves(g, e0, spec, ws, IGRAD_DTYPE_BF16, want, want_val, want_e, want_sumsq);
             check_halves(g, e0, spec, ws, IGRAD_DTYPE_F16, want, want_val, want_e, want_sumsq);
