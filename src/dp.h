@@ -10,7 +10,9 @@
  * tdropped, tstatus), never the memory itself.
  *
  * Stages of one step, in order (architecture.md §2):
- *   check        per tensor sum of (m*u + g + e)^2 in double (finiteness)
+ *   check        per tensor sum of (m*u + g + e)^2 in double (finiteness);
+ *                a backend may run the sent tensors' selection pass 1 in
+ *                the same read (the CPU one does)
  *   select_into  error feedback + selection of the sent tensors into the
  *                staged selection, accumulate or drop the others
  *   pack         a bucket's staged selections into its wire layout
@@ -22,9 +24,9 @@
  * velocities through it, a bounded chunk at a time).
  * 16-bit wire values (cfg.value_dtype BF16/F16, e->value_nbytes 2): the
  * gradients stay float; select_into rounds every staged value to the
- * 16-bit dtype (value16.h; a value that would be Inf clamped to the
- * largest finite one) and adds the rounding error to that entry's
- * residual; the sparse pack writes the 2-byte codes, the sparse unpack
+ * 16-bit dtype (igrad__round16, value16.h: a value that would be Inf
+ * clamped to the largest finite one) and adds the rounding error to that
+ * entry's residual; the sparse pack writes the 2-byte codes, the sparse unpack
  * decodes them; the dense wire stays F32. A backend that does not do this
  * must refuse value_dtype != F32.
  *
@@ -54,7 +56,12 @@ typedef struct igrad__dp_ops {
 
     /* e->tnorm[t] = sum over t of a^2 in double (a = m*u + g + e; no e
      * for the dense method), for every tensor: non-finite iff some a is.
-     * Read-only. */
+     * Reads only gradients, residuals and velocities. The gate is known
+     * by then (e->sent, e->rel, e->stage_off; tstatus 0): a backend may
+     * also run the sent tensors' read-only selection pass 1 here, writing
+     * only the staged selection and its own state for select_into, and
+     * report a failure of it other than non-finite in e->tstatus[t] (the
+     * step is then skipped on every rank, like a non-finite one). */
     void (*check)(igrad_engine_t *e, float *const *grads);
     /* After check found tensor t non-finite: its first bad index (0 if
      * none is found) and, as host copies, g, u (0 without momentum) and
@@ -62,10 +69,12 @@ typedef struct igrad__dp_ops {
     int64_t (*first_bad)(const igrad_engine_t *e, float *const *grads, size_t t,
                          float *g, float *u, float *r);
     /* The sent tensors' selections into e->stage_idx/stage_val at
-     * e->stage_off[t] (error feedback, remedies), the others accumulated
-     * or dropped; per tensor e->tstatus, tsumsq, tnorm (the residual's
-     * sum of squares, from check's) and tdropped. With `zero` every
-     * gradient is also zeroed in the pass that reads it. */
+     * e->stage_off[t] (error feedback, remedies; finishing what check
+     * started), the others accumulated or dropped; per tensor
+     * e->tstatus, tsumsq, tnorm (the residual's sum of squares, from
+     * check's) and tdropped. With `zero` every gradient is also zeroed in
+     * the pass that reads it. Runs only after check, on the same
+     * gradients, with nothing written to them in between. */
     void (*select_into)(igrad_engine_t *e, float *const *grads, int zero);
     /* Bucket j of the step into its send bytes (per wire layout). */
     void (*pack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
@@ -74,8 +83,9 @@ typedef struct igrad__dp_ops {
     igrad_status_t (*unpack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
     /* Zeroes the gradients unpack adds into (sparse methods: all). */
     void (*zero)(igrad_engine_t *e, float *const *grads);
-    /* Frees e->dp_state (the backend's per-engine state); NULL when the
-     * backend keeps none (CPU). Called by igrad_engine_free. */
+    /* Frees e->dp_state (the backend's per-engine state: CPU, the row
+     * bounds check leaves for select_into; CUDA, device scratch); NULL
+     * when the backend keeps none. Called by igrad_engine_free. */
     void (*release)(igrad_engine_t *e);
 
     /* Streamed steps (engine_stream.c); NULL in a backend without them,

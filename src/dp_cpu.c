@@ -24,4 +24,5 @@ const igrad__dp_ops_t igrad__dp_cpu = {
     .zero = igrad__dp_cpu_zero,
     .stream_ready = igrad__dp_cpu_stream_ready,
     .stream_commit = igrad__dp_cpu_stream_commit,
+    .release = igrad__dp_cpu_release,
 };

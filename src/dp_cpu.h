@@ -19,6 +19,25 @@
 #define SIMD
 #endif
 
+/* The CPU backend's per-engine state (e->dp_state, dp_cpu_mem.c): the
+ * row bounds of the few-per-row selection path (select_internal.h), kept
+ * from the check, where selection pass 1 runs, to select_into, where pass
+ * 2 uses them. Offsets per tensor, room for its largest row-wise spec. */
+typedef struct igrad__dp_cpu_state {
+    int32_t *bound;
+    int64_t *bound_off; /* (ntensors) */
+} igrad__dp_cpu_state_t;
+
+/* e->dp_state, made on first use; NULL when out of memory. */
+igrad__dp_cpu_state_t *igrad__dp_cpu_state(igrad_engine_t *e);
+void igrad__dp_cpu_release(igrad_engine_t *e);
+
+/* Does tensor t's selection start in the check (its pass 1 fused with the
+ * finiteness check) and finish in select_into? Sent tensors of a sparse
+ * method without momentum (whose selection reads m*u + g, which is formed
+ * only after the ranks agreed). */
+int igrad__dp_cpu_fused(const igrad_engine_t *e, size_t t);
+
 /* dp_cpu_check.c */
 void igrad__dp_cpu_check(igrad_engine_t *e, float *const *grads);
 int64_t igrad__dp_cpu_first_bad(const igrad_engine_t *e, float *const *grads, size_t t,

@@ -5,8 +5,14 @@
  * float squared never overflows a double) and gives the residual norm
  * and dropped mass without another pass; and, after a non-finite sum,
  * where the first bad entry is. The messages are the engine's.
+ * For the tensors sent this step (without momentum) that pass is the
+ * selection's own pass 1 (igrad__select_find): the same read of g and e
+ * also leaves the selection in the staging memory (or the row bounds in
+ * the backend's state), which select_into finishes after the ranks
+ * agreed, so such a tensor is read twice per step, not three times.
  */
 #include "dp_cpu.h"
+#include "select_internal.h"
 
 #include <math.h>
 
@@ -14,23 +20,16 @@
 #include <omp.h>
 #endif
 
-/* sum of (g + e)^2 in double (e may be NULL): one read-only pass that both
- * proves a = g + e finite (a NaN or Inf makes the sum non-finite, while a
- * finite float squared never overflows a double) and gives the residual
- * norm and dropped mass without another pass. */
+/* sum of (g + e)^2 in double (e may be NULL, the dense method): one
+ * read-only pass that both proves a = g + e finite (a NaN or Inf makes the
+ * sum non-finite, while a finite float squared never overflows a double)
+ * and gives the residual norm and dropped mass without another pass. */
 static double sumsq_ge(const float *restrict g, const float *restrict e, int64_t n)
 {
+    if (e) return igrad__sumsq_ge(g, e, n);
     double s = 0.0;
-    if (e) {
-        SIMD_SUM
-        for (int64_t i = 0; i < n; i++) {
-            float a = g[i] + e[i];
-            s += (double)a * (double)a;
-        }
-    } else {
-        SIMD_SUM
-        for (int64_t i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
-    }
+    SIMD_SUM
+    for (int64_t i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
     return s;
 }
 
@@ -62,21 +61,54 @@ static int64_t first_nonfinite(const float *g, const float *u, float m, const fl
     return -1;
 }
 
+int igrad__dp_cpu_fused(const igrad_engine_t *e, size_t t)
+{
+    return e->sp != IGRAD_SPARSIFIER_NONE && e->sent[t] && !e->t[t].velocity;
+}
+
+/* Selection pass 1 of sent tensor t, which is also its check: tnorm[t] =
+ * sum of a^2, or NaN when some a is not finite (first_bad then says
+ * where); other failures in tstatus[t]. */
+static void find_sent(igrad_engine_t *e, const igrad__dp_cpu_state_t *cs, float *const *grads,
+                      uint32_t t, igrad_select_ws_t *ws)
+{
+    const igrad__engine_tensor_t *tp = &e->t[t];
+    int par = igrad__step_parity(e, e->cur_step);
+    igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
+                             .value = e->stage_val + e->stage_off[t]};
+    double a2 = 0.0;
+    igrad_status_t st = igrad__select_find(grads[t], tp->residual, &tp->spec[e->rel[t]][par],
+                                           tp->name, ws, &sel, cs->bound + cs->bound_off[t],
+                                           &a2);
+    e->tnorm[t] = st == IGRAD_OK ? a2 : NAN;
+    if (st != IGRAD_E_NONFINITE) e->tstatus[t] = st;
+}
+
 void igrad__dp_cpu_check(igrad_engine_t *e, float *const *grads)
 {
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
     int64_t T = (int64_t)e->ntensors;
     float m = (float)e->cfg.momentum;
+    igrad__dp_cpu_state_t *cs = dense ? NULL : igrad__dp_cpu_state(e);
+    if (!dense && !cs) {
+        for (size_t t = 0; t < e->ntensors; t++) e->tstatus[t] = IGRAD_E_NOMEM;
+        return;
+    }
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
 #endif
     for (int64_t w = 0; w < T; w++) {
+#ifdef _OPENMP
+        int tid = omp_get_thread_num();
+#else
+        int tid = 0;
+#endif
         uint32_t t = e->work[w];
         const igrad__engine_tensor_t *tp = &e->t[t];
         /* kept in tnorm until select_into turns it into the residual's */
-        e->tnorm[t] = tp->velocity
-                          ? sumsq_muge(grads[t], tp->velocity, tp->residual, m, tp->n)
-                          : sumsq_ge(grads[t], dense ? NULL : tp->residual, tp->n);
+        if (igrad__dp_cpu_fused(e, t)) find_sent(e, cs, grads, t, e->ws[tid]);
+        else if (tp->velocity) e->tnorm[t] = sumsq_muge(grads[t], tp->velocity, tp->residual, m, tp->n);
+        else e->tnorm[t] = sumsq_ge(grads[t], dense ? NULL : tp->residual, tp->n);
     }
 }
 

@@ -905,6 +905,15 @@ igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *c
 {
     *bad_tensor = -1;
     for (size_t t = 0; t < e->ntensors; t++) {
+        int64_t ts = e->tstatus[t]; /* of a selection pass 1 inside the check */
+        if (ts != IGRAD_OK && ts != IGRAD_E_NONFINITE) {
+            *bad_tensor = (int64_t)t;
+            return igrad__fail((igrad_status_t)ts, __FILE__, __LINE__,
+                               "step %lld: selection of %s failed (%s); the step is skipped on "
+                               "every rank",
+                               (long long)step, e->t[t].name,
+                               igrad_status_str((igrad_status_t)ts));
+        }
         if (isfinite(e->tnorm[t])) continue;
         float g, u, rv;
         int64_t i = e->dp->first_bad(e, grads, t, &g, &u, &rv);
@@ -939,20 +948,31 @@ static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const
     return igrad__engine_nonfinite(e, step, grads, bad_tensor);
 }
 
+/* The gate of the step (a pure function of plan and step, so it can run
+ * before the check: the data plane may start the sent tensors' selections
+ * there) and where each sent tensor's selection goes in the staging
+ * memory; the per-tensor results start at 0 / OK. */
+void igrad__engine_gate_step(igrad_engine_t *e, int64_t step)
+{
+    int64_t off = 0;
+    int par = igrad__step_parity(e, step);
+    for (size_t t = 0; t < e->ntensors; t++) {
+        int ph = e->t[t].phase;
+        e->sent[t] = (unsigned char)igrad__schedule_sent(ph, e->cfg.release_period, step);
+        e->rel[t] = (unsigned char)(ph >= 0);
+        e->stage_off[t] = off;
+        e->tsumsq[t] = e->tdropped[t] = 0.0;
+        e->tstatus[t] = IGRAD_OK;
+        if (e->sent[t]) off += e->t[t].spec[e->rel[t]][par].count;
+    }
+}
+
 /* Error feedback + selection of sent tensors, accumulate (or drop) the
  * rest, on e->nthreads threads. With `zero` set (sync: the gradients are
  * overwritten by the unpacking anyway) every gradient is also zeroed in
  * the pass that reads it, while it is in cache. */
 static igrad_status_t select_all(igrad_engine_t *e, float *const *grads, int zero)
 {
-    int64_t off = 0;
-    int par = igrad__step_parity(e, e->cur_step);
-    for (size_t t = 0; t < e->ntensors; t++) {
-        e->stage_off[t] = off;
-        e->tsumsq[t] = e->tdropped[t] = 0.0;
-        e->tstatus[t] = IGRAD_OK;
-        if (e->sent[t]) off += e->t[t].spec[e->rel[t]][par].count;
-    }
     e->dp->select_into(e, grads, zero);
     for (size_t t = 0; t < e->ntensors; t++)
         if (e->tstatus[t] != IGRAD_OK)
@@ -1148,6 +1168,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     e->cur_step = step;
     if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
     igrad__engine_stats_memory(e, &e->stats);
+    igrad__engine_gate_step(e, step);
 
     int64_t bad = -1;
     igrad_status_t st = local_checks(e, step, grads, &bad);
@@ -1164,11 +1185,6 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
 
     /* From here on the other ranks go on to this step's collectives: a
      * failure leaves this engine out of step with them. */
-    for (size_t t = 0; t < e->ntensors; t++) {
-        int ph = e->t[t].phase;
-        e->sent[t] = (unsigned char)igrad__schedule_sent(ph, e->cfg.release_period, step);
-        e->rel[t] = (unsigned char)(ph >= 0);
-    }
     if (e->sp != IGRAD_SPARSIFIER_NONE) {
         st = select_all(e, grads, zero);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);

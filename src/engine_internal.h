@@ -355,6 +355,9 @@ igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_s
                                         int64_t bad);
 /* Blocks and buckets of the step from e->sent/e->rel (update_history: the
  * risk policy's history learns them). */
+/* The gate of step (e->sent, e->rel), each sent tensor's offset in the
+ * staged selection, the per-tensor results reset (engine.c). */
+void igrad__engine_gate_step(igrad_engine_t *e, int64_t step);
 igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history);
 /* Statistics, online record and trace of a step whose result is in grads;
  * the engine is idle after it. */

@@ -151,17 +151,7 @@ igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
     IGRAD_CHECK(stream_create(e));
     igrad__engine_stats_memory(e, &e->stats);
 
-    int par = igrad__step_parity(e, step);
-    int64_t off = 0;
-    for (size_t t = 0; t < e->ntensors; t++) {
-        int ph = e->t[t].phase;
-        e->sent[t] = (unsigned char)igrad__schedule_sent(ph, e->cfg.release_period, step);
-        e->rel[t] = (unsigned char)(ph >= 0);
-        e->stage_off[t] = off;
-        e->tsumsq[t] = e->tdropped[t] = 0.0;
-        e->tstatus[t] = IGRAD_OK;
-        if (e->sent[t]) off += e->t[t].spec[e->rel[t]][par].count;
-    }
+    igrad__engine_gate_step(e, step);
     /* The history learns this step's blocks at close, if the step counts. */
     igrad_status_t st = igrad__engine_plan_step(e, 0);
     if (st != IGRAD_OK) return igrad__engine_break(e, st); /* the others go on */

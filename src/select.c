@@ -24,7 +24,10 @@
  *    of each chunk zeroed while it is still in cache.
  * Nothing is written to the residual before pass 1 has seen every entry of
  * the tensor, so a NaN/Inf anywhere leaves it bit-identical. That costs one
- * extra read of grad and residual over a plain streaming pass.
+ * extra read of grad and residual over a plain streaming pass; the engine
+ * makes it its finiteness check (igrad__select_find also sums a^2) and
+ * runs pass 2 (igrad__select_apply, which also rounds 16-bit wire values
+ * into the residual) once the ranks agreed.
  * Rows of a row-wise selection that fit in cache keep a copy of their a, so
  * sampling and retries never go back to memory, and a threshold just below
  * one row's k-th value is tried first on the next. Short rows, or rows
@@ -42,6 +45,7 @@
  */
 #include "internal.h"
 #include "select_internal.h"
+#include "value16.h"
 
 #include <float.h>
 #include <math.h>
@@ -294,6 +298,48 @@ static uint32_t kth_largest(const uint32_t *keys, size_t m, size_t k, uint32_t *
 }
 
 /* ------------------------------------------------------------------------ */
+/* Sums of squares                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* Sums of squares in double run in eight fixed lanes (vectorizable, and
+ * the same order whatever the caller), entry p into lane p % 8, combined
+ * in a fixed order. */
+static double lanes_total(const double lane[8])
+{
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+/* Sum of squares of v[0..n). */
+static double sumsq_of(const float *v, int64_t n)
+{
+    double lane[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) lane[j] += (double)v[i + j] * (double)v[i + j];
+    for (int j = 0; i < n; i++, j++) lane[j] += (double)v[i] * (double)v[i];
+    return lanes_total(lane);
+}
+
+/* Sum of squares of a = g + e over [0, n): the check that selection pass 1
+ * does for the engine, on entries it has just read (still in cache).
+ * Portable C; sumsq_ge_avx2 gives the same bits. */
+static double sumsq_ge_generic(const float *restrict g, const float *restrict e, int64_t n)
+{
+    double lane[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            double a = (double)(g[i + j] + e[i + j]);
+            lane[j] += a * a;
+        }
+    for (int j = 0; i < n; i++, j++) {
+        double a = (double)(g[i] + e[i]);
+        lane[j] += a * a;
+    }
+    return lanes_total(lane);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Candidate buffer                                                         */
 /* ------------------------------------------------------------------------ */
 
@@ -411,9 +457,10 @@ FORCE_INLINE int64_t scan_generic(int mode, const float *restrict x, const float
     return -1;
 }
 
-static int64_t scan_ge_generic(const float *x, const float *y, int64_t len, cands_t *cs)
+static int64_t scan_ge_generic(const float *x, const float *y, int64_t len, int64_t base,
+                               cands_t *cs)
 {
-    return scan_generic(SCAN_Y, x, y, NULL, len, 0, cs);
+    return scan_generic(SCAN_Y, x, y, NULL, len, base, cs);
 }
 static int64_t scan_fill_generic(const float *x, const float *y, float *a, int64_t len,
                                  cands_t *cs)
@@ -430,7 +477,7 @@ static int64_t scan_a_generic(const float *a, int64_t len, cands_t *cs)
 #define AVX2_INLINE __attribute__((target("avx2"), always_inline)) static inline
 
 AVX2_INLINE int64_t scan_avx2(int mode, const float *restrict x, const float *restrict y,
-                              float *restrict store, int64_t len, cands_t *cs)
+                              float *restrict store, int64_t len, int64_t base, cands_t *cs)
 {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     int64_t i = 0;
@@ -449,30 +496,31 @@ AVX2_INLINE int64_t scan_avx2(int mode, const float *restrict x, const float *re
             while (flag) {
                 int j = __builtin_ctzll(flag);
                 flag &= flag - 1;
-                if (append_one(cs, a_at(mode, x, y, i + j), i + j)) return i + j;
+                if (append_one(cs, a_at(mode, x, y, i + j), base + i + j)) return i + j;
             }
         }
     }
     if (i < len && !cs->overflow) {
         int64_t bad = scan_generic(mode, x + i, (mode & SCAN_Y) ? y + i : NULL,
-                                   (mode & SCAN_STORE) ? store + i : NULL, len - i, i, cs);
+                                   (mode & SCAN_STORE) ? store + i : NULL, len - i, base + i, cs);
         if (bad >= 0) return i + bad;
     }
     return -1;
 }
 
-AVX2_FN int64_t scan_ge_avx2(const float *x, const float *y, int64_t len, cands_t *cs)
+AVX2_FN int64_t scan_ge_avx2(const float *x, const float *y, int64_t len, int64_t base,
+                             cands_t *cs)
 {
-    return scan_avx2(SCAN_Y, x, y, NULL, len, cs);
+    return scan_avx2(SCAN_Y, x, y, NULL, len, base, cs);
 }
 AVX2_FN int64_t scan_fill_avx2(const float *x, const float *y, float *a, int64_t len,
                                cands_t *cs)
 {
-    return scan_avx2(SCAN_Y | SCAN_STORE, x, y, a, len, cs);
+    return scan_avx2(SCAN_Y | SCAN_STORE, x, y, a, len, 0, cs);
 }
 AVX2_FN int64_t scan_a_avx2(const float *a, int64_t len, cands_t *cs)
 {
-    return scan_avx2(0, a, NULL, NULL, len, cs);
+    return scan_avx2(0, a, NULL, NULL, len, 0, cs);
 }
 #endif
 
@@ -483,15 +531,60 @@ static int use_avx2(const igrad_select_ws_t *ws)
 }
 #endif
 
-/* Pass 1 straight from grad and residual. */
-static int64_t scan_ge(const igrad_select_ws_t *ws, const float *g, const float *e,
-                       int64_t len, cands_t *cs)
+#if IGRAD__HAVE_AVX2
+/* sumsq_ge_generic in AVX2: the same eight lanes (two registers of four
+ * doubles) and the same operations in the same order (a float add, a
+ * conversion, a multiply and an add in double; no FMA), so the same bits. */
+AVX2_FN double sumsq_ge_avx2(const float *restrict g, const float *restrict e, int64_t n)
+{
+    __m256d l0 = _mm256_setzero_pd(), l1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(e + i));
+        __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(a));
+        __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1));
+        l0 = _mm256_add_pd(l0, _mm256_mul_pd(d0, d0));
+        l1 = _mm256_add_pd(l1, _mm256_mul_pd(d1, d1));
+    }
+    double lane[8];
+    _mm256_storeu_pd(lane, l0);
+    _mm256_storeu_pd(lane + 4, l1);
+    for (int j = 0; i < n; i++, j++) {
+        double a = (double)(g[i] + e[i]);
+        lane[j] += a * a;
+    }
+    return lanes_total(lane);
+}
+#endif
+
+/* Sum of a^2 (a = g + e) with the workspace's kernel. */
+static double sumsq_ge(const igrad_select_ws_t *ws, const float *g, const float *e, int64_t n)
 {
 #if IGRAD__HAVE_AVX2
-    if (use_avx2(ws)) return scan_ge_avx2(g, e, len, cs);
+    if (use_avx2(ws)) return sumsq_ge_avx2(g, e, n);
 #endif
     (void)ws;
-    return scan_ge_generic(g, e, len, cs);
+    return sumsq_ge_generic(g, e, n);
+}
+
+double igrad__sumsq_ge(const float *g, const float *e, int64_t n)
+{
+#if IGRAD__HAVE_AVX2
+    if (__builtin_cpu_supports("avx2")) return sumsq_ge_avx2(g, e, n);
+#endif
+    return sumsq_ge_generic(g, e, n);
+}
+
+/* Pass 1 straight from grad and residual; candidate indices are offset
+ * by `base` (the returned bad index is not). */
+static int64_t scan_ge(const igrad_select_ws_t *ws, const float *g, const float *e,
+                       int64_t len, int64_t base, cands_t *cs)
+{
+#if IGRAD__HAVE_AVX2
+    if (use_avx2(ws)) return scan_ge_avx2(g, e, len, base, cs);
+#endif
+    (void)ws;
+    return scan_ge_generic(g, e, len, base, cs);
 }
 
 /* Pass 1 of a buffered row: also stores a into ws->row. */
@@ -644,7 +737,7 @@ static int64_t select_stream_parallel(igrad_select_ws_t *ws, const float *g, con
         int64_t s0 = piece_start(len, p, T), s1 = piece_start(len, p + 1, T);
         cands_t cs = {ws->cidx + (size_t)p * slice, ws->cval + (size_t)p * slice, 0, slice, k,
                       thr, NULL, 1, 0};
-        bad[p] = scan_ge(ws, g + s0, e + s0, s1 - s0, &cs);
+        bad[p] = scan_ge(ws, g + s0, e + s0, s1 - s0, 0, &cs);
         count[p] = cs.c;
         over[p] = cs.overflow;
     }
@@ -682,12 +775,33 @@ static int64_t select_stream_parallel(igrad_select_ws_t *ws, const float *g, con
     return -1;
 }
 
+/* Entries per piece of a pass-1 scan that also sums a^2: the piece is
+ * summed right after it was scanned, from cache. */
+#define SUMSQ_PIECE 2048
+
+/* scan_ge over [0, len) that also adds the sum of a^2 to *a2, piece by
+ * piece. @return the first non-finite index, or -1. */
+static int64_t scan_ge_sumsq(const igrad_select_ws_t *ws, const float *g, const float *e,
+                             int64_t len, cands_t *cs, double *a2)
+{
+    for (int64_t s = 0; s < len; s += SUMSQ_PIECE) {
+        int64_t nb = len - s < SUMSQ_PIECE ? len - s : SUMSQ_PIECE;
+        int64_t bad = scan_ge(ws, g + s, e + s, nb, s, cs);
+        if (bad >= 0) return s + bad;
+        *a2 += sumsq_ge(ws, g + s, e + s, nb);
+    }
+    return -1;
+}
+
 /* Top k of a range too long to buffer, reading grad and residual directly;
  * indices are relative to the range. Attempts: the sampled threshold, a
  * lower sampled one, then 0 (always enough; compactions keep it linear).
- * @return the first non-finite index, or -1 (selection in oidx/oval). */
+ * With a2 the first attempt also adds the range's sum of a^2 to it (and
+ * runs serially). @return the first non-finite index, or -1 (selection in
+ * oidx/oval). */
 static int64_t select_stream(igrad_select_ws_t *ws, const float *g, const float *e,
-                             int64_t len, size_t k, size_t cap, uint32_t *oidx, float *oval)
+                             int64_t len, size_t k, size_t cap, uint32_t *oidx, float *oval,
+                             double *a2)
 {
     size_t m = samples_for(len, 0);
     size_t r1 = sample_rank(m, k, len, 3.0);
@@ -700,7 +814,7 @@ static int64_t select_stream(igrad_select_ws_t *ws, const float *g, const float 
     }
     float thr[3];
     attempt_thresholds(ws->policy, ws->keys, m, r1, r2, thr);
-    int T = par_threads(len), first = 0;
+    int T = a2 ? 1 : par_threads(len), first = 0;
     if (T > 1) {
         int done, too_few;
         int64_t bad = select_stream_parallel(ws, g, e, len, k, cap, thr[0], T, oidx, oval,
@@ -712,7 +826,8 @@ static int64_t select_stream(igrad_select_ws_t *ws, const float *g, const float 
     for (int attempt = first; attempt < 3; attempt++) {
         cs.c = 0;
         cs.thr = thr[attempt];
-        int64_t bad = scan_ge(ws, g, e, len, &cs);
+        int64_t bad = a2 && attempt == first ? scan_ge_sumsq(ws, g, e, len, &cs, a2)
+                                             : scan_ge(ws, g, e, len, 0, &cs);
         if (bad >= 0) return bad;
         if (cs.c >= k) break;
     }
@@ -823,16 +938,33 @@ static inline void add_into(const float *restrict g, float *restrict e, int64_t 
     for (int64_t i = 0; i < len; i++) e[i] = g[i] + e[i];
 }
 
+/* A kept entry's residual, written by pass 2: 0, or with 16-bit wire
+ * values (dt BF16 or F16) the rounding error v - q of its value v, which
+ * becomes q = round16(v) (architecture.md §5.2); *rsum adds (v - q)^2. */
+FORCE_INLINE void keep_entry(float *restrict e, int64_t flat, float *restrict val, int64_t k,
+                             igrad_dtype_t dt, double *rsum)
+{
+    if (dt == IGRAD_DTYPE_F32) {
+        e[flat] = 0.0f;
+        return;
+    }
+    float v = val[k], q = igrad__round16(dt, v), d = v - q;
+    e[flat] = d;
+    val[k] = q;
+    *rsum += (double)d * (double)d;
+}
+
 /* Pass 2 over [s0, s1) of the tensor: e = g + e in chunks, and the kept
- * entries of each chunk are zeroed while it is still in cache. kept holds
- * per_row ascending column indices for each of `rows` rows of `cols`
- * entries (a flat selection is one row; rows = 0: nothing kept). With
- * zero_g each chunk of g is zeroed once it has been added, while it is in
- * cache (the engine's sync then needs no separate pass to clear the
- * gradients it unpacks into); g is only written when zero_g is set. */
+ * entries of each chunk are zeroed (keep_entry) while it is still in
+ * cache. kept holds per_row ascending column indices for each of `rows`
+ * rows of `cols` entries, val their values (a flat selection is one row;
+ * rows = 0: nothing kept). With zero_g each chunk of g is zeroed once it
+ * has been added, while it is in cache (the engine's sync then needs no
+ * separate pass to clear the gradients it unpacks into); g is only written
+ * when zero_g is set. */
 static void write_residual_range(float *restrict g, float *restrict e, int64_t s0, int64_t s1,
-                                 const uint32_t *kept, int64_t rows, int64_t cols,
-                                 int64_t per_row, int zero_g)
+                                 const uint32_t *kept, float *val, int64_t rows, int64_t cols,
+                                 int64_t per_row, int zero_g, igrad_dtype_t dt, double *rsum)
 {
     int64_t r = rows, j = 0; /* the next kept entry at or after s0: row r, its j-th */
     if (rows > 0 && s0 / cols < rows) {
@@ -858,7 +990,7 @@ static void write_residual_range(float *restrict g, float *restrict e, int64_t s
         while (r < rows) {
             int64_t flat = r * cols + kept[r * per_row + j];
             if (flat >= end) break;
-            e[flat] = 0.0f;
+            keep_entry(e, flat, val, r * per_row + j, dt, rsum);
             if (++j == per_row) {
                 j = 0;
                 r++;
@@ -867,33 +999,23 @@ static void write_residual_range(float *restrict g, float *restrict e, int64_t s
     }
 }
 
-/* Pass 2 over the whole tensor, in pieces on threads for large ones. */
-static void write_residual(float *g, float *e, int64_t n, const uint32_t *kept, int64_t rows,
-                           int64_t cols, int64_t per_row, int zero_g)
+/* Pass 2 over the whole tensor, in pieces on threads for large ones
+ * (serially with 16-bit values, so that *rsum adds in kept order). */
+static void write_residual(float *g, float *e, int64_t n, const uint32_t *kept, float *val,
+                           int64_t rows, int64_t cols, int64_t per_row, int zero_g,
+                           igrad_dtype_t dt, double *rsum)
 {
-    int T = par_threads(n);
+    int T = dt == IGRAD_DTYPE_F32 ? par_threads(n) : 1;
     if (T <= 1) {
-        write_residual_range(g, e, 0, n, kept, rows, cols, per_row, zero_g);
+        write_residual_range(g, e, 0, n, kept, val, rows, cols, per_row, zero_g, dt, rsum);
         return;
     }
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(T) schedule(static, 1)
 #endif
     for (int p = 0; p < T; p++)
-        write_residual_range(g, e, piece_start(n, p, T), piece_start(n, p + 1, T), kept, rows,
-                             cols, per_row, zero_g);
-}
-
-/* Sum of squares in double, in eight fixed lanes (vectorizable, and the
- * same order whatever the caller), combined in a fixed order. */
-static double sumsq_of(const float *v, int64_t n)
-{
-    double lane[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) lane[j] += (double)v[i + j] * (double)v[i + j];
-    for (int j = 0; i < n; i++, j++) lane[j] += (double)v[i] * (double)v[i];
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        write_residual_range(g, e, piece_start(n, p, T), piece_start(n, p + 1, T), kept, val,
+                             rows, cols, per_row, zero_g, dt, NULL);
 }
 
 /* Read-only check of a = g + e. @return first non-finite index or -1. */
@@ -980,12 +1102,12 @@ static inline int add_check(const float *restrict g, const float *restrict e,
     return bad;
 }
 
-/* Everything is kept: values = a, residual = 0. Pass 1 fills values (and
- * indices) chunk by chunk; the residual is cleared only once all of a is
- * known to be finite. */
-static igrad_status_t select_dense(float *restrict g, float *restrict e,
-                                   const igrad_select_spec_t *spec, const char *name,
-                                   igrad_selection_t *out, int zero_g)
+/* Everything is kept (a dense spec). Pass 1: values = a (and indices)
+ * chunk by chunk with a NaN/Inf check (and the sum of a^2 with a2);
+ * nothing but out is written. */
+static igrad_status_t find_dense(const float *restrict g, const float *restrict e,
+                                 const igrad_select_spec_t *spec, const char *name,
+                                 igrad_selection_t *out, double *a2)
 {
     int64_t n = spec->n;
     float *restrict val = out->value;
@@ -994,15 +1116,25 @@ static igrad_status_t select_dense(float *restrict g, float *restrict e,
         int bad = len == CHUNK ? add_check(g + s, e + s, val + s, CHUNK)
                                : add_check(g + s, e + s, val + s, len);
         if (bad) return fail_nonfinite(name, g, e, s + check_finite_range(g + s, e + s, len));
+        if (a2) *a2 += sumsq_of(val + s, len);
     }
     if (out->index) {
         int64_t rows = spec->row_wise ? spec->rows : 1, cols = n / rows;
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++) out->index[r * cols + c] = (uint32_t)c;
     }
-    memset(e, 0, (size_t)n * sizeof *e);
-    if (zero_g) memset(g, 0, (size_t)n * sizeof *g);
     return IGRAD_OK;
+}
+
+/* Pass 2 of a dense spec: the residual becomes 0 (with 16-bit values each
+ * entry's rounding error, keep_entry), the gradient 0 if asked. */
+static void apply_dense(float *restrict g, float *restrict e, int64_t n, float *val, int zero_g,
+                        igrad_dtype_t dt, double *rsum)
+{
+    if (dt == IGRAD_DTYPE_F32) memset(e, 0, (size_t)n * sizeof *e);
+    else
+        for (int64_t i = 0; i < n; i++) keep_entry(e, i, val, i, dt, rsum);
+    if (zero_g) memset(g, 0, (size_t)n * sizeof *g);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1222,24 +1354,28 @@ AVX2_FN void few_row_avx2_fn(const float *g, float *e, int64_t len, few_t *f)
 typedef int32_t (*few_bound_fn)(const float *g, const float *e, int64_t len, int k);
 typedef void (*few_row_fn)(const float *g, float *e, int64_t len, few_t *f);
 
-/* Pass 1 over rows [r0, r1): thr[r] = the row's bound - 1. @return the
- * first flat index whose a is not finite (rows after it are not seen), or
- * -1. */
-static int64_t few_pass1(few_bound_fn bound, const float *g, const float *e, int64_t r0,
-                         int64_t r1, int64_t cols, int k, int32_t *thr)
+/* Pass 1 over rows [r0, r1): thr[r] = the row's bound - 1 (and with a2
+ * the sum of a^2, each row summed while it is in cache). @return the first
+ * flat index whose a is not finite (rows after it are not seen), or -1. */
+static int64_t few_pass1(const igrad_select_ws_t *ws, few_bound_fn bound, const float *g,
+                         const float *e, int64_t r0, int64_t r1, int64_t cols, int k,
+                         int32_t *thr, double *a2)
 {
     for (int64_t r = r0; r < r1; r++) {
         int32_t b = bound(g + r * cols, e + r * cols, cols, k);
         if (b >= KEY_INF) return r * cols + check_finite_range(g + r * cols, e + r * cols, cols);
         thr[r] = b - 1;
+        if (a2) *a2 += sumsq_ge(ws, g + r * cols, e + r * cols, cols);
     }
     return -1;
 }
 
 /* Pass 2 over rows [r0, r1): selections (k per row, column order) and the
- * residual. */
+ * residual (keep_entry). With lane (16-bit values) the unrounded values'
+ * squares go into lane[position % 8], in position order: sumsq_of's sum. */
 static void few_pass2(few_row_fn row, float *g, float *e, int64_t r0, int64_t r1, int64_t cols,
-                      int k, const int32_t *thr, uint32_t *oidx, float *oval, int zero_g)
+                      int k, const int32_t *thr, uint32_t *oidx, float *oval, int zero_g,
+                      igrad_dtype_t dt, double *rsum, double *lane)
 {
     for (int64_t r = r0; r < r1; r++) {
         few_t f;
@@ -1259,8 +1395,10 @@ static void few_pass2(few_row_fn row, float *g, float *e, int64_t r0, int64_t r1
             ix[p] = c;
         }
         for (int i = 0; i < k; i++) { /* pass 2 left a in the residual */
-            vl[i] = er[ix[i]];
-            er[ix[i]] = 0.0f;
+            float v = er[ix[i]];
+            vl[i] = v;
+            if (lane) lane[(r * k + i) & 7] += (double)v * (double)v;
+            keep_entry(er, ix[i], vl, i, dt, rsum);
         }
     }
 }
@@ -1276,45 +1414,115 @@ static int few_fits(int64_t cols, int64_t k)
     return k <= FEW_MAX && cols >= 8 && 4 * k <= cols && (k <= 8 || cols <= 256);
 }
 
-/* Row-wise selection with per_row <= FEW_MAX; rows are spread over threads
- * for large tensors (rows are independent, so the result is the same). */
-static igrad_status_t select_few(igrad_select_ws_t *ws, float *g, float *e,
-                                 const igrad_select_spec_t *spec, const char *name,
-                                 igrad_selection_t *out, int zero_g)
+/* The few-per-row path's kernels (portable or AVX2). */
+static void few_kernels(const igrad_select_ws_t *ws, few_bound_fn *bound, few_row_fn *row)
 {
-    int64_t n = spec->n, rows = spec->rows, cols = spec->cols;
-    int k = (int)spec->per_row, T = par_threads(n);
-    few_bound_fn bound = few_bound_generic;
-    few_row_fn row = few_row_generic_fn;
+    *bound = few_bound_generic;
+    *row = few_row_generic_fn;
 #if IGRAD__HAVE_AVX2
     if (use_avx2(ws)) {
-        bound = few_bound_avx2;
-        row = few_row_avx2_fn;
+        *bound = few_bound_avx2;
+        *row = few_row_avx2_fn;
     }
+#else
+    (void)ws;
 #endif
-    IGRAD_CHECK(ws_reserve(ws, 0, (size_t)rows, 0));
-    int32_t *thr = (int32_t *)ws->keys;
+}
+
+/* Does this sparse spec take the few-per-row path? (Both halves of a
+ * selection ask, with the same workspace policy.) */
+static int takes_few(const igrad_select_ws_t *ws, const igrad_select_spec_t *spec)
+{
+    return spec->row_wise && spec->per_row <= FEW_MAX &&
+           (ws->rows == IGRAD__SELECT_ROWS_FEW ||
+            (ws->rows == IGRAD__SELECT_ROWS_AUTO && few_fits(spec->cols, spec->per_row)));
+}
+
+/* Pass 1 of the few-per-row path into thr (spec->rows bounds); rows are
+ * spread over threads for large tensors, except when summing a^2. */
+static igrad_status_t find_few(const igrad_select_ws_t *ws, const float *g, const float *e,
+                               const igrad_select_spec_t *spec, const char *name, int32_t *thr,
+                               double *a2)
+{
+    int64_t n = spec->n, rows = spec->rows, cols = spec->cols;
+    int k = (int)spec->per_row, T = a2 ? 1 : par_threads(n);
+    few_bound_fn bound;
+    few_row_fn row;
+    few_kernels(ws, &bound, &row);
     int64_t bad[PAR_MAX];
     if (T <= 1) {
-        bad[0] = few_pass1(bound, g, e, 0, rows, cols, k, thr);
+        bad[0] = few_pass1(ws, bound, g, e, 0, rows, cols, k, thr, a2);
     } else {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(T) schedule(static, 1)
 #endif
         for (int p = 0; p < T; p++)
-            bad[p] = few_pass1(bound, g, e, rows * p / T, rows * (p + 1) / T, cols, k, thr);
+            bad[p] = few_pass1(ws, bound, g, e, rows * p / T, rows * (p + 1) / T, cols, k, thr,
+                               NULL);
     }
     for (int p = 0; p < T; p++) /* pieces in order: the first is the tensor's first */
         if (bad[p] >= 0) return fail_nonfinite(name, g, e, bad[p]);
+    return IGRAD_OK;
+}
+
+/* Pass 2 of the few-per-row path (rows are independent, so threads do not
+ * change the result; serial with 16-bit values); sets out->sumsq. */
+static void apply_few(const igrad_select_ws_t *ws, float *g, float *e,
+                      const igrad_select_spec_t *spec, igrad_selection_t *out,
+                      const int32_t *thr, int zero_g, igrad_dtype_t dt, double *rsum)
+{
+    int64_t n = spec->n, rows = spec->rows, cols = spec->cols;
+    int k = (int)spec->per_row, T = dt == IGRAD_DTYPE_F32 ? par_threads(n) : 1;
+    few_bound_fn bound;
+    few_row_fn row;
+    few_kernels(ws, &bound, &row);
+    double lane[8] = {0};
     if (T <= 1) {
-        few_pass2(row, g, e, 0, rows, cols, k, thr, out->index, out->value, zero_g);
+        few_pass2(row, g, e, 0, rows, cols, k, thr, out->index, out->value, zero_g, dt, rsum,
+                  dt == IGRAD_DTYPE_F32 ? NULL : lane);
     } else {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(T) schedule(static, 1)
 #endif
         for (int p = 0; p < T; p++)
             few_pass2(row, g, e, rows * p / T, rows * (p + 1) / T, cols, k, thr, out->index,
-                      out->value, zero_g);
+                      out->value, zero_g, dt, NULL, NULL);
+    }
+    out->sumsq = dt == IGRAD_DTYPE_F32 ? sumsq_of(out->value, spec->count) : lanes_total(lane);
+}
+
+/* Pass 1 and fix-up of the general path, range by range (a row, or the
+ * whole flat tensor): the selection into out. */
+static igrad_status_t find_ranges(igrad_select_ws_t *ws, const float *grad,
+                                  const float *residual, const igrad_select_spec_t *spec,
+                                  const char *name, igrad_selection_t *out, double *a2)
+{
+    int64_t rows = spec->row_wise ? spec->rows : 1;
+    int64_t len = spec->row_wise ? spec->cols : spec->n;
+    size_t k = (size_t)(spec->row_wise ? spec->per_row : spec->count);
+    int buffered = len <= ROW_BUFFERED_MAX;
+    size_t cap = cap_for(len, k, buffered, ws->policy);
+    size_t m = samples_for(len, buffered);
+    size_t most = cap > m ? cap : m;
+    if (buffered && (size_t)len > most) most = (size_t)len; /* select_direct */
+    if (!buffered) { /* slices of select_stream_parallel */
+        int T = par_threads(len);
+        size_t sliced = T > 1 ? (size_t)T * (cap / (size_t)T + BLK_MAX) : 0;
+        if (sliced > most) most = sliced;
+    }
+    /* keys: samples or candidate keys, and twice that for selecting */
+    IGRAD_CHECK(ws_reserve(ws, most, 3 * most, buffered ? (size_t)len : 0));
+
+    float hint = NAN;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = grad + r * len;
+        const float *e = residual + r * len;
+        uint32_t *oidx = out->index + (size_t)r * k;
+        float *oval = out->value + (size_t)r * k;
+        int64_t bad = buffered ? select_buffered(ws, g, e, len, k, cap, &hint, oidx, oval)
+                               : select_stream(ws, g, e, len, k, cap, oidx, oval, a2);
+        if (bad >= 0) return fail_nonfinite(name, grad, residual, r * len + bad);
+        if (buffered && a2) *a2 += sumsq_of(ws->row, len); /* a of the row, in cache */
     }
     return IGRAD_OK;
 }
@@ -1324,60 +1532,81 @@ igrad_status_t igrad_select_ef(const float *grad, float *residual,
                                igrad_select_ws_t *ws, igrad_selection_t *out)
 {
     /* grad is only written with zero_grad set */
-    return igrad__select_ef((float *)grad, residual, spec, name, ws, out, 0);
+    return igrad__select_ef((float *)grad, residual, spec, name, ws, out, 0, IGRAD_DTYPE_F32,
+                            NULL);
 }
 
-igrad_status_t igrad__select_ef(float *grad, float *residual, const igrad_select_spec_t *spec,
-                                const char *name, igrad_select_ws_t *ws, igrad_selection_t *out,
-                                int zero_grad)
+static igrad_status_t check_args(const float *grad, const float *residual,
+                                 const igrad_select_spec_t *spec, const igrad_select_ws_t *ws,
+                                 const igrad_selection_t *out)
 {
     IGRAD_FAIL_IF(!grad || !residual || !spec || !ws || !out, IGRAD_E_INVALID,
                   "igrad_select_ef: NULL argument");
     IGRAD_FAIL_IF(!out->value, IGRAD_E_INVALID, "igrad_select_ef: out->value is NULL");
     IGRAD_CHECK(check_spec(spec));
-    int dense = spec->count == spec->n;
-    IGRAD_FAIL_IF(!dense && !out->index, IGRAD_E_INVALID,
+    IGRAD_FAIL_IF(spec->count != spec->n && !out->index, IGRAD_E_INVALID,
                   "igrad_select_ef: out->index is NULL for a sparse spec");
+    return IGRAD_OK;
+}
 
+igrad_status_t igrad__select_find(const float *grad, const float *residual,
+                                  const igrad_select_spec_t *spec, const char *name,
+                                  igrad_select_ws_t *ws, igrad_selection_t *out,
+                                  int32_t *row_bound, double *a_sumsq)
+{
+    IGRAD_CHECK(check_args(grad, residual, spec, ws, out));
+    int dense = spec->count == spec->n;
+    double a2 = 0.0, *sum = a_sumsq ? &a2 : NULL;
     if (dense) {
-        IGRAD_CHECK(select_dense(grad, residual, spec, name, out, zero_grad));
-    } else if (spec->row_wise && spec->per_row <= FEW_MAX &&
-               (ws->rows == IGRAD__SELECT_ROWS_FEW ||
-                (ws->rows == IGRAD__SELECT_ROWS_AUTO && few_fits(spec->cols, spec->per_row)))) {
-        IGRAD_CHECK(select_few(ws, grad, residual, spec, name, out, zero_grad));
+        IGRAD_CHECK(find_dense(grad, residual, spec, name, out, sum));
+    } else if (takes_few(ws, spec)) {
+        IGRAD_FAIL_IF(!row_bound, IGRAD_E_INVALID,
+                      "igrad_select_ef: no room for the row bounds of %s", name ? name : "?");
+        IGRAD_CHECK(find_few(ws, grad, residual, spec, name, row_bound, sum));
+    } else {
+        IGRAD_CHECK(find_ranges(ws, grad, residual, spec, name, out, sum));
+    }
+    if (a_sumsq) *a_sumsq = a2;
+    return IGRAD_OK;
+}
+
+void igrad__select_apply(float *grad, float *residual, const igrad_select_spec_t *spec,
+                         const igrad_select_ws_t *ws, igrad_selection_t *out,
+                         const int32_t *row_bound, int zero_grad, igrad_dtype_t value_dtype,
+                         double *rounded_sumsq)
+{
+    double rsum = 0.0;
+    if (spec->count == spec->n) {
+        out->sumsq = sumsq_of(out->value, spec->count); /* before rounding */
+        apply_dense(grad, residual, spec->n, out->value, zero_grad, value_dtype, &rsum);
+    } else if (takes_few(ws, spec)) {
+        apply_few(ws, grad, residual, spec, out, row_bound, zero_grad, value_dtype, &rsum);
     } else {
         int64_t rows = spec->row_wise ? spec->rows : 1;
         int64_t len = spec->row_wise ? spec->cols : spec->n;
-        size_t k = (size_t)(spec->row_wise ? spec->per_row : spec->count);
-        int buffered = len <= ROW_BUFFERED_MAX;
-        size_t cap = cap_for(len, k, buffered, ws->policy);
-        size_t m = samples_for(len, buffered);
-        size_t most = cap > m ? cap : m;
-        if (buffered && (size_t)len > most) most = (size_t)len; /* select_direct */
-        if (!buffered) { /* slices of select_stream_parallel */
-            int T = par_threads(len);
-            size_t sliced = T > 1 ? (size_t)T * (cap / (size_t)T + BLK_MAX) : 0;
-            if (sliced > most) most = sliced;
-        }
-        /* keys: samples or candidate keys, and twice that for selecting */
-        IGRAD_CHECK(ws_reserve(ws, most, 3 * most, buffered ? (size_t)len : 0));
-
-        float hint = NAN;
-        for (int64_t r = 0; r < rows; r++) {
-            const float *g = grad + r * len;
-            const float *e = residual + r * len;
-            uint32_t *oidx = out->index + (size_t)r * k;
-            float *oval = out->value + (size_t)r * k;
-            int64_t bad = buffered ? select_buffered(ws, g, e, len, k, cap, &hint, oidx, oval)
-                                   : select_stream(ws, g, e, len, k, cap, oidx, oval);
-            if (bad >= 0) return fail_nonfinite(name, grad, residual, r * len + bad);
-        }
-        write_residual(grad, residual, spec->n, out->index, rows, len, (int64_t)k, zero_grad);
+        int64_t k = spec->row_wise ? spec->per_row : spec->count;
+        out->sumsq = sumsq_of(out->value, spec->count); /* before rounding */
+        write_residual(grad, residual, spec->n, out->index, out->value, rows, len, k, zero_grad,
+                       value_dtype, &rsum);
     }
-
     out->count = spec->count;
     out->row_wise = spec->row_wise;
-    out->sumsq = sumsq_of(out->value, spec->count);
+    if (rounded_sumsq) *rounded_sumsq = rsum;
+}
+
+igrad_status_t igrad__select_ef(float *grad, float *residual, const igrad_select_spec_t *spec,
+                                const char *name, igrad_select_ws_t *ws, igrad_selection_t *out,
+                                int zero_grad, igrad_dtype_t value_dtype, double *rounded_sumsq)
+{
+    IGRAD_CHECK(check_args(grad, residual, spec, ws, out));
+    int32_t *bound = NULL;
+    if (spec->count != spec->n && takes_few(ws, spec)) {
+        IGRAD_CHECK(ws_reserve(ws, 0, (size_t)spec->rows, 0));
+        bound = (int32_t *)ws->keys;
+    }
+    IGRAD_CHECK(igrad__select_find(grad, residual, spec, name, ws, out, bound, NULL));
+    igrad__select_apply(grad, residual, spec, ws, out, bound, zero_grad, value_dtype,
+                        rounded_sumsq);
     return IGRAD_OK;
 }
 
@@ -1390,6 +1619,6 @@ igrad_status_t igrad_residual_accumulate(const float *grad, float *residual, int
                   (long long)n);
     int64_t bad = check_finite(grad, residual, n);
     if (bad >= 0) return fail_nonfinite(name, grad, residual, bad);
-    write_residual((float *)grad, residual, n, NULL, 0, 1, 1, 0);
+    write_residual((float *)grad, residual, n, NULL, NULL, 0, 1, 1, 0, IGRAD_DTYPE_F32, NULL);
     return IGRAD_OK;
 }

@@ -7,14 +7,16 @@
  * (|x| >= 65520) becomes +-Inf, as in PyTorch. tests/python/
  * test_value16.py checks both against torch's .to(bfloat16) and .half().
  *
- * Not here: what the engine sends (the clamp of f16 overflow and the
- * rounding residual are dp_cpu_select.c's).
+ * igrad__round16 is the value the engine sends (the clamp of f16
+ * overflow); where the rounding error goes is select.c's (pass 2 writes
+ * it into the residual).
  */
 #ifndef IGRAD_VALUE16_H
 #define IGRAD_VALUE16_H
 
 #include "internal.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -92,6 +94,17 @@ static inline float igrad__from16(igrad_dtype_t dt, uint16_t h)
 static inline float igrad__max16(igrad_dtype_t dt)
 {
     return dt == IGRAD_DTYPE_BF16 ? 0x1.fep127f : 65504.0f;
+}
+
+/* One value v as the 16-bit wire carries it: round-to-nearest-even, and a
+ * finite value that would round to Inf (F16: |v| >= 65520; BF16: within
+ * half a step of FLT_MAX) clamped to the largest finite value (65504;
+ * 0x1.fep127). Returns the rounded value (exactly representable in dt). */
+static inline float igrad__round16(igrad_dtype_t dt, float v)
+{
+    float q = igrad__from16(dt, igrad__to16(dt, v));
+    if (isinf(q)) q = v > 0.0f ? igrad__max16(dt) : -igrad__max16(dt);
+    return q;
 }
 
 #endif /* IGRAD_VALUE16_H */

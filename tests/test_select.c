@@ -10,6 +10,8 @@
  * workspace policy, both pass-1 kernels (AVX2 and portable C), NaN/Inf
  * handling (residual bit-identical), conservation over 200 steps of sends
  * and deferrals, determinism, and OpenMP thread counts on large tensors.
+ * Every reference check also runs the engine's two halves (find, apply:
+ * the sum of a^2 and, with 16-bit values, the rounding in pass 2).
  * No timings here (see `igrad bench select`).
  */
 #include <math.h>
@@ -90,6 +92,13 @@ static uint32_t bits(float x)
     return u;
 }
 
+static uint64_t bits64(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
 static void expect_same_floats(const float *got, const float *want, int64_t n, const char *what)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -108,6 +117,83 @@ static void expect_same_u32(const uint32_t *got, const uint32_t *want, int64_t n
         if (got[i] != want[i]) print_error("%s[%lld] differs\n", what, (long long)i);
         assert_int_equal(got[i], want[i]);
     }
+}
+
+/* One value as the 16-bit wire sends it, through the public converter:
+ * round to nearest even, and a finite value that would become Inf clamped
+ * to the largest finite one (architecture.md §5.2). */
+static float ref_round16(igrad_dtype_t dt, float v)
+{
+    uint16_t h;
+    float q;
+    assert_int_equal(igrad_convert(&v, IGRAD_DTYPE_F32, &h, dt, 1), IGRAD_OK);
+    assert_int_equal(igrad_convert(&h, dt, &q, IGRAD_DTYPE_F32, 1), IGRAD_OK);
+    if (isinf(q)) q = v > 0 ? (dt == IGRAD_DTYPE_F16 ? 65504.0f : 0x1.fep127f)
+                            : (dt == IGRAD_DTYPE_F16 ? -65504.0f : -0x1.fep127f);
+    return q;
+}
+
+/* The engine's two halves of a selection (find, then apply) on (g, e0):
+ * the same selection and residual as the one-call reference want_*, a^2
+ * summed by find within 1e-12 of the double sum, and with 16-bit values
+ * (dt BF16 / F16) the sent values rounded, their rounding errors in the
+ * residual and the sum of their squares, against want_* rounded here.
+ * @return find's sum of a^2 (every kernel must give the same bits). */
+static double check_halves(const float *g, const float *e0, const igrad_select_spec_t *spec,
+                         igrad_select_ws_t *ws, igrad_dtype_t dt, const uint32_t *want_idx,
+                         const float *want_val, const float *want_e, double want_sumsq)
+{
+    int64_t n = spec->n, k = spec->count;
+    int64_t rows = spec->row_wise ? spec->rows : 1;
+    int64_t len = spec->row_wise ? spec->cols : n, per = spec->row_wise ? spec->per_row : k;
+    float *e = malloc((size_t)n * sizeof *e), *gz = malloc((size_t)n * sizeof *gz);
+    float *val = malloc((size_t)k * sizeof *val), *rval = malloc((size_t)k * sizeof *rval);
+    float *re = malloc((size_t)n * sizeof *re);
+    uint32_t *idx = malloc((size_t)k * sizeof *idx);
+    int32_t *bound = malloc((size_t)rows * sizeof *bound);
+    assert_true(e && gz && val && rval && re && idx && bound);
+    memcpy(e, e0, (size_t)n * sizeof *e);
+    memcpy(gz, g, (size_t)n * sizeof *gz);
+    memcpy(re, want_e, (size_t)n * sizeof *re);
+    memcpy(rval, want_val, (size_t)k * sizeof *rval);
+    double want_rsum = 0.0, want_a2 = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double a = (double)(g[i] + e0[i]);
+        want_a2 += a * a;
+    }
+    if (dt != IGRAD_DTYPE_F32)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < per; j++) {
+                int64_t q = r * per + j, flat = r * len + (k == n ? j : want_idx[q]);
+                float v = want_val[q], h = ref_round16(dt, v), d = v - h;
+                rval[q] = h;
+                re[flat] += d;
+                want_rsum += (double)d * (double)d;
+            }
+    igrad_selection_t sel = {.index = idx, .value = val};
+    double a2 = -1.0, rsum = -1.0;
+    igrad_status_t st = igrad__select_find(g, e, spec, "t", ws, &sel, bound, &a2);
+    if (st != IGRAD_OK) print_error("%s\n", igrad_last_error());
+    assert_int_equal(st, IGRAD_OK);
+    expect_same_floats(e, e0, n, "residual after find"); /* find writes nothing */
+    igrad__select_apply(gz, e, spec, ws, &sel, bound, 1, dt, &rsum);
+    if (k < n) expect_same_u32(idx, want_idx, k, "index (halves)");
+    expect_same_floats(val, rval, k, "value (halves)");
+    expect_same_floats(e, re, n, "residual (halves)");
+    for (int64_t i = 0; i < n; i++) assert_true(gz[i] == 0.0f); /* zero_grad */
+    assert_float_equal(sel.sumsq, want_sumsq, 1e-9 * (want_sumsq + 1e-30));
+    assert_float_equal(a2, want_a2, 1e-12 * want_a2);
+    if (dt != IGRAD_DTYPE_F32 && rsum != want_rsum)
+        print_error("rounded sumsq %.17g, want %.17g\n", rsum, want_rsum);
+    assert_true(dt == IGRAD_DTYPE_F32 || rsum == want_rsum);
+    free(e);
+    free(gz);
+    free(val);
+    free(rval);
+    free(re);
+    free(idx);
+    free(bound);
+    return a2;
 }
 
 /* Row-wise paths, AUTO first (the one the library takes). */
@@ -148,6 +234,7 @@ static void check_against_reference(const float *g, const float *e0,
     /* both pass-1 kernels (AVX2 where the CPU has it, and portable C), and
      * for rows that keep a few entries each row-wise path */
     int modes = spec->row_wise && spec->per_row <= 16 ? 3 : 1;
+    double a2_auto = 0.0; /* find's sum of a^2 with the AUTO kernel, this row path */
     for (int run = 0; run < 2 * modes; run++) {
         int kernel = run % 2;
         igrad__select_ws_kernel(ws, kernel ? IGRAD__SELECT_KERNEL_GENERIC
@@ -170,6 +257,16 @@ static void check_against_reference(const float *g, const float *e0,
         expect_same_floats(val, want_val, k, "value");
         expect_same_floats(e, want_e, n, "residual");
         assert_float_equal(sel.sumsq, want_sumsq, 1e-9 * (want_sumsq + 1e-30));
+        double a2 = check_halves(g, e0, spec, ws, IGRAD_DTYPE_F32, want, want_val, want_e,
+                                 want_sumsq);
+        if (kernel == 1 && bits64(a2) != bits64(a2_auto))
+            print_error("sum of a^2: portable %a, AVX2/auto %a\n", a2, a2_auto);
+        if (kernel == 1) assert_true(bits64(a2) == bits64(a2_auto));
+        a2_auto = a2;
+        if (kernel == 0) {
+            check_halves(g, e0, spec, ws, IGRAD_DTYPE_BF16, want, want_val, want_e, want_sumsq);
+            check_halves(g, e0, spec, ws, IGRAD_DTYPE_F16, want, want_val, want_e, want_sumsq);
+        }
     }
     igrad__select_ws_kernel(ws, IGRAD__SELECT_KERNEL_AUTO);
     igrad__select_ws_rows(ws, IGRAD__SELECT_ROWS_AUTO);

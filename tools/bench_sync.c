@@ -10,10 +10,17 @@
  *     method record the activity trace of their own selections, and rank
  *     0's knee profile is shared with every rank (as a profile file would
  *     be);
- *  3. times --steps steps of dense, topk_sync, adtopk_sync, iad and ig,
- *     and ig once more per packing policy for the packing table. Every
- *     method sees the same gradients at the same step. A step's time is the
- *     slowest rank's; medians over steps are reported; bytes are means.
+ *  3. times --steps steps of the memory floor of a step (below), then of
+ *     dense, topk_sync, adtopk_sync, iad and ig, and ig once more per
+ *     packing policy for the packing table. Every method sees the same
+ *     gradients at the same step. A step's time is the slowest rank's;
+ *     medians over steps are reported; bytes are means.
+ * The floor: one plain streaming pass per tensor over the same gradient
+ * buffers and a residual-sized buffer, e = e + g then g = 0 chunk by chunk
+ * (read g and e, write e and g: what any error-feedback step that hands
+ * back zeroed gradients for the unpack must move), on the same threads
+ * (tensors over OpenMP, like the engine). The table's /floor is a
+ * method's sync ms over it.
  * Timings are never asserted anywhere; the byte counts are exact.
  *
  * The synthetic gradient (documented so that nobody mistakes it for a
@@ -411,6 +418,58 @@ static double now_ms(void)
 
 /* ---- the runs --------------------------------------------------------------------------- */
 
+/* The floor pass over one tensor: e = e + g, g = 0, in chunks whose
+ * constant trip count lets -O2 vectorize (a fair, fast loop: every ratio
+ * against it would flatter igrad otherwise). */
+#define FLOOR_CHUNK 4096
+static void floor_tensor(float *restrict g, float *restrict e, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + FLOOR_CHUNK <= n; i += FLOOR_CHUNK) {
+        for (int j = 0; j < FLOOR_CHUNK; j++) e[i + j] = e[i + j] + g[i + j];
+        memset(g + i, 0, FLOOR_CHUNK * sizeof *g);
+    }
+    for (; i < n; i++) {
+        e[i] = e[i] + g[i];
+        g[i] = 0.0f;
+    }
+}
+
+/* Median ms over --steps steps of the floor pass (slowest rank), on the
+ * step's synthetic gradients and a zeroed residual of the model's size.
+ * @return NAN when the residual cannot be allocated. */
+static double run_floor(const options_t *o, synth_t *s, int64_t total)
+{
+    float *e_mem = calloc((size_t)total, sizeof *e_mem);
+    double *col = calloc((size_t)o->steps, sizeof *col);
+    int64_t *off = calloc(s->T + 1, sizeof *off);
+    if (!e_mem || !col || !off) {
+        free(e_mem);
+        free(col);
+        free(off);
+        return NAN;
+    }
+    for (size_t t = 1; t < s->T; t++) off[t] = off[t - 1] + s->n[t - 1];
+    for (int64_t step = 0; step <= o->steps; step++) {
+        synth_fill(s, step, (int)o->threads);
+        barrier();
+        double t0 = now_ms();
+        int64_t Tn = (int64_t)s->T;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)o->threads)
+#endif
+        for (int64_t t = 0; t < Tn; t++) floor_tensor(s->g[t], e_mem + off[t], s->n[t]);
+        double ms = now_ms() - t0;
+        max_over_ranks(&ms, 1);
+        if (step > 0) col[step - 1] = ms; /* step 0 warms up, as for the methods */
+    }
+    double med = bench_median(col, (int)o->steps);
+    free(off);
+    free(col);
+    free(e_mem);
+    return med;
+}
+
 static igrad_config_t make_config(const options_t *o, igrad_method_t m, igrad_pack_policy_t pack)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
@@ -619,7 +678,7 @@ static const igrad_method_t methods[NMETHODS] = {IGRAD_METHOD_DENSE, IGRAD_METHO
 
 static void print_json(const options_t *o, const igrad_layout_t *L, const result_t *res,
                        const result_t *packing, double f_imp, double f_other, int nimp,
-                       int ncomp)
+                       int ncomp, double floor_ms)
 {
     double topk = res[1].payload, own = res[o->sparsifier == IGRAD_SPARSIFIER_TOPK ? 1 : 2].payload;
     printf("{\"ranks\": %d, ", nranks_);
@@ -639,12 +698,14 @@ static void print_json(const options_t *o, const igrad_layout_t *L, const result
     json_num("f_imp", f_imp, 0);
     json_num("f_other", f_other, 0);
     json_num("predicted_ig_ratio", f_imp + o->release_keep * (1.0 - f_imp), 0);
+    json_num("floor_ms", floor_ms, 0);
     printf("\"methods\": {");
     for (int k = 0; k < NMETHODS; k++) {
         igrad_method_t m = methods[k];
         printf("\"%s\": {", igrad_method_name(m));
         json_method(&res[k]);
         printf(", ");
+        json_num("ratio_to_floor", res[k].sync_ms / floor_ms, 0);
         json_num("ratio_to_topk_sync", topk > 0 ? res[k].payload / topk : NAN,
                  m != IGRAD_METHOD_IAD && m != IGRAD_METHOD_IG);
         if (m == IGRAD_METHOD_IAD || m == IGRAD_METHOD_IG) {
@@ -670,7 +731,7 @@ static void print_json(const options_t *o, const igrad_layout_t *L, const result
 
 static void print_table(const options_t *o, const igrad_layout_t *L, const result_t *res,
                         const result_t *packing, double f_imp, double f_other, int nimp,
-                        int ncomp, double wall_s)
+                        int ncomp, double floor_ms, double wall_s)
 {
     char b1[32], b2[32];
     const char *own_name = o->sparsifier == IGRAD_SPARSIFIER_TOPK ? "topk_sync" : "adtopk_sync";
@@ -688,9 +749,10 @@ static void print_table(const options_t *o, const igrad_layout_t *L, const resul
     printf("f_imp %.3f (outside the projections: %.3f of the budget); predicted ig ratio f_imp + kappa (1 - f_imp) "
            "= %.3f\n\n",
            f_imp, f_other, f_imp + o->release_keep * (1.0 - f_imp));
-    printf("%-12s %12s %12s %8s %8s %6s %8s %8s %8s %8s %8s %7s\n", "method", "payload/step",
+    printf("floor (read g and e, write e and g): %.2f ms\n", floor_ms);
+    printf("%-12s %12s %12s %8s %8s %6s %8s %8s %8s %8s %8s %7s %7s\n", "method", "payload/step",
            "wire/step", "/topk", "/own", "f_imp", "select", "pack", "comm", "unpack", "sync ms",
-           "B/param");
+           "/floor", "B/param");
     for (int k = 0; k < NMETHODS; k++) {
         igrad_method_t m = methods[k];
         int defer = m == IGRAD_METHOD_IAD || m == IGRAD_METHOD_IG;
@@ -702,15 +764,16 @@ static void print_table(const options_t *o, const igrad_layout_t *L, const resul
         char label[24];
         snprintf(label, sizeof label, "%s%s", igrad_method_name(m),
                  m == IGRAD_METHOD_IG ? "*" : "");
-        printf("%-12s %12s %12s %8.3f %8s %6s %8.2f %8.2f %8.2f %8.2f %8.2f %7.3f\n", label,
-               cli_human_bytes(res[k].payload, b1, sizeof b1),
+        printf("%-12s %12s %12s %8.3f %8s %6s %8.2f %8.2f %8.2f %8.2f %8.2f %7.2f %7.3f\n",
+               label, cli_human_bytes(res[k].payload, b1, sizeof b1),
                cli_human_bytes(res[k].wire, b2, sizeof b2),
                topk > 0 ? res[k].payload / topk : NAN, own_r, fi, res[k].select_ms,
                res[k].pack_ms, res[k].comm_ms, res[k].unpack_ms, res[k].sync_ms,
-               res[k].mem_per_param);
+               res[k].sync_ms / floor_ms, res[k].mem_per_param);
     }
     printf("(/own: ratio to %s, the same sparsifier; * ig packs with %s; times: medians of "
-           "the slowest rank; B/param: igrad's data-plane memory per parameter on a rank)\n\n",
+           "the slowest rank; /floor: sync ms over the floor pass; B/param: igrad's data-plane "
+           "memory per parameter on a rank)\n\n",
            own_name, igrad_pack_policy_name(o->pack));
     printf("ig packing, %lld buckets:\n%-12s %10s %8s %10s %8s\n", (long long)o->buckets,
            "policy", "imbalance", "cv", "overflow", "sync ms");
@@ -798,7 +861,7 @@ int bench_sync(int argc, char **argv)
     result_t res[NMETHODS], packing[NPOLICIES];
     memset(res, 0, sizeof res);
     memset(packing, 0, sizeof packing);
-    double f_imp = 0.0, f_other = 0.0;
+    double f_imp = 0.0, f_other = 0.0, floor_ms = NAN;
     int nimp = 0, ncomp = 0;
 
     st = igrad_layout_from_hf_config(o.config, &L);
@@ -814,6 +877,8 @@ int bench_sync(int argc, char **argv)
         igrad_profile_entry(P, (size_t)i, &pe);
         nimp += pe.important;
     }
+    if (!o.json && rank_ == 0) fprintf(stderr, "igrad: bench sync: floor...\n");
+    floor_ms = run_floor(&o, &s, igrad_layout_total_count(L));
     for (int k = 0; k < NMETHODS; k++) {
         igrad_method_t m = methods[k];
         if (m == IGRAD_METHOD_IG) continue; /* from the packing runs */
@@ -846,8 +911,8 @@ int bench_sync(int argc, char **argv)
         f_other = all > 0 ? other / all : 0.0;
     }
     if (rank_ == 0) {
-        if (o.json) print_json(&o, L, res, packing, f_imp, f_other, nimp, ncomp);
-        else print_table(&o, L, res, packing, f_imp, f_other, nimp, ncomp,
+        if (o.json) print_json(&o, L, res, packing, f_imp, f_other, nimp, ncomp, floor_ms);
+        else print_table(&o, L, res, packing, f_imp, f_other, nimp, ncomp, floor_ms,
                          (now_ms() - t0) / 1e3);
     }
     rc = 0;

@@ -53,6 +53,10 @@ for p, v in packing.items():
     assert {"imbalance", "cv", "overflow"} <= set(v), (p, v)
 f_imp = methods["ig"]["f_imp"]
 assert 0 < f_imp <= 1 and f_imp == d["f_imp"], f_imp
+# the floor pass and every method's ratio to it
+assert isinstance(d["floor_ms"], (int, float)) and d["floor_ms"] > 0, d["floor_ms"]
+for name, m in methods.items():
+    assert abs(m["ratio_to_floor"] - m["sync_ms"] / d["floor_ms"]) <= 1e-9 * m["ratio_to_floor"], (name, m)
 # bytes: dense sends every entry as F32; wire = (P-1) x payload for gathers
 assert methods["dense"]["payload_bytes_per_step"] == 4 * d["layout"]["params"], methods["dense"]
 ad = methods["adtopk_sync"]["payload_bytes_per_step"]
