@@ -40,6 +40,9 @@ int igrad__dp_cpu_fused(const igrad_engine_t *e, size_t t);
 
 /* dp_cpu_check.c */
 void igrad__dp_cpu_check(igrad_engine_t *e, float *const *grads);
+/* The check's sum of a^2 in double, a = (m*u + g) + e (u given), g + e,
+ * or g (e NULL, the dense method); the streamed step sums the same way. */
+double igrad__dp_cpu_sumsq(const float *g, const float *u, const float *e, float m, int64_t n);
 int64_t igrad__dp_cpu_first_bad(const igrad_engine_t *e, float *const *grads, size_t t,
                                 float *g, float *u, float *r);
 /* dp_cpu_select.c */

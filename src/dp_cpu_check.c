@@ -49,6 +49,11 @@ static double sumsq_muge(const float *restrict g, const float *restrict u,
     return s;
 }
 
+double igrad__dp_cpu_sumsq(const float *g, const float *u, const float *e, float m, int64_t n)
+{
+    return u ? sumsq_muge(g, u, e, m, n) : sumsq_ge(g, e, n);
+}
+
 /* First index where a = (m*u +) g (+ e) is not finite, or -1 (after the
  * sum said there is one). u may be NULL (no momentum), e too (dense). */
 static int64_t first_nonfinite(const float *g, const float *u, float m, const float *e,
@@ -107,8 +112,8 @@ void igrad__dp_cpu_check(igrad_engine_t *e, float *const *grads)
         const igrad__engine_tensor_t *tp = &e->t[t];
         /* kept in tnorm until select_into turns it into the residual's */
         if (igrad__dp_cpu_fused(e, t)) find_sent(e, cs, grads, t, e->ws[tid]);
-        else if (tp->velocity) e->tnorm[t] = sumsq_muge(grads[t], tp->velocity, tp->residual, m, tp->n);
-        else e->tnorm[t] = sumsq_ge(grads[t], dense ? NULL : tp->residual, tp->n);
+        else e->tnorm[t] = igrad__dp_cpu_sumsq(grads[t], tp->velocity,
+                                               dense ? NULL : tp->residual, m, tp->n);
     }
 }
 

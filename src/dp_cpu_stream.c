@@ -24,32 +24,6 @@
 #include <omp.h>
 #endif
 
-/* Sum of a^2 in double, a = (m*u + g) + e, or g + e, or g (dense): the
- * check stage's sums (dp_cpu_check.c), the same loops. */
-static double stream_sumsq(const float *restrict g, const float *restrict u,
-                           const float *restrict e, float m, int64_t n)
-{
-    double s = 0.0;
-    if (u) {
-        SIMD_SUM
-        for (int64_t i = 0; i < n; i++) {
-            float v = m * u[i] + g[i];
-            float a = v + e[i];
-            s += (double)a * (double)a;
-        }
-    } else if (e) {
-        SIMD_SUM
-        for (int64_t i = 0; i < n; i++) {
-            float a = g[i] + e[i];
-            s += (double)a * (double)a;
-        }
-    } else {
-        SIMD_SUM
-        for (int64_t i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
-    }
-    return s;
-}
-
 /* Position in the tensor of selected entry k (a dense spec keeps every
  * entry in place). */
 static inline int64_t sel_pos(const igrad_select_spec_t *sp, const uint32_t *idx, int64_t k)
@@ -111,7 +85,7 @@ void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const si
         const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
         igrad_selection_t sel = {.index = e->stage_idx ? e->stage_idx + e->stage_off[t] : NULL,
                                  .value = e->stage_val ? e->stage_val + e->stage_off[t] : NULL};
-        double a2 = g ? stream_sumsq(g, tp->velocity, dense ? NULL : tp->residual, m, tp->n)
+        double a2 = g ? igrad__dp_cpu_sumsq(g, tp->velocity, dense ? NULL : tp->residual, m, tp->n)
                       : NAN;
         e->tnorm[t] = a2; /* the check's; close turns it into the residual's */
         if (dense || !e->sent[t]) continue;
