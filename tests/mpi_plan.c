@@ -23,53 +23,6 @@
 
 #include "mpi_util.h"
 
-/* A small LLaMA-like layout: 2-D projections (row-wise ADTopk), norms
- * (flat), an embedding; one tensor above 65536 entries (32-bit indices). */
-static igrad_layout_t *make_layout(void)
-{
-    igrad_layout_t *L = NULL;
-    REQUIRE(igrad_layout_create(&L) == IGRAD_OK);
-    int64_t emb[2] = {3000, 24}, sq[2] = {24, 24}, up[2] = {48, 24}, down[2] = {24, 48};
-    int64_t vec[1] = {24};
-    char name[128];
-    REQUIRE(igrad_layout_add(L, "model.embed_tokens.weight", IGRAD_DTYPE_F32, 2, emb) == IGRAD_OK);
-    static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    for (int l = 0; l < 3; l++) {
-        for (int a = 0; a < 4; a++) {
-            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, attn[a]);
-            REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, sq) == IGRAD_OK);
-        }
-        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
-        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, up) == IGRAD_OK);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
-        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, down) == IGRAD_OK);
-        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
-        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 1, vec) == IGRAD_OK);
-    }
-    REQUIRE(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, 1, vec) == IGRAD_OK);
-    return L;
-}
-
-static igrad_profile_t *make_profile(const igrad_layout_t *L)
-{
-    igrad_trace_t *tr = NULL;
-    REQUIRE(igrad_trace_create(L, &tr) == IGRAD_OK);
-    for (int64_t s = 0; s < 4; s++)
-        for (size_t t = 0; t < igrad_layout_count(L); t++) {
-            igrad_tensor_info_t ti;
-            REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
-            if (ti.component < 0) continue;
-            double act = (double)((ti.component * 7) % 5 + 1) + 0.1 * (double)s;
-            REQUIRE(igrad_trace_record(tr, s, t, act * act, 1) == IGRAD_OK);
-        }
-    igrad_profile_options_t opts = IGRAD_PROFILE_OPTIONS_INIT;
-    opts.method = "fixed:0.4";
-    igrad_profile_t *p = NULL;
-    REQUIRE(igrad_profile_build(tr, &opts, &p) == IGRAD_OK);
-    igrad_trace_free(tr);
-    return p;
-}
-
 /* Gradients from (rank, step, tensor, index). */
 static void fill(float **g, const int64_t *n, size_t T, int64_t step)
 {
@@ -255,8 +208,8 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &np);
     igrad_comm_t *comm = NULL;
     REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
-    igrad_layout_t *L = make_layout();
-    igrad_profile_t *prof = make_profile(L);
+    igrad_layout_t *L = mpi_llama_layout(3000);
+    igrad_profile_t *prof = mpi_fixed_profile(L, "fixed:0.4");
 
     static const igrad_method_t methods[] = {IGRAD_METHOD_DENSE, IGRAD_METHOD_TOPK_SYNC,
                                              IGRAD_METHOD_ADTOPK_SYNC, IGRAD_METHOD_IG,
