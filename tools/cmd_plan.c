@@ -40,10 +40,13 @@ typedef struct plan_series {
     int64_t n;
 } plan_series_t;
 
+#define PLAN_CYCLE_LISTED 64 /* cycles up to this long are listed step by step (JSON) */
+
 typedef struct plan_row {
     const char *method, *route;
     int projected;
     plan_series_t payload, wire, intra, inter, sync_ms, collectives;
+    double step_payload[PLAN_CYCLE_LISTED], step_sync_ms[PLAN_CYCLE_LISTED];
 } plan_row_t;
 
 static void series_add(plan_series_t *s, double v)
@@ -334,6 +337,10 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
         double ms[4] = {1e3 * t_flat, 1e3 * t_bf16, 1e3 * t_hier, 1e3 * t_sar};
         for (int k = 0; k < 4; k++) {
             if (!rows[k]) continue;
+            if (step < PLAN_CYCLE_LISTED) {
+                rows[k]->step_payload[step] = payload[k];
+                rows[k]->step_sync_ms[step] = ms[k];
+            }
             series_add(&rows[k]->payload, payload[k]);
             series_add(&rows[k]->wire, wire[k]);
             series_add(&rows[k]->intra, k == 2 ? hi_in : 0.0);
@@ -462,8 +469,19 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
                (long long)r->payload.n);
         json_series("payload_nbytes", &r->payload, 0);
         json_series("wire_nbytes", &r->wire, 0);
-        json_series("intra_nbytes", &r->intra, 0);
-        json_series("inter_nbytes", &r->inter, 0);
+        if (!strcmp(r->route, "hier")) { /* the only route split by level */
+            json_series("intra_nbytes", &r->intra, 0);
+            json_series("inter_nbytes", &r->inter, 0);
+        } else {
+            printf("\"intra_nbytes\": null, \"inter_nbytes\": null, ");
+        }
+        if (r->payload.n <= PLAN_CYCLE_LISTED) {
+            printf("\"per_step\": [");
+            for (int64_t k = 0; k < r->payload.n; k++)
+                printf("%s{\"step\": %lld, \"payload_nbytes\": %.17g, \"sync_ms\": %.17g}",
+                       k ? ", " : "", (long long)k, r->step_payload[k], r->step_sync_ms[k]);
+            printf("], ");
+        }
         json_series("collectives", &r->collectives, 0);
         json_series("sync_ms", &r->sync_ms, 0);
         printf("\"step_ms\": %.17g, \"step_speedup_vs_dense_bf16\": %.17g}", step,

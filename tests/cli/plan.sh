@@ -40,6 +40,11 @@ assert 0.45 < ig["payload_nbytes"]["mean"] / ad["payload_nbytes"]["mean"] < 0.55
 for k in ("hier", "sparse_allreduce"):
     assert rows[("ig", k)]["projected"] is True
 assert rows[("ig", "engine")]["projected"] is False
+steps = [s["payload_nbytes"] for s in ig["per_step"]]
+assert [s["step"] for s in ig["per_step"]] == [0, 1, 2, 3], ig["per_step"]
+assert (min(steps), max(steps)) == (ig["payload_nbytes"]["min"], ig["payload_nbytes"]["max"])
+assert abs(sum(steps) / 4 - ig["payload_nbytes"]["mean"]) <= 1e-9 * max(steps)
+assert ig["intra_nbytes"] is None and rows[("ig", "hier")]["inter_nbytes"]["mean"] > 0
 sar = rows[("ig", "sparse_allreduce")]
 v = 2 * (P - 1) / P * ig["payload_nbytes"]["mean"]
 assert abs(sar["wire_nbytes"]["mean"] - v) <= 1e-9 * v, (sar["wire_nbytes"], v)
