@@ -1106,16 +1106,6 @@ static void stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s)
         e->nparams > 0 ? (double)s->dataplane_nbytes / (double)e->nparams : 0.0;
 }
 
-/* Which tensors `step` sends, and which of them at their release budget. */
-static void mark_sent(igrad_engine_t *e, int64_t step)
-{
-    for (size_t t = 0; t < e->ntensors; t++) {
-        int ph = e->t[t].phase;
-        e->sent[t] = (unsigned char)igrad__schedule_sent(ph, e->cfg.release_period, step);
-        e->rel[t] = (unsigned char)(ph >= 0);
-    }
-}
-
 /* Everything before packing: checks, agreement, gate, selection, plan.
  * zero: the selection also zeroes the gradients (sparse methods; sync
  * only, since begin must leave them as they are until end). */
@@ -1155,7 +1145,11 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
 
     /* From here on the other ranks go on to this step's collectives: a
      * failure leaves this engine out of step with them. */
-    mark_sent(e, step);
+    for (size_t t = 0; t < e->ntensors; t++) {
+        int ph = e->t[t].phase;
+        e->sent[t] = (unsigned char)igrad__schedule_sent(ph, e->cfg.release_period, step);
+        e->rel[t] = (unsigned char)(ph >= 0);
+    }
     if (e->sp != IGRAD_SPARSIFIER_NONE) {
         st = select_all(e, grads, zero);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);
@@ -1168,9 +1162,8 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     return IGRAD_OK;
 }
 
-/* The statistics that follow from the step's plan alone: what was sent,
- * the buckets by route, payload and wire bytes, bucket loads. */
-static igrad_status_t plan_stats(igrad_engine_t *e)
+/* Statistics and the trace, once the step's result is in grads. */
+static igrad_status_t finish_step(igrad_engine_t *e)
 {
     igrad_step_stats_t *s = &e->stats;
     int par = igrad__step_parity(e, e->cur_step);
@@ -1204,15 +1197,6 @@ static igrad_status_t plan_stats(igrad_engine_t *e)
     } else {
         s->imbalance = 1.0;
     }
-    return IGRAD_OK;
-}
-
-/* Statistics and the trace, once the step's result is in grads. */
-static igrad_status_t finish_step(igrad_engine_t *e)
-{
-    igrad_step_stats_t *s = &e->stats;
-    int par = igrad__step_parity(e, e->cur_step);
-    IGRAD_CHECK(plan_stats(e));
     double norm = 0.0, dropped = 0.0;
     if (e->sp != IGRAD_SPARSIFIER_NONE)
         for (size_t t = 0; t < e->ntensors; t++) {
@@ -1233,17 +1217,24 @@ static igrad_status_t finish_step(igrad_engine_t *e)
     return IGRAD_OK;
 }
 
-igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int64_t step)
+igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step)
 {
     const int64_t *loads = e->stats.bucket_loads;
     memset(&e->stats, 0, sizeof e->stats);
     e->stats.step = step;
     e->stats.bucket_loads = loads;
     e->cur_step = step;
-    mark_sent(e, step);
+    e->t_start = igrad__now_ms();
+    for (size_t t = 0; t < e->ntensors; t++) { /* the gate, as step_prepare */
+        int ph = e->t[t].phase;
+        e->sent[t] = (unsigned char)igrad__schedule_sent(ph, e->cfg.release_period, step);
+        e->rel[t] = (unsigned char)(ph >= 0);
+    }
     IGRAD_CHECK(plan_step(e));
-    IGRAD_CHECK(plan_stats(e));
-    e->last_step = step;
+    /* the step's statistics as a run has them: nothing was selected (norms
+     * 0), no online window records (profile_steps is 0), no trace is set */
+    IGRAD_CHECK(finish_step(e));
+    e->stats.total_ms = 0.0;
     return IGRAD_OK;
 }
 

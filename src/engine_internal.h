@@ -295,7 +295,7 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
 /* engine.c: plans step `step` of a plan-only engine as a real step would
  * (which tensors are sent, blocks, buckets, routes) and fills the byte and
  * bucket fields of e->stats as the step's statistics would have them. */
-igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int64_t step);
+igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step);
 
 /* Odd steps select with spec[.][1] when interleaving. */
 static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)

@@ -63,7 +63,7 @@ igrad_status_t igrad_engine_plan_step(igrad_engine_t *e, int64_t step,
     IGRAD_FAIL_IF(!e->plan_only, IGRAD_E_STATE,
                   "igrad_engine_plan_step: the engine is not plan-only (make it with "
                   "igrad_engine_create_plan; a running engine plans in its steps)");
-    IGRAD_CHECK(igrad__engine_plan_step(e, step));
+    IGRAD_CHECK(igrad__engine_plan_only_step(e, step));
     *stats = e->stats;
     *nbuckets = e->nbk;
     for (size_t j = 0; j < e->nbk && j < capacity; j++) {
