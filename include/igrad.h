@@ -1414,6 +1414,50 @@ IGRAD_API igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *engine, 
  *  a pure function of the plan and step; -1 for a NULL engine. */
 IGRAD_API int64_t igrad_engine_predict_payload(const igrad_engine_t *engine, int64_t step);
 
+/** A plan-only engine: the plan igrad_engine_create() would build for
+ *  `nranks` ranks (phases, budgets, block cuts, bucket map), made without a
+ *  communicator and without data-plane memory (no residuals, no bucket
+ *  arenas), so any model can be planned for any number of ranks. It only
+ *  answers igrad_engine_plan_step() and the accessors (tensor_plan,
+ *  predict_payload, config, workspace_nbytes); begin, end, sync, save_state,
+ *  load_state and set_profile fail with IGRAD_E_STATE. Free it with
+ *  igrad_engine_free(). Not collective.
+ *  @return as igrad_engine_create for layout, profile and config, plus
+ *  IGRAD_E_INVALID for nranks < 1, config.profile_steps > 0 (a plan needs
+ *  its profile now) or config.start_iter > 0 (the warm-up is not planned). */
+IGRAD_API igrad_status_t igrad_engine_create_plan(const igrad_layout_t *layout,
+                                                  const igrad_profile_t *profile,
+                                                  const igrad_config_t *config, int nranks,
+                                                  igrad_engine_t **out);
+
+/** One collective of a planned step (igrad_engine_plan_step). */
+typedef struct igrad_planned_bucket {
+    igrad_bucket_kind_t kind;
+    int index;              /**< bucket number in the plan */
+    int64_t payload_nbytes; /**< bytes this rank contributes (gather: its send
+                                 bytes; reduce: 4 x dense_count) */
+    double wire_nbytes;     /**< modelled bytes per rank, as in igrad_step_stats_t */
+    int64_t dense_count;    /**< F32 values of the bucket's dense segments (what
+                                 a reduce bucket all-reduces) */
+} igrad_planned_bucket_t;
+
+/** Plans `step` on a plan-only engine exactly as a real engine plans it
+ *  (which tensors are sent, blocks, buckets, each bucket's route) and
+ *  fills the plan's part of its statistics: tensors_sent, entries_sent,
+ *  deferred/released_components, payload_nbytes, wire_nbytes, the bucket
+ *  counts, bucket_loads (valid until the next call) and the load metrics;
+ *  times, norms and memory are 0. Plan steps in the order a run would
+ *  make them: the pack policy `risk` learns from the steps planned before.
+ *  @param buckets receives the first min(capacity, *nbuckets) non-empty
+ *  buckets (at most config.buckets; iad: tensors); may be NULL when
+ *  capacity is 0. @param nbuckets receives the number of non-empty buckets.
+ *  @return IGRAD_E_INVALID for a NULL argument, IGRAD_E_STATE for an engine
+ *  that is not plan-only. */
+IGRAD_API igrad_status_t igrad_engine_plan_step(igrad_engine_t *engine, int64_t step,
+                                                igrad_step_stats_t *stats,
+                                                igrad_planned_bucket_t *buckets,
+                                                size_t capacity, size_t *nbuckets);
+
 /** The smallest kappa igrad_target_fit() chooses unless told otherwise:
  *  below it a deferred component is hardly ever refreshed. */
 #define IGRAD_TARGET_MIN_KEEP 0.05

@@ -579,6 +579,55 @@ static void sort_work(igrad_engine_t *e)
     }
 }
 
+/* The engine's data-plane memory (staged selection, bucket arenas,
+ * residuals, velocities), sized by the plan; none for a plan-only engine. */
+static igrad_status_t alloc_dataplane(igrad_engine_t *e, int dense)
+{
+    const igrad_config_t *c = &e->cfg;
+    size_t T = e->ntensors;
+    if (e->max_entries) {
+        e->stage_idx = e->dp->alloc(e->max_entries * sizeof *e->stage_idx, 0);
+        e->stage_val = e->dp->alloc(e->max_entries * sizeof *e->stage_val, 0);
+        IGRAD_FAIL_IF(!e->stage_idx || !e->stage_val, IGRAD_E_NOMEM,
+                      "igrad_engine_create: out of memory for %zu staged entries",
+                      e->max_entries);
+    }
+    e->send_arena = e->dp->alloc(e->send_arena_nbytes, 0);
+    e->recv_arena = e->dp->alloc(e->recv_arena_nbytes, 0);
+    IGRAD_FAIL_IF(!e->send_arena || !e->recv_arena, IGRAD_E_NOMEM,
+                  "igrad_engine_create: out of memory for %zu + %zu bytes of buckets",
+                  e->send_arena_nbytes, e->recv_arena_nbytes);
+
+    if (!dense) {
+        int64_t total = 0;
+        for (size_t i = 0; i < T; i++) total += e->t[i].n;
+        e->residual_count = total;
+        e->residual_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
+        IGRAD_FAIL_IF(!e->residual_mem, IGRAD_E_NOMEM,
+                      "igrad_engine_create: out of memory for %lld residual entries",
+                      (long long)total);
+        int64_t off = 0;
+        for (size_t i = 0; i < T; i++) {
+            e->t[i].residual = e->residual_mem + off;
+            off += e->t[i].n;
+        }
+        if (c->momentum > 0.0) {
+            e->velocity_count = total;
+            e->velocity_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
+            IGRAD_FAIL_IF(!e->velocity_mem, IGRAD_E_NOMEM,
+                          "igrad_engine_create: out of memory for %lld velocity entries "
+                          "(config.momentum)",
+                          (long long)total);
+            off = 0;
+            for (size_t i = 0; i < T; i++) {
+                e->t[i].velocity = e->velocity_mem + off;
+                off += e->t[i].n;
+            }
+        }
+    }
+    return IGRAD_OK;
+}
+
 igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layout,
                                    const igrad_profile_t *profile,
                                    const igrad_config_t *config, igrad_comm_t *comm)
@@ -590,13 +639,15 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     e->cfg.size = sizeof e->cfg;
     const igrad_config_t *c = &e->cfg;
     e->comm = comm;
-    /* The buckets live in the data plane's memory: a comm that cannot
-     * take it could not run a single step. */
-    char what[96];
-    snprintf(what, sizeof what, "igrad_engine_create (data plane '%s')", e->dp->name);
-    IGRAD_CHECK(igrad__comm_check_space(comm, e->dp->space, what));
-    e->rank = igrad_comm_rank(comm);
-    e->nranks = igrad_comm_size(comm);
+    if (!e->plan_only) { /* a plan-only engine has its nranks and no comm */
+        /* The buckets live in the data plane's memory: a comm that cannot
+         * take it could not run a single step. */
+        char what[96];
+        snprintf(what, sizeof what, "igrad_engine_create (data plane '%s')", e->dp->name);
+        IGRAD_CHECK(igrad__comm_check_space(comm, e->dp->space, what));
+        e->rank = igrad_comm_rank(comm);
+        e->nranks = igrad_comm_size(comm);
+    }
     e->last_step = -1;
     switch (c->method) {
     case IGRAD_METHOD_DENSE: e->sp = IGRAD_SPARSIFIER_NONE; break;
@@ -690,46 +741,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         e->pack_scratch = malloc(e->pack_scratch_nbytes);
         IGRAD_FAIL_IF(!e->pack_scratch, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     }
-    if (e->max_entries) {
-        e->stage_idx = e->dp->alloc(e->max_entries * sizeof *e->stage_idx, 0);
-        e->stage_val = e->dp->alloc(e->max_entries * sizeof *e->stage_val, 0);
-        IGRAD_FAIL_IF(!e->stage_idx || !e->stage_val, IGRAD_E_NOMEM,
-                      "igrad_engine_create: out of memory for %zu staged entries",
-                      e->max_entries);
-    }
-    e->send_arena = e->dp->alloc(e->send_arena_nbytes, 0);
-    e->recv_arena = e->dp->alloc(e->recv_arena_nbytes, 0);
-    IGRAD_FAIL_IF(!e->send_arena || !e->recv_arena, IGRAD_E_NOMEM,
-                  "igrad_engine_create: out of memory for %zu + %zu bytes of buckets",
-                  e->send_arena_nbytes, e->recv_arena_nbytes);
-
-    if (!dense) {
-        int64_t total = 0;
-        for (size_t i = 0; i < T; i++) total += e->t[i].n;
-        e->residual_count = total;
-        e->residual_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
-        IGRAD_FAIL_IF(!e->residual_mem, IGRAD_E_NOMEM,
-                      "igrad_engine_create: out of memory for %lld residual entries",
-                      (long long)total);
-        int64_t off = 0;
-        for (size_t i = 0; i < T; i++) {
-            e->t[i].residual = e->residual_mem + off;
-            off += e->t[i].n;
-        }
-        if (c->momentum > 0.0) {
-            e->velocity_count = total;
-            e->velocity_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
-            IGRAD_FAIL_IF(!e->velocity_mem, IGRAD_E_NOMEM,
-                          "igrad_engine_create: out of memory for %lld velocity entries "
-                          "(config.momentum)",
-                          (long long)total);
-            off = 0;
-            for (size_t i = 0; i < T; i++) {
-                e->t[i].velocity = e->velocity_mem + off;
-                off += e->t[i].n;
-            }
-        }
-    }
+    if (!e->plan_only) IGRAD_CHECK(alloc_dataplane(e, dense));
 
 #ifdef _OPENMP
     e->nthreads = c->threads > 0 ? c->threads : omp_get_max_threads();
@@ -1095,6 +1107,7 @@ igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history)
                            (long long)e->cur_step, send_off, recv_off, e->send_arena_nbytes,
                            e->recv_arena_nbytes);
     e->nbk = nbk;
+    if (e->plan_only) return IGRAD_OK; /* no arenas to point into */
     for (size_t j = 0; j < nbk; j++) {
         igrad__engine_bucket_t *bk = &e->bk[j];
         igrad_bucket_t *d = &e->desc[j];
@@ -1249,6 +1262,23 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
             if (e->sent[t])
                 IGRAD_CHECK(igrad_trace_record(e->trace, e->cur_step, t, e->tsumsq[t],
                                                e->t[t].spec[e->rel[t]][par].count));
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step)
+{
+    const int64_t *loads = e->stats.bucket_loads;
+    memset(&e->stats, 0, sizeof e->stats);
+    e->stats.step = step;
+    e->stats.bucket_loads = loads;
+    e->cur_step = step;
+    e->t_start = igrad__now_ms();
+    igrad__engine_gate_step(e, step);
+    IGRAD_CHECK(igrad__engine_plan_step(e, 1));
+    /* the step's statistics as a run has them: nothing was selected (norms
+     * 0), no online window records (profile_steps is 0), no trace is set */
+    IGRAD_CHECK(igrad__engine_finish_step(e));
+    e->stats.total_ms = 0.0;
     return IGRAD_OK;
 }
 

@@ -163,8 +163,11 @@ struct igrad_engine {
                                            NULL: its default; host: unused) */
     void *dp_state;                     /* the data plane's own per-engine state
                                            (CUDA: device scratch), NULL until used */
-    igrad_comm_t *comm;                 /* borrowed */
+    igrad_comm_t *comm;                 /* borrowed; NULL for a plan-only engine */
     int rank, nranks;
+    int plan_only;                      /* igrad_engine_create_plan: nranks set by
+                                           the caller, no comm, no data-plane
+                                           memory; it only plans steps */
     igrad_trace_t *trace;               /* borrowed, may be NULL */
     igrad_sparsifier_t sp;              /* effective sparsifier */
     int deferral;                       /* iad / ig */
@@ -296,6 +299,11 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
                                    uint64_t *buf, igrad_status_t status, int64_t detail,
                                    const char *local_msg, const uint64_t *items,
                                    int check_items, const char *context);
+
+/* engine.c: plans step `step` of a plan-only engine as a real step would
+ * (which tensors are sent, blocks, buckets, routes) and fills the byte and
+ * bucket fields of e->stats as the step's statistics would have them. */
+igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step);
 
 /* Odd steps select with spec[.][1] when interleaving. */
 static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)

@@ -53,51 +53,6 @@
 
 #include "mpi_util.h"
 
-static igrad_layout_t *make_layout(void)
-{
-    igrad_layout_t *L = NULL;
-    REQUIRE(igrad_layout_create(&L) == IGRAD_OK);
-    int64_t emb[2] = {200, 24}, sq[2] = {24, 24}, up[2] = {48, 24}, down[2] = {24, 48};
-    int64_t vec[1] = {24};
-    char name[128];
-    REQUIRE(igrad_layout_add(L, "model.embed_tokens.weight", IGRAD_DTYPE_F32, 2, emb) == IGRAD_OK);
-    static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    for (int l = 0; l < 3; l++) {
-        for (int a = 0; a < 4; a++) {
-            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, attn[a]);
-            REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, sq) == IGRAD_OK);
-        }
-        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
-        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, up) == IGRAD_OK);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
-        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, down) == IGRAD_OK);
-        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
-        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 1, vec) == IGRAD_OK);
-    }
-    REQUIRE(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, 1, vec) == IGRAD_OK);
-    return L;
-}
-
-static igrad_profile_t *make_profile(const igrad_layout_t *L, const char *method)
-{
-    igrad_trace_t *tr = NULL;
-    REQUIRE(igrad_trace_create(L, &tr) == IGRAD_OK);
-    for (int64_t s = 0; s < 4; s++)
-        for (size_t t = 0; t < igrad_layout_count(L); t++) {
-            igrad_tensor_info_t ti;
-            REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
-            if (ti.component < 0) continue;
-            double act = (double)((ti.component * 7) % 5 + 1) + 0.1 * (double)s;
-            REQUIRE(igrad_trace_record(tr, s, t, act * act, 1) == IGRAD_OK);
-        }
-    igrad_profile_options_t opts = IGRAD_PROFILE_OPTIONS_INIT;
-    opts.method = method;
-    igrad_profile_t *p = NULL;
-    REQUIRE(igrad_profile_build(tr, &opts, &p) == IGRAD_OK);
-    igrad_trace_free(tr);
-    return p;
-}
-
 typedef struct grads {
     size_t T;
     int64_t *n;
@@ -779,12 +734,12 @@ static void test_online(igrad_comm_t *comm, const igrad_layout_t *L)
     CHECK(strstr(igrad_last_error(), "config.profile_steps differs"), "message: %s",
           igrad_last_error());
     /* a profile and a window on one rank only: every rank fails, none hangs */
-    igrad_profile_t *P0 = make_profile(L, "fixed:0.4");
+    igrad_profile_t *P0 = mpi_fixed_profile(L, "fixed:0.4");
     CHECK_STATUS(igrad_engine_create(L, me == 0 ? P0 : NULL, &c, comm, &x), IGRAD_E_INVALID);
     igrad_profile_free(P0);
     /* set_profile with another profile on one rank: refused, nothing changes */
     igrad_engine_t *y = create(L, NULL, &c, comm);
-    igrad_profile_t *P1 = make_profile(L, "fixed:0.4"), *P2 = make_profile(L, "fixed:0.7");
+    igrad_profile_t *P1 = mpi_fixed_profile(L, "fixed:0.4"), *P2 = mpi_fixed_profile(L, "fixed:0.7");
     uint64_t before = plan_hash_of(y, T);
     CHECK_STATUS(igrad_engine_set_profile(y, me == np - 1 ? P2 : P1), IGRAD_E_MISMATCH);
     CHECK(plan_hash_of(y, T) == before, "a refused set_profile changed the plan");
@@ -899,7 +854,7 @@ static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igr
     CHECK(strstr(igrad_last_error(), "config.density differs: rank 0 has 0.01, rank 1 has 0.02"),
           "message: %s", igrad_last_error());
 
-    igrad_profile_t *P2 = make_profile(L, "fixed:0.7");
+    igrad_profile_t *P2 = mpi_fixed_profile(L, "fixed:0.7");
     igrad_config_t d = IGRAD_CONFIG_INIT;
     CHECK_STATUS(igrad_engine_create(L, me == np - 1 ? P2 : P, &d, comm, &e), IGRAD_E_MISMATCH);
     CHECK(strstr(igrad_last_error(), "profile differs at component ("), "message: %s",
@@ -1291,8 +1246,8 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &np);
     igrad_comm_t *comm = NULL;
     REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
-    igrad_layout_t *L = make_layout();
-    igrad_profile_t *P = make_profile(L, "fixed:0.4");
+    igrad_layout_t *L = mpi_llama_layout(200);
+    igrad_profile_t *P = mpi_fixed_profile(L, "fixed:0.4");
 
     test_topk_sync(comm, L);
     test_dense(comm, L);

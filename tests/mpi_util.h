@@ -3,7 +3,8 @@
  * in MPI_COMM_WORLD, a failure count the test sums over ranks at the end,
  * checks that print the rank and the library's message, and REQUIRE for
  * setup failures, which aborts every rank rather than hang, and the
- * splitmix64 mixer the tests draw their data from. Include after <mpi.h>,
+ * splitmix64 mixer the tests draw their data from, and the small LLaMA-like
+ * layout and fixed-rule profile of mpi_engine and mpi_plan. Include after <mpi.h>,
  * <stdio.h> and "igrad.h"; set `me` and `np` after MPI_Init.
  */
 #ifndef IGRAD_MPI_UTIL_H
@@ -48,6 +49,58 @@ static inline uint64_t mix64(uint64_t x)
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
+}
+
+/* A small LLaMA-like layout: an embedding of `vocab` rows, 3 layers of
+ * 24x24 attention projections, a 48x24 up and 24x48 down projection and
+ * a norm each, the final norm (mpi_engine: vocab 200; mpi_plan: 3000,
+ * so one tensor needs 32-bit indices). */
+static inline igrad_layout_t *mpi_llama_layout(int64_t vocab)
+{
+    igrad_layout_t *L = NULL;
+    REQUIRE(igrad_layout_create(&L) == IGRAD_OK);
+    int64_t emb[2] = {vocab, 24}, sq[2] = {24, 24}, up[2] = {48, 24}, down[2] = {24, 48};
+    int64_t vec[1] = {24};
+    char name[128];
+    REQUIRE(igrad_layout_add(L, "model.embed_tokens.weight", IGRAD_DTYPE_F32, 2, emb) == IGRAD_OK);
+    static const char *const attn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    for (int l = 0; l < 3; l++) {
+        for (int a = 0; a < 4; a++) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, attn[a]);
+            REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, sq) == IGRAD_OK);
+        }
+        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
+        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, up) == IGRAD_OK);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
+        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 2, down) == IGRAD_OK);
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+        REQUIRE(igrad_layout_add(L, name, IGRAD_DTYPE_F32, 1, vec) == IGRAD_OK);
+    }
+    REQUIRE(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, 1, vec) == IGRAD_OK);
+    return L;
+}
+
+/* A profile of L from a 4-step trace whose activity follows a fixed rule
+ * over the component index, partitioned by `method` ("fixed:0.4"). */
+static inline igrad_profile_t *mpi_fixed_profile(const igrad_layout_t *L,
+                                                 const char *method)
+{
+    igrad_trace_t *tr = NULL;
+    REQUIRE(igrad_trace_create(L, &tr) == IGRAD_OK);
+    for (int64_t s = 0; s < 4; s++)
+        for (size_t t = 0; t < igrad_layout_count(L); t++) {
+            igrad_tensor_info_t ti;
+            REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
+            if (ti.component < 0) continue;
+            double act = (double)((ti.component * 7) % 5 + 1) + 0.1 * (double)s;
+            REQUIRE(igrad_trace_record(tr, s, t, act * act, 1) == IGRAD_OK);
+        }
+    igrad_profile_options_t opts = IGRAD_PROFILE_OPTIONS_INIT;
+    opts.method = method;
+    igrad_profile_t *p = NULL;
+    REQUIRE(igrad_profile_build(tr, &opts, &p) == IGRAD_OK);
+    igrad_trace_free(tr);
+    return p;
 }
 
 #endif /* IGRAD_MPI_UTIL_H */

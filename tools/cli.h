@@ -18,6 +18,7 @@ int bench_select(int argc, char **argv); /* tools/bench_select.c */
 int bench_sync(int argc, char **argv);   /* tools/bench_sync.c */
 int cmd_train(int argc, char **argv);
 int cmd_model(int argc, char **argv);   /* tools/cmd_model.c */
+int cmd_plan(int argc, char **argv);    /* tools/cmd_plan.c */
 
 /* Argument helpers. An option is "--name VALUE" or "--name=VALUE".
  * cli_opt: if argv[*i] is option `name`, stores its value (advancing *i past

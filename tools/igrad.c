@@ -24,6 +24,8 @@ static void usage(FILE *fp)
             "  bench sync             sync methods over MPI on a model layout\n"
             "  train                  reference LLaMA-style trainer (under mpirun)\n"
             "  model init|eval|bench  the trainer's model: create, check, time\n"
+            "  plan --config F ...    exact bytes per step and projected sync/step time\n"
+            "                         for P ranks (no run, no gradients)\n"
             "  version                print the library version\n");
 }
 
@@ -47,6 +49,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "model")) return cmd_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1);
     fprintf(stderr, "igrad: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

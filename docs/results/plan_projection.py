@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""The projection table and figure of docs/results/plan_projection.md:
+`igrad plan --json` for LLaMA-2-7B and LLaMA-2-70B (configs/), 8 to 1,024
+GPUs, 8 per node, NVLink inside a node, 400/100/25 Gbit/s per GPU between
+nodes, every method and route. The bytes are the engine's plan (exact);
+the times are the alpha-beta model of docs/plan.md, NOT validated against
+measurements yet. Compute per step: igrad plan's default, 6 N T / (MFU
+peak) with T = 16384 tokens per GPU per step, MFU 0.40, 989 TFLOP/s (H100
+SXM bf16 dense).
+Usage: plan_projection.py IGRAD_BINARY [OUT_DIR]   (writes
+plan_projection.json and plan_projection.png to OUT_DIR, default this
+directory, and prints the Markdown tables)"""
+import json
+import os
+import subprocess
+import sys
+
+MODELS = [("LLaMA-2-7B", "configs/llama-2-7b.json"), ("LLaMA-2-70B", "configs/llama-2-70b.json")]
+RANKS = [8, 16, 32, 64, 128, 256, 512, 1024]
+LINKS = ["400g", "100g", "25g"]
+ROWS = [("dense_bf16", "ring_allreduce"), ("adtopk_sync", "engine"), ("ig", "engine"),
+        ("ig", "hier"), ("ig", "sparse_allreduce"), ("adtopk_sync", "sparse_allreduce")]
+LABEL = {("dense_bf16", "ring_allreduce"): "dense bf16 (ring)",
+         ("adtopk_sync", "engine"): "adtopk_sync (engine, auto)",
+         ("ig", "engine"): "ig (engine, auto)",
+         ("ig", "hier"): "ig hierarchical (proj.)",
+         ("ig", "sparse_allreduce"): "ig sparse all-reduce (proj.)",
+         ("adtopk_sync", "sparse_allreduce"): "adtopk_sync sparse all-reduce (proj.)"}
+
+
+def run(igrad, src, cfg, P, link):
+    out = subprocess.run([igrad, "plan", "--config", os.path.join(src, cfg), "--ranks", str(P),
+                          "--ranks-per-node", "8", "--link", "intra=nvlink", "--link",
+                          "inter=" + link, "--method", "dense,adtopk_sync,ig", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def main(igrad, out_dir):
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    data = {}
+    for name, cfg in MODELS:
+        for link in LINKS:
+            for P in RANKS:
+                data[f"{name}|{link}|{P}"] = run(igrad, src, cfg, P, link)
+    with open(os.path.join(out_dir, "plan_projection.json"), "w") as f:
+        json.dump(data, f, separators=(",", ":"))
+
+    lines = []
+    for name, _ in MODELS:
+        d0 = data[f"{name}|{LINKS[0]}|8"]
+        lines.append(f"### {name} ({d0['params'] / 1e9:.2f} B parameters, compute "
+                     f"{d0['compute_ms']:.0f} ms/step)\n")
+        for link in LINKS:
+            lines.append(f"**inter = {link}** — sync ms per step (mean over the cycle); "
+                         "step speed-up vs dense bf16 in brackets\n")
+            lines.append("| route | " + " | ".join(f"P={P}" for P in RANKS) + " |")
+            lines.append("|---|" + "---|" * len(RANKS))
+            for key in ROWS:
+                cells = []
+                for P in RANKS:
+                    d = data[f"{name}|{link}|{P}"]
+                    r = [r for r in d["rows"] if (r["method"], r["route"]) == key][0]
+                    cells.append(f"{r['sync_ms']['mean']:.0f} ({r['step_speedup_vs_dense_bf16']:.2f}x)")
+                lines.append(f"| {LABEL[key]} | " + " | ".join(cells) + " |")
+            lines.append("")
+    print("\n".join(lines))
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(MODELS), len(LINKS), figsize=(15, 8.5), sharex=True)
+    for i, (name, _) in enumerate(MODELS):
+        for j, link in enumerate(LINKS):
+            ax = axes[i][j]
+            for key in ROWS:
+                ys = []
+                for P in RANKS:
+                    d = data[f"{name}|{link}|{P}"]
+                    ys.append([r for r in d["rows"] if (r["method"], r["route"]) == key][0]
+                              ["sync_ms"]["mean"] / 1e3)
+                ax.plot(RANKS, ys, marker="o", ms=3, label=LABEL[key],
+                        ls="--" if "proj" in LABEL[key] else "-")
+            comp = data[f"{name}|{link}|8"]["compute_ms"] / 1e3
+            ax.axhline(comp, color="grey", lw=0.8, ls=":", label="compute per step")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{name}, inter {link}")
+            if j == 0:
+                ax.set_ylabel("sync s per step (projected)")
+            if i == len(MODELS) - 1:
+                ax.set_xlabel("GPUs (8 per node)")
+            ax.grid(True, which="both", lw=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("igrad plan: engine bytes, alpha-beta times (not validated against measurements)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "plan_projection.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,269 @@
+/*
+ * mpi_plan.c — a plan-only engine (igrad_engine_create_plan, what `igrad
+ * plan` reports) against a real engine over MPI on the same layout and
+ * ranks (CTest runs it with -np 2 and -np 4). For dense, topk_sync,
+ * adtopk_sync (interleaved), ig and iad, under collective auto at a low
+ * and a high density (auto picks reduce buckets at P = 4), forced gather
+ * and forced reduce, and the pack policies contiguous and risk: over two
+ * full release cycles every step's planned statistics (payload and wire
+ * bytes, buckets by route, bucket loads, tensors and entries sent,
+ * deferred and released components) equal what the real engine measured
+ * (igrad_engine_last_stats), and the planned buckets equal the buckets
+ * the two-phase API hands out (kind, index, bytes), whose collectives this
+ * test runs with MPI itself. Also: a plan-only engine refuses to run steps,
+ * a real engine refuses to plan, and bad arguments are named.
+ */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "igrad.h"
+
+#include "mpi_util.h"
+
+/* Gradients from (rank, step, tensor, index). */
+static void fill(float **g, const int64_t *n, size_t T, int64_t step)
+{
+    for (size_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < n[t]; i++) {
+            uint64_t h = mix64(((uint64_t)me << 48) ^ ((uint64_t)step << 32) ^
+                               ((uint64_t)t << 24) ^ (uint64_t)i);
+            g[t][i] = (float)((double)(h >> 11) / 9007199254740992.0 - 0.5);
+        }
+}
+
+static void compare_stats(const igrad_step_stats_t *p, const igrad_step_stats_t *m,
+                          const char *what, int64_t step)
+{
+#define SAME(f, fmt)                                                                        \
+    CHECK(p->f == m->f, "%s step %lld: " #f " planned " fmt ", measured " fmt, what,       \
+          (long long)step, p->f, m->f)
+    CHECK(p->payload_nbytes == m->payload_nbytes,
+          "%s step %lld: payload_nbytes planned %lld, measured %lld", what, (long long)step,
+          (long long)p->payload_nbytes, (long long)m->payload_nbytes);
+    SAME(wire_nbytes, "%.17g");
+    SAME(buckets, "%d");
+    SAME(gather_buckets, "%d");
+    SAME(reduce_buckets, "%d");
+    SAME(bucket_count, "%d");
+    CHECK(p->tensors_sent == m->tensors_sent && p->entries_sent == m->entries_sent,
+          "%s step %lld: tensors/entries sent planned %lld/%lld, measured %lld/%lld", what,
+          (long long)step, (long long)p->tensors_sent, (long long)p->entries_sent,
+          (long long)m->tensors_sent, (long long)m->entries_sent);
+    SAME(deferred_components, "%d");
+    SAME(released_components, "%d");
+    SAME(imbalance, "%.17g");
+    SAME(overflow, "%d");
+#undef SAME
+    for (int j = 0; j < p->bucket_count && j < m->bucket_count; j++)
+        CHECK(p->bucket_loads[j] == m->bucket_loads[j],
+              "%s step %lld: bucket %d load planned %lld, measured %lld", what, (long long)step,
+              j, (long long)p->bucket_loads[j], (long long)m->bucket_loads[j]);
+}
+
+/* Two cycles of config c: real engine (two-phase, MPI collectives run
+ * here) vs plan-only engine. */
+static void plan_vs_engine(igrad_comm_t *comm, const igrad_layout_t *L,
+                           const igrad_profile_t *prof, igrad_config_t c, const char *what)
+{
+    const igrad_profile_t *pr = (c.method == IGRAD_METHOD_IG || c.method == IGRAD_METHOD_IAD)
+                                    ? prof
+                                    : NULL;
+    igrad_engine_t *e = NULL, *plan = NULL;
+    REQUIRE(igrad_engine_create(L, pr, &c, comm, &e) == IGRAD_OK);
+    REQUIRE(igrad_engine_create_plan(L, pr, &c, np, &plan) == IGRAD_OK);
+    size_t T = igrad_layout_count(L);
+    int64_t *n = calloc(T, sizeof *n);
+    float **g = calloc(T, sizeof *g);
+    REQUIRE(n && g);
+    for (size_t t = 0; t < T; t++) {
+        igrad_tensor_info_t ti;
+        REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
+        n[t] = ti.count;
+        g[t] = malloc((size_t)ti.count * sizeof **g);
+        REQUIRE(g[t]);
+    }
+    size_t cap = T;
+    igrad_planned_bucket_t *pb = calloc(cap, sizeof *pb);
+    REQUIRE(pb);
+    int64_t steps = 2 * 2 * c.release_period; /* two cycles, both parities */
+    int64_t payload_total = 0;
+    for (int64_t s = 0; s < steps; s++) {
+        fill(g, n, T, s);
+        const igrad_bucket_t *bk = NULL;
+        size_t nb = 0, npb = 0;
+        igrad_step_stats_t ps, ms;
+        CHECK_OK(igrad_engine_plan_step(plan, s, &ps, pb, cap, &npb));
+        CHECK_OK(igrad_engine_begin(e, s, g, &bk, &nb));
+        CHECK(nb == npb, "%s step %lld: %zu buckets, planned %zu", what, (long long)s, nb, npb);
+        for (size_t j = 0; j < nb; j++) {
+            if (j < npb) {
+                CHECK(bk[j].kind == pb[j].kind && bk[j].index == pb[j].index,
+                      "%s step %lld bucket %zu: kind %d index %d, planned %d %d", what,
+                      (long long)s, j, (int)bk[j].kind, bk[j].index, (int)pb[j].kind,
+                      pb[j].index);
+                int64_t bytes = bk[j].kind == IGRAD_BUCKET_GATHER
+                                    ? (int64_t)bk[j].send_nbytes
+                                    : (int64_t)(bk[j].count * sizeof(float));
+                CHECK(bytes == pb[j].payload_nbytes, "%s step %lld bucket %zu: %lld bytes, "
+                      "planned %lld", what, (long long)s, j, (long long)bytes,
+                      (long long)pb[j].payload_nbytes);
+                if (bk[j].kind == IGRAD_BUCKET_REDUCE)
+                    CHECK((int64_t)bk[j].count == pb[j].dense_count,
+                          "%s step %lld bucket %zu: count %zu, planned %lld", what,
+                          (long long)s, j, bk[j].count, (long long)pb[j].dense_count);
+            }
+            if (bk[j].kind == IGRAD_BUCKET_GATHER)
+                MPI_Allgather(bk[j].send, (int)bk[j].send_nbytes, MPI_BYTE, bk[j].recv,
+                              (int)bk[j].send_nbytes, MPI_BYTE, MPI_COMM_WORLD);
+            else
+                MPI_Allreduce(MPI_IN_PLACE, bk[j].recv, (int)bk[j].count, MPI_FLOAT, MPI_SUM,
+                              MPI_COMM_WORLD);
+        }
+        CHECK_OK(igrad_engine_end(e, s, g));
+        CHECK_OK(igrad_engine_last_stats(e, &ms));
+        compare_stats(&ps, &ms, what, s);
+        payload_total += ms.payload_nbytes;
+    }
+    /* an independent floor: a dense step moves every parameter as F32 */
+    if (c.method == IGRAD_METHOD_DENSE)
+        CHECK(payload_total == steps * 4 * igrad_layout_total_count(L),
+              "%s: dense payload %lld over %lld steps, expected 4 x %lld per step", what,
+              (long long)payload_total, (long long)steps,
+              (long long)igrad_layout_total_count(L));
+    CHECK(payload_total > 0, "%s: nothing sent", what);
+    free(pb);
+    for (size_t t = 0; t < T; t++) free(g[t]);
+    free(g);
+    free(n);
+    igrad_engine_free(plan);
+    igrad_engine_free(e);
+}
+
+static void test_refusals(igrad_comm_t *comm, const igrad_layout_t *L)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    igrad_engine_t *plan = NULL, *e = NULL;
+    CHECK_STATUS(igrad_engine_create_plan(L, NULL, &c, 0, &plan), IGRAD_E_INVALID);
+    CHECK(strstr(igrad_last_error(), "nranks is 0") != NULL, "message: %s", igrad_last_error());
+    CHECK(plan == NULL, "plan set on failure");
+    c.start_iter = 3;
+    CHECK_STATUS(igrad_engine_create_plan(L, NULL, &c, 4, &plan), IGRAD_E_INVALID);
+    CHECK(strstr(igrad_last_error(), "config.start_iter") != NULL, "message: %s",
+          igrad_last_error());
+    c.start_iter = 0;
+    c.density = 0.0;
+    CHECK_STATUS(igrad_engine_create_plan(L, NULL, &c, 4, &plan), IGRAD_E_INVALID);
+    CHECK(strstr(igrad_last_error(), "config.density") != NULL, "message: %s",
+          igrad_last_error());
+    c.density = 0.01;
+    c.method = IGRAD_METHOD_IG;
+    CHECK_STATUS(igrad_engine_create_plan(L, NULL, &c, 4, &plan), IGRAD_E_INVALID);
+    CHECK(strstr(igrad_last_error(), "needs a profile") != NULL, "message: %s",
+          igrad_last_error());
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    REQUIRE(igrad_engine_create_plan(L, NULL, &c, 1024, &plan) == IGRAD_OK);
+    size_t T = igrad_layout_count(L);
+    float **g = calloc(T, sizeof *g);
+    REQUIRE(g);
+    for (size_t t = 0; t < T; t++) {
+        igrad_tensor_info_t ti;
+        REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
+        g[t] = calloc((size_t)ti.count, sizeof **g);
+        REQUIRE(g[t]);
+    }
+    CHECK_STATUS(igrad_engine_sync(plan, 0, g), IGRAD_E_STATE);
+    CHECK(strstr(igrad_last_error(), "plan-only") != NULL, "message: %s", igrad_last_error());
+    igrad_step_stats_t s;
+    size_t nb = 0;
+    CHECK_STATUS(igrad_engine_plan_step(plan, 0, NULL, NULL, 0, &nb), IGRAD_E_INVALID);
+    CHECK_OK(igrad_engine_plan_step(plan, 0, &s, NULL, 0, &nb));
+    CHECK(nb > 0 && (size_t)s.buckets == nb, "planned %zu buckets, stats %d", nb, s.buckets);
+    CHECK(s.wire_nbytes == 1023.0 * (double)s.payload_nbytes,
+          "P = 1024, all gather: wire %.17g, payload %lld", s.wire_nbytes,
+          (long long)s.payload_nbytes);
+    CHECK(s.payload_nbytes == igrad_engine_predict_payload(plan, 0),
+          "planned payload %lld, predicted %lld", (long long)s.payload_nbytes,
+          (long long)igrad_engine_predict_payload(plan, 0));
+    igrad_engine_free(plan);
+
+    REQUIRE(igrad_engine_create(L, NULL, &c, comm, &e) == IGRAD_OK);
+    CHECK_STATUS(igrad_engine_plan_step(e, 0, &s, NULL, 0, &nb), IGRAD_E_STATE);
+    CHECK(strstr(igrad_last_error(), "not plan-only") != NULL, "message: %s",
+          igrad_last_error());
+    igrad_engine_free(e);
+    for (size_t t = 0; t < T; t++) free(g[t]);
+    free(g);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
+    igrad_comm_t *comm = NULL;
+    REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
+    igrad_layout_t *L = mpi_llama_layout(3000);
+    igrad_profile_t *prof = mpi_fixed_profile(L, "fixed:0.4");
+
+    static const igrad_method_t methods[] = {IGRAD_METHOD_DENSE, IGRAD_METHOD_TOPK_SYNC,
+                                             IGRAD_METHOD_ADTOPK_SYNC, IGRAD_METHOD_IG,
+                                             IGRAD_METHOD_IAD};
+    static const struct {
+        double density;
+        igrad_collective_t collective;
+        igrad_pack_policy_t pack;
+        const char *name;
+    } variants[] = {
+        {0.01, IGRAD_COLLECTIVE_AUTO, IGRAD_PACK_CONTIGUOUS, "auto, density 0.01"},
+        {0.5, IGRAD_COLLECTIVE_AUTO, IGRAD_PACK_CONTIGUOUS, "auto, density 0.5"},
+        {0.05, IGRAD_COLLECTIVE_GATHER, IGRAD_PACK_RISK, "gather, risk"},
+        {0.05, IGRAD_COLLECTIVE_REDUCE, IGRAD_PACK_DIRECT, "reduce, direct"},
+    };
+    int reduce_seen = 0;
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++)
+        for (size_t m = 0; m < sizeof methods / sizeof methods[0]; m++) {
+            igrad_config_t c = IGRAD_CONFIG_INIT;
+            c.method = methods[m];
+            c.density = variants[v].density;
+            c.collective = variants[v].collective;
+            c.pack = variants[v].pack;
+            c.release_period = 3; /* odd: the cycle spans both parities */
+            c.block_entries = 40;
+            c.buckets = 3;
+            char what[128];
+            snprintf(what, sizeof what, "%s (%s)", igrad_method_name(c.method),
+                     variants[v].name);
+            plan_vs_engine(comm, L, prof, c, what);
+            /* auto chooses reduce somewhere at density 0.5 with 4 ranks */
+            if (v == 1 && np >= 4 && c.method != IGRAD_METHOD_DENSE) {
+                igrad_engine_t *p = NULL;
+                REQUIRE(igrad_engine_create_plan(L, c.method == IGRAD_METHOD_IG ||
+                                                         c.method == IGRAD_METHOD_IAD
+                                                     ? prof
+                                                     : NULL,
+                                                 &c, np, &p) == IGRAD_OK);
+                igrad_step_stats_t s;
+                size_t nb = 0;
+                CHECK_OK(igrad_engine_plan_step(p, 0, &s, NULL, 0, &nb));
+                reduce_seen += s.reduce_buckets > 0;
+                igrad_engine_free(p);
+            }
+        }
+    if (np >= 4) CHECK(reduce_seen > 0, "auto never chose reduce at density 0.5 (np %d)", np);
+    test_refusals(comm, L);
+
+    igrad_profile_free(prof);
+    igrad_layout_free(L);
+    igrad_comm_free(comm);
+    int total = 0;
+    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (me == 0) printf("mpi_plan: %d failure(s) on %d ranks\n", total, np);
+    MPI_Finalize();
+    return total ? 1 : 0;
+}

@@ -1,0 +1,592 @@
+/*
+ * cmd_plan.c — `igrad plan`: for a model layout and P ranks (N nodes of L),
+ * every method's exact payload and wire bytes per step over the whole
+ * release cycle, from the engine's own plan (igrad_engine_create_plan /
+ * igrad_engine_plan_step: the buckets and routes a real run would issue),
+ * and a projected sync and step time from the α-β model of plan_cost.c.
+ * Routes the engine does not have yet (hierarchical gather, sparse
+ * all-reduce) and the dense bf16 reference are priced by formula from the
+ * same per-bucket payload and labelled "projected". docs/plan.md says
+ * what every number means and where its formula comes from.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "plan_cost.h"
+
+#define PLAN_MAX_METHODS 8
+
+typedef struct plan_opts {
+    const char *config_path, *profile_path;
+    int64_t ranks, per_node;
+    plan_link_t intra, inter;
+    double compute_ms;        /* < 0: from the FLOP model */
+    double mfu, peak_tflops;
+    int64_t tokens_per_rank;
+    igrad_method_t methods[PLAN_MAX_METHODS];
+    int nmethods;
+    double density, target_ratio; /* target_ratio 0: ig uses the profile as it is */
+    int64_t release_period, buckets;
+    igrad_dtype_t value_dtype;
+    igrad_collective_t collective;
+    int json;
+} plan_opts_t;
+
+/* Per-step values of one (method, route) row over the cycle. */
+typedef struct plan_series {
+    double min, max, sum;
+    int64_t n;
+} plan_series_t;
+
+#define PLAN_CYCLE_LISTED 64 /* cycles up to this long are listed step by step (JSON) */
+
+typedef struct plan_row {
+    const char *method, *route;
+    int projected;
+    plan_series_t payload, wire, intra, inter, sync_ms, collectives;
+    double step_payload[PLAN_CYCLE_LISTED], step_sync_ms[PLAN_CYCLE_LISTED];
+} plan_row_t;
+
+static void series_add(plan_series_t *s, double v)
+{
+    if (s->n == 0 || v < s->min) s->min = v;
+    if (s->n == 0 || v > s->max) s->max = v;
+    s->sum += v;
+    s->n++;
+}
+
+static double series_mean(const plan_series_t *s) { return s->n ? s->sum / (double)s->n : 0.0; }
+
+static void usage(FILE *fp)
+{
+    fprintf(fp,
+            "usage: igrad plan --config MODEL.json --ranks P [options]\n"
+            "\n"
+            "Exact payload and wire bytes per step (every step of the release cycle) from\n"
+            "the engine's own plan for P ranks, and a projected sync and step time from an\n"
+            "alpha-beta model (docs/plan.md). Nothing is run and no gradient is needed.\n"
+            "\n"
+            "  --config FILE          model: HF config.json (or anything `igrad layout` reads)\n"
+            "  --profile FILE         profile for ig/iad (default: a synthetic one, scores by\n"
+            "                         a fixed rule; ig's bytes then follow --target-ratio)\n"
+            "  --ranks P              data-parallel ranks (GPUs)\n"
+            "  --ranks-per-node L     ranks per node (8; P must be a multiple, or P < L)\n"
+            "  --link intra=SPEC      link inside a node (nvlink)\n"
+            "  --link inter=SPEC      link between nodes, per GPU (100g)\n"
+            "                         SPEC: a preset or GBITS,LAT_US (e.g. 100,8)\n"
+            "  --compute-ms MS        compute time per step (default: 6 N tokens / (MFU peak))\n"
+            "  --tokens-per-rank T    tokens per rank per step for the default (16384)\n"
+            "  --mfu X                model FLOP utilisation for the default (0.40)\n"
+            "  --peak-tflops X        peak bf16 TFLOP/s per GPU for the default (989, H100)\n"
+            "  --method LIST          comma-separated (dense,topk_sync,adtopk_sync,ig)\n"
+            "  --density X            sparsifier density (0.01)\n"
+            "  --target-ratio X       ig: payload X times adtopk_sync's (0.5 with the synthetic\n"
+            "                         profile; with --profile: the profile as it is unless given)\n"
+            "  --release-period R     (%d)\n"
+            "  --buckets B            (4)\n"
+            "  --value-dtype D        f32, bf16 or fp16 (f32)\n"
+            "  --collective C         auto, gather or reduce (auto)\n"
+            "  --json                 one JSON object instead of the table\n"
+            "  --list-links           print the link presets and exit\n"
+            "  -h, --help             this text\n",
+            IGRAD_DEFAULT_RELEASE_PERIOD);
+}
+
+static int parse_methods(const char *text, plan_opts_t *o)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text);
+    o->nmethods = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (o->nmethods == PLAN_MAX_METHODS) {
+            fprintf(stderr, "igrad plan: --method: more than %d methods\n", PLAN_MAX_METHODS);
+            return -1;
+        }
+        if (igrad_method_from_name(tok, &o->methods[o->nmethods]) != IGRAD_OK) {
+            fprintf(stderr,
+                    "igrad plan: --method: '%s' is not a method (dense, topk_sync, "
+                    "adtopk_sync, iad, ig)\n",
+                    tok);
+            return -1;
+        }
+        o->nmethods++;
+    }
+    if (o->nmethods == 0) {
+        fprintf(stderr, "igrad plan: --method is empty\n");
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_link(const char *text, plan_opts_t *o)
+{
+    if (!strncmp(text, "intra=", 6)) return plan_link_parse("intra", text + 6, &o->intra);
+    if (!strncmp(text, "inter=", 6)) return plan_link_parse("inter", text + 6, &o->inter);
+    fprintf(stderr, "igrad plan: --link '%s': expected intra=SPEC or inter=SPEC\n", text);
+    return -1;
+}
+
+/* 0 ok, 1 exit 0 (help), -1 usage error (printed). */
+static int parse_args(int argc, char **argv, plan_opts_t *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL, *a = argv[i];
+        int r;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "--list-links")) {
+            plan_link_print_presets(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
+#define OPT(name) ((r = cli_opt(argc, argv, &i, name, &v)) != 0)
+        if (OPT("--config")) {
+            if (r < 0) return -1;
+            o->config_path = v;
+        } else if (OPT("--profile")) {
+            if (r < 0) return -1;
+            o->profile_path = v;
+        } else if (OPT("--ranks")) {
+            if (r < 0 || cli_parse_i64("ranks", v, &o->ranks)) return -1;
+        } else if (OPT("--ranks-per-node")) {
+            if (r < 0 || cli_parse_i64("ranks-per-node", v, &o->per_node)) return -1;
+        } else if (OPT("--link")) {
+            if (r < 0 || parse_link(v, o)) return -1;
+        } else if (OPT("--compute-ms")) {
+            if (r < 0 || cli_parse_f64("compute-ms", v, &o->compute_ms)) return -1;
+            if (o->compute_ms < 0) {
+                fprintf(stderr, "igrad plan: --compute-ms is %g (must be >= 0)\n", o->compute_ms);
+                return -1;
+            }
+        } else if (OPT("--tokens-per-rank")) {
+            if (r < 0 || cli_parse_i64("tokens-per-rank", v, &o->tokens_per_rank)) return -1;
+        } else if (OPT("--mfu")) {
+            if (r < 0 || cli_parse_f64("mfu", v, &o->mfu)) return -1;
+        } else if (OPT("--peak-tflops")) {
+            if (r < 0 || cli_parse_f64("peak-tflops", v, &o->peak_tflops)) return -1;
+        } else if (OPT("--method")) {
+            if (r < 0 || parse_methods(v, o)) return -1;
+        } else if (OPT("--density")) {
+            if (r < 0 || cli_parse_f64("density", v, &o->density)) return -1;
+        } else if (OPT("--target-ratio")) {
+            if (r < 0 || cli_parse_f64("target-ratio", v, &o->target_ratio)) return -1;
+            if (!(o->target_ratio > 0.0 && o->target_ratio <= 1.0)) {
+                fprintf(stderr, "igrad plan: --target-ratio is %g (must be in (0, 1])\n",
+                        o->target_ratio);
+                return -1;
+            }
+        } else if (OPT("--release-period")) {
+            if (r < 0 || cli_parse_i64("release-period", v, &o->release_period)) return -1;
+        } else if (OPT("--buckets")) {
+            if (r < 0 || cli_parse_i64("buckets", v, &o->buckets)) return -1;
+        } else if (OPT("--value-dtype")) {
+            if (r < 0 || cli_parse_value_dtype("value-dtype", v, &o->value_dtype)) return -1;
+        } else if (OPT("--collective")) {
+            if (r < 0) return -1;
+            if (igrad_collective_from_name(v, &o->collective) != IGRAD_OK) {
+                fprintf(stderr, "igrad plan: --collective is '%s' (auto, gather or reduce)\n", v);
+                return -1;
+            }
+        } else {
+            fprintf(stderr, "igrad plan: unknown argument '%s' (see igrad plan --help)\n", a);
+            return -1;
+        }
+#undef OPT
+    }
+    if (!o->config_path) {
+        fprintf(stderr, "igrad plan: --config MODEL.json is required\n");
+        return -1;
+    }
+    if (o->ranks < 1 || o->ranks > (1 << 20)) {
+        fprintf(stderr, "igrad plan: --ranks is %lld (give P in [1, 1048576])\n",
+                (long long)o->ranks);
+        return -1;
+    }
+    if (o->per_node < 1) {
+        fprintf(stderr, "igrad plan: --ranks-per-node is %lld (must be >= 1)\n",
+                (long long)o->per_node);
+        return -1;
+    }
+    if (o->per_node > o->ranks) o->per_node = o->ranks; /* one partly filled node */
+    if (o->ranks % o->per_node != 0) {
+        fprintf(stderr, "igrad plan: --ranks %lld is not a multiple of --ranks-per-node %lld\n",
+                (long long)o->ranks, (long long)o->per_node);
+        return -1;
+    }
+    if (o->compute_ms < 0 && (!(o->mfu > 0.0 && o->mfu <= 1.0) || !(o->peak_tflops > 0.0) ||
+                              o->tokens_per_rank < 1)) {
+        fprintf(stderr, "igrad plan: --mfu must be in (0, 1], --peak-tflops > 0 and "
+                        "--tokens-per-rank >= 1 (or give --compute-ms)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* A profile whose scores follow a fixed rule over the components (the
+ * bytes of ig then depend on the fitted important share and kappa, not
+ * on which components those are). */
+static igrad_status_t synthetic_profile(const igrad_layout_t *layout, igrad_profile_t **out)
+{
+    igrad_trace_t *tr = NULL;
+    igrad_status_t st = igrad_trace_create(layout, &tr);
+    for (int64_t s = 0; st == IGRAD_OK && s < 4; s++)
+        for (size_t t = 0; st == IGRAD_OK && t < igrad_layout_count(layout); t++) {
+            igrad_tensor_info_t ti;
+            st = igrad_layout_tensor(layout, t, &ti);
+            if (st != IGRAD_OK || ti.component < 0) continue;
+            double act = (double)((ti.component * 7) % 5 + 1) + 0.1 * (double)s;
+            st = igrad_trace_record(tr, s, t, act * act, 1);
+        }
+    if (st == IGRAD_OK) {
+        igrad_profile_options_t po = IGRAD_PROFILE_OPTIONS_INIT;
+        st = igrad_profile_build(tr, &po, out);
+    }
+    igrad_trace_free(tr);
+    return st;
+}
+
+/* The steps of one full cycle: R for deferring methods (2R when odd and
+ * interleaving), else 1 or 2. */
+static int64_t cycle_steps(const igrad_config_t *c)
+{
+    int64_t R = (c->method == IGRAD_METHOD_IG || c->method == IGRAD_METHOD_IAD)
+                    ? c->release_period
+                    : 1;
+    return (c->interleave && R % 2) ? 2 * R : R;
+}
+
+typedef struct plan_ctx {
+    const plan_opts_t *o;
+    const igrad_layout_t *layout;
+    igrad_profile_t *profile; /* loaded or synthetic; NULL until needed */
+    int synthetic;
+    int64_t N, L;
+    const plan_link_t *flat; /* the ring's slowest link */
+    plan_row_t rows[PLAN_MAX_METHODS * 3 + 1];
+    int nrows;
+    int64_t cycle;
+    double ig_ratio;          /* the fit's planned ratio (ig), 0 if none */
+    int64_t nparams;
+} plan_ctx_t;
+
+static plan_row_t *new_row(plan_ctx_t *x, const char *method, const char *route, int projected)
+{
+    plan_row_t *r = &x->rows[x->nrows++];
+    memset(r, 0, sizeof *r);
+    r->method = method;
+    r->route = route;
+    r->projected = projected;
+    return r;
+}
+
+/* Walks one cycle of plan engine e (config c) into rows: `flat` the
+ * engine's own routes; `bf16` (dense method only) the same buckets as a
+ * bf16 ring all-reduce; `hier` and `sar` (a plan forced to gather, so
+ * every bucket carries its sparse payload) the projected routes. */
+static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c, size_t cap,
+                      plan_row_t *flat, plan_row_t *bf16, plan_row_t *hier, plan_row_t *sar)
+{
+    const plan_opts_t *o = x->o;
+    igrad_planned_bucket_t *bk = calloc(cap ? cap : 1, sizeof *bk);
+    if (!bk) {
+        fprintf(stderr, "igrad plan: out of memory\n");
+        return 1;
+    }
+    int64_t C = cycle_steps(c), P = o->ranks;
+    if (C > x->cycle) x->cycle = C;
+    igrad_status_t st = IGRAD_OK;
+    for (int64_t step = 0; step < C; step++) {
+        igrad_step_stats_t s;
+        size_t nb = 0;
+        st = igrad_engine_plan_step(e, step, &s, bk, cap, &nb);
+        if (st != IGRAD_OK) break;
+        double t_flat = 0, t_bf16 = 0, t_hier = 0, t_sar = 0;
+        double hi_in = 0, hi_out = 0, sar_out = 0, bf16_wire = 0;
+        for (size_t j = 0; j < nb && j < cap; j++) {
+            double pay = (double)bk[j].payload_nbytes, dense = 4.0 * (double)bk[j].dense_count;
+            t_flat += bk[j].kind == IGRAD_BUCKET_GATHER ? plan_ring_allgather_s(pay, P, x->flat)
+                                                        : plan_ring_allreduce_s(pay, P, x->flat);
+            double half = 2.0 * (double)bk[j].dense_count;
+            t_bf16 += plan_ring_allreduce_s(half, P, x->flat);
+            bf16_wire += P > 1 ? 2.0 * (double)(P - 1) / (double)P * half : 0.0;
+            plan_level_cost_t h = plan_hier_gather(pay, dense, x->N, x->L, &o->intra, &o->inter);
+            plan_level_cost_t a = plan_sparse_allreduce(pay, P, x->flat);
+            t_hier += h.seconds;
+            hi_in += h.intra_nbytes;
+            hi_out += h.inter_nbytes;
+            t_sar += a.seconds;
+            sar_out += a.inter_nbytes;
+        }
+        /* hier: the node reduce-scatter of every parameter, in B collectives */
+        int64_t B = c->buckets;
+        plan_level_cost_t rs = plan_node_reduce_scatter(
+            4.0 * (double)x->nparams / (double)B, x->L, &o->intra);
+        t_hier += (double)B * rs.seconds;
+        hi_in += (double)B * rs.intra_nbytes;
+        plan_row_t *rows[4] = {flat, bf16, hier, sar};
+        double payload[4] = {(double)s.payload_nbytes, (double)s.payload_nbytes / 2.0,
+                             (double)s.payload_nbytes, (double)s.payload_nbytes};
+        double wire[4] = {s.wire_nbytes, bf16_wire, hi_in + hi_out, sar_out};
+        double ms[4] = {1e3 * t_flat, 1e3 * t_bf16, 1e3 * t_hier, 1e3 * t_sar};
+        for (int k = 0; k < 4; k++) {
+            if (!rows[k]) continue;
+            if (step < PLAN_CYCLE_LISTED) {
+                rows[k]->step_payload[step] = payload[k];
+                rows[k]->step_sync_ms[step] = ms[k];
+            }
+            series_add(&rows[k]->payload, payload[k]);
+            series_add(&rows[k]->wire, wire[k]);
+            series_add(&rows[k]->intra, k == 2 ? hi_in : 0.0);
+            series_add(&rows[k]->inter, k == 2 ? hi_out : 0.0);
+            series_add(&rows[k]->sync_ms, ms[k]);
+            series_add(&rows[k]->collectives, (double)s.buckets);
+        }
+    }
+    free(bk);
+    return st == IGRAD_OK ? 0 : cli_fail("plan step", st);
+}
+
+/* Method m's config (and profile, for ig/iad) as the plan uses it. */
+static int method_config(plan_ctx_t *x, igrad_method_t m, igrad_config_t *c,
+                         const igrad_profile_t **profile)
+{
+    const plan_opts_t *o = x->o;
+    igrad_config_t d = IGRAD_CONFIG_INIT;
+    *c = d;
+    c->method = m;
+    c->density = o->density;
+    c->release_period = o->release_period;
+    c->buckets = (int)o->buckets;
+    c->value_dtype = m == IGRAD_METHOD_DENSE ? IGRAD_DTYPE_F32 : o->value_dtype;
+    c->collective = o->collective;
+    *profile = NULL;
+    if (m != IGRAD_METHOD_IG && m != IGRAD_METHOD_IAD) return 0;
+    if (!x->profile) {
+        igrad_status_t st = o->profile_path
+                                ? igrad_profile_load(o->profile_path, x->layout, &x->profile)
+                                : synthetic_profile(x->layout, &x->profile);
+        if (st != IGRAD_OK) return cli_fail("profile", st);
+        x->synthetic = !o->profile_path;
+    }
+    double target = o->target_ratio > 0 ? o->target_ratio : x->synthetic ? 0.5 : 0.0;
+    if (m == IGRAD_METHOD_IG && target > 0) {
+        igrad_target_fit_t fit;
+        igrad_status_t st =
+            igrad_target_fit(x->layout, x->profile, c, target, IGRAD_TARGET_MIN_KEEP, &fit);
+        if (st == IGRAD_OK) st = igrad_profile_set_threshold(x->profile, fit.tau);
+        if (st != IGRAD_OK) return cli_fail("ig target fit", st);
+        c->release_keep = fit.release_keep;
+        x->ig_ratio = fit.ratio;
+    }
+    *profile = x->profile;
+    return 0;
+}
+
+/* One plan engine of config c walked over its cycle into the given rows. */
+static int plan_walk(plan_ctx_t *x, const igrad_config_t *c, const igrad_profile_t *profile,
+                     plan_row_t *flat, plan_row_t *bf16, plan_row_t *hier, plan_row_t *sar)
+{
+    igrad_engine_t *e = NULL;
+    igrad_status_t st = igrad_engine_create_plan(x->layout, profile, c, (int)x->o->ranks, &e);
+    if (st != IGRAD_OK) return cli_fail(igrad_method_name(c->method), st);
+    size_t cap = c->method == IGRAD_METHOD_IAD ? igrad_layout_count(x->layout)
+                                               : (size_t)c->buckets;
+    int rc = walk_cycle(x, e, c, cap, flat, bf16, hier, sar);
+    igrad_engine_free(e);
+    return rc;
+}
+
+/* Method m: the engine's routes (one row) and, for the sparse methods, the
+ * two projected routes on the same per-bucket payload. */
+static int plan_method(plan_ctx_t *x, igrad_method_t m)
+{
+    igrad_config_t c;
+    const igrad_profile_t *profile = NULL;
+    if (method_config(x, m, &c, &profile)) return 1;
+    const char *name = igrad_method_name(m);
+    if (plan_walk(x, &c, profile, new_row(x, name, "engine", 0), NULL, NULL, NULL)) return 1;
+    if (m == IGRAD_METHOD_DENSE) return 0;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    plan_row_t *hier = new_row(x, name, "hier", 1);
+    plan_row_t *sar = new_row(x, name, "sparse_allreduce", 1);
+    return plan_walk(x, &c, profile, NULL, NULL, hier, sar);
+}
+
+/* Compute time per step and where it came from. */
+static double compute_ms(const plan_opts_t *o, int64_t nparams, char *src, size_t size)
+{
+    if (o->compute_ms >= 0) {
+        snprintf(src, size, "--compute-ms");
+        return o->compute_ms;
+    }
+    double flops = 6.0 * (double)nparams * (double)o->tokens_per_rank;
+    snprintf(src, size, "6 N T / (MFU peak): T %lld tokens/rank, MFU %.2f, peak %.0f TFLOP/s",
+             (long long)o->tokens_per_rank, o->mfu, o->peak_tflops);
+    return 1e3 * flops / (o->mfu * o->peak_tflops * 1e12);
+}
+
+static void json_series(const char *key, const plan_series_t *s, int last)
+{
+    printf("\"%s\": {\"min\": %.17g, \"mean\": %.17g, \"max\": %.17g}%s", key, s->min,
+           series_mean(s), s->max, last ? "" : ", ");
+}
+
+static void json_link(const char *key, const plan_link_t *l)
+{
+    printf("\"%s\": {\"name\": \"%s\", \"gbit_per_s\": %.17g, \"latency_us\": %.17g}", key,
+           l->name, l->bytes_per_s * 8.0 / 1e9, l->latency_s * 1e6);
+}
+
+static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const char *csrc)
+{
+    const plan_opts_t *o = x->o;
+    double base = series_mean(&x->rows[0].sync_ms);
+    printf("{\"config\": \"%s\", \"params\": %lld, \"ranks\": %lld, \"ranks_per_node\": %lld, "
+           "\"nodes\": %lld, ",
+           o->config_path, (long long)nparams, (long long)o->ranks, (long long)x->L,
+           (long long)x->N);
+    json_link("intra", &o->intra);
+    printf(", ");
+    json_link("inter", &o->inter);
+    printf(", \"compute_ms\": %.17g, \"compute_source\": \"%s\", \"cycle_steps\": %lld, "
+           "\"density\": %.17g, \"release_period\": %lld, \"buckets\": %lld, "
+           "\"profile\": \"%s\", \"ig_planned_ratio\": %.17g, \"rows\": [",
+           cms, csrc, (long long)x->cycle, o->density, (long long)o->release_period,
+           (long long)o->buckets,
+           o->profile_path ? o->profile_path : x->profile ? "synthetic" : "none", x->ig_ratio);
+    for (int i = 0; i < x->nrows; i++) {
+        const plan_row_t *r = &x->rows[i];
+        double step = cms + series_mean(&r->sync_ms);
+        printf("%s{\"method\": \"%s\", \"route\": \"%s\", \"projected\": %s, \"steps\": %lld, ",
+               i ? ", " : "", r->method, r->route, r->projected ? "true" : "false",
+               (long long)r->payload.n);
+        json_series("payload_nbytes", &r->payload, 0);
+        json_series("wire_nbytes", &r->wire, 0);
+        if (!strcmp(r->route, "hier")) { /* the only route split by level */
+            json_series("intra_nbytes", &r->intra, 0);
+            json_series("inter_nbytes", &r->inter, 0);
+        } else {
+            printf("\"intra_nbytes\": null, \"inter_nbytes\": null, ");
+        }
+        if (r->payload.n <= PLAN_CYCLE_LISTED) {
+            printf("\"per_step\": [");
+            for (int64_t k = 0; k < r->payload.n; k++)
+                printf("%s{\"step\": %lld, \"payload_nbytes\": %.17g, \"sync_ms\": %.17g}",
+                       k ? ", " : "", (long long)k, r->step_payload[k], r->step_sync_ms[k]);
+            printf("], ");
+        }
+        json_series("collectives", &r->collectives, 0);
+        json_series("sync_ms", &r->sync_ms, 0);
+        printf("\"step_ms\": %.17g, \"step_speedup_vs_dense_bf16\": %.17g}", step,
+               (cms + base) / step);
+    }
+    printf("]}\n");
+}
+
+static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const char *csrc)
+{
+    const plan_opts_t *o = x->o;
+    char b1[32], b2[32], b3[32], b4[32];
+    printf("# igrad plan: %s, %lld parameters, P = %lld (%lld node%s x %lld)\n", o->config_path,
+           (long long)nparams, (long long)o->ranks, (long long)x->N, x->N == 1 ? "" : "s",
+           (long long)x->L);
+    printf("# links: intra %s (%.0f Gbit/s, %.1f us), inter %s (%.0f Gbit/s, %.1f us)%s\n",
+           o->intra.name, o->intra.bytes_per_s * 8e-9, o->intra.latency_s * 1e6, o->inter.name,
+           o->inter.bytes_per_s * 8e-9, o->inter.latency_s * 1e6,
+           x->N == 1 ? " (one node: the flat ring runs on intra)" : "");
+    printf("# compute %.1f ms/step (%s); cycle %lld steps; density %g, R %lld, B %lld", cms, csrc,
+           (long long)x->cycle, o->density, (long long)o->release_period, (long long)o->buckets);
+    if (x->profile)
+        printf("; ig profile %s, planned payload %.3f x adtopk_sync",
+               o->profile_path ? o->profile_path : "synthetic", x->ig_ratio);
+    printf("\n# bytes per rank per step (min / mean / max over the cycle); 'engine' rows are the "
+           "engine's plan, 'proj' rows are formulas (docs/plan.md)\n");
+    printf("%-12s %-16s %-6s %28s %11s %11s %10s %27s %10s %8s\n", "method", "route", "source",
+           "payload min/mean/max", "wire mean", "inter mean", "colls", "sync ms min/mean/max",
+           "step ms", "speedup");
+    double base = series_mean(&x->rows[0].sync_ms);
+    for (int i = 0; i < x->nrows; i++) {
+        const plan_row_t *r = &x->rows[i];
+        double step = cms + series_mean(&r->sync_ms);
+        char pay[64], sync[64];
+        snprintf(pay, sizeof pay, "%s/%s/%s", cli_human_bytes(r->payload.min, b1, sizeof b1),
+                 cli_human_bytes(series_mean(&r->payload), b2, sizeof b2),
+                 cli_human_bytes(r->payload.max, b3, sizeof b3));
+        snprintf(sync, sizeof sync, "%.2f/%.2f/%.2f", r->sync_ms.min, series_mean(&r->sync_ms),
+                 r->sync_ms.max);
+        printf("%-12s %-16s %-6s %28s %11s %11s %10.1f %27s %10.1f %7.2fx\n", r->method, r->route,
+               r->projected ? "proj" : "engine", pay,
+               cli_human_bytes(series_mean(&r->wire), b4, sizeof b4),
+               r->route[0] == 'h' ? cli_human_bytes(series_mean(&r->inter), b1, sizeof b1) : "-",
+               series_mean(&r->collectives), sync, step, (cms + base) / step);
+    }
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    plan_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.per_node = 8;
+    o.compute_ms = -1.0;
+    o.mfu = 0.40;
+    o.peak_tflops = 989.0;
+    o.tokens_per_rank = 16384;
+    o.density = 0.01;
+    o.release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
+    o.buckets = 4;
+    o.value_dtype = IGRAD_DTYPE_F32;
+    o.collective = IGRAD_COLLECTIVE_AUTO;
+    plan_link_parse("intra", "nvlink", &o.intra);
+    plan_link_parse("inter", "100g", &o.inter);
+    parse_methods("dense,topk_sync,adtopk_sync,ig", &o);
+    int pr = parse_args(argc, argv, &o);
+    if (pr) return pr > 0 ? 0 : 2;
+
+    igrad_layout_t *layout = NULL;
+    igrad_status_t st = igrad_layout_load(o.config_path, &layout);
+    if (st != IGRAD_OK) return cli_fail("--config", st);
+    plan_ctx_t *x = calloc(1, sizeof *x);
+    if (!x) {
+        igrad_layout_free(layout);
+        fprintf(stderr, "igrad plan: out of memory\n");
+        return 1;
+    }
+    x->o = &o;
+    x->layout = layout;
+    x->L = o.per_node;
+    x->N = o.ranks / o.per_node;
+    x->flat = x->N > 1 ? &o.inter : &o.intra;
+    x->nparams = igrad_layout_total_count(layout);
+    int rc = 0;
+    /* the reference every speed-up is against: dense bf16 on the dense plan's buckets */
+    igrad_config_t dc;
+    const igrad_profile_t *none = NULL;
+    rc = method_config(x, IGRAD_METHOD_DENSE, &dc, &none);
+    if (!rc) {
+        plan_row_t *bf16 = new_row(x, "dense_bf16", "ring_allreduce", 1);
+        rc = plan_walk(x, &dc, NULL, NULL, bf16, NULL, NULL);
+    }
+    for (int i = 0; !rc && i < o.nmethods; i++) rc = plan_method(x, o.methods[i]);
+    if (!rc) {
+        int64_t nparams = x->nparams;
+        char csrc[160];
+        double cms = compute_ms(&o, nparams, csrc, sizeof csrc);
+        if (o.json) print_json(x, nparams, cms, csrc);
+        else print_table(x, nparams, cms, csrc);
+        if (fflush(stdout) != 0) {
+            perror("igrad plan: stdout");
+            rc = 1;
+        }
+    }
+    igrad_profile_free(x->profile);
+    free(x);
+    igrad_layout_free(layout);
+    return rc;
+}
