@@ -5,7 +5,9 @@
  * rank ends with bit-identical gradients. Received bytes are not trusted:
  * every index is checked against its tensor or row first, and a bad one
  * names the rank that sent it. 16-bit values (BF16, F16) are decoded to
- * F32 (exact) and added in the same order.
+ * F32 (exact) and added in the same order. 16-bit gradients
+ * (config.grad_dtype) are unpacked all at once after the last bucket,
+ * tensor by tensor through an F32 copy, and rounded once (unpack16).
  */
 #include "dp_cpu.h"
 #include "value16.h"
@@ -68,7 +70,8 @@ static igrad_status_t bad_index(const igrad_engine_t *e, const igrad__engine_buc
 /* Sparse wire: adds every rank's entries, in rank order, times 1/P into
  * grads. Received indices are checked against their tensor (flat) or row
  * (row-wise) before use; on a bad one the gradients are partly written. */
-igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
+static igrad_status_t unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads,
+                                    int64_t only, int *hit)
 {
     const igrad__engine_bucket_t *bk = &e->bk[j];
     int par = igrad__step_parity(e, e->cur_step);
@@ -81,6 +84,8 @@ igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *c
         const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
         for (size_t q = 0; q < bk->nblocks; q++) {
             const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            if (only >= 0 && bi->tensor != (size_t)only) continue;
+            *hit = 1;
             const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
             float *g = grads[bi->tensor];
             const unsigned char *vp = base + bi->val_off, *ip = base + bi->idx_off;
@@ -114,7 +119,8 @@ igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *c
 /* Dense wire: the summed segments times 1/P added into grads (the dense
  * method assigns: its segments tile every tensor). Dense floats only: the
  * offsets and counts are this rank's own plan, nothing to check. */
-igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads)
+static igrad_status_t unpack_dense(igrad_engine_t *e, size_t j, float *const *grads,
+                                   int64_t only, int *hit)
 {
     const igrad__engine_bucket_t *bk = &e->bk[j];
     const float inv = 1.0f / (float)e->nranks; /* as in the sparse wire */
@@ -122,7 +128,8 @@ igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *co
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
     for (size_t q = 0; q < bk->nblocks; q++) {
         const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        if (!bi->seg_owner) continue;
+        if (!bi->seg_owner || (only >= 0 && bi->tensor != (size_t)only)) continue;
+        *hit = 1;
         float *restrict g = grads[bi->tensor] + bi->seg_begin;
         const float *restrict s = buf + bi->dense_off;
         int64_t cnt = bi->seg_count;
@@ -133,6 +140,41 @@ igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *co
             SIMD
             for (int64_t k = 0; k < cnt; k++) g[k] += s[k] * inv;
         }
+    }
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    int hit = 0;
+    return unpack_sparse(e, j, grads, -1, &hit);
+}
+
+igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    int hit = 0;
+    return unpack_dense(e, j, grads, -1, &hit);
+}
+
+/* 16-bit gradients: tensor by tensor, g upcast into an F32 copy, every
+ * bucket's blocks of that tensor added into the copy (buckets ascending,
+ * then ranks: each entry's sum in the order the F32 unpack adds it), then
+ * the copy rounded once to nearest even into g. A tensor no block touches
+ * keeps its g (the round trip would be the identity). */
+igrad_status_t igrad__dp_cpu_unpack16(igrad_engine_t *e, float *const *grads)
+{
+    const igrad__dp_cpu_state_t *cs = e->dp_state; /* made by the check */
+    float *acc = cs->g32[0];
+    for (size_t t = 0; t < e->ntensors; t++) {
+        int hit = 0;
+        igrad__dp_cpu_grad(e, cs, grads, t, 0);
+        for (size_t j = 0; j < e->nbk; j++) {
+            igrad_status_t st = e->bk[j].route->wire == IGRAD__WIRE_SPARSE
+                                    ? unpack_sparse(e, j, cs->alias, (int64_t)t, &hit)
+                                    : unpack_dense(e, j, cs->alias, (int64_t)t, &hit);
+            if (st != IGRAD_OK) return st;
+        }
+        if (hit) igrad__to16_n(e->cfg.grad_dtype, acc, (uint16_t *)(void *)grads[t], e->t[t].n);
     }
     return IGRAD_OK;
 }
