@@ -1274,7 +1274,9 @@ typedef struct igrad_step_stats {
                                    (start_iter) and, from the first
                                    igrad_engine_open(), the streamed step's
                                    selection scratch (threads x the largest
-                                   tensor); the O(parameters) part is the
+                                   tensor); with a 16-bit grad_dtype the
+                                   F32 copy it reads them through (threads
+                                   x the largest tensor); the O(parameters) part is the
                                    residual. Host-only control state
                                    (plans, scratch) is not counted: see
                                    igrad_engine_workspace_nbytes() */

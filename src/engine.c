@@ -1139,6 +1139,12 @@ static int64_t dataplane_nbytes(const igrad_engine_t *e)
     n += (int64_t)(e->max_entries * (sizeof *e->stage_idx + sizeof *e->stage_val));
     n += (int64_t)(e->send_arena_nbytes + e->recv_arena_nbytes);
     n += igrad__stream_nbytes(e);
+    if (e->cfg.grad_dtype != IGRAD_DTYPE_F32) { /* the per-thread F32 copy (dp.h) */
+        int64_t most = 0;
+        for (size_t t = 0; t < e->ntensors; t++)
+            if (e->t[t].n > most) most = e->t[t].n;
+        n += (int64_t)e->nthreads * most * (int64_t)sizeof(float);
+    }
     return n + dataplane_nbytes(e->warmup);
 }
 
