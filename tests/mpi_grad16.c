@@ -6,8 +6,9 @@
  * the F32 engine's result rounded once to nearest even, bit for bit, and
  * the residuals, velocities and the step's payload and entry counts equal,
  * over several steps of dense, topk_sync, adtopk_sync (gather and reduce
- * buckets, momentum) and ig (online profiling, then deferral), with F32
- * and BF16 wire values; F16 with gradients near the F16 range. A NaN in
+ * buckets, momentum, a start_iter warm-up) and ig (online profiling, then
+ * deferral), with F32 and BF16 wire values; F16 with gradients near the
+ * F16 range. A NaN in
  * one rank's BF16 gradient skips the step on every rank (gradients, the
  * residuals untouched). An F16 engine refuses igrad_engine_open.
  *
@@ -179,6 +180,9 @@ int main(int argc, char **argv)
         c.collective = IGRAD_COLLECTIVE_GATHER;
         run(c, IGRAD_DTYPE_BF16, "adtopk_sync/gather/bf16 nan", 4, 0, 2);
         c.collective = IGRAD_COLLECTIVE_AUTO;
+        c.start_iter = 2; /* the dense warm-up engine reads 16-bit too */
+        run(c, IGRAD_DTYPE_BF16, "adtopk_sync/start_iter/bf16", 4, 0, -1);
+        c.start_iter = 0;
         c.momentum = 0.9;
         run(c, IGRAD_DTYPE_BF16, "adtopk_sync/momentum/bf16", 3, 0, -1);
         c.momentum = 0.0;

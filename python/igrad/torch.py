@@ -692,8 +692,8 @@ class IgradState:
         through a float32 copy)."""
         dts = set(self._dtypes or ())
         dt = next(iter(dts)) if len(dts) == 1 else torch.float32
-        if (self.grads_in_place and dt in (torch.bfloat16, torch.float16)
-                and self.grad_scaler is None and not self.overlap
+        if (getattr(self, "grads_in_place", True) and dt in (torch.bfloat16, torch.float16)
+                and self.grad_scaler is None and not getattr(self, "overlap", False)
                 and self._data_device().type == "cpu"):
             return dt
         return torch.float32
