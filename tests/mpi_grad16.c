@@ -8,9 +8,9 @@
  * over several steps of dense, topk_sync, adtopk_sync (gather and reduce
  * buckets, momentum, a start_iter warm-up) and ig (online profiling, then
  * deferral), with F32 and BF16 wire values; F16 with gradients near the
- * F16 range. A NaN in
- * one rank's BF16 gradient skips the step on every rank (gradients, the
- * residuals untouched). An F16 engine refuses igrad_engine_open.
+ * F16 range. A NaN in one rank's BF16 gradient skips the step on every
+ * rank, as it does the F32 engine's. An F16 engine refuses
+ * igrad_engine_open.
  *
  * Checks only count failures, so every rank reaches every collective.
  */
