@@ -1137,6 +1137,16 @@ typedef struct igrad_config {
                                            ranks agreeing). 0 = off (0) */
     double reprofile_margin;          /**< m in [0, 1]: the hysteresis margin on the
                                            score (scores are in [0, 1]) (0.05) */
+    igrad_dtype_t grad_dtype;         /**< the gradients' element type: F32, or
+                                           BF16/F16, whose grads[t] then point at
+                                           16-bit codes (uint16_t, cast to float *
+                                           for the grads argument). Read as F32
+                                           (upcast, exact), the result summed in
+                                           F32 and rounded once to nearest even
+                                           into them; residuals and velocities
+                                           stay F32. CPU data plane only
+                                           (IGRAD_E_UNSUPPORTED on CUDA), not with
+                                           igrad_engine_open (F32) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1150,7 +1160,7 @@ typedef struct igrad_config {
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
       IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0, \
-      0, 0.05 }
+      0, 0.05, IGRAD_DTYPE_F32 }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
@@ -1264,7 +1274,9 @@ typedef struct igrad_step_stats {
                                    (start_iter) and, from the first
                                    igrad_engine_open(), the streamed step's
                                    selection scratch (threads x the largest
-                                   tensor); the O(parameters) part is the
+                                   tensor); with a 16-bit grad_dtype the
+                                   F32 copy it reads them through (threads
+                                   x the largest tensor); the O(parameters) part is the
                                    residual. Host-only control state
                                    (plans, scratch) is not counted: see
                                    igrad_engine_workspace_nbytes() */

@@ -29,6 +29,11 @@
  * entry's residual; the sparse pack writes the 2-byte codes, the sparse unpack
  * decodes them; the dense wire stays F32. A backend that does not do this
  * must refuse value_dtype != F32.
+ * 16-bit gradients (cfg.grad_dtype BF16/F16): grads[t] points at
+ * uint16_t codes (cast to float *); every stage reads them upcast to F32
+ * (exact), the residuals and velocities stay F32, unpack defers to
+ * unpack16 and zero writes 16-bit zeros. A backend without unpack16 gets
+ * no such engine (igrad_engine_create refuses it).
  *
  * Not here: what is sent, when and where (the control plane above).
  */
@@ -81,6 +86,12 @@ typedef struct igrad__dp_ops {
     /* Bucket j's received bytes into grads; checks every received index
      * (IGRAD_E_COMM naming the rank on a bad one). */
     igrad_status_t (*unpack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
+    /* 16-bit gradients only (NULL in a backend without them): after the
+     * last bucket arrived, every bucket's bytes, tensor by tensor (per
+     * tensor: buckets ascending, then ranks, as unpack adds them, so each
+     * entry's sum has the F32 order), into an F32 copy of g, then rounded
+     * once into g. Checks the indices as unpack does. */
+    igrad_status_t (*unpack16)(igrad_engine_t *e, float *const *grads);
     /* Zeroes the gradients unpack adds into (sparse methods: all). */
     void (*zero)(igrad_engine_t *e, float *const *grads);
     /* Frees e->dp_state (the backend's per-engine state: CPU, the row

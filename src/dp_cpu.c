@@ -21,6 +21,7 @@ const igrad__dp_ops_t igrad__dp_cpu = {
              [IGRAD__WIRE_DENSE] = igrad__dp_cpu_pack_dense},
     .unpack = {[IGRAD__WIRE_SPARSE] = igrad__dp_cpu_unpack_sparse,
                [IGRAD__WIRE_DENSE] = igrad__dp_cpu_unpack_dense},
+    .unpack16 = igrad__dp_cpu_unpack16,
     .zero = igrad__dp_cpu_zero,
     .stream_ready = igrad__dp_cpu_stream_ready,
     .stream_commit = igrad__dp_cpu_stream_commit,

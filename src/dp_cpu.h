@@ -26,11 +26,23 @@
 typedef struct igrad__dp_cpu_state {
     int32_t *bound;
     int64_t *bound_off; /* (ntensors) */
+    /* 16-bit gradients (cfg.grad_dtype) only, else NULL: per thread an F32
+     * copy of the tensor it works on (room for the largest), and for
+     * unpack16 a grads array whose every entry is g32[0]. */
+    float **g32;    /* (nthreads) */
+    float **alias;  /* (ntensors) */
 } igrad__dp_cpu_state_t;
 
 /* e->dp_state, made on first use; NULL when out of memory. */
 igrad__dp_cpu_state_t *igrad__dp_cpu_state(igrad_engine_t *e);
 void igrad__dp_cpu_release(igrad_engine_t *e);
+
+/* Tensor t's gradient as F32: grads[t] itself, or with 16-bit gradients
+ * its upcast into thread tid's copy (cs from igrad__dp_cpu_state). */
+float *igrad__dp_cpu_grad(const igrad_engine_t *e, const igrad__dp_cpu_state_t *cs,
+                          float *const *grads, size_t t, int tid);
+/* Zeroes tensor t's gradient in its own dtype. */
+void igrad__dp_cpu_zero_grad(const igrad_engine_t *e, float *const *grads, size_t t);
 
 /* Does tensor t's selection start in the check (its pass 1 fused with the
  * finiteness check) and finish in select_into? Sent tensors of a sparse
@@ -53,6 +65,7 @@ void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads);
 /* dp_cpu_unpack.c */
 igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
 igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads);
+igrad_status_t igrad__dp_cpu_unpack16(igrad_engine_t *e, float *const *grads);
 /* dp_cpu_stream.c */
 void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const size_t *tensors,
                                 size_t n);

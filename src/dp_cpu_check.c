@@ -10,9 +10,12 @@
  * also leaves the selection in the staging memory (or the row bounds in
  * the backend's state), which select_into finishes after the ranks
  * agreed, so such a tensor is read twice per step, not three times.
+ * 16-bit gradients (config.grad_dtype) are read through their thread's
+ * F32 copy (igrad__dp_cpu_grad), the same kernels then run on it.
  */
 #include "dp_cpu.h"
 #include "select_internal.h"
+#include "value16.h"
 
 #include <math.h>
 
@@ -74,7 +77,7 @@ int igrad__dp_cpu_fused(const igrad_engine_t *e, size_t t)
 /* Selection pass 1 of sent tensor t, which is also its check: tnorm[t] =
  * sum of a^2, or NaN when some a is not finite (first_bad then says
  * where); other failures in tstatus[t]. */
-static void find_sent(igrad_engine_t *e, const igrad__dp_cpu_state_t *cs, float *const *grads,
+static void find_sent(igrad_engine_t *e, const igrad__dp_cpu_state_t *cs, const float *g,
                       uint32_t t, igrad_select_ws_t *ws)
 {
     const igrad__engine_tensor_t *tp = &e->t[t];
@@ -82,7 +85,7 @@ static void find_sent(igrad_engine_t *e, const igrad__dp_cpu_state_t *cs, float 
     igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
                              .value = e->stage_val + e->stage_off[t]};
     double a2 = 0.0;
-    igrad_status_t st = igrad__select_find(grads[t], tp->residual, &tp->spec[e->rel[t]][par],
+    igrad_status_t st = igrad__select_find(g, tp->residual, &tp->spec[e->rel[t]][par],
                                            tp->name, ws, &sel, cs->bound + cs->bound_off[t],
                                            &a2);
     e->tnorm[t] = st == IGRAD_OK ? a2 : NAN;
@@ -94,8 +97,9 @@ void igrad__dp_cpu_check(igrad_engine_t *e, float *const *grads)
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
     int64_t T = (int64_t)e->ntensors;
     float m = (float)e->cfg.momentum;
-    igrad__dp_cpu_state_t *cs = dense ? NULL : igrad__dp_cpu_state(e);
-    if (!dense && !cs) {
+    int grad16 = e->cfg.grad_dtype != IGRAD_DTYPE_F32;
+    igrad__dp_cpu_state_t *cs = dense && !grad16 ? NULL : igrad__dp_cpu_state(e);
+    if ((!dense || grad16) && !cs) {
         for (size_t t = 0; t < e->ntensors; t++) e->tstatus[t] = IGRAD_E_NOMEM;
         return;
     }
@@ -110,9 +114,10 @@ void igrad__dp_cpu_check(igrad_engine_t *e, float *const *grads)
 #endif
         uint32_t t = e->work[w];
         const igrad__engine_tensor_t *tp = &e->t[t];
+        const float *g = igrad__dp_cpu_grad(e, cs, grads, t, tid);
         /* kept in tnorm until select_into turns it into the residual's */
-        if (igrad__dp_cpu_fused(e, t)) find_sent(e, cs, grads, t, e->ws[tid]);
-        else e->tnorm[t] = igrad__dp_cpu_sumsq(grads[t], tp->velocity,
+        if (igrad__dp_cpu_fused(e, t)) find_sent(e, cs, g, t, e->ws[tid]);
+        else e->tnorm[t] = igrad__dp_cpu_sumsq(g, tp->velocity,
                                                dense ? NULL : tp->residual, m, tp->n);
     }
 }
@@ -122,9 +127,24 @@ int64_t igrad__dp_cpu_first_bad(const igrad_engine_t *e, float *const *grads, si
 {
     const igrad__engine_tensor_t *tp = &e->t[t];
     const float *rv = e->sp == IGRAD_SPARSIFIER_NONE ? NULL : tp->residual;
-    int64_t i = first_nonfinite(grads[t], tp->velocity, (float)e->cfg.momentum, rv, tp->n);
+    float m = (float)e->cfg.momentum;
+    int64_t i = -1;
+    if (e->cfg.grad_dtype == IGRAD_DTYPE_F32) {
+        i = first_nonfinite(grads[t], tp->velocity, m, rv, tp->n);
+    } else { /* 16-bit gradients: upcast a chunk at a time */
+        const uint16_t *h = (const uint16_t *)(const void *)grads[t];
+        float buf[1024];
+        for (int64_t i0 = 0; i < 0 && i0 < tp->n; i0 += 1024) {
+            int64_t len = tp->n - i0 < 1024 ? tp->n - i0 : 1024;
+            igrad__from16_n(e->cfg.grad_dtype, h + i0, buf, len);
+            int64_t k = first_nonfinite(buf, tp->velocity ? tp->velocity + i0 : NULL, m,
+                                        rv ? rv + i0 : NULL, len);
+            if (k >= 0) i = i0 + k;
+        }
+    }
     if (i < 0) i = 0; /* cannot happen: the sum saw a non-finite a */
-    *g = grads[t][i];
+    if (e->cfg.grad_dtype == IGRAD_DTYPE_F32) *g = grads[t][i];
+    else igrad__from16_n(e->cfg.grad_dtype, (const uint16_t *)(const void *)grads[t] + i, g, 1);
     *u = tp->velocity ? tp->velocity[i] : 0.0f;
     *r = rv ? rv[i] : 0.0f;
     return i;

@@ -2,10 +2,12 @@
  * dp_cpu_mem.c — the CPU data plane's memory: host allocations (calloc
  * for zeroed ones: the kernel hands out zero pages lazily), copies in and
  * out, the backend's per-engine state (row bounds kept from the check to
- * select_into), and the zero stage (the gradients that unpack adds into,
+ * select_into; with 16-bit gradients, per thread an F32 copy of one
+ * tensor's), and the zero stage (the gradients that unpack adds into,
  * on the engine's threads).
  */
 #include "dp_cpu.h"
+#include "value16.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -49,13 +51,26 @@ igrad__dp_cpu_state_t *igrad__dp_cpu_state(igrad_engine_t *e)
         off += rows;
     }
     cs->bound = malloc((size_t)(off ? off : 1) * sizeof *cs->bound);
+    e->dp_state = cs;
     if (!cs->bound_off || !cs->bound) {
-        free(cs->bound_off);
-        free(cs->bound);
-        free(cs);
+        igrad__dp_cpu_release(e);
         return NULL;
     }
-    e->dp_state = cs;
+    if (e->cfg.grad_dtype != IGRAD_DTYPE_F32) {
+        int64_t most = 1;
+        for (size_t t = 0; t < e->ntensors; t++)
+            if (e->t[t].n > most) most = e->t[t].n;
+        cs->g32 = calloc((size_t)e->nthreads, sizeof *cs->g32);
+        cs->alias = malloc((e->ntensors ? e->ntensors : 1) * sizeof *cs->alias);
+        int ok = cs->g32 && cs->alias;
+        for (int i = 0; ok && i < e->nthreads; i++)
+            ok = (cs->g32[i] = malloc((size_t)most * sizeof(float))) != NULL;
+        if (!ok) {
+            igrad__dp_cpu_release(e);
+            return NULL;
+        }
+        for (size_t t = 0; t < e->ntensors; t++) cs->alias[t] = cs->g32[0];
+    }
     return cs;
 }
 
@@ -65,8 +80,26 @@ void igrad__dp_cpu_release(igrad_engine_t *e)
     if (!cs) return;
     free(cs->bound);
     free(cs->bound_off);
+    for (int i = 0; cs->g32 && i < e->nthreads; i++) free(cs->g32[i]);
+    free(cs->g32);
+    free(cs->alias);
     free(cs);
     e->dp_state = NULL;
+}
+
+float *igrad__dp_cpu_grad(const igrad_engine_t *e, const igrad__dp_cpu_state_t *cs,
+                          float *const *grads, size_t t, int tid)
+{
+    if (e->cfg.grad_dtype == IGRAD_DTYPE_F32) return grads[t];
+    igrad__from16_n(e->cfg.grad_dtype, (const uint16_t *)(const void *)grads[t], cs->g32[tid],
+                    e->t[t].n);
+    return cs->g32[tid];
+}
+
+void igrad__dp_cpu_zero_grad(const igrad_engine_t *e, float *const *grads, size_t t)
+{
+    size_t width = e->cfg.grad_dtype == IGRAD_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    memset(grads[t], 0, (size_t)e->t[t].n * width);
 }
 
 /* Zeroes the gradients that unpacking adds into (sparse methods: all). */
@@ -78,8 +111,7 @@ void igrad__dp_cpu_zero(igrad_engine_t *e, float *const *grads)
 #pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
 #endif
     for (int64_t w = 0; w < T; w++) {
-        uint32_t t = e->work[w];
-        memset(grads[t], 0, (size_t)e->t[t].n * sizeof(float));
+        igrad__dp_cpu_zero_grad(e, grads, e->work[w]);
     }
 }
 

@@ -54,8 +54,13 @@ void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads)
     if (e->sp == IGRAD_SPARSIFIER_NONE) {
         for (size_t q = 0; q < bk->nblocks; q++) {
             const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            memcpy(buf + bi->dense_off, grads[bi->tensor] + bi->first,
-                   (size_t)bi->count * sizeof(float));
+            if (e->cfg.grad_dtype == IGRAD_DTYPE_F32)
+                memcpy(buf + bi->dense_off, grads[bi->tensor] + bi->first,
+                       (size_t)bi->count * sizeof(float));
+            else /* 16-bit gradients: upcast (exact) */
+                igrad__from16_n(e->cfg.grad_dtype,
+                                (const uint16_t *)(const void *)grads[bi->tensor] + bi->first,
+                                buf + bi->dense_off, bi->count);
         }
         return;
     }

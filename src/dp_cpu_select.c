@@ -10,7 +10,8 @@
  * masking and residual decay run here too. With `zero` each gradient is
  * zeroed in the pass that reads it. With 16-bit wire values
  * (config.value_dtype BF16 or F16) pass 2 rounds each sent value and
- * keeps its rounding error in the residual (architecture.md §5.2). Which
+ * keeps its rounding error in the residual (architecture.md §5.2). 16-bit
+ * gradients (config.grad_dtype) are read through the thread's F32 copy. Which
  * tensors are sent and their specs are the control plane's (engine.c,
  * schedule.c).
  */
@@ -75,6 +76,10 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
     float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
     double d2 = (double)d * (double)d;
     int par = igrad__step_parity(e, e->cur_step);
+    /* 16-bit gradients: the kernels run on the thread's F32 copy (whose
+     * zeroing is then wasted) and the gradient itself is zeroed after */
+    int zero16 = zero && e->cfg.grad_dtype != IGRAD_DTYPE_F32;
+    const igrad__dp_cpu_state_t *cs = e->dp_state;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
 #endif
@@ -86,7 +91,7 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
 #endif
         uint32_t t = e->work[w];
         igrad__engine_tensor_t *tp = &e->t[t];
-        float *restrict g = grads[t];
+        float *restrict g = igrad__dp_cpu_grad(e, cs, grads, t, tid);
         float *restrict r = tp->residual;
         int64_t n = tp->n;
         double a2 = e->tnorm[t]; /* sum of (g + e)^2 from the check */
@@ -96,12 +101,14 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
             const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
             double rounded = 0.0; /* sum of squares of rounding errors kept */
             if (igrad__dp_cpu_fused(e, t)) { /* pass 1 ran in the check */
-                const igrad__dp_cpu_state_t *cs = e->dp_state;
                 igrad__select_apply(g, r, sp, e->ws[tid], &sel, cs->bound + cs->bound_off[t],
                                     zero, e->cfg.value_dtype, &rounded);
             } else {
                 e->tstatus[t] = select_velocity(e, tp, g, sp, e->ws[tid], &sel, zero, &rounded);
-                if (e->tstatus[t] != IGRAD_OK) continue;
+                if (e->tstatus[t] != IGRAD_OK) {
+                    if (zero16) igrad__dp_cpu_zero_grad(e, grads, t);
+                    continue;
+                }
             }
             if (e->cfg.residual_decay < 1.0) {
                 SIMD
@@ -145,5 +152,6 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
             e->tdropped[t] = a2;
             e->tnorm[t] = 0.0;
         }
+        if (zero16) igrad__dp_cpu_zero_grad(e, grads, t);
     }
 }

@@ -5,7 +5,9 @@
  * rank ends with bit-identical gradients. Received bytes are not trusted:
  * every index is checked against its tensor or row first, and a bad one
  * names the rank that sent it. 16-bit values (BF16, F16) are decoded to
- * F32 (exact) and added in the same order.
+ * F32 (exact) and added in the same order. 16-bit gradients
+ * (config.grad_dtype) are unpacked all at once after the last bucket,
+ * tensor by tensor through an F32 copy, and rounded once (unpack16).
  */
 #include "dp_cpu.h"
 #include "value16.h"
@@ -68,7 +70,8 @@ static igrad_status_t bad_index(const igrad_engine_t *e, const igrad__engine_buc
 /* Sparse wire: adds every rank's entries, in rank order, times 1/P into
  * grads. Received indices are checked against their tensor (flat) or row
  * (row-wise) before use; on a bad one the gradients are partly written. */
-igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
+static igrad_status_t unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads,
+                                    int64_t only, int *hit)
 {
     const igrad__engine_bucket_t *bk = &e->bk[j];
     int par = igrad__step_parity(e, e->cur_step);
@@ -81,6 +84,8 @@ igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *c
         const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
         for (size_t q = 0; q < bk->nblocks; q++) {
             const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            if (only >= 0 && bi->tensor != (size_t)only) continue;
+            *hit = 1;
             const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
             float *g = grads[bi->tensor];
             const unsigned char *vp = base + bi->val_off, *ip = base + bi->idx_off;
@@ -114,7 +119,8 @@ igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *c
 /* Dense wire: the summed segments times 1/P added into grads (the dense
  * method assigns: its segments tile every tensor). Dense floats only: the
  * offsets and counts are this rank's own plan, nothing to check. */
-igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads)
+static igrad_status_t unpack_dense(igrad_engine_t *e, size_t j, float *const *grads,
+                                   int64_t only, int *hit)
 {
     const igrad__engine_bucket_t *bk = &e->bk[j];
     const float inv = 1.0f / (float)e->nranks; /* as in the sparse wire */
@@ -122,7 +128,8 @@ igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *co
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
     for (size_t q = 0; q < bk->nblocks; q++) {
         const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        if (!bi->seg_owner) continue;
+        if (!bi->seg_owner || (only >= 0 && bi->tensor != (size_t)only)) continue;
+        *hit = 1;
         float *restrict g = grads[bi->tensor] + bi->seg_begin;
         const float *restrict s = buf + bi->dense_off;
         int64_t cnt = bi->seg_count;
@@ -132,6 +139,103 @@ igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *co
         } else {
             SIMD
             for (int64_t k = 0; k < cnt; k++) g[k] += s[k] * inv;
+        }
+    }
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    int hit = 0;
+    return unpack_sparse(e, j, grads, -1, &hit);
+}
+
+igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    int hit = 0;
+    return unpack_dense(e, j, grads, -1, &hit);
+}
+
+/* Does a dense-wire bucket write into tensor t (a reduce bucket's segment,
+ * or the dense method)? */
+static int dense_touches(const igrad_engine_t *e, size_t t)
+{
+    for (size_t j = 0; j < e->nbk; j++) {
+        const igrad__engine_bucket_t *bk = &e->bk[j];
+        if (bk->route->wire != IGRAD__WIRE_DENSE) continue;
+        for (size_t q = 0; q < bk->nblocks; q++) {
+            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            if (bi->seg_owner && bi->tensor == t) return 1;
+        }
+    }
+    return 0;
+}
+
+/* Over every entry the sparse buckets received for tensor t (indices
+ * already checked by unpack_sparse): with g16, g16[i] = acc[i] rounded;
+ * without, acc[i] = 0 (the copy clean again for the next tensor). */
+static void sweep_received(const igrad_engine_t *e, size_t t, float *acc, uint16_t *g16)
+{
+    int par = igrad__step_parity(e, e->cur_step);
+    const igrad_dtype_t gt = e->cfg.grad_dtype;
+    for (size_t j = 0; j < e->nbk; j++) {
+        const igrad__engine_bucket_t *bk = &e->bk[j];
+        if (bk->route->wire != IGRAD__WIRE_SPARSE) continue;
+        for (int r = 0; r < e->nranks; r++) {
+            const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
+            for (size_t q = 0; q < bk->nblocks; q++) {
+                const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+                if (bi->tensor != t) continue;
+                const unsigned char *ip = base + bi->idx_off;
+                const igrad_select_spec_t *sp = &e->t[t].spec[e->rel[t]][par];
+                int64_t per = bi->row_wise ? sp->per_row : bi->count;
+                for (int64_t k = 0; k < bi->count; k++) {
+                    int64_t i = read_index(ip, bi->idx_nbytes, k);
+                    if (bi->row_wise) i += (bi->row0 + k / per) * sp->cols;
+                    if (g16) g16[i] = igrad__to16(gt, acc[i]);
+                    else acc[i] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
+/* 16-bit gradients: tensor by tensor into an F32 copy (the check's thread
+ * 0 copy, zeroed first), every bucket's blocks of that tensor added in
+ * (buckets ascending, then ranks: each entry's sum in the order the F32
+ * unpack adds it), then rounded once to nearest even into g. The sparse
+ * methods' g is 0 here (zeroed by the selection or the zero stage), so a
+ * tensor only gather buckets touch needs only its received entries
+ * rounded, and zeroed again in the copy; one a dense-wire bucket writes
+ * is rounded whole (for the dense method from its upcast g). A tensor no
+ * block touches keeps its g. */
+igrad_status_t igrad__dp_cpu_unpack16(igrad_engine_t *e, float *const *grads)
+{
+    const igrad__dp_cpu_state_t *cs = e->dp_state; /* made by the check */
+    float *acc = cs->g32[0];
+    int64_t most = 0;
+    for (size_t t = 0; t < e->ntensors; t++)
+        if (e->t[t].n > most) most = e->t[t].n;
+    memset(acc, 0, (size_t)most * sizeof *acc);
+    int dense_method = e->sp == IGRAD_SPARSIFIER_NONE;
+    for (size_t t = 0; t < e->ntensors; t++) {
+        int hit = 0, whole = dense_method || dense_touches(e, t);
+        int64_t n = e->t[t].n;
+        uint16_t *g16 = (uint16_t *)(void *)grads[t];
+        if (dense_method) igrad__dp_cpu_grad(e, cs, grads, t, 0);
+        for (size_t j = 0; j < e->nbk; j++) {
+            igrad_status_t st = e->bk[j].route->wire == IGRAD__WIRE_SPARSE
+                                    ? unpack_sparse(e, j, cs->alias, (int64_t)t, &hit)
+                                    : unpack_dense(e, j, cs->alias, (int64_t)t, &hit);
+            if (st != IGRAD_OK) return st;
+        }
+        if (!hit) continue;
+        if (whole) {
+            igrad__to16_n(e->cfg.grad_dtype, acc, g16, n);
+            memset(acc, 0, (size_t)n * sizeof *acc);
+        } else {
+            sweep_received(e, t, acc, g16);
+            sweep_received(e, t, acc, NULL);
         }
     }
     return IGRAD_OK;

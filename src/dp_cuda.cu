@@ -149,6 +149,7 @@ extern "C" const igrad__dp_ops_t igrad__dp_cuda = {
     /* .select_into = */ igrad__dp_cuda_select_into,
     /* .pack = */ {igrad__dp_cuda_pack_sparse, igrad__dp_cuda_pack_dense},
     /* .unpack = */ {igrad__dp_cuda_unpack_sparse, igrad__dp_cuda_unpack_dense},
+    /* .unpack16 = */ NULL, /* F32 gradients only: create refuses grad_dtype 16-bit */
     /* .zero = */ cuda_zero,
     /* .release = */ cuda_release,
 };

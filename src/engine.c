@@ -181,6 +181,10 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
                   "config.value_dtype is %s, but method dense all-reduces F32 (it keeps no "
                   "residual to take the rounding error back; use F32)",
                   igrad_dtype_name(c->value_dtype));
+    IGRAD_FAIL_IF(c->grad_dtype != IGRAD_DTYPE_F32 && c->grad_dtype != IGRAD_DTYPE_BF16 &&
+                      c->grad_dtype != IGRAD_DTYPE_F16,
+                  IGRAD_E_INVALID, "config.grad_dtype is %s (F32, BF16 or F16)",
+                  igrad_dtype_name(c->grad_dtype));
     IGRAD_FAIL_IF(c->index_dtype != IGRAD_DTYPE_U16 && c->index_dtype != IGRAD_DTYPE_U32,
                   IGRAD_E_INVALID,
                   "config.index_dtype is %s (U16: 16-bit where indices fit, U32: always 32-bit)",
@@ -645,6 +649,10 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         char what[96];
         snprintf(what, sizeof what, "igrad_engine_create (data plane '%s')", e->dp->name);
         IGRAD_CHECK(igrad__comm_check_space(comm, e->dp->space, what));
+        IGRAD_FAIL_IF(c->grad_dtype != IGRAD_DTYPE_F32 && !e->dp->unpack16, IGRAD_E_UNSUPPORTED,
+                      "igrad_engine_create: config.grad_dtype is %s, but the '%s' data plane "
+                      "reads F32 gradients only (use F32)",
+                      igrad_dtype_name(c->grad_dtype), e->dp->name);
         e->rank = igrad_comm_rank(comm);
         e->nranks = igrad_comm_size(comm);
     }
@@ -1128,6 +1136,10 @@ static void pack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 
 static igrad_status_t unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 {
+    /* 16-bit gradients: once the last bucket is in, every bucket, tensor
+     * by tensor, into F32 and rounded once (buckets arrive in order) */
+    if (e->cfg.grad_dtype != IGRAD_DTYPE_F32)
+        return j + 1 == e->nbk ? e->dp->unpack16(e, grads) : IGRAD_OK;
     return e->dp->unpack[e->bk[j].route->wire](e, j, grads);
 }
 
@@ -1140,6 +1152,12 @@ static int64_t dataplane_nbytes(const igrad_engine_t *e)
     n += (int64_t)(e->max_entries * (sizeof *e->stage_idx + sizeof *e->stage_val));
     n += (int64_t)(e->send_arena_nbytes + e->recv_arena_nbytes);
     n += igrad__stream_nbytes(e);
+    if (e->cfg.grad_dtype != IGRAD_DTYPE_F32) { /* the per-thread F32 copy (dp.h) */
+        int64_t most = 0;
+        for (size_t t = 0; t < e->ntensors; t++)
+            if (e->t[t].n > most) most = e->t[t].n;
+        n += (int64_t)e->nthreads * most * (int64_t)sizeof(float);
+    }
     return n + dataplane_nbytes(e->warmup);
 }
 

@@ -108,9 +108,11 @@ void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes)
     case IGRAD__ITEM_PACK:
         snprintf(buf, nbytes, "%s", igrad_pack_policy_name((igrad_pack_policy_t)s));
         return;
-    case IGRAD__ITEM_DTYPE: {
-        const char *nm = igrad_dtype_name((igrad_dtype_t)s);
-        snprintf(buf, nbytes, "%s", nm ? nm : "?");
+    case IGRAD__ITEM_DTYPE: { /* value_dtype's item: grad_dtype in bits 8.. */
+        const char *nm = igrad_dtype_name((igrad_dtype_t)(s & 0xff));
+        const char *gm = igrad_dtype_name((igrad_dtype_t)(s >> 8));
+        if (s >> 8) snprintf(buf, nbytes, "%s (grad_dtype %s)", nm ? nm : "?", gm ? gm : "?");
+        else snprintf(buf, nbytes, "%s", nm ? nm : "?");
         return;
     }
     case IGRAD__ITEM_COLLECTIVE:
@@ -143,7 +145,9 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_BLOCK_ENTRIES] = (uint64_t)c->block_entries;
     v[IGRAD__ITEM_CFG_RISK_LAMBDA] = f64_bits(c->risk_lambda);
     v[IGRAD__ITEM_CFG_VERIFY_EVERY] = (uint64_t)c->verify_every;
-    v[IGRAD__ITEM_CFG_VALUE_DTYPE] = (uint64_t)(int64_t)c->value_dtype;
+    /* grad_dtype folded in (F32 is 0: the item, and state files, unchanged) */
+    v[IGRAD__ITEM_CFG_VALUE_DTYPE] =
+        (uint64_t)(int64_t)c->value_dtype | (uint64_t)(int64_t)c->grad_dtype << 8;
     v[IGRAD__ITEM_CFG_INDEX_DTYPE] = (uint64_t)(int64_t)c->index_dtype;
     v[IGRAD__ITEM_CFG_COLLECTIVE] = (uint64_t)(int64_t)c->collective;
     v[IGRAD__ITEM_CFG_TIMEOUT] = f64_bits(c->timeout_s);

@@ -127,6 +127,10 @@ igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_open: step %lld is still open (close or end it first)",
                   (long long)e->cur_step);
+    IGRAD_FAIL_IF(e->cfg.grad_dtype != IGRAD_DTYPE_F32, IGRAD_E_UNSUPPORTED,
+                  "igrad_engine_open: config.grad_dtype is %s, but the streamed step reads "
+                  "F32 gradients only (use igrad_engine_sync, or F32 gradients)",
+                  igrad_dtype_name(e->cfg.grad_dtype));
     IGRAD_FAIL_IF(!e->dp->stream_ready || !e->dp->stream_commit, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_open: the %s data plane has no streamed step (use "
                   "igrad_engine_begin/end or igrad_engine_sync)",

@@ -107,4 +107,26 @@ static inline float igrad__round16(igrad_dtype_t dt, float v)
     return q;
 }
 
+/* n 16-bit codes of dt (F16 or BF16) as floats (exact), and n floats
+ * rounded to nearest even into codes of dt (beyond the F16 range: Inf, as
+ * PyTorch's .half()): how the data plane reads and writes 16-bit
+ * gradients (config.grad_dtype). The dtype is tested once, not per entry. */
+static inline void igrad__from16_n(igrad_dtype_t dt, const uint16_t *restrict src,
+                                   float *restrict dst, int64_t n)
+{
+    if (dt == IGRAD_DTYPE_BF16)
+        for (int64_t i = 0; i < n; i++) dst[i] = igrad__bf16_to_f32(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = igrad__f16_to_f32(src[i]);
+}
+
+static inline void igrad__to16_n(igrad_dtype_t dt, const float *restrict src,
+                                 uint16_t *restrict dst, int64_t n)
+{
+    if (dt == IGRAD_DTYPE_BF16)
+        for (int64_t i = 0; i < n; i++) dst[i] = igrad__f32_to_bf16(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = igrad__f32_to_f16(src[i]);
+}
+
 #endif /* IGRAD_VALUE16_H */

@@ -72,6 +72,7 @@ typedef struct options {
     int json;
     int gate_other; /* config.gate_other of iad and ig */
     igrad_dtype_t value_dtype; /* config.value_dtype of the sparse methods */
+    igrad_dtype_t grad_dtype;  /* config.grad_dtype of every method */
 } options_t;
 
 /* What one method's run produced (medians of the slowest rank's times). */
@@ -89,8 +90,10 @@ typedef struct synth {
     size_t T;
     int64_t *n;
     float **base;   /* one step's values before scaling and rotation */
-    float **g;      /* the gradient handed to the engine */
+    float **g;      /* the gradient (F32) */
     float *base_mem, *g_mem;
+    uint16_t *g16_mem; /* --grad-dtype bf16/fp16: g rounded, what the engine gets */
+    float **g16;       /* (T) pointers into g16_mem, cast as the API takes them */
     double *scale;  /* static scale per tensor (its component's) */
     double *vol;    /* volatility per tensor */
     uint64_t *id;   /* per tensor: what its step factor is drawn from */
@@ -123,6 +126,8 @@ static void usage(FILE *fp)
             "  --sparsifier SP        sparsifier of iad and ig: topk, adtopk (adtopk)\n"
             "  --value-dtype DT       wire values of the sparse methods: f32, bf16, fp16\n"
             "                         (f32; dense always all-reduces f32)\n"
+            "  --grad-dtype DT        gradients the engines read and write in place:\n"
+            "                         f32, bf16, fp16 (f32; the floor stays f32)\n"
             "  --threads N            OpenMP threads per rank (cores / ranks on the node)\n"
             "  --seed N               synthetic data seed (1)\n"
             "  --json                 print one JSON object instead of the table\n"
@@ -167,6 +172,11 @@ static int parse_args(int argc, char **argv, options_t *o)
         }
 #undef OPT_I64
 #undef OPT_F64
+        if ((r = cli_opt(argc, argv, &i, "--grad-dtype", &v)) != 0) {
+            if (r < 0 || cli_parse_value_dtype("--grad-dtype", v, &o->grad_dtype) != 0)
+                return 1;
+            continue;
+        }
         if ((r = cli_opt(argc, argv, &i, "--value-dtype", &v)) != 0) {
             if (r < 0 || cli_parse_value_dtype("--value-dtype", v, &o->value_dtype) != 0)
                 return -1;
@@ -313,13 +323,16 @@ static void synth_free(synth_t *s)
     free(s->g);
     free(s->base_mem);
     free(s->g_mem);
+    free(s->g16_mem);
+    free(s->g16);
     free(s->scale);
     free(s->vol);
     free(s->id);
     memset(s, 0, sizeof *s);
 }
 
-static int synth_init(synth_t *s, const igrad_layout_t *L, uint64_t seed, int threads)
+static int synth_init(synth_t *s, const igrad_layout_t *L, uint64_t seed, int threads,
+                      igrad_dtype_t grad_dtype)
 {
     memset(s, 0, sizeof *s);
     s->T = igrad_layout_count(L);
@@ -383,7 +396,27 @@ static int synth_init(synth_t *s, const igrad_layout_t *L, uint64_t seed, int th
         }
     }
     free(rows);
+    if (grad_dtype != IGRAD_DTYPE_F32) {
+        s->g16_mem = malloc((size_t)total * sizeof *s->g16_mem);
+        s->g16 = calloc(T, sizeof *s->g16);
+        if (!s->g16_mem || !s->g16) {
+            fprintf(stderr, "igrad: bench sync: out of memory for the 16-bit gradients\n");
+            synth_free(s);
+            return 1;
+        }
+        for (size_t t = 0, o16 = 0; t < T; o16 += (size_t)s->n[t], t++)
+            s->g16[t] = (float *)(void *)(s->g16_mem + o16);
+    }
     return 0;
+}
+
+/* What the engine is given: g, or g rounded into its 16-bit codes. */
+static float *const *synth_grads(synth_t *s, igrad_dtype_t grad_dtype)
+{
+    if (grad_dtype == IGRAD_DTYPE_F32) return s->g;
+    for (size_t t = 0; t < s->T; t++)
+        igrad_convert(s->g[t], IGRAD_DTYPE_F32, s->g16[t], grad_dtype, (size_t)s->n[t]);
+    return s->g16;
 }
 
 /* The gradient of `step`: base rotated by a step offset, times the
@@ -484,6 +517,7 @@ static igrad_config_t make_config(const options_t *o, igrad_method_t m, igrad_pa
     c.threads = (int)o->threads;
     c.gate_other = o->gate_other;
     if (m != IGRAD_METHOD_DENSE) c.value_dtype = o->value_dtype;
+    c.grad_dtype = o->grad_dtype;
     return c;
 }
 
@@ -527,8 +561,9 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
     int rc = 0;
     for (int64_t step = 0; step <= S; step++) {
         synth_fill(s, step, (int)o->threads);
+        float *const *grads = synth_grads(s, o->grad_dtype);
         barrier();
-        st = igrad_engine_sync(e, step, s->g);
+        st = igrad_engine_sync(e, step, grads);
         if (st != IGRAD_OK) {
             rc = fail(igrad_method_name(m), st);
             break;
@@ -589,7 +624,7 @@ static int build_profile(const options_t *o, const igrad_layout_t *L, igrad_comm
      * first, the timed runs reuse step numbers from 0 on other engines */
     for (int64_t step = 0; step < o->profile_steps; step++) {
         synth_fill(s, step, (int)o->threads);
-        if ((st = igrad_engine_sync(e, step, s->g)) != IGRAD_OK) {
+        if ((st = igrad_engine_sync(e, step, synth_grads(s, o->grad_dtype))) != IGRAD_OK) {
             igrad_engine_free(e);
             igrad_trace_free(tr);
             return fail("profile run", st);
@@ -690,11 +725,12 @@ static void print_json(const options_t *o, const igrad_layout_t *L, const result
            (long long)o->profile_steps);
     printf("\"knobs\": {\"density\": %g, \"release_period\": %lld, \"release_keep\": %g, "
            "\"buckets\": %lld, \"block_entries\": %lld, \"pack\": \"%s\", \"sparsifier\": "
-           "\"%s\", \"value_dtype\": \"%s\", \"threads\": %lld, \"seed\": %llu}, ",
+           "\"%s\", \"value_dtype\": \"%s\", \"grad_dtype\": \"%s\", \"threads\": %lld, "
+           "\"seed\": %llu}, ",
            o->density, (long long)o->release_period, o->release_keep, (long long)o->buckets,
            (long long)o->block_entries, igrad_pack_policy_name(o->pack),
            igrad_sparsifier_name(o->sparsifier), igrad_dtype_name(o->value_dtype),
-           (long long)o->threads, (unsigned long long)o->seed);
+           igrad_dtype_name(o->grad_dtype), (long long)o->threads, (unsigned long long)o->seed);
     json_num("f_imp", f_imp, 0);
     json_num("f_other", f_other, 0);
     json_num("predicted_ig_ratio", f_imp + o->release_keep * (1.0 - f_imp), 0);
@@ -741,10 +777,11 @@ static void print_table(const options_t *o, const igrad_layout_t *L, const resul
            o->config, igrad_layout_family(L), igrad_layout_count(L),
            (long long)igrad_layout_total_count(L), nranks_, (long long)o->steps,
            (long long)o->profile_steps);
-    printf("density %g, R %lld, kappa %g, B %lld, sparsifier %s, values %s, %lld thread(s)/rank; "
-           "profile: %d of %d components important\n",
+    printf("density %g, R %lld, kappa %g, B %lld, sparsifier %s, values %s, grads %s, "
+           "%lld thread(s)/rank; profile: %d of %d components important\n",
            o->density, (long long)o->release_period, o->release_keep, (long long)o->buckets,
            igrad_sparsifier_name(o->sparsifier), igrad_dtype_name(o->value_dtype),
+           igrad_dtype_name(o->grad_dtype),
            (long long)o->threads, nimp, ncomp);
     printf("f_imp %.3f (outside the projections: %.3f of the budget); predicted ig ratio f_imp + kappa (1 - f_imp) "
            "= %.3f\n\n",
@@ -869,7 +906,7 @@ int bench_sync(int argc, char **argv)
         fail(o.config, st);
         goto done;
     }
-    if (any_failed(synth_init(&s, L, o.seed, (int)o.threads))) goto done;
+    if (any_failed(synth_init(&s, L, o.seed, (int)o.threads, o.grad_dtype))) goto done;
     if (any_failed(build_profile(&o, L, comm, &s, &P))) goto done;
     ncomp = (int)igrad_profile_count(P);
     for (int i = 0; i < ncomp; i++) {

@@ -234,7 +234,8 @@ class Config(ctypes.Structure):
                 ("momentum", ctypes.c_double), ("momentum_masking", ctypes.c_int),
                 ("residual_decay", ctypes.c_double), ("start_iter", ctypes.c_int64),
                 ("target_ratio", ctypes.c_double),
-                ("reprofile_every", ctypes.c_int64), ("reprofile_margin", ctypes.c_double)]
+                ("reprofile_every", ctypes.c_int64), ("reprofile_margin", ctypes.c_double),
+                ("grad_dtype", c_enum)]
 
 
 class Bucket(ctypes.Structure):

@@ -615,7 +615,7 @@ CONFIG_DEFAULTS = {
     "gate_other": True,
     "momentum": 0.0, "momentum_masking": True, "residual_decay": 1.0, "start_iter": 0,
     "target_ratio": 0.0,
-    "reprofile_every": 0, "reprofile_margin": 0.05,
+    "reprofile_every": 0, "reprofile_margin": 0.05, "grad_dtype": "F32",
 }
 
 
@@ -661,6 +661,7 @@ def make_config(**kw):
     c.target_ratio = float(v["target_ratio"] or 0.0)
     c.reprofile_every = int(v["reprofile_every"])
     c.reprofile_margin = float(v["reprofile_margin"])
+    c.grad_dtype = _enum_from_name("dtype", str(v["grad_dtype"]).upper())
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -688,6 +689,7 @@ def config_to_dict(c):
         "residual_decay": c.residual_decay, "start_iter": c.start_iter,
         "target_ratio": c.target_ratio,
         "reprofile_every": c.reprofile_every, "reprofile_margin": c.reprofile_margin,
+        "grad_dtype": _s(lib.igrad_dtype_name(c.grad_dtype)),
     }
 
 

@@ -435,6 +435,14 @@ class IgradState:
                     collective is issued as soon as its tensors are in; the
                     result is bit for bit the default (False) last-bucket
                     step's. last_stats adds "early_buckets" and "close_ms".
+    grads_in_place: True (default): when every trainable parameter is
+                    bfloat16 (or every one float16), on the CPU, without
+                    grad_scaler or overlap, the engine reads and writes the
+                    16-bit gradients in place (config grad_dtype; residuals
+                    stay float32; the result is the float32 sum rounded once
+                    to nearest even), saving the 4 bytes per parameter of a
+                    float32 staging copy. Otherwise (a mix of dtypes too),
+                    or with False, they go through a float32 copy as before.
 
     After each step `last_stats` holds the engine's statistics of the step
     (igrad_step_stats_t fields plus "collective_ms", the time of the
@@ -449,7 +457,8 @@ class IgradState:
                  nonfinite="allreduce", timeout_s=300.0, profile_steps=30,
                  profile_partition=None, gate_other=True, target_ratio=None, momentum=0.0,
                  momentum_masking=True, residual_decay=1.0, value_dtype="F32",
-                 grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False):
+                 grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False,
+                 grads_in_place=True):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -494,6 +503,7 @@ class IgradState:
         self.start_iter = int(start_iter)
         self.nonfinite = nonfinite
         self.overlap = bool(overlap)
+        self.grads_in_place = bool(grads_in_place)
         self.iter = 0
         self.skipped_steps = 0
         self.last_stats = {}
@@ -521,6 +531,7 @@ class IgradState:
         self._pending_load = None    # state_dict to apply once the engine exists
         self._trace = None
         self._data_dev = None        # where the engine's gradients live (_data_device)
+        self._grad_dt = torch.float32  # the dtype the engine reads (_engine_grad_dtype)
 
     # -- setup ---------------------------------------------------------------
 
@@ -658,7 +669,8 @@ class IgradState:
                 self._profile_obj.set_threshold(fit["tau"])
                 self.config["release_keep"] = fit["release_keep"]
                 self.target_fit = fit
-            cfg = make_config(**self.config)
+            self._grad_dt = self._engine_grad_dtype()
+            cfg = make_config(**dict(self.config, grad_dtype=_TORCH_DTYPES[self._grad_dt]))
             dev = self._data_device()
             if dev.type == "cuda":
                 from . import cuda as _cuda
@@ -671,6 +683,20 @@ class IgradState:
                 sd, self._pending_load = self._pending_load, None
                 self._apply_state(sd)
         return self._engine
+
+    def _engine_grad_dtype(self):
+        """The gradients' dtype the engine reads in place (config grad_dtype):
+        the trainable parameters' one dtype when it is bfloat16 or float16,
+        on the CPU, without grad_scaler or overlap, with grads_in_place;
+        else float32 (16-bit gradients, or a mix of dtypes, are then staged
+        through a float32 copy)."""
+        dts = set(self._dtypes or ())
+        dt = next(iter(dts)) if len(dts) == 1 else torch.float32
+        if (getattr(self, "grads_in_place", True) and dt in (torch.bfloat16, torch.float16)
+                and self.grad_scaler is None and not getattr(self, "overlap", False)
+                and self._data_device().type == "cpu"):
+            return dt
+        return torch.float32
 
     @staticmethod
     def _agree_setup(coll, err, pending):
@@ -836,8 +862,10 @@ class IgradState:
         eng = self.engine
         coll = self._group_comm()
         # The engine reads and writes contiguous float32 memory on its device
-        # (the CPU, or the parameters' GPU: igrad/cuda.py); anything else
-        # goes through a staging copy there that is written back after end().
+        # (the CPU, or the parameters' GPU: igrad/cuda.py), or the model's
+        # bfloat16/float16 in place (_engine_grad_dtype, self._grad_dt);
+        # anything else goes through a staging copy there in that dtype,
+        # written back after end().
         # A refused step stages only the tensors before the refused one
         # (the engine names that one to every rank) and passes NULL from it on.
         # With a loss scale S != 1 every gradient is staged as g / S (the
@@ -848,15 +876,21 @@ class IgradState:
         except L.IgradError as e:  # refused like a bad parameter: on every rank
             if bad is None:
                 bad = (0, e)
+        gdt = self._grad_dt
+        if scale != 1.0 and gdt != torch.float32 and bad is None:
+            bad = (0, L.InvalidArgumentError(
+                "step %d: grad_scaler was set after the engine was made to read %s gradients "
+                "in place (a loss scale needs the float32 staging): set it before the first "
+                "step" % (step, str(gdt).replace("torch.", ""))))
         ok = len(self._meta) if bad is None else bad[0]
         bufs, back = [], []
         data_dev = self._data_device()
         for g in (grads[:ok] if ok else ()):
-            if (scale == 1.0 and g.dtype == torch.float32 and g.device == data_dev
+            if (scale == 1.0 and g.dtype == gdt and g.device == data_dev
                     and g.is_contiguous()):
                 bufs.append(g)
             else:
-                s = g.detach().to(device=data_dev, dtype=torch.float32).contiguous()
+                s = g.detach().to(device=data_dev, dtype=gdt).contiguous()
                 if scale != 1.0:  # in place only in a copy of our own
                     s = s.div_(scale) if s.data_ptr() != g.data_ptr() else s.div(scale)
                 bufs.append(s)
