@@ -917,9 +917,10 @@ igrad_status_t igrad__engine_null_grads(igrad_engine_t *e, int64_t step, float *
     return IGRAD_OK;
 }
 
-/* After the check stage: the first tensor whose e->tnorm is not finite, as
- * the step's local failure (IGRAD_E_NONFINITE naming it and the first bad
- * index), or IGRAD_OK. */
+/* After the check stage: the first tensor whose selection pass 1 failed
+ * (e->tstatus, other than non-finite) or whose e->tnorm is not finite, as
+ * the step's local failure (that status, or IGRAD_E_NONFINITE naming it
+ * and the first bad index), or IGRAD_OK. */
 igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *const *grads,
                                        int64_t *bad_tensor)
 {

@@ -274,22 +274,14 @@ igrad_status_t igrad_engine_ready(igrad_engine_t *e, int64_t step, const size_t 
 }
 
 /* This rank's failure of the step, as the whole step would report it: a
- * NULL gradient, a non-finite value, then a failed selection. */
+ * NULL gradient, then per tensor a failed selection or a non-finite
+ * value. */
 static igrad_status_t local_failure(igrad_engine_t *e, int64_t *bad)
 {
     float *const *grads = e->stream->grads;
     IGRAD_CHECK(igrad__engine_null_grads(e, e->cur_step, grads, bad));
-    IGRAD_CHECK(igrad__engine_nonfinite(e, e->cur_step, grads, bad));
-    for (size_t t = 0; t < e->ntensors; t++)
-        if (e->tstatus[t] != IGRAD_OK) {
-            *bad = (int64_t)t;
-            return igrad__fail((igrad_status_t)e->tstatus[t], __FILE__, __LINE__,
-                               "step %lld: selection of %s failed (%s); the step is skipped "
-                               "on every rank",
-                               (long long)e->cur_step, e->t[t].name,
-                               igrad_status_str((igrad_status_t)e->tstatus[t]));
-        }
-    return IGRAD_OK;
+    /* a failed selection too (tstatus), as the fused check reports it */
+    return igrad__engine_nonfinite(e, e->cur_step, grads, bad);
 }
 
 igrad_status_t igrad_engine_close(igrad_engine_t *e, int64_t step)
