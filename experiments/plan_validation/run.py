@@ -59,10 +59,10 @@ def run_testbed(args, nodes, rpn, cmd, raw_name):
     if args.allgather != "default":  # libnbc's MPI_Iallgather: 1 linear, 2 recursive doubling
         env["OMPI_MCA_coll_libnbc_iallgather_algorithm"] = {"linear": "1",
                                                             "recursive_doubling": "2"}[args.allgather]
-    # Open MPI's launch through the rsh agent occasionally leaves one
-    # daemon missing and mpirun waiting for ever (seen 2 times in ~15
-    # launches here): such a run is stopped with SIGTERM, so that the
-    # testbed cleans up, and tried again.
+    # Before the testbed gave every daemon its own hostname, a launch
+    # sometimes left one daemon missing and mpirun waiting for ever
+    # (docs/results/plan_validation.md, "Launches"): a run that hangs is
+    # stopped with SIGTERM, so that the testbed cleans up, and tried again.
     for attempt in range(1, args.tries + 1):
         t0 = time.time()
         p = subprocess.Popen(tb + ["--"] + cmd, stdout=subprocess.PIPE,
