@@ -16,6 +16,7 @@ int cmd_profile(int argc, char **argv);
 int cmd_bench(int argc, char **argv);   /* dispatches to bench_* */
 int bench_select(int argc, char **argv); /* tools/bench_select.c */
 int bench_sync(int argc, char **argv);   /* tools/bench_sync.c */
+int bench_comm(int argc, char **argv);   /* tools/bench_comm.c */
 int cmd_train(int argc, char **argv);
 int cmd_model(int argc, char **argv);   /* tools/cmd_model.c */
 int cmd_plan(int argc, char **argv);    /* tools/cmd_plan.c */
