@@ -59,6 +59,9 @@ int64_t igrad__dp_cpu_first_bad(const igrad_engine_t *e, float *const *grads, si
                                 float *g, float *u, float *r);
 /* dp_cpu_select.c */
 void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero);
+/* A tensor not sent: accumulated or dropped, g zeroed with `zero`
+ * (dp_cpu_select.c; the streamed step's commit too). */
+void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *g, int zero);
 /* dp_cpu_pack.c */
 void igrad__dp_cpu_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
 void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads);

@@ -68,12 +68,61 @@ static igrad_status_t select_velocity(const igrad_engine_t *e, igrad__engine_ten
     return IGRAD_OK;
 }
 
-void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
+/* A tensor not sent this step: g added into its residual (with the
+ * remedies u = m*u + g, e = d*(u + e)) or, with residual "drop", dropped
+ * with its velocity; with `zero` g is zeroed in the pass that reads it.
+ * e->tnorm[t] holds the check's sum of a^2 and becomes the residual's
+ * (e->tdropped[t] the dropped mass). Shared by select_into and the
+ * streamed step's commit (dp_cpu_stream.c). */
+void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *restrict g, int zero)
 {
-    int64_t T = (int64_t)e->ntensors;
+    igrad__engine_tensor_t *tp = &e->t[t];
+    float *restrict r = tp->residual;
+    int64_t n = tp->n;
     int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
     int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
     float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
+    double a2 = e->tnorm[t];
+    if (!drop && !remedies) {
+        if (zero) {
+            SIMD
+            for (int64_t i = 0; i < n; i++) {
+                r[i] = g[i] + r[i];
+                g[i] = 0.0f;
+            }
+        } else {
+            SIMD
+            for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
+        }
+    } else if (!drop) {
+        float *restrict u = tp->velocity;
+        if (u) {
+            SIMD
+            for (int64_t i = 0; i < n; i++) {
+                u[i] = m * u[i] + g[i];
+                r[i] = d * (u[i] + r[i]);
+            }
+        } else {
+            SIMD
+            for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
+        }
+        if (zero) memset(g, 0, (size_t)n * sizeof *g);
+        e->tnorm[t] = a2 * ((double)d * (double)d);
+    } else {
+        /* the ablation drops the velocity with the residual */
+        if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
+        memset(r, 0, (size_t)n * sizeof *r);
+        if (zero) memset(g, 0, (size_t)n * sizeof *g);
+        e->tdropped[t] = a2;
+        e->tnorm[t] = 0.0;
+    }
+}
+
+void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
+{
+    int64_t T = (int64_t)e->ntensors;
+    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
+    float d = (float)e->cfg.residual_decay;
     double d2 = (double)d * (double)d;
     int par = igrad__step_parity(e, e->cur_step);
     /* 16-bit gradients: the kernels run on the thread's F32 copy (whose
@@ -119,38 +168,8 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
              * rounding errors, then decayed) */
             double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
             e->tnorm[t] = (kept + rounded) * (remedies ? d2 : 1.0);
-        } else if (!drop && !remedies) {
-            if (zero) {
-                SIMD
-                for (int64_t i = 0; i < n; i++) {
-                    r[i] = g[i] + r[i];
-                    g[i] = 0.0f;
-                }
-            } else {
-                SIMD
-                for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
-            }
-        } else if (!drop) {
-            float *restrict u = tp->velocity;
-            if (u) {
-                SIMD
-                for (int64_t i = 0; i < n; i++) {
-                    u[i] = m * u[i] + g[i];
-                    r[i] = d * (u[i] + r[i]);
-                }
-            } else {
-                SIMD
-                for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
-            }
-            if (zero) memset(g, 0, (size_t)n * sizeof *g);
-            e->tnorm[t] = a2 * d2;
         } else {
-            /* the ablation drops the velocity with the residual */
-            if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
-            memset(r, 0, (size_t)n * sizeof *r);
-            if (zero) memset(g, 0, (size_t)n * sizeof *g);
-            e->tdropped[t] = a2;
-            e->tnorm[t] = 0.0;
+            igrad__dp_cpu_accumulate(e, t, g, zero);
         }
         if (zero16) igrad__dp_cpu_zero_grad(e, grads, t);
     }

@@ -156,43 +156,6 @@ static void commit_sent(const igrad_engine_t *e, igrad__engine_tensor_t *tp, flo
     }
 }
 
-/* A tensor not sent: accumulated (with the remedies: u = m*u + g,
- * e = d*(u + e)) or dropped; g zeroed. */
-static void commit_unsent(igrad_engine_t *e, size_t t, float *restrict g)
-{
-    igrad__engine_tensor_t *tp = &e->t[t];
-    float *restrict r = tp->residual, *restrict u = tp->velocity;
-    int64_t n = tp->n;
-    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
-    double a2 = e->tnorm[t];
-    if (e->cfg.residual == IGRAD_RESIDUAL_DROP) {
-        if (u) memset(u, 0, (size_t)n * sizeof *u);
-        memset(r, 0, (size_t)n * sizeof *r);
-        memset(g, 0, (size_t)n * sizeof *g);
-        e->tdropped[t] = a2;
-        e->tnorm[t] = 0.0;
-    } else if (e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0) {
-        if (u) {
-            SIMD
-            for (int64_t i = 0; i < n; i++) {
-                u[i] = m * u[i] + g[i];
-                r[i] = d * (u[i] + r[i]);
-            }
-        } else {
-            SIMD
-            for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
-        }
-        memset(g, 0, (size_t)n * sizeof *g);
-        e->tnorm[t] = a2 * ((double)d * (double)d);
-    } else {
-        SIMD
-        for (int64_t i = 0; i < n; i++) {
-            r[i] = g[i] + r[i];
-            g[i] = 0.0f;
-        }
-    }
-}
-
 void igrad__dp_cpu_stream_commit(igrad_engine_t *e, float *const *grads)
 {
     int par = igrad__step_parity(e, e->cur_step);
@@ -206,6 +169,6 @@ void igrad__dp_cpu_stream_commit(igrad_engine_t *e, float *const *grads)
             commit_sent(e, tp, grads[t], &tp->spec[e->rel[t]][par],
                         e->stage_idx + e->stage_off[t], e->stage_val + e->stage_off[t]);
         else
-            commit_unsent(e, t, grads[t]);
+            igrad__dp_cpu_accumulate(e, t, grads[t], 1);
     }
 }
