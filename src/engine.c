@@ -1185,19 +1185,26 @@ igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_s
     return ag;
 }
 
+/* The start of a step: its statistics cleared (the bucket_loads array
+ * kept), its number and clock set; returns the clock (ms). */
+double igrad__engine_step_reset(igrad_engine_t *e, int64_t step)
+{
+    const int64_t *loads = e->stats.bucket_loads;
+    memset(&e->stats, 0, sizeof e->stats);
+    e->stats.step = step;
+    e->stats.bucket_loads = loads;
+    e->cur_step = step;
+    e->t_start = igrad__now_ms();
+    return e->t_start;
+}
+
 /* Everything before packing: checks, agreement, gate, selection, plan.
  * zero: the selection also zeroes the gradients (sparse methods; sync
  * only, since begin must leave them as they are until end). */
 static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const *grads,
                                    int zero)
 {
-    double t0 = igrad__now_ms();
-    const int64_t *loads = e->stats.bucket_loads;
-    memset(&e->stats, 0, sizeof e->stats);
-    e->stats.step = step;
-    e->stats.bucket_loads = loads;
-    e->t_start = t0;
-    e->cur_step = step;
+    double t0 = igrad__engine_step_reset(e, step);
     if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
     igrad__engine_stats_memory(e, &e->stats);
     igrad__engine_gate_step(e, step);
@@ -1286,12 +1293,7 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
 
 igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step)
 {
-    const int64_t *loads = e->stats.bucket_loads;
-    memset(&e->stats, 0, sizeof e->stats);
-    e->stats.step = step;
-    e->stats.bucket_loads = loads;
-    e->cur_step = step;
-    e->t_start = igrad__now_ms();
+    igrad__engine_step_reset(e, step);
     igrad__engine_gate_step(e, step);
     IGRAD_CHECK(igrad__engine_plan_step(e, 1));
     /* the step's statistics as a run has them: nothing was selected (norms

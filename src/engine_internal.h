@@ -363,6 +363,9 @@ igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_s
                                         int64_t bad);
 /* Blocks and buckets of the step from e->sent/e->rel (update_history: the
  * risk policy's history learns them). */
+/* The start of a step: statistics cleared (bucket_loads kept), step
+ * number and clock set; returns the clock in ms (engine.c). */
+double igrad__engine_step_reset(igrad_engine_t *e, int64_t step);
 /* The gate of step (e->sent, e->rel), each sent tensor's offset in the
  * staged selection, the per-tensor results reset (engine.c). */
 void igrad__engine_gate_step(igrad_engine_t *e, int64_t step);

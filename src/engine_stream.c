@@ -142,13 +142,7 @@ igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
         e->cur_step = step;
         return IGRAD_OK;
     }
-    double t0 = igrad__now_ms();
-    const int64_t *loads = e->stats.bucket_loads;
-    memset(&e->stats, 0, sizeof e->stats);
-    e->stats.step = step;
-    e->stats.bucket_loads = loads;
-    e->t_start = t0;
-    e->cur_step = step;
+    double t0 = igrad__engine_step_reset(e, step);
     /* collective like the whole step's (every rank opens the same step) */
     if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
     /* after it: a re-plan swaps in a new engine, whose stream state is new */
