@@ -189,6 +189,18 @@ static igrad_status_t check_tensors(igrad_engine_t *e, const size_t *tensors, si
     return st;
 }
 
+/* `step` is the streamed step open on e (IGRAD_E_STATE naming `fn`
+ * otherwise). */
+static igrad_status_t check_open(const igrad_engine_t *e, int64_t step, const char *fn)
+{
+    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_STREAM, IGRAD_E_STATE,
+                  "%s: step %lld: no streamed step is open (call igrad_engine_open first)",
+                  fn, (long long)step);
+    IGRAD_FAIL_IF(step != e->cur_step, IGRAD_E_STATE, "%s: step %lld, but step %lld is open",
+                  fn, (long long)step, (long long)e->cur_step);
+    return IGRAD_OK;
+}
+
 /* Zeros for the dense method to pack in place of a NULL gradient (the step
  * fails at close on every rank; the collectives still run). */
 static igrad_status_t zeros_for(igrad_engine_t *e, size_t t, float **out)
@@ -219,13 +231,7 @@ igrad_status_t igrad_engine_ready(igrad_engine_t *e, int64_t step, const size_t 
                   "igrad_engine_ready: buckets or nbuckets is NULL");
     *buckets = NULL;
     *nbuckets = 0;
-    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_STREAM, IGRAD_E_STATE,
-                  "igrad_engine_ready: step %lld: no streamed step is open (call "
-                  "igrad_engine_open first)",
-                  (long long)step);
-    IGRAD_FAIL_IF(step != e->cur_step, IGRAD_E_STATE,
-                  "igrad_engine_ready: step %lld, but step %lld is open", (long long)step,
-                  (long long)e->cur_step);
+    IGRAD_CHECK(check_open(e, step, "igrad_engine_ready"));
     if (e->warm_open)
         return igrad__engine_warmup_done(
             e, igrad_engine_ready(e->warmup, step, tensors, n, grads, buckets, nbuckets));
@@ -282,13 +288,7 @@ igrad_status_t igrad_engine_close(igrad_engine_t *e, int64_t step)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_close: engine is NULL");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_close"));
-    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_STREAM, IGRAD_E_STATE,
-                  "igrad_engine_close: step %lld: no streamed step is open (call "
-                  "igrad_engine_open first)",
-                  (long long)step);
-    IGRAD_FAIL_IF(step != e->cur_step, IGRAD_E_STATE,
-                  "igrad_engine_close: step %lld, but step %lld is open", (long long)step,
-                  (long long)e->cur_step);
+    IGRAD_CHECK(check_open(e, step, "igrad_engine_close"));
     if (e->warm_open) {
         igrad_status_t st = igrad_engine_close(e->warmup, step);
         if (e->warmup->state == IGRAD__ENGINE_IDLE) {
