@@ -845,6 +845,27 @@ class IgradState:
             "the layout this state was attached with (resized, replaced or another dtype; that "
             "rank's error says which); every rank fails this step" % (step, m.group(1), at))
 
+    def _skip_step(self, step, e, bad, grads):
+        """The engine skipped the step on every rank (non-finite; residuals
+        unchanged): this rank's own refusal `bad` wins; with
+        nonfinite="allreduce" `grads` are averaged as DDP would."""
+        if bad is not None:
+            raise bad[1] from None
+        if self.nonfinite == "allreduce":
+            self._dense_average(grads)
+        self.skipped_steps += 1
+        self.last_stats = {"step": step, "skipped": 1, "reason": str(e)}
+
+    def _raise_step_error(self, step, e, bad):
+        """The engine failed the step on every rank: raises this rank's own
+        refusal `bad`, else a peer's refusal named in `e`, else `e`."""
+        if bad is not None:
+            raise bad[1] from None
+        peer = self._peer_refusal(step, e)
+        if peer is not None:
+            raise peer from e
+        raise e
+
     def _step_tensors(self, step, grads, refused=None):
         """Synchronizes one step: grads[t] is tensor t's gradient (layout
         order, any float dtype and device), overwritten in place with the
@@ -902,21 +923,10 @@ class IgradState:
         try:
             buckets = eng.begin(step, addrs)
         except L.NonFiniteError as e:
-            if bad is not None:
-                raise bad[1] from None
-            # Every rank got this error for the same step; residuals are unchanged.
-            if self.nonfinite == "allreduce":
-                self._dense_average(grads)
-            self.skipped_steps += 1
-            self.last_stats = {"step": step, "skipped": 1, "reason": str(e)}
+            self._skip_step(step, e, bad, grads)
             return self.last_stats
         except L.IgradError as e:
-            if bad is not None:
-                raise bad[1] from None  # the engine failed the step on every rank
-            peer = self._peer_refusal(step, e)
-            if peer is not None:
-                raise peer from e
-            raise
+            self._raise_step_error(step, e, bad)
         if bad is not None:  # cannot happen: the engine refuses a NULL gradient
             raise bad[1]
         t0 = time.perf_counter()
@@ -1136,21 +1146,11 @@ class IgradState:
             eng.close(step)
             t2 = time.perf_counter()
         except L.NonFiniteError as e:
-            if bad is not None:
-                raise bad[1] from None
-            if self.nonfinite == "allreduce":
-                self._dense_average([s["views"][t] for t in range(len(self._meta))])
-            self.skipped_steps += 1
-            self.last_stats = {"step": step, "skipped": 1, "reason": str(e)}
+            self._skip_step(step, e, bad, [s["views"][t] for t in range(len(self._meta))])
             self.iter += 1
             return
         except L.IgradError as e:
-            if bad is not None:
-                raise bad[1] from None
-            peer = self._peer_refusal(step, e)
-            if peer is not None:
-                raise peer from e
-            raise
+            self._raise_step_error(step, e, bad)
         if bad is not None:  # cannot happen: the engine refuses a NULL gradient
             raise bad[1]
         scale = s["scale"]
