@@ -1013,6 +1013,26 @@ IGRAD_API const char *igrad_collective_name(igrad_collective_t collective);
 IGRAD_API igrad_status_t igrad_collective_from_name(const char *name,
                                                     igrad_collective_t *collective);
 
+/** How the ranks exchange (config.topology). */
+typedef enum igrad_topology {
+    IGRAD_TOPOLOGY_FLAT = 0, /**< one level: every bucket's collective over all
+                                  P ranks */
+    IGRAD_TOPOLOGY_HIER = 1  /**< two levels (nodes of L ranks, N = P / L nodes):
+                                  each tensor is summed onto its owner inside the
+                                  node, the owner runs error feedback, gate and
+                                  selection on that node sum and exchanges the
+                                  sparse payload with the N owners of the same
+                                  shard on the other nodes, then broadcasts the
+                                  result inside the node. Residuals live with the
+                                  owner. igrad_engine_sync only; MPI (or one-rank)
+                                  communicators */
+} igrad_topology_t;
+
+/** @return "flat" or "hier" ("unknown" for other values). */
+IGRAD_API const char *igrad_topology_name(igrad_topology_t topology);
+/** Parses a topology name (case-insensitive). */
+IGRAD_API igrad_status_t igrad_topology_from_name(const char *name, igrad_topology_t *topology);
+
 /** Engine configuration. Initialise with IGRAD_CONFIG_INIT, then change
  *  fields. Every rank must use the same values (checked, except threads). */
 typedef struct igrad_config {
@@ -1147,6 +1167,17 @@ typedef struct igrad_config {
                                            stay F32. CPU data plane only
                                            (IGRAD_E_UNSUPPORTED on CUDA), not with
                                            igrad_engine_open (F32) */
+    /* Topology (issue 12): appended after grad_dtype. */
+    igrad_topology_t topology;        /**< FLAT, or HIER: the two-level sync (see
+                                           igrad_topology_t) (FLAT) */
+    int ranks_per_node;               /**< L >= 0: ranks [k*L, (k+1)*L) of the comm
+                                           form node k (P must be a multiple of L);
+                                           0 = the nodes MPI reports
+                                           (MPI_COMM_TYPE_SHARED, equal sizes
+                                           required; a non-MPI comm is one node).
+                                           Flat engines use it only to split
+                                           wire bytes into intra- and inter-node
+                                           in the statistics (0) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1160,7 +1191,7 @@ typedef struct igrad_config {
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
       IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0, \
-      0, 0.05, IGRAD_DTYPE_F32 }
+      0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0 }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
@@ -1282,6 +1313,16 @@ typedef struct igrad_step_stats {
                                    igrad_engine_workspace_nbytes() */
     double dataplane_nbytes_per_param; /**< dataplane_nbytes / the layout's
                                    parameters */
+    /* Levels (appended after dataplane_nbytes_per_param): wire_nbytes split
+     * into the bytes this rank moves to or from ranks of its own node and
+     * of other nodes. Flat engines: allgather (L-1) and (P-L) times
+     * send_nbytes, all-reduce in the same proportion (L = ranks_per_node;
+     * with 0, or one node, everything is intra). Hierarchical engines:
+     * intra = the node sum and broadcast of every parameter,
+     * 2(L-1)/L*4 bytes per parameter; inter = the shard's collectives among
+     * the N owners, wire_nbytes = intra + inter. */
+    double intra_wire_nbytes;
+    double inter_wire_nbytes;
 } igrad_step_stats_t;
 
 /** First half of a step: agrees with the other ranks that every gradient
@@ -1451,6 +1492,9 @@ typedef struct igrad_planned_bucket {
     double wire_nbytes;     /**< modelled bytes per rank, as in igrad_step_stats_t */
     int64_t dense_count;    /**< F32 values of the bucket's dense segments (what
                                  a reduce bucket all-reduces) */
+    int local_rank;         /**< topology hier: the rank of the node whose shard
+                                 it carries (its collective runs among the N
+                                 ranks of that local rank); 0 when flat */
 } igrad_planned_bucket_t;
 
 /** Plans `step` on a plan-only engine exactly as a real engine plans it

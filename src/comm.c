@@ -319,6 +319,70 @@ igrad_status_t igrad__comm_iallreduce(igrad_comm_t *comm, const void *send, void
     return request_issued(req, st, out);
 }
 
+/* ---- split, reduce to a root, broadcast (the two-level sync) ------------ */
+
+int igrad__comm_can_split(const igrad_comm_t *comm)
+{
+    return comm && comm->vt->split && comm->vt->ireduce && comm->vt->ibcast;
+}
+
+static igrad_status_t check_splittable(const igrad_comm_t *comm, const char *what)
+{
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "%s: comm is NULL", what);
+    IGRAD_FAIL_IF(!igrad__comm_can_split(comm), IGRAD_E_UNSUPPORTED,
+                  "%s: communicator '%s' cannot be split into nodes (use an MPI "
+                  "communicator)",
+                  what, comm->backend);
+    return check_usable(comm, what);
+}
+
+igrad_status_t igrad__comm_split(igrad_comm_t *comm, int color, int key, igrad_comm_t **out)
+{
+    IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_comm split: out is NULL");
+    *out = NULL;
+    IGRAD_CHECK(check_splittable(comm, "igrad_comm split"));
+    IGRAD_FAIL_IF(color < 0 && color != IGRAD__SPLIT_NODE, IGRAD_E_INVALID,
+                  "igrad_comm split: color %d", color);
+    IGRAD_CHECK(check_no_group(comm, "igrad_comm split"));
+    IGRAD_CHECK(comm->vt->split(comm, color, key, out));
+    (*out)->timeout_s = comm->timeout_s;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__comm_ireduce(igrad_comm_t *comm, const void *send, void *recv,
+                                   size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                   int root, igrad_comm_request_t **out)
+{
+    IGRAD_CHECK(check_request_out(out, "igrad_comm ireduce"));
+    IGRAD_CHECK(check_splittable(comm, "igrad_comm ireduce"));
+    IGRAD_FAIL_IF(root < 0 || root >= comm->size, IGRAD_E_INVALID,
+                  "igrad_comm ireduce: root %d outside [0, %d)", root, comm->size);
+    void *r = comm->rank == root ? recv : (void *)(uintptr_t)send; /* recv: root only */
+    IGRAD_CHECK(check_allreduce(comm, "igrad_comm ireduce", &send, &r, count, dtype, op));
+    IGRAD_FAIL_IF(comm->rank == root && count > 0 && send == (const void *)r, IGRAD_E_INVALID,
+                  "igrad_comm ireduce: send and recv are the same buffer at the root");
+    igrad_comm_request_t *req = NULL;
+    IGRAD_CHECK(request_new(comm, "ireduce", &req));
+    igrad_status_t st = comm->vt->ireduce(comm, send, comm->rank == root ? r : NULL, count,
+                                          dtype, op, root, req);
+    return request_issued(req, st, out);
+}
+
+igrad_status_t igrad__comm_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                                  igrad_comm_request_t **out)
+{
+    IGRAD_CHECK(check_request_out(out, "igrad_comm ibcast"));
+    IGRAD_CHECK(check_splittable(comm, "igrad_comm ibcast"));
+    IGRAD_FAIL_IF(root < 0 || root >= comm->size, IGRAD_E_INVALID,
+                  "igrad_comm ibcast: root %d outside [0, %d)", root, comm->size);
+    if (nbytes == 0) buf = comm_dummy;
+    IGRAD_FAIL_IF(!buf, IGRAD_E_INVALID, "igrad_comm ibcast: buf is NULL (nbytes %zu)", nbytes);
+    igrad_comm_request_t *req = NULL;
+    IGRAD_CHECK(request_new(comm, "ibcast", &req));
+    igrad_status_t st = comm->vt->ibcast(comm, buf, nbytes, root, req);
+    return request_issued(req, st, out);
+}
+
 /* The caller's buffers are host memory; a host collective has no stream. */
 igrad_status_t igrad_comm_iallgather(igrad_comm_t *comm, const void *send, size_t nbytes,
                                      void *recv, igrad_comm_request_t **out)

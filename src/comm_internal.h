@@ -69,7 +69,23 @@ typedef struct igrad__comm_vtable {
     igrad_status_t (*group_end)(igrad_comm_t *comm);
     /* Releases comm->impl (not the comm itself). May be NULL. */
     void (*destroy)(igrad_comm_t *comm);
+    /* Optional, all three or none (the two-level sync, engine_hier.c, needs
+     * them; NULL for custom and NCCL comms, which it then refuses).
+     * split: collective; a new comm of the ranks with the same color,
+     * ordered by key (IGRAD__SPLIT_NODE: the ranks sharing this rank's
+     * node). ireduce: non-blocking SUM/MAX/MIN of count elements of every
+     * rank's send into root's recv (recv is not touched elsewhere). ibcast:
+     * non-blocking broadcast of nbytes from root's buf. Host memory. */
+    igrad_status_t (*split)(igrad_comm_t *comm, int color, int key, igrad_comm_t **out);
+    igrad_status_t (*ireduce)(igrad_comm_t *comm, const void *send, void *recv, size_t count,
+                              igrad_dtype_t dtype, igrad_reduce_op_t op, int root,
+                              igrad_comm_request_t *req);
+    igrad_status_t (*ibcast)(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                             igrad_comm_request_t *req);
 } igrad__comm_vtable_t;
+
+/* split's color for "the ranks of my node" (MPI_COMM_TYPE_SHARED). */
+#define IGRAD__SPLIT_NODE (-2)
 
 struct igrad_comm {
     const igrad__comm_vtable_t *vt;
@@ -116,6 +132,17 @@ igrad_status_t igrad__comm_iallreduce(igrad_comm_t *comm, const void *send, void
                                       size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
                                       igrad__mem_space_t space, void *stream,
                                       igrad_comm_request_t **req);
+
+/* The vtable's split / ireduce / ibcast with argument checks (ranks,
+ * buffers, dtype) and the comm's state checks; IGRAD_E_UNSUPPORTED naming
+ * the backend when it has none. A split comm inherits the timeout. */
+int igrad__comm_can_split(const igrad_comm_t *comm);
+igrad_status_t igrad__comm_split(igrad_comm_t *comm, int color, int key, igrad_comm_t **out);
+igrad_status_t igrad__comm_ireduce(igrad_comm_t *comm, const void *send, void *recv,
+                                   size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                   int root, igrad_comm_request_t **req);
+igrad_status_t igrad__comm_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                                  igrad_comm_request_t **req);
 
 /* Brackets a group of non-blocking collectives (vtable group_start /
  * group_end; no-ops for a backend without them). Pairs nest; only the

@@ -374,6 +374,58 @@ static igrad_status_t mpi_test(igrad_comm_t *comm, igrad_comm_request_t *req, in
     return IGRAD_OK;
 }
 
+/* ---- split, reduce to a root, non-blocking bcast (the two-level sync) ---- */
+
+static igrad_status_t mpi_wrap(MPI_Comm c, igrad_comm_t **out);
+
+static igrad_status_t mpi_split(igrad_comm_t *comm, int color, int key, igrad_comm_t **out)
+{
+    const mpi_impl_t *impl = comm->impl;
+    MPI_Comm c = MPI_COMM_NULL;
+    if (color == IGRAD__SPLIT_NODE)
+        MPI_CHECK(MPI_Comm_split_type(impl->comm, MPI_COMM_TYPE_SHARED, key, MPI_INFO_NULL, &c),
+                  "MPI_Comm_split_type");
+    else MPI_CHECK(MPI_Comm_split(impl->comm, color, key, &c), "MPI_Comm_split");
+    igrad_status_t st = mpi_wrap(c, out);
+    if (st != IGRAD_OK) MPI_Comm_free(&c);
+    return st;
+}
+
+static igrad_status_t mpi_ireduce(igrad_comm_t *comm, const void *send, void *recv,
+                                  size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                  int root, igrad_comm_request_t *req)
+{
+    const mpi_impl_t *impl = comm->impl;
+    mpi_request_t *state = NULL;
+    IGRAD_CHECK(request_state_new(piece_count(count, impl->max_count), "igrad_comm ireduce",
+                                  &state));
+    size_t elem = igrad_dtype_nbytes(dtype);
+    for (int i = 0; i < state->count; i++) {
+        size_t off = (size_t)i * impl->max_count;
+        size_t n = count - off < impl->max_count ? count - off : impl->max_count;
+        void *rbuf = recv ? (unsigned char *)recv + off * elem : NULL;
+        int rc = MPI_Ireduce((const unsigned char *)send + off * elem, rbuf, (int)n,
+                             mpi_dtype(dtype), mpi_op(op), root, impl->comm, &state->reqs[i]);
+        if (rc != MPI_SUCCESS)
+            return abandon_pieces(state, mpi_fail(rc, "MPI_Ireduce", __FILE__, __LINE__));
+    }
+    req->handle = state;
+    return IGRAD_OK;
+}
+
+static igrad_status_t mpi_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                                 igrad_comm_request_t *req)
+{
+    const mpi_impl_t *impl = comm->impl;
+    mpi_request_t *state = NULL;
+    IGRAD_CHECK(request_state_new(piece_count(nbytes, impl->max_count), "igrad_comm ibcast",
+                                  &state));
+    igrad_status_t st = mpi_bcast_all(impl, buf, nbytes, root, state);
+    if (st != IGRAD_OK) return abandon_pieces(state, st);
+    req->handle = state;
+    return IGRAD_OK;
+}
+
 static void mpi_destroy(igrad_comm_t *comm)
 {
     mpi_impl_t *impl = comm->impl;
@@ -400,7 +452,30 @@ static const igrad__comm_vtable_t mpi_vtable = {
     .wait = mpi_wait,
     .test = mpi_test,
     .destroy = mpi_destroy,
+    .split = mpi_split,
+    .ireduce = mpi_ireduce,
+    .ibcast = mpi_ibcast,
 };
+
+/* A comm around `c`, which it owns from here on (errors return). */
+static igrad_status_t mpi_wrap(MPI_Comm c, igrad_comm_t **out)
+{
+    mpi_impl_t *impl = calloc(1, sizeof *impl);
+    IGRAD_FAIL_IF(!impl, IGRAD_E_NOMEM, "igrad_comm split: out of memory");
+    impl->comm = c;
+    impl->max_count = INT_MAX;
+    int rank = 0, size = 0;
+    int rc = MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+        free(impl);
+        return mpi_fail(rc, "igrad_comm split: MPI_Comm_set_errhandler", __FILE__, __LINE__);
+    }
+    MPI_Comm_rank(c, &rank);
+    MPI_Comm_size(c, &size);
+    igrad_status_t st = igrad__comm_new(&mpi_vtable, "mpi", rank, size, impl, out);
+    if (st != IGRAD_OK) free(impl);
+    return st;
+}
 
 igrad_status_t igrad_comm_create_mpi(const void *mpi_comm, igrad_comm_t **out)
 {

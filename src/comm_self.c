@@ -41,12 +41,37 @@ static igrad_status_t self_barrier(igrad_comm_t *comm)
     return IGRAD_OK;
 }
 
+static igrad_status_t self_split(igrad_comm_t *comm, int color, int key, igrad_comm_t **out)
+{
+    (void)comm, (void)color, (void)key; /* one rank: its own group */
+    return igrad_comm_create_self(out);
+}
+
+static igrad_status_t self_ireduce(igrad_comm_t *comm, const void *send, void *recv,
+                                   size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                   int root, igrad_comm_request_t *req)
+{
+    (void)root;
+    req->done = 1;
+    return self_allreduce(comm, send, recv, count, dtype, op);
+}
+
+static igrad_status_t self_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                                  igrad_comm_request_t *req)
+{
+    req->done = 1;
+    return self_bcast(comm, buf, nbytes, root);
+}
+
 static const igrad__comm_vtable_t self_vtable = {
     .spaces = IGRAD__MEM_BIT(IGRAD__MEM_HOST),
     .allgather = self_allgather,
     .allreduce = self_allreduce,
     .bcast = self_bcast,
     .barrier = self_barrier,
+    .split = self_split,
+    .ireduce = self_ireduce,
+    .ibcast = self_ibcast,
 };
 
 igrad_status_t igrad_comm_create_self(igrad_comm_t **out)

@@ -77,7 +77,7 @@ static igrad_status_t unpack_sparse(igrad_engine_t *e, size_t j, float *const *g
     int par = igrad__step_parity(e, e->cur_step);
     /* multiplying by 1/P: exact division for powers of two, and a loop
      * that vectorizes */
-    const float inv = 1.0f / (float)e->nranks;
+    const float inv = 1.0f / (float)e->avg_ranks;
     const int vw = e->value_nbytes;
     const igrad_dtype_t vt = e->cfg.value_dtype;
     for (int r = 0; r < e->nranks; r++) {
@@ -123,7 +123,7 @@ static igrad_status_t unpack_dense(igrad_engine_t *e, size_t j, float *const *gr
                                    int64_t only, int *hit)
 {
     const igrad__engine_bucket_t *bk = &e->bk[j];
-    const float inv = 1.0f / (float)e->nranks; /* as in the sparse wire */
+    const float inv = 1.0f / (float)e->avg_ranks; /* as in the sparse wire */
     const float *buf = (const float *)(const void *)(e->recv_arena + bk->recv_off);
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
     for (size_t q = 0; q < bk->nblocks; q++) {

@@ -200,7 +200,7 @@ igrad_status_t igrad__dp_cuda_unpack_sparse(igrad_engine_t *e, size_t j, float *
             return igrad__dp_bad_index(e, bk, &e->binfo[e->order[bk->first + q]], (int)r, k,
                                        igrad__read_index(bytes, b->width, 0), b->bound);
         }
-    const float inv = 1.0f / (float)e->nranks; /* as the CPU backend */
+    const float inv = 1.0f / (float)e->avg_ranks; /* as the CPU backend */
     for (size_t r = 0; r < P; r++)
         add_kernel<<<(unsigned)nb, IGRAD__CUDA_THREADS, 0, s>>>(
             st->d_blk, recv + r * bk->send_nbytes, inv);
@@ -212,7 +212,7 @@ igrad_status_t igrad__dp_cuda_unpack_dense(igrad_engine_t *e, size_t j, float *c
 {
     cudaStream_t s = igrad__cuda_stream(e);
     const igrad__engine_bucket_t *bk = &e->bk[j];
-    const float inv = 1.0f / (float)e->nranks;
+    const float inv = 1.0f / (float)e->avg_ranks;
     const float *buf = (const float *)(const void *)(e->recv_arena + bk->recv_off);
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
     for (size_t q = 0; q < bk->nblocks; q++) {

@@ -61,6 +61,7 @@
 static const char *const method_names[] = {"dense", "topk_sync", "adtopk_sync", "iad", "ig"};
 static const char *const residual_names[] = {"on", "drop"};
 static const char *const collective_names[] = {"auto", "gather", "reduce"};
+static const char *const topology_names[] = {"flat", "hier"};
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 const char *igrad_method_name(igrad_method_t method)
@@ -115,6 +116,21 @@ igrad_status_t igrad_collective_from_name(const char *name, igrad_collective_t *
     IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID, "unknown collective \"%s\" (auto, gather, reduce)",
                   name);
     *collective = (igrad_collective_t)i;
+    return IGRAD_OK;
+}
+
+const char *igrad_topology_name(igrad_topology_t topology)
+{
+    int c = (int)topology;
+    return c >= 0 && c < COUNT_OF(topology_names) ? topology_names[c] : "unknown";
+}
+
+igrad_status_t igrad_topology_from_name(const char *name, igrad_topology_t *topology)
+{
+    IGRAD_FAIL_IF(!name || !topology, IGRAD_E_INVALID, "topology name: NULL argument");
+    int i = find_name(name, topology_names, COUNT_OF(topology_names));
+    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID, "unknown topology \"%s\" (flat, hier)", name);
+    *topology = (igrad_topology_t)i;
     return IGRAD_OK;
 }
 
@@ -192,6 +208,11 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
     IGRAD_FAIL_IF((int)c->collective < 0 || (int)c->collective >= COUNT_OF(collective_names),
                   IGRAD_E_INVALID, "config.collective is %d (auto, gather, reduce)",
                   (int)c->collective);
+    IGRAD_FAIL_IF((int)c->topology < 0 || (int)c->topology >= COUNT_OF(topology_names),
+                  IGRAD_E_INVALID, "config.topology is %d (flat, hier)", (int)c->topology);
+    IGRAD_FAIL_IF(c->ranks_per_node < 0, IGRAD_E_INVALID,
+                  "config.ranks_per_node is %d (must be >= 0; 0 = the nodes MPI reports)",
+                  c->ranks_per_node);
     IGRAD_FAIL_IF(c->threads < 0 || c->threads > 4096, IGRAD_E_INVALID,
                   "config.threads is %d (must be in [0, 4096]; 0 = OpenMP default)", c->threads);
     IGRAD_FAIL_IF(!(c->timeout_s >= 0.0 && c->timeout_s <= DBL_MAX), IGRAD_E_INVALID,
@@ -265,13 +286,21 @@ static int index_nbytes(const igrad_engine_t *e, const igrad_select_spec_t *sp)
 
 /* Checks that a profile describes the layout's components. The profile may
  * lack EMB/HEAD/NORM components (made before they were components): those
- * are important (plan_phases). Both lists are sorted by (layer, kind). */
+ * are important (plan_phases). Both lists are sorted by (layer, kind). A
+ * shard's layout (the two-level sync, `subset`) holds some of the profiled
+ * model's components: the profile may have more, and its layout hash is
+ * the whole model's. */
+static int comp_before(int layer, igrad_kind_t kind, int layer2, igrad_kind_t kind2)
+{
+    return layer < layer2 || (layer == layer2 && kind < kind2);
+}
+
 static igrad_status_t check_profile(const igrad_profile_t *profile,
-                                    const igrad_layout_t *layout)
+                                    const igrad_layout_t *layout, int subset)
 {
     size_t nc = igrad_layout_component_count(layout), np = igrad_profile_count(profile);
     uint64_t ph = igrad_profile_layout_hash(profile), lh = igrad_layout_hash(layout);
-    IGRAD_FAIL_IF(ph != 0 && ph != lh, IGRAD_E_MISMATCH,
+    IGRAD_FAIL_IF(!subset && ph != 0 && ph != lh, IGRAD_E_MISMATCH,
                   "profile does not match the layout: made for layout 0x%016llx, this layout "
                   "is 0x%016llx",
                   (unsigned long long)ph, (unsigned long long)lh);
@@ -281,6 +310,8 @@ static igrad_status_t check_profile(const igrad_profile_t *profile,
         igrad_profile_entry_t pe = {0};
         IGRAD_CHECK(igrad_layout_component(layout, c, &ci));
         if (p < np) IGRAD_CHECK(igrad_profile_entry(profile, p, &pe));
+        while (subset && p < np && comp_before(pe.layer, pe.kind, ci.layer, ci.kind))
+            if (++p < np) IGRAD_CHECK(igrad_profile_entry(profile, p, &pe));
         int same = p < np && ci.layer == pe.layer && ci.kind == pe.kind;
         if (!same && igrad__kind_is_outer(ci.kind)) continue; /* absent: important */
         IGRAD_FAIL_IF(p >= np, IGRAD_E_MISMATCH,
@@ -294,7 +325,7 @@ static igrad_status_t check_profile(const igrad_profile_t *profile,
                       igrad_kind_name(ci.kind), (long long)ci.count);
         p++;
     }
-    IGRAD_FAIL_IF(p != np, IGRAD_E_MISMATCH,
+    IGRAD_FAIL_IF(!subset && p != np, IGRAD_E_MISMATCH,
                   "profile does not match the layout: %zu components in the profile, %zu of "
                   "them in the layout",
                   np, p);
@@ -657,6 +688,16 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         e->nranks = igrad_comm_size(comm);
     }
     e->last_step = -1;
+    IGRAD_FAIL_IF(c->topology == IGRAD_TOPOLOGY_HIER && !e->plan_only, IGRAD_E_UNSUPPORTED,
+                  "igrad_engine_create: config.topology hier runs on the CPU data plane only "
+                  "(igrad_engine_create; this is the '%s' one)",
+                  e->dp->name);
+    IGRAD_FAIL_IF(c->ranks_per_node > 0 && e->nranks % c->ranks_per_node != 0, IGRAD_E_INVALID,
+                  "igrad_engine_create: config.ranks_per_node is %d, but there are %d ranks "
+                  "(not a multiple)",
+                  c->ranks_per_node, e->nranks);
+    e->node_ranks = c->ranks_per_node > 0 ? c->ranks_per_node : e->nranks;
+    if (e->avg_ranks <= 0) e->avg_ranks = e->nranks; /* a shard engine has its own */
     switch (c->method) {
     case IGRAD_METHOD_DENSE: e->sp = IGRAD_SPARSIFIER_NONE; break;
     case IGRAD_METHOD_TOPK_SYNC: e->sp = IGRAD_SPARSIFIER_TOPK; break;
@@ -670,7 +711,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
                   "igrad_engine_create: method %s needs a profile (igrad_profile_build or "
                   "igrad_profile_load) or config.profile_steps > 0 (online profiling)",
                   igrad_method_name(c->method));
-    if (e->deferral && profile) IGRAD_CHECK(check_profile(profile, layout));
+    if (e->deferral && profile) IGRAD_CHECK(check_profile(profile, layout, e->shard));
     /* iad/ig: e->online copies the partition string and points at the copy */
     if (!e->deferral) e->cfg.profile_partition = NULL;
 
@@ -772,6 +813,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
 void igrad_engine_free(igrad_engine_t *e)
 {
     if (!e) return;
+    igrad__hier_free(e->hier);
     igrad_engine_free(e->warmup);
     if (e->ws)
         for (int i = 0; i < e->nthreads; i++) igrad_select_ws_free(e->ws[i]);
@@ -828,12 +870,17 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
                                    const igrad_config_t *config, igrad_comm_t *comm,
                                    igrad_engine_t **out)
 {
+    if (config && config->size >= sizeof *config && config->topology == IGRAD_TOPOLOGY_HIER)
+        return igrad__hier_create(layout, profile, config, comm, out);
     return igrad__engine_create(layout, profile, config, comm, &igrad__dp_cpu, NULL, out);
 }
 
-igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
+/* igrad__engine_create, and for a shard engine of the two-level sync
+ * (avg_ranks > 0: the ranks its results average over; its profile may
+ * cover more components than its layout). */
+static igrad_status_t create_engine(const igrad_layout_t *layout, const igrad_profile_t *profile,
                                     const igrad_config_t *config, igrad_comm_t *comm,
-                                    const igrad__dp_ops_t *dp, void *stream,
+                                    const igrad__dp_ops_t *dp, void *stream, int64_t avg_ranks,
                                     igrad_engine_t **out)
 {
     IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_engine_create: out is NULL");
@@ -851,6 +898,8 @@ igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_pr
     if (e) {
         e->dp = dp;
         e->dp_stream = stream;
+        e->avg_ranks = avg_ranks;
+        e->shard = avg_ranks > 0;
     }
     if (!e) st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "igrad_engine_create: out of memory");
     else if (profile && config && config->size >= sizeof *config && config->profile_steps > 0)
@@ -877,6 +926,14 @@ igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_pr
         return ag;
     }
     e->agree_buf = abuf;
+    if (e->cfg.ranks_per_node == 0 && nranks > 1 && igrad__comm_can_split(comm)) {
+        /* the statistics' intra/inter split: the ranks MPI puts on this
+         * node (collective, after the agreement: every rank gets here) */
+        igrad_comm_t *node = NULL;
+        if (igrad__comm_split(comm, IGRAD__SPLIT_NODE, e->rank, &node) == IGRAD_OK)
+            e->node_ranks = igrad_comm_size(node);
+        igrad_comm_free(node);
+    }
     if (e->sp != IGRAD_SPARSIFIER_NONE && e->cfg.start_iter > 0) {
         /* Collective, after the agreement: every rank gets here. Its own
          * agreement fails every rank if one rank cannot build it. */
@@ -886,7 +943,7 @@ igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_pr
         dc.residual_decay = 1.0;
         dc.start_iter = 0;
         dc.value_dtype = IGRAD_DTYPE_F32; /* as method dense requires */
-        st = igrad__engine_create(layout, NULL, &dc, comm, e->dp, e->dp_stream, &e->warmup);
+        st = create_engine(layout, NULL, &dc, comm, e->dp, e->dp_stream, avg_ranks, &e->warmup);
         if (st != IGRAD_OK) {
             igrad_engine_free(e);
             return st;
@@ -894,6 +951,22 @@ igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_pr
     }
     *out = e;
     return IGRAD_OK;
+}
+
+igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                                    const igrad_config_t *config, igrad_comm_t *comm,
+                                    const igrad__dp_ops_t *dp, void *stream,
+                                    igrad_engine_t **out)
+{
+    return create_engine(layout, profile, config, comm, dp, stream, 0, out);
+}
+
+igrad_status_t igrad__engine_create_shard(const igrad_layout_t *layout,
+                                          const igrad_profile_t *profile,
+                                          const igrad_config_t *config, igrad_comm_t *comm,
+                                          int64_t avg_ranks, igrad_engine_t **out)
+{
+    return create_engine(layout, profile, config, comm, &igrad__dp_cpu, NULL, avg_ranks, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1182,6 +1255,7 @@ igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_s
     igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, bad, msg,
                                             e->items, check, context);
     e->calls++;
+    if (e->world) ag = igrad__hier_agree_world(e, step, st, bad, ag);
     return ag;
 }
 
@@ -1259,6 +1333,11 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
         s->payload_nbytes += bk->route->payload(bk);
         s->wire_nbytes += bk->route->wire_nbytes(bk, P);
     }
+    /* levels: the share of this rank's peers on its own node */
+    if (e->nranks > 1) {
+        s->intra_wire_nbytes = s->wire_nbytes * (double)(e->node_ranks - 1) / (P - 1.0);
+        s->inter_wire_nbytes = s->wire_nbytes - s->intra_wire_nbytes;
+    }
     s->buckets = (int)e->nbk;
     s->bucket_count = e->nplanned;
     s->bucket_loads = e->loads;
@@ -1329,6 +1408,7 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
                                   const igrad_bucket_t **buckets, size_t *nbuckets)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_begin: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_begin");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_begin"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_begin: step %lld is still open (call igrad_engine_end first)",
@@ -1358,6 +1438,7 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
 igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *grads)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_end: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_end");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_end"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_BEGUN, IGRAD_E_STATE,
                   "igrad_engine_end: no step is open (call igrad_engine_begin first)");
@@ -1516,6 +1597,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
 igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *grads)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_sync: engine is NULL");
+    if (e->hier) return igrad__hier_sync(e, step, grads);
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_sync"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_sync: step %lld is open (call igrad_engine_end first)",
@@ -1547,6 +1629,11 @@ igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *e, size_t t,
     IGRAD_FAIL_IF(t >= e->ntensors, IGRAD_E_INVALID,
                   "igrad_engine_tensor_plan: tensor %zu out of range (%zu tensors)", t,
                   e->ntensors);
+    size_t sub = 0;
+    if (e->hier) {
+        const igrad_engine_t *owner = igrad__hier_owner(e, t, 0, &sub);
+        return igrad_engine_tensor_plan(owner, sub, out);
+    }
     const igrad__engine_tensor_t *tp = &e->t[t];
     memset(out, 0, sizeof *out);
     out->every_step = tp->phase < 0;
@@ -1565,6 +1652,12 @@ igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *e, size_t t,
 int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
 {
     if (!e) return -1;
+    if (e->hier) { /* this rank's shard */
+        size_t sub = 0;
+        const igrad_engine_t *own = NULL;
+        for (size_t t = 0; t < e->ntensors && !own; t++) own = igrad__hier_owner(e, t, 1, &sub);
+        return own ? igrad_engine_predict_payload(own, step) : -1;
+    }
     if (igrad__engine_warmup_step(e, step)) return igrad_engine_predict_payload(e->warmup, step);
     int par = igrad__step_parity(e, step);
     int64_t total = 0;
@@ -1579,18 +1672,29 @@ int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
 const float *igrad_engine_residual(const igrad_engine_t *e, size_t t)
 {
     if (!e || t >= e->ntensors) return NULL;
+    size_t sub = 0;
+    if (e->hier) {
+        const igrad_engine_t *owner = igrad__hier_owner(e, t, 1, &sub);
+        return igrad_engine_residual(owner, sub);
+    }
     return e->t[t].residual;
 }
 
 const float *igrad_engine_velocity(const igrad_engine_t *e, size_t t)
 {
     if (!e || t >= e->ntensors) return NULL;
+    size_t sub = 0;
+    if (e->hier) {
+        const igrad_engine_t *owner = igrad__hier_owner(e, t, 1, &sub);
+        return igrad_engine_velocity(owner, sub);
+    }
     return e->t[t].velocity;
 }
 
 igrad_status_t igrad_engine_set_trace(igrad_engine_t *e, igrad_trace_t *trace)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_set_trace: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_set_trace");
     if (trace) {
         uint64_t th = igrad_trace_layout_hash(trace);
         IGRAD_FAIL_IF(igrad_trace_component_count(trace) != e->ncomp ||
@@ -1618,6 +1722,7 @@ int64_t igrad_engine_step(const igrad_engine_t *e) { return e ? e->last_step : -
 size_t igrad_engine_workspace_nbytes(const igrad_engine_t *e)
 {
     if (!e) return 0;
+    if (e->hier) return igrad__hier_workspace_nbytes(e);
     size_t T = e->ntensors, mb = e->max_blocks, nb = (size_t)e->nb_max;
     size_t n = sizeof *e + T * (sizeof *e->t + sizeof *e->tensor_hash + sizeof *e->stage_off +
                                 2 + sizeof *e->work + sizeof *e->tstatus + 3 * sizeof(double));

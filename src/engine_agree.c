@@ -62,6 +62,8 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_TARGET_RATIO] = {"config.target_ratio", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_REPROFILE_EVERY] = {"config.reprofile_every", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_REPROFILE_MARGIN] = {"config.reprofile_margin", IGRAD__ITEM_F64, 1},
+    [IGRAD__ITEM_CFG_TOPOLOGY] = {"config.topology", IGRAD__ITEM_TOPOLOGY, 1},
+    [IGRAD__ITEM_CFG_RANKS_PER_NODE] = {"config.ranks_per_node", IGRAD__ITEM_I64, 1},
 };
 
 static uint64_t f64_bits(double v)
@@ -118,6 +120,9 @@ void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes)
     case IGRAD__ITEM_COLLECTIVE:
         snprintf(buf, nbytes, "%s", igrad_collective_name((igrad_collective_t)s));
         return;
+    case IGRAD__ITEM_TOPOLOGY:
+        snprintf(buf, nbytes, "%s", igrad_topology_name((igrad_topology_t)s));
+        return;
     }
     snprintf(buf, nbytes, "%llu", (unsigned long long)value);
 }
@@ -165,6 +170,8 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_TARGET_RATIO] = f64_bits(c->target_ratio);
     v[IGRAD__ITEM_CFG_REPROFILE_EVERY] = (uint64_t)c->reprofile_every;
     v[IGRAD__ITEM_CFG_REPROFILE_MARGIN] = f64_bits(c->reprofile_margin);
+    v[IGRAD__ITEM_CFG_TOPOLOGY] = (uint64_t)(int64_t)c->topology;
+    v[IGRAD__ITEM_CFG_RANKS_PER_NODE] = (uint64_t)(int64_t)c->ranks_per_node;
 }
 
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)

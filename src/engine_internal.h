@@ -29,7 +29,8 @@ typedef enum igrad__item_type {
     IGRAD__ITEM_RESIDUAL,
     IGRAD__ITEM_PACK,
     IGRAD__ITEM_DTYPE,
-    IGRAD__ITEM_COLLECTIVE
+    IGRAD__ITEM_COLLECTIVE,
+    IGRAD__ITEM_TOPOLOGY
 } igrad__item_type_t;
 
 /* Item indices, in the order a mismatch is looked for: the first differing
@@ -84,6 +85,8 @@ enum {
     IGRAD__ITEM_CFG_TARGET_RATIO,
     IGRAD__ITEM_CFG_REPROFILE_EVERY, /* periodic re-profiling (engine_online.c) */
     IGRAD__ITEM_CFG_REPROFILE_MARGIN,
+    IGRAD__ITEM_CFG_TOPOLOGY,        /* two-level sync (engine_hier.c) */
+    IGRAD__ITEM_CFG_RANKS_PER_NODE,
     IGRAD__NITEMS
 };
 #define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP
@@ -255,6 +258,22 @@ struct igrad_engine {
     /* Streamed steps (igrad_engine_open/ready/close, engine_stream.c):
      * created at the first open, NULL before. */
     struct igrad__stream *stream;
+
+    /* Levels. node_ranks: ranks per node for the statistics' intra/inter
+     * split (1..nranks). avg_ranks: the gradients are averaged over this
+     * many ranks (nranks; a shard engine of the two-level sync: the whole
+     * world's, since what it exchanges are node sums). */
+    int64_t node_ranks;
+    int64_t avg_ranks;
+    /* Two-level sync (engine_hier.c). On the engine the caller holds (a
+     * plan-only engine of the whole layout over all P ranks, which runs the
+     * world's agreement): the shards, comms and buffers; NULL otherwise. */
+    struct igrad__hier *hier;
+    /* On a shard engine: the world's comm, over which every step's outcome
+     * is agreed after the shard's own agreement (igrad__hier_agree_world);
+     * its profile may cover components of the other shards. */
+    struct igrad__world_link *world;
+    int shard;
 };
 
 /* IGRAD_OK, or IGRAD_E_STATE "<what>: the engine is unusable since ..."
@@ -324,6 +343,14 @@ igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_pr
                                     const struct igrad__dp_ops *dp, void *stream,
                                     igrad_engine_t **out);
 
+/* A shard engine of the two-level sync on the CPU data plane: its results
+ * average over avg_ranks (> 0) ranks, and its profile may cover components
+ * its layout lacks (engine_hier.c). */
+igrad_status_t igrad__engine_create_shard(const igrad_layout_t *layout,
+                                          const igrad_profile_t *profile,
+                                          const igrad_config_t *config, igrad_comm_t *comm,
+                                          int64_t avg_ranks, igrad_engine_t **out);
+
 /* Everything igrad_engine_create does before the agreement: plan, buffers,
  * residuals (zeroed), workspaces, static items, for `profile` (NULL with
  * iad/ig only when config->profile_steps > 0: every component important).
@@ -379,5 +406,36 @@ int igrad__engine_warmup_step(const igrad_engine_t *e, int64_t step);
 /* The memory statistics (dataplane_nbytes and per parameter) into *s. */
 void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s);
 igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st);
+
+/* ---- engine_hier.c: the two-level sync (config.topology = hier) ---------- */
+
+igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                                  const igrad_config_t *config, igrad_comm_t *comm,
+                                  igrad_engine_t **out);
+/* igrad_engine_create_plan of a hier config: the L shard plans for N = P/L. */
+igrad_status_t igrad__hier_create_plan(const igrad_layout_t *layout,
+                                       const igrad_profile_t *profile,
+                                       const igrad_config_t *config, int nranks,
+                                       igrad_engine_t **out);
+void igrad__hier_free(struct igrad__hier *h);
+igrad_status_t igrad__hier_sync(igrad_engine_t *e, int64_t step, float *const *grads);
+igrad_status_t igrad__hier_plan_step(igrad_engine_t *e, int64_t step, igrad_step_stats_t *stats,
+                                     igrad_planned_bucket_t *buckets, size_t capacity,
+                                     size_t *nbuckets);
+/* The shard engine that holds tensor t (this rank's for a real engine, NULL
+ * when another rank of the node owns t; a plan-only one: the owner's plan)
+ * and t's index there. */
+const igrad_engine_t *igrad__hier_owner(const igrad_engine_t *e, size_t t, int real,
+                                        size_t *sub);
+/* The world's verdict on a shard engine's step agreement: `st`/`bad` this
+ * rank's own result, `ag` the shard's agreed one; every rank of the world
+ * returns the same status. */
+igrad_status_t igrad__hier_agree_world(igrad_engine_t *shard, int64_t step, igrad_status_t st,
+                                       int64_t bad, igrad_status_t ag);
+igrad_status_t igrad__hier_save_state(const igrad_engine_t *e, const char *path);
+igrad_status_t igrad__hier_load_state(igrad_engine_t *e, const char *path);
+size_t igrad__hier_workspace_nbytes(const igrad_engine_t *e);
+/* IGRAD_E_UNSUPPORTED for an entry point the two-level sync does not have. */
+igrad_status_t igrad__hier_refuse(const char *what);
 
 #endif /* IGRAD_ENGINE_INTERNAL_H */

@@ -525,6 +525,7 @@ igrad_status_t igrad__online_before_step(igrad_engine_t *e, int64_t step)
 igrad_status_t igrad_engine_set_profile(igrad_engine_t *e, const igrad_profile_t *profile)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_set_profile: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_set_profile");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_set_profile"));
     igrad_status_t st = IGRAD_OK;
     igrad_profile_t *copy = NULL;

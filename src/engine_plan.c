@@ -26,6 +26,8 @@ igrad_status_t igrad_engine_create_plan(const igrad_layout_t *layout,
     IGRAD_FAIL_IF(nranks < 1, IGRAD_E_INVALID,
                   "igrad_engine_create_plan: nranks is %d (must be at least 1)", nranks);
     IGRAD_CHECK(igrad_config_validate(config));
+    if (config->topology == IGRAD_TOPOLOGY_HIER)
+        return igrad__hier_create_plan(layout, profile, config, nranks, out);
     IGRAD_FAIL_IF(config->profile_steps > 0, IGRAD_E_INVALID,
                   "igrad_engine_create_plan: config.profile_steps is %lld: a plan needs its "
                   "profile now (pass one, profile_steps 0)",
@@ -60,6 +62,7 @@ igrad_status_t igrad_engine_plan_step(igrad_engine_t *e, int64_t step,
 {
     IGRAD_FAIL_IF(!e || !stats || !nbuckets || (capacity > 0 && !buckets), IGRAD_E_INVALID,
                   "igrad_engine_plan_step: NULL argument");
+    if (e->hier) return igrad__hier_plan_step(e, step, stats, buckets, capacity, nbuckets);
     IGRAD_FAIL_IF(!e->plan_only, IGRAD_E_STATE,
                   "igrad_engine_plan_step: the engine is not plan-only (make it with "
                   "igrad_engine_create_plan; a running engine plans in its steps)");
@@ -74,6 +77,7 @@ igrad_status_t igrad_engine_plan_step(igrad_engine_t *e, int64_t step,
         b->payload_nbytes = bk->route->payload(bk);
         b->wire_nbytes = bk->route->wire_nbytes(bk, (double)e->nranks);
         b->dense_count = (int64_t)bk->dense_count;
+        b->local_rank = 0;
     }
     return IGRAD_OK;
 }

@@ -35,11 +35,12 @@
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 4u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
+#define STATE_VERSION 5u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
                             online profiling, remedies), the velocity section and
                             the online profiling section; 4: 38 items
                             (reprofile_every, reprofile_margin) and the
-                            re-profiling section after the online profile */
+                            re-profiling section after the online profile; 5: 40
+                            items (topology, ranks_per_node) */
 /* online section modes */
 #define ONLINE_NONE 0u      /* no online state (or the create-time profile) */
 #define ONLINE_WINDOW 1u    /* recording: the window's records follow */
@@ -143,6 +144,7 @@ static void put_reprofile(writer_t *w, const igrad_engine_t *e)
 igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char *path)
 {
     IGRAD_FAIL_IF(!engine || !path, IGRAD_E_INVALID, "igrad_engine_save_state: NULL argument");
+    if (engine->hier) return igrad__hier_save_state(engine, path);
     IGRAD_CHECK(igrad__engine_usable(engine, "igrad_engine_save_state"));
     IGRAD_FAIL_IF(engine->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_save_state: step %lld is open (call igrad_engine_end first)",
@@ -819,6 +821,7 @@ static igrad_status_t read_once(const igrad_engine_t *e, const char *path, unsig
 igrad_status_t igrad_engine_load_state(igrad_engine_t *engine, const char *path)
 {
     IGRAD_FAIL_IF(!engine, IGRAD_E_INVALID, "igrad_engine_load_state: engine is NULL");
+    if (engine->hier) return igrad__hier_load_state(engine, path);
     IGRAD_CHECK(igrad__engine_usable(engine, "igrad_engine_load_state"));
     igrad_engine_t *e = engine;
     unsigned char *bytes = NULL;

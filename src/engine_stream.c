@@ -123,6 +123,7 @@ static void stream_plan(igrad_engine_t *e)
 igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_open: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_open");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_open"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_open: step %lld is still open (close or end it first)",
@@ -226,6 +227,7 @@ igrad_status_t igrad_engine_ready(igrad_engine_t *e, int64_t step, const size_t 
                                   size_t *nbuckets)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_ready: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_ready");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_ready"));
     IGRAD_FAIL_IF(!buckets || !nbuckets, IGRAD_E_INVALID,
                   "igrad_engine_ready: buckets or nbuckets is NULL");
@@ -287,6 +289,7 @@ static igrad_status_t local_failure(igrad_engine_t *e, int64_t *bad)
 igrad_status_t igrad_engine_close(igrad_engine_t *e, int64_t step)
 {
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_close: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_close");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_close"));
     IGRAD_CHECK(check_open(e, step, "igrad_engine_close"));
     if (e->warm_open) {

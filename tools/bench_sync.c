@@ -73,12 +73,15 @@ typedef struct options {
     int gate_other; /* config.gate_other of iad and ig */
     igrad_dtype_t value_dtype; /* config.value_dtype of the sparse methods */
     igrad_dtype_t grad_dtype;  /* config.grad_dtype of every method */
+    igrad_topology_t topology; /* config.topology of every method */
+    int64_t ranks_per_node;    /* config.ranks_per_node (0: MPI's nodes) */
 } options_t;
 
 /* What one method's run produced (medians of the slowest rank's times). */
 typedef struct result {
     int ran;
     double payload, wire;                  /* mean bytes per step */
+    double intra, inter;                   /* wire split by level (mean per step) */
     double select_ms, pack_ms, comm_ms, unpack_ms, sync_ms;
     double imbalance, cv, overflow;        /* medians; overflow: mean per step */
     double mem_per_param;                  /* stats.dataplane_nbytes_per_param */
@@ -129,6 +132,9 @@ static void usage(FILE *fp)
             "  --grad-dtype DT        gradients the engines read and write in place:\n"
             "                         f32, bf16, fp16 (f32; the floor stays f32)\n"
             "  --threads N            OpenMP threads per rank (cores / ranks on the node)\n"
+            "  --topology T           flat or hier (flat): hier sums each tensor onto its\n"
+            "                         owner in the node and exchanges between nodes\n"
+            "  --ranks-per-node L     ranks per node (0: the nodes MPI reports)\n"
             "  --seed N               synthetic data seed (1)\n"
             "  --json                 print one JSON object instead of the table\n"
             "  --help                 this text\n");
@@ -164,6 +170,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         OPT_I64("--block-entries", block_entries, 1)
         OPT_I64("--release-period", release_period, 1)
         OPT_I64("--threads", threads, 1)
+        OPT_I64("--ranks-per-node", ranks_per_node, 0)
         OPT_F64("--density", density)
         OPT_F64("--release-keep", release_keep)
         if (!strcmp(argv[i], "--gate-other") && i + 1 < argc) {
@@ -180,6 +187,14 @@ static int parse_args(int argc, char **argv, options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--value-dtype", &v)) != 0) {
             if (r < 0 || cli_parse_value_dtype("--value-dtype", v, &o->value_dtype) != 0)
                 return -1;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--topology", &v)) != 0) {
+            if (r < 0) return -1;
+            if (igrad_topology_from_name(v, &o->topology) != IGRAD_OK) {
+                fprintf(stderr, "igrad: --topology: %s\n", igrad_last_error());
+                return -1;
+            }
             continue;
         }
         if ((r = cli_opt(argc, argv, &i, "--config", &v)) != 0) {
@@ -235,6 +250,16 @@ static int under_mpi_launcher(void)
         if (v && v[0]) return 1;
     }
     return 0;
+}
+
+/* Element-wise mean over ranks (bytes per GPU: a hierarchical engine's
+ * ranks own different shards). */
+static void mean_over_ranks(double *x, int n)
+{
+#ifdef IGRAD_HAVE_MPI
+    if (use_mpi_) MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+#endif
+    for (int i = 0; i < n; i++) x[i] /= (double)nranks_;
 }
 
 /* Element-wise max over ranks (the slowest rank's time). */
@@ -518,6 +543,8 @@ static igrad_config_t make_config(const options_t *o, igrad_method_t m, igrad_pa
     c.gate_other = o->gate_other;
     if (m != IGRAD_METHOD_DENSE) c.value_dtype = o->value_dtype;
     c.grad_dtype = o->grad_dtype;
+    c.topology = o->topology;
+    c.ranks_per_node = (int)o->ranks_per_node;
     return c;
 }
 
@@ -557,7 +584,7 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         }
     }
     memset(res, 0, sizeof *res);
-    double payload = 0, wire = 0, overflow = 0;
+    double payload = 0, wire = 0, intra = 0, inter = 0, overflow = 0;
     int rc = 0;
     for (int64_t step = 0; step <= S; step++) {
         synth_fill(s, step, (int)o->threads);
@@ -578,8 +605,13 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         col[5][k] = ss.imbalance;
         col[6][k] = ss.cv;
         col[7][k] = (double)ss.buckets;
-        payload += (double)ss.payload_nbytes;
-        wire += ss.wire_nbytes;
+        double bytes[4] = {(double)ss.payload_nbytes, ss.wire_nbytes, ss.intra_wire_nbytes,
+                           ss.inter_wire_nbytes};
+        mean_over_ranks(bytes, 4);
+        payload += bytes[0];
+        wire += bytes[1];
+        intra += bytes[2];
+        inter += bytes[3];
         res->mem_per_param = ss.dataplane_nbytes_per_param;
         overflow += ss.overflow;
     }
@@ -587,6 +619,8 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         res->ran = 1;
         res->payload = payload / S;
         res->wire = wire / S;
+        res->intra = intra / S;
+        res->inter = inter / S;
         res->select_ms = bench_median(col[0], S);
         res->pack_ms = bench_median(col[1], S);
         res->comm_ms = bench_median(col[2], S);
@@ -610,6 +644,7 @@ static int build_profile(const options_t *o, const igrad_layout_t *L, igrad_comm
     igrad_method_t m = o->sparsifier == IGRAD_SPARSIFIER_TOPK ? IGRAD_METHOD_TOPK_SYNC
                                                               : IGRAD_METHOD_ADTOPK_SYNC;
     igrad_config_t c = make_config(o, m, IGRAD_PACK_CONTIGUOUS);
+    c.topology = IGRAD_TOPOLOGY_FLAT; /* a trace records a flat engine's selections */
     igrad_engine_t *e = NULL;
     igrad_trace_t *tr = NULL;
     igrad_status_t st = igrad_engine_create(L, NULL, &c, comm, &e);
@@ -696,6 +731,8 @@ static void json_method(const result_t *r)
 {
     json_num("payload_bytes_per_step", r->payload, 0);
     json_num("wire_bytes_per_step", r->wire, 0);
+    json_num("intra_wire_bytes_per_step", r->intra, 0);
+    json_num("inter_wire_bytes_per_step", r->inter, 0);
     json_num("select_ms", r->select_ms, 0);
     json_num("pack_ms", r->pack_ms, 0);
     json_num("comm_ms", r->comm_ms, 0);
@@ -726,11 +763,13 @@ static void print_json(const options_t *o, const igrad_layout_t *L, const result
     printf("\"knobs\": {\"density\": %g, \"release_period\": %lld, \"release_keep\": %g, "
            "\"buckets\": %lld, \"block_entries\": %lld, \"pack\": \"%s\", \"sparsifier\": "
            "\"%s\", \"value_dtype\": \"%s\", \"grad_dtype\": \"%s\", \"threads\": %lld, "
-           "\"seed\": %llu}, ",
+           "\"topology\": \"%s\", \"ranks_per_node\": %lld, \"seed\": %llu}, ",
            o->density, (long long)o->release_period, o->release_keep, (long long)o->buckets,
            (long long)o->block_entries, igrad_pack_policy_name(o->pack),
            igrad_sparsifier_name(o->sparsifier), igrad_dtype_name(o->value_dtype),
-           igrad_dtype_name(o->grad_dtype), (long long)o->threads, (unsigned long long)o->seed);
+           igrad_dtype_name(o->grad_dtype), (long long)o->threads,
+           igrad_topology_name(o->topology), (long long)o->ranks_per_node,
+           (unsigned long long)o->seed);
     json_num("f_imp", f_imp, 0);
     json_num("f_other", f_other, 0);
     json_num("predicted_ig_ratio", f_imp + o->release_keep * (1.0 - f_imp), 0);

@@ -120,6 +120,7 @@ SCHEDULES = {}           # igrad_schedule_name
 PACK_POLICIES = {}       # igrad_pack_policy_name
 RESIDUAL_POLICIES = {}   # igrad_residual_policy_name
 COLLECTIVES = {}         # igrad_collective_name
+TOPOLOGIES = {}          # igrad_topology_name
 # (table, C function, what the function returns past the last value)
 NAME_TABLES = {
     "dtype": (DTYPE, "igrad_dtype_name", "?"),
@@ -130,6 +131,7 @@ NAME_TABLES = {
     "pack_policy": (PACK_POLICIES, "igrad_pack_policy_name", "unknown"),
     "residual_policy": (RESIDUAL_POLICIES, "igrad_residual_policy_name", "unknown"),
     "collective": (COLLECTIVES, "igrad_collective_name", "unknown"),
+    "topology": (TOPOLOGIES, "igrad_topology_name", "unknown"),
 }
 # Enums without a name function in the library: tests/python/test_binding.py
 # checks these (and STATUS_NAMES) against include/igrad.h.
@@ -235,7 +237,8 @@ class Config(ctypes.Structure):
                 ("residual_decay", ctypes.c_double), ("start_iter", ctypes.c_int64),
                 ("target_ratio", ctypes.c_double),
                 ("reprofile_every", ctypes.c_int64), ("reprofile_margin", ctypes.c_double),
-                ("grad_dtype", c_enum)]
+                ("grad_dtype", c_enum),
+                ("topology", c_enum), ("ranks_per_node", ctypes.c_int)]
 
 
 class Bucket(ctypes.Structure):
@@ -260,7 +263,9 @@ class StepStats(ctypes.Structure):
                 ("overflow", ctypes.c_int), ("residual_norm", ctypes.c_double),
                 ("dropped_sumsq", ctypes.c_double),
                 ("dataplane_nbytes", ctypes.c_int64),
-                ("dataplane_nbytes_per_param", ctypes.c_double)]
+                ("dataplane_nbytes_per_param", ctypes.c_double),
+                ("intra_wire_nbytes", ctypes.c_double),
+                ("inter_wire_nbytes", ctypes.c_double)]
 
 
 class TensorPlan(ctypes.Structure):
@@ -384,6 +389,8 @@ SIGNATURES = {
     "igrad_residual_policy_name": (cstr, [c_enum]),
     "igrad_collective_from_name": (S, [cstr, ctypes.POINTER(c_enum)]),
     "igrad_collective_name": (cstr, [c_enum]),
+    "igrad_topology_from_name": (S, [cstr, ctypes.POINTER(c_enum)]),
+    "igrad_topology_name": (cstr, [c_enum]),
     "igrad_sparsifier_name": (cstr, [c_enum]),
     "igrad_dtype_name": (cstr, [c_enum]),
     # engine
