@@ -70,6 +70,12 @@ static void usage(FILE *fp)
 "  --density RHO (0.01)  --release-period R (4)  --release-keep KAPPA (0.25)\n"
 "  --schedule aligned|staggered  --residual on|drop  --buckets B (4)\n"
 "  --pack direct|sequential|greedy|risk|contiguous  --verify-every N (100)\n"
+"  --topology flat|hier        hier: each tensor is summed onto its owner inside the\n"
+"                              node, owners exchange between nodes, the result is\n"
+"                              broadcast in the node (default flat; needs a profile\n"
+"                              file, not --profile auto)\n"
+"  --ranks-per-node L          ranks [kL, (k+1)L) form node k (default 0: the nodes\n"
+"                              MPI reports)\n"
 "  --value-dtype f32|bf16|fp16 wire values of the sparse methods (f32): bf16/fp16\n"
 "                              send 2-byte values, their rounding error kept in the\n"
 "                              residual (dense all-reduces f32)\n"
@@ -214,6 +220,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         STR_OPT("--schedule", schedule)
         STR_OPT("--residual", residual)
         STR_OPT("--pack", pack)
+        STR_OPT("--topology", topology)
         STR_OPT("--profile", profile)
         STR_OPT("--profile-partition", profile_partition)
         INT_OPT("--profile-steps", 1, profile_steps)
@@ -230,6 +237,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         INT_OPT("--threads", 1, threads)
         INT_OPT("--release-period", 1, release_period)
         INT_OPT("--buckets", 1, buckets)
+        INT_OPT("--ranks-per-node", 0, ranks_per_node)
         INT_OPT("--verify-every", 0, verify_every)
         INT_OPT("--eval-every", 0, eval_every)
         INT_OPT("--eval-batches", 1, eval_batches)
