@@ -41,12 +41,29 @@ static igrad_status_t self_barrier(igrad_comm_t *comm)
     return IGRAD_OK;
 }
 
+/* One rank: its one block goes to itself (comm.c refuses overlap). */
+static igrad_status_t self_alltoallv(igrad_comm_t *comm, const void *send,
+                                     const size_t *send_nbytes, const size_t *send_displs,
+                                     void *recv, const size_t *recv_nbytes,
+                                     const size_t *recv_displs)
+{
+    (void)comm;
+    IGRAD_FAIL_IF(send_nbytes[0] != recv_nbytes[0], IGRAD_E_INVALID,
+                  "igrad__comm_alltoallv: self comm sends %zu bytes to itself but expects %zu",
+                  send_nbytes[0], recv_nbytes[0]);
+    if (send_nbytes[0] > 0)
+        memcpy((unsigned char *)recv + recv_displs[0],
+               (const unsigned char *)send + send_displs[0], send_nbytes[0]);
+    return IGRAD_OK;
+}
+
 static const igrad__comm_vtable_t self_vtable = {
     .spaces = IGRAD__MEM_BIT(IGRAD__MEM_HOST),
     .allgather = self_allgather,
     .allreduce = self_allreduce,
     .bcast = self_bcast,
     .barrier = self_barrier,
+    .alltoallv = self_alltoallv,
 };
 
 igrad_status_t igrad_comm_create_self(igrad_comm_t **out)
