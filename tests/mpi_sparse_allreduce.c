@@ -14,7 +14,9 @@
  * on every rank) and a corrupted phase-3 block (that rank alone), each
  * followed by a clean call to show that no rank was left in a collective.
  * Corruption goes through a comm wrapped around the MPI comm's table.
+ * Last, a late rank: the alltoallv's timeout and the broken comm.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <mpi.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -23,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm_internal.h"
 #include "igrad.h"
@@ -529,6 +532,57 @@ static void test_alltoallv(igrad_comm_t *comm, size_t max_count)
     free(sn);
 }
 
+/* Rank 0 comes late: the others' alltoallv ends with IGRAD_E_TIMEOUT
+ * within the comm's limit and breaks their comm (the sparse all-reduce is
+ * refused on it); rank 0's late call then matches what they left posted. */
+static void test_alltoallv_timeout(void)
+{
+    const double limit_s = 1.0, late_s = 3.0;
+    igrad_comm_t *comm = NULL;
+    REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
+    uint64_t *buf = calloc(2 * (size_t)np, sizeof *buf);
+    size_t *sizes = calloc(2 * (size_t)np, sizeof *sizes);
+    REQUIRE(buf && sizes);
+    for (int j = 0; j < np; j++) {
+        buf[j] = 1000 * (uint64_t)me + (uint64_t)j;
+        sizes[j] = sizeof *buf;
+        sizes[np + j] = (size_t)j * sizeof *buf;
+    }
+    CHECK_OK(igrad_comm_set_timeout(comm, limit_s));
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    if (me == 0) {
+        while (MPI_Wtime() - t0 < late_s) {
+            struct timespec ts = {0, 10000000L};
+            nanosleep(&ts, NULL);
+        }
+        CHECK_OK(igrad__comm_alltoallv(comm, buf, sizes, sizes + np, buf + np, sizes,
+                                       sizes + np));
+        for (int j = 0; j < np; j++)
+            CHECK(buf[np + j] == 1000 * (uint64_t)j, "late alltoallv: block %d holds %" PRIu64,
+                  j, buf[np + j]);
+        igrad_comm_free(comm);
+    } else {
+        CHECK_STATUS(igrad__comm_alltoallv(comm, buf, sizes, sizes + np, buf + np, sizes,
+                                           sizes + np),
+                     IGRAD_E_TIMEOUT);
+        double waited = MPI_Wtime() - t0;
+        CHECK(waited >= limit_s && waited < late_s - 0.5, "timed out after %.3f s, limit %.1f s",
+              waited, limit_s);
+        CHECK(strstr(igrad_last_error(), "alltoallv did not complete within 1 s"),
+              "message: %s", igrad_last_error());
+        igrad__sar_t w = {0};
+        igrad__sar_entry_t one = {0, 1.0f};
+        CHECK_STATUS(igrad__sar_allreduce(&w, comm, 10, 1, &one), IGRAD_E_STATE);
+        CHECK(strstr(igrad_last_error(), "unusable"), "message: %s", igrad_last_error());
+        igrad__sar_clear(&w);
+        igrad_comm_free(comm); /* broken: its MPI duplicate is left to MPI */
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    free(buf);
+    free(sizes);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -553,6 +607,7 @@ int main(int argc, char **argv)
     igrad__sar_clear(&w);
 
     test_failures(comm);
+    test_alltoallv_timeout();
 
     igrad_comm_free(comm);
     int total = 0;
