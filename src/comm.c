@@ -15,7 +15,9 @@
  * the hooks; for one that has them, the requests issued inside an open
  * group are not launched yet, so nothing here blocks on them until the
  * group ends. The memory-space check (igrad__comm_check_space) is the only
- * place a comm's `spaces` is read.
+ * place a comm's `spaces` is read. The internal alltoallv
+ * (igrad__comm_alltoallv) is checked here like the public collectives; a
+ * backend may leave it NULL.
  *
  * The self backend lives in comm_self.c and the MPI backend in comm_mpi.c.
  * When the library is built without MPI, igrad_comm_create_mpi() is defined
@@ -249,6 +251,52 @@ igrad_status_t igrad_comm_barrier(igrad_comm_t *comm)
     IGRAD_CHECK(check_usable(comm, "igrad_comm_barrier"));
     IGRAD_CHECK(check_no_group(comm, "igrad_comm_barrier"));
     return comm->vt->barrier(comm);
+}
+
+/* The end of the furthest block of a side, after checking that no block's
+ * end overflows; `side` ("send", "recv") names it in messages. */
+static igrad_status_t alltoallv_extent(const igrad_comm_t *comm, const char *side,
+                                       const size_t *nbytes, const size_t *displs,
+                                       size_t *extent)
+{
+    const char *what = "igrad__comm_alltoallv";
+    IGRAD_FAIL_IF(!nbytes || !displs, IGRAD_E_INVALID, "%s: %s_%s is NULL", what, side,
+                  !nbytes ? "nbytes" : "displs");
+    *extent = 0;
+    for (int j = 0; j < comm->size; j++) {
+        IGRAD_FAIL_IF(displs[j] > SIZE_MAX - nbytes[j], IGRAD_E_INVALID,
+                      "%s: %s block for rank %d (%zu bytes at %zu) overflows size_t", what,
+                      side, j, nbytes[j], displs[j]);
+        if (nbytes[j] > 0 && displs[j] + nbytes[j] > *extent) *extent = displs[j] + nbytes[j];
+    }
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__comm_alltoallv(igrad_comm_t *comm, const void *send,
+                                     const size_t *send_nbytes, const size_t *send_displs,
+                                     void *recv, const size_t *recv_nbytes,
+                                     const size_t *recv_displs)
+{
+    const char *what = "igrad__comm_alltoallv";
+    IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "%s: comm is NULL", what);
+    IGRAD_FAIL_IF(!comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
+                  "%s: communicator '%s' has no variable all-to-all (the sparse all-reduce "
+                  "needs one; the self and MPI communicators have it)",
+                  what, comm->backend);
+    size_t send_extent = 0, recv_extent = 0;
+    IGRAD_CHECK(alltoallv_extent(comm, "send", send_nbytes, send_displs, &send_extent));
+    IGRAD_CHECK(alltoallv_extent(comm, "recv", recv_nbytes, recv_displs, &recv_extent));
+    if (send_extent == 0) send = comm_dummy;
+    if (recv_extent == 0) recv = comm_dummy;
+    IGRAD_FAIL_IF(!send || !recv, IGRAD_E_INVALID, "%s: %s buffer is NULL (%zu bytes)", what,
+                  !send ? "send" : "recv", !send ? send_extent : recv_extent);
+    IGRAD_FAIL_IF(ranges_overlap(send, send_extent, recv, recv_extent), IGRAD_E_INVALID,
+                  "%s: send and recv overlap", what);
+    IGRAD_CHECK(igrad__comm_check_space(comm, IGRAD__MEM_HOST, what));
+    IGRAD_CHECK(check_usable(comm, what));
+    IGRAD_CHECK(check_no_group(comm, what));
+    return comm->vt->alltoallv(comm, send, send_nbytes, send_displs, recv, recv_nbytes,
+                               recv_displs);
 }
 
 /* ---- non-blocking wrappers ---------------------------------------------- */

@@ -17,6 +17,9 @@
  * other than comm.c (tests that need an error only MPI itself can raise)
  * take those checks on themselves.
  *
+ * The one internal-only collective, alltoallv (the sparse all-reduce's
+ * exchanges), is optional: backends without it refuse that route.
+ *
  * What a device backend (comm_nccl.c, later) needs is in the table too, so
  * it is one more row: the memory spaces its buffers may live in (comm.c
  * refuses any other before the backend is called), a stream on the
@@ -82,6 +85,15 @@ typedef struct igrad__comm_vtable {
                               igrad_comm_request_t *req);
     igrad_status_t (*ibcast)(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
                              igrad_comm_request_t *req);
+    /* Blocking variable all-to-all of host bytes (igrad__comm_alltoallv):
+     * send + send_displs[j] (send_nbytes[j] bytes) goes to rank j, rank
+     * j's block for this rank lands at recv + recv_displs[j]. Called with
+     * arrays of comm->size entries, blocks inside their buffers and send
+     * not overlapping recv. May be NULL (custom, NCCL and self_cuda comms):
+     * the sparse all-reduce is then unavailable on the comm. */
+    igrad_status_t (*alltoallv)(igrad_comm_t *comm, const void *send, const size_t *send_nbytes,
+                                const size_t *send_displs, void *recv,
+                                const size_t *recv_nbytes, const size_t *recv_displs);
 } igrad__comm_vtable_t;
 
 /* split's color for "the ranks of my node" (MPI_COMM_TYPE_SHARED). */
@@ -150,6 +162,23 @@ igrad_status_t igrad__comm_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, 
  * IGRAD_E_STATE. group_end always closes the pair, also when it fails. */
 igrad_status_t igrad__comm_group_start(igrad_comm_t *comm);
 igrad_status_t igrad__comm_group_end(igrad_comm_t *comm);
+
+/* Variable all-to-all of host bytes, blocking, under the comm's timeout
+ * (the sparse all-reduce's exchanges, sparse_allreduce.c). Every array
+ * has comm->size entries: this rank sends send_nbytes[j] bytes at
+ * send + send_displs[j] to rank j and receives recv_nbytes[j] bytes from
+ * rank j at recv + recv_displs[j]; recv_nbytes[j] must equal what rank j
+ * sends here (the caller exchanges the counts first: a mismatch is an MPI
+ * error or a short block, not something this call can detect). send and
+ * recv may be NULL when all their counts are 0 and must not overlap.
+ * @return IGRAD_E_UNSUPPORTED for a comm without the op (custom, NCCL,
+ * self_cuda), IGRAD_E_INVALID for bad arguments, IGRAD_E_STATE on a broken
+ * comm or inside an open group, IGRAD_E_COMM / IGRAD_E_TIMEOUT from the
+ * backend. */
+igrad_status_t igrad__comm_alltoallv(igrad_comm_t *comm, const void *send,
+                                     const size_t *send_nbytes, const size_t *send_displs,
+                                     void *recv, const size_t *recv_nbytes,
+                                     const size_t *recv_displs);
 
 /* Allocates a comm around a backend's table and state. On failure `impl`
  * is left to the caller. */

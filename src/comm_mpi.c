@@ -12,10 +12,11 @@
  * byte offset o gathers each rank's bytes [o, o+n) with a receive datatype
  * whose extent is the whole per-rank block, so the pieces land where one
  * large allgather would have put them. Non-blocking operations keep one
- * MPI_Request per piece. Argument checks live in comm.c; they also keep
- * away the few argument errors (aliased send/recv buffers) that Open MPI
- * reports through MPI_COMM_WORLD's error handler whatever the handler of
- * the communicator in use.
+ * MPI_Request per piece. The internal alltoallv is point-to-point, one
+ * message (or more pieces) per pair (mpi_alltoallv). Argument checks live
+ * in comm.c; they also keep away the few argument errors (aliased
+ * send/recv buffers) that Open MPI reports through MPI_COMM_WORLD's error
+ * handler whatever the handler of the communicator in use.
  *
  * Every operation, blocking ones included, is started non-blocking
  * (MPI_Iallgather, MPI_Iallreduce, MPI_Ibcast, MPI_Ibarrier) and completed
@@ -300,6 +301,67 @@ static igrad_status_t mpi_iallreduce(igrad_comm_t *comm, const void *send, void 
     return IGRAD_OK;
 }
 
+/* ---- alltoallv -------------------------------------------------------------- */
+
+/* Point-to-point rather than MPI_Ialltoallv, whose counts and displacements
+ * are int: each pair's block is cut into pieces of at most max_count bytes,
+ * which both ends of the pair count alike from the same block size, while
+ * cutting a collective would need every rank to know the largest block.
+ * Every pair exchanges at least one (possibly empty) message each way, as
+ * MPI_Alltoallv does, so a receive posted too small fails (MPI_ERR_TRUNCATE)
+ * instead of waiting for a message that never comes. MPI keeps messages of
+ * one sender and tag in order, so the pieces, and the blocks of back-to-back
+ * calls, match; point-to-point traffic never matches a collective. */
+#define ALLTOALLV_TAG 0x1a2a
+
+static igrad_status_t mpi_alltoallv(igrad_comm_t *comm, const void *send,
+                                    const size_t *send_nbytes, const size_t *send_displs,
+                                    void *recv, const size_t *recv_nbytes,
+                                    const size_t *recv_displs)
+{
+    const mpi_impl_t *impl = comm->impl;
+    const int P = comm->size, me = comm->rank;
+    IGRAD_FAIL_IF(send_nbytes[me] != recv_nbytes[me], IGRAD_E_INVALID,
+                  "igrad__comm_alltoallv: rank %d sends %zu bytes to itself but expects %zu",
+                  me, send_nbytes[me], recv_nbytes[me]);
+    size_t pieces = 0;
+    for (int j = 0; j < P; j++)
+        if (j != me)
+            pieces += piece_count(send_nbytes[j], impl->max_count) +
+                      piece_count(recv_nbytes[j], impl->max_count);
+    mpi_request_t *state = NULL;
+    IGRAD_CHECK(request_state_new(pieces, "igrad__comm_alltoallv", &state));
+    if (send_nbytes[me] > 0)
+        memcpy((unsigned char *)recv + recv_displs[me],
+               (const unsigned char *)send + send_displs[me], send_nbytes[me]);
+    size_t r = 0;
+    /* receives first, then sends in rotated order (me+1, me+2, ...) so that
+     * not every rank starts with rank 0 */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int s = 1; s < P; s++) {
+            int j = pass == 0 ? (me - s + P) % P : (me + s) % P;
+            size_t n = pass == 0 ? recv_nbytes[j] : send_nbytes[j];
+            size_t off = pass == 0 ? recv_displs[j] : send_displs[j];
+            size_t np = piece_count(n, impl->max_count);
+            for (size_t i = 0; i < np; i++) {
+                size_t at = i * impl->max_count;
+                int len = (int)(n - at < impl->max_count ? n - at : impl->max_count);
+                int rc = pass == 0
+                             ? MPI_Irecv((unsigned char *)recv + off + at, len, MPI_BYTE, j,
+                                         ALLTOALLV_TAG, impl->comm, &state->reqs[r])
+                             : MPI_Isend((const unsigned char *)send + off + at, len, MPI_BYTE,
+                                         j, ALLTOALLV_TAG, impl->comm, &state->reqs[r]);
+                if (rc != MPI_SUCCESS)
+                    return abandon_pieces(state, mpi_fail(rc, pass == 0 ? "MPI_Irecv"
+                                                                       : "MPI_Isend",
+                                                          __FILE__, __LINE__));
+                r++;
+            }
+        }
+    }
+    return mpi_complete(comm, state, "alltoallv");
+}
+
 /* ---- bcast, barrier, completion ----------------------------------------- */
 
 static igrad_status_t mpi_bcast_all(const mpi_impl_t *impl, void *buf, size_t nbytes, int root,
@@ -455,6 +517,7 @@ static const igrad__comm_vtable_t mpi_vtable = {
     .split = mpi_split,
     .ireduce = mpi_ireduce,
     .ibcast = mpi_ibcast,
+    .alltoallv = mpi_alltoallv,
 };
 
 /* A comm around `c`, which it owns from here on (errors return). */

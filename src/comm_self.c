@@ -63,6 +63,22 @@ static igrad_status_t self_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, 
     return self_bcast(comm, buf, nbytes, root);
 }
 
+/* One rank: its one block goes to itself (comm.c refuses overlap). */
+static igrad_status_t self_alltoallv(igrad_comm_t *comm, const void *send,
+                                     const size_t *send_nbytes, const size_t *send_displs,
+                                     void *recv, const size_t *recv_nbytes,
+                                     const size_t *recv_displs)
+{
+    (void)comm;
+    IGRAD_FAIL_IF(send_nbytes[0] != recv_nbytes[0], IGRAD_E_INVALID,
+                  "igrad__comm_alltoallv: self comm sends %zu bytes to itself but expects %zu",
+                  send_nbytes[0], recv_nbytes[0]);
+    if (send_nbytes[0] > 0)
+        memcpy((unsigned char *)recv + recv_displs[0],
+               (const unsigned char *)send + send_displs[0], send_nbytes[0]);
+    return IGRAD_OK;
+}
+
 static const igrad__comm_vtable_t self_vtable = {
     .spaces = IGRAD__MEM_BIT(IGRAD__MEM_HOST),
     .allgather = self_allgather,
@@ -72,6 +88,7 @@ static const igrad__comm_vtable_t self_vtable = {
     .split = self_split,
     .ireduce = self_ireduce,
     .ibcast = self_ibcast,
+    .alltoallv = self_alltoallv,
 };
 
 igrad_status_t igrad_comm_create_self(igrad_comm_t **out)
