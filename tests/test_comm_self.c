@@ -1225,6 +1225,27 @@ static igrad_layout_t *small_layout(void)
     return L;
 }
 
+/* The two-level sync needs a comm it can split into nodes: a custom comm
+ * (no split, reduce or broadcast callbacks) is refused by name. */
+static void test_hier_needs_split(void **state)
+{
+    (void)state;
+    fake_t f = {.rank = 0, .size = 1};
+    igrad_comm_ops_t ops = fake_ops(1);
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_custom(&ops, &f, 0, 1, &comm), IGRAD_OK);
+    igrad_layout_t *L = small_layout();
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.topology = IGRAD_TOPOLOGY_HIER;
+    igrad_engine_t *e = (igrad_engine_t *)&e;
+    assert_status(igrad_engine_create(L, NULL, &c, comm, &e), IGRAD_E_UNSUPPORTED);
+    assert_null(e);
+    assert_error_mentions("can be split into nodes (MPI or self); 'custom' cannot");
+    igrad_layout_free(L);
+    igrad_comm_free(comm);
+}
+
 /* igrad_engine_sync on a backend with group hooks: the step's collectives
  * are issued inside one group (none tested or waited before its end) on
  * the default stream, with the same result, bit for bit, as on the self
@@ -1337,6 +1358,7 @@ int main(void)
         cmocka_unit_test(test_memory_space),
         cmocka_unit_test(test_custom_memory),
         cmocka_unit_test(test_engine_grouped),
+        cmocka_unit_test(test_hier_needs_split),
         cmocka_unit_test(test_mpi_without_init),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
