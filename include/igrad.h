@@ -710,6 +710,25 @@ typedef struct igrad_comm_ops {
      *  work queued there so far (the bucket was packed there) and work
      *  queued there after wait returns must see its result. */
     igrad_status_t (*set_stream)(void *user, void *stream);
+    /** Optional, all three or none (added after set_stream): what an engine
+     *  with config.topology hier needs, on host buffers; without them it
+     *  refuses the comm. `split`: collective over this comm; makes the comm
+     *  of the ranks with the same color (>= 0; -1: the ranks on this
+     *  rank's node, as the backend knows them), ordered by key, then rank:
+     *  its table in *ops_out (it must outlive that comm; its destroy, if
+     *  any, releases *user_out when that comm is freed), its user and this
+     *  rank's place (*rank_out of *size_out). `ireduce`: non-blocking
+     *  reduction of count elements of every rank's send into root's recv
+     *  (recv is NULL on the other ranks; send is only read). `ibcast`:
+     *  non-blocking broadcast of nbytes from root's buf into every rank's
+     *  buf. Both store a handle as iallgather does (wait required). */
+    igrad_status_t (*split)(void *user, int color, int key,
+                            const struct igrad_comm_ops **ops_out, void **user_out,
+                            int *rank_out, int *size_out);
+    igrad_status_t (*ireduce)(void *user, const void *send, void *recv, size_t count,
+                              igrad_dtype_t dtype, igrad_reduce_op_t op, int root,
+                              void **handle);
+    igrad_status_t (*ibcast)(void *user, void *buf, size_t nbytes, int root, void **handle);
 } igrad_comm_ops_t;
 
 /** Creates a one-rank communicator (rank 0 of 1). Needs no MPI. */

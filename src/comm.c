@@ -616,6 +616,47 @@ static igrad_status_t custom_group_end(igrad_comm_t *comm)
     return custom_result(impl, (int)impl->ops.group_end(impl->user), "group_end");
 }
 
+static igrad_status_t custom_split(igrad_comm_t *comm, int color, int key, igrad_comm_t **out)
+{
+    custom_impl_t *impl = comm->impl;
+    const igrad_comm_ops_t *ops = NULL;
+    void *user = NULL;
+    int rank = -1, size = 0;
+    IGRAD_CHECK(custom_result(impl,
+                              (int)impl->ops.split(impl->user, color < 0 ? -1 : color, key, &ops,
+                                                   &user, &rank, &size),
+                              "split"));
+    IGRAD_FAIL_IF(!ops, IGRAD_E_COMM, "custom comm: split returned no table");
+    return igrad_comm_create_custom(ops, user, rank, size, out);
+}
+
+static igrad_status_t custom_ireduce(igrad_comm_t *comm, const void *send, void *recv,
+                                     size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                     int root, igrad_comm_request_t *req)
+{
+    custom_impl_t *impl = comm->impl;
+    void *handle = NULL;
+    IGRAD_CHECK(custom_result(
+        impl, (int)impl->ops.ireduce(impl->user, send, recv, count, dtype, op, root, &handle),
+        "ireduce"));
+    req->handle = handle;
+    req->done = handle == NULL;
+    return IGRAD_OK;
+}
+
+static igrad_status_t custom_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                                    igrad_comm_request_t *req)
+{
+    custom_impl_t *impl = comm->impl;
+    void *handle = NULL;
+    IGRAD_CHECK(custom_result(impl,
+                              (int)impl->ops.ibcast(impl->user, buf, nbytes, root, &handle),
+                              "ibcast"));
+    req->handle = handle;
+    req->done = handle == NULL;
+    return IGRAD_OK;
+}
+
 static void custom_destroy(igrad_comm_t *comm)
 {
     custom_impl_t *impl = comm->impl;
@@ -648,6 +689,8 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
         known.memory = IGRAD_MEMORY_HOST;
     if (ops->size < offsetof(igrad_comm_ops_t, set_stream) + sizeof known.set_stream)
         known.set_stream = NULL;
+    if (ops->size < offsetof(igrad_comm_ops_t, ibcast) + sizeof known.ibcast)
+        known.split = NULL, known.ireduce = NULL, known.ibcast = NULL;
     ops = &known;
     IGRAD_FAIL_IF(ops->memory != IGRAD_MEMORY_HOST && ops->memory != IGRAD_MEMORY_CUDA,
                   IGRAD_E_INVALID,
@@ -667,6 +710,10 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
                           : ops->group_end && !ops->group_start ? "group_start"
                           : on_device && !ops->iallgather ? "iallgather"
                           : on_device && !ops->iallreduce ? "iallreduce"
+                          : (ops->split || ops->ireduce || ops->ibcast) && !ops->split ? "split"
+                          : (ops->split || ops->ireduce || ops->ibcast) && !ops->ireduce ? "ireduce"
+                          : (ops->split || ops->ireduce || ops->ibcast) && !ops->ibcast ? "ibcast"
+                          : ops->ireduce && !ops->wait ? "wait"
                           : NULL;
     /* device buffers reach only the non-blocking callbacks: the blocking
      * fallback would hand them to callbacks that take host memory */
@@ -701,6 +748,9 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
         .group_start = ops->group_start ? custom_group_start : NULL,
         .group_end = ops->group_end ? custom_group_end : NULL,
         .destroy = custom_destroy,
+        .split = ops->split ? custom_split : NULL,
+        .ireduce = ops->ireduce ? custom_ireduce : NULL,
+        .ibcast = ops->ibcast ? custom_ibcast : NULL,
     };
     /* impl is the first member, so custom_destroy's free(impl) frees the
      * whole block, vtable included. */

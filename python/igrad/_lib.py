@@ -210,6 +210,14 @@ ERRMSG_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 DESTROY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 GROUP_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 STREAM_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+SPLIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                            ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+                            ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
+IREDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_size_t, c_enum, c_enum, ctypes.c_int,
+                              ctypes.POINTER(ctypes.c_void_p))
+IBCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                             ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
 
 
 class CommOps(ctypes.Structure):
@@ -218,7 +226,8 @@ class CommOps(ctypes.Structure):
                 ("iallgather", IALLGATHER_FN), ("iallreduce", IALLREDUCE_FN),
                 ("wait", WAIT_FN), ("test", TEST_FN), ("error_message", ERRMSG_FN),
                 ("destroy", DESTROY_FN), ("group_start", GROUP_FN),
-                ("group_end", GROUP_FN), ("memory", c_enum), ("set_stream", STREAM_FN)]
+                ("group_end", GROUP_FN), ("memory", c_enum), ("set_stream", STREAM_FN),
+                ("split", SPLIT_FN), ("ireduce", IREDUCE_FN), ("ibcast", IBCAST_FN)]
 
 
 class Config(ctypes.Structure):

@@ -499,6 +499,7 @@ class _CustomBridge:
         if memory not in ("host", "cuda"):
             raise L.InvalidArgumentError("memory is %r (must be 'host' or 'cuda')" % (memory,))
         self.backend = backend
+        self.memory = memory
         self.error = b""
         self._err_buf = ctypes.create_string_buffer(1)
         self.handles = {}
@@ -515,6 +516,12 @@ class _CustomBridge:
                     L.WAIT_FN(self._wait), L.TEST_FN(self._test)]
             self._fns += more
             ops.iallgather, ops.iallreduce, ops.wait, ops.test = more
+        self.children = []  # bridges of the comms split from this one
+        if all(hasattr(backend, f) for f in ("split", "ireduce", "ibcast", "wait")):
+            more = [L.SPLIT_FN(self._split), L.IREDUCE_FN(self._ireduce),
+                    L.IBCAST_FN(self._ibcast)]
+            self._fns += more
+            ops.split, ops.ireduce, ops.ibcast = more
         msg = L.ERRMSG_FN(self._error_message)
         self._fns.append(msg)
         ops.error_message = msg
@@ -577,6 +584,29 @@ class _CustomBridge:
             return 0
         return self._guard(lambda: self._keep(out, self.backend.iallreduce(
             send, recv, count, L.DTYPE_NAMES[dtype], _OP_NAMES[op])))
+
+    def _split(self, user, color, key, ops_out, user_out, rank_out, size_out):
+        def run():
+            child = _CustomBridge(self.backend.split(color, key), self.memory)
+            self.children.append(child)  # its callbacks live as long as this bridge
+            ops_out[0] = ctypes.addressof(child.ops)
+            user_out[0] = None
+            rank_out[0] = int(child.backend.rank)
+            size_out[0] = int(child.backend.size)
+        return self._guard(run)
+
+    def _ireduce(self, user, send, recv, count, dtype, op, root, out):
+        out[0] = None
+        if not count:
+            return 0
+        return self._guard(lambda: self._keep(out, self.backend.ireduce(
+            send, recv, count, L.DTYPE_NAMES[dtype], _OP_NAMES[op], root)))
+
+    def _ibcast(self, user, buf, nbytes, root, out):
+        out[0] = None
+        if not nbytes:
+            return 0
+        return self._guard(lambda: self._keep(out, self.backend.ibcast(buf, nbytes, root)))
 
     def _wait(self, user, key):
         with self._lock:

@@ -302,6 +302,44 @@ class TorchComm:
     def barrier(self):
         dist.barrier(group=self.group)
 
+    # The two-level sync (IgradState(topology="hier")): split into nodes,
+    # reduce onto a root, broadcast from it.
+    def split(self, color, key):
+        """The TorchComm of the ranks with the same color (-1: the ranks on
+        this host), ordered by key then rank. Collective: every rank of
+        this group makes every new group, in the same order."""
+        import socket
+        mine = (str(color) if color >= 0 else "host:" + socket.gethostname(), int(key),
+                self.rank)
+        every = [None] * self.size
+        dist.all_gather_object(every, mine, group=self.group)
+        out = None
+        for c in sorted(set(e[0] for e in every)):
+            members = sorted((k, r) for cc, k, r in every if cc == c)
+            g = dist.new_group([_global_rank(self.group, r) for _, r in members])
+            if c == mine[0]:
+                out = TorchComm(g)
+        return out
+
+    def ireduce(self, send, recv, count, dtype, op, root):
+        dt = _DT[dtype]
+        if self.rank == root:  # the sum lands in recv; send is only read
+            t = _wrap(recv, count, dt)
+            t.copy_(_wrap(send, count, dt))
+        else:  # a reduce may use its input as scratch: reduce a copy
+            t = _wrap(send, count, dt).clone()
+        d = self._dev(t)
+        work = dist.reduce(d, dst=_global_rank(self.group, root), op=self._OPS[op],
+                           group=self.group, async_op=True)
+        return (work, d, t if self.rank == root else d)
+
+    def ibcast(self, buf, nbytes, root):
+        t = _wrap(buf, nbytes, torch.uint8)
+        d = self._dev(t)
+        work = dist.broadcast(d, src=_global_rank(self.group, root), group=self.group,
+                              async_op=True)
+        return (work, d, t)
+
     def issue(self, b):
         """Starts one engine bucket's collective (igrad.core.BucketDesc);
         returns the handle to wait()."""
@@ -435,6 +473,16 @@ class IgradState:
                     collective is issued as soon as its tensors are in; the
                     result is bit for bit the default (False) last-bucket
                     step's. last_stats adds "early_buckets" and "close_ms".
+    topology:       "flat" (default) or "hier": the two-level sync
+                    (igrad_config_t.topology): each tensor is summed onto its
+                    owner among the ranks of a node, the owners exchange
+                    between nodes, the result is broadcast inside the node.
+                    The engine runs these collectives itself over the process
+                    group (new_group, reduce, broadcast, all_gather), so the
+                    whole step runs at the last bucket (no overlap); iad and
+                    ig need a profile given (not "auto").
+    ranks_per_node: L: ranks [kL, (k+1)L) of the group form node k; 0
+                    (default): the ranks on one host.
     grads_in_place: True (default): when every trainable parameter is
                     bfloat16 (or every one float16), on the CPU, without
                     grad_scaler or overlap, the engine reads and writes the
@@ -458,7 +506,7 @@ class IgradState:
                  profile_partition=None, gate_other=True, target_ratio=None, momentum=0.0,
                  momentum_masking=True, residual_decay=1.0, value_dtype="F32",
                  grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False,
-                 grads_in_place=True):
+                 grads_in_place=True, topology="flat", ranks_per_node=0):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -474,7 +522,11 @@ class IgradState:
             "gate_other": bool(gate_other),
             "momentum": momentum, "momentum_masking": bool(momentum_masking),
             "residual_decay": residual_decay, "value_dtype": value_dtype,
+            "topology": topology, "ranks_per_node": int(ranks_per_node),
         }
+        if str(topology).lower() == "hier" and overlap:
+            raise L.InvalidArgumentError("topology='hier' runs whole steps with its own "
+                                         "collectives: it cannot stream (overlap=False)")
         if isinstance(profile, str) and profile == "auto":
             if str(method).lower() not in ("ig", "iad"):
                 raise L.InvalidArgumentError("profile='auto' profiles online for iad and ig; "
@@ -920,8 +972,13 @@ class IgradState:
         if eng.device is not None:  # the stream the gradients were made on
             from . import cuda as _cuda
             _cuda.set_step_stream(eng, data_dev)
+        hier = str(self.config.get("topology", "flat")).lower() == "hier"
+        t0 = time.perf_counter()
         try:
-            buckets = eng.begin(step, addrs)
+            if hier:  # the engine runs its own collectives: node sums, owners, broadcast
+                eng.sync(step, addrs)
+            else:
+                buckets = eng.begin(step, addrs)
         except L.NonFiniteError as e:
             self._skip_step(step, e, bad, grads)
             return self.last_stats
@@ -929,10 +986,12 @@ class IgradState:
             self._raise_step_error(step, e, bad)
         if bad is not None:  # cannot happen: the engine refuses a NULL gradient
             raise bad[1]
-        t0 = time.perf_counter()
-        coll.run_buckets(buckets)
+        if not hier:
+            t0 = time.perf_counter()
+            coll.run_buckets(buckets)
         t1 = time.perf_counter()
-        eng.end(step, addrs)
+        if not hier:
+            eng.end(step, addrs)
         for g, s in back:
             g.copy_(s.mul_(scale) if scale != 1.0 else s)
         st = eng.stats()
