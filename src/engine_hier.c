@@ -451,11 +451,7 @@ igrad_status_t igrad__hier_create_plan(const igrad_layout_t *layout,
         igrad_engine_free(e);
         return st;
     }
-    igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
-                "a plan-only engine (igrad_engine_create_plan) has no communicator and runs "
-                "no steps");
-    igrad__engine_break(e, IGRAD_E_STATE);
-    *out = e;
+    igrad__engine_plan_only_done(e, out);
     return IGRAD_OK;
 }
 

@@ -323,6 +323,9 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
  * (which tensors are sent, blocks, buckets, routes) and fills the byte and
  * bucket fields of e->stats as the step's statistics would have them. */
 igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step);
+/* A plan-only engine made: marked broken (every step entry point refuses
+ * it with IGRAD_E_STATE) and handed out in *out (engine_plan.c). */
+void igrad__engine_plan_only_done(igrad_engine_t *e, igrad_engine_t **out);
 
 /* Odd steps select with spec[.][1] when interleaving. */
 static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)

@@ -46,13 +46,18 @@ igrad_status_t igrad_engine_create_plan(const igrad_layout_t *layout,
         igrad_engine_free(e);
         return st;
     }
+    igrad__engine_plan_only_done(e, out);
+    return IGRAD_OK;
+}
+
+void igrad__engine_plan_only_done(igrad_engine_t *e, igrad_engine_t **out)
+{
     /* Every entry point that would run a step or talk to ranks refuses it. */
     igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
                 "a plan-only engine (igrad_engine_create_plan) has no communicator and runs "
                 "no steps");
     igrad__engine_break(e, IGRAD_E_STATE);
     *out = e;
-    return IGRAD_OK;
 }
 
 igrad_status_t igrad_engine_plan_step(igrad_engine_t *e, int64_t step,

@@ -70,28 +70,6 @@ static igrad_layout_t *make_layout(void)
     return L;
 }
 
-/* A profile whose important set is the top `fixed` share of components by
- * a made-up activity (component c: (c * 7) % 5 + 1). */
-static igrad_profile_t *make_profile(const igrad_layout_t *L, const char *method)
-{
-    igrad_trace_t *tr = NULL;
-    assert_ok(igrad_trace_create(L, &tr));
-    assert_ok(igrad_trace_set_sparsifier(tr, IGRAD_SPARSIFIER_ADTOPK, 0.01));
-    for (int64_t s = 0; s < 4; s++)
-        for (size_t t = 0; t < igrad_layout_count(L); t++) {
-            igrad_tensor_info_t ti;
-            assert_ok(igrad_layout_tensor(L, t, &ti));
-            if (ti.component < 0) continue;
-            double act = (double)((ti.component * 7) % 5 + 1) + 0.1 * (double)s;
-            assert_ok(igrad_trace_record(tr, s, t, act * act, 1));
-        }
-    igrad_profile_options_t opts = IGRAD_PROFILE_OPTIONS_INIT;
-    opts.method = method;
-    igrad_profile_t *p = NULL;
-    assert_ok(igrad_profile_build(tr, &opts, &p));
-    igrad_trace_free(tr);
-    return p;
-}
 
 /* Gradients: a deterministic function of (seed, step, tensor, index), with
  * per-tensor scales and an occasional large entry. */
@@ -245,7 +223,7 @@ static void test_create_errors(void **state)
 {
     (void)state;
     igrad_layout_t *L = make_layout();
-    igrad_profile_t *P = make_profile(L, "fixed:0.4");
+    igrad_profile_t *P = fixed_rule_profile(L, "fixed:0.4");
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_engine_t *e = (igrad_engine_t *)(uintptr_t)1;
@@ -272,7 +250,7 @@ static void test_create_errors(void **state)
                                sq));
     assert_ok(igrad_layout_add(L2, "model.layers.0.self_attn.k_proj.weight", IGRAD_DTYPE_F32, 2,
                                sq));
-    igrad_profile_t *P2 = make_profile(L2, "knee");
+    igrad_profile_t *P2 = fixed_rule_profile(L2, "knee");
     assert_status(igrad_engine_create(L, P2, &c, comm, &e), IGRAD_E_MISMATCH);
     assert_error_has("profile does not match the layout");
     assert_null(e);
@@ -372,7 +350,7 @@ static void expect_phases(const igrad_layout_t *L, const igrad_profile_t *P,
 static void run_invariants(const igrad_config_t *c, int steps)
 {
     igrad_layout_t *L = make_layout();
-    igrad_profile_t *P = make_profile(L, "fixed:0.4");
+    igrad_profile_t *P = fixed_rule_profile(L, "fixed:0.4");
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_engine_t *e = NULL;
@@ -713,7 +691,7 @@ static void test_drop(void **state)
 {
     (void)state;
     igrad_layout_t *L = make_layout();
-    igrad_profile_t *P = make_profile(L, "fixed:0.4");
+    igrad_profile_t *P = fixed_rule_profile(L, "fixed:0.4");
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
@@ -802,7 +780,7 @@ static void run_pair(const igrad_config_t *ca, const igrad_config_t *cb, int mod
                      const char *what)
 {
     igrad_layout_t *L = make_layout();
-    igrad_profile_t *P = make_profile(L, "fixed:0.4");
+    igrad_profile_t *P = fixed_rule_profile(L, "fixed:0.4");
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_engine_t *a = NULL, *b = NULL;
@@ -925,7 +903,7 @@ static void test_save_load_resume(void **state)
     char path[512];
     snprintf(path, sizeof path, "%s/state.rank0.bin", tmpdir);
     igrad_layout_t *L = make_layout();
-    igrad_profile_t *P = make_profile(L, "fixed:0.4");
+    igrad_profile_t *P = fixed_rule_profile(L, "fixed:0.4");
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
@@ -1004,7 +982,7 @@ static void test_save_load_resume(void **state)
     assert_status(igrad_engine_load_state(m, path), IGRAD_E_MISMATCH);
     assert_error_has("config.density differs");
     igrad_engine_free(m);
-    igrad_profile_t *P2 = make_profile(L, "fixed:0.7");
+    igrad_profile_t *P2 = fixed_rule_profile(L, "fixed:0.7");
     assert_ok(igrad_engine_create(L, P2, &c, comm, &m));
     assert_status(igrad_engine_load_state(m, path), IGRAD_E_MISMATCH);
     assert_error_has("profile differs");
@@ -1054,7 +1032,7 @@ static void test_nonfinite_and_null(void **state)
 {
     (void)state;
     igrad_layout_t *L = make_layout();
-    igrad_profile_t *P = make_profile(L, "fixed:0.4");
+    igrad_profile_t *P = fixed_rule_profile(L, "fixed:0.4");
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;

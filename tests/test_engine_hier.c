@@ -21,27 +21,6 @@ static igrad_layout_t *layout(void)
     return llama_test_layout(2, 64, 16, 32, IGRAD_DTYPE_F32);
 }
 
-/* A profile from a 4-step trace whose activity follows a fixed rule. */
-static igrad_profile_t *profile_of(const igrad_layout_t *L)
-{
-    igrad_trace_t *tr = NULL;
-    assert_ok(igrad_trace_create(L, &tr));
-    for (int64_t s = 0; s < 4; s++)
-        for (size_t t = 0; t < igrad_layout_count(L); t++) {
-            igrad_tensor_info_t ti;
-            assert_ok(igrad_layout_tensor(L, t, &ti));
-            if (ti.component < 0) continue;
-            double act = (double)((ti.component * 7) % 5 + 1) + 0.1 * (double)s;
-            assert_ok(igrad_trace_record(tr, s, t, act * act, 1));
-        }
-    igrad_profile_options_t po = IGRAD_PROFILE_OPTIONS_INIT;
-    po.method = "fixed:0.4";
-    igrad_profile_t *p = NULL;
-    assert_ok(igrad_profile_build(tr, &po, &p));
-    igrad_trace_free(tr);
-    return p;
-}
-
 static void fill(grads_t *G, int64_t step)
 {
     for (size_t t = 0; t < G->T; t++)
@@ -55,7 +34,7 @@ static void test_one_rank_equals_flat(void **state)
 {
     (void)state;
     igrad_layout_t *L = layout();
-    igrad_profile_t *P = profile_of(L);
+    igrad_profile_t *P = fixed_rule_profile(L, "fixed:0.4");
     igrad_comm_t *self = NULL;
     assert_ok(igrad_comm_create_self(&self));
     const igrad_method_t methods[] = {IGRAD_METHOD_DENSE, IGRAD_METHOD_TOPK_SYNC,
@@ -114,7 +93,7 @@ static void test_refusals(void **state)
 {
     (void)state;
     igrad_layout_t *L = layout();
-    igrad_profile_t *P = profile_of(L);
+    igrad_profile_t *P = fixed_rule_profile(L, "fixed:0.4");
     igrad_comm_t *self = NULL;
     assert_ok(igrad_comm_create_self(&self));
     igrad_config_t c = IGRAD_CONFIG_INIT;

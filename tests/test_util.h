@@ -131,6 +131,29 @@ static inline igrad_layout_t *llama_test_layout(int layers, int64_t vocab, int64
     return L;
 }
 
+/* A profile whose important set is the top `fixed` share of components by
+ * a made-up activity (component c: (c * 7) % 5 + 1). */
+static inline igrad_profile_t *fixed_rule_profile(const igrad_layout_t *L, const char *method)
+{
+    igrad_trace_t *tr = NULL;
+    assert_ok(igrad_trace_create(L, &tr));
+    assert_ok(igrad_trace_set_sparsifier(tr, IGRAD_SPARSIFIER_ADTOPK, 0.01));
+    for (int64_t s = 0; s < 4; s++)
+        for (size_t t = 0; t < igrad_layout_count(L); t++) {
+            igrad_tensor_info_t ti;
+            assert_ok(igrad_layout_tensor(L, t, &ti));
+            if (ti.component < 0) continue;
+            double act = (double)((ti.component * 7) % 5 + 1) + 0.1 * (double)s;
+            assert_ok(igrad_trace_record(tr, s, t, act * act, 1));
+        }
+    igrad_profile_options_t opts = IGRAD_PROFILE_OPTIONS_INIT;
+    opts.method = method;
+    igrad_profile_t *p = NULL;
+    assert_ok(igrad_profile_build(tr, &opts, &p));
+    igrad_trace_free(tr);
+    return p;
+}
+
 /* ---- top-k by sorting: the reference the selection tests compare with ---- */
 
 typedef struct ref_entry {
