@@ -15,6 +15,9 @@
  *  2. stopped before a step: the others time out in "step 2: agreement".
  *     After SIGCONT the victim calls sync with grads NULL, which takes part
  *     in the agreement exchange and fails there on its own.
+ *     The same with config.topology hier (nodes of 2): the world's
+ *     agreement precedes every node collective, so again "step 2:
+ *     agreement".
  *  3. bad bytes seen by rank 0 alone (a test hook corrupts its received copy
  *     of one bucket): rank 0 gets IGRAD_E_COMM and is broken, the others
  *     finish the step; at the next step rank 0 refuses at once and the
@@ -154,10 +157,13 @@ static void expect_timeout(igrad_engine_t *e, grads_t *G, const char *where)
     CHECK(now_s() - t0 < 1.0, "a broken engine took %.3f s to refuse", now_s() - t0);
 }
 
-static igrad_engine_t *setup(const igrad_layout_t *L, igrad_comm_t **comm, grads_t *G)
+static igrad_engine_t *setup_topology(const igrad_layout_t *L, igrad_comm_t **comm, grads_t *G,
+                                      igrad_topology_t topology)
 {
     REQUIRE(igrad_comm_create_mpi(NULL, comm) == IGRAD_OK);
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.topology = topology;
+    c.ranks_per_node = topology == IGRAD_TOPOLOGY_HIER ? 2 : 0;
     c.method = IGRAD_METHOD_TOPK_SYNC;
     c.density = 0.05;
     c.block_entries = 20;
@@ -171,6 +177,11 @@ static igrad_engine_t *setup(const igrad_layout_t *L, igrad_comm_t **comm, grads
     }
     grads_fill(G, 2);
     return e;
+}
+
+static igrad_engine_t *setup(const igrad_layout_t *L, igrad_comm_t **comm, grads_t *G)
+{
+    return setup_topology(L, comm, G, IGRAD_TOPOLOGY_FLAT);
 }
 
 static void test_stopped_in_buckets(const igrad_layout_t *L)
@@ -211,11 +222,11 @@ static void test_stopped_in_buckets(const igrad_layout_t *L)
     grads_free(&G);
 }
 
-static void test_stopped_before_step(const igrad_layout_t *L)
+static void test_stopped_before_step(const igrad_layout_t *L, igrad_topology_t topology)
 {
     igrad_comm_t *comm = NULL;
     grads_t G = grads_new(L);
-    igrad_engine_t *e = setup(L, &comm, &G);
+    igrad_engine_t *e = setup_topology(L, &comm, &G, topology);
     if (me == victim) {
         fflush(stdout);
         fflush(stderr);
@@ -309,7 +320,10 @@ int main(int argc, char **argv)
     MPI_Comm_split(MPI_COMM_WORLD, me == victim ? MPI_UNDEFINED : 0, me, &survivors);
     igrad_layout_t *L = make_layout();
     test_stopped_in_buckets(L);
-    test_stopped_before_step(L);
+    test_stopped_before_step(L, IGRAD_TOPOLOGY_FLAT);
+    /* the two-level sync: the world's agreement comes before any node
+     * collective, so the others time out there too */
+    test_stopped_before_step(L, IGRAD_TOPOLOGY_HIER);
     test_bad_bytes_on_one_rank(L);
     igrad_layout_free(L);
     free(pids);
