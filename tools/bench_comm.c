@@ -1,14 +1,23 @@
 /*
- * bench_comm.c — `igrad bench comm`: a message-size sweep of the two
- * collectives the engine issues (igrad_comm_iallgather + wait,
- * igrad_comm_iallreduce F32 sum + wait) over MPI, for fitting the α-β model
- * of `igrad plan` (experiments/plan_validation/run.py fits α, β from it).
+ * bench_comm.c — `igrad bench comm`: a message-size sweep of the
+ * collectives the engine issues, for fitting the α-β model of `igrad plan`
+ * per collective (experiments/plan_validation/run.py fits α, β from it):
+ * allgather and allreduce (igrad_comm_iallgather, igrad_comm_iallreduce
+ * F32 sum, + wait: the bucket collectives) and reduce and bcast (the hier
+ * route's node sums and broadcasts: one MPI_Ireduce / MPI_Ibcast per
+ * tensor, all in flight, owners spread over the ranks — here P of them,
+ * the r-th rooted at rank r; the public comm API has no reduce or bcast).
+ *
+ * With --ranks-per-node L every collective runs inside groups of L
+ * consecutive ranks ("nodes"), all groups at once — the intra level as the
+ * engine's node step meets it, other nodes' ranks busy beside it.
  *
  * For every size, --warmup untimed calls, then --reps calls each after a
- * barrier; a call's time is the slowest rank's, and the median over calls
+ * world barrier; a call's time is the slowest rank's, and the median over calls
  * is reported. Sizes are bytes: for allgather the bytes each rank sends
- * (it receives P times that), for allreduce the vector's bytes. Must run
- * under mpirun (one rank has nothing to time). Timings are never asserted.
+ * (it receives P times that), for the others the F32 vector's bytes (reduce
+ * and bcast: all P pieces together). Must run under mpirun (one rank has
+ * nothing to time). Timings are never asserted.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -27,10 +36,15 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: mpirun -np P igrad bench comm [--sizes B,B,...] [--reps N] [--warmup N]\n"
-            "                                    [--json]\n"
-            "  --sizes   message sizes in bytes (allgather: per rank; allreduce: the\n"
+            "usage: mpirun -np P igrad bench comm [--sizes B,B,...] [--ops LIST] [--reps N]\n"
+            "                                    [--warmup N] [--json]\n"
+            "  --sizes   message sizes in bytes (allgather: per rank; the others: the\n"
             "            F32 vector, a multiple of 4); default 1024,4096,...,4194304\n"
+            "  --ops     collectives to sweep (allgather,allreduce,reduce,bcast): reduce\n"
+            "            and bcast are P in-flight MPI_Ireduce / MPI_Ibcast of 1/P of\n"
+            "            the vector each, the r-th rooted at rank r (hier's node step)\n"
+            "  --ranks-per-node L  run every collective inside groups of L consecutive\n"
+            "            ranks, all groups at once (default: one group of all ranks)\n"
             "  --reps    timed calls per size and collective (default 15)\n"
             "  --warmup  untimed calls first (default 2)\n"
             "  --json    one JSON object instead of the table\n");
@@ -67,10 +81,55 @@ static int parse_sizes(const char *text, int64_t *sizes, int *n)
     return 0;
 }
 
+enum { OP_ALLGATHER, OP_ALLREDUCE, OP_REDUCE, OP_BCAST, NOPS };
+static const char *const op_names[NOPS] = {"allgather", "allreduce", "reduce", "bcast"};
+
+static int parse_ops(const char *text, int *on)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text);
+    for (int k = 0; k < NOPS; k++) on[k] = 0;
+    int any = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < NOPS && strcmp(tok, op_names[k])) k++;
+        if (k == NOPS) {
+            fprintf(stderr, "igrad: bench comm: --ops: '%s' is not a collective (allgather, "
+                            "allreduce, reduce, bcast)\n", tok);
+            return -1;
+        }
+        on[k] = any = 1;
+    }
+    if (!any) {
+        fprintf(stderr, "igrad: bench comm: --ops is empty\n");
+        return -1;
+    }
+    return 0;
+}
+
 #ifdef IGRAD_HAVE_MPI
+/* The hier node step's pattern: P reduces (or broadcasts) in flight, piece
+ * r of the F32 vector rooted at rank r. */
+static int node_collectives(MPI_Comm group, int reduce, size_t nbytes, char *send, char *recv,
+                            int P, MPI_Request *reqs)
+{
+    size_t n = nbytes / 4, off = 0;
+    for (int r = 0; r < P; r++) {
+        int cnt = (int)(n / (size_t)P + ((size_t)r < n % (size_t)P));
+        int rc = reduce ? MPI_Ireduce(send + 4 * off, recv + 4 * off, cnt, MPI_FLOAT, MPI_SUM, r,
+                                      group, &reqs[r])
+                        : MPI_Ibcast(recv + 4 * off, cnt, MPI_FLOAT, r, group, &reqs[r]);
+        if (rc != MPI_SUCCESS) return -1;
+        off += (size_t)cnt;
+    }
+    return MPI_Waitall(P, reqs, MPI_STATUSES_IGNORE) == MPI_SUCCESS ? 0 : -1;
+}
+
 /* Median over reps of the slowest rank's time (ms) of one collective. */
-static int time_collective(igrad_comm_t *comm, int allreduce, size_t nbytes, void *send,
-                           void *recv, int reps, int warmup, double *median_ms)
+static int time_collective(igrad_comm_t *comm, MPI_Comm group, int op, size_t nbytes,
+                           char *send, char *recv, MPI_Request *reqs, int reps, int warmup,
+                           double *median_ms)
 {
     double *t = calloc((size_t)reps, sizeof *t);
     if (!t) {
@@ -79,17 +138,26 @@ static int time_collective(igrad_comm_t *comm, int allreduce, size_t nbytes, voi
     }
     for (int r = -warmup; r < reps; r++) {
         igrad_comm_request_t *req = NULL;
-        igrad_status_t st = igrad_comm_barrier(comm);
+        igrad_status_t st = MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS ? IGRAD_OK : IGRAD_E_COMM;
         double t0 = MPI_Wtime();
-        if (st == IGRAD_OK)
-            st = allreduce ? igrad_comm_iallreduce(comm, send, recv, nbytes / 4,
-                                                   IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM, &req)
-                           : igrad_comm_iallgather(comm, send, nbytes, recv, &req);
-        if (st == IGRAD_OK) st = igrad_comm_wait(comm, req);
+        if (st == IGRAD_OK && (op == OP_REDUCE || op == OP_BCAST)) {
+            if (node_collectives(group, op == OP_REDUCE, nbytes, send, recv,
+                                 igrad_comm_size(comm), reqs)) {
+                free(t);
+                fprintf(stderr, "igrad: bench comm: MPI_I%s failed\n", op_names[op]);
+                return -1;
+            }
+        } else if (st == IGRAD_OK) {
+            st = op == OP_ALLREDUCE ? igrad_comm_iallreduce(comm, send, recv, nbytes / 4,
+                                                            IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM,
+                                                            &req)
+                                    : igrad_comm_iallgather(comm, send, nbytes, recv, &req);
+            if (st == IGRAD_OK) st = igrad_comm_wait(comm, req);
+        }
         double ms = (MPI_Wtime() - t0) * 1e3;
         if (st != IGRAD_OK) {
             free(t);
-            return cli_fail(allreduce ? "allreduce" : "allgather", st);
+            return cli_fail(op_names[op], st);
         }
         MPI_Allreduce(MPI_IN_PLACE, &ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         if (r >= 0) t[r] = ms;
@@ -102,8 +170,8 @@ static int time_collective(igrad_comm_t *comm, int allreduce, size_t nbytes, voi
 
 int bench_comm(int argc, char **argv)
 {
-    int64_t sizes[MAX_SIZES], reps = 15, warmup = 2;
-    int nsizes = 0, json = 0;
+    int64_t sizes[MAX_SIZES], reps = 15, warmup = 2, per_node = 0;
+    int nsizes = 0, json = 0, on[NOPS] = {1, 1, 1, 1};
     for (int64_t s = 1024; s <= 4194304; s *= 4) sizes[nsizes++] = s;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -116,6 +184,15 @@ int bench_comm(int argc, char **argv)
             json = 1;
         } else if ((r = cli_opt(argc, argv, &i, "--sizes", &v)) != 0) {
             if (r < 0 || parse_sizes(v, sizes, &nsizes) < 0) return 2;
+        } else if ((r = cli_opt(argc, argv, &i, "--ops", &v)) != 0) {
+            if (r < 0 || parse_ops(v, on) < 0) return 2;
+        } else if ((r = cli_opt(argc, argv, &i, "--ranks-per-node", &v)) != 0) {
+            if (r < 0 || cli_parse_i64("--ranks-per-node", v, &per_node) < 0) return 2;
+            if (per_node < 1) {
+                fprintf(stderr, "igrad: bench comm: --ranks-per-node is %lld (must be >= 1)\n",
+                        (long long)per_node);
+                return 2;
+            }
         } else if ((r = cli_opt(argc, argv, &i, "--reps", &v)) != 0) {
             if (r < 0 || cli_parse_i64("--reps", v, &reps) < 0) return 2;
         } else if ((r = cli_opt(argc, argv, &i, "--warmup", &v)) != 0) {
@@ -146,45 +223,63 @@ int bench_comm(int argc, char **argv)
         fprintf(stderr, "igrad: bench comm: MPI_Init failed\n");
         return 1;
     }
+    int wrank = 0, wsize = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
+    MPI_Comm_size(MPI_COMM_WORLD, &wsize);
+    if (per_node > 0 && (per_node < 2 || wsize % per_node != 0)) {
+        if (wrank == 0)
+            fprintf(stderr, "igrad: bench comm: --ranks-per-node %lld: the %d ranks do not form "
+                            "groups of at least 2 of that size\n", (long long)per_node, wsize);
+        MPI_Finalize();
+        return 2;
+    }
+    MPI_Comm group = MPI_COMM_WORLD;
+    if (per_node > 0) MPI_Comm_split(MPI_COMM_WORLD, wrank / (int)per_node, wrank, &group);
     igrad_comm_t *comm = NULL;
-    igrad_status_t st = igrad_comm_create_mpi(NULL, &comm);
+    igrad_status_t st = igrad_comm_create_mpi(&group, &comm);
     if (st != IGRAD_OK) {
         fprintf(stderr, "igrad: bench comm: communicator: %s\n", igrad_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
         return 1;
     }
-    int rank = igrad_comm_rank(comm), P = igrad_comm_size(comm), rc = 0;
+    int rank = wrank, P = igrad_comm_size(comm), rc = 0;
     int64_t maxb = 0;
     for (int k = 0; k < nsizes; k++) maxb = sizes[k] > maxb ? sizes[k] : maxb;
     char *send = calloc((size_t)maxb, 1), *recv = calloc((size_t)maxb * (size_t)P, 1);
-    if (!send || !recv) {
+    MPI_Request *reqs = calloc((size_t)P, sizeof *reqs);
+    if (!send || !recv || !reqs) {
         fprintf(stderr, "igrad: bench comm: out of memory for %lld-byte buffers\n",
                 (long long)maxb);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if (rank == 0) {
-        if (json) printf("{\"ranks\": %d, \"reps\": %lld, \"rows\": [", P, (long long)reps);
-        else printf("# igrad bench comm: P = %d, median of %lld calls (slowest rank)\n"
-                    "%-10s %12s %12s\n", P, (long long)reps, "op", "bytes", "ms");
+        if (json) printf("{\"ranks\": %d, \"group_ranks\": %d, \"reps\": %lld, \"rows\": [",
+                         wsize, P, (long long)reps);
+        else printf("# igrad bench comm: %d ranks, collectives over groups of %d, median of "
+                    "%lld calls (slowest rank)\n%-10s %12s %12s\n", wsize, P, (long long)reps,
+                    "op", "bytes", "ms");
     }
-    for (int op = 0; op < 2 && rc == 0; op++) {
-        for (int k = 0; k < nsizes && rc == 0; k++) {
+    int nrows = 0;
+    for (int op = 0; op < NOPS && rc == 0; op++) {
+        for (int k = 0; on[op] && k < nsizes && rc == 0; k++) {
             double ms = 0;
-            rc = time_collective(comm, op, (size_t)sizes[k], send, recv, (int)reps,
+            rc = time_collective(comm, group, op, (size_t)sizes[k], send, recv, reqs, (int)reps,
                                  (int)warmup, &ms);
             if (rc == 0 && rank == 0) {
-                const char *name = op ? "allreduce" : "allgather";
                 if (json) printf("%s{\"op\": \"%s\", \"bytes\": %lld, \"ms\": %.6f}",
-                                 op + k ? ", " : "", name, (long long)sizes[k], ms);
-                else printf("%-10s %12lld %12.4f\n", name, (long long)sizes[k], ms);
+                                 nrows ? ", " : "", op_names[op], (long long)sizes[k], ms);
+                else printf("%-10s %12lld %12.4f\n", op_names[op], (long long)sizes[k], ms);
                 fflush(stdout);
             }
+            nrows++;
         }
     }
     if (rank == 0 && json && rc == 0) printf("]}\n");
     free(send);
     free(recv);
+    free(reqs);
     igrad_comm_free(comm);
+    if (group != MPI_COMM_WORLD) MPI_Comm_free(&group);
     MPI_Finalize();
     return rc ? 1 : 0;
 #endif

@@ -14,7 +14,8 @@ int cmd_bench(int argc, char **argv)
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: igrad bench select [options]   fused EF + top-k vs streaming pass\n"
                 "       igrad bench sync [options]     sync methods over MPI (mpirun -np P)\n"
-                "       igrad bench comm [options]     all-gather / all-reduce size sweep (mpirun)\n"
+                "       igrad bench comm [options]     all-gather / all-reduce / reduce / bcast\n"
+                "                                      size sweep (mpirun)\n"
                 "(igrad bench <what> --help for options)\n");
         return argc < 2 ? 2 : 0;
     }

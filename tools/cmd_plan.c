@@ -4,10 +4,14 @@
  * release cycle, from the engine's own plan (igrad_engine_create_plan /
  * igrad_engine_plan_step: the buckets and routes a real run would issue),
  * and a projected sync and step time from the α-β model of plan_cost.c.
- * Routes the engine does not have yet (hierarchical gather, sparse
- * all-reduce) and the dense bf16 reference are priced by formula from the
- * same per-bucket payload and labelled "projected". docs/plan.md says
- * what every number means and where its formula comes from.
+ * Every method runs on two engine routes: flat (one ring over all P ranks)
+ * and hier (config.topology hier: node sums onto the owners, the shard
+ * engines' buckets among the N owners, node broadcasts), both planned by
+ * the engine, bytes per level from its statistics. The sparse all-reduce
+ * (not in the engine yet) and the dense bf16 reference are priced by
+ * formula from the same per-bucket payload and labelled "projected".
+ * docs/plan.md says what every number means and where its formula comes
+ * from.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +25,7 @@
 typedef struct plan_opts {
     const char *config_path, *profile_path;
     int64_t ranks, per_node;
-    plan_link_t intra, inter;
+    plan_level_t net[2];      /* [0] intra, [1] inter: a link per collective */
     double compute_ms;        /* < 0: from the FLOP model */
     double mfu, peak_tflops;
     int64_t tokens_per_rank;
@@ -45,8 +49,10 @@ typedef struct plan_series {
 typedef struct plan_row {
     const char *method, *route;
     int projected;
-    plan_series_t payload, wire, intra, inter, sync_ms, collectives;
+    plan_series_t payload, wire, intra, inter, intra_ms, inter_ms, sync_ms, collectives;
     double step_payload[PLAN_CYCLE_LISTED], step_sync_ms[PLAN_CYCLE_LISTED];
+    double *shard_sum; /* (2 L) hier: per local rank, Σ over the cycle of its
+                          buckets' payload and wire bytes; owned */
 } plan_row_t;
 
 static void series_add(plan_series_t *s, double v)
@@ -76,6 +82,9 @@ static void usage(FILE *fp)
             "  --link intra=SPEC      link inside a node (nvlink)\n"
             "  --link inter=SPEC      link between nodes, per GPU (100g)\n"
             "                         SPEC: a preset or GBITS,LAT_US (e.g. 100,8)\n"
+            "  --link LEVEL.COLL=SPEC one collective's own alpha-beta on a level (a fit of\n"
+            "                         igrad bench comm); COLL: allgather, allreduce, reduce,\n"
+            "                         bcast; wins over LEVEL=SPEC in any order\n"
             "  --compute-ms MS        compute time per step (default: 6 N tokens / (MFU peak))\n"
             "  --tokens-per-rank T    tokens per rank per step for the default (16384)\n"
             "  --mfu X                model FLOP utilisation for the default (0.40)\n"
@@ -120,14 +129,6 @@ static int parse_methods(const char *text, plan_opts_t *o)
     return 0;
 }
 
-static int parse_link(const char *text, plan_opts_t *o)
-{
-    if (!strncmp(text, "intra=", 6)) return plan_link_parse("intra", text + 6, &o->intra);
-    if (!strncmp(text, "inter=", 6)) return plan_link_parse("inter", text + 6, &o->inter);
-    fprintf(stderr, "igrad plan: --link '%s': expected intra=SPEC or inter=SPEC\n", text);
-    return -1;
-}
-
 /* 0 ok, 1 exit 0 (help), -1 usage error (printed). */
 static int parse_args(int argc, char **argv, plan_opts_t *o)
 {
@@ -158,7 +159,7 @@ static int parse_args(int argc, char **argv, plan_opts_t *o)
         } else if (OPT("--ranks-per-node")) {
             if (r < 0 || cli_parse_i64("ranks-per-node", v, &o->per_node)) return -1;
         } else if (OPT("--link")) {
-            if (r < 0 || parse_link(v, o)) return -1;
+            if (r < 0 || plan_level_parse(v, o->net)) return -1;
         } else if (OPT("--compute-ms")) {
             if (r < 0 || cli_parse_f64("compute-ms", v, &o->compute_ms)) return -1;
             if (o->compute_ms < 0) {
@@ -268,7 +269,7 @@ typedef struct plan_ctx {
     igrad_profile_t *profile; /* loaded or synthetic; NULL until needed */
     int synthetic;
     int64_t N, L;
-    const plan_link_t *flat; /* the ring's slowest link */
+    const plan_level_t *flat; /* the flat ring's slowest level */
     plan_row_t rows[PLAN_MAX_METHODS * 3 + 1];
     int nrows;
     int64_t cycle;
@@ -286,20 +287,106 @@ static plan_row_t *new_row(plan_ctx_t *x, const char *method, const char *route,
     return r;
 }
 
-/* Walks one cycle of plan engine e (config c) into rows: `flat` the
- * engine's own routes; `bf16` (dense method only) the same buckets as a
- * bf16 ring all-reduce; `hier` and `sar` (a plan forced to gather, so
- * every bucket carries its sparse payload) the projected routes. */
-static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c, size_t cap,
-                      plan_row_t *flat, plan_row_t *bf16, plan_row_t *hier, plan_row_t *sar)
+/* The rows one plan engine's cycle fills: `engine` the engine's own route
+ * (flat or hier, as its config says); on a flat engine, `bf16` (dense
+ * method only) the same buckets as a bf16 ring all-reduce and `sar` (a
+ * plan forced to gather, so every bucket carries its sparse payload) the
+ * projected sparse all-reduce. NULL: not wanted. */
+typedef struct plan_targets {
+    plan_row_t *engine, *bf16, *sar;
+} plan_targets_t;
+
+/* One step's values of one row. */
+typedef struct plan_point {
+    double payload, wire, intra, inter, intra_s, inter_s;
+} plan_point_t;
+
+static void row_add(plan_row_t *r, int64_t step, const plan_point_t *p, int64_t buckets)
 {
-    const plan_opts_t *o = x->o;
+    if (!r) return;
+    double ms = 1e3 * (p->intra_s + p->inter_s);
+    if (step < PLAN_CYCLE_LISTED) {
+        r->step_payload[step] = p->payload;
+        r->step_sync_ms[step] = ms;
+    }
+    series_add(&r->payload, p->payload);
+    series_add(&r->wire, p->wire);
+    series_add(&r->intra, p->intra);
+    series_add(&r->inter, p->inter);
+    series_add(&r->intra_ms, 1e3 * p->intra_s);
+    series_add(&r->inter_ms, 1e3 * p->inter_s);
+    series_add(&r->sync_ms, ms);
+    series_add(&r->collectives, (double)buckets);
+}
+
+/* A flat ring's wire bytes split by level as the engine splits them
+ * (intra = wire (L-1)/(P-1)), its time put on the level that bounds it. */
+static plan_point_t flat_point(const plan_ctx_t *x, double payload, double wire, double seconds)
+{
+    int64_t P = x->o->ranks;
+    plan_point_t p = {payload, wire, 0, 0, 0, 0};
+    p.intra = P > 1 ? wire * (double)(x->L - 1) / (double)(P - 1) : 0.0;
+    p.inter = wire - p.intra;
+    if (x->N > 1) p.inter_s = seconds;
+    else p.intra_s = seconds;
+    return p;
+}
+
+/* A bucket's collective: ring all-gather of its payload or ring all-reduce
+ * of its dense values, over `ranks` ranks on `level`'s link for that
+ * collective. */
+static double bucket_seconds(const igrad_planned_bucket_t *b, int64_t ranks,
+                             const plan_level_t *level)
+{
+    double pay = (double)b->payload_nbytes;
+    return b->kind == IGRAD_BUCKET_GATHER
+               ? plan_ring_allgather_s(pay, ranks, &level->coll[PLAN_ALLGATHER])
+               : plan_ring_allreduce_s(pay, ranks, &level->coll[PLAN_ALLREDUCE]);
+}
+
+/* One step of a hier plan: the node sums and broadcasts of every parameter
+ * on intra, then every local rank's shard buckets among the N owners on
+ * inter; the step waits for the slowest shard. inter_s[] has L slots;
+ * shard_sum (2 L) accumulates every shard's payload and wire bytes. */
+static plan_point_t hier_point(const plan_ctx_t *x, const igrad_step_stats_t *s,
+                               const igrad_planned_bucket_t *bk, size_t nb, double *inter_s,
+                               double *shard_sum)
+{
+    const plan_level_t *intra = &x->o->net[0], *inter = &x->o->net[1];
+    double n = 4.0 * (double)x->nparams;
+    plan_point_t p = {(double)s->payload_nbytes, s->wire_nbytes, s->intra_wire_nbytes,
+                      s->inter_wire_nbytes, 0, 0};
+    if (!s->skipped)
+        p.intra_s = plan_node_collectives_s(n, x->L, &intra->coll[PLAN_REDUCE]) +
+                    plan_node_collectives_s(n, x->L, &intra->coll[PLAN_BCAST]);
+    for (int64_t l = 0; l < x->L; l++) inter_s[l] = 0.0;
+    for (size_t j = 0; j < nb; j++) {
+        int l = bk[j].local_rank;
+        inter_s[l] += bucket_seconds(&bk[j], x->N, inter);
+        shard_sum[2 * l] += (double)bk[j].payload_nbytes;
+        shard_sum[2 * l + 1] += bk[j].wire_nbytes;
+    }
+    for (int64_t l = 0; l < x->L; l++)
+        if (inter_s[l] > p.inter_s) p.inter_s = inter_s[l];
+    return p;
+}
+
+/* Walks one cycle of plan engine e (config c) into the rows of `to`. */
+static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c, size_t cap,
+                      const plan_targets_t *to)
+{
+    int hier = c->topology == IGRAD_TOPOLOGY_HIER;
     igrad_planned_bucket_t *bk = calloc(cap ? cap : 1, sizeof *bk);
-    if (!bk) {
+    double *inter_s = calloc((size_t)x->L, sizeof *inter_s);
+    if (hier && to->engine && !to->engine->shard_sum)
+        to->engine->shard_sum = calloc(2 * (size_t)x->L, sizeof(double));
+    if (!bk || !inter_s || (hier && (!to->engine || !to->engine->shard_sum))) {
+        free(bk);
+        free(inter_s);
         fprintf(stderr, "igrad plan: out of memory\n");
         return 1;
     }
-    int64_t C = cycle_steps(c), P = o->ranks;
+    int64_t C = cycle_steps(c), P = x->o->ranks;
     if (C > x->cycle) x->cycle = C;
     igrad_status_t st = IGRAD_OK;
     for (int64_t step = 0; step < C; step++) {
@@ -307,49 +394,35 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
         size_t nb = 0;
         st = igrad_engine_plan_step(e, step, &s, bk, cap, &nb);
         if (st != IGRAD_OK) break;
-        double t_flat = 0, t_bf16 = 0, t_hier = 0, t_sar = 0;
-        double hi_in = 0, hi_out = 0, sar_out = 0, bf16_wire = 0;
-        for (size_t j = 0; j < nb && j < cap; j++) {
-            double pay = (double)bk[j].payload_nbytes, dense = 4.0 * (double)bk[j].dense_count;
-            t_flat += bk[j].kind == IGRAD_BUCKET_GATHER ? plan_ring_allgather_s(pay, P, x->flat)
-                                                        : plan_ring_allreduce_s(pay, P, x->flat);
+        if (nb > cap) nb = cap;
+        if (hier) {
+            plan_point_t p = hier_point(x, &s, bk, nb, inter_s, to->engine->shard_sum);
+            row_add(to->engine, step, &p, s.buckets);
+            continue;
+        }
+        const plan_link_t *ar = &x->flat->coll[PLAN_ALLREDUCE];
+        double t_flat = 0, t_bf16 = 0, t_sar = 0, sar_wire = 0, bf16_wire = 0;
+        for (size_t j = 0; j < nb; j++) {
+            t_flat += bucket_seconds(&bk[j], P, x->flat);
             double half = 2.0 * (double)bk[j].dense_count;
-            t_bf16 += plan_ring_allreduce_s(half, P, x->flat);
+            t_bf16 += plan_ring_allreduce_s(half, P, ar);
             bf16_wire += P > 1 ? 2.0 * (double)(P - 1) / (double)P * half : 0.0;
-            plan_level_cost_t h = plan_hier_gather(pay, dense, x->N, x->L, &o->intra, &o->inter);
-            plan_level_cost_t a = plan_sparse_allreduce(pay, P, x->flat);
-            t_hier += h.seconds;
-            hi_in += h.intra_nbytes;
-            hi_out += h.inter_nbytes;
+            plan_level_cost_t a = plan_sparse_allreduce((double)bk[j].payload_nbytes, P, ar);
             t_sar += a.seconds;
-            sar_out += a.inter_nbytes;
+            sar_wire += a.wire_nbytes;
         }
-        /* hier: the node reduce-scatter of every parameter, in B collectives */
-        int64_t B = c->buckets;
-        plan_level_cost_t rs = plan_node_reduce_scatter(
-            4.0 * (double)x->nparams / (double)B, x->L, &o->intra);
-        t_hier += (double)B * rs.seconds;
-        hi_in += (double)B * rs.intra_nbytes;
-        plan_row_t *rows[4] = {flat, bf16, hier, sar};
-        double payload[4] = {(double)s.payload_nbytes, (double)s.payload_nbytes / 2.0,
-                             (double)s.payload_nbytes, (double)s.payload_nbytes};
-        double wire[4] = {s.wire_nbytes, bf16_wire, hi_in + hi_out, sar_out};
-        double ms[4] = {1e3 * t_flat, 1e3 * t_bf16, 1e3 * t_hier, 1e3 * t_sar};
-        for (int k = 0; k < 4; k++) {
-            if (!rows[k]) continue;
-            if (step < PLAN_CYCLE_LISTED) {
-                rows[k]->step_payload[step] = payload[k];
-                rows[k]->step_sync_ms[step] = ms[k];
-            }
-            series_add(&rows[k]->payload, payload[k]);
-            series_add(&rows[k]->wire, wire[k]);
-            series_add(&rows[k]->intra, k == 2 ? hi_in : 0.0);
-            series_add(&rows[k]->inter, k == 2 ? hi_out : 0.0);
-            series_add(&rows[k]->sync_ms, ms[k]);
-            series_add(&rows[k]->collectives, (double)s.buckets);
-        }
+        double pay = (double)s.payload_nbytes;
+        plan_point_t pf = flat_point(x, pay, s.wire_nbytes, t_flat);
+        pf.intra = s.intra_wire_nbytes; /* the engine's own split */
+        pf.inter = s.inter_wire_nbytes;
+        plan_point_t pb = flat_point(x, pay / 2.0, bf16_wire, t_bf16);
+        plan_point_t pa = flat_point(x, pay, sar_wire, t_sar);
+        row_add(to->engine, step, &pf, s.buckets);
+        row_add(to->bf16, step, &pb, s.buckets);
+        row_add(to->sar, step, &pa, s.buckets);
     }
     free(bk);
+    free(inter_s);
     return st == IGRAD_OK ? 0 : cli_fail("plan step", st);
 }
 
@@ -366,6 +439,7 @@ static int method_config(plan_ctx_t *x, igrad_method_t m, igrad_config_t *c,
     c->buckets = (int)o->buckets;
     c->value_dtype = m == IGRAD_METHOD_DENSE ? IGRAD_DTYPE_F32 : o->value_dtype;
     c->collective = o->collective;
+    c->ranks_per_node = (int)x->L; /* flat: splits the wire bytes by level; hier: the nodes */
     *profile = NULL;
     if (m != IGRAD_METHOD_IG && m != IGRAD_METHOD_IAD) return 0;
     if (!x->profile) {
@@ -389,34 +463,42 @@ static int method_config(plan_ctx_t *x, igrad_method_t m, igrad_config_t *c,
     return 0;
 }
 
-/* One plan engine of config c walked over its cycle into the given rows. */
+/* One plan engine of config c walked over its cycle into the rows of `to`. */
 static int plan_walk(plan_ctx_t *x, const igrad_config_t *c, const igrad_profile_t *profile,
-                     plan_row_t *flat, plan_row_t *bf16, plan_row_t *hier, plan_row_t *sar)
+                     const plan_targets_t *to)
 {
     igrad_engine_t *e = NULL;
     igrad_status_t st = igrad_engine_create_plan(x->layout, profile, c, (int)x->o->ranks, &e);
     if (st != IGRAD_OK) return cli_fail(igrad_method_name(c->method), st);
+    /* buckets of one step: per shard at most config.buckets (iad: one per
+     * tensor, and the shards' tensors add up to the layout's) */
     size_t cap = c->method == IGRAD_METHOD_IAD ? igrad_layout_count(x->layout)
-                                               : (size_t)c->buckets;
-    int rc = walk_cycle(x, e, c, cap, flat, bf16, hier, sar);
+                 : c->topology == IGRAD_TOPOLOGY_HIER ? (size_t)c->buckets * (size_t)x->L
+                                                      : (size_t)c->buckets;
+    int rc = walk_cycle(x, e, c, cap, to);
     igrad_engine_free(e);
     return rc;
 }
 
-/* Method m: the engine's routes (one row) and, for the sparse methods, the
- * two projected routes on the same per-bucket payload. */
+/* Method m: the engine's two routes, flat and hier (one row each), and for
+ * the sparse methods the projected sparse all-reduce on the flat plan's
+ * per-bucket sparse payload. */
 static int plan_method(plan_ctx_t *x, igrad_method_t m)
 {
     igrad_config_t c;
     const igrad_profile_t *profile = NULL;
     if (method_config(x, m, &c, &profile)) return 1;
     const char *name = igrad_method_name(m);
-    if (plan_walk(x, &c, profile, new_row(x, name, "engine", 0), NULL, NULL, NULL)) return 1;
+    plan_targets_t flat = {new_row(x, name, "flat", 0), NULL, NULL};
+    if (plan_walk(x, &c, profile, &flat)) return 1;
+    igrad_config_t h = c;
+    h.topology = IGRAD_TOPOLOGY_HIER;
+    plan_targets_t hier = {new_row(x, name, "hier", 0), NULL, NULL};
+    if (plan_walk(x, &h, profile, &hier)) return 1;
     if (m == IGRAD_METHOD_DENSE) return 0;
     c.collective = IGRAD_COLLECTIVE_GATHER;
-    plan_row_t *hier = new_row(x, name, "hier", 1);
-    plan_row_t *sar = new_row(x, name, "sparse_allreduce", 1);
-    return plan_walk(x, &c, profile, NULL, NULL, hier, sar);
+    plan_targets_t sar = {NULL, NULL, new_row(x, name, "sparse_allreduce", 1)};
+    return plan_walk(x, &c, profile, &sar);
 }
 
 /* Compute time per step and where it came from. */
@@ -438,10 +520,37 @@ static void json_series(const char *key, const plan_series_t *s, int last)
            series_mean(s), s->max, last ? "" : ", ");
 }
 
-static void json_link(const char *key, const plan_link_t *l)
+static void json_link_fields(const plan_link_t *l)
 {
-    printf("\"%s\": {\"name\": \"%s\", \"gbit_per_s\": %.17g, \"latency_us\": %.17g}", key,
-           l->name, l->bytes_per_s * 8.0 / 1e9, l->latency_s * 1e6);
+    printf("\"name\": \"%s\", \"gbit_per_s\": %.17g, \"latency_us\": %.17g", l->name,
+           l->bytes_per_s * 8.0 / 1e9, l->latency_s * 1e6);
+}
+
+/* A level: its all-gather link at the top (the level's link unless a
+ * collective was given its own) and every collective's under "by_collective". */
+static void json_level(const char *key, const plan_level_t *lv)
+{
+    printf("\"%s\": {", key);
+    json_link_fields(&lv->coll[PLAN_ALLGATHER]);
+    printf(", \"by_collective\": {");
+    for (int k = 0; k < PLAN_NCOLL; k++) {
+        printf("%s\"%s\": {", k ? ", " : "", plan_coll_name((plan_coll_t)k));
+        json_link_fields(&lv->coll[k]);
+        printf("}");
+    }
+    printf("}}");
+}
+
+/* One level's link as the table header shows it. */
+static void print_level(const char *key, const plan_level_t *lv)
+{
+    const plan_link_t *l = &lv->coll[PLAN_ALLGATHER];
+    printf("%s %s (%.0f Gbit/s, %.1f us", key, l->name, l->bytes_per_s * 8e-9, l->latency_s * 1e6);
+    for (int k = 1; k < PLAN_NCOLL; k++)
+        if (lv->set[k] || lv->set[0])
+            printf("; %s %.3g Gbit/s, %.3g us", plan_coll_name((plan_coll_t)k),
+                   lv->coll[k].bytes_per_s * 8e-9, lv->coll[k].latency_s * 1e6);
+    printf(")");
 }
 
 static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const char *csrc)
@@ -452,9 +561,9 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
            "\"nodes\": %lld, ",
            o->config_path, (long long)nparams, (long long)o->ranks, (long long)x->L,
            (long long)x->N);
-    json_link("intra", &o->intra);
+    json_level("intra", &o->net[0]);
     printf(", ");
-    json_link("inter", &o->inter);
+    json_level("inter", &o->net[1]);
     printf(", \"compute_ms\": %.17g, \"compute_source\": \"%s\", \"cycle_steps\": %lld, "
            "\"density\": %.17g, \"release_period\": %lld, \"buckets\": %lld, "
            "\"profile\": \"%s\", \"ig_planned_ratio\": %.17g, \"rows\": [",
@@ -469,17 +578,24 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
                (long long)r->payload.n);
         json_series("payload_nbytes", &r->payload, 0);
         json_series("wire_nbytes", &r->wire, 0);
-        if (!strcmp(r->route, "hier")) { /* the only route split by level */
-            json_series("intra_nbytes", &r->intra, 0);
-            json_series("inter_nbytes", &r->inter, 0);
-        } else {
-            printf("\"intra_nbytes\": null, \"inter_nbytes\": null, ");
-        }
+        json_series("intra_nbytes", &r->intra, 0);
+        json_series("inter_nbytes", &r->inter, 0);
+        json_series("intra_ms", &r->intra_ms, 0);
+        json_series("inter_ms", &r->inter_ms, 0);
         if (r->payload.n <= PLAN_CYCLE_LISTED) {
             printf("\"per_step\": [");
             for (int64_t k = 0; k < r->payload.n; k++)
                 printf("%s{\"step\": %lld, \"payload_nbytes\": %.17g, \"sync_ms\": %.17g}",
                        k ? ", " : "", (long long)k, r->step_payload[k], r->step_sync_ms[k]);
+            printf("], ");
+        }
+        if (r->shard_sum) { /* hier: every shard's mean bytes per step */
+            printf("\"by_local_rank\": [");
+            for (int64_t l = 0; l < x->L; l++)
+                printf("%s{\"local_rank\": %lld, \"payload_nbytes\": %.17g, "
+                       "\"inter_nbytes\": %.17g}",
+                       l ? ", " : "", (long long)l, r->shard_sum[2 * l] / (double)r->payload.n,
+                       r->shard_sum[2 * l + 1] / (double)r->payload.n);
             printf("], ");
         }
         json_series("collectives", &r->collectives, 0);
@@ -497,20 +613,22 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
     printf("# igrad plan: %s, %lld parameters, P = %lld (%lld node%s x %lld)\n", o->config_path,
            (long long)nparams, (long long)o->ranks, (long long)x->N, x->N == 1 ? "" : "s",
            (long long)x->L);
-    printf("# links: intra %s (%.0f Gbit/s, %.1f us), inter %s (%.0f Gbit/s, %.1f us)%s\n",
-           o->intra.name, o->intra.bytes_per_s * 8e-9, o->intra.latency_s * 1e6, o->inter.name,
-           o->inter.bytes_per_s * 8e-9, o->inter.latency_s * 1e6,
-           x->N == 1 ? " (one node: the flat ring runs on intra)" : "");
+    printf("# links: ");
+    print_level("intra", &o->net[0]);
+    printf(", ");
+    print_level("inter", &o->net[1]);
+    printf("%s\n", x->N == 1 ? " (one node: the flat ring runs on intra)" : "");
     printf("# compute %.1f ms/step (%s); cycle %lld steps; density %g, R %lld, B %lld", cms, csrc,
            (long long)x->cycle, o->density, (long long)o->release_period, (long long)o->buckets);
     if (x->profile)
         printf("; ig profile %s, planned payload %.3f x adtopk_sync",
                o->profile_path ? o->profile_path : "synthetic", x->ig_ratio);
     printf("\n# bytes per rank per step (min / mean / max over the cycle); 'engine' rows are the "
-           "engine's plan, 'proj' rows are formulas (docs/plan.md)\n");
-    printf("%-12s %-16s %-6s %28s %11s %11s %10s %27s %10s %8s\n", "method", "route", "source",
-           "payload min/mean/max", "wire mean", "inter mean", "colls", "sync ms min/mean/max",
-           "step ms", "speedup");
+           "engine's plan (hier: the busiest shard's payload and inter bytes), 'proj' rows are "
+           "formulas (docs/plan.md)\n");
+    printf("%-12s %-16s %-6s %28s %11s %11s %11s %10s %27s %10s %8s\n", "method", "route",
+           "source", "payload min/mean/max", "wire mean", "intra mean", "inter mean", "colls",
+           "sync ms min/mean/max", "step ms", "speedup");
     double base = series_mean(&x->rows[0].sync_ms);
     for (int i = 0; i < x->nrows; i++) {
         const plan_row_t *r = &x->rows[i];
@@ -521,10 +639,11 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
                  cli_human_bytes(r->payload.max, b3, sizeof b3));
         snprintf(sync, sizeof sync, "%.2f/%.2f/%.2f", r->sync_ms.min, series_mean(&r->sync_ms),
                  r->sync_ms.max);
-        printf("%-12s %-16s %-6s %28s %11s %11s %10.1f %27s %10.1f %7.2fx\n", r->method, r->route,
-               r->projected ? "proj" : "engine", pay,
+        printf("%-12s %-16s %-6s %28s %11s %11s %11s %10.1f %27s %10.1f %7.2fx\n", r->method,
+               r->route, r->projected ? "proj" : "engine", pay,
                cli_human_bytes(series_mean(&r->wire), b4, sizeof b4),
-               r->route[0] == 'h' ? cli_human_bytes(series_mean(&r->inter), b1, sizeof b1) : "-",
+               cli_human_bytes(series_mean(&r->intra), b1, sizeof b1),
+               cli_human_bytes(series_mean(&r->inter), b2, sizeof b2),
                series_mean(&r->collectives), sync, step, (cms + base) / step);
     }
 }
@@ -543,8 +662,8 @@ int cmd_plan(int argc, char **argv)
     o.buckets = 4;
     o.value_dtype = IGRAD_DTYPE_F32;
     o.collective = IGRAD_COLLECTIVE_AUTO;
-    plan_link_parse("intra", "nvlink", &o.intra);
-    plan_link_parse("inter", "100g", &o.inter);
+    plan_level_parse("intra=nvlink", o.net);
+    plan_level_parse("inter=100g", o.net);
     parse_methods("dense,topk_sync,adtopk_sync,ig", &o);
     int pr = parse_args(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : 2;
@@ -562,7 +681,7 @@ int cmd_plan(int argc, char **argv)
     x->layout = layout;
     x->L = o.per_node;
     x->N = o.ranks / o.per_node;
-    x->flat = x->N > 1 ? &o.inter : &o.intra;
+    x->flat = &o.net[x->N > 1 ? 1 : 0];
     x->nparams = igrad_layout_total_count(layout);
     int rc = 0;
     /* the reference every speed-up is against: dense bf16 on the dense plan's buckets */
@@ -570,8 +689,8 @@ int cmd_plan(int argc, char **argv)
     const igrad_profile_t *none = NULL;
     rc = method_config(x, IGRAD_METHOD_DENSE, &dc, &none);
     if (!rc) {
-        plan_row_t *bf16 = new_row(x, "dense_bf16", "ring_allreduce", 1);
-        rc = plan_walk(x, &dc, NULL, NULL, bf16, NULL, NULL);
+        plan_targets_t ref = {NULL, new_row(x, "dense_bf16", "ring_allreduce", 1), NULL};
+        rc = plan_walk(x, &dc, NULL, &ref);
     }
     for (int i = 0; !rc && i < o.nmethods; i++) rc = plan_method(x, o.methods[i]);
     if (!rc) {
@@ -586,6 +705,7 @@ int cmd_plan(int argc, char **argv)
         }
     }
     igrad_profile_free(x->profile);
+    for (int i = 0; i < x->nrows; i++) free(x->rows[i].shard_sum);
     free(x);
     igrad_layout_free(layout);
     return rc;

@@ -66,6 +66,50 @@ int plan_link_parse(const char *flag, const char *text, plan_link_t *out)
     return 0;
 }
 
+static const char *const coll_names[PLAN_NCOLL] = {"allgather", "allreduce", "reduce", "bcast"};
+
+const char *plan_coll_name(plan_coll_t c)
+{
+    return c >= 0 && c < PLAN_NCOLL ? coll_names[c] : "unknown";
+}
+
+int plan_level_parse(const char *text, plan_level_t levels[2])
+{
+    static const char *const level_names[2] = {"intra", "inter"};
+    const char *eq = strchr(text, '=');
+    size_t klen = eq ? (size_t)(eq - text) : 0;
+    char key[48];
+    if (!eq || klen >= sizeof key) goto bad;
+    memcpy(key, text, klen);
+    key[klen] = '\0';
+    char *dot = strchr(key, '.');
+    if (dot) *dot++ = '\0';
+    int lv = !strcmp(key, "intra") ? 0 : !strcmp(key, "inter") ? 1 : -1;
+    int c = -1;
+    if (dot)
+        for (int k = 0; k < PLAN_NCOLL; k++)
+            if (!strcmp(dot, coll_names[k])) c = k;
+    if (lv < 0 || (dot && c < 0)) goto bad;
+    char flag[64];
+    snprintf(flag, sizeof flag, "%s%s%s", level_names[lv], dot ? "." : "", dot ? dot : "");
+    plan_link_t link;
+    if (plan_link_parse(flag, eq + 1, &link)) return -1;
+    plan_level_t *L = &levels[lv];
+    for (int k = 0; k < PLAN_NCOLL; k++) {
+        if (c >= 0 && k != c) continue;
+        if (c < 0 && L->set[k]) continue; /* a per-collective link wins */
+        L->coll[k] = link;
+        if (c >= 0) L->set[k] = 1;
+    }
+    return 0;
+bad:
+    fprintf(stderr,
+            "igrad plan: --link '%s': expected intra=SPEC, inter=SPEC or LEVEL.COLL=SPEC "
+            "(COLL: allgather, allreduce, reduce, bcast)\n",
+            text);
+    return -1;
+}
+
 double plan_ring_allgather_s(double m, int64_t P, const plan_link_t *l)
 {
     if (P <= 1) return 0.0;
@@ -80,37 +124,17 @@ double plan_ring_allreduce_s(double n, int64_t P, const plan_link_t *l)
     return 2.0 * p1 * l->latency_s + 2.0 * p1 / (double)P * n / l->bytes_per_s;
 }
 
-/* Issue 12 §1, first stage, once per step over every parameter (the
- * shard owner keeps the residual, so a deferred tensor's node sum is
- * needed too): ring reduce-scatter of n bytes inside the node,
- * (L-1) alpha + (L-1)/L n beta. */
-plan_level_cost_t plan_node_reduce_scatter(double n, int64_t L, const plan_link_t *intra)
+/* The hier route's node sums and broadcasts (engine_hier.c): one
+ * MPI_Ireduce (MPI_Ibcast) per tensor, all in flight, owners balanced by
+ * entries over the L ranks. Together they move what one ring
+ * reduce-scatter (all-gather) of the n bytes moves: each rank receives
+ * (L-1)/L n (sends it, for the broadcast); the latencies of collectives in
+ * flight overlap, so L-1 of them are counted, not T (L-1). */
+double plan_node_collectives_s(double n, int64_t L, const plan_link_t *l)
 {
-    plan_level_cost_t c = {0, 0, 0};
-    if (L <= 1) return c;
+    if (L <= 1) return 0.0;
     double l1 = (double)(L - 1);
-    c.intra_nbytes = l1 / (double)L * n;
-    c.seconds = l1 * intra->latency_s + c.intra_nbytes / intra->bytes_per_s;
-    return c;
-}
-
-/* The rest, per bucket: selection on the shard (payload/L bytes per owner),
- * ring all-gather among the N owners of a shard over the network, then the
- * node all-gather of what arrived: sparse (N payload/L per rank) or the
- * decoded dense shard (dense/L), whichever is smaller. */
-plan_level_cost_t plan_hier_gather(double payload, double dense, int64_t N, int64_t L,
-                                   const plan_link_t *intra, const plan_link_t *inter)
-{
-    plan_level_cost_t c = {0, 0, 0};
-    double shard = payload / (double)L;
-    double back = fmin((double)N * shard, dense / (double)L);
-    if (L > 1) {
-        c.intra_nbytes = (double)(L - 1) * back;
-        c.seconds += plan_ring_allgather_s(back, L, intra);
-    }
-    c.inter_nbytes = (double)(N - 1) * shard;
-    c.seconds += plan_ring_allgather_s(shard, N, inter);
-    return c;
+    return l1 * l->latency_s + l1 / (double)L * n / l->bytes_per_s;
 }
 
 /* Ok-Topk / SparCML family (Li & Hoefler, PPoPP 2022): split and reduce by
@@ -121,10 +145,10 @@ plan_level_cost_t plan_hier_gather(double payload, double dense, int64_t N, int6
  * all-gather. */
 plan_level_cost_t plan_sparse_allreduce(double payload, int64_t P, const plan_link_t *link)
 {
-    plan_level_cost_t c = {0, 0, 0};
+    plan_level_cost_t c = {0, 0};
     if (P <= 1) return c;
     double v = 2.0 * (double)(P - 1) / (double)P * payload;
-    c.inter_nbytes = v;
+    c.wire_nbytes = v;
     c.seconds = ((double)(P - 1) + ceil(log2((double)P))) * link->latency_s +
                 v / link->bytes_per_s;
     return c;

@@ -1,9 +1,11 @@
 /*
  * plan_cost.h — the α-β time model of `igrad plan` (docs/plan.md): link
- * presets, parsing "NAME" or "GBITS,LAT_US", and the time of one
- * collective by its formula. Pure arithmetic; the bytes come from the
- * engine's plan (igrad_engine_plan_step) or, for routes not implemented
- * yet, from the formulas in plan_cost.c.
+ * presets, parsing "NAME" or "GBITS,LAT_US", the links of one level per
+ * collective (a fit of `igrad bench comm` may give each collective its own
+ * α and β), and the time of one collective by its formula. Pure
+ * arithmetic; the bytes come from the engine's plan
+ * (igrad_engine_plan_step) or, for the sparse all-reduce (not in the
+ * engine yet), from the formula in plan_cost.c.
  */
 #ifndef IGRAD_PLAN_COST_H
 #define IGRAD_PLAN_COST_H
@@ -13,15 +15,38 @@
 /* One level of the network: per-GPU bandwidth (one direction) and the
  * latency of one message. */
 typedef struct plan_link {
-    char name[32];          /* preset name or "custom" */
+    char name[32];          /* preset name or "GBITS,LAT_US" */
     double bytes_per_s;     /* beta = 1 / bytes_per_s */
     double latency_s;       /* alpha */
 } plan_link_t;
+
+/* The collectives the model prices, each with its own link per level. */
+typedef enum plan_coll {
+    PLAN_ALLGATHER = 0, /* gather buckets */
+    PLAN_ALLREDUCE = 1, /* reduce buckets, dense bf16, sparse all-reduce */
+    PLAN_REDUCE = 2,    /* hier: the node sums onto the owners */
+    PLAN_BCAST = 3,     /* hier: the owners' results back to the node */
+    PLAN_NCOLL = 4
+} plan_coll_t;
+
+/* "allgather", "allreduce", "reduce", "bcast". */
+const char *plan_coll_name(plan_coll_t c);
+
+/* A level's links: one for every collective (all the same unless a
+ * per-collective --link LEVEL.COLL=SPEC set one). */
+typedef struct plan_level {
+    plan_link_t coll[PLAN_NCOLL];
+    int set[PLAN_NCOLL]; /* given per collective (not overwritten by LEVEL=SPEC) */
+} plan_level_t;
 
 /* Parses "nvlink", "pcie4", "400g", ... or "GBITS,LAT_US" (Gbit/s and
  * microseconds, both > 0). Returns 0, or -1 after printing
  * "igrad plan: --link NAME: ..." to stderr. */
 int plan_link_parse(const char *flag, const char *text, plan_link_t *out);
+/* Parses "LEVEL=SPEC" or "LEVEL.COLL=SPEC" (LEVEL intra or inter) into
+ * levels[0] (intra) or levels[1] (inter): LEVEL=SPEC sets every collective
+ * not given on its own. Returns 0, or -1 after printing the error. */
+int plan_level_parse(const char *text, plan_level_t levels[2]);
 /* Prints the presets (name, figures, what they assume) to fp. */
 void plan_link_print_presets(void *fp);
 
@@ -29,19 +54,17 @@ void plan_link_print_presets(void *fp);
 double plan_ring_allgather_s(double m, int64_t P, const plan_link_t *l);
 /* Ring all-reduce of n bytes: 2(P-1) alpha + 2(P-1)/P n beta. */
 double plan_ring_allreduce_s(double n, int64_t P, const plan_link_t *l);
+/* Reduces (or broadcasts) of n bytes in all inside a node of L ranks, one
+ * per tensor, all in flight, their roots (owners) balanced over the L
+ * ranks: priced as one reduce-scatter (all-gather) of n bytes,
+ * (L-1) alpha + (L-1)/L n beta. */
+double plan_node_collectives_s(double n, int64_t L, const plan_link_t *l);
 
-/* Projected routes (not implemented in the engine yet): bytes per rank on
- * each level and the time, P = N nodes x L ranks. Hierarchical: the node
- * reduce-scatter of n bytes (every parameter, F32, once per step), then
- * per collective of `payload` sparse bytes per rank over a dense region of
- * `dense` bytes the exchange between shard owners and the node
- * all-gather. Sparse all-reduce: per collective of `payload` bytes. */
+/* Sparse all-reduce (not in the engine yet): bytes per rank and the time
+ * of one collective of `payload` bytes over P ranks. */
 typedef struct plan_level_cost {
-    double intra_nbytes, inter_nbytes, seconds;
+    double wire_nbytes, seconds;
 } plan_level_cost_t;
-plan_level_cost_t plan_node_reduce_scatter(double n, int64_t L, const plan_link_t *intra);
-plan_level_cost_t plan_hier_gather(double payload, double dense, int64_t N, int64_t L,
-                                   const plan_link_t *intra, const plan_link_t *inter);
 plan_level_cost_t plan_sparse_allreduce(double payload, int64_t P, const plan_link_t *link);
 
 #endif /* IGRAD_PLAN_COST_H */

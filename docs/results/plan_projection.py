@@ -2,9 +2,11 @@
 """The projection table and figure of docs/results/plan_projection.md:
 `igrad plan --json` for LLaMA-2-7B and LLaMA-2-70B (configs/), 8 to 1,024
 GPUs, 8 per node, NVLink inside a node, 400/100/25 Gbit/s per GPU between
-nodes, every method and route. The bytes are the engine's plan (exact);
-the times are the alpha-beta model of docs/plan.md, NOT validated against
-measurements yet. Compute per step: igrad plan's default, 6 N T / (MFU
+nodes, every method and route. The bytes are the engine's plan (exact; the
+flat and the hierarchical route alike); the times are the alpha-beta model
+of docs/plan.md, checked at 4-8 ranks on the namespace testbed
+(docs/results/plan_validation.md), not at scale; the sparse all-reduce is
+a formula (not in the engine). Compute per step: igrad plan's default, 6 N T / (MFU
 peak) with T = 16384 tokens per GPU per step, MFU 0.40, 989 TFLOP/s (H100
 SXM bf16 dense).
 Usage: plan_projection.py IGRAD_BINARY [OUT_DIR]   (writes
@@ -18,14 +20,20 @@ import sys
 MODELS = [("LLaMA-2-7B", "configs/llama-2-7b.json"), ("LLaMA-2-70B", "configs/llama-2-70b.json")]
 RANKS = [8, 16, 32, 64, 128, 256, 512, 1024]
 LINKS = ["400g", "100g", "25g"]
-ROWS = [("dense_bf16", "ring_allreduce"), ("adtopk_sync", "engine"), ("ig", "engine"),
-        ("ig", "hier"), ("ig", "sparse_allreduce"), ("adtopk_sync", "sparse_allreduce")]
+ROWS = [("dense_bf16", "ring_allreduce"), ("dense", "hier"), ("adtopk_sync", "flat"),
+        ("ig", "flat"), ("adtopk_sync", "hier"), ("ig", "hier"), ("ig", "sparse_allreduce"),
+        ("adtopk_sync", "sparse_allreduce")]
 LABEL = {("dense_bf16", "ring_allreduce"): "dense bf16 (ring)",
-         ("adtopk_sync", "engine"): "adtopk_sync (engine, auto)",
-         ("ig", "engine"): "ig (engine, auto)",
-         ("ig", "hier"): "ig hierarchical (proj.)",
+         ("dense", "hier"): "dense F32, hier (engine)",
+         ("adtopk_sync", "flat"): "adtopk_sync, flat (engine, auto)",
+         ("ig", "flat"): "ig, flat (engine, auto)",
+         ("adtopk_sync", "hier"): "adtopk_sync, hier (engine, auto)",
+         ("ig", "hier"): "ig, hier (engine, auto)",
          ("ig", "sparse_allreduce"): "ig sparse all-reduce (proj.)",
          ("adtopk_sync", "sparse_allreduce"): "adtopk_sync sparse all-reduce (proj.)"}
+# inter-node bytes per GPU per step (the busiest shard's for hier)
+BYTES_ROWS = [("dense_bf16", "ring_allreduce"), ("ig", "flat"), ("ig", "hier"),
+              ("ig", "sparse_allreduce")]
 
 
 def run(igrad, src, cfg, P, link):
@@ -46,6 +54,17 @@ def main(igrad, out_dir):
     with open(os.path.join(out_dir, "plan_projection.json"), "w") as f:
         json.dump(data, f, separators=(",", ":"))
 
+    def row(name, link, P, key):
+        return [r for r in data[f"{name}|{link}|{P}"]["rows"] if (r["method"], r["route"]) == key][0]
+
+    def table(lines, name, link, keys, cell):
+        lines.append("| route | " + " | ".join(f"P={P}" for P in RANKS) + " |")
+        lines.append("|---|" + "---|" * len(RANKS))
+        for key in keys:
+            cells = [cell(row(name, link, P, key)) for P in RANKS]
+            lines.append(f"| {LABEL[key]} | " + " | ".join(cells) + " |")
+        lines.append("")
+
     lines = []
     for name, _ in MODELS:
         d0 = data[f"{name}|{LINKS[0]}|8"]
@@ -54,16 +73,11 @@ def main(igrad, out_dir):
         for link in LINKS:
             lines.append(f"**inter = {link}** — sync ms per step (mean over the cycle); "
                          "step speed-up vs dense bf16 in brackets\n")
-            lines.append("| route | " + " | ".join(f"P={P}" for P in RANKS) + " |")
-            lines.append("|---|" + "---|" * len(RANKS))
-            for key in ROWS:
-                cells = []
-                for P in RANKS:
-                    d = data[f"{name}|{link}|{P}"]
-                    r = [r for r in d["rows"] if (r["method"], r["route"]) == key][0]
-                    cells.append(f"{r['sync_ms']['mean']:.0f} ({r['step_speedup_vs_dense_bf16']:.2f}x)")
-                lines.append(f"| {LABEL[key]} | " + " | ".join(cells) + " |")
-            lines.append("")
+            table(lines, name, link, ROWS, lambda r: f"{r['sync_ms']['mean']:.0f} "
+                                                     f"({r['step_speedup_vs_dense_bf16']:.2f}x)")
+        lines.append("**inter-node bytes per GPU per step** (MiB, mean over the cycle; hier: "
+                     "the busiest shard's), inter = 100g\n")
+        table(lines, name, "100g", BYTES_ROWS, lambda r: f"{r['inter_nbytes']['mean'] / 2**20:.0f}")
     print("\n".join(lines))
 
     import matplotlib
@@ -74,11 +88,7 @@ def main(igrad, out_dir):
         for j, link in enumerate(LINKS):
             ax = axes[i][j]
             for key in ROWS:
-                ys = []
-                for P in RANKS:
-                    d = data[f"{name}|{link}|{P}"]
-                    ys.append([r for r in d["rows"] if (r["method"], r["route"]) == key][0]
-                              ["sync_ms"]["mean"] / 1e3)
+                ys = [row(name, link, P, key)["sync_ms"]["mean"] / 1e3 for P in RANKS]
                 ax.plot(RANKS, ys, marker="o", ms=3, label=LABEL[key],
                         ls="--" if "proj" in LABEL[key] else "-")
             comp = data[f"{name}|{link}|8"]["compute_ms"] / 1e3
@@ -92,7 +102,8 @@ def main(igrad, out_dir):
                 ax.set_xlabel("GPUs (8 per node)")
             ax.grid(True, which="both", lw=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("igrad plan: engine bytes, alpha-beta times (not validated against measurements)")
+    fig.suptitle("igrad plan: engine bytes (flat and hier), alpha-beta times; sparse all-reduce "
+                 "a formula (dashed)")
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "plan_projection.png"), dpi=110)
 

@@ -1,26 +1,40 @@
 #!/usr/bin/env python3
 """run.py — validates `igrad plan`'s α-β projection on the namespace testbed
-(experiments/netem/testbed, issue 12 part 3).
+(experiments/netem/testbed, issue 12 parts 1 and 3), flat and hier.
 
 Stages (each one's raw output is kept in OUT/raw/ and reused by a rerun;
 --fresh forgets them):
-  1. sweeps: `igrad bench comm` (all-gather and all-reduce over message
-     sizes) on 4 nodes x 1 rank (every ring hop crosses the shaped veth:
-     the inter level) and 1 node x 4 ranks (shared memory: the intra level);
-  2. fit: α, β per level by least squares on the ring formulas of
-     docs/plan.md §2 — all-gather of m bytes per rank (P-1)α + (P-1)mβ,
-     all-reduce of n bytes 2(P-1)α + 2(P-1)/P nβ — minimising relative
-     residuals (every size counts alike); R² and residuals are reported;
-  3. measured: `igrad bench sync --json` (the engine's collective time per
-     step, comm_ms, slowest rank, median over steps) at each layout;
+  1. sweeps: `igrad bench comm` (all-gather, all-reduce, and the hier node
+     step's in-flight reduces and broadcasts, over message sizes) on
+     4 nodes x 1 rank (every ring hop crosses the shaped veth: the inter
+     level) and, for every layout N x L with L > 1, on that layout with
+     `--ranks-per-node L` (shared memory inside each node, all N nodes at
+     once: the intra level as the engine's node step meets it, the other
+     nodes' ranks competing for the 2 cores);
+  2. fit: α, β per level *and collective* by least squares on the formulas
+     of docs/plan.md §2 — all-gather of m bytes per rank (P-1)α + (P-1)mβ,
+     all-reduce of n bytes 2(P-1)α + 2(P-1)/P nβ, node reduces / broadcasts
+     of n bytes in all (P-1)α + (P-1)/P nβ — minimising relative residuals
+     (every size counts alike; intra reduce / bcast only from 256 KiB up:
+     the node step always moves every parameter, and below that shared
+     memory runs from cache); R² and residuals are reported, and the
+     single α, β per level of the last validation (all-gather + all-reduce
+     together) for comparison;
+  3. measured: `igrad bench sync --json --topology flat|hier
+     --ranks-per-node L` (the engine's collective time per step, comm_ms,
+     slowest rank, median over steps; hier's includes the node reduces and
+     broadcasts; bytes per level from the engine's statistics, averaged
+     over ranks) at each layout;
   4. projected: `igrad plan --json` for the same model, P, L and knobs with
-     --link inter=/intra= the fitted α, β, and ig's --target-ratio set to
-     the ig/adtopk_sync payload ratio bench sync measured (so both sides
-     price the same bytes; iad keeps plan's synthetic profile);
+     --link LEVEL.COLL= the per-collective fits, and ig's --target-ratio set
+     to the ig/adtopk_sync payload ratio bench sync measured (flat), so both
+     sides price the same bytes (iad keeps plan's synthetic profile); also
+     priced with the node's one veth shared by its L ranks (inter bandwidth
+     / L), the testbed's real network;
 and writes OUT/plan_validation.md (tables) and OUT/plan_validation.json.
 
 Usage: experiments/plan_validation/run.py [--out DIR] [--rate 200mbit]
-         [--layouts 2x2,4x1,8x1] [--steps 8] [--reps 7]
+         [--layouts 2x2,4x1,4x2] [--steps 8] [--reps 7]
          [--allgather recursive_doubling|linear|default] [--fresh]
 The default iallgather is recursive doubling (bandwidth-optimal, the ring's
 (P-1)m bytes per rank); Open MPI's own choice here is linear, every rank
@@ -42,8 +56,13 @@ TESTBED = os.path.join(REPO, "experiments", "netem", "testbed")
 IGRAD = os.path.join(REPO, "build", "igrad")
 MODEL = os.path.join(REPO, "experiments", "plan_validation", "llama-tiny.json")
 METHODS = ["dense", "topk_sync", "adtopk_sync", "ig", "iad"]
+OPS = ["allgather", "allreduce", "reduce", "bcast"]
 AG_SIZES = [1024, 4096, 16384, 65536, 262144, 1048576]
 AR_SIZES = [4096, 16384, 65536, 262144, 1048576, 4194304]
+# the node step moves every parameter (16 MiB for llama-tiny): up to 16 MiB
+# inside a node (cheap there); over the veth the bucket sizes suffice
+NODE_SIZES_INTRA = AR_SIZES + [16777216]
+NODE_FIT_MIN_INTRA = 262144
 
 
 def run_testbed(args, nodes, rpn, cmd, raw_name):
@@ -102,7 +121,9 @@ def ring_coeffs(op, P, nbytes):
     """(α coefficient, β coefficient) of one collective (docs/plan.md §2)."""
     if op == "allgather":
         return P - 1, (P - 1) * nbytes
-    return 2 * (P - 1), 2 * (P - 1) / P * nbytes
+    if op == "allreduce":
+        return 2 * (P - 1), 2 * (P - 1) / P * nbytes
+    return P - 1, (P - 1) / P * nbytes  # reduce, bcast: the hier node step
 
 
 def fit_alpha_beta(rows, P):
@@ -138,15 +159,18 @@ def fit_alpha_beta(rows, P):
             "residuals": resid}
 
 
-def sweep(args, nodes, rpn, name):
-    sizes = sorted(set(AG_SIZES + AR_SIZES))
+def sweep(args, nodes, rpn, name, intra):
+    """bench comm rows of every collective at the sizes its fit uses; intra:
+    inside each node of rpn ranks (all nodes at once)."""
+    node_sizes = [b for b in NODE_SIZES_INTRA if b >= NODE_FIT_MIN_INTRA] if intra else AR_SIZES
+    want = {"allgather": AG_SIZES, "allreduce": AR_SIZES, "reduce": node_sizes,
+            "bcast": node_sizes}
+    sizes = sorted(set(AG_SIZES + AR_SIZES + node_sizes))
+    group = ["--ranks-per-node", str(rpn)] if intra else []
     out = run_testbed(args, nodes, rpn,
                       [IGRAD, "bench", "comm", "--json", "--reps", str(args.reps),
-                       "--sizes", ",".join(map(str, sizes))], f"sweep-{name}.json")
-    rows = [r for r in last_json(out)["rows"]
-            if (r["op"] == "allgather" and r["bytes"] in AG_SIZES)
-            or (r["op"] == "allreduce" and r["bytes"] in AR_SIZES)]
-    return rows
+                       "--sizes", ",".join(map(str, sizes))] + group, f"sweep-{name}.json")
+    return [r for r in last_json(out)["rows"] if r["bytes"] in want.get(r["op"], [])]
 
 
 def link_spec(fit, share=1):
@@ -154,16 +178,45 @@ def link_spec(fit, share=1):
     return f"{fit['gbits'] / share:.6g},{max(fit['alpha_us'], 0.001):.6g}"
 
 
-def plan_rows(args, P, L, inter, intra, ratio, share=1):
-    cmd = [IGRAD, "plan", "--config", MODEL, "--ranks", str(P), "--ranks-per-node", str(L),
-           "--link", "inter=" + link_spec(inter, share), "--link", "intra=" + link_spec(intra),
-           "--method", ",".join(METHODS), "--density", "0.01", "--buckets", "4",
-           "--release-period", "4", "--target-ratio", f"{ratio:.6g}", "--json"]
+def link_flags(inter_fits, intra_fits, share=1):
+    """--link flags: every collective's own fit on both levels."""
+    flags = []
+    for lvl, fits, sh in (("inter", inter_fits, share), ("intra", intra_fits, 1)):
+        flags += ["--link", f"{lvl}=" + link_spec(fits["allgather"], sh)]
+        for op in OPS:
+            flags += ["--link", f"{lvl}.{op}=" + link_spec(fits[op], sh)]
+    return flags
+
+
+def plan_rows(P, L, links, ratio):
+    """igrad plan's rows by (method, route) and the command."""
+    cmd = [IGRAD, "plan", "--config", MODEL, "--ranks", str(P), "--ranks-per-node", str(L)] \
+        + links + ["--method", ",".join(METHODS), "--density", "0.01", "--buckets", "4",
+                   "--release-period", "4", "--target-ratio", f"{ratio:.6g}", "--json"]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         raise SystemExit(f"run.py: igrad plan failed: {p.stderr.strip()}")
     plan = json.loads(p.stdout)
-    return {r["method"]: r for r in plan["rows"] if r.get("route") == "engine"}, cmd
+    return {(r["method"], r["route"]): r for r in plan["rows"]}, cmd
+
+
+def node_step_measured_ms(rows, nbytes):
+    """bench comm's own time of the hier node step (reduces + broadcasts of
+    nbytes in all), read off the sweep at the nearest size and scaled
+    linearly to nbytes — what the α-β fit would give if it fitted there."""
+    t = 0.0
+    for op in ("reduce", "bcast"):
+        near = min((r for r in rows if r["op"] == op), key=lambda r: abs(r["bytes"] - nbytes))
+        t += near["ms"] * nbytes / near["bytes"]
+    return t
+
+
+def shard_mean(row, key):
+    """A hier row's bytes averaged over its shards (what bench sync averages
+    over ranks); a flat row's mean."""
+    if row.get("by_local_rank"):
+        return sum(s[key] for s in row["by_local_rank"]) / len(row["by_local_rank"])
+    return row[key]["mean"]
 
 
 def main():
@@ -171,7 +224,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "plan_validation"))
     ap.add_argument("--rate", default="200mbit")
     ap.add_argument("--delay", default="")
-    ap.add_argument("--layouts", default="2x2,4x1,8x1")
+    ap.add_argument("--layouts", default="2x2,4x1,4x2")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--allgather", default="recursive_doubling",
@@ -187,82 +240,148 @@ def main():
     if not os.access(IGRAD, os.X_OK):
         raise SystemExit(f"run.py: {IGRAD} not built (make build)")
 
-    inter_rows, intra_rows = sweep(args, 4, 1, "4x1"), sweep(args, 1, 4, "1x4")
-    inter, intra = fit_alpha_beta(inter_rows, 4), fit_alpha_beta(intra_rows, 4)
-    # Diagnostic only (plan takes one α, β per link): each collective alone.
-    per_op = {f"{lvl} {op}": fit_alpha_beta([r for r in rows if r["op"] == op], 4)
-              for lvl, rows in (("inter", inter_rows), ("intra", intra_rows))
-              for op in ("allgather", "allreduce")}
+    layouts = [tuple(int(x) for x in lay.split("x")) for lay in args.layouts.split(",")]
+    inter_rows = sweep(args, 4, 1, "4x1", False)
+    intra_rows = {f"{N}x{L}": (L, sweep(args, N, L, f"{N}x{L}-intra", True))
+                  for N, L in layouts if L > 1}
+    # the last validation's single α, β per level (all-gather + all-reduce)
+    joint = {"inter": fit_alpha_beta([r for r in inter_rows if r["op"] in OPS[:2]], 4)}
+    for lay, (L, rows) in intra_rows.items():
+        joint[f"intra {lay}"] = fit_alpha_beta([r for r in rows if r["op"] in OPS[:2]], L)
+    # what plan takes now: every collective its own α, β on every level
+    per_op = {"inter": {op: fit_alpha_beta([r for r in inter_rows if r["op"] == op], 4)
+                        for op in OPS}}
+    for lay, (L, rows) in intra_rows.items():
+        per_op[f"intra {lay}"] = {op: fit_alpha_beta([r for r in rows if r["op"] == op], L)
+                                  for op in OPS}
+    any_intra = next(iter(intra_rows))  # N x 1 layouts move nothing inside a node
 
-    table = []
-    for lay in args.layouts.split(","):
-        N, L = (int(x) for x in lay.split("x"))
-        P = N * L
+    table, bytes_rows = [], []
+    for N, L in layouts:
+        P, lay = N * L, f"{N}x{L}"
+        ikey = f"intra {lay}" if L > 1 else f"intra {any_intra}"
+        intra = per_op[ikey]
         # One OpenMP thread per rank: bench sync's default is cores / ranks
         # on the node, which at N x 1 is 2 threads for every rank of the
         # 2-core machine. (At 2 x 2 the default already is 1.)
         threads = ["--threads", "1"] if L == 1 else []
-        out = run_testbed(args, N, L,
-                          [IGRAD, "bench", "sync", "--json", "--config", MODEL, "--steps",
-                           str(args.steps), "--profile-steps", "8", "--density", "0.01",
-                           "--buckets", "4", "--release-period", "4"] + threads,
-                          f"sync-{lay}.json")
-        meas = last_json(out)["methods"]
-        ratio = meas["ig"]["payload_bytes_per_step"] / meas["adtopk_sync"]["payload_bytes_per_step"]
-        proj, cmd = plan_rows(args, P, L, inter, intra, ratio)
+        meas = {}
+        for topo in (["flat", "hier"] if L > 1 else ["flat"]):
+            out = run_testbed(args, N, L,
+                              [IGRAD, "bench", "sync", "--json", "--config", MODEL, "--steps",
+                               str(args.steps), "--profile-steps", "8", "--density", "0.01",
+                               "--buckets", "4", "--release-period", "4", "--topology", topo,
+                               "--ranks-per-node", str(L)] + threads,
+                              f"sync-{lay}-{topo}.json")
+            meas[topo] = last_json(out)["methods"]
+        mf = meas["flat"]
+        ratio = mf["ig"]["payload_bytes_per_step"] / mf["adtopk_sync"]["payload_bytes_per_step"]
+        links = link_flags(per_op["inter"], intra)
+        proj, cmd = plan_rows(P, L, links, ratio)
         # --target-ratio fits the synthetic profile's budget; its cycle mean
         # lands near, not on, the ratio asked: one correction step.
-        ratio *= (meas["ig"]["payload_bytes_per_step"] / proj["ig"]["payload_nbytes"]["mean"])
-        proj, cmd = plan_rows(args, P, L, inter, intra, ratio)
+        ratio *= mf["ig"]["payload_bytes_per_step"] / proj[("ig", "flat")]["payload_nbytes"]["mean"]
+        proj, cmd = plan_rows(P, L, links, ratio)
         # The testbed has one veth per node, shared by its L ranks; plan's
         # inter figure is per GPU (one NIC each). Also priced: the node
         # link's bandwidth split L ways.
-        shared = plan_rows(args, P, L, inter, intra, ratio, L)[0] if L > 1 else proj
-        for m in METHODS:
-            mm, pp = meas[m], proj[m]
-            table.append({"layout": lay, "P": P, "method": m,
-                          "measured_comm_ms": mm["comm_ms"],
-                          "measured_sync_ms": mm["sync_ms"],
-                          "projected_ms": pp["sync_ms"]["mean"],
-                          "ratio": mm["comm_ms"] / pp["sync_ms"]["mean"],
-                          "projected_shared_ms": shared[m]["sync_ms"]["mean"],
-                          "collectives_measured": mm["buckets"],
-                          "collectives_projected": pp["collectives"]["mean"],
-                          "measured_payload": mm["payload_bytes_per_step"],
-                          "projected_payload": pp["payload_nbytes"]["mean"],
-                          "plan_cmd": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO)
-                                               else c for c in cmd)})
+        shared = plan_rows(P, L, link_flags(per_op["inter"], intra, L), ratio)[0] \
+            if L > 1 else proj
+        # the last validation's way: one α, β per level
+        single = plan_rows(P, L, ["--link", "inter=" + link_spec(joint["inter"]),
+                                  "--link", "intra=" + link_spec(joint[ikey])],
+                           ratio)[0]
+        nparams = json.loads(subprocess.run(
+            [IGRAD, "plan", "--config", MODEL, "--ranks", "1", "--method", "dense", "--json"],
+            check=True, capture_output=True, text=True).stdout)["params"]
+        node_ms = node_step_measured_ms(intra_rows[lay][1], 4 * nparams) if L > 1 else 0.0
+        for topo, mt in meas.items():
+            for m in METHODS:
+                mm, pp = mt[m], proj[(m, topo)]
+                # hier with the node step as bench comm measured it
+                nodefix = pp["inter_ms"]["mean"] + node_ms if topo == "hier" else None
+                table.append({"layout": lay, "P": P, "topology": topo, "method": m,
+                              "measured_comm_ms": mm["comm_ms"],
+                              "measured_sync_ms": mm["sync_ms"],
+                              "projected_ms": pp["sync_ms"]["mean"],
+                              "projected_intra_ms": pp["intra_ms"]["mean"],
+                              "projected_inter_ms": pp["inter_ms"]["mean"],
+                              "ratio": mm["comm_ms"] / pp["sync_ms"]["mean"],
+                              "projected_shared_ms": shared[(m, topo)]["sync_ms"]["mean"],
+                              "projected_single_fit_ms": single[(m, topo)]["sync_ms"]["mean"],
+                              "projected_node_step_measured_ms": nodefix,
+                              "collectives_measured": mm["buckets"],
+                              "collectives_projected": pp["collectives"]["mean"],
+                              "measured_payload": mm["payload_bytes_per_step"],
+                              "projected_payload": shard_mean(pp, "payload_nbytes"),
+                              "measured_intra": mm["intra_wire_bytes_per_step"],
+                              "measured_inter": mm["inter_wire_bytes_per_step"],
+                              "projected_intra": pp["intra_nbytes"]["mean"],
+                              "projected_inter": shard_mean(pp, "inter_nbytes"),
+                              "plan_cmd": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO)
+                                                   else c for c in cmd)})
+        if "hier" in meas:
+            for m in METHODS:
+                f, h = meas["flat"][m]["inter_wire_bytes_per_step"], \
+                    meas["hier"][m]["inter_wire_bytes_per_step"]
+                bytes_rows.append({"layout": lay, "L": L, "method": m, "flat_inter": f,
+                                   "hier_inter": h, "hier_over_flat": h / f if f else float("nan"),
+                                   "target_met": h <= f / L})
 
-    res = {"rate": args.rate, "delay": args.delay, "iallgather": args.allgather, "model": os.path.relpath(MODEL, REPO),
-           "inter": inter, "intra": intra, "per_op_fits": per_op, "rows": table}
+    res = {"rate": args.rate, "delay": args.delay, "iallgather": args.allgather,
+           "model": os.path.relpath(MODEL, REPO), "fits": per_op, "single_fits": joint,
+           "rows": table, "inter_bytes": bytes_rows}
     write_text(os.path.join(args.out, "plan_validation.json"), json.dumps(res, indent=1) + "\n")
     md = [f"# plan validation: {args.rate}{' + ' + args.delay if args.delay else ''}, "
           f"{res['model']}, iallgather {args.allgather}", ""]
-    for name, f in (("inter (4x1, shaped veth)", inter), ("intra (1x4, shared memory)", intra)):
-        md.append(f"**{name}**: α = {f['alpha_us']:.1f} µs, β = {f['beta_ns_per_byte']:.3f} "
-                  f"ns/B ({f['gbits']:.3f} Gbit/s), R² = {f['r2']:.4f}, max |measured/fit − 1| "
-                  f"= {f['max_rel_residual']:.2f}")
+    md.append(md_table(["level", "collective", "α µs", "Gbit/s", "R²", "max |measured/fit − 1|"],
+                       [[lvl, op, f"{f['alpha_us']:.1f}", f"{f['gbits']:.3f}", f"{f['r2']:.4f}",
+                         f"{f['max_rel_residual']:.2f}"]
+                        for lvl, fits in per_op.items() for op, f in fits.items()]
+                       + [[lvl, "allgather+allreduce (one fit)", f"{f['alpha_us']:.1f}",
+                           f"{f['gbits']:.3f}", f"{f['r2']:.4f}", f"{f['max_rel_residual']:.2f}"]
+                          for lvl, f in joint.items()]))
+    md.append("")
+    for lvl, fits in per_op.items():
+        md.append(f"**{lvl}** residuals")
         md.append("")
         md.append(md_table(["op", "bytes", "measured ms", "fit ms", "measured/fit"],
-                           [[r["op"], r["bytes"], f"{r['measured_ms']:.2f}",
-                             f"{r['fitted_ms']:.2f}", f"{r['ratio']:.2f}"]
-                            for r in f["residuals"]]))
+                           [[r["op"], r["bytes"], f"{r['measured_ms']:.3f}",
+                             f"{r['fitted_ms']:.3f}", f"{r['ratio']:.2f}"]
+                            for f in fits.values() for r in f["residuals"]]))
         md.append("")
-    md.append(md_table(["fit of one collective alone", "α µs", "Gbit/s", "R²", "max |resid|"],
-                       [[k, f"{f['alpha_us']:.1f}", f"{f['gbits']:.3f}", f"{f['r2']:.4f}",
-                         f"{f['max_rel_residual']:.2f}"] for k, f in per_op.items()]))
-    md.append("")
-    md.append(md_table(["layout", "method", "payload meas / plan", "colls meas / plan",
-                        "comm ms measured", "sync ms measured", "projected ms",
-                        "measured/projected", "projected, node link shared", "measured/shared"],
-                       [[r["layout"], r["method"],
-                         f"{r['measured_payload'] / 1024:.1f} / {r['projected_payload'] / 1024:.1f} KiB",
+    md.append(md_table(["layout", "topology", "method", "payload meas / plan KiB",
+                        "colls meas / plan", "comm ms measured", "projected ms (intra + inter)",
+                        "measured/projected", "projected, node link shared", "measured/shared",
+                        "projected, one fit per level", "hier: node step as measured + inter",
+                        "measured / that"],
+                       [[r["layout"], r["topology"], r["method"],
+                         f"{r['measured_payload'] / 1024:.1f} / {r['projected_payload'] / 1024:.1f}",
                          f"{r['collectives_measured']:.0f} / {r['collectives_projected']:.1f}",
-                         f"{r['measured_comm_ms']:.1f}", f"{r['measured_sync_ms']:.1f}",
-                         f"{r['projected_ms']:.1f}", f"{r['ratio']:.2f}",
+                         f"{r['measured_comm_ms']:.1f}",
+                         f"{r['projected_ms']:.1f} ({r['projected_intra_ms']:.1f} + "
+                         f"{r['projected_inter_ms']:.1f})", f"{r['ratio']:.2f}",
                          f"{r['projected_shared_ms']:.1f}",
-                         f"{r['measured_comm_ms'] / r['projected_shared_ms']:.2f}"]
+                         f"{r['measured_comm_ms'] / r['projected_shared_ms']:.2f}",
+                         f"{r['projected_single_fit_ms']:.1f}",
+                         "-" if r["projected_node_step_measured_ms"] is None
+                         else f"{r['projected_node_step_measured_ms']:.1f}",
+                         "-" if r["projected_node_step_measured_ms"] is None
+                         else f"{r['measured_comm_ms'] / r['projected_node_step_measured_ms']:.2f}"]
                         for r in table]))
+    md.append("")
+    md.append(md_table(["layout", "topology", "method", "intra KiB meas / plan",
+                        "inter KiB meas / plan"],
+                       [[r["layout"], r["topology"], r["method"],
+                         f"{r['measured_intra'] / 1024:.1f} / {r['projected_intra'] / 1024:.1f}",
+                         f"{r['measured_inter'] / 1024:.1f} / {r['projected_inter'] / 1024:.1f}"]
+                        for r in table]))
+    md.append("")
+    md.append(md_table(["layout", "method", "flat inter KiB", "hier inter KiB", "hier / flat",
+                        "≤ 1/L"],
+                       [[r["layout"], r["method"], f"{r['flat_inter'] / 1024:.1f}",
+                         f"{r['hier_inter'] / 1024:.1f}", f"{r['hier_over_flat']:.3f}",
+                         "yes" if r["target_met"] else "no"] for r in bytes_rows]))
     write_text(os.path.join(args.out, "plan_validation.md"), "\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -3,7 +3,8 @@
 # x 1 rank the two ranks really run in two different network namespaces
 # (neither the test's own) and reach each other over the shaped veths; a
 # 2-rank `igrad bench comm --json` sweep there returns one row per
-# (collective, size); the testbed's namespaces are gone afterwards; bad
+# (collective, size) for all four collectives (allgather, allreduce, and
+# the hier node step's reduce and bcast); the testbed's namespaces are gone afterwards; bad
 # testbed options exit 2 and bad bench comm input exits 2 with a message.
 # Without root / CAP_NET_ADMIN or mpirun it exits 77 (CTest: skipped).
 # Usage: testbed.sh path/to/igrad   (CTest passes the built binary)
@@ -24,11 +25,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 set +e
 "$igrad" bench comm --sizes 6 >"$tmp/e1" 2>&1; rc1=$?
 "$igrad" bench comm >"$tmp/e2" 2>&1; rc2=$?
+"$igrad" bench comm --ops allgather,scatter >"$tmp/e3" 2>&1; rc3=$?
 set -e
 check "bench comm --sizes 6 exits 2 naming the size" \
   bash -c "[ $rc1 -eq 2 ] && grep -q '6 is not a positive multiple of 4' '$tmp/e1'"
 check "bench comm outside mpirun exits 2" \
   bash -c "[ $rc2 -eq 2 ] && grep -q 'under mpirun' '$tmp/e2'"
+check "bench comm --ops scatter exits 2 naming it" \
+  bash -c "[ $rc3 -eq 2 ] && grep -q \"'scatter' is not a collective\" '$tmp/e3'"
 
 command -v mpirun >/dev/null 2>&1 || { echo "SKIP: mpirun not found"; exit 77; }
 set +e
@@ -62,8 +66,8 @@ import json, sys
 d = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
 assert d["ranks"] == 2 and d["reps"] == 2, d
 got = [(r["op"], r["bytes"]) for r in d["rows"]]
-assert got == [("allgather", 4096), ("allgather", 65536), ("allreduce", 4096),
-               ("allreduce", 65536)], got
+assert got == [(op, b) for op in ("allgather", "allreduce", "reduce", "bcast")
+               for b in (4096, 65536)], got
 assert all(r["ms"] > 0 for r in d["rows"]), d["rows"]
 PY
 after=$(ip netns list | awk '{print $1}' | sort)
