@@ -58,6 +58,8 @@ def main():
     ap.add_argument("--ranks-per-node", type=int, default=2)
     ap.add_argument("--base", default=os.path.join(REPO, "runs", "demo", "base", "checkpoint"))
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "hier_quality"))
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep runs whose summary.json exists (same arguments assumed)")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(a.base, "model.safetensors")):
         sys.exit("hier_quality: no base checkpoint at %s (run `make demo` first)" % a.base)
@@ -77,14 +79,20 @@ def main():
         trace, prof = os.path.join(d, "trace.csv"), os.path.join(d, "profile.json")
         res = {}
         for method in ("adtopk_sync", "ig"):
-            for topo in ("flat", "hier"):
+            for topo in ("flat", "hier", "hierL"):
+                # hierL: density x L, so that a node sends what each flat rank does
                 name = "%s-%s" % (method, topo)
                 out = os.path.join(d, name)
-                extra = hier if topo == "hier" else []
+                extra = hier if topo != "flat" else []
+                if topo == "hierL":
+                    extra = extra + ["--density", "%g" % (0.01 * a.ranks_per_node)]
                 if method == "adtopk_sync" and topo == "flat":
                     extra = ["--trace", trace]
                 if method == "ig":
                     extra = extra + ["--profile", prof]
+                if a.reuse and os.path.exists(os.path.join(out, "summary.json")):
+                    res[name] = summary(out)
+                    continue
                 print("[%4.0fs] seed %d: %s" % (time.time() - t0, seed, name), flush=True)
                 run(mpirun(a.ranks) + [IGRAD, "train"] + post +
                     ["--method", method, "--seed", str(seed), "--out", out] + extra,
@@ -96,12 +104,14 @@ def main():
                         os.path.join(d, "profile.log"))
         rows.append({"seed": seed, "runs": res})
 
-    names = ["adtopk_sync-flat", "adtopk_sync-hier", "ig-flat", "ig-hier"]
+    names = ["adtopk_sync-flat", "adtopk_sync-hier", "adtopk_sync-hierL", "ig-flat", "ig-hier",
+             "ig-hierL"]
     lines = ["# Two-level sync vs flat: validation loss paired by seed", "",
              "`python3 experiments/hier_quality/run.py --seeds %s --steps %d --ranks %d "
              "--ranks-per-node %d` (post-training `make demo`'s base on brown:news, "
              "16 x 64 tokens per step, density 0.01; ig with a profile from the flat "
-             "adtopk_sync run's trace and the default target 0.25; payload and sync time "
+             "adtopk_sync run's trace and the default target 0.25; hierL: hier at density "
+             "0.01 x L, so that each node sends what each flat rank sends; payload and sync time "
              "are rank 0's medians per step; one 2-core machine, so sync times are not "
              "a network measurement)." % (a.seeds, a.steps, a.ranks, a.ranks_per_node), "",
              "| seed | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -109,20 +119,19 @@ def main():
         lines.append("| %d | " % r["seed"] + " | ".join(
             "%.4f" % r["runs"][n]["val_loss"] for n in names) + " |")
     diffs = {}
+    lines += ["", "| method | variant − flat val loss per seed | mean | payload/step flat → "
+              "variant (rank 0) | sync ms flat → variant |", "|---|---|---|---|---|"]
     for m in ("adtopk_sync", "ig"):
-        dd = [r["runs"][m + "-hier"]["val_loss"] - r["runs"][m + "-flat"]["val_loss"]
-              for r in rows]
-        diffs[m] = dd
-    lines += ["", "| method | hier − flat val loss per seed | mean | payload/step flat → hier "
-              "(rank 0) | sync ms flat → hier |", "|---|---|---|---|---|"]
-    for m in ("adtopk_sync", "ig"):
-        pf = statistics.mean(r["runs"][m + "-flat"]["payload"] for r in rows)
-        ph = statistics.mean(r["runs"][m + "-hier"]["payload"] for r in rows)
-        sf = statistics.mean(r["runs"][m + "-flat"]["sync_ms"] for r in rows)
-        sh = statistics.mean(r["runs"][m + "-hier"]["sync_ms"] for r in rows)
-        lines.append("| %s | %s | %+.4f | %.0f → %.0f B | %.1f → %.1f |" % (
-            m, ", ".join("%+.4f" % x for x in diffs[m]), statistics.mean(diffs[m]), pf, ph,
-            sf, sh))
+        for v in ("hier", "hierL"):
+            dd = [r["runs"][m + "-" + v]["val_loss"] - r["runs"][m + "-flat"]["val_loss"]
+                  for r in rows]
+            diffs[m + "-" + v] = dd
+            pf = statistics.mean(r["runs"][m + "-flat"]["payload"] for r in rows)
+            ph = statistics.mean(r["runs"][m + "-" + v]["payload"] for r in rows)
+            sf = statistics.mean(r["runs"][m + "-flat"]["sync_ms"] for r in rows)
+            sh = statistics.mean(r["runs"][m + "-" + v]["sync_ms"] for r in rows)
+            lines.append("| %s %s | %s | %+.4f | %.0f → %.0f B | %.1f → %.1f |" % (
+                m, v, ", ".join("%+.4f" % x for x in dd), statistics.mean(dd), pf, ph, sf, sh))
     text = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write(text)
