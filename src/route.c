@@ -176,21 +176,6 @@ static void sar_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *se
     bk->wire_counted = -1.0;
 }
 
-static void sar_describe(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
-                         igrad_bucket_t *d)
-{
-    d->send = e->send_arena + bk->send_off;
-    d->send_nbytes = bk->send_nbytes;
-    d->dtype = IGRAD_DTYPE_U8;
-    d->count = bk->send_nbytes;
-}
-
-/* What this rank's own entries weigh: 8 bytes each */
-static int64_t sar_payload(const igrad__engine_bucket_t *bk)
-{
-    return (int64_t)bk->send_nbytes;
-}
-
 /* What the call moved for this rank (sparse_allreduce.h's counts: the
  * split's counts and entries sent, the status records and the reduced
  * blocks received). A bucket that did not run (a plan-only engine) gets
@@ -231,8 +216,10 @@ static const igrad__route_t routes[] = {
      reduce_cost, reduce_arena, reduce_layout, reduce_describe,
      offsetof(igrad_step_stats_t, reduce_buckets), reduce_payload, reduce_wire, reduce_issue},
     {IGRAD_BUCKET_SPARSE_REDUCE, "sparse all-reduce", IGRAD__WIRE_SAR, 0,
-     IGRAD_COLLECTIVE_SPARSE_REDUCE, 0, NULL, sar_arena, sar_layout, sar_describe,
-     offsetof(igrad_step_stats_t, sparse_reduce_buckets), sar_payload, sar_wire, sar_issue},
+     IGRAD_COLLECTIVE_SPARSE_REDUCE, 0, NULL, sar_arena, sar_layout,
+     gather_describe /* its send bytes, as U8 */,
+     offsetof(igrad_step_stats_t, sparse_reduce_buckets),
+     gather_payload /* its send bytes: 8 per entry */, sar_wire, sar_issue},
 };
 #define NROUTES (sizeof routes / sizeof routes[0])
 

@@ -39,56 +39,6 @@
 
 #define STEPS 8
 
-/* A multiple of 2^-10 in [-4, 4] from (rank, step, tensor, index). */
-static float value(int r, int64_t step, size_t t, int64_t i)
-{
-    uint64_t h = mix64(((uint64_t)r << 48) ^ ((uint64_t)step << 32) ^ ((uint64_t)t << 24) ^
-                       (uint64_t)i);
-    return (float)((int64_t)(h % 8193) - 4096) / 1024.0f;
-}
-
-typedef struct model {
-    igrad_layout_t *L;
-    igrad_profile_t *prof;
-    size_t T;
-    int64_t *n;
-    igrad_tensor_info_t *info;
-} model_t;
-
-static void model_init(model_t *m)
-{
-    m->L = mpi_llama_layout(200);
-    m->prof = mpi_fixed_profile(m->L, "fixed:0.4");
-    m->T = igrad_layout_count(m->L);
-    m->n = calloc(m->T, sizeof *m->n);
-    m->info = calloc(m->T, sizeof *m->info);
-    REQUIRE(m->n && m->info);
-    for (size_t t = 0; t < m->T; t++) {
-        REQUIRE(igrad_layout_tensor(m->L, t, &m->info[t]) == IGRAD_OK);
-        m->n[t] = m->info[t].count;
-    }
-}
-
-static float **alloc_grads(const model_t *m)
-{
-    float **g = calloc(m->T, sizeof *g);
-    REQUIRE(g);
-    for (size_t t = 0; t < m->T; t++) REQUIRE((g[t] = calloc((size_t)m->n[t], sizeof(float))));
-    return g;
-}
-
-static void free_grads(const model_t *m, float **g)
-{
-    for (size_t t = 0; t < m->T && g; t++) free(g[t]);
-    free(g);
-}
-
-static void fill(const model_t *m, float **g, int r, int64_t step)
-{
-    for (size_t t = 0; t < m->T; t++)
-        for (int64_t i = 0; i < m->n[t]; i++) g[t][i] = value(r, step, t, i);
-}
-
 static igrad_config_t config_of(igrad_method_t method, int buckets)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
@@ -103,7 +53,7 @@ static igrad_config_t config_of(igrad_method_t method, int buckets)
     return c;
 }
 
-static igrad_engine_t *create(const model_t *m, const igrad_config_t *c, igrad_comm_t *comm)
+static igrad_engine_t *create(const mpi_model_t *m, const igrad_config_t *c, igrad_comm_t *comm)
 {
     igrad_engine_t *e = NULL;
     const igrad_profile_t *p = c->method == IGRAD_METHOD_IG ? m->prof : NULL;
@@ -142,7 +92,7 @@ static void range_of(int64_t D, int r, int64_t *lo, int64_t *hi)
 }
 
 /* One step over one bucket holding every sent tensor (flat selections). */
-static void ref_step(reference_t *R, const model_t *m, const igrad_engine_t *e,
+static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t *e,
                      const igrad_config_t *c, int64_t step)
 {
     const size_t T = m->T;
@@ -179,7 +129,7 @@ static void ref_step(reference_t *R, const model_t *m, const igrad_engine_t *e,
     for (int r = 0; r < np; r++) {
         int64_t k = 0;
         for (size_t t = 0; t < T; t++) {
-            for (int64_t i = 0; i < m->n[t]; i++) g[i] = value(r, step, t, i);
+            for (int64_t i = 0; i < m->n[t]; i++) g[i] = mpi_value_2p10(r, step, t, i);
             if (!sent[t]) {
                 for (int64_t i = 0; i < m->n[t]; i++) R->e[r][t][i] += g[i];
                 continue;
@@ -246,20 +196,20 @@ static int same_floats(const float *a, const float *b, int64_t n)
 }
 
 /* The reference, B = 1: gradients, residuals and statistics per step. */
-static void against_reference(const model_t *m, igrad_method_t method, igrad_comm_t *comm)
+static void against_reference(const mpi_model_t *m, igrad_method_t method, igrad_comm_t *comm)
 {
     igrad_config_t c = config_of(method, 1);
     igrad_engine_t *e = create(m, &c, comm);
     reference_t R = {0};
     R.e = calloc((size_t)np, sizeof *R.e);
     REQUIRE(R.e);
-    for (int r = 0; r < np; r++) R.e[r] = alloc_grads(m);
-    R.out = alloc_grads(m);
-    float **g = alloc_grads(m);
+    for (int r = 0; r < np; r++) R.e[r] = mpi_grads_alloc(m);
+    R.out = mpi_grads_alloc(m);
+    float **g = mpi_grads_alloc(m);
     const char *name = igrad_method_name(method);
     int remainders = 0; /* steps where some owner kept a remainder */
     for (int64_t step = 0; step < STEPS; step++) {
-        fill(m, g, me, step);
+        mpi_grads_fill(m, g, me, step);
         CHECK_OK(igrad_engine_sync(e, step, g));
         ref_step(&R, m, e, &c, step);
         for (size_t t = 0; t < m->T; t++) {
@@ -285,15 +235,15 @@ static void against_reference(const model_t *m, igrad_method_t method, igrad_com
         remainders += R.entries * np > ((R.entries + np - 1) / np) * np;
     }
     CHECK(remainders > 0 || np == 1, "%s: no step re-sparsified anything", name);
-    for (int r = 0; r < np; r++) free_grads(m, R.e[r]);
+    for (int r = 0; r < np; r++) mpi_grads_free(m, R.e[r]);
     free(R.e);
-    free_grads(m, R.out);
-    free_grads(m, g);
+    mpi_grads_free(m, R.out);
+    mpi_grads_free(m, g);
     igrad_engine_free(e);
 }
 
 /* The same gradients on every rank (rank 0's bytes broadcast). */
-static void same_on_every_rank(const model_t *m, float **g, const char *what)
+static void same_on_every_rank(const mpi_model_t *m, float **g, const char *what)
 {
     int64_t nmax = 0;
     for (size_t t = 0; t < m->T; t++) nmax = m->n[t] > nmax ? m->n[t] : nmax;
@@ -311,7 +261,7 @@ static void same_on_every_rank(const model_t *m, float **g, const char *what)
 /* Σ_r residual_r + P·applied = Σ_r g_r per tensor, exactly (multiples of
  * 2^-10); `in` and `applied` are this run's sums over steps. A rank
  * without a residual for t (hier: not its owner) adds nothing. */
-static void conservation(const model_t *m, const igrad_engine_t *e, const double *in,
+static void conservation(const mpi_model_t *m, const igrad_engine_t *e, const double *in,
                          const double *applied, const char *what)
 {
     double *res = calloc(m->T, sizeof *res);
@@ -330,14 +280,14 @@ static void conservation(const model_t *m, const igrad_engine_t *e, const double
 
 /* Steps [from, to) on e with this rank's data; sums of inputs (all ranks)
  * and of what was applied into in/applied. */
-static void run_steps(const model_t *m, igrad_engine_t *e, float **g, int64_t from, int64_t to,
+static void run_steps(const mpi_model_t *m, igrad_engine_t *e, float **g, int64_t from, int64_t to,
                       double *in, double *applied, const char *what)
 {
     for (int64_t step = from; step < to; step++) {
         for (size_t t = 0; t < m->T && in; t++)
             for (int r = 0; r < np; r++)
-                for (int64_t i = 0; i < m->n[t]; i++) in[t] += value(r, step, t, i);
-        fill(m, g, me, step);
+                for (int64_t i = 0; i < m->n[t]; i++) in[t] += mpi_value_2p10(r, step, t, i);
+        mpi_grads_fill(m, g, me, step);
         CHECK_OK(igrad_engine_sync(e, step, g));
         for (size_t t = 0; t < m->T && applied; t++)
             for (int64_t i = 0; i < m->n[t]; i++) applied[t] += g[t][i];
@@ -347,13 +297,13 @@ static void run_steps(const model_t *m, igrad_engine_t *e, float **g, int64_t fr
 
 /* Three buckets: every rank alike, conservation, the statistics; then
  * resume from a saved state, bit for bit. */
-static void buckets_and_resume(const model_t *m, igrad_method_t method, igrad_comm_t *comm)
+static void buckets_and_resume(const mpi_model_t *m, igrad_method_t method, igrad_comm_t *comm)
 {
     igrad_config_t c = config_of(method, 3);
     c.block_entries = 64; /* several blocks per tensor, several buckets */
     igrad_engine_t *e = create(m, &c, comm);
     double *in = calloc(m->T, sizeof *in), *applied = calloc(m->T, sizeof *applied);
-    float **g = alloc_grads(m), **g2 = alloc_grads(m);
+    float **g = mpi_grads_alloc(m), **g2 = mpi_grads_alloc(m);
     REQUIRE(in && applied);
     char what[64];
     snprintf(what, sizeof what, "%s, 3 buckets", igrad_method_name(method));
@@ -373,8 +323,8 @@ static void buckets_and_resume(const model_t *m, igrad_method_t method, igrad_co
     CHECK_OK(igrad_engine_load_state(b, path));
     remove(path);
     for (int64_t step = 4; step < STEPS; step++) {
-        fill(m, g, me, step);
-        fill(m, g2, me, step);
+        mpi_grads_fill(m, g, me, step);
+        mpi_grads_fill(m, g2, me, step);
         CHECK_OK(igrad_engine_sync(e, step, g));
         CHECK_OK(igrad_engine_sync(b, step, g2));
         for (size_t t = 0; t < m->T; t++) {
@@ -387,8 +337,8 @@ static void buckets_and_resume(const model_t *m, igrad_method_t method, igrad_co
         }
     }
     igrad_engine_free(b);
-    free_grads(m, g);
-    free_grads(m, g2);
+    mpi_grads_free(m, g);
+    mpi_grads_free(m, g2);
     free(in);
     free(applied);
     igrad_engine_free(e);
@@ -427,12 +377,12 @@ static igrad_status_t cc_barrier(void *user)
     return MPI_Barrier(*(MPI_Comm *)user) == MPI_SUCCESS ? IGRAD_OK : IGRAD_E_COMM;
 }
 
-static void refusals(const model_t *m, igrad_comm_t *comm)
+static void refusals(const mpi_model_t *m, igrad_comm_t *comm)
 {
     igrad_config_t c = config_of(IGRAD_METHOD_TOPK_SYNC, 2);
     igrad_engine_t *e = create(m, &c, comm);
-    float **g = alloc_grads(m);
-    fill(m, g, me, 0);
+    float **g = mpi_grads_alloc(m);
+    mpi_grads_fill(m, g, me, 0);
     const igrad_bucket_t *bk = NULL;
     size_t nb = 0;
     CHECK_STATUS(igrad_engine_begin(e, 0, g, &bk, &nb), IGRAD_E_UNSUPPORTED);
@@ -446,7 +396,7 @@ static void refusals(const model_t *m, igrad_comm_t *comm)
           "open: %s", igrad_last_error());
     CHECK_OK(igrad_engine_sync(e, 0, g)); /* neither left anything open */
     CHECK(igrad_engine_step(e) == 0, "last step %lld", (long long)igrad_engine_step(e));
-    free_grads(m, g);
+    mpi_grads_free(m, g);
     igrad_engine_free(e);
 
     MPI_Comm dup;
@@ -477,14 +427,14 @@ static void refusals(const model_t *m, igrad_comm_t *comm)
 
 /* ---- the two-level sync ------------------------------------------------------ */
 
-static void hier(const model_t *m, igrad_comm_t *comm)
+static void hier(const mpi_model_t *m, igrad_comm_t *comm)
 {
     igrad_config_t c = config_of(IGRAD_METHOD_TOPK_SYNC, 2);
     c.topology = IGRAD_TOPOLOGY_HIER;
     c.ranks_per_node = np >= 4 ? 2 : 1;
     igrad_engine_t *e = create(m, &c, comm);
     double *in = calloc(m->T, sizeof *in), *applied = calloc(m->T, sizeof *applied);
-    float **g = alloc_grads(m);
+    float **g = mpi_grads_alloc(m);
     REQUIRE(in && applied);
     char what[64];
     snprintf(what, sizeof what, "hier, %d ranks per node", c.ranks_per_node);
@@ -495,7 +445,7 @@ static void hier(const model_t *m, igrad_comm_t *comm)
           "%s: %d buckets, %d of them sparse all-reduce", what, st.buckets,
           st.sparse_reduce_buckets);
     conservation(m, e, in, applied, what);
-    free_grads(m, g);
+    mpi_grads_free(m, g);
     free(in);
     free(applied);
     igrad_engine_free(e);
@@ -506,8 +456,8 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
-    model_t m;
-    model_init(&m);
+    mpi_model_t m;
+    mpi_model_init(&m);
     igrad_comm_t *comm = NULL;
     REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
 
@@ -519,10 +469,7 @@ int main(int argc, char **argv)
     hier(&m, comm);
 
     igrad_comm_free(comm);
-    igrad_profile_free(m.prof);
-    igrad_layout_free(m.L);
-    free(m.n);
-    free(m.info);
+    mpi_model_free(&m);
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (me == 0) printf("mpi_sar_route (np %d): %s (%d failures)\n", np, total ? "FAIL" : "ok",
