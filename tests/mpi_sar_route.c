@@ -22,7 +22,9 @@
  *  - refusals: begin and open name the collective (the engine still runs
  *    after them); a comm without alltoallv fails create on every rank;
  *  - topology hier with sparse_reduce runs, the same on every rank, with
- *    conservation over the owners' residuals.
+ *    conservation over the owners' residuals;
+ *  - bytes: from 4 ranks on fewer wire bytes than the gather route on the
+ *    same steps (rank 0 prints both).
  */
 #define _POSIX_C_SOURCE 200809L /* getpid */
 #include <math.h>
@@ -344,6 +346,36 @@ static void buckets_and_resume(const mpi_model_t *m, igrad_method_t method, igra
     igrad_engine_free(e);
 }
 
+/* Bytes per rank against the gather route on the same steps (printed by
+ * rank 0; from 4 ranks on the sparse all-reduce must move fewer). */
+static void bytes_against_gather(const mpi_model_t *m, igrad_comm_t *comm)
+{
+    double wire[2] = {0, 0};
+    int64_t payload[2] = {0, 0};
+    for (int route = 0; route < 2; route++) {
+        igrad_config_t c = config_of(IGRAD_METHOD_TOPK_SYNC, 1);
+        if (route == 1) c.collective = IGRAD_COLLECTIVE_GATHER;
+        igrad_engine_t *e = create(m, &c, comm);
+        float **g = mpi_grads_alloc(m);
+        for (int64_t step = 0; step < 2; step++) {
+            mpi_grads_fill(m, g, me, step);
+            CHECK_OK(igrad_engine_sync(e, step, g));
+            igrad_step_stats_t st;
+            CHECK_OK(igrad_engine_last_stats(e, &st));
+            wire[route] += st.wire_nbytes;
+            payload[route] += st.payload_nbytes;
+        }
+        mpi_grads_free(m, g);
+        igrad_engine_free(e);
+    }
+    if (me == 0)
+        printf("np %d, topk_sync 0.05, 2 steps, rank 0: sparse_reduce payload %lld wire %.0f "
+               "bytes; gather payload %lld wire %.0f bytes\n",
+               np, (long long)payload[0], wire[0], (long long)payload[1], wire[1]);
+    CHECK(np < 4 || wire[0] < wire[1], "np %d: sparse all-reduce %.0f wire bytes, gather %.0f",
+          np, wire[0], wire[1]);
+}
+
 /* ---- refusals --------------------------------------------------------------- */
 
 /* A custom comm over MPI with the public ops only (no alltoallv). */
@@ -465,6 +497,7 @@ int main(int argc, char **argv)
     against_reference(&m, IGRAD_METHOD_IG, comm);
     buckets_and_resume(&m, IGRAD_METHOD_TOPK_SYNC, comm);
     buckets_and_resume(&m, IGRAD_METHOD_IG, comm);
+    bytes_against_gather(&m, comm);
     refusals(&m, comm);
     hier(&m, comm);
 
