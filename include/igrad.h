@@ -1023,10 +1023,22 @@ typedef enum igrad_collective {
                                       cost: allgather (P-1)*m*(index+value bytes)
                                       vs all-reduce 2(P-1)/P*n*4 (ties: gather) */
     IGRAD_COLLECTIVE_GATHER = 1, /**< always allgather of (index, value) */
-    IGRAD_COLLECTIVE_REDUCE = 2  /**< always all-reduce of the dense range */
+    IGRAD_COLLECTIVE_REDUCE = 2, /**< always all-reduce of the dense range */
+    IGRAD_COLLECTIVE_SPARSE_REDUCE = 3 /**< always the sparse all-reduce
+                                      (split by index range, reduce and
+                                      re-sparsify to ceil(k/P) per range at
+                                      its owner, all-gather): per-rank bytes
+                                      about 16 per entry whatever P; the
+                                      result is the top of the summed
+                                      selections and the rest goes into the
+                                      range owner's residual. Only
+                                      igrad_engine_sync on the CPU data plane
+                                      with a self or MPI communicator and F32
+                                      gradients; never chosen by auto */
 } igrad_collective_t;
 
-/** @return "auto", "gather" or "reduce" ("unknown" for other values). */
+/** @return "auto", "gather", "reduce" or "sparse_reduce" ("unknown" for
+ *  other values). */
 IGRAD_API const char *igrad_collective_name(igrad_collective_t collective);
 /** Parses a collective name (case-insensitive). */
 IGRAD_API igrad_status_t igrad_collective_from_name(const char *name,
@@ -1095,7 +1107,9 @@ typedef struct igrad_config {
                                            entries, flat indices of tensors of
                                            <= 65536 entries), 32-bit elsewhere;
                                            U32: always 32-bit (U16) */
-    igrad_collective_t collective;    /**< AUTO; dense always all-reduces */
+    igrad_collective_t collective;    /**< AUTO; dense always all-reduces;
+                                           SPARSE_REDUCE only by name (see
+                                           igrad_collective_t) */
     int threads;                      /**< OpenMP threads for selection; 0 = the
                                            OpenMP default. Results never depend on it */
     double timeout_s;                 /**< seconds each of the engine's collectives
@@ -1263,7 +1277,10 @@ IGRAD_API void igrad_engine_free(igrad_engine_t *engine);
 /** Collective of a bucket (see the wire format above). */
 typedef enum igrad_bucket_kind {
     IGRAD_BUCKET_GATHER = 0, /**< allgather send_nbytes from every rank into recv */
-    IGRAD_BUCKET_REDUCE = 1  /**< in-place SUM all-reduce of count F32 at recv */
+    IGRAD_BUCKET_REDUCE = 1, /**< in-place SUM all-reduce of count F32 at recv */
+    IGRAD_BUCKET_SPARSE_REDUCE = 2 /**< the engine's own sparse all-reduce
+                                        (collective sparse_reduce); never
+                                        handed to a caller: begin refuses it */
 } igrad_bucket_kind_t;
 
 /** One collective of a step, as returned by igrad_engine_begin(). The
@@ -1342,6 +1359,14 @@ typedef struct igrad_step_stats {
      * the N owners, wire_nbytes = intra + inter. */
     double intra_wire_nbytes;
     double inter_wire_nbytes;
+    /* Appended after inter_wire_nbytes (C callers rebuild; the struct has
+     * no size field). */
+    int sparse_reduce_buckets; /**< buckets of the sparse all-reduce (counted
+                                    in buckets); their payload is 8 bytes per
+                                    entry, their wire bytes what the exchanges
+                                    moved for this rank: the split's counts
+                                    and entries sent, the status records and
+                                    the reduced blocks received */
 } igrad_step_stats_t;
 
 /** First half of a step: agrees with the other ranks that every gradient
@@ -1360,7 +1385,9 @@ typedef struct igrad_step_stats {
  *  ranks' steps, begin-call counts or risk histories differ (compared at
  *  every call: "step differs: rank 0 has 9, rank 1 has 10") or, every
  *  verify_every calls, any other agreement item; IGRAD_E_STATE after a
- *  begin without end, or for a broken engine.
+ *  begin without end, or for a broken engine; IGRAD_E_UNSUPPORTED for
+ *  config.collective sparse_reduce (its three exchanges are the engine's
+ *  own: use igrad_engine_sync), before anything is read or exchanged.
  *
  *  Failures found before or at the agreement (those above) happen on every
  *  rank alike: residuals are bit-identical to before, no end is needed and
@@ -1420,7 +1447,8 @@ IGRAD_API igrad_status_t igrad_engine_sync(igrad_engine_t *engine, int64_t step,
  *  with the same step.
  *  @return IGRAD_E_STATE when a step is open or the engine is broken,
  *  IGRAD_E_UNSUPPORTED for an engine whose data plane has no streamed step
- *  (a CUDA engine: use begin/end or sync). */
+ *  (a CUDA engine: use begin/end or sync) and for config.collective
+ *  sparse_reduce (use igrad_engine_sync). */
 IGRAD_API igrad_status_t igrad_engine_open(igrad_engine_t *engine, int64_t step);
 
 /** The gradients of `n` tensors (layout indices tensors[i], gradient

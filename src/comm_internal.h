@@ -145,6 +145,13 @@ igrad_status_t igrad__comm_iallreduce(igrad_comm_t *comm, const void *send, void
                                       igrad__mem_space_t space, void *stream,
                                       igrad_comm_request_t **req);
 
+/* A request of `comm` that is already complete (`op` names it in
+ * messages), for an operation that ran blocking, as the fallback above
+ * makes for a backend without the non-blocking op: wait and test on it
+ * return at once. IGRAD_E_NOMEM. */
+igrad_status_t igrad__comm_request_done(igrad_comm_t *comm, const char *op,
+                                       igrad_comm_request_t **req);
+
 /* The vtable's split / ireduce / ibcast with argument checks (ranks,
  * buffers, dtype) and the comm's state checks; IGRAD_E_UNSUPPORTED naming
  * the backend when it has none. A split comm inherits the timeout. */

@@ -84,7 +84,10 @@ typedef struct igrad__dp_ops {
     /* Bucket j of the step into its send bytes (per wire layout). */
     void (*pack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
     /* Bucket j's received bytes into grads; checks every received index
-     * (IGRAD_E_COMM naming the rank on a bad one). */
+     * (IGRAD_E_COMM naming the rank on a bad one). The sparse all-reduce's
+     * wire (IGRAD__WIRE_SAR; NULL in a backend without it, whose engines
+     * refuse collective sparse_reduce at create) reads e->sar[j]'s result
+     * and also adds this rank's remainder into its residuals. */
     igrad_status_t (*unpack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
     /* 16-bit gradients only (NULL in a backend without them): after the
      * last bucket arrived, every bucket's bytes, tensor by tensor (per

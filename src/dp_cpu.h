@@ -65,9 +65,11 @@ void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *g, int zero);
 /* dp_cpu_pack.c */
 void igrad__dp_cpu_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
 void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads);
+void igrad__dp_cpu_pack_sar(igrad_engine_t *e, size_t j, float *const *grads);
 /* dp_cpu_unpack.c */
 igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
 igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads);
+igrad_status_t igrad__dp_cpu_unpack_sar(igrad_engine_t *e, size_t j, float *const *grads);
 igrad_status_t igrad__dp_cpu_unpack16(igrad_engine_t *e, float *const *grads);
 /* dp_cpu_stream.c */
 void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const size_t *tensors,

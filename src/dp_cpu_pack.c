@@ -9,8 +9,12 @@
  * values (value_nbytes 2) are the staged values' 16-bit codes: the
  * selection already rounded them (dp_cpu_select.c), so this is exact. The
  * dense wire carries F32 whatever the value dtype (formats.md §8).
+ * Sparse all-reduce: (dense index, F32 value) entries, the index the one
+ * the dense wire would put the value at, the value the staged (rounded)
+ * one, as the dense wire carries it.
  */
 #include "dp_cpu.h"
+#include "sparse_allreduce.h"
 #include "value16.h"
 
 #include <string.h>
@@ -80,6 +84,37 @@ void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads)
                     d[r * sp->cols + idx[r * sp->per_row + k]] = val[r * sp->per_row + k];
         } else {
             for (int64_t k = 0; k < bi->count; k++) d[idx[k]] = val[k];
+        }
+    }
+}
+
+void igrad__dp_cpu_pack_sar(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    (void)grads;
+    const igrad__engine_bucket_t *bk = &e->bk[j];
+    int par = igrad__step_parity(e, e->cur_step);
+    igrad__sar_entry_t *out = (igrad__sar_entry_t *)(void *)(e->send_arena + bk->send_off);
+    size_t n = 0;
+    for (size_t q = 0; q < bk->nblocks; q++) {
+        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        int64_t src = e->stage_off[bi->tensor] + bi->first;
+        const uint32_t *idx = e->stage_idx + src;
+        const float *val = e->stage_val + src;
+        /* the module refuses an index space above 2^32 before it reads one */
+        const uint32_t base = (uint32_t)bi->dense_off;
+        if (bi->row_wise) {
+            const igrad_select_spec_t *sp = &e->t[bi->tensor].spec[e->rel[bi->tensor]][par];
+            int64_t rows = bi->count / sp->per_row;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t k = 0; k < sp->per_row; k++, n++) {
+                    out[n].index = base + (uint32_t)(r * sp->cols) + idx[r * sp->per_row + k];
+                    out[n].value = val[r * sp->per_row + k];
+                }
+        } else {
+            for (int64_t k = 0; k < bi->count; k++, n++) {
+                out[n].index = base + idx[k];
+                out[n].value = val[k];
+            }
         }
     }
 }

@@ -8,8 +8,14 @@
  * F32 (exact) and added in the same order. 16-bit gradients
  * (config.grad_dtype) are unpacked all at once after the last bucket,
  * tensor by tensor through an F32 copy, and rounded once (unpack16).
+ * The sparse all-reduce's result is the same on every rank and sorted by
+ * its bucket's dense index: each entry is mapped through the bucket's
+ * segments to its tensor element and added times 1/P; this rank's
+ * remainder (the partial sums of its own range that were not kept) goes
+ * into its residuals there, so that nothing is lost.
  */
 #include "dp_cpu.h"
+#include "sparse_allreduce.h"
 #include "value16.h"
 
 #include <string.h>
@@ -154,6 +160,61 @@ igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *co
 {
     int hit = 0;
     return unpack_dense(e, j, grads, -1, &hit);
+}
+
+/* The block whose dense segment holds dense index x of bucket bk, and x's
+ * element in its tensor: blocks are in dense order and a segment's sharers
+ * have its offset, so the last block at or below x. IGRAD_E_COMM for an
+ * index past the segments (the module checked its ranges already). */
+static igrad_status_t sar_element(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+                                  uint32_t x, const igrad__engine_block_t **out,
+                                  int64_t *elem)
+{
+    size_t lo = 0, hi = bk->nblocks; /* the answer is in [lo, hi) */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->binfo[e->order[bk->first + mid]].dense_off <= x) lo = mid;
+        else hi = mid;
+    }
+    const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + lo]];
+    int64_t off = (int64_t)x - (int64_t)bi->dense_off;
+    if (off < 0 || off >= bi->seg_count)
+        return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                           "step %lld: bucket %d: the sparse all-reduce returned index %lu, "
+                           "outside the bucket's %zu dense entries (corrupt bytes); nothing "
+                           "more is unpacked and the engine is unusable",
+                           (long long)e->cur_step, bk->index, (unsigned long)x,
+                           bk->dense_count);
+    *out = bi;
+    *elem = bi->seg_begin + off;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__dp_cpu_unpack_sar(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    const igrad__engine_bucket_t *bk = &e->bk[j];
+    const igrad__sar_t *w = &e->sar[j];
+    const float inv = 1.0f / (float)e->avg_ranks; /* as in the sparse wire */
+    const igrad__engine_block_t *bi;
+    int64_t i;
+    for (size_t q = 0; q < w->result_count; q++) {
+        IGRAD_CHECK(sar_element(e, bk, w->result[q].index, &bi, &i));
+        grads[bi->tensor][i] += w->result[q].value * inv;
+    }
+    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
+    for (size_t q = 0; q < w->remainder_count; q++) {
+        IGRAD_CHECK(sar_element(e, bk, w->remainder[q].index, &bi, &i));
+        double v = w->remainder[q].value;
+        if (drop) { /* the ablation: what is not sent is discarded, and counted */
+            e->tdropped[bi->tensor] += v * v;
+            continue;
+        }
+        float *r = &e->t[bi->tensor].residual[i];
+        double old = *r;
+        *r += w->remainder[q].value;
+        e->tnorm[bi->tensor] += (double)*r * (double)*r - old * old;
+    }
+    return IGRAD_OK;
 }
 
 /* Does a dense-wire bucket write into tensor t (a reduce bucket's segment,

@@ -42,6 +42,7 @@
 #include "route.h"
 #include "schedule.h"
 #include "select_internal.h"
+#include "sparse_allreduce.h"
 
 #include <float.h>
 #include <math.h>
@@ -60,7 +61,7 @@
 
 static const char *const method_names[] = {"dense", "topk_sync", "adtopk_sync", "iad", "ig"};
 static const char *const residual_names[] = {"on", "drop"};
-static const char *const collective_names[] = {"auto", "gather", "reduce"};
+static const char *const collective_names[] = {"auto", "gather", "reduce", "sparse_reduce"};
 static const char *const topology_names[] = {"flat", "hier"};
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -113,7 +114,7 @@ igrad_status_t igrad_collective_from_name(const char *name, igrad_collective_t *
 {
     IGRAD_FAIL_IF(!name || !collective, IGRAD_E_INVALID, "collective name: NULL argument");
     int i = find_name(name, collective_names, COUNT_OF(collective_names));
-    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID, "unknown collective \"%s\" (auto, gather, reduce)",
+    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID, "unknown collective \"%s\" (auto, gather, reduce, sparse_reduce)",
                   name);
     *collective = (igrad_collective_t)i;
     return IGRAD_OK;
@@ -206,7 +207,7 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
                   "config.index_dtype is %s (U16: 16-bit where indices fit, U32: always 32-bit)",
                   igrad_dtype_name(c->index_dtype));
     IGRAD_FAIL_IF((int)c->collective < 0 || (int)c->collective >= COUNT_OF(collective_names),
-                  IGRAD_E_INVALID, "config.collective is %d (auto, gather, reduce)",
+                  IGRAD_E_INVALID, "config.collective is %d (auto, gather, reduce, sparse_reduce)",
                   (int)c->collective);
     IGRAD_FAIL_IF((int)c->topology < 0 || (int)c->topology >= COUNT_OF(topology_names),
                   IGRAD_E_INVALID, "config.topology is %d (flat, hier)", (int)c->topology);
@@ -705,6 +706,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     default: e->sp = c->sparsifier; break;
     }
     e->value_nbytes = (int)igrad_dtype_nbytes(c->value_dtype);
+    if (!e->plan_only) IGRAD_CHECK(igrad__route_check_engine(e));
     e->deferral = method_defers(c->method);
     e->per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
     IGRAD_FAIL_IF(e->deferral && !profile && c->profile_steps == 0, IGRAD_E_INVALID,
@@ -784,6 +786,10 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
                       !e->bucket_of || !e->order || !e->start || !e->loads || !e->bk ||
                       !e->desc,
                   IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    if (!dense && !e->plan_only && c->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE) {
+        e->sar = calloc(nbm, sizeof *e->sar);
+        IGRAD_FAIL_IF(!e->sar, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    }
     sort_work(e);
     if (!e->per_tensor_buckets) {
         e->pack_scratch_nbytes = igrad__pack_scratch_nbytes(mb, c->buckets);
@@ -851,6 +857,9 @@ void igrad_engine_free(igrad_engine_t *e)
     free(e->loads);
     free(e->bk);
     free(e->desc);
+    if (e->sar)
+        for (int j = 0; j < e->nb_max; j++) igrad__sar_clear(&e->sar[j]);
+    free(e->sar);
     free(e->pack_scratch);
     igrad__online_free(e->online);
     igrad__stream_free(e);
@@ -1410,6 +1419,7 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_begin: engine is NULL");
     if (e->hier) return igrad__hier_refuse("igrad_engine_begin");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_begin"));
+    IGRAD_CHECK(igrad__route_check_caller(e, "igrad_engine_begin"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_begin: step %lld is still open (call igrad_engine_end first)",
                   (long long)e->cur_step);
@@ -1526,9 +1536,9 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         pack_bucket(e, j, grads);
         b = igrad__now_ms();
         pack_ms += b - a;
-        /* the data plane's queue (NULL: the comm's default) */
-        st = e->bk[j].route->issue(e->comm, &e->desc[j], e->dp->space, e->dp_stream,
-                                   &e->bk[j].req);
+        /* the route issues on the data plane's queue (NULL: the comm's default); a
+         * blocking one (the sparse all-reduce) returns a request already done */
+        st = e->bk[j].route->issue(e, j, &e->bk[j].req);
         a = igrad__now_ms();
         comm_ms += a - b;
         if (st != IGRAD_OK) {
@@ -1735,5 +1745,11 @@ size_t igrad_engine_workspace_nbytes(const igrad_engine_t *e)
     n += e->map.count * (sizeof(uint64_t) + sizeof(int));
     n += e->hist.count * (sizeof(uint64_t) + sizeof(int64_t) + 2 * sizeof(double));
     for (int i = 0; i < e->nthreads; i++) n += igrad_select_ws_nbytes(e->ws[i]);
+    if (e->sar) /* the sparse all-reduce's workspaces, as large as they have grown */
+        for (int j = 0; j < e->nb_max; j++) {
+            n += sizeof e->sar[j];
+            for (size_t b = 0; b < sizeof e->sar[j].cap / sizeof e->sar[j].cap[0]; b++)
+                n += e->sar[j].cap[b];
+        }
     return n;
 }

@@ -148,7 +148,9 @@ typedef struct igrad__engine_bucket {
     int64_t entries;
     size_t send_off, send_nbytes;  /* in send_arena (gather) */
     size_t recv_off, recv_nbytes;  /* in recv_arena */
-    size_t dense_count;            /* reduce: floats */
+    size_t dense_count;            /* reduce: floats; sparse all-reduce: its index space */
+    double wire_counted;           /* sparse all-reduce: the bytes its exchanges moved
+                                      for this rank, < 0 until it ran (route.c) */
     igrad_comm_request_t *req;
 } igrad__engine_bucket_t;
 
@@ -224,6 +226,9 @@ struct igrad_engine {
     int64_t *loads;                     /* (nb_max) */
     igrad__engine_bucket_t *bk;         /* (nb_max) */
     igrad_bucket_t *desc;               /* (nb_max) */
+    struct igrad__sar *sar;             /* (nb_max) collective sparse_reduce: the sparse
+                                           all-reduce's workspace per bucket slot, whose
+                                           result and remainder unpack reads; else NULL */
     void *pack_scratch;
     size_t pack_scratch_nbytes;
     unsigned char *send_arena;

@@ -125,6 +125,7 @@ igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_open: engine is NULL");
     if (e->hier) return igrad__hier_refuse("igrad_engine_open");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_open"));
+    IGRAD_CHECK(igrad__route_check_caller(e, "igrad_engine_open"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_open: step %lld is still open (close or end it first)",
                   (long long)e->cur_step);

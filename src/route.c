@@ -10,6 +10,8 @@
 #include "route.h"
 
 #include "comm_internal.h"
+#include "dp.h"
+#include "sparse_allreduce.h"
 
 #include <stddef.h>
 
@@ -78,11 +80,11 @@ static double gather_wire(const igrad__engine_bucket_t *bk, double P)
     return (P - 1.0) * (double)bk->send_nbytes;
 }
 
-static igrad_status_t gather_issue(igrad_comm_t *comm, const igrad_bucket_t *d,
-                                   igrad__mem_space_t space, void *stream,
-                                   igrad_comm_request_t **req)
+static igrad_status_t gather_issue(igrad_engine_t *e, size_t j, igrad_comm_request_t **req)
 {
-    return igrad__comm_iallgather(comm, d->send, d->send_nbytes, d->recv, space, stream, req);
+    const igrad_bucket_t *d = &e->desc[j];
+    return igrad__comm_iallgather(e->comm, d->send, d->send_nbytes, d->recv, e->dp->space,
+                                  e->dp_stream, req);
 }
 
 /* ---- reduce: one in-place SUM all-reduce of dense segments -------------- */
@@ -136,12 +138,70 @@ static double reduce_wire(const igrad__engine_bucket_t *bk, double P)
     return 2.0 * (P - 1.0) / P * (double)bk->recv_nbytes;
 }
 
-static igrad_status_t reduce_issue(igrad_comm_t *comm, const igrad_bucket_t *d,
-                                   igrad__mem_space_t space, void *stream,
-                                   igrad_comm_request_t **req)
+static igrad_status_t reduce_issue(igrad_engine_t *e, size_t j, igrad_comm_request_t **req)
 {
-    return igrad__comm_iallreduce(comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
-                                  IGRAD_REDUCE_SUM, space, stream, req);
+    const igrad_bucket_t *d = &e->desc[j];
+    return igrad__comm_iallreduce(e->comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
+                                  IGRAD_REDUCE_SUM, e->dp->space, e->dp_stream, req);
+}
+
+/* ---- sparse all-reduce: split, reduce and re-sparsify, all-gather ------- */
+
+/* Not auto's (no cost): its result is not the mean of what the ranks sent
+ * but the top of it, the rest going to the owners' residuals, so choosing
+ * it per bucket would change the method's result with P; and it is four
+ * exchanges where a gather is one (docs/architecture.md §5.7). */
+
+/* The send arena holds its entries, 8 bytes each: at most twice the gather
+ * bytes (>= 4 bytes per entry). Nothing in the recv arena: the result and
+ * the remainder stay in the bucket slot's workspace (e->sar) until unpack. */
+static void sar_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
+                      size_t *send, size_t *recv)
+{
+    (void)dmax;
+    (void)P;
+    *send = forced ? 2 * (size_t)smax + slack : 0;
+    *recv = 0;
+}
+
+static void sar_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *send_off,
+                       size_t *recv_off)
+{
+    (void)e;
+    bk->send_off = *send_off;
+    bk->send_nbytes = (size_t)bk->entries * sizeof(igrad__sar_entry_t);
+    *send_off = align8(*send_off + bk->send_nbytes);
+    bk->recv_off = *recv_off;
+    bk->recv_nbytes = 0;
+    bk->wire_counted = -1.0;
+}
+
+/* What the call moved for this rank (sparse_allreduce.h's counts: the
+ * split's counts and entries sent, the status records and the reduced
+ * blocks received). A bucket that did not run (a plan-only engine) gets
+ * the balanced model of the same counts: the entries outside a rank's own
+ * range are k(P-1)/P when the indices are spread evenly. */
+static double sar_wire(const igrad__engine_bucket_t *bk, double P)
+{
+    if (bk->wire_counted >= 0.0) return bk->wire_counted;
+    if (P <= 1.0) return 0.0;
+    double k = (double)bk->entries;
+    double kout = (double)igrad__sar_kout((size_t)bk->entries, (int)P);
+    return (P - 1.0) * (8.0 + 40.0 + 32.0 + 8.0 * kout) + 8.0 * k * (P - 1.0) / P;
+}
+
+/* Blocking: the module runs its exchanges here and the request is done. */
+static igrad_status_t sar_issue(igrad_engine_t *e, size_t j, igrad_comm_request_t **req)
+{
+    igrad__engine_bucket_t *bk = &e->bk[j];
+    igrad__sar_t *w = &e->sar[j];
+    const igrad__sar_entry_t *in =
+        (const igrad__sar_entry_t *)(const void *)(e->send_arena + bk->send_off);
+    IGRAD_CHECK(igrad__sar_allreduce(w, e->comm, (uint64_t)bk->dense_count, (size_t)bk->entries,
+                                     in));
+    bk->wire_counted =
+        (double)(w->bytes.split_sent + w->bytes.status_recv + w->bytes.gather_recv);
+    return igrad__comm_request_done(e->comm, "sparse all-reduce", req);
 }
 
 /* ---- the table ------------------------------------------------------------ */
@@ -149,12 +209,17 @@ static igrad_status_t reduce_issue(igrad_comm_t *comm, const igrad_bucket_t *d,
 /* Indexed by igrad_bucket_kind_t; order matters for auto's ties (the
  * earlier row wins). */
 static const igrad__route_t routes[] = {
-    {IGRAD_BUCKET_GATHER, "gather", IGRAD__WIRE_SPARSE, 0, IGRAD_COLLECTIVE_GATHER, gather_cost,
-     gather_arena, gather_layout, gather_describe,
+    {IGRAD_BUCKET_GATHER, "gather", IGRAD__WIRE_SPARSE, 0, IGRAD_COLLECTIVE_GATHER, 1,
+     gather_cost, gather_arena, gather_layout, gather_describe,
      offsetof(igrad_step_stats_t, gather_buckets), gather_payload, gather_wire, gather_issue},
-    {IGRAD_BUCKET_REDUCE, "reduce", IGRAD__WIRE_DENSE, 1, IGRAD_COLLECTIVE_REDUCE, reduce_cost,
-     reduce_arena, reduce_layout, reduce_describe,
+    {IGRAD_BUCKET_REDUCE, "reduce", IGRAD__WIRE_DENSE, 1, IGRAD_COLLECTIVE_REDUCE, 1,
+     reduce_cost, reduce_arena, reduce_layout, reduce_describe,
      offsetof(igrad_step_stats_t, reduce_buckets), reduce_payload, reduce_wire, reduce_issue},
+    {IGRAD_BUCKET_SPARSE_REDUCE, "sparse all-reduce", IGRAD__WIRE_SAR, 0,
+     IGRAD_COLLECTIVE_SPARSE_REDUCE, 0, NULL, sar_arena, sar_layout,
+     gather_describe /* its send bytes, as U8 */,
+     offsetof(igrad_step_stats_t, sparse_reduce_buckets),
+     gather_payload /* its send bytes: 8 per entry */, sar_wire, sar_issue},
 };
 #define NROUTES (sizeof routes / sizeof routes[0])
 
@@ -183,6 +248,7 @@ const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int den
     const igrad__route_t *best = &routes[0];
     int64_t c = best->cost(s, d, P);
     for (size_t i = 1; i < NROUTES; i++) {
+        if (!routes[i].cost) continue;
         int64_t ci = routes[i].cost(s, d, P);
         if (ci < c) {
             best = &routes[i];
@@ -204,4 +270,34 @@ void igrad__route_arenas(igrad_collective_t collective, int dense, int64_t smax,
         if (s > *send) *send = s;
         if (r > *recv) *recv = r;
     }
+}
+
+igrad_status_t igrad__route_check_engine(const igrad_engine_t *e)
+{
+    const igrad__route_t *f = forced_route(e->cfg.collective, e->sp == IGRAD_SPARSIFIER_NONE);
+    if (!f) return IGRAD_OK;
+    IGRAD_FAIL_IF(!e->dp->pack[f->wire] || !e->dp->unpack[f->wire], IGRAD_E_UNSUPPORTED,
+                  "igrad_engine_create: config.collective %s, but the '%s' data plane has no "
+                  "%s route (use another collective, or the CPU data plane)",
+                  igrad_collective_name(e->cfg.collective), e->dp->name, f->name);
+    if (f->wire != IGRAD__WIRE_SAR) return IGRAD_OK;
+    IGRAD_FAIL_IF(!e->comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
+                  "igrad_engine_create: config.collective sparse_reduce needs a communicator "
+                  "with a variable all-to-all (self, MPI); '%s' has none",
+                  e->comm->backend);
+    IGRAD_FAIL_IF(e->cfg.grad_dtype != IGRAD_DTYPE_F32, IGRAD_E_UNSUPPORTED,
+                  "igrad_engine_create: config.collective sparse_reduce takes F32 gradients "
+                  "only (config.grad_dtype is %s)",
+                  igrad_dtype_name(e->cfg.grad_dtype));
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__route_check_caller(const igrad_engine_t *e, const char *what)
+{
+    const igrad__route_t *f = forced_route(e->cfg.collective, e->sp == IGRAD_SPARSIFIER_NONE);
+    IGRAD_FAIL_IF(f && !f->caller_runs, IGRAD_E_UNSUPPORTED,
+                  "%s: collective %s needs igrad_engine_sync (the %s is the engine's own "
+                  "exchanges, which a caller's collective cannot run)",
+                  what, igrad_collective_name(e->cfg.collective), f->name);
+    return IGRAD_OK;
 }

@@ -1,6 +1,7 @@
 /*
  * route.h — bucket routes: the one table of the collectives a bucket can
- * take (allgather of the sparse payload, all-reduce of dense segments).
+ * take (allgather of the sparse payload, all-reduce of dense segments,
+ * the sparse all-reduce of sparse_allreduce.h).
  * A route is everything the engine needs to know about a bucket kind: its
  * wire layout (which the data plane packs and unpacks, dp.h), the cost
  * model that `collective = auto` compares, its share of the bucket arenas,
@@ -10,7 +11,8 @@
  * layout, one pack/unpack pair per data-plane backend).
  *
  * Not here: which blocks go to which bucket (pack.c), the bytes themselves
- * (dp_cpu_pack.c, dp_cpu_unpack.c), the communicators (comm*.c).
+ * (dp_cpu_pack.c, dp_cpu_unpack.c), the communicators (comm*.c), the
+ * sparse all-reduce's exchanges (sparse_allreduce.c).
  */
 #ifndef IGRAD_ROUTE_H
 #define IGRAD_ROUTE_H
@@ -23,19 +25,24 @@ typedef enum igrad__wire {
     IGRAD__WIRE_SPARSE = 0, /* per rank [values F32][32-bit indices][16-bit indices]
                                (formats.md §8) */
     IGRAD__WIRE_DENSE = 1,  /* F32 over the blocks' dense segments */
+    IGRAD__WIRE_SAR = 2,    /* (dense index, F32) entries of the sparse all-reduce
+                               (igrad__sar_entry_t), indices in the dense wire's
+                               index space of the bucket */
     IGRAD__NWIRES
 } igrad__wire_t;
 
 typedef struct igrad__route {
     igrad_bucket_kind_t kind;     /* what igrad_bucket_t.kind says */
-    const char *name;             /* "gather", "reduce" (messages) */
+    const char *name;             /* "gather", "reduce", "sparse all-reduce" (messages) */
     igrad__wire_t wire;
     int dense_method;             /* the route of the dense method */
     igrad_collective_t forced_by; /* config.collective that always takes it */
+    int caller_runs;              /* a caller can run it (igrad_engine_begin, open) */
     /* Modelled bytes on the wire per rank times P/(P-1), for a bucket of
      * `s` gather bytes per rank and `d` dense floats: an integer, so that
      * every rank's `auto` comparison is exact. auto takes the cheapest
-     * route, the earlier one in the table on ties. */
+     * route, the earlier one in the table on ties; a route without a cost
+     * is never auto's (only its forcing value takes it). */
     int64_t (*cost)(int64_t s, int64_t d, int64_t P);
     /* This route's room in the send and recv arenas for the largest step
      * (largest gather bytes `smax`, dense floats `dmax`, `slack` bytes for
@@ -56,13 +63,12 @@ typedef struct igrad__route {
     size_t stats_count;
     int64_t (*payload)(const igrad__engine_bucket_t *bk);
     double (*wire_nbytes)(const igrad__engine_bucket_t *bk, double P);
-    /* Issues the non-blocking collective of d, whose buffers are in
-     * `space` (the data plane's), on `stream` (NULL: the comm's default);
-     * completing it is igrad_comm_wait / igrad_comm_test on the request
-     * for every route. */
-    igrad_status_t (*issue)(igrad_comm_t *comm, const igrad_bucket_t *d,
-                            igrad__mem_space_t space, void *stream,
-                            igrad_comm_request_t **req);
+    /* Issues the collective of the step's bucket j (e->bk[j], described in
+     * e->desc[j]) on e->comm, its buffers in the data plane's memory space,
+     * on e->dp_stream (NULL: the comm's default); completing it is
+     * igrad_comm_wait / igrad_comm_test on the request for every route (a
+     * blocking route returns a request that is already done). */
+    igrad_status_t (*issue)(igrad_engine_t *e, size_t j, igrad_comm_request_t **req);
 } igrad__route_t;
 
 /* The route of a bucket kind; NULL for a kind the table does not know. */
@@ -73,6 +79,16 @@ const igrad__route_t *igrad__route_of(igrad_bucket_kind_t kind);
  * cheapest by cost(). s, d as in igrad__route_t.cost. */
 const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int dense, int64_t P,
                                           int64_t s, int64_t d);
+
+/* What an engine needs for the route its config forces (at create,
+ * before the agreement, so that every rank fails alike): the data plane's
+ * pack and unpack of its wire and, for the sparse all-reduce, a comm with
+ * alltoallv and F32 gradients. IGRAD_E_UNSUPPORTED naming what is missing. */
+igrad_status_t igrad__route_check_engine(const igrad_engine_t *e);
+
+/* IGRAD_E_UNSUPPORTED from `what` (igrad_engine_begin, igrad_engine_open)
+ * when the config forces a route that a caller cannot run. */
+igrad_status_t igrad__route_check_caller(const igrad_engine_t *e, const char *what);
 
 /* Arena bytes for the largest step: the routes a config can choose, the
  * largest room of each arena among them. */

@@ -4,8 +4,10 @@
  * checks that print the rank and the library's message, and REQUIRE for
  * setup failures, which aborts every rank rather than hang, and the
  * splitmix64 mixer the tests draw their data from, and the small LLaMA-like
- * layout and fixed-rule profile of mpi_engine and mpi_plan. Include after <mpi.h>,
- * <stdio.h> and "igrad.h"; set `me` and `np` after MPI_Init.
+ * layout and fixed-rule profile of mpi_engine and mpi_plan, and a model of
+ * that layout with exact test gradients (mpi_sar_route). Include after
+ * <mpi.h>, <stdio.h>, <stdlib.h> and "igrad.h"; set `me` and `np` after
+ * MPI_Init.
  */
 #ifndef IGRAD_MPI_UTIL_H
 #define IGRAD_MPI_UTIL_H
@@ -101,6 +103,69 @@ static inline igrad_profile_t *mpi_fixed_profile(const igrad_layout_t *L,
     REQUIRE(igrad_profile_build(tr, &opts, &p) == IGRAD_OK);
     igrad_trace_free(tr);
     return p;
+}
+
+/* A multiple of 2^-10 in [-4, 4] from (rank, step, tensor, index): the
+ * sums of a few ranks' values and residuals are exact in any order, so a
+ * reference may sum them in another order than the engine's collectives. */
+static inline float mpi_value_2p10(int r, int64_t step, size_t t, int64_t i)
+{
+    uint64_t h = mix64(((uint64_t)r << 48) ^ ((uint64_t)step << 32) ^ ((uint64_t)t << 24) ^
+                       (uint64_t)i);
+    return (float)((int64_t)(h % 8193) - 4096) / 1024.0f;
+}
+
+/* mpi_llama_layout(200) with its fixed profile ("fixed:0.4"), its tensors'
+ * sizes and infos; gradients as one buffer per tensor. */
+typedef struct mpi_model {
+    igrad_layout_t *L;
+    igrad_profile_t *prof;
+    size_t T;
+    int64_t *n;
+    igrad_tensor_info_t *info;
+} mpi_model_t;
+
+static inline void mpi_model_init(mpi_model_t *m)
+{
+    m->L = mpi_llama_layout(200);
+    m->prof = mpi_fixed_profile(m->L, "fixed:0.4");
+    m->T = igrad_layout_count(m->L);
+    m->n = calloc(m->T, sizeof *m->n);
+    m->info = calloc(m->T, sizeof *m->info);
+    REQUIRE(m->n && m->info);
+    for (size_t t = 0; t < m->T; t++) {
+        REQUIRE(igrad_layout_tensor(m->L, t, &m->info[t]) == IGRAD_OK);
+        m->n[t] = m->info[t].count;
+    }
+}
+
+static inline void mpi_model_free(mpi_model_t *m)
+{
+    igrad_profile_free(m->prof);
+    igrad_layout_free(m->L);
+    free(m->n);
+    free(m->info);
+}
+
+static inline float **mpi_grads_alloc(const mpi_model_t *m)
+{
+    float **g = calloc(m->T, sizeof *g);
+    REQUIRE(g);
+    for (size_t t = 0; t < m->T; t++) REQUIRE((g[t] = calloc((size_t)m->n[t], sizeof(float))));
+    return g;
+}
+
+static inline void mpi_grads_free(const mpi_model_t *m, float **g)
+{
+    for (size_t t = 0; t < m->T && g; t++) free(g[t]);
+    free(g);
+}
+
+/* Rank r's gradients of `step` (mpi_value_2p10). */
+static inline void mpi_grads_fill(const mpi_model_t *m, float **g, int r, int64_t step)
+{
+    for (size_t t = 0; t < m->T; t++)
+        for (int64_t i = 0; i < m->n[t]; i++) g[t][i] = mpi_value_2p10(r, step, t, i);
 }
 
 #endif /* IGRAD_MPI_UTIL_H */

@@ -136,11 +136,14 @@ NAME_TABLES = {
 # Enums without a name function in the library: tests/python/test_binding.py
 # checks these (and STATUS_NAMES) against include/igrad.h.
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = 0, 1, 2
-BUCKET_GATHER, BUCKET_REDUCE = 0, 1
+BUCKET_GATHER, BUCKET_REDUCE, BUCKET_SPARSE_REDUCE = 0, 1, 2
 MEMORY_HOST, MEMORY_CUDA = 0, 1  # igrad_memory_t (igrad_comm_ops_t.memory)
 # igrad_bucket_kind_t -> the name BucketDesc.kind carries (the library's
 # bucket routes, src/route.c); a kind missing here is refused, never guessed.
-BUCKET_KINDS = {BUCKET_GATHER: "gather", BUCKET_REDUCE: "reduce"}
+# BUCKET_SPARSE_REDUCE is the engine's own (begin refuses its collective),
+# so the torch hooks never get one; they refuse a kind they cannot run.
+BUCKET_KINDS = {BUCKET_GATHER: "gather", BUCKET_REDUCE: "reduce",
+                BUCKET_SPARSE_REDUCE: "sparse_reduce"}
 
 
 class TensorInfo(ctypes.Structure):
@@ -274,7 +277,8 @@ class StepStats(ctypes.Structure):
                 ("dataplane_nbytes", ctypes.c_int64),
                 ("dataplane_nbytes_per_param", ctypes.c_double),
                 ("intra_wire_nbytes", ctypes.c_double),
-                ("inter_wire_nbytes", ctypes.c_double)]
+                ("inter_wire_nbytes", ctypes.c_double),
+                ("sparse_reduce_buckets", ctypes.c_int)]
 
 
 class TensorPlan(ctypes.Structure):
