@@ -672,6 +672,7 @@ igrad_status_t igrad__hier_plan_step(igrad_engine_t *e, int64_t step, igrad_step
         tot.buckets += ps.buckets;
         tot.gather_buckets += ps.gather_buckets;
         tot.reduce_buckets += ps.reduce_buckets;
+        tot.sparse_reduce_buckets += ps.sparse_reduce_buckets;
         if (ps.payload_nbytes > tot.payload_nbytes) tot.payload_nbytes = ps.payload_nbytes;
         if (ps.wire_nbytes > tot.inter_wire_nbytes) tot.inter_wire_nbytes = ps.wire_nbytes;
     }

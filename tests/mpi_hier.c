@@ -36,56 +36,6 @@
 
 #define STEPS 10
 
-/* A multiple of 2^-10 in [-4, 4] from (rank, step, tensor, index). */
-static float value(int r, int64_t step, size_t t, int64_t i)
-{
-    uint64_t h = mix64(((uint64_t)r << 48) ^ ((uint64_t)step << 32) ^ ((uint64_t)t << 24) ^
-                       (uint64_t)i);
-    return (float)((int64_t)(h % 8193) - 4096) / 1024.0f;
-}
-
-typedef struct model {
-    igrad_layout_t *L;
-    igrad_profile_t *prof;
-    size_t T;
-    int64_t *n;
-    igrad_tensor_info_t *info;
-} model_t;
-
-static void model_init(model_t *m)
-{
-    m->L = mpi_llama_layout(200);
-    m->prof = mpi_fixed_profile(m->L, "fixed:0.4");
-    m->T = igrad_layout_count(m->L);
-    m->n = calloc(m->T, sizeof *m->n);
-    m->info = calloc(m->T, sizeof *m->info);
-    REQUIRE(m->n && m->info);
-    for (size_t t = 0; t < m->T; t++) {
-        REQUIRE(igrad_layout_tensor(m->L, t, &m->info[t]) == IGRAD_OK);
-        m->n[t] = m->info[t].count;
-    }
-}
-
-static float **alloc_grads(const model_t *m)
-{
-    float **g = calloc(m->T, sizeof *g);
-    REQUIRE(g);
-    for (size_t t = 0; t < m->T; t++) REQUIRE((g[t] = calloc((size_t)m->n[t], sizeof(float))));
-    return g;
-}
-
-static void free_grads(const model_t *m, float **g)
-{
-    for (size_t t = 0; t < m->T && g; t++) free(g[t]);
-    free(g);
-}
-
-static void fill(const model_t *m, float **g, int r, int64_t step)
-{
-    for (size_t t = 0; t < m->T; t++)
-        for (int64_t i = 0; i < m->n[t]; i++) g[t][i] = value(r, step, t, i);
-}
-
 static igrad_config_t config_of(igrad_method_t method, int rpn)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
@@ -110,7 +60,7 @@ typedef struct reference {
     double **in;   /* [N][T] Σ over steps of the node sums */
 } reference_t;
 
-static void ref_init(reference_t *R, const model_t *m, int N, int L)
+static void ref_init(reference_t *R, const mpi_model_t *m, int N, int L)
 {
     R->N = N;
     R->L = L;
@@ -119,28 +69,28 @@ static void ref_init(reference_t *R, const model_t *m, int N, int L)
     R->in = calloc((size_t)N, sizeof *R->in);
     REQUIRE(R->e && R->sent && R->in);
     for (int k = 0; k < N; k++) {
-        R->e[k] = alloc_grads(m);
+        R->e[k] = mpi_grads_alloc(m);
         REQUIRE((R->sent[k] = calloc(m->T, sizeof(double))));
         REQUIRE((R->in[k] = calloc(m->T, sizeof(double))));
     }
-    R->out = alloc_grads(m);
+    R->out = mpi_grads_alloc(m);
 }
 
-static void ref_free(reference_t *R, const model_t *m)
+static void ref_free(reference_t *R, const mpi_model_t *m)
 {
     for (int k = 0; k < R->N; k++) {
-        free_grads(m, R->e[k]);
+        mpi_grads_free(m, R->e[k]);
         free(R->sent[k]);
         free(R->in[k]);
     }
     free(R->e);
     free(R->sent);
     free(R->in);
-    free_grads(m, R->out);
+    mpi_grads_free(m, R->out);
 }
 
 /* One step of the reference: what every rank must end with. */
-static void ref_step(reference_t *R, const model_t *m, const igrad_engine_t *e,
+static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t *e,
                      const igrad_config_t *c, int64_t step)
 {
     int P = R->N * R->L;
@@ -163,7 +113,7 @@ static void ref_step(reference_t *R, const model_t *m, const igrad_engine_t *e,
         for (int k = 0; k < R->N; k++) {
             for (int64_t i = 0; i < m->n[t]; i++) {
                 float s = 0.0f;
-                for (int l = 0; l < R->L; l++) s += value(k * R->L + l, step, t, i);
+                for (int l = 0; l < R->L; l++) s += mpi_value_2p10(k * R->L + l, step, t, i);
                 ns[i] = s;
                 R->in[k][t] += s;
             }
@@ -208,7 +158,7 @@ static int same_floats(const float *a, const float *b, int64_t n)
 
 /* The engine against the reference over STEPS steps; statistics against
  * the plan. */
-static void check_method(const model_t *m, igrad_method_t method, int rpn)
+static void check_method(const mpi_model_t *m, igrad_method_t method, int rpn)
 {
     igrad_config_t c = config_of(method, rpn);
     igrad_comm_t *comm = NULL;
@@ -246,9 +196,9 @@ static void check_method(const model_t *m, igrad_method_t method, int rpn)
 
     reference_t R;
     ref_init(&R, m, N, L);
-    float **g = alloc_grads(m);
+    float **g = mpi_grads_alloc(m);
     for (int64_t s = 0; s < STEPS; s++) {
-        fill(m, g, me, s);
+        mpi_grads_fill(m, g, me, s);
         CHECK_OK(igrad_engine_sync(e, s, g));
         ref_step(&R, m, e, &c, s);
         for (size_t t = 0; t < m->T; t++)
@@ -298,33 +248,33 @@ static void check_method(const model_t *m, igrad_method_t method, int rpn)
         printf("mpi_hier: %s, %d nodes x %d ranks: %d steps equal the reference\n", mn, N, L,
                STEPS);
     ref_free(&R, m);
-    free_grads(m, g);
+    mpi_grads_free(m, g);
     igrad_engine_free(plan);
     igrad_engine_free(e);
     igrad_comm_free(comm);
 }
 
 /* Errors found at the agreement fail every rank alike and change nothing. */
-static void check_agreement(const model_t *m, int rpn)
+static void check_agreement(const mpi_model_t *m, int rpn)
 {
     igrad_config_t c = config_of(IGRAD_METHOD_IG, rpn);
     igrad_comm_t *comm = NULL;
     REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
     igrad_engine_t *e = NULL;
     REQUIRE(igrad_engine_create(m->L, m->prof, &c, comm, &e) == IGRAD_OK);
-    float **g = alloc_grads(m);
-    fill(m, g, me, 0);
+    float **g = mpi_grads_alloc(m);
+    mpi_grads_fill(m, g, me, 0);
     CHECK_OK(igrad_engine_sync(e, 0, g));
 
     /* snapshot of the residuals this rank owns */
-    float **snap = alloc_grads(m);
+    float **snap = mpi_grads_alloc(m);
     for (size_t t = 0; t < m->T; t++)
         if (igrad_engine_residual(e, t))
             memcpy(snap[t], igrad_engine_residual(e, t), (size_t)m->n[t] * sizeof(float));
     size_t bad_t = 5;
 
     /* a NaN on the last rank */
-    fill(m, g, me, 1);
+    mpi_grads_fill(m, g, me, 1);
     if (me == np - 1) g[bad_t][3] = NAN;
     CHECK_STATUS(igrad_engine_sync(e, 1, g), IGRAD_E_NONFINITE);
     CHECK(strstr(igrad_last_error(), m->info[bad_t].name) != NULL,
@@ -337,12 +287,12 @@ static void check_agreement(const model_t *m, int rpn)
         if (r) CHECK(same_floats(r, snap[t], m->n[t]), "a NaN step changed residual %zu", t);
         if (!(me == np - 1 && t == bad_t)) {
             int same = 1;
-            for (int64_t i = 0; i < m->n[t]; i++) same &= g[t][i] == value(me, 1, t, i);
+            for (int64_t i = 0; i < m->n[t]; i++) same &= g[t][i] == mpi_value_2p10(me, 1, t, i);
             CHECK(same, "a NaN step changed the gradient of tensor %zu", t);
         }
     }
     /* a NULL gradient on rank 0 */
-    fill(m, g, me, 1);
+    mpi_grads_fill(m, g, me, 1);
     float *keep = g[2];
     if (me == 0) g[2] = NULL;
     CHECK_STATUS(igrad_engine_sync(e, 1, g), IGRAD_E_INVALID);
@@ -381,28 +331,28 @@ static void check_agreement(const model_t *m, int rpn)
     c2.ranks_per_node = np + 1;
     CHECK_STATUS(igrad_engine_create(m->L, m->prof, &c2, comm, &e), IGRAD_E_INVALID);
     CHECK(e == NULL, "a failed create returned an engine");
-    free_grads(m, g);
-    free_grads(m, snap);
+    mpi_grads_free(m, g);
+    mpi_grads_free(m, snap);
     igrad_comm_free(comm);
 }
 
 /* Saved after step 5, loaded into a new engine: steps 6.. replay exactly. */
-static void check_resume(const model_t *m, int rpn)
+static void check_resume(const mpi_model_t *m, int rpn)
 {
     igrad_config_t c = config_of(IGRAD_METHOD_IG, rpn);
     igrad_comm_t *comm = NULL;
     REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
     igrad_engine_t *a = NULL, *b = NULL;
     REQUIRE(igrad_engine_create(m->L, m->prof, &c, comm, &a) == IGRAD_OK);
-    float **g = alloc_grads(m), **h = alloc_grads(m);
+    float **g = mpi_grads_alloc(m), **h = mpi_grads_alloc(m);
     char path[128];
     snprintf(path, sizeof path, "mpi_hier_state_r%d.bin", me);
     float ***want = calloc(STEPS, sizeof *want);
     REQUIRE(want);
     for (int64_t s = 0; s < STEPS; s++) {
-        fill(m, g, me, s);
+        mpi_grads_fill(m, g, me, s);
         CHECK_OK(igrad_engine_sync(a, s, g));
-        want[s] = alloc_grads(m);
+        want[s] = mpi_grads_alloc(m);
         for (size_t t = 0; t < m->T; t++)
             memcpy(want[s][t], g[t], (size_t)m->n[t] * sizeof(float));
         if (s == 5) CHECK_OK(igrad_engine_save_state(a, path));
@@ -412,7 +362,7 @@ static void check_resume(const model_t *m, int rpn)
     CHECK(igrad_engine_step(b) == 5, "the loaded engine is at step %lld",
           (long long)igrad_engine_step(b));
     for (int64_t s = 6; s < STEPS; s++) {
-        fill(m, h, me, s);
+        mpi_grads_fill(m, h, me, s);
         CHECK_OK(igrad_engine_sync(b, s, h));
         for (size_t t = 0; t < m->T; t++)
             CHECK(same_floats(h[t], want[s][t], m->n[t]),
@@ -434,10 +384,10 @@ static void check_resume(const model_t *m, int rpn)
     igrad_engine_free(x);
     MPI_Barrier(MPI_COMM_WORLD);
     remove(path);
-    for (int64_t s = 0; s < STEPS; s++) free_grads(m, want[s]);
+    for (int64_t s = 0; s < STEPS; s++) mpi_grads_free(m, want[s]);
     free(want);
-    free_grads(m, g);
-    free_grads(m, h);
+    mpi_grads_free(m, g);
+    mpi_grads_free(m, h);
     igrad_engine_free(a);
     igrad_engine_free(b);
     igrad_comm_free(comm);
@@ -448,8 +398,8 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
-    model_t m;
-    model_init(&m);
+    mpi_model_t m;
+    mpi_model_init(&m);
     int rpns[3] = {2, np >= 8 ? 4 : 1, 0};
     for (int k = 0; k < 3; k++) {
         check_method(&m, IGRAD_METHOD_IG, rpns[k]);
@@ -462,10 +412,7 @@ int main(int argc, char **argv)
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (me == 0) printf("mpi_hier: %s (%d failures over %d ranks)\n", total ? "FAILED" : "ok",
                         total, np);
-    free(m.n);
-    free(m.info);
-    igrad_profile_free(m.prof);
-    igrad_layout_free(m.L);
+    mpi_model_free(&m);
     MPI_Finalize();
     return total ? 1 : 0;
 }
