@@ -1469,10 +1469,12 @@ class IgradState:
 
     def __getstate__(self):
         """Pickles the configuration and this rank's state_dict, never the
-        process group, the grad scaler (set state.grad_scaler again after
-        unpickling), the model or native handles."""
+        process group, the grad scaler or the TensorBoard writer (set
+        state.grad_scaler / state.tensorboard again after unpickling), the
+        model or native handles; stats() counts again from the unpickling."""
         d = {k: v for k, v in self.__dict__.items()
-             if not k.startswith("_") and k not in ("process_group", "grad_scaler")}
+             if not k.startswith("_") and k not in ("process_group", "grad_scaler",
+                                                     "tensorboard")}
         if isinstance(d.get("profile"), Profile):
             d["profile_json"] = _profile_bytes(d.pop("profile"))
         d["_saved_state"] = self.state_dict() if self._engine is not None else \
@@ -1485,6 +1487,9 @@ class IgradState:
         self.__dict__.update(d)
         self.process_group = None  # the default group, resolved at first use
         self.grad_scaler = None
+        self.tensorboard = None  # a writer is not pickled: set it again
+        self.log_every = int(d.get("log_every", 0))
+        self._obs = _Observed()  # stats() counts from here
         self._reset_runtime()
         if pj is not None:
             self.profile = _profile_from_bytes(pj)
