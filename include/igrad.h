@@ -1211,6 +1211,14 @@ typedef struct igrad_config {
                                            Flat engines use it only to split
                                            wire bytes into intra- and inter-node
                                            in the statistics (0) */
+    int64_t dense_below;              /**< >= 0: a tensor of fewer entries is sent
+                                           whole whenever it is sent (its every
+                                           entry, through the method's buckets;
+                                           the sparsifiers' budgets apply to the
+                                           others), as PowerSGD leaves small
+                                           tensors uncompressed; the gate still
+                                           defers it with its component. 0 = off
+                                           (0) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1224,7 +1232,7 @@ typedef struct igrad_config {
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
       IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0, \
-      0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0 }
+      0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0, 0 }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
@@ -1367,6 +1375,8 @@ typedef struct igrad_step_stats {
                                     moved for this rank: the split's counts
                                     and entries sent, the status records and
                                     the reduced blocks received */
+    int64_t dense_small_tensors; /**< tensors sent whole this step because they
+                                    have fewer than config.dense_below entries */
 } igrad_step_stats_t;
 
 /** First half of a step: agrees with the other ranks that every gradient

@@ -214,6 +214,9 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
     IGRAD_FAIL_IF(c->ranks_per_node < 0, IGRAD_E_INVALID,
                   "config.ranks_per_node is %d (must be >= 0; 0 = the nodes MPI reports)",
                   c->ranks_per_node);
+    IGRAD_FAIL_IF(c->dense_below < 0, IGRAD_E_INVALID,
+                  "config.dense_below is %lld (must be >= 0; 0 = off)",
+                  (long long)c->dense_below);
     IGRAD_FAIL_IF(c->threads < 0 || c->threads > 4096, IGRAD_E_INVALID,
                   "config.threads is %d (must be in [0, 4096]; 0 = OpenMP default)", c->threads);
     IGRAD_FAIL_IF(!(c->timeout_s >= 0.0 && c->timeout_s <= DBL_MAX), IGRAD_E_INVALID,
@@ -408,7 +411,11 @@ static igrad_status_t plan_tensors(igrad_engine_t *e)
         for (int rel = 0; rel < 2; rel++)
             for (int par = 0; par < 2; par++) {
                 igrad_select_spec_t *sp = &tp->spec[rel][par];
-                IGRAD_CHECK(igrad_select_spec(e->sp, c->density, rel ? rscale : 1.0,
+                /* below config.dense_below: every entry, whenever it is sent */
+                igrad_sparsifier_t tsp = e->sp != IGRAD_SPARSIFIER_NONE && tp->n < c->dense_below
+                                             ? IGRAD_SPARSIFIER_NONE
+                                             : e->sp;
+                IGRAD_CHECK(igrad_select_spec(tsp, c->density, rel ? rscale : 1.0,
                                               c->interleave, par, tp->ndim, tp->shape, sp));
                 tp->idx_nbytes[rel][par] = index_nbytes(e, sp);
                 int64_t blk = c->block_entries;
@@ -1328,6 +1335,8 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
     for (size_t t = 0; t < e->ntensors; t++) {
         if (!e->sent[t]) continue;
         s->tensors_sent++;
+        if (e->sp != IGRAD_SPARSIFIER_NONE && e->t[t].n < e->cfg.dense_below)
+            s->dense_small_tensors++;
         s->entries_sent += e->t[t].spec[e->rel[t]][par].count;
     }
     for (size_t c = 0; c < e->ncomp; c++) {

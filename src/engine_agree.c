@@ -64,6 +64,7 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_REPROFILE_MARGIN] = {"config.reprofile_margin", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_TOPOLOGY] = {"config.topology", IGRAD__ITEM_TOPOLOGY, 1},
     [IGRAD__ITEM_CFG_RANKS_PER_NODE] = {"config.ranks_per_node", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_DENSE_BELOW] = {"config.dense_below", IGRAD__ITEM_I64, 1},
 };
 
 static uint64_t f64_bits(double v)
@@ -172,6 +173,7 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_REPROFILE_MARGIN] = f64_bits(c->reprofile_margin);
     v[IGRAD__ITEM_CFG_TOPOLOGY] = (uint64_t)(int64_t)c->topology;
     v[IGRAD__ITEM_CFG_RANKS_PER_NODE] = (uint64_t)(int64_t)c->ranks_per_node;
+    v[IGRAD__ITEM_CFG_DENSE_BELOW] = (uint64_t)c->dense_below;
 }
 
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)

@@ -87,6 +87,7 @@ enum {
     IGRAD__ITEM_CFG_REPROFILE_MARGIN,
     IGRAD__ITEM_CFG_TOPOLOGY,        /* two-level sync (engine_hier.c) */
     IGRAD__ITEM_CFG_RANKS_PER_NODE,
+    IGRAD__ITEM_CFG_DENSE_BELOW,     /* small tensors sent whole */
     IGRAD__NITEMS
 };
 #define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP

@@ -39,8 +39,8 @@
                             online profiling, remedies), the velocity section and
                             the online profiling section; 4: 38 items
                             (reprofile_every, reprofile_margin) and the
-                            re-profiling section after the online profile; 5: 40
-                            items (topology, ranks_per_node) */
+                            re-profiling section after the online profile; 5: 41
+                            items (topology, ranks_per_node, dense_below) */
 /* online section modes */
 #define ONLINE_NONE 0u      /* no online state (or the create-time profile) */
 #define ONLINE_WINDOW 1u    /* recording: the window's records follow */

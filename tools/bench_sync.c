@@ -75,6 +75,7 @@ typedef struct options {
     igrad_dtype_t grad_dtype;  /* config.grad_dtype of every method */
     igrad_topology_t topology; /* config.topology of every method */
     int64_t ranks_per_node;    /* config.ranks_per_node (0: MPI's nodes) */
+    int64_t dense_below;       /* config.dense_below of the sparse methods */
 } options_t;
 
 /* What one method's run produced (medians of the slowest rank's times). */
@@ -135,6 +136,7 @@ static void usage(FILE *fp)
             "  --topology T           flat or hier (flat): hier sums each tensor onto its\n"
             "                         owner in the node and exchanges between nodes\n"
             "  --ranks-per-node L     ranks per node (0: the nodes MPI reports)\n"
+            "  --dense-below N        tensors of fewer entries are sent whole (0: off)\n"
             "  --seed N               synthetic data seed (1)\n"
             "  --json                 print one JSON object instead of the table\n"
             "  --help                 this text\n");
@@ -171,6 +173,7 @@ static int parse_args(int argc, char **argv, options_t *o)
         OPT_I64("--release-period", release_period, 1)
         OPT_I64("--threads", threads, 1)
         OPT_I64("--ranks-per-node", ranks_per_node, 0)
+        OPT_I64("--dense-below", dense_below, 0)
         OPT_F64("--density", density)
         OPT_F64("--release-keep", release_keep)
         if (!strcmp(argv[i], "--gate-other") && i + 1 < argc) {
@@ -545,6 +548,7 @@ static igrad_config_t make_config(const options_t *o, igrad_method_t m, igrad_pa
     c.grad_dtype = o->grad_dtype;
     c.topology = o->topology;
     c.ranks_per_node = (int)o->ranks_per_node;
+    c.dense_below = o->dense_below;
     return c;
 }
 

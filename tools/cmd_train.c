@@ -76,6 +76,8 @@ static void usage(FILE *fp)
 "                              file, not --profile auto)\n"
 "  --ranks-per-node L          ranks [kL, (k+1)L) form node k (default 0: the nodes\n"
 "                              MPI reports)\n"
+"  --dense-below N             tensors of fewer than N entries (norms, biases) are\n"
+"                              sent whole whenever sent (default 0: off)\n"
 "  --value-dtype f32|bf16|fp16 wire values of the sparse methods (f32): bf16/fp16\n"
 "                              send 2-byte values, their rounding error kept in the\n"
 "                              residual (dense all-reduces f32)\n"
@@ -238,6 +240,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         INT_OPT("--release-period", 1, release_period)
         INT_OPT("--buckets", 1, buckets)
         INT_OPT("--ranks-per-node", 0, ranks_per_node)
+        INT_OPT("--dense-below", 0, dense_below)
         INT_OPT("--verify-every", 0, verify_every)
         INT_OPT("--eval-every", 0, eval_every)
         INT_OPT("--eval-batches", 1, eval_batches)

@@ -276,6 +276,7 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_i64(l, "--buckets", o->buckets);
     if (o->topology) opt_add_str(l, "--topology", o->topology); /* only when given, too */
     if (o->ranks_per_node) opt_add_i64(l, "--ranks-per-node", o->ranks_per_node);
+    if (o->dense_below) opt_add_i64(l, "--dense-below", o->dense_below);
     opt_add_i64(l, "--verify-every", o->verify_every);
     opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
     opt_add_i64(l, "--gate-other", o->gate_other);
@@ -479,6 +480,7 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
     if (o->topology && (st = igrad_topology_from_name(o->topology, &c.topology)) != IGRAD_OK)
         return lib_fail(st, "--topology");
     c.ranks_per_node = o->ranks_per_node;
+    c.dense_below = o->dense_below;
     c.verify_every = o->verify_every;
     c.timeout_s = o->comm_timeout_s;
     c.threads = o->threads;
@@ -1508,6 +1510,7 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddNumberToObject(sync, "buckets", r->scfg.buckets);
     cJSON_AddStringToObject(sync, "topology", igrad_topology_name(r->scfg.topology));
     cJSON_AddNumberToObject(sync, "ranks_per_node", r->scfg.ranks_per_node);
+    cJSON_AddNumberToObject(sync, "dense_below", (double)r->scfg.dense_below);
     cJSON_AddBoolToObject(sync, "gate_other", r->scfg.gate_other);
     if (o->target_ratio != 0.0) {
         cJSON *tg = cJSON_AddObjectToObject(sync, "target");

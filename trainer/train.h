@@ -118,6 +118,7 @@ typedef struct train_options {
     int buckets;              /* B buckets */
     const char *topology;     /* flat|hier (NULL = flat): igrad_config_t.topology */
     int ranks_per_node;       /* igrad_config_t.ranks_per_node (0: MPI's nodes) */
+    int64_t dense_below;      /* igrad_config_t.dense_below (0: off) */
     int64_t verify_every;     /* agreement check period (steps) */
     double comm_timeout_s;    /* bound on every collective, the trainer's own
                                  included (seconds; 0 = wait forever) */

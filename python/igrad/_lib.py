@@ -250,7 +250,8 @@ class Config(ctypes.Structure):
                 ("target_ratio", ctypes.c_double),
                 ("reprofile_every", ctypes.c_int64), ("reprofile_margin", ctypes.c_double),
                 ("grad_dtype", c_enum),
-                ("topology", c_enum), ("ranks_per_node", ctypes.c_int)]
+                ("topology", c_enum), ("ranks_per_node", ctypes.c_int),
+                ("dense_below", ctypes.c_int64)]
 
 
 class Bucket(ctypes.Structure):
@@ -278,7 +279,8 @@ class StepStats(ctypes.Structure):
                 ("dataplane_nbytes_per_param", ctypes.c_double),
                 ("intra_wire_nbytes", ctypes.c_double),
                 ("inter_wire_nbytes", ctypes.c_double),
-                ("sparse_reduce_buckets", ctypes.c_int)]
+                ("sparse_reduce_buckets", ctypes.c_int),
+                ("dense_small_tensors", ctypes.c_int64)]
 
 
 class TensorPlan(ctypes.Structure):

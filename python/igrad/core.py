@@ -646,7 +646,7 @@ CONFIG_DEFAULTS = {
     "momentum": 0.0, "momentum_masking": True, "residual_decay": 1.0, "start_iter": 0,
     "target_ratio": 0.0,
     "reprofile_every": 0, "reprofile_margin": 0.05, "grad_dtype": "F32",
-    "topology": "flat", "ranks_per_node": 0,
+    "topology": "flat", "ranks_per_node": 0, "dense_below": 0,
 }
 
 
@@ -695,6 +695,7 @@ def make_config(**kw):
     c.grad_dtype = _enum_from_name("dtype", str(v["grad_dtype"]).upper())
     c.topology = _enum_from_name("topology", v["topology"])
     c.ranks_per_node = int(v["ranks_per_node"])
+    c.dense_below = int(v["dense_below"])
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -724,7 +725,7 @@ def config_to_dict(c):
         "reprofile_every": c.reprofile_every, "reprofile_margin": c.reprofile_margin,
         "grad_dtype": _s(lib.igrad_dtype_name(c.grad_dtype)),
         "topology": _s(lib.igrad_topology_name(c.topology)),
-        "ranks_per_node": c.ranks_per_node,
+        "ranks_per_node": c.ranks_per_node, "dense_below": c.dense_below,
     }
 
 

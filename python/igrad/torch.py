@@ -526,6 +526,10 @@ class IgradState:
                     ig need a profile given (not "auto").
     ranks_per_node: L: ranks [kL, (k+1)L) of the group form node k; 0
                     (default): the ranks on one host.
+    dense_below:    N > 0: parameters of fewer than N entries (biases, norms)
+                    are sent whole whenever they are sent, as PowerSGD leaves
+                    small tensors uncompressed (config dense_below; 0, the
+                    default, = every tensor through the sparsifier).
     grads_in_place: True (default): when every trainable parameter is
                     bfloat16 (or every one float16), on the CPU, without
                     grad_scaler or overlap, the engine reads and writes the
@@ -550,7 +554,7 @@ class IgradState:
                  momentum_masking=True, residual_decay=1.0, value_dtype="F32",
                  grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False,
                  grads_in_place=True, topology="flat", ranks_per_node=0, log_every=0,
-                 tensorboard=None):
+                 tensorboard=None, dense_below=0):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -567,6 +571,7 @@ class IgradState:
             "momentum": momentum, "momentum_masking": bool(momentum_masking),
             "residual_decay": residual_decay, "value_dtype": value_dtype,
             "topology": topology, "ranks_per_node": int(ranks_per_node),
+            "dense_below": int(dense_below),
         }
         if str(topology).lower() == "hier" and overlap:
             raise L.InvalidArgumentError("topology='hier' runs whole steps with its own "
