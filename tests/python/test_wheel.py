@@ -31,7 +31,7 @@ import unittest_main  # noqa: E402 (tests/python, the script's folder)
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.environ.get("IGRAD_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SOURCE_DIR, "python"))
-from igrad._lib import __version__  # noqa: E402 (no library needed for the version)
+from igrad._lib import __version__  # noqa: E402 (the checkout's package, via IGRAD_LIBRARY)
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 
