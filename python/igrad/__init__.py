@@ -15,9 +15,13 @@ Profiler, and TorchComm (a communicator over torch.distributed).
 Every failing library call raises igrad.IgradError (subclasses per
 status: InvalidArgumentError, FileError, FormatError, MismatchError,
 NonFiniteError, CommError, CommTimeoutError, StateError, ...) carrying igrad_last_error().
-The library is found through IGRAD_LIBRARY, next to this package, or in
+The library is found through IGRAD_LIBRARY (an absolute path: a relative
+one is resolved against the working directory), next to this package
+(where an installed wheel carries its own copy: python/setup.py), or in
 the repository's build/ directory; a library whose major.minor differ
-from this package's is refused with ImportError.
+from this package's is refused with ImportError. igrad.torch needs
+PyTorch (here Debian's python3-torch, under /usr/bin/python3) and says
+so when it is missing.
 """
 from ._lib import (CommError, CommTimeoutError, FileError, FormatError, IgradError,  # noqa: F401
                    InvalidArgumentError, MismatchError, NonFiniteError, OutOfMemoryError,

@@ -578,7 +578,9 @@ def load_library(path=None, expected=__version__):
         tried = []
         for cand in ([path] if path else _candidates()):
             if not (os.path.exists(cand) or os.sep not in cand):
-                tried.append("%s (not found)" % cand)
+                relative = "" if os.path.isabs(cand) else (
+                    "; relative to the working directory %s: give an absolute path" % os.getcwd())
+                tried.append("%s (not found%s)" % (cand, relative))
                 continue
             try:
                 lib = Lib(cand, expected)

@@ -12,6 +12,10 @@
                                        a local optimizer step, the update synced
     Profiler(model, sparsifier="adtopk", density=0.01)
                                        records the activity trace of a run
+    broadcast_profile(profile, src=0)  rank src's profile on every rank, sent
+                                       over the process group
+    state_residuals(state_dict)        the residuals held by a state_dict's
+                                       engine state, by parameter name
 
 How the DDP hook runs one step. DDP calls the hook once per gradient
 bucket, in bucket order, and waits for the returned futures only when
@@ -62,16 +66,30 @@ wrapper or an unstarted named_parameters() generator of it.
 Not here: the C-level objects (igrad/core.py) and library loading
 (igrad/_lib.py).
 """
+import array
 import ctypes
 import logging
+import math
 import operator
 import os
 import re
+import struct
+import sys
 import tempfile
 import time
 import warnings
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as _e:
+    if _e.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "igrad.torch needs PyTorch, which this interpreter (%s) cannot import. The rest of "
+        "igrad works without it. On Debian, PyTorch is the python3-torch package of "
+        "/usr/bin/python3: run with /usr/bin/python3, or from a venv made with "
+        "`/usr/bin/python3 -m venv --system-site-packages`" % sys.executable,
+        name="torch") from None
 import torch.distributed as dist
 
 from . import _lib as L
@@ -81,7 +99,7 @@ from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace, config
 _DTYPE_OF = operator.attrgetter("dtype")
 
 __all__ = ["layout_from_module", "named_trainable_parameters", "TorchComm", "IgradState",
-           "hook", "GradientSynchronizer", "Profiler"]
+           "hook", "GradientSynchronizer", "Profiler", "broadcast_profile", "state_residuals"]
 
 _TORCH_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                  torch.float64: "F64"}
@@ -1352,14 +1370,17 @@ class IgradState:
     # -- checkpointing -----------------------------------------------------------
 
     def state_dict(self):
-        """This rank's state: step counter, config, names, hashes, the
-        residuals as tensors by parameter name and the engine's exact state
-        file (bytes) so that a resumed run continues bit for bit. Save one
-        per rank (residuals differ between ranks)."""
+        """This rank's state: step counter, config, names and shapes, hashes
+        and the engine's exact state file (bytes, "engine_state"), which
+        holds the residuals once and resumes a run bit for bit. Save one per
+        rank (residuals differ between ranks). The state file is a uint8
+        tensor (older dicts hold bytes; both load). The residuals by name:
+        state_residuals(sd) (or, live, self.residuals())."""
         sd = {"format": _STATE_FORMAT, "iter": self.iter, "start_iter": self.start_iter,
               "config": dict(self.config), "skipped_steps": self.skipped_steps}
         if self._named is not None:
             sd["names"] = [n for n, _ in self._named]
+            sd["shapes"] = [list(m[1]) for m in self._meta]
             sd["layout_hash"] = self.layout.hash
         if self._engine is None:
             if self._pending_load is not None:  # loaded but not yet applied
@@ -1372,22 +1393,30 @@ class IgradState:
         sd["rank"], sd["world_size"] = self.rank, self.world_size
         sd["plan_hash"] = self.plan_hash()
         sd["engine_step"] = eng.step
-        residuals = {}
-        for t, (n, shape, count, _) in enumerate(self._meta):  # as attached (the engine's)
-            addr = eng.residual_address(t)
-            if addr is not None and eng.device is not None:  # device memory
-                from . import cuda as _cuda
-                residuals[n] = _cuda.device_view(addr, count, torch.float32,
-                                                 self._data_device()).clone().view(shape)
-            elif addr is not None:
-                residuals[n] = _wrap(addr, count, torch.float32).clone().view(shape)
-        sd["residuals"] = residuals
         with tempfile.TemporaryDirectory(prefix="igrad-state-") as d:
             path = os.path.join(d, "state.bin")
             eng.save_state(path)
             with open(path, "rb") as f:
-                sd["engine_state"] = f.read()
+                # a uint8 tensor, not bytes: torch.save (pickle protocol 2)
+                # writes bytes as latin-1 text, about 1.5 x their size
+                sd["engine_state"] = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
         return sd
+
+    def residuals(self):
+        """Copies of the engine's residuals now, {parameter name: tensor of
+        the parameter's attached shape} (on the engine's device; empty for
+        method "dense")."""
+        eng = self.engine
+        out = {}
+        for t, (n, shape, count, _) in enumerate(self._meta):  # as attached (the engine's)
+            addr = eng.residual_address(t)
+            if addr is not None and eng.device is not None:  # device memory
+                from . import cuda as _cuda
+                out[n] = _cuda.device_view(addr, count, torch.float32,
+                                           self._data_device()).clone().view(shape)
+            elif addr is not None:
+                out[n] = _wrap(addr, count, torch.float32).clone().view(shape)
+        return out
 
     def load_state_dict(self, sd):
         """Restores a state_dict() of the same rank. Collective when the
@@ -1430,7 +1459,7 @@ class IgradState:
         with tempfile.TemporaryDirectory(prefix="igrad-state-") as d:
             path = os.path.join(d, "state.bin")
             with open(path, "wb") as f:
-                f.write(sd["engine_state"])
+                f.write(_state_file_bytes(sd["engine_state"]))
             self._engine.load_state(path)
         self.iter = int(sd["iter"])
         self.skipped_steps = int(sd.get("skipped_steps", 0))
@@ -1515,6 +1544,90 @@ def _profile_from_bytes(data):
         with open(path, "wb") as f:
             f.write(data)
         return Profile.load(path)
+
+
+def broadcast_profile(profile=None, src=0, group=None):
+    """The importance profile of rank `src`, on every rank of the process
+    group, sent over the group itself (no shared filesystem needed).
+    Collective: every rank of `group` (None = the default group) calls it;
+    `profile` is read on `src` (a rank of `group`) only: a Profile or the
+    path of a profile JSON (igrad profile --out, build_profile(out=...)).
+    Returns a Profile whose JSON equals src's byte for byte; pass it as
+    IgradState(profile=...). An error on src (no profile, an unreadable
+    file) is raised on every rank, so no rank is left waiting. Works on any
+    backend torch.distributed.broadcast_object_list supports (gloo; NCCL
+    with torch.cuda.set_device called)."""
+    rank = dist.get_rank(group)
+    global_src = src
+    if group is not None:  # broadcast_object_list takes the global rank
+        to_global = getattr(dist, "get_global_rank", None) or \
+            dist.distributed_c10d._get_global_rank  # torch < 2.0
+        global_src = to_global(group, src)
+    msg = [None]
+    if rank == src:
+        try:
+            if profile is None:
+                raise L.InvalidArgumentError("broadcast_profile: rank %d (src) was given no "
+                                             "profile" % src)
+            if isinstance(profile, (str, bytes, os.PathLike)):
+                profile = Profile.load(os.fspath(profile))
+            msg[0] = ("ok", _profile_bytes(profile))
+        except L.IgradError as e:
+            msg[0] = ("error", type(e).__name__, e.message)
+    dist.broadcast_object_list(msg, src=global_src, group=group)
+    if msg[0][0] == "error":
+        cls = getattr(L, msg[0][1], L.IgradError)
+        raise cls("broadcast_profile on rank %d (src): %s" % (src, msg[0][2]))
+    return _profile_from_bytes(msg[0][1])
+
+
+def _state_file_bytes(data):
+    """A state_dict's "engine_state" as bytes (a uint8 tensor, or bytes as
+    dicts saved before held it)."""
+    if isinstance(data, torch.Tensor):
+        if data.dtype != torch.uint8 or data.dim() != 1:
+            raise L.FormatError("state_dict engine_state is a %s tensor of %d dimensions, "
+                                "not the uint8 bytes of a state file" % (data.dtype, data.dim()))
+        data = data.contiguous().cpu()
+        return ctypes.string_at(data.data_ptr(), data.numel())
+    return bytes(data)
+
+
+def state_residuals(sd):
+    """The residuals held by an IgradState.state_dict(), {parameter name:
+    CPU float32 tensor of the parameter's shape}, read from its engine state
+    file (docs/formats.md §7: u64 tensor count at byte 360, u64 residual
+    count N at 368, N little-endian f32 from 376, layout order); empty for
+    method "dense". A dict saved before the residuals lived only in the
+    state file (a "residuals" entry) returns that entry."""
+    if "residuals" in sd:
+        return dict(sd["residuals"])
+    data, names, shapes = sd.get("engine_state"), sd.get("names"), sd.get("shapes")
+    if data is None or names is None or shapes is None:
+        raise L.FormatError("state_dict has no engine state with names and shapes (it was "
+                            "saved before the first synchronized step)")
+    data = _state_file_bytes(data)
+    if len(data) < 376 or data[:8] != b"IGRADST\0":
+        raise L.FormatError("state_dict engine_state is not an igrad engine state file")
+    tensors, count = struct.unpack_from("<QQ", data, 360)
+    counts = [math.prod(s) for s in shapes]
+    if tensors != len(names) or len(shapes) != len(names):
+        raise L.FormatError("state_dict engine_state has %d tensors, its names %d"
+                            % (tensors, len(names)))
+    if count == 0:
+        return {}
+    if count != sum(counts) or len(data) < 376 + 4 * count:
+        raise L.FormatError("state_dict engine_state holds %d residual entries, its shapes %d"
+                            % (count, sum(counts)))
+    values = array.array("f", data[376:376 + 4 * count])
+    if sys.byteorder != "little":
+        values.byteswap()
+    flat = torch.frombuffer(values, dtype=torch.float32)  # shares `values`, kept alive by it
+    out, at = {}, 0
+    for n, shape, c in zip(names, shapes, counts):
+        out[n] = flat[at:at + c].view(shape)
+        at += c
+    return out
 
 
 def hook(state, bucket) -> torch.futures.Future[torch.Tensor]:

@@ -63,7 +63,7 @@ def step_all(ref, step, synced):
 
 
 def residuals(state):
-    return {n: r.detach().cpu() for n, r in state.state_dict()["residuals"].items()}
+    return {n: r.detach().cpu() for n, r in state.residuals().items()}
 
 
 class TorchCuda(unittest.TestCase):

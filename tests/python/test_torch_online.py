@@ -102,7 +102,7 @@ def w_switch(rank, world):
     assert int(imp.sum()) == (len(imp) + 1) // 2, imp
     assert max(pay[W:]) < min(pay[:W]) and min(pay[:W]) == max(pay[:W]), pay
     # conservation through the switch
-    res = state.state_dict()["residuals"]
+    res = state.residuals()
     for n in names:
         lhs = local[n].clone()
         dist.all_reduce(lhs)
