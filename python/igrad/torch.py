@@ -1596,8 +1596,9 @@ def _state_file_bytes(data):
 def state_residuals(sd):
     """The residuals held by an IgradState.state_dict(), {parameter name:
     CPU float32 tensor of the parameter's shape}, read from its engine state
-    file (docs/formats.md §7: u64 tensor count at byte 360, u64 residual
-    count N at 368, N little-endian f32 from 376, layout order); empty for
+    file (docs/formats.md §7: after the u32 item count at byte 20, the items,
+    step and call count, a u64 tensor count, a u64 residual count N and N
+    little-endian f32, layout order); empty for
     method "dense". A dict saved before the residuals lived only in the
     state file (a "residuals" entry) returns that entry."""
     if "residuals" in sd:
@@ -1607,26 +1608,30 @@ def state_residuals(sd):
         raise L.FormatError("state_dict has no engine state with names and shapes (it was "
                             "saved before the first synchronized step)")
     data = _state_file_bytes(data)
-    if len(data) < 376 or data[:8] != b"IGRADST\0":
+    if len(data) < 24 or data[:8] != b"IGRADST\0":
         raise L.FormatError("state_dict engine_state is not an igrad engine state file")
-    tensors, count = struct.unpack_from("<QQ", data, 360)
+    at = 24 + 8 * struct.unpack_from("<I", data, 20)[0] + 16  # past the items, step, calls
+    if len(data) < at + 16:
+        raise L.FormatError("state_dict engine_state is cut short")
+    tensors, count = struct.unpack_from("<QQ", data, at)
+    at += 16
     counts = [math.prod(s) for s in shapes]
     if tensors != len(names) or len(shapes) != len(names):
         raise L.FormatError("state_dict engine_state has %d tensors, its names %d"
                             % (tensors, len(names)))
     if count == 0:
         return {}
-    if count != sum(counts) or len(data) < 376 + 4 * count:
+    if count != sum(counts) or len(data) < at + 4 * count:
         raise L.FormatError("state_dict engine_state holds %d residual entries, its shapes %d"
                             % (count, sum(counts)))
-    values = array.array("f", data[376:376 + 4 * count])
+    values = array.array("f", data[at:at + 4 * count])
     if sys.byteorder != "little":
         values.byteswap()
     flat = torch.frombuffer(values, dtype=torch.float32)  # shares `values`, kept alive by it
-    out, at = {}, 0
+    out, k = {}, 0
     for n, shape, c in zip(names, shapes, counts):
-        out[n] = flat[at:at + c].view(shape)
-        at += c
+        out[n] = flat[k:k + c].view(shape)
+        k += c
     return out
 
 
