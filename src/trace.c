@@ -589,9 +589,10 @@ static igrad_status_t parse_meta(reader_t *r, char *line, size_t line_no)
     return IGRAD_OK;
 }
 
+/* The reference method's columns; igrad's are the same names less 1..4. */
 static const char *const FIELD_NAMES[REF_FIELDS] = {
-    "step",  "seed",      "model_name", "workload_name", "dataset_name",  "layer",
-    "component", "raw_activity", "d_activity", "numel", "retained_numel"};
+    "step",      "seed",         "model_name", "workload_name", "dataset_name",  "layer",
+    "component", "raw_activity", "d_activity", "numel",         "retained_numel"};
 /* Where step, layer, component, raw_activity, d_activity, numel and
  * retained_numel sit: in igrad's 7 columns, in the reference's 11. */
 static const int COLUMN[2][CSV_FIELDS] = {{0, 1, 2, 3, 4, 5, 6}, {0, 5, 6, 7, 8, 9, 10}};

@@ -341,22 +341,30 @@ static void test_save_load_round_trip(void **state)
 
 static const char HEADER[] = "step,layer,component,raw_activity,d_activity,numel,retained_numel\n";
 
-/* Parses `body` (after a header unless with_header = 0) and checks the
- * status and a fragment of the message. */
-static void expect_format(const char *body, const char *frag)
+/* Parses `body` after `header` as file `source` and checks the status and
+ * a fragment of the message. */
+static void expect_format_after(const char *header, const char *source, const char *body,
+                                const char *frag)
 {
     char text[2048];
-    snprintf(text, sizeof text, "%s%s", HEADER, body);
+    snprintf(text, sizeof text, "%s%s", header, body);
     igrad_trace_t *t = (igrad_trace_t *)1;
-    igrad_status_t st = igrad__trace_from_text(text, strlen(text), "bad.csv", &t);
+    igrad_status_t st = igrad__trace_from_text(text, strlen(text), source, &t);
     if (st != IGRAD_E_FORMAT) {
         print_error("expected IGRAD_E_FORMAT for:\n%s\ngot %d: %s\n", text, (int)st,
                     igrad_last_error());
         fail();
     }
     assert_null(t);
-    assert_error_has("bad.csv:");
+    char named[64];
+    snprintf(named, sizeof named, "%s:", source);
+    assert_error_has(named);
     assert_error_has(frag);
+}
+
+static void expect_format(const char *body, const char *frag)
+{
+    expect_format_after(HEADER, "bad.csv", body, frag);
 }
 
 static void test_load_errors(void **state)
@@ -468,17 +476,7 @@ static void test_load_errors(void **state)
 
 static void expect_ref_format(const char *rows, const char *frag)
 {
-    char text[2048];
-    snprintf(text, sizeof text, "%s%s", REF_HEAD, rows);
-    igrad_trace_t *t = (igrad_trace_t *)1;
-    igrad_status_t st = igrad__trace_from_text(text, strlen(text), "ref.csv", &t);
-    if (st != IGRAD_E_FORMAT) {
-        print_error("expected IGRAD_E_FORMAT for:\n%s\ngot %d: %s\n", text, (int)st,
-                    igrad_last_error());
-        fail();
-    }
-    assert_null(t);
-    assert_error_has(frag);
+    expect_format_after(REF_HEAD, "ref.csv", rows, frag);
 }
 
 static void test_reference_and_v2(void **state)
@@ -527,26 +525,16 @@ static void test_reference_and_v2(void **state)
 
     /* v2: d_activity must be raw_activity / sqrt(numel) (a v1 file under a
      * v2 line is refused, not scored) */
-    static const char V2_BAD[] = "# igrad-trace v2\n"
-                                 "step,layer,component,raw_activity,d_activity,numel,"
-                                 "retained_numel\n1,0,Q,0.375,0,64,2\n";
-    t = (igrad_trace_t *)1;
-    assert_int_equal(igrad__trace_from_text(V2_BAD, strlen(V2_BAD), "v2.csv", &t),
-                     IGRAD_E_FORMAT);
-    assert_error_has("v2.csv:3: d_activity 0 is not raw_activity / sqrt(numel)");
-    static const char V2_NEG[] = "# igrad-trace v2\n"
-                                 "step,layer,component,raw_activity,d_activity,numel,"
-                                 "retained_numel\n1,0,Q,0,-1e-310,64,2\n";
-    assert_int_equal(igrad__trace_from_text(V2_NEG, strlen(V2_NEG), "v2.csv", &t),
-                     IGRAD_E_FORMAT);
-    assert_error_has("v2.csv:3: d_activity -1e-310");
+    expect_format_after("# igrad-trace v2\n", "v2.csv", "step,layer,component,raw_activity,"
+                        "d_activity,numel,retained_numel\n1,0,Q,0.375,0,64,2\n",
+                        "v2.csv:3: d_activity 0 is not raw_activity / sqrt(numel)");
+    expect_format_after("# igrad-trace v2\n", "v2.csv", "step,layer,component,raw_activity,"
+                        "d_activity,numel,retained_numel\n1,0,Q,0,-1e-310,64,2\n",
+                        "v2.csv:3: d_activity -1e-310");
     /* v1 raw_activity so large that raw * sqrt(numel) overflows */
-    static const char V1_BIG[] = "# igrad-trace v1\n"
-                                 "step,layer,component,raw_activity,d_activity,numel,"
-                                 "retained_numel\n1,0,Q,1e308,0,64,2\n";
-    assert_int_equal(igrad__trace_from_text(V1_BIG, strlen(V1_BIG), "v1.csv", &t),
-                     IGRAD_E_FORMAT);
-    assert_error_has("v1.csv:3: raw_activity '1e308' times sqrt(numel 64) is not finite");
+    expect_format_after("# igrad-trace v1\n", "v1.csv", "step,layer,component,raw_activity,"
+                        "d_activity,numel,retained_numel\n1,0,Q,1e308,0,64,2\n",
+                        "v1.csv:3: raw_activity '1e308' times sqrt(numel 64) is not finite");
 
     /* every malformed reference row is named by line */
     expect_ref_format("1," REF_RUN ",0,Q,3.0,0.375,64\r\n", "ref.csv:2: expected 11 fields");
