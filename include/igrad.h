@@ -429,22 +429,34 @@ IGRAD_API igrad_status_t igrad_trace_create(const igrad_layout_t *layout, igrad_
  *  file. A failed call changes nothing. */
 IGRAD_API igrad_status_t igrad_trace_record(igrad_trace_t *trace, int64_t step, size_t tensor,
                                             double sumsq, int64_t retained);
-/** Writes the trace CSV: the comment line "# igrad-trace v1
+/** Writes the trace CSV v2: the comment line "# igrad-trace v2
  *  layout_hash=0x<16 hex> sparsifier=<name> density=<g>" (pandas:
  *  comment='#'), then `step,layer,component,raw_activity,d_activity,numel,
  *  retained_numel`, one row per step and component (layer, then kind).
- *  Floats are printed with %.9g; d_activity is raw_activity minus the
- *  component's raw_activity at the previous step (0 at the first).
+ *  The columns mean what the reference method's mean: raw_activity =
+ *  sqrt(sum of retained v^2) of the component, d_activity = a[s,c] =
+ *  raw_activity / sqrt(numel), the quantity profiles score. Floats are
+ *  printed exactly (the shortest of %.15g..%.17g that reads back).
  *  Written to a temporary name and renamed. */
 IGRAD_API igrad_status_t igrad_trace_save(const igrad_trace_t *trace, const char *path);
-/** Reads a trace CSV. The comment line is optional (without it the layout
- *  hash is 0 = unknown); other '#' lines and blank lines are skipped.
- *  The first step's rows define the components; every step must list the
- *  same ones with the same numel. d_activity is checked to be a finite
- *  number but recomputed, not kept.
+/** Reads a trace CSV: v2 (as igrad_trace_save writes it), v1 (files
+ *  written before v2: raw_activity was a[s,c], d_activity a step
+ *  difference, checked finite and not kept; a file without the
+ *  "# igrad-trace" line is read as v1), or the reference method's component_activity_trace.csv as
+ *  its profiling script writes it (`step,seed,model_name,workload_name,
+ *  dataset_name,layer,component,raw_activity,d_activity,numel,
+ *  retained_numel`; components Q K V QKV O FC1 FC2, GATE and UP as FC1,
+ *  DOWN as FC2; one run: seed and names equal on every row). In v2 and the
+ *  reference format d_activity must equal raw_activity / sqrt(numel) (to
+ *  1e-6) and is the activity. The comment line is optional (without it the
+ *  layout hash is 0 = unknown); other '#' lines and blank lines are
+ *  skipped. The first step's rows define the components; every step must
+ *  list the same ones with the same numel.
  *  @return IGRAD_E_FORMAT naming the file and line for a wrong header,
  *  missing or extra columns, an empty, non-numeric, negative or
- *  non-finite field, an unknown kind, decreasing steps, a duplicate or
+ *  non-finite field, an unknown kind or reference component name, a
+ *  d_activity that is not raw_activity / sqrt(numel) (v2, reference), a
+ *  second run in a reference file, decreasing steps, a duplicate or
  *  missing component, numel changing, retained > numel, or no rows. */
 IGRAD_API igrad_status_t igrad_trace_load(const char *path, igrad_trace_t **out);
 IGRAD_API void igrad_trace_free(igrad_trace_t *trace);

@@ -265,13 +265,18 @@ igrad_status_t igrad__profile_set_classes(igrad_profile_t *profile, double tau,
 /* cJSON prints doubles with 15 digits whenever they compare equal within an
  * epsilon, which does not round-trip; numbers are therefore added as raw
  * text: the shortest of %.15g..%.17g that reads back exactly. */
+void igrad__format_exact_double(char *buf, size_t nbytes, double v)
+{
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, nbytes, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+}
+
 static int add_double(cJSON *obj, const char *key, double v)
 {
     char buf[40];
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v) break;
-    }
+    igrad__format_exact_double(buf, sizeof buf, v);
     return cJSON_AddRawToObject(obj, key, buf) != NULL;
 }
 

@@ -25,7 +25,8 @@
  * (layer, kind). A trace made by igrad_trace_create() also knows which
  * component each layout tensor feeds (tensor_comp) and keeps the exact sum
  * of squares so that several tensors of one component add up before the
- * square root; a trace read from a file has only the activities. */
+ * square root; a trace read from a file has the activities and raw values
+ * (v1 files: raw derived as a[s,c] * sqrt(n_c)). */
 struct igrad_trace {
     uint64_t layout_hash;   /* 0 = unknown (file without "# igrad-trace") */
     char sparsifier[32];    /* "unknown" until set */
@@ -42,7 +43,8 @@ struct igrad_trace {
 
     size_t nsteps, cap_steps;
     int64_t *steps;         /* (nsteps) strictly increasing */
-    double *activity;       /* (nsteps, ncomp) a[s,c] */
+    double *activity;       /* (nsteps, ncomp) a[s,c] = raw / sqrt(n_c), d_activity */
+    double *raw;            /* (nsteps, ncomp) sqrt(sum of retained v^2), raw_activity */
     int64_t *retained;      /* (nsteps, ncomp) */
     double *sumsq;          /* (nsteps, ncomp) recorded traces only, else NULL */
 };
@@ -51,6 +53,10 @@ struct igrad_trace {
  * ("source:LINE: ..."). NULs in the text are rejected. */
 igrad_status_t igrad__trace_from_text(const char *text, size_t nbytes, const char *source,
                                       igrad_trace_t **out);
+
+/* Prints v into buf as the shortest of %.15g, %.16g, %.17g that reads back
+ * to the same double (buf of at least 32 bytes). */
+void igrad__format_exact_double(char *buf, size_t nbytes, double v);
 
 /* The exact bytes igrad_trace_save() writes. *text is malloc'd and
  * NUL-terminated. */

@@ -4,14 +4,21 @@
  * (writer and strict reader, DESIGN.md §5). Scores, thresholds and profile
  * files live in profile.c and partition.c; selection itself in select.c.
  *
- * CSV layout: an optional first comment line
- *   # igrad-trace v1 layout_hash=0x<16 hex> sparsifier=<name> density=<g>
+ * CSV layout (docs/formats.md §5): an optional first comment line
+ *   # igrad-trace v2 layout_hash=0x<16 hex> sparsifier=<name> density=<g>
  * then the header step,layer,component,raw_activity,d_activity,numel,
- * retained_numel and one row per step and component. Floats are written
- * with %.9g. d_activity is derived (raw minus the same component's raw at
- * the previous step) and is recomputed, not trusted, when a file is read;
- * the writer derives it from the printed raw values so that a file read and
- * written again comes out byte-identical.
+ * retained_numel and one row per step and component. v2 columns mean what
+ * the reference method's mean: raw_activity = sqrt(sum of retained v^2),
+ * d_activity = raw_activity / sqrt(numel) = a[s,c], the scored quantity;
+ * floats are written exactly (shortest of %.15g..%.17g), so a file read and
+ * written again comes out byte-identical. The reader also takes
+ *   - v1 files (the "# igrad-trace v1" line, or no igrad-trace line at all):
+ *     raw_activity was already a[s,c], d_activity a step difference (checked
+ *     finite, not kept);
+ *   - the reference method's component_activity_trace.csv as it is written
+ *     (header step,seed,model_name,workload_name,dataset_name,layer,
+ *     component,raw_activity,d_activity,numel,retained_numel; its component
+ *     names mapped to igrad's kinds; one run per file).
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include "profile_internal.h"
@@ -25,6 +32,21 @@
 
 static const char CSV_HEADER[] = "step,layer,component,raw_activity,d_activity,numel,retained_numel";
 #define CSV_FIELDS 7
+static const char REF_HEADER[] = "step,seed,model_name,workload_name,dataset_name,layer,component,"
+                                 "raw_activity,d_activity,numel,retained_numel";
+#define REF_FIELDS 11
+#define MAX_FIELDS REF_FIELDS
+
+/* What the columns of the file being read mean. */
+typedef enum trace_format {
+    FORMAT_V1,        /* raw_activity = a[s,c]; d_activity a step difference */
+    FORMAT_V2,        /* raw_activity = sqrt(sum v^2); d_activity = a[s,c] */
+    FORMAT_REFERENCE, /* the reference method's file: v2's meanings, 11 columns */
+} trace_format_t;
+
+/* d_activity must be raw_activity / sqrt(numel) to this relative tolerance
+ * (both printed with at least 9 digits by any writer that means them). */
+#define D_ACTIVITY_RTOL 1e-6
 
 /* ---- the trace object ---------------------------------------------------- */
 
@@ -45,6 +67,7 @@ void igrad_trace_free(igrad_trace_t *trace)
     free(trace->tensor_comp);
     free(trace->steps);
     free(trace->activity);
+    free(trace->raw);
     free(trace->retained);
     free(trace->sumsq);
     free(trace);
@@ -75,6 +98,8 @@ static igrad_status_t append_step(igrad_trace_t *t, int64_t step)
         if (steps) t->steps = steps;
         double *act = realloc(t->activity, cap * row * sizeof *act);
         if (act) t->activity = act;
+        double *raw = realloc(t->raw, cap * row * sizeof *raw);
+        if (raw) t->raw = raw;
         int64_t *ret = realloc(t->retained, cap * row * sizeof *ret);
         if (ret) t->retained = ret;
         double *ss = t->sumsq;
@@ -82,7 +107,7 @@ static igrad_status_t append_step(igrad_trace_t *t, int64_t step)
             ss = realloc(t->sumsq, cap * row * sizeof *ss);
             if (ss) t->sumsq = ss;
         }
-        IGRAD_FAIL_IF(!steps || !act || !ret || (t->sumsq && !ss), IGRAD_E_NOMEM,
+        IGRAD_FAIL_IF(!steps || !act || !raw || !ret || (t->sumsq && !ss), IGRAD_E_NOMEM,
                       "trace: out of memory for %zu steps of %zu components", cap, t->ncomp);
         t->cap_steps = cap;
     }
@@ -90,6 +115,7 @@ static igrad_status_t append_step(igrad_trace_t *t, int64_t step)
     t->steps[t->nsteps] = step;
     for (size_t c = 0; c < t->ncomp; c++) {
         t->activity[base + c] = 0.0;
+        t->raw[base + c] = 0.0;
         t->retained[base + c] = 0;
         if (t->sumsq) t->sumsq[base + c] = 0.0;
     }
@@ -187,6 +213,7 @@ igrad_status_t igrad_trace_record(igrad_trace_t *trace, int64_t step, size_t ten
     trace->sumsq[idx] += sumsq;
     trace->retained[idx] += retained;
     trace->activity[idx] = sqrt(trace->sumsq[idx] / (double)trace->comp_count[c]);
+    trace->raw[idx] = sqrt(trace->sumsq[idx]);
     return IGRAD_OK;
 }
 
@@ -281,29 +308,22 @@ static void buf_printf(text_buf_t *b, const char *fmt, ...)
     }
 }
 
-/* The value a reader will see for x once printed with %.9g. */
-static double as_printed(double x)
-{
-    char s[64];
-    snprintf(s, sizeof s, "%.9g", x);
-    return strtod(s, NULL);
-}
-
 igrad_status_t igrad__trace_to_text(const igrad_trace_t *trace, char **text, size_t *nbytes)
 {
     IGRAD_FAIL_IF(!trace || !text || !nbytes, IGRAD_E_INVALID, "trace: NULL argument");
     *text = NULL;
     *nbytes = 0;
     text_buf_t b = {0};
-    buf_printf(&b, "# igrad-trace v1 layout_hash=0x%016llx sparsifier=%s density=%.9g\n",
+    buf_printf(&b, "# igrad-trace v2 layout_hash=0x%016llx sparsifier=%s density=%.9g\n",
                (unsigned long long)trace->layout_hash, trace->sparsifier, trace->density);
     buf_printf(&b, "%s\n", CSV_HEADER);
     for (size_t s = 0; s < trace->nsteps; s++) {
         for (size_t c = 0; c < trace->ncomp; c++) {
             size_t idx = s * trace->ncomp + c;
-            double raw = as_printed(trace->activity[idx]);
-            double d = s ? raw - as_printed(trace->activity[idx - trace->ncomp]) : 0.0;
-            buf_printf(&b, "%lld,%d,%s,%.9g,%.9g,%lld,%lld\n", (long long)trace->steps[s],
+            char raw[40], d[40];
+            igrad__format_exact_double(raw, sizeof raw, trace->raw[idx]);
+            igrad__format_exact_double(d, sizeof d, trace->activity[idx]);
+            buf_printf(&b, "%lld,%d,%s,%s,%s,%lld,%lld\n", (long long)trace->steps[s],
                        trace->comp_layer[c], igrad_kind_name(trace->comp_kind[c]), raw, d,
                        (long long)trace->comp_count[c], (long long)trace->retained[idx]);
         }
@@ -338,7 +358,7 @@ igrad_status_t igrad_trace_save(const igrad_trace_t *trace, const char *path)
 typedef struct row {
     int layer;
     igrad_kind_t kind;
-    double activity;
+    double activity, raw;
     int64_t numel, retained;
     size_t line;
 } row_t;
@@ -346,6 +366,9 @@ typedef struct row {
 typedef struct reader {
     const char *source;
     igrad_trace_t *t;
+    trace_format_t format; /* known once the header is read */
+    int meta_version;      /* 1 or 2 from "# igrad-trace vN", 0 without it */
+    char *run[4];          /* reference files: seed, model, workload, dataset of row 1 */
     int have_rows;       /* a data row was read */
     int components_known; /* the first step is complete */
     int64_t step;        /* step of the rows being read */
@@ -452,6 +475,7 @@ static igrad_status_t define_components(reader_t *r)
     IGRAD_CHECK(append_step(t, r->step));
     for (size_t i = 0; i < r->ngroup; i++) {
         t->activity[i] = r->group[i].activity;
+        t->raw[i] = r->group[i].raw;
         t->retained[i] = r->group[i].retained;
     }
     r->first_step = r->step;
@@ -505,6 +529,7 @@ static igrad_status_t store_row(reader_t *r, const row_t *w, int new_step)
     }
     size_t idx = (t->nsteps - 1) * t->ncomp + (size_t)c;
     t->activity[idx] = w->activity;
+    t->raw[idx] = w->raw;
     t->retained[idx] = w->retained;
     r->seen[c] = t->nsteps;
     r->rows_in_step++;
@@ -531,10 +556,12 @@ static igrad_status_t parse_meta(reader_t *r, char *line, size_t line_no)
     char *tok = strtok_r(line, " \t", &save); /* "#" */
     tok = strtok_r(NULL, " \t", &save);       /* "igrad-trace" */
     tok = strtok_r(NULL, " \t", &save);
-    if (!tok || strcmp(tok, "v1") != 0) {
-        return FORMAT_FAIL(r, line_no, "unsupported trace version '%s' (this reader knows v1)",
+    if (!tok || (strcmp(tok, "v1") != 0 && strcmp(tok, "v2") != 0)) {
+        return FORMAT_FAIL(r, line_no,
+                           "unsupported trace version '%s' (this reader knows v1 and v2)",
                            tok ? tok : "");
     }
+    r->meta_version = tok[1] - '0';
     while ((tok = strtok_r(NULL, " \t", &save)) != NULL) {
         char *eq = strchr(tok, '=');
         if (!eq) return FORMAT_FAIL(r, line_no, "'%s' in the trace comment is not key=value", tok);
@@ -562,30 +589,125 @@ static igrad_status_t parse_meta(reader_t *r, char *line, size_t line_no)
     return IGRAD_OK;
 }
 
-static const char *const FIELD_NAMES[CSV_FIELDS] = {
-    "step", "layer", "component", "raw_activity", "d_activity", "numel", "retained_numel"};
+/* The reference method's columns; igrad's are the same names less 1..4. */
+static const char *const FIELD_NAMES[REF_FIELDS] = {
+    "step",      "seed",         "model_name", "workload_name", "dataset_name",  "layer",
+    "component", "raw_activity", "d_activity", "numel",         "retained_numel"};
+/* Where step, layer, component, raw_activity, d_activity, numel and
+ * retained_numel sit: in igrad's 7 columns, in the reference's 11. */
+static const int COLUMN[2][CSV_FIELDS] = {{0, 1, 2, 3, 4, 5, 6}, {0, 5, 6, 7, 8, 9, 10}};
+static const int IGRAD_NAME[CSV_FIELDS] = {0, 5, 6, 7, 8, 9, 10}; /* into FIELD_NAMES */
 
-static igrad_status_t parse_row(reader_t *r, char *line, size_t line_no)
+/* The reference method's component names (its _COMPONENT_ORDER): its
+ * parser writes Q K V QKV O FC1 FC2 (gate_proj and up_proj both into FC1,
+ * down_proj into FC2); GATE, UP and DOWN are in its order table too and
+ * mean igrad's FC1 and FC2. */
+static const struct {
+    const char *name;
+    igrad_kind_t kind;
+} REFERENCE_KINDS[] = {
+    {"Q", IGRAD_KIND_Q},     {"K", IGRAD_KIND_K},       {"V", IGRAD_KIND_V},
+    {"QKV", IGRAD_KIND_QKV}, {"O", IGRAD_KIND_O},       {"FC1", IGRAD_KIND_FC1},
+    {"FC2", IGRAD_KIND_FC2}, {"GATE", IGRAD_KIND_FC1}, {"UP", IGRAD_KIND_FC1},
+    {"DOWN", IGRAD_KIND_FC2},
+};
+
+static int reference_kind(const char *name, igrad_kind_t *kind)
 {
-    char *field[CSV_FIELDS];
+    for (size_t i = 0; i < sizeof REFERENCE_KINDS / sizeof *REFERENCE_KINDS; i++) {
+        if (!strcmp(name, REFERENCE_KINDS[i].name)) {
+            *kind = REFERENCE_KINDS[i].kind;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Splits a line at commas into at most `max` stored fields. With `quotes`
+ * (reference files come from Python's csv module, which quotes a field
+ * holding a comma or a quote: "a ""b"",c") a field may be quoted; quotes
+ * are removed in place. @return the number of fields (more than max means
+ * too many), or 0 for an unterminated or stray quote. */
+static size_t split_fields(char *line, char **field, size_t max, int quotes)
+{
     size_t nf = 0;
     char *p = line;
     for (;;) {
+        while (quotes && (*p == ' ' || *p == '\t')) p++;
+        char *start = p;
+        if (quotes && *p == '"') {
+            char *w = p; /* the unquoted text overwrites the field */
+            for (p++;; p++) {
+                if (*p == '\0') return 0;
+                if (*p == '"' && p[1] != '"') break;
+                if (*p == '"') p++; /* "" stands for one quote */
+                *w++ = *p;
+            }
+            for (p++; *p == ' ' || *p == '\t'; p++) continue;
+            if (*p != ',' && *p != '\0') return 0;
+            int more = *p == ',';
+            *w = '\0';
+            if (nf < max) field[nf] = start;
+            nf++;
+            if (!more) break;
+            p++;
+            continue;
+        }
         char *comma = strchr(p, ',');
-        if (nf < CSV_FIELDS) field[nf] = p;
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (quotes && memchr(p, '"', len)) return 0;
+        if (nf < max) field[nf] = start;
         nf++;
         if (!comma) break;
         *comma = '\0';
         p = comma + 1;
     }
-    if (nf != CSV_FIELDS) {
-        return FORMAT_FAIL(r, line_no, "expected %d fields (%s), found %zu", CSV_FIELDS,
-                           CSV_HEADER, nf);
+    return nf;
+}
+
+/* A reference file holds one run: seed, model_name, workload_name and
+ * dataset_name are those of its first row on every row. */
+static igrad_status_t check_same_run(reader_t *r, char *const *field, size_t line_no)
+{
+    int64_t seed = 0;
+    if (!parse_i64_field(field[1], &seed)) {
+        return FORMAT_FAIL(r, line_no, "seed '%s' is not an integer", field[1]);
     }
-    for (size_t i = 0; i < CSV_FIELDS; i++) {
-        field[i] = trim(field[i]);
-        if (field[i][0] == '\0') return FORMAT_FAIL(r, line_no, "empty %s field", FIELD_NAMES[i]);
+    for (size_t i = 0; i < 4; i++) {
+        if (!r->run[i]) {
+            r->run[i] = igrad__strprintf("%s", field[1 + i]);
+            IGRAD_FAIL_IF(!r->run[i], IGRAD_E_NOMEM, "%s: out of memory", r->source);
+        } else if (strcmp(r->run[i], field[1 + i]) != 0) {
+            return FORMAT_FAIL(r, line_no,
+                               "%s '%.80s' differs from '%.80s' on the first row (a trace file "
+                               "holds one run)",
+                               FIELD_NAMES[1 + i], field[1 + i], r->run[i]);
+        }
     }
+    return IGRAD_OK;
+}
+
+static igrad_status_t parse_row(reader_t *r, char *line, size_t line_no)
+{
+    int ref = r->format == FORMAT_REFERENCE;
+    size_t want = ref ? REF_FIELDS : CSV_FIELDS;
+    const char *header = ref ? REF_HEADER : CSV_HEADER;
+    char *all[MAX_FIELDS];
+    size_t nf = split_fields(line, all, want, ref);
+    if (nf == 0) return FORMAT_FAIL(r, line_no, "unterminated or stray '\"' in a field");
+    if (nf != want) {
+        return FORMAT_FAIL(r, line_no, "expected %zu fields (%s), found %zu", want, header, nf);
+    }
+    for (size_t i = 0; i < want; i++) {
+        all[i] = trim(all[i]);
+        if (all[i][0] == '\0') {
+            return FORMAT_FAIL(r, line_no, "empty %s field",
+                               FIELD_NAMES[ref ? i : (size_t)IGRAD_NAME[i]]);
+        }
+    }
+    if (ref) IGRAD_CHECK(check_same_run(r, all, line_no));
+    char *field[CSV_FIELDS];
+    for (size_t i = 0; i < CSV_FIELDS; i++) field[i] = all[COLUMN[ref][i]];
     int64_t step = 0, layer = 0, numel = 0, retained = 0;
     double raw = 0, d = 0;
     if (!parse_i64_field(field[0], &step) || step < 0 || step >= IGRAD__MAX_EXACT_INT) {
@@ -595,7 +717,13 @@ static igrad_status_t parse_row(reader_t *r, char *line, size_t line_no)
         return FORMAT_FAIL(r, line_no, "layer '%s' is not an integer >= -1", field[1]);
     }
     igrad_kind_t kind = IGRAD_KIND_OTHER;
-    if (igrad_kind_from_name(field[2], &kind) != IGRAD_OK || kind == IGRAD_KIND_OTHER) {
+    if (ref && !reference_kind(field[2], &kind)) {
+        return FORMAT_FAIL(r, line_no,
+                           "unknown component '%s' (the reference method's names: Q, K, V, "
+                           "QKV, O, FC1, FC2, GATE, UP, DOWN)",
+                           field[2]);
+    }
+    if (!ref && (igrad_kind_from_name(field[2], &kind) != IGRAD_OK || kind == IGRAD_KIND_OTHER)) {
         return FORMAT_FAIL(r, line_no,
                            "unknown component kind '%s' (Q, K, V, QKV, O, FC1, FC2, EMB, HEAD "
                            "or NORM)",
@@ -623,7 +751,31 @@ static igrad_status_t parse_row(reader_t *r, char *line, size_t line_no)
         return FORMAT_FAIL(r, line_no, "retained_numel %lld is more than numel %lld",
                            (long long)retained, (long long)numel);
     }
-    row_t w = {(int)layer, kind, raw, numel, retained, line_no};
+    double activity = 0.0, raw_sum = 0.0; /* a[s,c] and sqrt(sum of retained v^2) */
+    if (r->format == FORMAT_V1) {
+        activity = raw;
+        raw_sum = raw * sqrt((double)numel);
+        if (!isfinite(raw_sum)) {
+            return FORMAT_FAIL(r, line_no, "raw_activity '%s' times sqrt(numel %lld) is not finite",
+                               field[3], (long long)numel);
+        }
+    } else {
+        /* The check that keeps a file whose columns mean something else
+         * (a v1 file under a v2 line, a raw column already divided by
+         * sqrt(numel)) from being scored wrongly without an error. */
+        double expect = raw / sqrt((double)numel);
+        if (d < 0.0 || !(fabs(d - expect) <= D_ACTIVITY_RTOL * fmax(d, expect) + 1e-300)) {
+            return FORMAT_FAIL(r, line_no,
+                               "d_activity %s is not raw_activity / sqrt(numel) = %s / sqrt(%lld) "
+                               "= %.9g (%s columns: raw_activity = sqrt(sum of retained v^2), "
+                               "d_activity = raw_activity / sqrt(numel))",
+                               field[4], field[3], (long long)numel, expect,
+                               ref ? "the reference method's" : "v2");
+        }
+        activity = d;
+        raw_sum = raw;
+    }
+    row_t w = {(int)layer, kind, activity, raw_sum, numel, retained, line_no};
     int new_step = !r->have_rows;
     if (r->have_rows && step != r->step) {
         if (step < r->step) {
@@ -688,9 +840,19 @@ igrad_status_t igrad__trace_from_text(const char *text, size_t nbytes, const cha
         }
         meta_allowed = 0;
         if (!header_seen) {
-            if (strcmp(line, CSV_HEADER) != 0) {
-                st = FORMAT_FAIL(&r, line_no, "expected the header '%s', found '%.80s'",
-                                 CSV_HEADER, line);
+            if (!strcmp(line, CSV_HEADER)) {
+                r.format = r.meta_version == 2 ? FORMAT_V2 : FORMAT_V1;
+            } else if (!strcmp(line, REF_HEADER)) {
+                IGRAD_FAIL_GOTO(r.meta_version != 0, IGRAD_E_FORMAT,
+                                "%s:%zu: the reference method's header after a '# igrad-trace "
+                                "v%d' line (its files have no such line)",
+                                source, line_no, r.meta_version);
+                r.format = FORMAT_REFERENCE;
+            } else {
+                st = FORMAT_FAIL(&r, line_no,
+                                 "expected the header '%s' (or the reference method's '%s'), "
+                                 "found '%.80s'",
+                                 CSV_HEADER, REF_HEADER, line);
                 goto cleanup;
             }
             header_seen = 1;
@@ -710,6 +872,7 @@ cleanup:
     igrad_trace_free(r.t);
     free(r.group);
     free(r.seen);
+    for (size_t i = 0; i < 4; i++) free(r.run[i]);
     free(buf);
     return st;
 }

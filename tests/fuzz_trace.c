@@ -1,9 +1,9 @@
 /*
  * fuzz_trace.c — fuzz target for the trace CSV reader (src/trace.c), run by
  * tests/fuzz_main.c. Invariants: never crash; the same input twice gives
- * the same status; a trace that parses, written and read back, holds the
- * same data up to the writer's %.9g rounding, and writing it again gives
- * the same bytes. Every parsed trace is also profiled with each partition
+ * the same status; a trace that parses (v1, v2 or the reference method's
+ * format), written (v2, exact numbers) and read back, holds the same data,
+ * and writing it again gives the same bytes. Every parsed trace is also profiled with each partition
  * method (must succeed: a parsed trace has components and steps).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -30,6 +30,15 @@ static const char *const SEEDS[] = {
     "7,2,O,0.2,0.1,4096,41\r\n7,2,V,0.3,0,4096,41\r\n",
     ("# a comment\n\nstep,layer,component,raw_activity,d_activity,numel,retained_numel\n"
      "# comment between rows\n3,0,QKV,1,0,12,12\n3,0,FC2,2,0,8,1\n"),
+    "# igrad-trace v2 layout_hash=0x1 sparsifier=topk density=0.01\n"
+    "step,layer,component,raw_activity,d_activity,numel,retained_numel\n"
+    "0,-1,EMB,4,0.5,64,3\n0,0,Q,3,0.375,64,2\n1,-1,EMB,0,0,64,0\n1,0,Q,1.5,0.1875,64,1\n",
+    "step,seed,model_name,workload_name,dataset_name,layer,component,raw_activity,d_activity,"
+    "numel,retained_numel\r\n"
+    "1,42,facebook/opt-125m,pubmed,\"a,\"\"b\"\"\",0,Q,3.0,0.375,64,2\r\n"
+    "1,42,facebook/opt-125m,pubmed,\"a,\"\"b\"\"\",0,GATE,0.5,0.0625,64,1\r\n"
+    "2,42,facebook/opt-125m,pubmed,\"a,\"\"b\"\"\",0,FC1,1.0,0.125,64,1\r\n"
+    "2,42,facebook/opt-125m,pubmed,\"a,\"\"b\"\"\",0,Q,0.0,0.0,64,0\r\n",
 };
 
 const char *igrad_fuzz_name(void) { return "trace"; }
@@ -40,6 +49,7 @@ const uint8_t *igrad_fuzz_seed(size_t i, size_t *size)
     return (const uint8_t *)SEEDS[i];
 }
 
+/* The value a reader will see for x once printed with %.9g (the density). */
 static double as_printed(double x)
 {
     char s[64];
@@ -62,7 +72,7 @@ static int same_after_write(const igrad_trace_t *a, const igrad_trace_t *b)
         if (a->steps[s] != b->steps[s]) return 1;
         for (size_t c = 0; c < a->ncomp; c++) {
             size_t i = s * a->ncomp + c;
-            if (as_printed(a->activity[i]) != b->activity[i]) return 1;
+            if (a->activity[i] != b->activity[i] || a->raw[i] != b->raw[i]) return 1;
             if (a->retained[i] != b->retained[i]) return 1;
         }
     }

@@ -8,7 +8,7 @@
  * The constants below were computed once and are part of the file
  * formats: a state file, profile or trace written by one build must be
  * accepted by another. They change only with a format version bump (state
- * file version, profile schema version, trace v1) — a change of the FNV
+ * file version, profile schema version, trace version) — a change of the FNV
  * seed or prime, of the byte encoding or order of what is hashed, or of
  * what a plan contains. If one of these tests fails, either the change is
  * a bug, or it is a format change: bump the version, update formats.md

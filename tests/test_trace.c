@@ -280,8 +280,8 @@ static void test_save_load_round_trip(void **state)
             assert_ok(igrad_trace_value(u, s, c, &a1, &r1));
             assert_ok(igrad_trace_component(t, c, &c0));
             assert_ok(igrad_trace_component(u, c, &c1));
-            /* %.9g: 9 significant digits, relative error <= 5e-9 */
-            assert_near(a1, a0, 5e-9 * a0);
+            /* v2 prints every double exactly */
+            assert_true(a1 == a0);
             assert_int_equal(r1, r0);
             assert_int_equal(c1.layer, c0.layer);
             assert_int_equal(c1.kind, c0.kind);
@@ -295,15 +295,15 @@ static void test_save_load_round_trip(void **state)
     char *text1 = read_all(p1), *text2 = read_all(p2);
     assert_string_equal(text1, text2);
 
-    /* d_activity, checked from the file itself with an independent reader:
-     * 0 at the first step, then raw minus the same component's previous raw. */
+    /* The columns, checked from the file itself with an independent reader:
+     * raw_activity = sqrt(sum of retained v^2) of the component (its
+     * tensors' recorded sums added), d_activity = raw / sqrt(numel). */
     char *save = NULL;
     char *line = strtok_r(text1, "\n", &save);
-    assert_non_null(strstr(line, "# igrad-trace v1 layout_hash=0x"));
+    assert_non_null(strstr(line, "# igrad-trace v2 layout_hash=0x"));
     line = strtok_r(NULL, "\n", &save);
     assert_string_equal(line,
                         "step,layer,component,raw_activity,d_activity,numel,retained_numel");
-    double prev[17];
     size_t rows = 0;
     while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
         long long step, numel, ret;
@@ -313,10 +313,18 @@ static void test_save_load_round_trip(void **state)
         assert_int_equal(sscanf(line, "%lld,%d,%7[^,],%lf,%lf,%lld,%lld", &step, &layer, kind,
                                 &raw, &d, &numel, &ret),
                          7);
-        size_t c = rows % 17;
-        if (rows < 17) assert_near(d, 0.0, 0);
-        else assert_near(d, raw - prev[c], 1e-9 * fabs(raw) + 1e-300);
-        prev[c] = raw;
+        double sumsq = 0.0; /* sample_trace()'s sums over the component's tensors */
+        for (size_t i = 0; i < igrad_layout_count(l); i++) {
+            igrad_tensor_info_t ti;
+            igrad_component_info_t ci;
+            assert_ok(igrad_layout_tensor(l, i, &ti));
+            if (ti.component < 0) continue;
+            assert_ok(igrad_layout_component(l, (size_t)ti.component, &ci));
+            if (ci.layer != layer || strcmp(igrad_kind_name(ci.kind), kind) != 0) continue;
+            sumsq += 1.0 / (double)(3 + i + (size_t)step * 7) + 1e-7 * (double)i;
+        }
+        assert_near(raw, sqrt(sumsq), 1e-15 * raw);
+        assert_near(d, raw / sqrt((double)numel), 1e-15 * d);
         rows++;
     }
     assert_int_equal(rows, 5 * 17);
@@ -333,22 +341,30 @@ static void test_save_load_round_trip(void **state)
 
 static const char HEADER[] = "step,layer,component,raw_activity,d_activity,numel,retained_numel\n";
 
-/* Parses `body` (after a header unless with_header = 0) and checks the
- * status and a fragment of the message. */
-static void expect_format(const char *body, const char *frag)
+/* Parses `body` after `header` as file `source` and checks the status and
+ * a fragment of the message. */
+static void expect_format_after(const char *header, const char *source, const char *body,
+                                const char *frag)
 {
     char text[2048];
-    snprintf(text, sizeof text, "%s%s", HEADER, body);
+    snprintf(text, sizeof text, "%s%s", header, body);
     igrad_trace_t *t = (igrad_trace_t *)1;
-    igrad_status_t st = igrad__trace_from_text(text, strlen(text), "bad.csv", &t);
+    igrad_status_t st = igrad__trace_from_text(text, strlen(text), source, &t);
     if (st != IGRAD_E_FORMAT) {
         print_error("expected IGRAD_E_FORMAT for:\n%s\ngot %d: %s\n", text, (int)st,
                     igrad_last_error());
         fail();
     }
     assert_null(t);
-    assert_error_has("bad.csv:");
+    char named[64];
+    snprintf(named, sizeof named, "%s:", source);
+    assert_error_has(named);
     assert_error_has(frag);
+}
+
+static void expect_format(const char *body, const char *frag)
+{
+    expect_format_after(HEADER, "bad.csv", body, frag);
 }
 
 static void test_load_errors(void **state)
@@ -425,7 +441,7 @@ static void test_load_errors(void **state)
     /* a malformed igrad-trace comment line */
     {
         static const char *const bad_meta[] = {
-            "# igrad-trace v2 layout_hash=0x1\n", "# igrad-trace v1 layout_hash=12\n",
+            "# igrad-trace v3 layout_hash=0x1\n", "# igrad-trace v1 layout_hash=12\n",
             "# igrad-trace v1 density=2\n", "# igrad-trace v1 sparsifier=a,b\n",
             "# igrad-trace v1 layout_hash\n"};
         for (size_t i = 0; i < sizeof bad_meta / sizeof *bad_meta; i++) {
@@ -449,6 +465,111 @@ static void test_load_errors(void **state)
 
 /* Every prefix of a valid file that cuts a line short is refused (files
  * cut at a line boundary between steps are valid shorter traces). */
+/* The reference method's component_activity_trace.csv (csv.DictWriter:
+ * \r\n, a field with a comma quoted) and igrad's v2: the activity is
+ * d_activity = raw_activity / sqrt(numel); the reference's GATE and DOWN
+ * are igrad's FC1 and FC2. */
+#define REF_HEAD                                                                    \
+    "step,seed,model_name,workload_name,dataset_name,layer,component,raw_activity," \
+    "d_activity,numel,retained_numel\r\n"
+#define REF_RUN "42,facebook/opt-125m,pubmed,\"a,\"\"b\"\"\""
+
+static void expect_ref_format(const char *rows, const char *frag)
+{
+    expect_format_after(REF_HEAD, "ref.csv", rows, frag);
+}
+
+static void test_reference_and_v2(void **state)
+{
+    (void)state;
+    static const char REF[] = REF_HEAD
+        "1," REF_RUN ",0,Q,3.0,0.375,64,2\r\n"
+        "1," REF_RUN ",0,GATE,0.5,0.0625,64,1\r\n"
+        "1," REF_RUN ",0,DOWN,1.0,0.125,64,1\r\n"
+        "2," REF_RUN ",0,Q,0.0,0.0,64,0\r\n"
+        "2," REF_RUN ",0,GATE,1.5,0.1875,64,1\r\n"
+        "2," REF_RUN ",0,DOWN,2.0,0.25,64,1\r\n";
+    igrad_trace_t *t = NULL;
+    assert_ok(igrad__trace_from_text(REF, strlen(REF), "ref.csv", &t));
+    assert_int_equal(igrad_trace_step_count(t), 2);
+    assert_int_equal(igrad_trace_step(t, 0), 1);
+    assert_true(igrad_trace_layout_hash(t) == 0);
+    assert_string_equal(igrad_trace_sparsifier(t), "unknown");
+    assert_near(activity_at(t, 0, 0, IGRAD_KIND_Q, NULL), 0.375, 0);
+    assert_near(activity_at(t, 1, 0, IGRAD_KIND_FC1, NULL), 0.1875, 0);
+    assert_near(activity_at(t, 1, 0, IGRAD_KIND_FC2, NULL), 0.25, 0);
+    /* written as v2 and read back: the same numbers, raw_activity kept */
+    char *text = NULL;
+    size_t n = 0;
+    assert_ok(igrad__trace_to_text(t, &text, &n));
+    assert_non_null(strstr(text, "# igrad-trace v2 "));
+    assert_non_null(strstr(text, "\n1,0,Q,3,0.375,64,2\n"));
+    assert_non_null(strstr(text, "\n2,0,FC1,1.5,0.1875,64,1\n"));
+    igrad_trace_t *u = NULL;
+    assert_ok(igrad__trace_from_text(text, n, "v2.csv", &u));
+    assert_near(activity_at(u, 1, 0, IGRAD_KIND_FC2, NULL), 0.25, 0);
+    free(text);
+    igrad_trace_free(u);
+    igrad_trace_free(t);
+
+    /* the same numbers as v1 (raw_activity = a) give the same activities */
+    static const char V1[] = "# igrad-trace v1\n"
+                             "step,layer,component,raw_activity,d_activity,numel,retained_numel\n"
+                             "1,0,Q,0.375,0,64,2\n2,0,Q,0,-0.375,64,0\n";
+    assert_ok(igrad__trace_from_text(V1, strlen(V1), "v1.csv", &t));
+    assert_near(activity_at(t, 0, 0, IGRAD_KIND_Q, NULL), 0.375, 0);
+    assert_ok(igrad__trace_to_text(t, &text, &n));
+    assert_non_null(strstr(text, "\n1,0,Q,3,0.375,64,2\n")); /* raw = a * sqrt(64) */
+    free(text);
+    igrad_trace_free(t);
+
+    /* v2: d_activity must be raw_activity / sqrt(numel) (a v1 file under a
+     * v2 line is refused, not scored) */
+    expect_format_after("# igrad-trace v2\n", "v2.csv", "step,layer,component,raw_activity,"
+                        "d_activity,numel,retained_numel\n1,0,Q,0.375,0,64,2\n",
+                        "v2.csv:3: d_activity 0 is not raw_activity / sqrt(numel)");
+    expect_format_after("# igrad-trace v2\n", "v2.csv", "step,layer,component,raw_activity,"
+                        "d_activity,numel,retained_numel\n1,0,Q,0,-1e-310,64,2\n",
+                        "v2.csv:3: d_activity -1e-310");
+    /* v1 raw_activity so large that raw * sqrt(numel) overflows */
+    expect_format_after("# igrad-trace v1\n", "v1.csv", "step,layer,component,raw_activity,"
+                        "d_activity,numel,retained_numel\n1,0,Q,1e308,0,64,2\n",
+                        "v1.csv:3: raw_activity '1e308' times sqrt(numel 64) is not finite");
+
+    /* every malformed reference row is named by line */
+    expect_ref_format("1," REF_RUN ",0,Q,3.0,0.375,64\r\n", "ref.csv:2: expected 11 fields");
+    expect_ref_format("1," REF_RUN ",0,attn_q,3.0,0.375,64,2\r\n",
+                      "ref.csv:2: unknown component 'attn_q' (the reference method's names");
+    expect_ref_format("1," REF_RUN ",-1,EMB,3.0,0.375,64,2\r\n", "unknown component 'EMB'");
+    expect_ref_format("1," REF_RUN ",0,Q,3.0,0.5,64,2\r\n",
+                      "ref.csv:2: d_activity 0.5 is not raw_activity / sqrt(numel) = 3.0 / "
+                      "sqrt(64) = 0.375 (the reference method's columns");
+    expect_ref_format("1," REF_RUN ",0,Q,nan,nan,64,2\r\n", "raw_activity 'nan'");
+    expect_ref_format("1," REF_RUN ",0,Q,-3,-0.375,64,2\r\n", "raw_activity '-3'");
+    expect_ref_format("1," REF_RUN ",0,Q,3.0,0.375,64,65\r\n",
+                      "retained_numel 65 is more than numel 64");
+    expect_ref_format("1,x,m,w,d,0,Q,3.0,0.375,64,2\r\n", "ref.csv:2: seed 'x' is not an integer");
+    expect_ref_format("1,42,m,w,\"d,0,Q,3.0,0.375,64,2\r\n", "ref.csv:2: unterminated or stray");
+    expect_ref_format("1,42,m,w,d\"x,0,Q,3.0,0.375,64,2\r\n", "ref.csv:2: unterminated or stray");
+    expect_ref_format("1,42,m,w,,0,Q,3.0,0.375,64,2\r\n", "ref.csv:2: empty dataset_name field");
+    expect_ref_format("1," REF_RUN ",0,Q,3.0,0.375,64,2\r\n"
+                      "2,42,facebook/opt-350m,pubmed,d,0,Q,3.0,0.375,64,2\r\n",
+                      "ref.csv:3: model_name 'facebook/opt-350m' differs from "
+                      "'facebook/opt-125m' on the first row (a trace file holds one run)");
+    /* GATE and UP both mean FC1: one row per (step, layer, component) */
+    expect_ref_format("1," REF_RUN ",0,GATE,3.0,0.375,64,2\r\n1," REF_RUN
+                      ",0,UP,3.0,0.375,64,2\r\n",
+                      "ref.csv:3: duplicate row for step 1, layer 0, component FC1");
+    expect_ref_format("1," REF_RUN ",0,Q,3.0,0.375,64,2\r\n2," REF_RUN ",0,K,3.0,0.375,64,2\r\n",
+                      "ref.csv:3: step 2 lists layer 0 component K, which step 1 does not");
+    /* the reference header under an igrad-trace line */
+    static const char MIXED[] = "# igrad-trace v2\n" REF_HEAD "1," REF_RUN
+                                ",0,Q,3.0,0.375,64,2\r\n";
+    assert_int_equal(igrad__trace_from_text(MIXED, strlen(MIXED), "mixed.csv", &t),
+                     IGRAD_E_FORMAT);
+    assert_error_has("mixed.csv:2: the reference method's header after a '# igrad-trace v2'");
+}
+
 static void test_truncated_file(void **state)
 {
     (void)state;
@@ -518,6 +639,7 @@ int main(void)
         cmocka_unit_test(test_record_errors),
         cmocka_unit_test(test_save_load_round_trip),
         cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_reference_and_v2),
         cmocka_unit_test(test_truncated_file),
         cmocka_unit_test(test_loaded_trace_cannot_record),
     };

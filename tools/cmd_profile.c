@@ -30,8 +30,10 @@ static void usage(FILE *fp)
             "steps (magnitude and persistence of the retained gradient), splits them into\n"
             "important and low-importance by a threshold, and writes the profile.\n"
             "\n"
-            "  --trace F    trace CSV (step,layer,component,raw_activity,d_activity,\n"
-            "               numel,retained_numel), as written by igrad_trace_save()\n"
+            "  --trace F    trace CSV: igrad's (step,layer,component,raw_activity,\n"
+            "               d_activity,numel,retained_numel; v2 as igrad_trace_save()\n"
+            "               writes it, or v1) or the reference method's\n"
+            "               component_activity_trace.csv as its scripts write it\n"
             "  --window W   steps A <= s < B: 'A:B', 'A:' (to the end), ':B' (from the\n"
             "               start); default: all steps\n"
             "  --alpha X    weight of magnitude in the score, in [0, 1] (default 0.7)\n"
@@ -224,8 +226,9 @@ static int print_profile(const igrad_profile_t *p, const igrad_trace_t *t, const
         printf("# layout 0x%016llx, sparsifier %s, density %g\n", (unsigned long long)hash,
                igrad_profile_sparsifier(p), igrad_profile_density(p));
     } else {
-        printf("# layout hash unknown (no '# igrad-trace' line in the trace): the profile "
-               "can only be checked against a model's components\n");
+        printf("# layout hash unknown (no '# igrad-trace' line in the trace, or the "
+               "reference method's file): the profile can only be checked against a model's "
+               "components\n");
     }
     printf("%4s %5s %-4s %12s %13s %9s %11s %9s  %s\n", "rank", "layer", "kind", "numel",
            "mean_act", "magnitude", "persistence", "score", "important");

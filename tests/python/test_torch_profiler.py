@@ -99,7 +99,7 @@ class ProfilerTest(unittest.TestCase):
         trace_path = os.path.join(self.dir, "trace.csv")
         prof.save(trace_path)
         with open(trace_path) as f:
-            self.assertTrue(f.readline().startswith("# igrad-trace v1"))
+            self.assertTrue(f.readline().startswith("# igrad-trace v2"))
 
         py_json = os.path.join(self.dir, "py.json")
         profile = igrad.build_profile(trace_path, window=(2, None), method="knee", alpha=0.6,
