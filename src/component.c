@@ -80,17 +80,18 @@ static int tok_in(const token_t *t, const char *const *lits)
     return 0;
 }
 
-/* Non-negative decimal without sign, below one million (block indices). */
-static int tok_index(const token_t *t)
+int igrad__parse_layer_index(const char *s, size_t n)
 {
-    if (t->n == 0 || t->n > 6) return -1;
+    if (n == 0 || n > 6) return -1;
     int v = 0;
-    for (size_t i = 0; i < t->n; i++) {
-        if (!isdigit((unsigned char)t->s[i])) return -1;
-        v = v * 10 + (t->s[i] - '0');
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i])) return -1;
+        v = v * 10 + (s[i] - '0');
     }
     return v;
 }
+
+static int tok_index(const token_t *t) { return igrad__parse_layer_index(t->s, t->n); }
 
 /* Norms appear under many names: input_layernorm, post_attention_layernorm,
  * self_attn_layer_norm, final_layer_norm, ln_1, ln_attn, q_norm, ... */

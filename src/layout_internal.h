@@ -51,5 +51,8 @@ igrad_status_t igrad__name_map_from_text(const char *text, size_t nbytes, const 
 /* The index after a name's first numbered block marker (layers.N, h.N,
  * blocks.N, block.N, layer.N), -1 without one (component.c). */
 int igrad__name_block_index(const char *name);
+/* A layer number as the built-in rules read one: n decimal digits, no sign,
+ * below one million; -1 otherwise. */
+int igrad__parse_layer_index(const char *s, size_t n);
 
 #endif /* IGRAD_LAYOUT_INTERNAL_H */

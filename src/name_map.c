@@ -186,18 +186,6 @@ igrad_status_t igrad__name_map_copy(const igrad_name_map_t *src, igrad_name_map_
     return IGRAD_OK;
 }
 
-/* A layer number as the built-in rules read one: decimal, below a million. */
-static int parse_layer(const char *s, size_t n)
-{
-    if (n == 0 || n > 6) return -1;
-    int v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isdigit((unsigned char)s[i])) return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    return v;
-}
-
 igrad_status_t igrad_name_map_component_of(const igrad_name_map_t *map, const char *name,
                                            igrad_kind_t *kind, int *layer)
 {
@@ -223,7 +211,7 @@ igrad_status_t igrad_name_map_component_of(const igrad_name_map_t *map, const ch
         } else if (r->layer >= 1) {
             const regmatch_t *g = &m[r->layer + 1];
             size_t n = g->rm_so < 0 ? 0 : (size_t)(g->rm_eo - g->rm_so);
-            *layer = g->rm_so < 0 ? -1 : parse_layer(name + g->rm_so, n);
+            *layer = g->rm_so < 0 ? -1 : igrad__parse_layer_index(name + g->rm_so, n);
             IGRAD_FAIL_IF(*layer < 0, IGRAD_E_INVALID,
                           "name map: tensor '%s' matches rule %zu ('%s'), whose layer is "
                           "group %d, but that group captured '%.*s', not a layer number "
