@@ -308,8 +308,8 @@ IGRAD_API size_t igrad_layout_component_count(const igrad_layout_t *layout);
 /** Copies component i (ordered by layer, then kind). */
 IGRAD_API igrad_status_t igrad_layout_component(const igrad_layout_t *layout, size_t i,
                                                 igrad_component_info_t *out);
-/** @return a 64-bit hash of (names, dtypes, shapes) in order, and with a
- *  name map of every tensor's (layer, kind) too. Profiles and saved state
+/** @return a 64-bit hash of (names, dtypes, shapes) in order, and, when a
+ *  name map changed any tensor's component, of every (layer, kind) too. Profiles and saved state
  *  carry it so a file made for another model is refused. */
 IGRAD_API uint64_t igrad_layout_hash(const igrad_layout_t *layout);
 
@@ -355,8 +355,9 @@ IGRAD_API igrad_status_t igrad_name_map_component_of(const igrad_name_map_t *map
                                                      const char *name, igrad_kind_t *kind,
                                                      int *layer);
 /** Gives an empty layout a name map (copied; NULL removes it): every
- *  tensor added afterwards is mapped by it. A layout with a map hashes its
- *  tensors' (layer, kind) too (igrad_layout_hash), so ranks and files with
+ *  tensor added afterwards is mapped by it. When the map assigns any tensor
+ *  another (layer, kind) than the built-in rules, the layout hashes every
+ *  tensor's (layer, kind) too (igrad_layout_hash), so ranks and files with
  *  different assignments disagree by the layout hash.
  *  @return IGRAD_E_INVALID if the layout already has tensors. */
 IGRAD_API igrad_status_t igrad_layout_set_name_map(igrad_layout_t *layout,

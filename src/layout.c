@@ -107,6 +107,8 @@ struct igrad_layout {
     uint64_t hash; /* running hash over the rows added so far */
     igrad_name_map_t *map;  /* user rules before the built-in ones; NULL = none */
     uint64_t assign_hash;   /* with a map: running hash of each row's (layer, kind) */
+    int departs;            /* with a map: some row's (layer, kind) is not the
+                               built-in rules' */
     size_t *slots; /* open-addressing name index: row + 1, 0 = empty */
     size_t nslots; /* power of two, at least twice nrows */
 };
@@ -418,6 +420,9 @@ igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_
     for (int d = 0; d < ndim; d++) h = igrad__hash_i64(h, r.shape[d]);
     layout->hash = h;
     if (layout->map) {
+        int builtin_layer;
+        igrad_kind_t builtin = igrad_component_of(name, &builtin_layer);
+        if (builtin != r.kind || builtin_layer != r.layer) layout->departs = 1;
         layout->assign_hash = igrad__hash_i64(layout->assign_hash, r.layer);
         layout->assign_hash = igrad__hash_i64(layout->assign_hash, (int64_t)r.kind);
     }
@@ -479,14 +484,15 @@ igrad_status_t igrad_layout_component(const igrad_layout_t *layout, size_t i,
     return IGRAD_OK;
 }
 
-/* Without a name map the hash covers names, dtypes and shapes (the
- * components follow from the names). With one, the components depend on
- * the rules too, so the hash goes on over every tensor's (layer, kind):
- * ranks or files with different assignments disagree on it. */
+/* The hash covers names, dtypes and shapes; the built-in components follow
+ * from the names. When a name map assigns any tensor another (layer,
+ * kind), the hash goes on over every tensor's (layer, kind): ranks or files
+ * with different assignments disagree on it, and a map that changes
+ * nothing leaves the hash (and the profiles that carry it) as it was. */
 uint64_t igrad_layout_hash(const igrad_layout_t *layout)
 {
     if (!layout) return IGRAD__HASH_SEED;
-    if (!layout->map) return layout->hash;
+    if (!layout->departs) return layout->hash;
     uint64_t h = igrad__hash_str(layout->hash, "name_map");
     return igrad__hash_i64(h, (int64_t)layout->assign_hash);
 }

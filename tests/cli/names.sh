@@ -3,7 +3,8 @@
 # numbered blocks that no rule maps, with their share of the entries),
 # `igrad layout --map FILE` (user rules before the built-in ones), bad map
 # files by file and line, and `igrad train --map FILE`: a 3-step run with
-# rules that map a block tensor differently, and a bad map refused.
+# rules that map a block tensor differently, a bad map refused, and two MPI
+# ranks with different rules refused by the engine, naming the tensor.
 # Usage: names.sh path/to/igrad   (CTest passes the built binary)
 set -euo pipefail
 igrad=${1:?usage: $0 IGRAD_BINARY}
@@ -68,6 +69,22 @@ set +e
 set -e
 check "train --map with a bad file fails" test "$rc" -ne 0
 check "train --map error names the file" grep -q "bad.map:1" "$tmp/train_err2.txt"
+
+# -- two ranks with different rules: the engine's layout agreement names the tensor
+if command -v mpirun >/dev/null 2>&1; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  set +e
+  timeout 120 mpirun --oversubscribe --bind-to none \
+    -np 1 "$igrad" train "${common[@]}" --out "$tmp/run3" --map "$tmp/train.map" : \
+    -np 1 "$igrad" train "${common[@]}" --out "$tmp/run3" >"$tmp/mpi.txt" 2>&1; rc=$?
+  set -e
+  check "ranks with different rules fail" test "$rc" -ne 0
+  check "the mismatch names the tensor and both assignments" grep -q \
+    "layout differs at tensor model.layers.0.mlp.up_proj.weight (index 6): rank 0 maps it to (layer 0, FC2), rank 1 to (layer 0, FC1)" \
+    "$tmp/mpi.txt"
+else
+  echo "SKIP two ranks with different rules: no mpirun"
+fi
 
 if [ "$fails" -ne 0 ]; then echo "$fails check(s) failed"; exit 1; fi
 echo "all checks passed"
