@@ -1554,11 +1554,18 @@ class Profiler:
     values under DDP, so saving on rank 0 is enough.
 
     The residuals live on the CPU in float32 (one copy of the trainable
-    block parameters)."""
+    block parameters). name_map: the user name rules of the run the profile
+    is for (IgradState's name_map=; a profile is tied to the layout's
+    components). Tensors inside blocks that no rule maps are named in a
+    UserWarning: they get no trace rows."""
 
-    def __init__(self, model, sparsifier="adtopk", density=0.01, interleave=False):
+    def __init__(self, model, sparsifier="adtopk", density=0.01, interleave=False,
+                 name_map=None):
         self.named = named_trainable_parameters(model)
-        self.layout = layout_from_module(self.named)
+        self.layout = layout_from_module(self.named, name_map=name_map)
+        report = self.layout.unmapped_report()
+        if report:
+            warnings.warn("igrad: " + report, stacklevel=2)
         self.sparsifier, self.density, self.interleave = sparsifier, density, interleave
         self.trace = Trace.create(self.layout, sparsifier, density)
         self._ws = SelectWorkspace()

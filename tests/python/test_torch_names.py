@@ -116,6 +116,19 @@ class NamesTest(unittest.TestCase):
             got["base_model.model.model.layers.0.self_attn.v_proj.lora_B.default.weight"],
             (0, "V"))
         self.assertEqual(layout.unmapped(), [])
+        # The Profiler now traces the adapters (it recorded nothing before)
+        prof = it.Profiler(peft, density=0.25)
+        for p in peft.parameters():
+            if p.requires_grad:
+                p.grad = torch.randn_like(p)
+        prof.step()
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trace.csv")
+            prof.save(path)
+            with open(path) as f:
+                rows = [line for line in f if not line.startswith(("#", "step"))]
+        self.assertEqual(sorted({tuple(r.split(",")[1:3]) for r in rows}),
+                         [("0", "Q"), ("0", "V"), ("1", "Q"), ("1", "V")])
 
     def test_unmapped_warning_and_rules(self):
         model = OddModel()
@@ -157,6 +170,26 @@ class NamesTest(unittest.TestCase):
             from_file = it.IgradState(model, method="ig", profile="auto", name_map=path)
             self.assertEqual(from_file.layout.hash, mapped.hash)
             from_file.engine  # online profiling copies the layout: it keeps the rules
+
+        # The Profiler: the same warning without rules; with the run's rules
+        # its trace (and so the profile) is made for the mapped layout.
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            it.Profiler(model)
+        self.assertEqual(len([w for w in seen if "match no name rule" in str(w.message)]), 1)
+        prof = it.Profiler(model, name_map=rules)
+        self.assertEqual(prof.layout.hash, mapped.hash)
+        self.assertEqual(prof.trace.layout_hash, mapped.hash)
+
+        # igrad.Layout.load with rules (remap of a loaded name list)
+        with tempfile.TemporaryDirectory() as d:
+            names = os.path.join(d, "names.txt")
+            with open(names, "w") as f:
+                for i in range(len(layout)):
+                    t = layout.tensor(i)
+                    f.write("%s %s\n" % (t["name"], " ".join(map(str, t["shape"]))))
+            self.assertEqual(igrad.Layout.load(names).hash, layout.hash)
+            self.assertEqual(igrad.Layout.load(names, name_map=rules).hash, mapped.hash)
 
         again = pickle.loads(pickle.dumps(mapped_state))
         again.attach(model)
