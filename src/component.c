@@ -185,7 +185,7 @@ static igrad_kind_t kind_outside_block(const token_t *tok, int ntok)
                                       "token_embeddings",      "token_type_embeddings",
                                       "shared",                "embedding",
                                       "pos_embed",             "cls_token",
-                                      NULL};
+                                      "embed",                 NULL};
     static const char *const head[] = {"lm_head", "embed_out", "output", "ff_out", "head",
                                        "classifier", NULL};
     int end = ntok;

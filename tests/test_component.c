@@ -175,6 +175,7 @@ static const name_case_t cases[] = {
     {"blocks.11.norm2.bias", 11, NORM},
     {"pos_embed", -1, EMB},
     {"cls_token", -1, EMB},
+    {"embed.weight", -1, EMB}, /* a hand-written model's nn.Embedding */
     {"head.weight", -1, HEAD},
     {"patch_embed.proj.weight", -1, OTHER}, /* outside blocks: no warning either */
     /* BERT / RoBERTa */
