@@ -457,6 +457,14 @@ class IgradState:
     gate_other:     True (default): embeddings, lm_head and norms (EMB, HEAD,
                     NORM components) are gated like projections; False: they
                     are sent every step (the behaviour before; an ablation).
+    name_map:       user name rules tried before the built-in ones: a map
+                    file's path (docs/formats.md) or a list of (pattern,
+                    kind, layer) (igrad.NameMap): pattern a POSIX extended
+                    regex on the whole name (or "glob:..."), kind "Q", ...,
+                    "NORM" or "OTHER", layer "block", None or a capture
+                    group >= 1. Tensors inside numbered blocks that no rule
+                    maps (OTHER: sent every step, never profiled or
+                    deferred) are named once per state in a UserWarning.
     start_iter:     the first `start_iter` steps are plain averaged
                     all-reduces without igrad (warm-up, as in PowerSGD).
     momentum, momentum_masking, residual_decay:  the engine's error-feedback
@@ -503,14 +511,6 @@ class IgradState:
                     ig need a profile given (not "auto").
     ranks_per_node: L: ranks [kL, (k+1)L) of the group form node k; 0
                     (default): the ranks on one host.
-    name_map:       user name rules tried before the built-in ones: a map
-                    file's path (docs/formats.md) or a list of (pattern,
-                    kind, layer) (igrad.NameMap): pattern a POSIX extended
-                    regex on the whole name (or "glob:..."), kind "Q", ...,
-                    "NORM" or "OTHER", layer "block", None or a capture
-                    group >= 1. Tensors inside numbered blocks that no rule
-                    maps (OTHER: sent every step, never profiled or
-                    deferred) are named once per state in a UserWarning.
     grads_in_place: True (default): when every trainable parameter is
                     bfloat16 (or every one float16), on the CPU, without
                     grad_scaler or overlap, the engine reads and writes the
@@ -577,6 +577,7 @@ class IgradState:
             raise L.InvalidArgumentError("grad_scaler is %r (a torch GradScaler, or a callable "
                                          "returning the current loss scale)" % (grad_scaler,))
         self.grad_scaler = grad_scaler
+        self.name_map = _name_map_spec(name_map)
         self.target_ratio = None if target_ratio is None else float(target_ratio)
         self.target_fit = None
         self.profile = profile
@@ -584,7 +585,6 @@ class IgradState:
         self.nonfinite = nonfinite
         self.overlap = bool(overlap)
         self.grads_in_place = bool(grads_in_place)
-        self.name_map = _name_map_spec(name_map)
         self.iter = 0
         self.skipped_steps = 0
         self.last_stats = {}
