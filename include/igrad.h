@@ -308,9 +308,75 @@ IGRAD_API size_t igrad_layout_component_count(const igrad_layout_t *layout);
 /** Copies component i (ordered by layer, then kind). */
 IGRAD_API igrad_status_t igrad_layout_component(const igrad_layout_t *layout, size_t i,
                                                 igrad_component_info_t *out);
-/** @return a 64-bit hash of (names, dtypes, shapes) in order. Profiles and
- *  saved state carry it so a file made for another model is refused. */
+/** @return a 64-bit hash of (names, dtypes, shapes) in order, and, when a
+ *  name map changed any tensor's component, of every (layer, kind) too. Profiles and saved state
+ *  carry it so a file made for another model is refused. */
 IGRAD_API uint64_t igrad_layout_hash(const igrad_layout_t *layout);
+
+/* Name rules. The built-in rules map every supported family's names to
+ * (layer, kind) (igrad_component_of). A name map is an ordered list of user
+ * rules tried first: the first rule whose pattern matches the whole name
+ * decides; a name no rule matches falls back to the built-in rules. A
+ * pattern is a POSIX extended regular expression (\d is accepted for
+ * [0-9]) or, prefixed "glob:", an fnmatch(3) glob in which '*' matches
+ * dots too. The map file (one "PATTERN KIND LAYER" rule per line) is in
+ * docs/formats.md. */
+
+/** An ordered list of name rules; igrad_name_map_free() releases it. */
+typedef struct igrad_name_map igrad_name_map_t;
+
+/** Layer of a rule's tensors: the index after the name's first numbered
+ *  block marker (layers.N, h.N, blocks.N, block.N, layer.N). */
+#define IGRAD_NAME_LAYER_BLOCK (-2)
+/** Layer of a rule's tensors: none (-1; EMB, HEAD, OTHER and outer NORM).
+ *  A positive value g (1..9) takes the layer from regex capture group g. */
+#define IGRAD_NAME_LAYER_NONE (-1)
+
+/** Creates an empty name map. */
+IGRAD_API igrad_status_t igrad_name_map_create(igrad_name_map_t **out);
+/** Appends a rule: names matching `pattern` are (layer, kind). Q..FC2 need
+ *  a layer (block or a group), EMB, HEAD and OTHER take none, NORM either.
+ *  @return IGRAD_E_INVALID naming the rule for a pattern that does not
+ *  compile, a group the pattern lacks, or a kind/layer that do not fit. */
+IGRAD_API igrad_status_t igrad_name_map_add(igrad_name_map_t *map, const char *pattern,
+                                            igrad_kind_t kind, int layer);
+/** Reads a map file (docs/formats.md). @return IGRAD_E_FORMAT naming the
+ *  file and line, IGRAD_E_IO if it cannot be read. */
+IGRAD_API igrad_status_t igrad_name_map_load(const char *path, igrad_name_map_t **out);
+/** Frees a name map. NULL is a no-op. */
+IGRAD_API void igrad_name_map_free(igrad_name_map_t *map);
+/** @return the number of rules (0 for NULL). */
+IGRAD_API size_t igrad_name_map_count(const igrad_name_map_t *map);
+/** The (layer, kind) of a name under the map's rules, then the built-in
+ *  ones (map may be NULL: the built-in rules alone). @return
+ *  IGRAD_E_INVALID when the matching rule's layer cannot be read from the
+ *  name (no numbered block, or a group that captured no number). */
+IGRAD_API igrad_status_t igrad_name_map_component_of(const igrad_name_map_t *map,
+                                                     const char *name, igrad_kind_t *kind,
+                                                     int *layer);
+/** Gives an empty layout a name map (copied; NULL removes it): every
+ *  tensor added afterwards is mapped by it. When the map assigns any tensor
+ *  another (layer, kind) than the built-in rules, the layout hashes every
+ *  tensor's (layer, kind) too (igrad_layout_hash), so ranks and files with
+ *  different assignments disagree by the layout hash.
+ *  @return IGRAD_E_INVALID if the layout already has tensors. */
+IGRAD_API igrad_status_t igrad_layout_set_name_map(igrad_layout_t *layout,
+                                                   const igrad_name_map_t *map);
+/** A new layout with the tensors, order and family of `layout`, mapped by
+ *  `map` (NULL: the built-in rules). Use it on a loaded layout. */
+IGRAD_API igrad_status_t igrad_layout_remap(const igrad_layout_t *layout,
+                                            const igrad_name_map_t *map, igrad_layout_t **out);
+/** @return 1 if tensor i lies inside a numbered block but maps to OTHER
+ *  (no rule knew its name: it is sent every step, never profiled or
+ *  deferred), 0 otherwise or out of range. */
+IGRAD_API int igrad_layout_is_unmapped(const igrad_layout_t *layout, size_t i);
+/** The warning for a layout's unmapped tensors (igrad_layout_is_unmapped):
+ *  their number and share of the entries, then at most `max_names` of
+ *  them with their shares, and how to map them. *text is NULL when there
+ *  are none, else a string to release with igrad_free(). The library
+ *  never prints it: the trainer and the Python binding do. */
+IGRAD_API igrad_status_t igrad_layout_unmapped_report(const igrad_layout_t *layout,
+                                                      size_t max_names, char **text);
 
 /** Renders the layout as the JSON object printed by `igrad layout --json`:
  *  {"family", "total_numel", "tensors": [{"name","shape","numel","layer",

@@ -2,21 +2,27 @@
  * component.c — parameter name -> (layer, kind), and kind names.
  *
  * One name grammar covers every supported family: an optional "module."
- * (DDP) prefix, a block marker ("layers.N", "h.N", "blocks.N"), then the
- * module path inside the block, then "weight"/"bias". The kind comes from
- * the last module token, read in the context of its parent (GPT-2's c_proj
- * is O under "attn" but FC2 under "mlp"; "dense" is O only under an
- * attention module; a bare "gate" is a MoE router, not a projection).
- * Outside the projections: a norm is (block, NORM) inside a block and
- * (-1, NORM) outside (final and embedding norms); token and position
- * embeddings are (-1, EMB) (a tied lm_head is the embedding tensor, so it
- * is EMB too); an untied lm_head/embed_out/output is (-1, HEAD). Anything
- * else (MoE routers, unknown modules) is OTHER with layer -1, never a
- * component. The table of a whole model (layout.c) and the HF family
- * builders (layout_hf.c) live elsewhere.
+ * (DDP) or PEFT "base_model.model." prefix, a block marker ("layers.N",
+ * "h.N", "blocks.N", "block.N", "layer.N"), then the module path inside
+ * the block, then "weight"/"bias". The kind comes from the last module
+ * token, read in the context of its parent and grandparent (GPT-2's
+ * c_proj is O under "attn" but FC2 under "mlp"; "dense" is O only under an
+ * attention module or BERT's attention.output; "wo" is O under attention
+ * and FC2 under T5's DenseReluDense; a bare "gate" is a MoE router, not a
+ * projection). PEFT adapters (lora_A, lora_B, base_layer, ...) take the
+ * component of the module they wrap; nn.MultiheadAttention's
+ * in_proj_weight is that module's QKV. Outside the projections: a norm is
+ * (block, NORM) inside a block and (-1, NORM) outside (final and embedding
+ * norms); token and position embeddings are (-1, EMB) (a tied lm_head is
+ * the embedding tensor, so it is EMB too); an untied lm_head/embed_out/
+ * output is (-1, HEAD). Anything else (MoE routers, unknown modules) is
+ * OTHER with layer -1, never a component. User rules that come before
+ * these (igrad_name_map_t) live in name_map.c; the table of a whole model
+ * (layout.c) and the HF family builders (layout_hf.c) live elsewhere.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
+#include "layout_internal.h"
 
 #include <ctype.h>
 #include <string.h>
@@ -74,17 +80,18 @@ static int tok_in(const token_t *t, const char *const *lits)
     return 0;
 }
 
-/* Non-negative decimal without sign, below one million (block indices). */
-static int tok_index(const token_t *t)
+int igrad__parse_layer_index(const char *s, size_t n)
 {
-    if (t->n == 0 || t->n > 6) return -1;
+    if (n == 0 || n > 6) return -1;
     int v = 0;
-    for (size_t i = 0; i < t->n; i++) {
-        if (!isdigit((unsigned char)t->s[i])) return -1;
-        v = v * 10 + (t->s[i] - '0');
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i])) return -1;
+        v = v * 10 + (s[i] - '0');
     }
     return v;
 }
+
+static int tok_index(const token_t *t) { return igrad__parse_layer_index(t->s, t->n); }
 
 /* Norms appear under many names: input_layernorm, post_attention_layernorm,
  * self_attn_layer_norm, final_layer_norm, ln_1, ln_attn, q_norm, ... */
@@ -100,21 +107,32 @@ static int tok_is_norm(const token_t *t)
 }
 
 static const char *const attention_modules[] = {
-    "self_attn", "attn", "attention", "self_attention", "mixer", NULL,
+    "self_attn", "attn", "attention", "self_attention", "mixer", "multihead_attn",
+    "SelfAttention", "EncDecAttention", "crossattention", NULL,
 };
-static const char *const mlp_modules[] = {"mlp", "feed_forward", "ffn", NULL};
+static const char *const mlp_modules[] = {"mlp", "feed_forward", "ffn", "DenseReluDense",
+                                          NULL};
 
-static igrad_kind_t kind_of_module(const token_t *mod, const token_t *parent)
+static igrad_kind_t kind_of_module(const token_t *mod, const token_t *parent,
+                                   const token_t *grand)
 {
-    static const char *const q[] = {"q_proj", "query", NULL};
-    static const char *const k[] = {"k_proj", "key", NULL};
-    static const char *const v[] = {"v_proj", "value", NULL};
-    static const char *const qkv[] = {"c_attn", "query_key_value", "qkv_proj", "Wqkv", NULL};
-    static const char *const o[] = {"o_proj", "out_proj", NULL};
+    static const char *const q[] = {"q_proj", "query", "wq", "q_lin", NULL};
+    static const char *const k[] = {"k_proj", "key", "wk", "k_lin", NULL};
+    static const char *const v[] = {"v_proj", "value", "wv", "v_lin", NULL};
+    static const char *const qkv[] = {"c_attn", "query_key_value", "qkv_proj", "Wqkv",
+                                      "qkv",    "wqkv",            "W_pack",   "in_proj",
+                                      "att_proj", NULL};
+    static const char *const o[] = {"o_proj", "out_proj", "attn_out", "out_lin", NULL};
     static const char *const fc1[] = {"gate_proj", "up_proj", "gate_up_proj", "w1", "w3",
-                                      "fc1", "fc_in", "c_fc", "dense_h_to_4h", NULL};
+                                      "fc1", "fc_in", "c_fc", "dense_h_to_4h", "linear1",
+                                      "ff_proj", "lin1", NULL};
     static const char *const fc2[] = {"down_proj", "w2", "fc2", "fc_out", "dense_4h_to_h",
-                                      NULL};
+                                      "linear2", "ff_out", "lin2", NULL};
+    /* Mamba's mixer: the selective scan's input side (in_proj is QKV by
+     * the list above); out_proj is O like every attention output. */
+    static const char *const ssm_in[] = {"conv1d", "x_proj", "dt_proj", "A_log", "D",
+                                         "dt_bias", NULL};
+    static const char *const t5_fc1[] = {"wi", "wi_0", "wi_1", NULL};
     int in_attn = parent && tok_in(parent, attention_modules);
     int in_mlp = parent && tok_in(parent, mlp_modules);
 
@@ -125,28 +143,51 @@ static igrad_kind_t kind_of_module(const token_t *mod, const token_t *parent)
     if (tok_in(mod, o)) return IGRAD_KIND_O;
     if (tok_in(mod, fc1)) return IGRAD_KIND_FC1;
     if (tok_in(mod, fc2)) return IGRAD_KIND_FC2;
-    /* Phi names its attention projections q, k, v and dense. */
+    /* Phi names its attention projections q, k, v and dense; T5 q, k, v
+     * and o. */
     if (in_attn && tok_is(mod, "q")) return IGRAD_KIND_Q;
     if (in_attn && tok_is(mod, "k")) return IGRAD_KIND_K;
     if (in_attn && tok_is(mod, "v")) return IGRAD_KIND_V;
-    if (in_attn && tok_is(mod, "dense")) return IGRAD_KIND_O;
+    if (in_attn && (tok_is(mod, "dense") || tok_is(mod, "o"))) return IGRAD_KIND_O;
     /* GPT-2 reuses c_proj for the attention output and the MLP down
-     * projection. */
-    if (tok_is(mod, "c_proj")) {
+     * projection; Meta's LLaMA and InternLM2 name the attention output wo,
+     * T5 its MLP's down projection. */
+    if (tok_is(mod, "c_proj") || tok_is(mod, "wo")) {
         if (in_attn) return IGRAD_KIND_O;
         if (in_mlp) return IGRAD_KIND_FC2;
+    }
+    if (in_mlp && tok_in(mod, t5_fc1)) return IGRAD_KIND_FC1;
+    /* timm's attention output is attn.proj. */
+    if (in_attn && tok_is(mod, "proj")) return IGRAD_KIND_O;
+    if (parent && tok_is(parent, "mixer") && tok_in(mod, ssm_in)) return IGRAD_KIND_QKV;
+    /* BERT: attention.output.dense is the attention output,
+     * intermediate.dense the up projection, a block's output.dense the
+     * down projection. */
+    if (tok_is(mod, "dense") && parent) {
+        if (tok_is(parent, "intermediate")) return IGRAD_KIND_FC1;
+        if (tok_is(parent, "output")) {
+            if (grand && tok_in(grand, attention_modules)) return IGRAD_KIND_O;
+            return IGRAD_KIND_FC2;
+        }
     }
     return IGRAD_KIND_OTHER;
 }
 
 /* Names outside any block: embeddings and the output head. A
- * "word_embeddings_layernorm" is a norm (checked first). */
+ * "word_embeddings_layernorm" is a norm (checked first). OLMo's untied
+ * head is transformer.ff_out, timm's and a classifier's "head". */
 static igrad_kind_t kind_outside_block(const token_t *tok, int ntok)
 {
-    static const char *const emb[] = {"embed_tokens", "embed_positions", "embed_in", "wte",
-                                      "wpe", "word_embeddings", "tok_embeddings",
-                                      "position_embeddings", "token_embeddings", NULL};
-    static const char *const head[] = {"lm_head", "embed_out", "output", NULL};
+    static const char *const emb[] = {"embed_tokens",          "embed_positions",
+                                      "embed_in",              "wte",
+                                      "wpe",                   "word_embeddings",
+                                      "tok_embeddings",        "position_embeddings",
+                                      "token_embeddings",      "token_type_embeddings",
+                                      "shared",                "embedding",
+                                      "pos_embed",             "cls_token",
+                                      "embed",                 NULL};
+    static const char *const head[] = {"lm_head", "embed_out", "output", "ff_out", "head",
+                                       "classifier", NULL};
     int end = ntok;
     if (end > 0 && (tok_is(&tok[end - 1], "weight") || tok_is(&tok[end - 1], "bias"))) end--;
     if (end <= 0) return IGRAD_KIND_OTHER;
@@ -158,41 +199,100 @@ static igrad_kind_t kind_outside_block(const token_t *tok, int ntok)
     return IGRAD_KIND_OTHER;
 }
 
-igrad_kind_t igrad_component_of(const char *name, int *layer)
+/* Splits a name at its dots; 0 when it has more tokens than any family. */
+static int tokenize(const char *name, token_t *tok)
 {
-    if (layer) *layer = -1;
-    if (!name) return IGRAD_KIND_OTHER;
-
-    token_t tok[MAX_TOKENS];
     int ntok = 0;
     const char *p = name;
     for (;;) {
         const char *dot = strchr(p, '.');
         size_t n = dot ? (size_t)(dot - p) : strlen(p);
-        if (ntok == MAX_TOKENS) return IGRAD_KIND_OTHER;
+        if (ntok == MAX_TOKENS) return 0;
         tok[ntok].s = p;
         tok[ntok].n = n;
         ntok++;
         if (!dot) break;
         p = dot + 1;
     }
+    return ntok;
+}
 
-    /* The first block marker followed by an index starts the block. */
-    static const char *const block_markers[] = {"layers", "h", "blocks", NULL};
-    int block = -1, index = -1;
+/* The first block marker followed by an index starts the block: returns
+ * the token where the block's module path starts (-1: no block) and the
+ * index in *index. */
+static int find_block(const token_t *tok, int ntok, int *index)
+{
+    static const char *const block_markers[] = {"layers", "h", "blocks", "block", "layer",
+                                                NULL};
     for (int i = 0; i + 1 < ntok; i++) {
         if (tok_in(&tok[i], block_markers)) {
-            index = tok_index(&tok[i + 1]);
-            if (index >= 0) {
-                block = i + 2;
-                break;
-            }
+            *index = tok_index(&tok[i + 1]);
+            if (*index >= 0) return i + 2;
         }
     }
+    *index = -1;
+    return -1;
+}
+
+/* PEFT wraps a module: q_proj.lora_A.default.weight, q_proj.base_layer.
+ * weight, lm_head.modules_to_save.default.weight. The name is cut at the
+ * first adapter token, so the wrapped module decides. */
+static int cut_adapter(const token_t *tok, int ntok, int from)
+{
+    static const char *const adapter[] = {"lora_A",           "lora_B",
+                                          "lora_embedding_A", "lora_embedding_B",
+                                          "lora_magnitude_vector", "base_layer",
+                                          "modules_to_save",  "original_module",
+                                          NULL};
+    for (int i = from > 1 ? from : 1; i < ntok; i++)
+        if (tok_in(&tok[i], adapter)) return i;
+    return ntok;
+}
+
+/* nn.MultiheadAttention's parameters are in_proj_weight / in_proj_bias
+ * (and q/k/v_proj_weight with kdim or vdim set): the module token with
+ * its "_weight"/"_bias" cut off. */
+static void split_mha_suffix(token_t *last)
+{
+    static const char *const mha[] = {"in_proj", "q_proj", "k_proj", "v_proj", NULL};
+    static const char *const suffixes[] = {"_weight", "_bias", NULL};
+    for (const char *const *sfx = suffixes; *sfx; sfx++) {
+        size_t m = strlen(*sfx);
+        if (last->n <= m || memcmp(last->s + last->n - m, *sfx, m) != 0) continue;
+        token_t stem = {last->s, last->n - m};
+        if (tok_in(&stem, mha)) *last = stem;
+        return;
+    }
+}
+
+int igrad__name_block_index(const char *name)
+{
+    token_t tok[MAX_TOKENS];
+    int index = -1;
+    int ntok = name ? tokenize(name, tok) : 0;
+    if (ntok > 0) find_block(tok, ntok, &index);
+    return index;
+}
+
+igrad_kind_t igrad_component_of(const char *name, int *layer)
+{
+    if (layer) *layer = -1;
+    if (!name) return IGRAD_KIND_OTHER;
+
+    token_t tok[MAX_TOKENS];
+    int ntok = tokenize(name, tok);
+    if (ntok == 0) return IGRAD_KIND_OTHER;
+
+    int index = -1;
+    int block = find_block(tok, ntok, &index);
+    int cut = cut_adapter(tok, ntok, block);
+    int stripped = cut < ntok; /* the wrapped module is the last token */
+    ntok = cut;
     if (block < 0) return kind_outside_block(tok, ntok);
 
     int end = ntok;
-    if (end > block && (tok_is(&tok[end - 1], "weight") || tok_is(&tok[end - 1], "bias")))
+    if (!stripped && end > block &&
+        (tok_is(&tok[end - 1], "weight") || tok_is(&tok[end - 1], "bias")))
         end--;
     if (end <= block) return IGRAD_KIND_OTHER;
     for (int i = block; i < end; i++) {
@@ -201,9 +301,11 @@ igrad_kind_t igrad_component_of(const char *name, int *layer)
             return IGRAD_KIND_NORM;
         }
     }
-    const token_t *mod = &tok[end - 1];
+    token_t mod = tok[end - 1];
+    if (end == ntok && !stripped) split_mha_suffix(&mod);
     const token_t *parent = end - 2 >= block ? &tok[end - 2] : NULL;
-    igrad_kind_t kind = kind_of_module(mod, parent);
+    const token_t *grand = end - 3 >= block ? &tok[end - 3] : NULL;
+    igrad_kind_t kind = kind_of_module(&mod, parent, grand);
     if (kind != IGRAD_KIND_OTHER && layer) *layer = index;
     return kind;
 }

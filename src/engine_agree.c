@@ -270,9 +270,46 @@ static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int n
                                    "rank %d have a different name, dtype or shape there",
                                    context, e->t[t].name, t, r);
             }
+    /* Same tensors: then the name rules differ (a layout with a name map
+     * hashes its (layer, kind) assignment). Name the first tensor. */
+    uint64_t *mine = malloc(T * sizeof *mine);
+    if (!mine) {
+        free(all);
+        return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                           "%s: layout differs between ranks (same tensors; other name "
+                           "rules?)",
+                           context);
+    }
+    for (size_t t = 0; t < T; t++) {
+        int c = e->t[t].comp;
+        int layer = c < 0 ? -1 : e->comp_layer[c];
+        int kind = c < 0 ? (int)IGRAD_KIND_OTHER : (int)e->comp_kind[c];
+        mine[t] = ((uint64_t)(uint32_t)(layer + 1) << 8) | (uint64_t)kind;
+    }
+    st = igrad_comm_allgather(comm, mine, T * sizeof *mine, all);
+    free(mine);
+    if (st != IGRAD_OK) {
+        if (st != IGRAD_E_TIMEOUT) free(all);
+        return st;
+    }
+    for (size_t t = 0; t < T; t++)
+        for (int r = 1; r < nranks; r++)
+            if (all[(size_t)r * T + t] != all[t]) {
+                uint64_t a = all[t], b = all[(size_t)r * T + t];
+                free(all);
+                return igrad__fail(
+                    IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                    "%s: layout differs at tensor %s (index %zu): rank 0 maps it to (layer "
+                    "%d, %s), rank %d to (layer %d, %s): the ranks' name rules (--map, "
+                    "name_map=) differ",
+                    context, e->t[t].name, t, (int)(a >> 8) - 1,
+                    igrad_kind_name((igrad_kind_t)(a & 0xff)), r, (int)(b >> 8) - 1,
+                    igrad_kind_name((igrad_kind_t)(b & 0xff)));
+            }
     free(all);
     return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
-                       "%s: layout differs between ranks (same tensors, other family?)",
+                       "%s: layout differs between ranks (same tensors and components; one "
+                       "rank has name rules that map them as the built-in ones do)",
                        context);
 }
 

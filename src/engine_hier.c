@@ -25,6 +25,7 @@
 #include "engine_internal.h"
 
 #include "comm_internal.h"
+#include "layout_internal.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -131,7 +132,7 @@ done:
 static igrad_status_t shard_layout(const igrad_layout_t *layout, const int *owner, int l,
                                    igrad_layout_t **out)
 {
-    IGRAD_CHECK(igrad_layout_create(out));
+    IGRAD_CHECK(igrad__layout_create_like(layout, out)); /* with its name map */
     for (size_t t = 0; t < igrad_layout_count(layout); t++) {
         if (owner[t] != l) continue;
         igrad_tensor_info_t ti;

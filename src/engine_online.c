@@ -34,7 +34,7 @@
 static igrad_status_t copy_layout_obj(const igrad_layout_t *src, igrad_layout_t **out)
 {
     igrad_layout_t *l = NULL;
-    IGRAD_CHECK(igrad_layout_create(&l));
+    IGRAD_CHECK(igrad__layout_create_like(src, &l)); /* with src's name map */
     igrad_status_t st = IGRAD_OK;
     for (size_t i = 0; i < igrad_layout_count(src); i++) {
         igrad_tensor_info_t ti;

@@ -77,7 +77,8 @@ typedef struct row {
     int layer;
     igrad_kind_t kind;
     int is_bias;
-    int node; /* its component's node in `nodes`, -1 for OTHER */
+    int in_block; /* the name has a numbered block (layers.N, h.N, ...) */
+    int node;     /* its component's node in `nodes`, -1 for OTHER */
 } row_t;
 
 /* Components live in an order-statistic treap keyed by (layer, kind): a
@@ -104,6 +105,10 @@ struct igrad_layout {
     int root; /* -1 while there are no components */
     int64_t total;
     uint64_t hash; /* running hash over the rows added so far */
+    igrad_name_map_t *map;  /* user rules before the built-in ones; NULL = none */
+    uint64_t assign_hash;   /* with a map: running hash of each row's (layer, kind) */
+    int departs;            /* with a map: some row's (layer, kind) is not the
+                               built-in rules' */
     size_t *slots; /* open-addressing name index: row + 1, 0 = empty */
     size_t nslots; /* power of two, at least twice nrows */
 };
@@ -120,6 +125,7 @@ igrad_status_t igrad_layout_create(igrad_layout_t **out)
         return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "layout: out of memory");
     }
     l->hash = IGRAD__HASH_SEED;
+    l->assign_hash = IGRAD__HASH_SEED;
     l->root = -1;
     *out = l;
     return IGRAD_OK;
@@ -133,7 +139,54 @@ void igrad_layout_free(igrad_layout_t *layout)
     free(layout->nodes);
     free(layout->slots);
     free(layout->family);
+    igrad_name_map_free(layout->map);
     free(layout);
+}
+
+igrad_status_t igrad_layout_set_name_map(igrad_layout_t *layout, const igrad_name_map_t *map)
+{
+    IGRAD_FAIL_IF(!layout, IGRAD_E_INVALID, "igrad_layout_set_name_map: NULL layout");
+    IGRAD_FAIL_IF(layout->nrows > 0, IGRAD_E_INVALID,
+                  "igrad_layout_set_name_map: the layout already has %zu tensors; set the "
+                  "name map before adding any (or use igrad_layout_remap)",
+                  layout->nrows);
+    igrad_name_map_t *copy = NULL;
+    IGRAD_CHECK(igrad__name_map_copy(map, &copy));
+    igrad_name_map_free(layout->map);
+    layout->map = copy;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__layout_create_like(const igrad_layout_t *src, igrad_layout_t **out)
+{
+    IGRAD_CHECK(igrad_layout_create(out));
+    igrad_status_t st = igrad_layout_set_name_map(*out, src->map);
+    if (st != IGRAD_OK) {
+        igrad_layout_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+igrad_status_t igrad_layout_remap(const igrad_layout_t *layout, const igrad_name_map_t *map,
+                                  igrad_layout_t **out)
+{
+    IGRAD_FAIL_IF(!layout || !out, IGRAD_E_INVALID, "igrad_layout_remap: NULL argument");
+    *out = NULL;
+    igrad_layout_t *l = NULL;
+    IGRAD_CHECK(igrad_layout_create(&l));
+    igrad_status_t st = igrad_layout_set_name_map(l, map);
+    for (size_t i = 0; st == IGRAD_OK && i < layout->nrows; i++) {
+        const row_t *r = &layout->rows[i];
+        st = igrad_layout_add(l, r->name, r->dtype, r->ndim, r->shape);
+    }
+    if (st == IGRAD_OK) st = igrad__layout_set_family(l, layout->family);
+    if (st != IGRAD_OK) {
+        igrad_layout_free(l);
+        return st;
+    }
+    *out = l;
+    return IGRAD_OK;
 }
 
 igrad_status_t igrad__layout_set_family(igrad_layout_t *layout, const char *family)
@@ -338,7 +391,12 @@ igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_
     r.name = igrad__strdup(name);
     IGRAD_FAIL_IF(!r.name, IGRAD_E_NOMEM, "layout: out of memory");
     r.offset = layout->total;
-    r.kind = igrad_component_of(name, &r.layer);
+    igrad_status_t mst = igrad_name_map_component_of(layout->map, name, &r.kind, &r.layer);
+    if (mst != IGRAD_OK) {
+        free(r.name);
+        return mst;
+    }
+    r.in_block = igrad__name_block_index(name) >= 0;
     r.is_bias = ends_with(name, "bias");
     r.node = -1;
 
@@ -361,6 +419,13 @@ igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_
     h = igrad__hash_i64(h, ndim);
     for (int d = 0; d < ndim; d++) h = igrad__hash_i64(h, r.shape[d]);
     layout->hash = h;
+    if (layout->map) {
+        int builtin_layer;
+        igrad_kind_t builtin = igrad_component_of(name, &builtin_layer);
+        if (builtin != r.kind || builtin_layer != r.layer) layout->departs = 1;
+        layout->assign_hash = igrad__hash_i64(layout->assign_hash, r.layer);
+        layout->assign_hash = igrad__hash_i64(layout->assign_hash, (int64_t)r.kind);
+    }
     return IGRAD_OK;
 }
 
@@ -419,9 +484,68 @@ igrad_status_t igrad_layout_component(const igrad_layout_t *layout, size_t i,
     return IGRAD_OK;
 }
 
+/* The hash covers names, dtypes and shapes; the built-in components follow
+ * from the names. When a name map assigns any tensor another (layer,
+ * kind), the hash goes on over every tensor's (layer, kind): ranks or files
+ * with different assignments disagree on it, and a map that changes
+ * nothing leaves the hash (and the profiles that carry it) as it was. */
 uint64_t igrad_layout_hash(const igrad_layout_t *layout)
 {
-    return layout ? layout->hash : IGRAD__HASH_SEED;
+    if (!layout) return IGRAD__HASH_SEED;
+    if (!layout->departs) return layout->hash;
+    uint64_t h = igrad__hash_str(layout->hash, "name_map");
+    return igrad__hash_i64(h, (int64_t)layout->assign_hash);
+}
+
+/* ---- tensors no rule knows ------------------------------------------------ */
+
+int igrad_layout_is_unmapped(const igrad_layout_t *layout, size_t i)
+{
+    if (!layout || i >= layout->nrows) return 0;
+    const row_t *r = &layout->rows[i];
+    return r->kind == IGRAD_KIND_OTHER && r->in_block;
+}
+
+igrad_status_t igrad_layout_unmapped_report(const igrad_layout_t *layout, size_t max_names,
+                                            char **text)
+{
+    IGRAD_FAIL_IF(!layout || !text, IGRAD_E_INVALID,
+                  "igrad_layout_unmapped_report: NULL argument");
+    *text = NULL;
+    size_t n = 0;
+    int64_t entries = 0;
+    for (size_t i = 0; i < layout->nrows; i++) {
+        if (!igrad_layout_is_unmapped(layout, i)) continue;
+        n++;
+        entries += layout->rows[i].count;
+    }
+    if (n == 0) return IGRAD_OK;
+    double total = layout->total > 0 ? (double)layout->total : 1.0;
+    char *s = igrad__strprintf(
+        "%zu of %zu tensors inside numbered blocks (%.2f %% of the entries) match no name "
+        "rule and are OTHER (sent every step, never profiled or deferred):",
+        n, layout->nrows, 100.0 * (double)entries / total);
+    size_t shown = 0;
+    for (size_t i = 0; s && i < layout->nrows && shown < max_names; i++) {
+        if (!igrad_layout_is_unmapped(layout, i)) continue;
+        const row_t *r = &layout->rows[i];
+        char *t = igrad__strprintf("%s%s %s (%.2f %%)", s, shown ? "," : "", r->name,
+                                   100.0 * (double)r->count / total);
+        free(s);
+        s = t;
+        shown++;
+    }
+    if (s) {
+        char *t = igrad__strprintf(
+            "%s%s; map them with name rules (igrad --map FILE, IgradState(name_map=...); "
+            "docs/formats.md, the name map file) or see `igrad layout --unmapped`",
+            s, shown < n ? ", ..." : "");
+        free(s);
+        s = t;
+    }
+    IGRAD_FAIL_IF(!s, IGRAD_E_NOMEM, "layout: out of memory");
+    *text = s;
+    return IGRAD_OK;
 }
 
 /* ---- JSON rendering ---------------------------------------------------- */

@@ -2,7 +2,8 @@
  * layout_internal.h — what the layout files (layout.c, layout_hf.c,
  * safetensors.c) share with each other and with tests/fuzz targets:
  * setting a layout's family, in-memory readers and the writers used to
- * re-serialise a layout for round-trip checks. Not part of the public API.
+ * re-serialise a layout for round-trip checks, the name-map helpers
+ * (name_map.c, component.c). Not part of the public API.
  */
 #ifndef IGRAD_LAYOUT_INTERNAL_H
 #define IGRAD_LAYOUT_INTERNAL_H
@@ -37,5 +38,21 @@ igrad_status_t igrad__layout_to_name_list(const igrad_layout_t *layout, char **t
 igrad_status_t igrad__layout_to_safetensors_header(const igrad_layout_t *layout,
                                                    unsigned char **bytes, size_t *nbytes,
                                                    uint64_t *data_nbytes);
+
+/* An empty layout with src's name map (the engine's copies of a layout). */
+igrad_status_t igrad__layout_create_like(const igrad_layout_t *src, igrad_layout_t **out);
+
+/* A copy of a name map (NULL stays NULL) and the map-file reader on a text
+ * in memory ("source:LINE: ..." in messages). */
+igrad_status_t igrad__name_map_copy(const igrad_name_map_t *src, igrad_name_map_t **out);
+igrad_status_t igrad__name_map_from_text(const char *text, size_t nbytes, const char *source,
+                                         igrad_name_map_t **out);
+
+/* The index after a name's first numbered block marker (layers.N, h.N,
+ * blocks.N, block.N, layer.N), -1 without one (component.c). */
+int igrad__name_block_index(const char *name);
+/* A layer number as the built-in rules read one: n decimal digits, no sign,
+ * below one million; -1 otherwise. */
+int igrad__parse_layer_index(const char *s, size_t n);
 
 #endif /* IGRAD_LAYOUT_INTERNAL_H */

@@ -39,6 +39,9 @@ int cli_parse_onoff(const char *name, const char *text, int *out);
 int cli_parse_value_dtype(const char *name, const char *text, igrad_dtype_t *out);
 /* Prints "igrad: <what>: <igrad_last_error()>" to stderr and returns 1. */
 int cli_fail(const char *what, igrad_status_t st);
+/* igrad_layout_load(path), then with map_path (may be NULL) remapped by the
+ * name rules of that map file (tools/cmd_layout.c). */
+igrad_status_t cli_load_layout(const char *path, const char *map_path, igrad_layout_t **out);
 /* Formats a byte count as "123.4 KiB" into buf (returns buf). */
 const char *cli_human_bytes(double nbytes, char *buf, int size);
 

@@ -1,7 +1,9 @@
 /*
  * cmd_layout.c — `igrad layout FILE`: prints a model's parameter table
- * (name, shape, entries, layer, kind) and a per-kind summary, or with
- * --json the object of igrad_layout_to_json(). FILE is anything
+ * (name, shape, entries, layer, kind) and a per-kind summary, with --json
+ * the object of igrad_layout_to_json(), with --unmapped only the tensors
+ * inside numbered blocks that no name rule knows (and their share of the
+ * entries); --map FILE applies user name rules first. FILE is anything
  * igrad_layout_load() reads: an HF config.json, a .safetensors file, a
  * name list, or a checkpoint directory. The parsing lives in the library.
  */
@@ -13,7 +15,7 @@
 static void usage(FILE *fp)
 {
     fprintf(fp,
-            "usage: igrad layout [--json | --summary] FILE\n"
+            "usage: igrad layout [--json | --summary | --unmapped] [--map RULES] FILE\n"
             "\n"
             "Prints the trainable tensors of a model and their Transformer components.\n"
             "FILE: a Hugging Face config.json, a .safetensors checkpoint (only its header\n"
@@ -22,7 +24,29 @@ static void usage(FILE *fp)
             "\n"
             "  --json     print {\"family\", \"total_numel\", \"tensors\", \"kinds\"} as JSON\n"
             "  --summary  print only the per-kind summary, not every tensor\n"
+            "  --unmapped print only the tensors inside numbered blocks that no name rule\n"
+            "             maps (OTHER: sent every step, never profiled or deferred) with\n"
+            "             their share of the entries; exit 0 either way\n"
+            "  --map RULES  user name rules, one 'PATTERN KIND LAYER' per line, tried\n"
+            "             before the built-in ones (docs/formats.md)\n"
             "  -h, --help this text\n");
+}
+
+igrad_status_t cli_load_layout(const char *path, const char *map_path, igrad_layout_t **out)
+{
+    *out = NULL;
+    igrad_layout_t *loaded = NULL;
+    igrad_status_t st = igrad_layout_load(path, &loaded);
+    if (st != IGRAD_OK || !map_path) {
+        *out = loaded;
+        return st;
+    }
+    igrad_name_map_t *map = NULL;
+    st = igrad_name_map_load(map_path, &map);
+    if (st == IGRAD_OK) st = igrad_layout_remap(loaded, map, out);
+    igrad_name_map_free(map);
+    igrad_layout_free(loaded);
+    return st;
 }
 
 static void format_shape(const igrad_tensor_info_t *t, char *buf, size_t size)
@@ -78,10 +102,40 @@ static int print_table(const igrad_layout_t *layout, const char *path, int summa
     return 0;
 }
 
+static int print_unmapped(const igrad_layout_t *layout, const char *path)
+{
+    size_t count = igrad_layout_count(layout), n = 0;
+    int64_t total = igrad_layout_total_count(layout), entries = 0;
+    int width = 4;
+    for (size_t i = 0; i < count; i++) {
+        igrad_tensor_info_t t;
+        if (!igrad_layout_is_unmapped(layout, i)) continue;
+        igrad_layout_tensor(layout, i, &t);
+        int len = (int)strlen(t.name);
+        if (len > width) width = len;
+    }
+    double denom = total > 0 ? (double)total : 1.0;
+    for (size_t i = 0; i < count; i++) {
+        igrad_tensor_info_t t;
+        if (!igrad_layout_is_unmapped(layout, i)) continue;
+        igrad_layout_tensor(layout, i, &t);
+        if (n == 0) printf("%-*s %14s %8s\n", width, "name", "entries", "share");
+        printf("%-*s %14lld %7.3f%%\n", width, t.name, (long long)t.count,
+               100.0 * (double)t.count / denom);
+        n++;
+        entries += t.count;
+    }
+    printf("# %s: %zu of %zu tensors inside numbered blocks map to no component (OTHER), "
+           "%lld of %lld entries (%.2f%%)\n",
+           path, n, count, (long long)entries, (long long)total,
+           100.0 * (double)entries / denom);
+    return 0;
+}
+
 int cmd_layout(int argc, char **argv)
 {
-    int json = 0, summary_only = 0;
-    const char *path = NULL;
+    int json = 0, summary_only = 0, unmapped = 0;
+    const char *path = NULL, *map_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -91,6 +145,14 @@ int cmd_layout(int argc, char **argv)
             json = 1;
         } else if (!strcmp(a, "--summary")) {
             summary_only = 1;
+        } else if (!strcmp(a, "--unmapped")) {
+            unmapped = 1;
+        } else if (!strcmp(a, "--map")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "igrad layout: --map needs a FILE\n");
+                return 2;
+            }
+            map_path = argv[++i];
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "igrad layout: unknown option '%s'\n", a);
             usage(stderr);
@@ -106,16 +168,18 @@ int cmd_layout(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (json && summary_only) {
-        fprintf(stderr, "igrad layout: --json and --summary exclude each other\n");
+    if (json + summary_only + unmapped > 1) {
+        fprintf(stderr, "igrad layout: --json, --summary and --unmapped exclude each other\n");
         return 2;
     }
 
     igrad_layout_t *layout = NULL;
-    igrad_status_t st = igrad_layout_load(path, &layout);
+    igrad_status_t st = cli_load_layout(path, map_path, &layout);
     if (st != IGRAD_OK) return cli_fail("layout", st);
     int rc = 0;
-    if (json) {
+    if (unmapped) {
+        rc = print_unmapped(layout, path);
+    } else if (json) {
         char *text = NULL;
         st = igrad_layout_to_json(layout, &text);
         if (st != IGRAD_OK) {

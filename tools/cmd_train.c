@@ -94,6 +94,9 @@ static void usage(FILE *fp)
 "  --start-iter N              the first N steps are plain dense averages (default 0)\n"
 "                              The four above act on error feedback: sparse methods\n"
 "                              only. summary.json records what they resolved to\n"
+"  --map FILE                  user name rules ('PATTERN KIND LAYER' per line, tried\n"
+"                              before the built-in ones; docs/formats.md). The same on\n"
+"                              every rank; a profile is tied to the rules it was made with\n"
 "  --gate-other on|off         on (default): embeddings, lm_head and norms (EMB, HEAD,\n"
 "                              NORM components) are deferred when the profile calls\n"
 "                              them unimportant; off: always sent (the old behaviour)\n"
@@ -292,6 +295,11 @@ static int parse_args(int argc, char **argv, train_options_t *o)
             continue;
         }
         F64_OPT("--target-ratio", target_ratio)
+        if ((r = cli_opt(argc, argv, &i, "--map", &v)) != 0) {
+            if (r < 0) return -1;
+            o->name_map = v;
+            continue;
+        }
         if ((r = cli_opt(argc, argv, &i, "--gate-other", &v)) != 0) {
             if (r < 0 || cli_parse_onoff("--gate-other", v, &o->gate_other) != 0) return -1;
             continue;

@@ -518,6 +518,24 @@ static igrad_sparsifier_t method_sparsifier(const igrad_config_t *c)
     }
 }
 
+/* --map FILE: the model's layout remapped by the user's name rules. Every
+ * rank must give the same rules; a layout with a map hashes its (layer,
+ * kind) assignment, so the engine's layout agreement refuses rules that
+ * map differently on two ranks. */
+static igrad_status_t apply_name_map(run_t *r, const char *path)
+{
+    igrad_name_map_t *map = NULL;
+    igrad_status_t st = igrad_name_map_load(path, &map);
+    if (st != IGRAD_OK) return lib_fail(st, "--map");
+    igrad_layout_t *mapped = NULL;
+    st = igrad_layout_remap(r->layout, map, &mapped);
+    igrad_name_map_free(map);
+    if (st != IGRAD_OK) return lib_fail(st, "--map");
+    igrad_layout_free(r->layout);
+    r->layout = mapped;
+    return IGRAD_OK;
+}
+
 /* --target-ratio: the important set and kappa from the profile's scores
  * (igrad_target_fit), applied to the loaded profile and the sync config
  * before the engine exists. The same on every rank (a pure function of
@@ -975,6 +993,13 @@ static igrad_status_t setup_local(run_t *r)
     TRY(setup_data(r));
     TRY(setup_buffers(r));
     if ((st = model_layout(r->model, &r->layout)) != IGRAD_OK) return prefix_fail(st, "layout");
+    if (o->name_map) TRY(apply_name_map(r, o->name_map));
+    if (r->rank == 0) {
+        char *unmapped = NULL;
+        if (igrad_layout_unmapped_report(r->layout, 8, &unmapped) == IGRAD_OK && unmapped)
+            fprintf(stderr, "igrad: train: warning: %s\n", unmapped);
+        igrad_free(unmapped);
+    }
 
     int needs_profile = r->scfg.method == IGRAD_METHOD_IAD || r->scfg.method == IGRAD_METHOD_IG;
     if (needs_profile && !o->profile)

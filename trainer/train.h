@@ -134,6 +134,8 @@ typedef struct train_options {
     int momentum_masking;     /* DGC momentum factor masking (1) */
     double residual_decay;    /* residual = d * (a - sent), d in (0, 1]; NaN = auto */
     int64_t start_iter;       /* dense warm-up steps; -1 = auto */
+    const char *name_map;     /* --map FILE: user name rules before the built-in
+                                 ones (igrad_name_map_load); NULL = none */
     int gate_other;           /* 1: EMB/HEAD/NORM components gated (default); 0:
                                  always sent (igrad_config_t.gate_other) */
     double target_ratio;      /* > 0: ig picks the important set and kappa to send

@@ -26,7 +26,7 @@ so when it is missing.
 from ._lib import (CommError, CommTimeoutError, FileError, FormatError, IgradError,  # noqa: F401
                    InvalidArgumentError, MismatchError, NonFiniteError, OutOfMemoryError,
                    StateError, UnsupportedError, __version__, load_library)
-from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace,  # noqa: F401
+from .core import (Comm, Engine, Layout, NameMap, Profile, SelectWorkspace, Trace,  # noqa: F401
                    config_to_dict, make_config, partition, select_spec, target_fit)
 from .profile import build_profile  # noqa: F401
 
@@ -34,7 +34,7 @@ __all__ = [
     "__version__", "load_library", "library_version", "library_path", "component_of",
     "IgradError", "InvalidArgumentError", "OutOfMemoryError", "FileError", "FormatError",
     "UnsupportedError", "NonFiniteError", "MismatchError", "CommError", "StateError",
-    "CommTimeoutError", "Layout", "Trace", "Profile", "Comm", "Engine", "SelectWorkspace", "make_config",
+    "CommTimeoutError", "Layout", "NameMap", "Trace", "Profile", "Comm", "Engine", "SelectWorkspace", "make_config",
     "config_to_dict", "partition", "select_spec", "build_profile", "target_fit",
 ]
 

@@ -322,6 +322,7 @@ SIGNATURES = {
     "igrad_kind_name": (cstr, [c_enum]),
     "igrad_component_of": (c_enum, [cstr, ctypes.POINTER(ctypes.c_int)]),
     "igrad_dtype_from_name": (S, [cstr, ctypes.POINTER(c_enum)]),
+    "igrad_kind_from_name": (S, [cstr, ctypes.POINTER(c_enum)]),
     "igrad_convert": (S, [P, c_enum, P, c_enum, sz]),
     # layout
     "igrad_layout_create": (S, [PP]),
@@ -337,6 +338,16 @@ SIGNATURES = {
     "igrad_layout_component": (S, [P, sz, ctypes.POINTER(ComponentInfo)]),
     "igrad_layout_hash": (u64, [P]),
     "igrad_layout_to_json": (S, [P, ctypes.POINTER(ctypes.c_void_p)]),
+    # name rules
+    "igrad_name_map_create": (S, [PP]),
+    "igrad_name_map_add": (S, [P, cstr, c_enum, ctypes.c_int]),
+    "igrad_name_map_load": (S, [cstr, PP]),
+    "igrad_name_map_free": (None, [P]),
+    "igrad_name_map_count": (sz, [P]),
+    "igrad_layout_set_name_map": (S, [P, P]),
+    "igrad_layout_remap": (S, [P, P, PP]),
+    "igrad_layout_is_unmapped": (ctypes.c_int, [P, sz]),
+    "igrad_layout_unmapped_report": (S, [P, sz, ctypes.POINTER(ctypes.c_void_p)]),
     # selection
     "igrad_budget": (i64, [i64, dbl]),
     "igrad_select_spec": (S, [c_enum, dbl, dbl, ctypes.c_int, i64, ctypes.c_int, I64P,

@@ -87,18 +87,83 @@ class _Handle:
 # Layout
 # ---------------------------------------------------------------------------
 
+# Layer of a name rule (igrad.h: IGRAD_NAME_LAYER_BLOCK / _NONE).
+_NAME_LAYER_BLOCK, _NAME_LAYER_NONE = -2, -1
+
+
+class NameMap(_Handle):
+    """User name rules tried before the built-in ones (igrad_name_map_t):
+    an ordered list of (pattern, kind, layer). pattern: a POSIX extended
+    regex matched against the whole name (\\d accepted; a compiled
+    re.Pattern gives its .pattern), or "glob:..." (fnmatch, '*' matches
+    dots). kind: "Q", ..., "NORM", "OTHER". layer: "block" (the index after
+    layers.N / h.N / blocks.N / block.N / layer.N), None (no layer: EMB,
+    HEAD, OTHER, outer NORM) or a capture group g >= 1 holding the layer
+    number."""
+
+    _free = "igrad_name_map_free"
+
+    @classmethod
+    def create(cls, spec):
+        """spec: a NameMap (returned as is), a path of a map file
+        (docs/formats.md) or an iterable of (pattern, kind, layer)."""
+        if isinstance(spec, NameMap):
+            return spec
+        lib = L.lib()
+        h = ctypes.c_void_p()
+        if isinstance(spec, (str, bytes, os.PathLike)):
+            lib.call("igrad_name_map_load", _b(os.fsdecode(spec)), ctypes.byref(h))
+            return cls(h.value)
+        lib.call("igrad_name_map_create", ctypes.byref(h))
+        self = cls(h.value)
+        for i, rule in enumerate(spec):
+            try:
+                pattern, kind, layer = rule
+            except (TypeError, ValueError):
+                raise L.InvalidArgumentError(
+                    "name_map rule %d is %r (expected (pattern, kind, layer))" % (i + 1, rule))
+            pattern = getattr(pattern, "pattern", pattern)  # re.Pattern
+            if layer is None or layer == "none":
+                lv = _NAME_LAYER_NONE
+            elif layer == "block":
+                lv = _NAME_LAYER_BLOCK
+            elif isinstance(layer, int) and not isinstance(layer, bool) and layer >= 1:
+                lv = layer
+            else:
+                raise L.InvalidArgumentError(
+                    "name_map rule %d (%r): layer is %r (expected 'block', None or a capture "
+                    "group >= 1)" % (i + 1, pattern, layer))
+            lib.call("igrad_name_map_add", self._h, _b(str(pattern)),
+                     _enum_from_name("kind", kind), lv)
+        return self
+
+    def __len__(self):
+        return int(self._lib.igrad_name_map_count(self.handle))
+
+
+def _name_map_arg(name_map):
+    """A NameMap for a name_map= argument, None for None."""
+    return None if name_map is None else NameMap.create(name_map)
+
+
 class Layout(_Handle):
     """An ordered table of trainable tensors (igrad_layout_t)."""
 
     _free = "igrad_layout_free"
 
     @classmethod
-    def from_tensors(cls, tensors):
-        """tensors: iterable of (name, shape) or (name, shape, dtype name)."""
+    def from_tensors(cls, tensors, name_map=None):
+        """tensors: iterable of (name, shape) or (name, shape, dtype name).
+        name_map: user name rules (NameMap.create's spec) tried before the
+        built-in ones; the layout's hash then covers each tensor's (layer,
+        kind) too."""
         lib = L.lib()
+        nm = _name_map_arg(name_map)
         h = ctypes.c_void_p()
         lib.call("igrad_layout_create", ctypes.byref(h))
         self = cls(h.value)
+        if nm is not None:
+            lib.call("igrad_layout_set_name_map", self._h, nm.handle)
         for item in tensors:
             name, shape = item[0], tuple(int(d) for d in item[1])
             dtype = item[2] if len(item) > 2 else "F32"
@@ -115,12 +180,42 @@ class Layout(_Handle):
         return self
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path, name_map=None):
         """Reads a HF config.json, a safetensors header, a name list or a
-        checkpoint directory (igrad_layout_load)."""
+        checkpoint directory (igrad_layout_load); with name_map, remapped
+        by those rules (igrad_layout_remap)."""
         h = ctypes.c_void_p()
         L.lib().call("igrad_layout_load", _b(str(path)), ctypes.byref(h))
-        return cls(h.value)
+        self = cls(h.value)
+        if name_map is None:
+            return self
+        nm = _name_map_arg(name_map)
+        h2 = ctypes.c_void_p()
+        L.lib().call("igrad_layout_remap", self.handle, nm.handle, ctypes.byref(h2))
+        return cls(h2.value)
+
+    def unmapped(self):
+        """The tensors inside numbered blocks that no name rule maps (OTHER:
+        sent every step, never profiled or deferred), as (name, count,
+        share of the layout's entries)."""
+        total = max(1, self.total_count)
+        out = []
+        for i in range(len(self)):
+            if self._lib.igrad_layout_is_unmapped(self.handle, i):
+                t = self.tensor(i)
+                out.append((t["name"], t["count"], t["count"] / total))
+        return out
+
+    def unmapped_report(self, max_names=8):
+        """The library's warning text about unmapped(), or None."""
+        p = ctypes.c_void_p()
+        self._lib.call("igrad_layout_unmapped_report", self.handle, max_names, ctypes.byref(p))
+        if not p.value:
+            return None
+        try:
+            return ctypes.string_at(p.value).decode()
+        finally:
+            self._lib.igrad_free(p.value)
 
     def __len__(self):
         return int(self._lib.igrad_layout_count(self.handle))

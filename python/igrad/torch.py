@@ -93,8 +93,8 @@ except ModuleNotFoundError as _e:
 import torch.distributed as dist
 
 from . import _lib as L
-from .core import (Comm, Engine, Layout, Profile, SelectWorkspace, Trace, config_to_dict,
-                   make_config, select_spec, target_fit)
+from .core import (Comm, Engine, Layout, NameMap, Profile, SelectWorkspace, Trace,
+                   config_to_dict, make_config, select_spec, target_fit)
 
 _DTYPE_OF = operator.attrgetter("dtype")
 
@@ -202,13 +202,33 @@ class _ParamSlots:
         return params.get(parts[-1])
 
 
-def layout_from_module(model):
+def layout_from_module(model, name_map=None):
     """The igrad Layout of a model's trainable parameters (names and shapes
     from named_parameters(), only those that require grad; a DDP "module."
     prefix is stripped). Tensors of more than 4 dimensions keep their first
-    dimension and fold the rest (rows of a row-wise selection)."""
+    dimension and fold the rest (rows of a row-wise selection). name_map:
+    user name rules tried before the built-in ones (igrad.NameMap: a list
+    of (pattern, kind, layer) or a map file's path)."""
     return Layout.from_tensors([(n, tuple(p.shape) if p.dim() else (), _TORCH_DTYPES.get(
-        p.dtype, "F32")) for n, p in named_trainable_parameters(model)])
+        p.dtype, "F32")) for n, p in named_trainable_parameters(model)], name_map=name_map)
+
+
+def _name_map_spec(name_map):
+    """name_map= as kept by IgradState (picklable): None, a path string or a
+    list of (pattern string, kind, layer)."""
+    if name_map is None or isinstance(name_map, str):
+        return name_map
+    if isinstance(name_map, os.PathLike):
+        return os.fspath(name_map)
+    if isinstance(name_map, NameMap):
+        raise L.InvalidArgumentError("name_map: give IgradState the rules (a list of "
+                                     "(pattern, kind, layer)) or a map file's path, not a "
+                                     "NameMap (the state must pickle)")
+    rules = [tuple(r) if isinstance(r, (list, tuple)) else r for r in name_map]
+    rules = [(getattr(r[0], "pattern", r[0]),) + r[1:] if isinstance(r, tuple) and r else r
+             for r in rules]
+    NameMap.create(rules)  # validates now, not at the first backward
+    return rules
 
 
 # ---------------------------------------------------------------------------
@@ -498,6 +518,14 @@ class IgradState:
     gate_other:     True (default): embeddings, lm_head and norms (EMB, HEAD,
                     NORM components) are gated like projections; False: they
                     are sent every step (the behaviour before; an ablation).
+    name_map:       user name rules tried before the built-in ones: a map
+                    file's path (docs/formats.md) or a list of (pattern,
+                    kind, layer) (igrad.NameMap): pattern a POSIX extended
+                    regex on the whole name (or "glob:..."), kind "Q", ...,
+                    "NORM" or "OTHER", layer "block", None or a capture
+                    group >= 1. Tensors inside numbered blocks that no rule
+                    maps (OTHER: sent every step, never profiled or
+                    deferred) are named once per state in a UserWarning.
     start_iter:     the first `start_iter` steps are plain averaged
                     all-reduces without igrad (warm-up, as in PowerSGD).
     momentum, momentum_masking, residual_decay:  the engine's error-feedback
@@ -572,7 +600,7 @@ class IgradState:
                  momentum_masking=True, residual_decay=1.0, value_dtype="F32",
                  grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False,
                  grads_in_place=True, topology="flat", ranks_per_node=0, log_every=0,
-                 tensorboard=None, dense_below=0):
+                 tensorboard=None, dense_below=0, name_map=None):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -616,6 +644,7 @@ class IgradState:
             raise L.InvalidArgumentError("grad_scaler is %r (a torch GradScaler, or a callable "
                                          "returning the current loss scale)" % (grad_scaler,))
         self.grad_scaler = grad_scaler
+        self.name_map = _name_map_spec(name_map)
         self.target_ratio = None if target_ratio is None else float(target_ratio)
         self.target_fit = None
         self.profile = profile
@@ -731,7 +760,13 @@ class IgradState:
             # The shapes and dtypes of attach() time, which every step is
             # checked against (_check_step).
             self._layout = Layout.from_tensors([
-                (n, shape, _TORCH_DTYPES.get(dtype, "F32")) for n, shape, _, dtype in self._meta])
+                (n, shape, _TORCH_DTYPES.get(dtype, "F32")) for n, shape, _, dtype in self._meta],
+                name_map=getattr(self, "name_map", None))
+            if not getattr(self, "_unmapped_warned", False):
+                self._unmapped_warned = True  # once per state
+                report = self._layout.unmapped_report()
+                if report:
+                    warnings.warn("igrad: " + report, stacklevel=2)
         return self._layout
 
     def _needs_profile(self):
@@ -1767,11 +1802,18 @@ class Profiler:
     values under DDP, so saving on rank 0 is enough.
 
     The residuals live on the CPU in float32 (one copy of the trainable
-    block parameters)."""
+    block parameters). name_map: the user name rules of the run the profile
+    is for (IgradState's name_map=; a profile is tied to the layout's
+    components). Tensors inside blocks that no rule maps are named in a
+    UserWarning: they get no trace rows."""
 
-    def __init__(self, model, sparsifier="adtopk", density=0.01, interleave=False):
+    def __init__(self, model, sparsifier="adtopk", density=0.01, interleave=False,
+                 name_map=None):
         self.named = named_trainable_parameters(model)
-        self.layout = layout_from_module(self.named)
+        self.layout = layout_from_module(self.named, name_map=name_map)
+        report = self.layout.unmapped_report()
+        if report:
+            warnings.warn("igrad: " + report, stacklevel=2)
         self.sparsifier, self.density, self.interleave = sparsifier, density, interleave
         self.trace = Trace.create(self.layout, sparsifier, density)
         self._ws = SelectWorkspace()
