@@ -32,13 +32,17 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--base", default=os.path.join(REPO, "runs", "demo", "base", "checkpoint"))
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "dense_below"))
+    ap.add_argument("--size", default=None,
+                    help="train this model size from scratch instead of post-training the "
+                    "demo's base (another model: e.g. tiny)")
     a = ap.parse_args()
-    if not os.path.exists(os.path.join(a.base, "model.safetensors")):
+    if a.size is None and not os.path.exists(os.path.join(a.base, "model.safetensors")):
         sys.exit("dense_below: no base checkpoint at %s (run `make demo` first)" % a.base)
     mpi = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(a.ranks)]
     if os.geteuid() == 0:
         mpi.insert(1, "--allow-run-as-root")
-    post = ["--init", a.base, "--data", "brown:news", "--val-fraction", "0.1", "--lr", "1e-3",
+    start = ["--size", a.size, "--lr", "3e-3"] if a.size else ["--init", a.base, "--lr", "1e-3"]
+    post = start + ["--data", "brown:news", "--val-fraction", "0.1",
             "--min-lr", "1e-4", "--warmup", "10", "--eval-batches", "8", "--density", "0.01",
             "--seq-len", "64", "--batch", "16", "--threads", "1", "--progress", "plain",
             "--steps", str(a.steps), "--eval-every", str(a.steps), "--log-every", "60"]
@@ -70,10 +74,12 @@ def main():
         rows.append({"seed": seed, "runs": res})
     names = ["adtopk_sync-0", "adtopk_sync-%d" % a.below, "ig-0", "ig-%d" % a.below]
     lines = ["# Small tensors sent whole (`dense_below`): validation loss paired by seed", "",
-             "`python3 experiments/dense_below/run.py --seeds %s --below %d --steps %d` "
-             "(post-training `make demo`'s base on brown:news on %d ranks as the demo does; "
+             "`python3 experiments/dense_below/run.py --seeds %s --below %d --steps %d%s` "
+             "(%s on brown:news on %d ranks; "
              "ig with `--profile auto` and the default target 0.25; payload = rank 0's mean "
-             "per step)." % (a.seeds, a.below, a.steps, a.ranks), "",
+             "per step)." % (a.seeds, a.below, a.steps, " --size " + a.size if a.size else "",
+                             "the %s model from scratch, lr 3e-3" % a.size if a.size else
+                             "post-training `make demo`'s base as the demo does", a.ranks), "",
              "| seed | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for r in rows:
         lines.append("| %d | " % r["seed"] + " | ".join("%.4f" % r["runs"][n]["val_loss"]
