@@ -52,6 +52,7 @@ typedef struct igrad__hier {
     igrad__world_link_t link;
     size_t nown;
     size_t *own;                /* (nown) the owned tensors, layout order */
+    int64_t own_entries;        /* their entries: the shard buffer's floats */
     float *shard_mem;           /* node sums of the owned tensors, concatenated */
     float **shard;              /* (nown) pointers into shard_mem */
     igrad_comm_request_t **reqs; /* (T) */
@@ -337,6 +338,7 @@ static igrad_status_t hier_connect(igrad_engine_t *e, const igrad_layout_t *layo
         }
     h->own = calloc(h->nown, sizeof *h->own);
     h->shard = calloc(h->nown, sizeof *h->shard);
+    h->own_entries = n;
     h->shard_mem = malloc((size_t)(n > 0 ? n : 1) * sizeof *h->shard_mem);
     h->reqs = calloc(T, sizeof *h->reqs);
     size_t *full = calloc(h->nown, sizeof *full);
@@ -519,9 +521,7 @@ static void hier_stats(igrad_engine_t *e, double t0, double intra_ms)
     s.intra_wire_nbytes = s.skipped ? 0.0 : intra_nbytes(e);
     s.wire_nbytes = s.inter_wire_nbytes + s.intra_wire_nbytes;
     s.comm_ms += intra_ms;
-    int64_t own = 0;
-    for (size_t k = 0; k < h->nown; k++) own += e->t[h->own[k]].n;
-    s.dataplane_nbytes += own * (int64_t)sizeof(float);
+    s.dataplane_nbytes += h->own_entries * (int64_t)sizeof(float); /* the shard buffer */
     s.dataplane_nbytes_per_param = (double)s.dataplane_nbytes / (double)e->nparams;
     s.total_ms = igrad__now_ms() - t0;
     e->stats = s;
@@ -566,7 +566,7 @@ igrad_status_t igrad__hier_sync(igrad_engine_t *e, int64_t step, float *const *g
         st = igrad__engine_break(e, st);
         goto done;
     }
-    hier_stats(e, t0, (t1 - t0) + (t2 - t1) + (igrad__now_ms() - t3));
+    hier_stats(e, t0, (t2 - t0) + (igrad__now_ms() - t3)); /* the node's collectives */
     if (st == IGRAD_OK) e->last_step = step;
 done:
     igrad_comm_set_timeout(e->comm, saved_w);
@@ -592,8 +592,7 @@ size_t igrad__hier_workspace_nbytes(const igrad_engine_t *e)
                                                      sizeof *h->reqs);
     n += igrad_engine_workspace_nbytes(h->inner);
     for (int l = 0; l < h->L && h->plans; l++) n += igrad_engine_workspace_nbytes(h->plans[l]);
-    for (size_t k = 0; k < h->nown; k++) n += (size_t)e->t[h->own[k]].n * sizeof(float);
-    return n;
+    return n + (size_t)h->own_entries * sizeof(float);
 }
 
 igrad_status_t igrad__hier_save_state(const igrad_engine_t *e, const char *path)
