@@ -332,10 +332,12 @@ igrad_status_t igrad__layout_to_safetensors_header(const igrad_layout_t *layout,
     for (size_t i = 0; i < igrad_layout_count(layout); i++) {
         igrad_tensor_info_t t;
         IGRAD_CHECK_GOTO(igrad_layout_tensor(layout, i, &t));
-        uint64_t size = (uint64_t)t.count * igrad_dtype_nbytes(t.dtype);
-        /* The reader takes offsets up to 2^53 (exact in a JSON double). */
-        IGRAD_FAIL_GOTO(size > (uint64_t)MAX_EXACT - at, IGRAD_E_INVALID,
-                        "safetensors: layout needs more than 2^53 data bytes");
+        /* The reader takes offsets up to 2^53 (exact in a JSON double);
+         * the count is checked before the product, which could wrap. */
+        uint64_t elem = igrad_dtype_nbytes(t.dtype);
+        IGRAD_FAIL_GOTO((uint64_t)t.count > ((uint64_t)MAX_EXACT - at) / (elem ? elem : 1),
+                        IGRAD_E_INVALID, "safetensors: layout needs more than 2^53 data bytes");
+        uint64_t size = (uint64_t)t.count * elem;
         cJSON *e = cJSON_CreateObject();
         IGRAD_FAIL_GOTO(!e, IGRAD_E_NOMEM, "safetensors: out of memory");
         cJSON_AddItemToObject(root, t.name, e);
