@@ -22,6 +22,22 @@
 /* Capture groups a rule may take its layer from (1..9). */
 #define MAX_GROUP 9
 
+/* Bounds on a rule's pattern, so that a map file cannot make regcomp or
+ * matching take unbounded memory or time (both found by `make fuzz`):
+ * regcomp copies an interval's atom once per count ("a{3}" is "aaa") and
+ * nested intervals multiply ("((a{99}){99}){99}" is a million nodes,
+ * gigabytes), so a regex's length times the product of all its interval
+ * counts stays within MAX_PATTERN_WEIGHT; glibc's matcher is exponential in
+ * unbounded repetition of what already repeats (".**...*", "(.?)*(.?)*..."
+ * take seconds to hours), so '*', '+' and "{m,}" may not apply to an atom
+ * that holds a repetition ('?' and "{m,n}" may: they are copies, weighed);
+ * back-references (exponential too) are refused; a glob has at most
+ * MAX_GLOB_STARS '*' (fnmatch backtracks per star). Names need none of
+ * these: "layers\.(\d{1,3})\." weighs 3 x its length. */
+#define MAX_PATTERN_LEN 512
+#define MAX_PATTERN_WEIGHT 8192
+#define MAX_GLOB_STARS 4
+
 typedef struct rule {
     char *pattern; /* as given (with "glob:" for globs) */
     int is_glob;
@@ -91,6 +107,73 @@ static char *posix_pattern(const char *pattern)
     return out;
 }
 
+/* Why a pattern is refused by the bounds above, or NULL. */
+static const char *pattern_refusal(const char *pattern, int is_glob)
+{
+    if (strlen(pattern) > MAX_PATTERN_LEN) return "longer than 512 characters";
+    if (is_glob) {
+        int stars = 0;
+        for (const char *c = pattern; *c; c++) stars += *c == '*';
+        return stars > MAX_GLOB_STARS ? "a glob with more than 4 '*'" : NULL;
+    }
+    /* group_rep[d]: the open group at depth d holds a repetition; atom_rep:
+     * the last atom holds one (a group that did, or a repetition itself);
+     * depth is bounded by the length. */
+    unsigned char group_rep[MAX_PATTERN_LEN + 2] = {0};
+    size_t depth = 0;
+    int atom_rep = 0;
+    unsigned long weight = strlen(pattern);
+    for (const char *c = pattern; *c; c++) {
+        if (*c == '\\' && c[1] != '\0') {
+            if (isdigit((unsigned char)c[1]) && c[1] != '0') return "a back-reference";
+            c++;
+            atom_rep = 0;
+        } else if (*c == '[') {
+            /* a bracket expression is one atom: skip to its ']' */
+            c++;
+            if (*c == '^') c++;
+            if (*c == ']') c++;
+            while (*c && *c != ']') c++;
+            if (!*c) break;
+            atom_rep = 0;
+        } else if (*c == '(') {
+            group_rep[++depth] = 0;
+            atom_rep = 0;
+        } else if (*c == ')' && depth > 0) {
+            atom_rep = group_rep[depth--];
+            group_rep[depth] |= (unsigned char)atom_rep;
+        } else if (*c == '*' || *c == '+' || *c == '?' || *c == '{') {
+            int unbounded = *c == '*' || *c == '+';
+            if (*c == '{') {
+                /* "{m}", "{m,}", "{m,n}": counts max(m, n, 1), saturated. */
+                unsigned long count = 1, num = 0;
+                for (c++; *c && *c != '}'; c++) {
+                    unbounded = *c == ',' && c[1] == '}';
+                    if (!isdigit((unsigned char)*c)) {
+                        num = 0;
+                        continue;
+                    }
+                    if (num <= MAX_PATTERN_WEIGHT) num = 10 * num + (unsigned long)(*c - '0');
+                    if (num > count) count = num;
+                }
+                if (count > MAX_PATTERN_WEIGHT || weight * count > MAX_PATTERN_WEIGHT)
+                    return "interval counts {m,n} too large (length x product of counts over "
+                           "8192; regcomp copies the pattern that many times)";
+                weight *= count;
+            }
+            if (unbounded && atom_rep)
+                return "nested repetition (a '*', '+' or '{m,}' applied to what already "
+                       "repeats; glibc's matcher is exponential in it)";
+            if (!*c) break;
+            atom_rep = 1;
+            group_rep[depth] = 1;
+        } else {
+            atom_rep = 0;
+        }
+    }
+    return NULL;
+}
+
 static int kind_is_projection(igrad_kind_t kind)
 {
     return kind != IGRAD_KIND_OTHER && !igrad__kind_is_outer(kind);
@@ -124,6 +207,9 @@ igrad_status_t igrad_name_map_add(igrad_name_map_t *map, const char *pattern, ig
     IGRAD_FAIL_IF(r.is_glob && layer >= 1, IGRAD_E_INVALID,
                   "name map: rule '%s': a glob has no capture groups (layer block or none)",
                   pattern);
+    const char *refusal = pattern_refusal(pattern, r.is_glob);
+    IGRAD_FAIL_IF(refusal, IGRAD_E_INVALID, "name map: rule '%.64s%s': %s", pattern,
+                  strlen(pattern) > 64 ? "..." : "", refusal);
     if (!r.is_glob) {
         /* The pattern alone must compile, so that wrapping it cannot turn
          * an unbalanced "a)|(b" into a different valid expression. */

@@ -104,7 +104,36 @@ static void test_rules(void **state)
     expect_error(igrad_name_map_add(m, "x", IGRAD_KIND_Q, 10), IGRAD_E_INVALID,
                  "layer 10");
     expect_error(igrad_name_map_add(m, "", IGRAD_KIND_Q, 1), IGRAD_E_INVALID, "empty pattern");
-    assert_int_equal(igrad_name_map_count(m), 1);
+    /* bounds on what regcomp and matching may cost: nested intervals
+     * (which made regcomp take gigabytes), back-references, long
+     * patterns, globs with many stars; a modest interval still reads */
+    expect_error(igrad_name_map_add(m, "((a{99}){99}){99}", IGRAD_KIND_Q, 1), IGRAD_E_INVALID,
+                 "interval counts {m,n} too large");
+    expect_error(igrad_name_map_add(m, "(a+){2,}", IGRAD_KIND_Q, 1), IGRAD_E_INVALID,
+                 "nested repetition");
+    expect_error(igrad_name_map_add(m, "(a{99})(b{99})(c{99})", IGRAD_KIND_Q, 1), IGRAD_E_INVALID,
+                 "interval counts {m,n} too large");
+    expect_error(igrad_name_map_add(m, ".***", IGRAD_KIND_NORM, IGRAD_NAME_LAYER_NONE),
+                 IGRAD_E_INVALID, "nested repetition");
+    expect_error(igrad_name_map_add(m, "x(.?)*", IGRAD_KIND_NORM, IGRAD_NAME_LAYER_NONE),
+                 IGRAD_E_INVALID, "nested repetition");
+    expect_error(igrad_name_map_add(m, "x{1,99999999999999999999}", IGRAD_KIND_Q, 1),
+                 IGRAD_E_INVALID, "interval counts {m,n} too large");
+    expect_error(igrad_name_map_add(m, "(a*)\\1", IGRAD_KIND_Q, 1), IGRAD_E_INVALID,
+                 "a back-reference");
+    expect_error(igrad_name_map_add(m, "glob:*a*b*c*d*", IGRAD_KIND_NORM, IGRAD_NAME_LAYER_NONE),
+                 IGRAD_E_INVALID, "more than 4 '*'");
+    {
+        char long_pattern[600];
+        memset(long_pattern, 'a', sizeof long_pattern - 1);
+        long_pattern[sizeof long_pattern - 1] = '\0';
+        expect_error(igrad_name_map_add(m, long_pattern, IGRAD_KIND_NORM, IGRAD_NAME_LAYER_NONE),
+                     IGRAD_E_INVALID, "longer than 512 characters");
+    }
+    assert_int_equal(igrad_name_map_add(m, "blk\\.(\\d{1,3})\\.[a-z*]{2,8}(_[0-9]+)?\\.w+",
+                                        IGRAD_KIND_Q, 1),
+                     IGRAD_OK);
+    assert_int_equal(igrad_name_map_count(m), 2);
     igrad_name_map_free(m);
     igrad_name_map_free(NULL);
 }
