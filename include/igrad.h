@@ -942,6 +942,14 @@ IGRAD_API igrad_status_t igrad_comm_test(igrad_comm_t *comm, igrad_comm_request_
 #define IGRAD_DEFAULT_RELEASE_PERIOD 4    /**< R: a low component is released every R steps */
 #define IGRAD_DEFAULT_RELEASE_KEEP 0.25   /**< kappa: a release sends ceil(kappa*R*k) entries */
 #define IGRAD_DEFAULT_RISK_LAMBDA 1.0     /**< risk policy: cost = mean + lambda*std */
+/** Default of igrad_config_t.dense_below: tensors of fewer than 64 entries go
+ *  whole. Chosen by measurement (docs/results/dense_below.md): the budget of
+ *  such a tensor rounds to an entry or two, so it hardly trains (sending
+ *  them whole: -0.12 to -0.16 val loss on the tiny model, every seed, for
+ *  +13-15 % bytes), while larger norms gain 0.02 % for +7-12 % bytes (the
+ *  demo's 256-entry norms), so they stay sparse, as do every tensor of
+ *  real LLMs (LLaMA-2-7B's smallest has 4,096 entries). */
+#define IGRAD_DEFAULT_DENSE_BELOW 64
 
 /** When a low-importance component is released. Each gets a phase
  *  phi in [0, R) and is sent at the steps where step mod R == phi;
@@ -1296,7 +1304,7 @@ typedef struct igrad_config {
                                            others), as PowerSGD leaves small
                                            tensors uncompressed; the gate still
                                            defers it with its component. 0 = off
-                                           (0) */
+                                           (IGRAD_DEFAULT_DENSE_BELOW, 64) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1310,7 +1318,7 @@ typedef struct igrad_config {
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
       IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0, \
-      0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0, 0 }
+      0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0, IGRAD_DEFAULT_DENSE_BELOW }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or

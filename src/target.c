@@ -98,7 +98,11 @@ static igrad_status_t fill_costs(fit_ctx_t *x, double keep)
         igrad_tensor_info_t ti;
         double every, release;
         IGRAD_CHECK(igrad_layout_tensor(x->layout, t, &ti));
-        IGRAD_CHECK(tensor_cost(x->cfg, sp, &ti, keep, &every, &release));
+        /* below config.dense_below the engine sends every entry (engine.c) */
+        igrad_sparsifier_t tsp =
+            sp != IGRAD_SPARSIFIER_NONE && ti.count < x->cfg->dense_below ? IGRAD_SPARSIFIER_NONE
+                                                                          : sp;
+        IGRAD_CHECK(tensor_cost(x->cfg, tsp, &ti, keep, &every, &release));
         x->total += every;
         if (ti.component < 0 || isnan(x->comp[ti.component].score)) {
             x->forced += every;

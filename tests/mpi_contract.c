@@ -17,6 +17,9 @@
  *
  * Checks count failures so that every rank reaches every collective; the
  * counts are summed and every rank exits nonzero on any failure.
+ * Configs pin dense_below = 0: every tensor takes the sparsifier path, which
+ * the references and goldens here model (the default, 64, sends tensors
+ * under 64 entries whole: tests/test_engine_dense_below.c, test_target.c).
  */
 #include <math.h>
 #include <mpi.h>
@@ -239,6 +242,7 @@ static igrad_config_t config(igrad_method_t method, int buckets, int64_t block_e
                              double density)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = method;
     c.buckets = buckets;
     c.block_entries = block_entries;

@@ -38,6 +38,9 @@
  *
  * Checks only count failures, so every rank reaches every collective; the
  * counts are summed at the end and every rank exits nonzero on any failure.
+ * Configs pin dense_below = 0: every tensor takes the sparsifier path, which
+ * the references and goldens here model (the default, 64, sends tensors
+ * under 64 entries whole: tests/test_engine_dense_below.c, test_target.c).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
@@ -154,6 +157,7 @@ static int cmp_ranked(const void *pa, const void *pb)
 static void test_topk_sync(igrad_comm_t *comm, const igrad_layout_t *L)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_TOPK_SYNC;
     c.density = 0.03;
     c.block_entries = 5; /* several blocks per tensor, split over buckets */
@@ -233,6 +237,7 @@ static void test_topk_sync(igrad_comm_t *comm, const igrad_layout_t *L)
 static void test_dense(igrad_comm_t *comm, const igrad_layout_t *L)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_DENSE;
     c.block_entries = 300;
     igrad_engine_t *e = create(L, NULL, &c, comm);
@@ -293,6 +298,7 @@ static void expect_tensor(const igrad_tensor_info_t *ti, const igrad_config_t *c
 static void test_ig(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.collective = IGRAD_COLLECTIVE_GATHER;
     c.verify_every = 7; /* the periodic check runs too */
@@ -520,6 +526,7 @@ static void test_resume(igrad_comm_t *comm, const igrad_layout_t *L, const igrad
     snprintf(path, sizeof path, "%s/state.rank%d.bin", dir, me);
 
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.pack = IGRAD_PACK_RISK;
     c.block_entries = 40;
@@ -688,6 +695,7 @@ static void test_online(igrad_comm_t *comm, const igrad_layout_t *L)
 
     const int64_t W = 8, steps = 30;
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.block_entries = 40;
     c.profile_steps = W;
@@ -787,6 +795,7 @@ static void test_reprofile(igrad_comm_t *comm, const igrad_layout_t *L)
 
     const int64_t W = 8, Wr = 8, steps = 66;
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.block_entries = 40;
     c.profile_steps = W;
@@ -847,6 +856,7 @@ static void test_reprofile(igrad_comm_t *comm, const igrad_layout_t *L)
 static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     if (me == 1) c.density = 0.02;
     igrad_engine_t *e = (igrad_engine_t *)(uintptr_t)1;
     CHECK_STATUS(igrad_engine_create(L, P, &c, comm, &e), IGRAD_E_MISMATCH);
@@ -856,6 +866,7 @@ static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igr
 
     igrad_profile_t *P2 = mpi_fixed_profile(L, "fixed:0.7");
     igrad_config_t d = IGRAD_CONFIG_INIT;
+    d.dense_below = 0;
     CHECK_STATUS(igrad_engine_create(L, me == np - 1 ? P2 : P, &d, comm, &e), IGRAD_E_MISMATCH);
     CHECK(strstr(igrad_last_error(), "profile differs at component ("), "message: %s",
           igrad_last_error());
@@ -863,6 +874,7 @@ static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igr
 
     /* an invalid config on one rank fails every rank */
     igrad_config_t x = IGRAD_CONFIG_INIT;
+    x.dense_below = 0;
     if (me == 0) x.buckets = 0;
     CHECK_STATUS(igrad_engine_create(L, P, &x, comm, &e), IGRAD_E_INVALID);
     if (me != 0)
@@ -882,6 +894,7 @@ static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igr
 static void test_remedies(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.block_entries = 30;
     c.momentum = 0.9;
@@ -943,6 +956,7 @@ static void test_remedies(igrad_comm_t *comm, const igrad_layout_t *L, const igr
 static void test_nonfinite(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.verify_every = 1;
     igrad_engine_t *e = create(L, P, &c, comm);
     grads_t G = grads_new(L);
@@ -1052,6 +1066,7 @@ static void skew_one(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_pr
 static void test_step_skew(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *P)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_TOPK_SYNC; /* flat indices */
     c.density = 0.05;
     c.block_entries = 30;
@@ -1061,6 +1076,7 @@ static void test_step_skew(igrad_comm_t *comm, const igrad_layout_t *L, const ig
     c.interleave = 1;
     skew_one(comm, L, P, c, 0, "skew adtopk_sync + interleave");
     c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.block_entries = 30;
     c.collective = IGRAD_COLLECTIVE_GATHER;
@@ -1225,6 +1241,7 @@ static void bad_bytes_one(const igrad_layout_t *L, const igrad_profile_t *P, igr
 static void test_bad_peer_bytes(const igrad_layout_t *L, const igrad_profile_t *P)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_TOPK_SYNC; /* flat indices */
     c.density = 0.05;
     c.block_entries = 30;
@@ -1233,6 +1250,7 @@ static void test_bad_peer_bytes(const igrad_layout_t *L, const igrad_profile_t *
     c.method = IGRAD_METHOD_ADTOPK_SYNC; /* row-wise (column indices) at even steps */
     bad_bytes_one(L, P, c, 0, "bad bytes adtopk_sync");
     c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.collective = IGRAD_COLLECTIVE_GATHER;
     bad_bytes_one(L, P, c, 0, "bad bytes ig");
@@ -1253,6 +1271,7 @@ int main(int argc, char **argv)
     test_dense(comm, L);
     test_ig(comm, L, P);
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.block_entries = 30;
     two_phase_vs_sync(comm, L, P, c, 1, "two-phase ig (gather)");

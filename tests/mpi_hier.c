@@ -22,6 +22,9 @@
  *  - resume: state saved after step 5 and loaded into a new engine replays
  *    steps 6.. bit for bit;
  *  - the entry points it does not have are refused by name.
+ * Configs pin dense_below = 0: every tensor takes the sparsifier path, which
+ * the references and goldens here model (the default, 64, sends tensors
+ * under 64 entries whole: tests/test_engine_dense_below.c, test_target.c).
  */
 #include <math.h>
 #include <mpi.h>
@@ -39,6 +42,7 @@
 static igrad_config_t config_of(igrad_method_t method, int rpn)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = method;
     c.density = 0.05;
     c.release_period = 4;

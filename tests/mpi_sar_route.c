@@ -25,6 +25,9 @@
  *    conservation over the owners' residuals;
  *  - bytes: from 4 ranks on fewer wire bytes than the gather route on the
  *    same steps (rank 0 prints both).
+ * Configs pin dense_below = 0: every tensor takes the sparsifier path, which
+ * the references and goldens here model (the default, 64, sends tensors
+ * under 64 entries whole: tests/test_engine_dense_below.c, test_target.c).
  */
 #define _POSIX_C_SOURCE 200809L /* getpid */
 #include <math.h>
@@ -44,6 +47,7 @@
 static igrad_config_t config_of(igrad_method_t method, int buckets)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = method;
     c.sparsifier = IGRAD_SPARSIFIER_TOPK; /* ig: flat, as topk_sync */
     c.density = 0.05;

@@ -23,6 +23,9 @@
  * (not for pack = direct, whose map is not modelled), the history hash
  * and the checksum from the state file's own bytes. The other 33 items
  * are checked against the config they encode.
+ * Configs pin dense_below = 0: every tensor takes the sparsifier path, which
+ * the references and goldens here model (the default, 64, sends tensors
+ * under 64 entries whole: tests/test_engine_dense_below.c, test_target.c).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
@@ -220,6 +223,7 @@ static igrad_profile_t *small_profile(const igrad_layout_t *L)
 static igrad_config_t ig_config(void)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT; /* ig, adtopk, rho 0.01, R 4, kappa 0.25 */
+    c.dense_below = 0;
     c.block_entries = 64;
     c.buckets = 3;
     return c;

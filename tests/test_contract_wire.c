@@ -30,6 +30,9 @@
  * (the contiguous and sequential policies keep it), split at the planned
  * loads the step stats report; for `sequential` the split is also
  * recomputed from its documented rule.
+ * Configs pin dense_below = 0: every tensor takes the sparsifier path, which
+ * the references and goldens here model (the default, 64, sends tensors
+ * under 64 entries whole: tests/test_engine_dense_below.c, test_target.c).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -362,6 +365,7 @@ static seen_t run_case(igrad_config_t cfg, int P, int steps)
 static igrad_config_t wire_config(igrad_method_t method, int buckets, int64_t block_entries)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = method;
     c.density = 0.01;
     c.buckets = buckets;

@@ -17,6 +17,9 @@
  *
  * Not here: several ranks (tests/mpi_engine.c), the schedule and packing
  * policies alone (test_schedule.c, test_pack.c).
+ * Configs pin dense_below = 0: every tensor takes the sparsifier path, which
+ * the references and goldens here model (the default, 64, sends tensors
+ * under 64 entries whole: tests/test_engine_dense_below.c, test_target.c).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
@@ -155,6 +158,7 @@ static void test_config_validate(void **state)
 {
     (void)state;
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     assert_ok(igrad_config_validate(&c));
     assert_int_equal(c.method, IGRAD_METHOD_IG);
     assert_int_equal(c.pack, IGRAD_PACK_CONTIGUOUS);
@@ -164,6 +168,7 @@ static void test_config_validate(void **state)
 #define BAD(field, value, status, frag)                    \
     do {                                                   \
         igrad_config_t b = IGRAD_CONFIG_INIT;              \
+        b.dense_below = 0;                                 \
         b.field = value;                                   \
         assert_status(igrad_config_validate(&b), status);  \
         assert_error_has(frag);                            \
@@ -201,6 +206,7 @@ static void test_config_validate(void **state)
     assert_ok(igrad_config_validate(&c));
     /* the sparsifier field is ignored where the method fixes it */
     igrad_config_t d = IGRAD_CONFIG_INIT;
+    d.dense_below = 0;
     d.method = IGRAD_METHOD_DENSE;
     d.sparsifier = IGRAD_SPARSIFIER_NONE;
     assert_ok(igrad_config_validate(&d));
@@ -228,6 +234,7 @@ static void test_create_errors(void **state)
     assert_ok(igrad_comm_create_self(&comm));
     igrad_engine_t *e = (igrad_engine_t *)(uintptr_t)1;
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
 
     assert_status(igrad_engine_create(L, NULL, &c, comm, &e), IGRAD_E_INVALID);
     assert_null(e);
@@ -534,6 +541,7 @@ static void test_ig_default(void **state)
 {
     (void)state;
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05; /* rows of 32 keep 2, so releases differ from k */
     run_invariants(&c, 100);
 }
@@ -542,6 +550,7 @@ static void test_ig_variants(void **state)
 {
     (void)state;
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.schedule = IGRAD_SCHEDULE_ALIGNED;
     c.release_keep = 0.6;
@@ -568,6 +577,7 @@ static void test_other_methods(void **state)
 {
     (void)state;
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_IAD;
     c.density = 0.03;
     run_invariants(&c, 30);
@@ -603,6 +613,7 @@ static void test_topk_reference(void **state)
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_TOPK_SYNC;
     c.density = 0.02;
     igrad_engine_t *e = NULL;
@@ -661,6 +672,7 @@ static void test_dense(void **state)
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_DENSE;
     c.block_entries = 1000;
     igrad_engine_t *e = NULL;
@@ -695,6 +707,7 @@ static void test_drop(void **state)
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.residual = IGRAD_RESIDUAL_DROP;
     c.density = 0.05;
     igrad_engine_t *e = NULL;
@@ -826,6 +839,7 @@ static void test_two_phase_equals_sync(void **state)
 {
     (void)state;
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.block_entries = 50;
     run_pair(&c, &c, 0, 12, "two-phase vs sync (ig)");
@@ -837,6 +851,7 @@ static void test_two_phase_equals_sync(void **state)
     /* sync zeroes the gradients inside the selection pass, end zeroes them
      * before unpacking: every path of the pass must agree */
     igrad_config_t t = IGRAD_CONFIG_INIT;
+    t.dense_below = 0;
     t.density = 0.05;
     t.block_entries = 50;
     t.method = IGRAD_METHOD_TOPK_SYNC;
@@ -844,6 +859,7 @@ static void test_two_phase_equals_sync(void **state)
     t.density = 1.0; /* every spec keeps all: the dense path of the selection */
     run_pair(&t, &t, 0, 3, "two-phase vs sync (topk_sync, density 1)");
     igrad_config_t r = IGRAD_CONFIG_INIT;
+    r.dense_below = 0;
     r.density = 0.05;
     r.block_entries = 50;
     r.momentum = 0.9;
@@ -907,6 +923,7 @@ static void test_save_load_resume(void **state)
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.density = 0.05;
     c.pack = IGRAD_PACK_RISK;
     c.block_entries = 64;
@@ -1036,6 +1053,7 @@ static void test_nonfinite_and_null(void **state)
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     igrad_engine_t *e = NULL;
     assert_ok(igrad_engine_create(L, P, &c, comm, &e));
     grads_t G = grads_new(L);
@@ -1092,6 +1110,7 @@ static void test_call_order(void **state)
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_ADTOPK_SYNC;
     igrad_engine_t *e = NULL;
     assert_ok(igrad_engine_create(L, NULL, &c, comm, &e));
@@ -1210,6 +1229,7 @@ static igrad_status_t sync_with_poke(int ndim, uint16_t poke, igrad_method_t met
     assert_ok(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, ndim,
                                ndim == 1 ? flat : rows));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = method;
     c.density = 0.02; /* flat: 20 entries; row-wise: 2 per row */
     c.buckets = 1;
@@ -1289,6 +1309,7 @@ static void test_trace_hook(void **state)
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_ADTOPK_SYNC;
     igrad_engine_t *e = NULL;
     assert_ok(igrad_engine_create(L, NULL, &c, comm, &e));

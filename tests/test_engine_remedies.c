@@ -17,6 +17,9 @@
  *
  * Not here: several ranks (tests/mpi_engine.c checks the remedies agree
  * across ranks), the plain path (test_engine.c).
+ * Configs pin dense_below = 0: every tensor takes the sparsifier path, which
+ * the references and goldens here model (the default, 64, sends tensors
+ * under 64 entries whole: tests/test_engine_dense_below.c, test_target.c).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
@@ -125,6 +128,7 @@ static void test_config(void **state)
 {
     (void)state;
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     assert_true(c.momentum == 0.0);
     assert_int_equal(c.momentum_masking, 1);
     assert_true(c.residual_decay == 1.0);
@@ -263,6 +267,7 @@ static void test_reference(void **state)
     for (int mi = 0; mi < 2; mi++)
         for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
             igrad_config_t c = IGRAD_CONFIG_INIT;
+            c.dense_below = 0;
             c.method = methods[mi];
             c.density = 0.05;
             c.block_entries = 37; /* several blocks and buckets */
@@ -285,6 +290,7 @@ static void test_conservation_ig(void **state)
     const double ms[2] = {0.9, 0.0}, ds[2] = {1.0, 0.7};
     for (int k = 0; k < 2; k++) {
         igrad_config_t c = IGRAD_CONFIG_INIT; /* ig, adtopk, R 4 */
+        c.dense_below = 0;
         c.momentum = ms[k];
         c.residual_decay = ds[k];
         c.block_entries = 50;
@@ -340,6 +346,7 @@ static void test_start_iter(void **state)
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.momentum = 0.9;
     c.residual_decay = 0.95;
     c.start_iter = 3;
@@ -410,6 +417,7 @@ static void test_save_load_velocity(void **state)
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
     c.method = IGRAD_METHOD_ADTOPK_SYNC;
     c.density = 0.05;
     c.momentum = 0.9;

@@ -23,20 +23,25 @@
 #include "test_util.h"
 
 /* Rows of 300 entries keep 3 at density 0.01 (ADTopk per-row rounding
- * matters), 1-D norms use flat top-k. */
+ * matters), 1-D norms use flat top-k, but those of 48 entries (and the
+ * 6 x 8 bias) are below the default dense_below and sent whole. */
 static igrad_layout_t *target_layout(void)
 {
     igrad_layout_t *l = NULL;
     assert_ok(igrad_layout_create(&l));
     int64_t emb[2] = {200, 300}, sq[2] = {300, 300}, up[2] = {600, 300}, down[2] = {300, 600},
-            vec[1] = {300}, small[2] = {40, 20};
+            vec[1] = {300}, small[2] = {40, 20}, tiny[1] = {48}, bias[2] = {6, 8};
     assert_ok(igrad_layout_add(l, "model.embed_tokens.weight", IGRAD_DTYPE_F32, 2, emb));
     char name[128];
     for (int b = 0; b < 2; b++) {
         snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", b);
         assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, 1, vec));
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", b);
+        assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, 1, tiny));
         snprintf(name, sizeof name, "model.layers.%d.self_attn.q_proj.weight", b);
         assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, 2, sq));
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.q_proj.bias", b);
+        assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, 2, bias));
         snprintf(name, sizeof name, "model.layers.%d.self_attn.k_proj.weight", b);
         assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, 2, small));
         snprintf(name, sizeof name, "model.layers.%d.self_attn.v_proj.weight", b);

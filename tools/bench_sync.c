@@ -136,7 +136,7 @@ static void usage(FILE *fp)
             "  --topology T           flat or hier (flat): hier sums each tensor onto its\n"
             "                         owner in the node and exchanges between nodes\n"
             "  --ranks-per-node L     ranks per node (0: the nodes MPI reports)\n"
-            "  --dense-below N        tensors of fewer entries are sent whole (0: off)\n"
+            "  --dense-below N        tensors of fewer entries are sent whole (64; 0: off)\n"
             "  --seed N               synthetic data seed (1)\n"
             "  --json                 print one JSON object instead of the table\n"
             "  --help                 this text\n");
@@ -875,6 +875,7 @@ int bench_sync(int argc, char **argv)
                    .buckets = 4,
                    .block_entries = 16384,
                    .release_period = IGRAD_DEFAULT_RELEASE_PERIOD,
+                   .dense_below = IGRAD_DEFAULT_DENSE_BELOW,
                    .threads = 0,
                    .density = 0.01,
                    .release_keep = IGRAD_DEFAULT_RELEASE_KEEP,

@@ -77,7 +77,7 @@ static void usage(FILE *fp)
 "  --ranks-per-node L          ranks [kL, (k+1)L) form node k (default 0: the nodes\n"
 "                              MPI reports)\n"
 "  --dense-below N             tensors of fewer than N entries (norms, biases) are\n"
-"                              sent whole whenever sent (default 0: off)\n"
+"                              sent whole whenever sent (default 64; 0: off)\n"
 "  --value-dtype f32|bf16|fp16 wire values of the sparse methods (f32): bf16/fp16\n"
 "                              send 2-byte values, their rounding error kept in the\n"
 "                              residual (dense all-reduces f32)\n"

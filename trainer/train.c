@@ -383,6 +383,7 @@ void train_options_default(train_options_t *o)
     o->method = "dense";
     o->density = 0.01;
     o->release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
+    o->dense_below = IGRAD_DEFAULT_DENSE_BELOW;
     o->release_keep = IGRAD_DEFAULT_RELEASE_KEEP;
     o->gate_other = 1;
     o->target_ratio = NAN;

@@ -55,8 +55,7 @@ def main():
                 name = "%s-%d" % (m, below)
                 out = os.path.join(a.out, "seed%d" % seed, name)
                 extra = ["--profile", "auto"] if m == "ig" else []
-                if below:
-                    extra += ["--dense-below", str(below)]
+                extra += ["--dense-below", str(below)]  # 0 too: the default is 64
                 if not os.path.exists(os.path.join(out, "summary.json")):
                     print("[%4.0fs] seed %d: %s" % (time.time() - t0, seed, name), flush=True)
                     os.makedirs(out, exist_ok=True)

@@ -741,7 +741,7 @@ CONFIG_DEFAULTS = {
     "momentum": 0.0, "momentum_masking": True, "residual_decay": 1.0, "start_iter": 0,
     "target_ratio": 0.0,
     "reprofile_every": 0, "reprofile_margin": 0.05, "grad_dtype": "F32",
-    "topology": "flat", "ranks_per_node": 0, "dense_below": 0,
+    "topology": "flat", "ranks_per_node": 0, "dense_below": 64,
 }
 
 

@@ -574,8 +574,9 @@ class IgradState:
                     (default): the ranks on one host.
     dense_below:    N > 0: parameters of fewer than N entries (biases, norms)
                     are sent whole whenever they are sent, as PowerSGD leaves
-                    small tensors uncompressed (config dense_below; 0, the
-                    default, = every tensor through the sparsifier).
+                    small tensors uncompressed (config dense_below; default
+                    64, chosen by measurement, docs/results/dense_below.md;
+                    0 = every tensor through the sparsifier).
     grads_in_place: True (default): when every trainable parameter is
                     bfloat16 (or every one float16), on the CPU, without
                     grad_scaler or overlap, the engine reads and writes the
@@ -600,7 +601,7 @@ class IgradState:
                  momentum_masking=True, residual_decay=1.0, value_dtype="F32",
                  grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False,
                  grads_in_place=True, topology="flat", ranks_per_node=0, log_every=0,
-                 tensorboard=None, dense_below=0, name_map=None):
+                 tensorboard=None, dense_below=64, name_map=None):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -1805,16 +1806,19 @@ class Profiler:
     block parameters). name_map: the user name rules of the run the profile
     is for (IgradState's name_map=; a profile is tied to the layout's
     components). Tensors inside blocks that no rule maps are named in a
-    UserWarning: they get no trace rows."""
+    UserWarning: they get no trace rows. dense_below: as IgradState's (the
+    run's; default 64): a tensor of fewer entries is selected whole, as the
+    engine sends it."""
 
     def __init__(self, model, sparsifier="adtopk", density=0.01, interleave=False,
-                 name_map=None):
+                 name_map=None, dense_below=64):
         self.named = named_trainable_parameters(model)
         self.layout = layout_from_module(self.named, name_map=name_map)
         report = self.layout.unmapped_report()
         if report:
             warnings.warn("igrad: " + report, stacklevel=2)
         self.sparsifier, self.density, self.interleave = sparsifier, density, interleave
+        self.dense_below = int(dense_below)
         self.trace = Trace.create(self.layout, sparsifier, density)
         self._ws = SelectWorkspace()
         self._tensors = []
@@ -1828,8 +1832,11 @@ class Profiler:
     def _spec(self, t, shape, step):
         key = (t, bool(self.interleave) and step % 2 == 1)
         if key not in self._specs:
-            self._specs[key] = select_spec(self.sparsifier, self.density, shape, step,
-                                           self.interleave)
+            numel = 1
+            for d in shape:
+                numel *= int(d)
+            sp = "none" if numel < self.dense_below else self.sparsifier  # engine.c's rule
+            self._specs[key] = select_spec(sp, self.density, shape, step, self.interleave)
         return self._specs[key]
 
     def step(self, step=None):

@@ -205,13 +205,16 @@ def stable_topk_mask(a, k):
     return m
 
 
-def ref_select(grad, residual, sparsifier, density):
+def ref_select(grad, residual, sparsifier, density, dense_below=64):
     """Error feedback + selection in torch: a = g + e; keep top-k of |a|
     (topk: flat, k = ceil(density n); adtopk on 2-D: per row
-    max(1, ceil(density cols))). Returns (selected values as a dense
-    tensor, new residual)."""
+    max(1, ceil(density cols))); a tensor of fewer than dense_below entries
+    (the library's default 64) is kept whole. Returns (selected values as a
+    dense tensor, new residual)."""
     a = grad.reshape(-1).to(torch.float32) + residual.reshape(-1)
     n = a.numel()
+    if n < dense_below:
+        return a.view(grad.shape).clone(), torch.zeros_like(a).view(grad.shape)
     if sparsifier == "adtopk" and grad.dim() >= 2:
         rows = grad.shape[0]
         cols = n // rows
