@@ -25,8 +25,8 @@
 /* A 2-layer llama-style model, C = 8, kv width 4, F = 16, vocab 32:
  * components per layer Q (64), K (32), V (32), O (64), FC1 = gate + up
  * (256), FC2 (128), NORM (16); then (-1, EMB) 256, (-1, HEAD) 256,
- * (-1, NORM) 8; 17 components. Layer 0 also has a MoE-style router
- * "mlp.gate" (8x8), which is OTHER: no component. */
+ * (-1, NORM) 8; 17 components. Layer 0 also has "mlp.mystery" (8x8),
+ * which no rule maps: OTHER, no component. */
 static igrad_layout_t *llama_layout(void)
 {
     igrad_layout_t *l = NULL;
@@ -54,7 +54,7 @@ static igrad_layout_t *llama_layout(void)
             assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, t[k].which ? 2 : 1, shape));
         }
     }
-    assert_ok(igrad_layout_add(l, "model.layers.0.mlp.gate.weight", IGRAD_DTYPE_F32, 2, q));
+    assert_ok(igrad_layout_add(l, "model.layers.0.mlp.mystery.weight", IGRAD_DTYPE_F32, 2, q));
     assert_ok(igrad_layout_add(l, "model.norm.weight", IGRAD_DTYPE_F32, 1, norm));
     assert_ok(igrad_layout_add(l, "lm_head.weight", IGRAD_DTYPE_F32, 2, emb));
     return l;
@@ -119,8 +119,8 @@ static void test_record_by_hand(void **state)
                                  2.0, 1));
     assert_ok(igrad_trace_record(t, 7, tensor(l, "model.layers.0.mlp.down_proj.weight"), 32.0,
                                  2));
-    /* an OTHER tensor (the router) at a later step adds no step row */
-    assert_ok(igrad_trace_record(t, 9, tensor(l, "model.layers.0.mlp.gate.weight"), 1.0, 1));
+    /* an OTHER tensor (mlp.mystery) at a later step adds no step row */
+    assert_ok(igrad_trace_record(t, 9, tensor(l, "model.layers.0.mlp.mystery.weight"), 1.0, 1));
     assert_int_equal(igrad_trace_step_count(t), 2);
     assert_int_equal(igrad_trace_step(t, 0), 3);
     assert_int_equal(igrad_trace_step(t, 1), 7);
