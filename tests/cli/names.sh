@@ -97,6 +97,15 @@ check "profile --map with a bad file fails naming it" \
   bash -c "test $rc3 -ne 0 && grep -q 'bad.map:1' '$tmp/perr3.txt'"
 check "profile --map without --layout is a usage error" test "$rc2" -eq 2
 
+# a trace of a model whose names all map to no component has no rows: the hint names the cause
+head -2 "$tmp/mapped.csv" >"$tmp/norows.csv"
+set +e
+"$igrad" profile --trace "$tmp/norows.csv" 2>"$tmp/perr4.txt"; rc=$?
+set -e
+check "profile of a trace without rows fails" test "$rc" -ne 0
+check "... saying no traced tensor mapped, pointing to --unmapped and --map" bash -c \
+  "grep -q 'no traced tensor mapped to a component' '$tmp/perr4.txt' && grep -q 'igrad layout --unmapped' '$tmp/perr4.txt' && grep -q -- '--map FILE' '$tmp/perr4.txt'"
+
 # -- plan --map: a profile made under rules is refused without them
 "$igrad" profile --trace "$tmp/mapped.csv" --out "$tmp/mapped.json" --quiet
 "$igrad" plan --help >"$tmp/help_plan.txt"
