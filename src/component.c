@@ -11,16 +11,15 @@
  * and FC2 under T5's DenseReluDense; a bare "gate" under a MoE module is
  * its router, the MLP's input side: FC1). PEFT adapters (lora_A, lora_B,
  * base_layer, ...) take the component of the module they wrap;
- * nn.MultiheadAttention's in_proj_weight is that module's QKV. Outside
- * the projections: a norm is (block, NORM) inside a block and (-1, NORM)
- * outside (final and embedding norms); token and position embeddings are (-1, EMB) (a tied lm_head is
- * the embedding tensor, so it is EMB too); an untied lm_head/embed_out/
- * output is (-1, HEAD). T5's relative_attention_bias is its block's Q,
- * layer scales (timm's ls1/ls2) the block's NORM. Anything else (unknown
- * modules) is OTHER with layer -1, never a component. User rules that
- * come before these (igrad_name_map_t) live in name_map.c; the table of a
- * whole model (layout.c) and the HF family builders (layout_hf.c) live
- * elsewhere.
+ * nn.MultiheadAttention's in_proj_weight is that module's QKV. Outside the
+ * projections: a norm is (block, NORM) inside a block and (-1, NORM) outside
+ * (final and embedding norms); token and position embeddings are (-1, EMB) (a
+ * tied lm_head is the embedding tensor, so it is EMB too); an untied
+ * lm_head/embed_out/output is (-1, HEAD). T5's relative_attention_bias is its
+ * block's Q, layer scales (timm's ls1/ls2) the block's NORM. Anything else
+ * (unknown modules) is OTHER with layer -1, never a component. User rules that
+ * come before these (igrad_name_map_t) live in name_map.c; the table of a whole
+ * model (layout.c) and the HF family builders (layout_hf.c) live elsewhere.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
