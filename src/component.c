@@ -8,17 +8,18 @@
  * token, read in the context of its parent and grandparent (GPT-2's
  * c_proj is O under "attn" but FC2 under "mlp"; "dense" is O only under an
  * attention module or BERT's attention.output; "wo" is O under attention
- * and FC2 under T5's DenseReluDense; a bare "gate" is a MoE router, not a
- * projection). PEFT adapters (lora_A, lora_B, base_layer, ...) take the
- * component of the module they wrap; nn.MultiheadAttention's
- * in_proj_weight is that module's QKV. Outside the projections: a norm is
- * (block, NORM) inside a block and (-1, NORM) outside (final and embedding
- * norms); token and position embeddings are (-1, EMB) (a tied lm_head is
- * the embedding tensor, so it is EMB too); an untied lm_head/embed_out/
- * output is (-1, HEAD). Anything else (MoE routers, unknown modules) is
- * OTHER with layer -1, never a component. User rules that come before
- * these (igrad_name_map_t) live in name_map.c; the table of a whole model
- * (layout.c) and the HF family builders (layout_hf.c) live elsewhere.
+ * and FC2 under T5's DenseReluDense; a bare "gate" under a MoE module is
+ * its router, the MLP's input side: FC1). PEFT adapters (lora_A, lora_B,
+ * base_layer, ...) take the component of the module they wrap;
+ * nn.MultiheadAttention's in_proj_weight is that module's QKV. Outside the
+ * projections: a norm is (block, NORM) inside a block and (-1, NORM) outside
+ * (final and embedding norms); token and position embeddings are (-1, EMB) (a
+ * tied lm_head is the embedding tensor, so it is EMB too); an untied
+ * lm_head/embed_out/output is (-1, HEAD). T5's relative_attention_bias is its
+ * block's Q, layer scales (timm's ls1/ls2) the block's NORM. Anything else
+ * (unknown modules) is OTHER with layer -1, never a component. User rules that
+ * come before these (igrad_name_map_t) live in name_map.c; the table of a whole
+ * model (layout.c) and the HF family builders (layout_hf.c) live elsewhere.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "internal.h"
@@ -112,6 +113,37 @@ static const char *const attention_modules[] = {
 };
 static const char *const mlp_modules[] = {"mlp", "feed_forward", "ffn", "DenseReluDense",
                                           NULL};
+/* Where a MoE layer keeps its router: Mixtral's block_sparse_moe, the
+ * "mlp" of Qwen2-MoE / DeepSeek-MoE / OLMoE, Jamba's feed_forward, DBRX's
+ * ffn, Switch Transformers' mlp (router.classifier). */
+static const char *const moe_modules[] = {"block_sparse_moe", "mlp", "moe", "feed_forward",
+                                          "ffn", NULL};
+
+/* A MoE router: a small linear map (experts x hidden) that reads the MLP
+ * input and picks the experts, or the gate of Qwen2-MoE's shared expert
+ * (1 x hidden). It is the MLP's input side, like the experts' w1/w3 and
+ * gate_proj/up_proj: FC1 (docs/architecture.md §11 item 41 (d)). Its own
+ * tensors ("gate.weight", DeepSeek-V3's "gate.e_score_correction_bias",
+ * "router.classifier.weight", "router.layer.weight") all count. */
+static int is_moe_router(const token_t *mod, const token_t *parent, const token_t *grand)
+{
+    static const char *const router[] = {"gate", "router", NULL};
+    if (parent && tok_in(parent, moe_modules) &&
+        (tok_in(mod, router) || tok_is(mod, "shared_expert_gate")))
+        return 1;
+    return parent && grand && tok_in(parent, router) && tok_in(grand, moe_modules);
+}
+
+/* Per-channel scales of a block's residual branches: timm's LayerScale
+ * (ls1.gamma, ls2.gamma), BEiT's gamma_1/gamma_2, DINOv2's layer_scale1/2.
+ * An elementwise scale of the block's width like a norm's weight: NORM. */
+static int tok_is_layer_scale(const token_t *t)
+{
+    static const char *const scales[] = {"ls1",          "ls2",          "gamma_1",
+                                         "gamma_2",      "layer_scale1", "layer_scale2",
+                                         NULL};
+    return tok_in(t, scales);
+}
 
 static igrad_kind_t kind_of_module(const token_t *mod, const token_t *parent,
                                    const token_t *grand)
@@ -160,6 +192,11 @@ static igrad_kind_t kind_of_module(const token_t *mod, const token_t *parent,
     /* timm's attention output is attn.proj. */
     if (in_attn && tok_is(mod, "proj")) return IGRAD_KIND_O;
     if (parent && tok_is(parent, "mixer") && tok_in(mod, ssm_in)) return IGRAD_KIND_QKV;
+    if (is_moe_router(mod, parent, grand)) return IGRAD_KIND_FC1;
+    /* T5's relative position bias (buckets x heads, in block 0's
+     * attention) is added to the logits next to q.k: the attention's input
+     * side, Q (§11 item 41 (d)). */
+    if (in_attn && tok_is(mod, "relative_attention_bias")) return IGRAD_KIND_Q;
     /* BERT: attention.output.dense is the attention output,
      * intermediate.dense the up projection, a block's output.dense the
      * down projection. */
@@ -296,7 +333,7 @@ igrad_kind_t igrad_component_of(const char *name, int *layer)
         end--;
     if (end <= block) return IGRAD_KIND_OTHER;
     for (int i = block; i < end; i++) {
-        if (tok_is_norm(&tok[i])) {
+        if (tok_is_norm(&tok[i]) || tok_is_layer_scale(&tok[i])) {
             if (layer) *layer = index;
             return IGRAD_KIND_NORM;
         }

@@ -78,13 +78,30 @@ igrad_status_t igrad_profile_build(const igrad_trace_t *trace,
     const char *method = opts->method ? opts->method : "knee";
     igrad__partition_method_t pm;
     IGRAD_CHECK(igrad__partition_parse(method, &pm));
-    IGRAD_FAIL_IF(trace->ncomp == 0, IGRAD_E_INVALID, "profile: the trace has no components");
+    IGRAD_FAIL_IF(trace->ncomp == 0, IGRAD_E_INVALID,
+                  "profile: the trace has no components: none of its layout's %zu tensors "
+                  "maps to one%s",
+                  trace->ntensors, IGRAD__TRACE_NO_ROWS_HINT);
     int64_t b = opts->window_begin, e = opts->window_end;
     IGRAD_FAIL_IF(b < 0 || e < -1 || (e != -1 && e <= b), IGRAD_E_INVALID,
                   "profile: window [%lld, %lld) is empty or invalid (begin >= 0, end > begin "
                   "or -1 for the end of the trace)",
                   (long long)b, (long long)e);
-    IGRAD_FAIL_IF(trace->nsteps == 0, IGRAD_E_INVALID, "profile: the trace has no steps");
+    if (trace->nsteps == 0) {
+        /* a recorded trace (a loaded one has steps): igrad_trace_record
+         * adds nothing for a tensor that maps to no component */
+        size_t mapped = 0;
+        for (size_t i = 0; i < trace->ntensors; i++) mapped += trace->tensor_comp[i] >= 0;
+        return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
+                           "profile: the trace has no steps: nothing was recorded for the %zu "
+                           "of its layout's %zu tensors that map to a component%s",
+                           mapped, trace->ntensors,
+                           mapped < trace->ntensors
+                               ? " (igrad_trace_record skips the others; `igrad layout "
+                                 "--unmapped MODEL` lists them, user rules map them: --map "
+                                 "FILE, IgradState(name_map=...) or Profiler(name_map=...))"
+                               : "");
+    }
     size_t s0 = 0, s1 = 0; /* window step indices [s0, s1) */
     while (s0 < trace->nsteps && trace->steps[s0] < b) s0++;
     s1 = s0;

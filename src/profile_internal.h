@@ -21,12 +21,22 @@
  * cannot overflow. */
 #define IGRAD__MAX_EXACT_INT ((int64_t)1 << 53)
 
+/* Why a trace can have no rows, for the messages of the loader and of
+ * igrad_profile_build: only tensors that map to a component are traced. */
+#define IGRAD__TRACE_NO_ROWS_HINT                                                                      \
+    " (a trace has rows only for tensors that map to a component: if every traced "      \
+    "tensor was unmapped, e.g. a custom model or PEFT/LoRA names the built-in rules do "  \
+    "not know, no traced tensor mapped to a component; `igrad layout --unmapped MODEL` "   \
+    "lists such tensors, and user rules map them: --map FILE (igrad train), "             \
+    "IgradState(name_map=...) or Profiler(name_map=...))"
+
 /* A trace is a dense [steps x components] table. Components are ordered by
  * (layer, kind). A trace made by igrad_trace_create() also knows which
  * component each layout tensor feeds (tensor_comp) and keeps the exact sum
  * of squares so that several tensors of one component add up before the
  * square root; a trace read from a file has the activities and raw values
  * (v1 files: raw derived as a[s,c] * sqrt(n_c)). */
+
 struct igrad_trace {
     uint64_t layout_hash;   /* 0 = unknown (file without "# igrad-trace") */
     char sparsifier[32];    /* "unknown" until set */

@@ -862,10 +862,15 @@ igrad_status_t igrad__trace_from_text(const char *text, size_t nbytes, const cha
     }
     IGRAD_FAIL_GOTO(!header_seen, IGRAD_E_FORMAT, "%s: no header line (expected '%s')", source,
                     CSV_HEADER);
-    IGRAD_FAIL_GOTO(!r.have_rows, IGRAD_E_FORMAT, "%s: no data rows after the header", source);
+    /* igrad's own traces have rows only for tensors that map to a
+     * component: a model whose names all map to none (a custom model, PEFT
+     * adapters the rules do not know) saves a header and nothing else. */
+    const char *hint = r.format == FORMAT_REFERENCE ? "" : IGRAD__TRACE_NO_ROWS_HINT;
+    IGRAD_FAIL_GOTO(!r.have_rows, IGRAD_E_FORMAT, "%s: no data rows after the header%s", source,
+                    hint);
     IGRAD_CHECK_GOTO(finish_step(&r));
-    IGRAD_FAIL_GOTO(r.t->nsteps == 0, IGRAD_E_FORMAT, "%s: no data rows after the header",
-                    source);
+    IGRAD_FAIL_GOTO(r.t->nsteps == 0, IGRAD_E_FORMAT, "%s: no data rows after the header%s",
+                    source, hint);
     *out = r.t;
     r.t = NULL;
 cleanup:

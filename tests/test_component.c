@@ -1,7 +1,8 @@
 /*
  * test_component.c — parameter name -> (layer, kind): one case per naming
  * pattern of every supported family, the tricky ones (norms inside blocks,
- * biases, DDP "module." prefix, bare base-model names, lm_head, MoE router),
+ * biases, DDP "module." prefix, bare base-model names, lm_head, MoE routers
+ * and experts, T5's relative bias, layer scales),
  * kind names, and per-kind weight counts of every shipped config checked
  * against counts worked out by hand from the architecture.
  *
@@ -57,7 +58,32 @@ static const name_case_t cases[] = {
     {"model.layers.3.block_sparse_moe.experts.5.w1.weight", 3, FC1},
     {"model.layers.3.block_sparse_moe.experts.5.w3.weight", 3, FC1},
     {"model.layers.3.block_sparse_moe.experts.7.w2.weight", 3, FC2},
-    {"model.layers.3.block_sparse_moe.gate.weight", -1, OTHER},
+    /* MoE routers read the MLP input: FC1 (§11 item 41 (d)) */
+    {"model.layers.3.block_sparse_moe.gate.weight", 3, FC1},
+    /* Qwen2-MoE / Qwen3-MoE / DeepSeek-MoE / OLMoE: router mlp.gate (not
+     * LLaMA's mlp.gate_proj, FC1 as a projection), experts, shared expert */
+    {"model.layers.5.mlp.gate.weight", 5, FC1},
+    {"model.layers.5.mlp.experts.0.gate_proj.weight", 5, FC1},
+    {"model.layers.5.mlp.experts.0.up_proj.weight", 5, FC1},
+    {"model.layers.5.mlp.experts.59.down_proj.weight", 5, FC2},
+    {"model.layers.5.mlp.shared_expert.gate_proj.weight", 5, FC1},
+    {"model.layers.5.mlp.shared_expert.up_proj.weight", 5, FC1},
+    {"model.layers.5.mlp.shared_expert.down_proj.weight", 5, FC2},
+    {"model.layers.5.mlp.shared_expert_gate.weight", 5, FC1},
+    {"model.layers.5.mlp.shared_experts.down_proj.weight", 5, FC2}, /* DeepSeek */
+    {"model.layers.5.mlp.gate.e_score_correction_bias", 5, FC1},    /* DeepSeek-V3 */
+    /* transformers' fused experts (3-D parameters, no .weight) */
+    {"model.layers.5.mlp.experts.gate_up_proj", 5, FC1},
+    {"model.layers.5.mlp.experts.down_proj", 5, FC2},
+    /* other routers: Jamba, DBRX, Switch Transformers, GPT-OSS */
+    {"model.layers.2.feed_forward.router.weight", 2, FC1},
+    {"transformer.blocks.2.ffn.router.layer.weight", 2, FC1},
+    {"encoder.block.1.layer.1.mlp.router.classifier.weight", 1, FC1},
+    {"model.layers.2.mlp.router.bias", 2, FC1},
+    /* a "gate" or "router" outside a MoE module is no router */
+    {"model.layers.2.gate.weight", -1, OTHER},
+    {"model.layers.2.self_attn.gate.weight", -1, OTHER},
+    {"model.layers.2.router.weight", -1, OTHER},
     /* opt */
     {"model.decoder.layers.4.self_attn.q_proj.weight", 4, Q},
     {"model.decoder.layers.4.self_attn.k_proj.bias", 4, K},
@@ -211,7 +237,10 @@ static const name_case_t cases[] = {
     {"decoder.block.2.layer.1.EncDecAttention.q.weight", 2, Q},
     {"decoder.block.2.layer.1.EncDecAttention.o.weight", 2, O},
     {"decoder.block.2.layer.2.DenseReluDense.wo.weight", 2, FC2},
-    {"encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", -1, OTHER},
+    /* the relative position bias sits on the logits with q.k: Q */
+    {"encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", 0, Q},
+    {"decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", 0, Q},
+    {"model.layers.0.mlp.relative_attention_bias.weight", -1, OTHER}, /* not under attention */
     {"shared.weight", -1, EMB},
     {"encoder.final_layer_norm.weight", -1, NORM},
     /* Mamba: in_proj and the scan's input side are QKV, out_proj is O */
@@ -256,6 +285,16 @@ static const name_case_t cases[] = {
     {"model.layers.3.self_attn.rotary_emb.inv_freq", -1, OTHER},
     {"model.layers.99999999.self_attn.q_proj.weight", -1, OTHER}, /* index too large */
     {"vision.encoder.blocks.1.attn.qkv.weight", 1, QKV}, /* timm's naming */
+    /* timm's LayerScale, BEiT's gamma_1/2, DINOv2's layer_scale1/2: NORM */
+    {"blocks.7.ls1.gamma", 7, NORM},
+    {"blocks.7.ls2.gamma", 7, NORM},
+    {"vision.encoder.blocks.1.ls1.gamma", 1, NORM},
+    {"blocks.3.gamma_1", 3, NORM},
+    {"blocks.3.gamma_2", 3, NORM},
+    {"encoder.layer.4.layer_scale1.lambda1", 4, NORM},
+    {"encoder.layer.4.layer_scale2.lambda1", 4, NORM},
+    {"blocks.7.ls3.gamma", -1, OTHER},
+    {"blocks.7.gamma", -1, OTHER},
     {"model.decoder.project_out.weight", -1, OTHER}, /* OPT-350m's projections */
     {"model.word_embeddings.weight", -1, EMB},
     {"tok_embeddings.weight", -1, EMB},
@@ -340,8 +379,8 @@ static const family_case_t families[] = {
     {"mistral-7b", 32, {32, 32, 32, 0, 32, 64, 32, 0, 1, 1, 65}, 32 * 7 + 3},
     {"qwen2-0.5b", 24, {24, 24, 24, 0, 24, 48, 24, 0, 1, 0, 49}, 24 * 7 + 2},
     {"gemma-2b", 18, {18, 18, 18, 0, 18, 36, 18, 0, 1, 0, 37}, 18 * 7 + 2},
-    /* 8 experts x (w1, w3) x 32 layers = 512 FC1; OTHER has the 32 routers */
-    {"mixtral-8x7b", 32, {32, 32, 32, 0, 32, 512, 256, 32, 1, 1, 65}, 32 * 7 + 3},
+    /* 8 experts x (w1, w3) x 32 layers = 512 FC1, and the 32 routers */
+    {"mixtral-8x7b", 32, {32, 32, 32, 0, 32, 544, 256, 0, 1, 1, 65}, 32 * 7 + 3},
     /* tied; token and position embeddings are one EMB component */
     {"opt-125m", 12, {12, 12, 12, 0, 12, 12, 12, 0, 2, 0, 25}, 12 * 7 + 2},
     /* post-norm: no final norm; project_in/out stay OTHER */

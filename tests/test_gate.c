@@ -22,13 +22,13 @@
 #include "test_util.h"
 
 /* 2 blocks of width 16 (q, k, v, o, up, down, two norms), embedding 64x16,
- * final norm, untied lm_head, and a MoE-style router (OTHER). */
+ * final norm, untied lm_head, and a tensor no rule maps (OTHER). */
 static igrad_layout_t *gate_layout(void)
 {
     igrad_layout_t *l = NULL;
     assert_ok(igrad_layout_create(&l));
     int64_t emb[2] = {64, 16}, sq[2] = {16, 16}, up[2] = {32, 16}, down[2] = {16, 32},
-            vec[1] = {16}, router[2] = {4, 16};
+            vec[1] = {16}, mystery[2] = {4, 16};
     assert_ok(igrad_layout_add(l, "model.embed_tokens.weight", IGRAD_DTYPE_F32, 2, emb));
     static const char *const sqn[] = {"self_attn.q_proj", "self_attn.k_proj",
                                       "self_attn.v_proj", "self_attn.o_proj"};
@@ -47,7 +47,8 @@ static igrad_layout_t *gate_layout(void)
         snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", b);
         assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, 2, down));
     }
-    assert_ok(igrad_layout_add(l, "model.layers.1.mlp.gate.weight", IGRAD_DTYPE_F32, 2, router));
+    assert_ok(igrad_layout_add(l, "model.layers.1.mlp.mystery.weight", IGRAD_DTYPE_F32, 2,
+                               mystery));
     assert_ok(igrad_layout_add(l, "model.norm.weight", IGRAD_DTYPE_F32, 1, vec));
     assert_ok(igrad_layout_add(l, "lm_head.weight", IGRAD_DTYPE_F32, 2, emb));
     return l;

@@ -53,7 +53,7 @@ static igrad_layout_t *target_layout(void)
         snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", b);
         assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, 2, down));
     }
-    assert_ok(igrad_layout_add(l, "model.layers.0.mlp.gate.weight", IGRAD_DTYPE_F32, 2, small));
+    assert_ok(igrad_layout_add(l, "model.layers.0.mlp.mystery.weight", IGRAD_DTYPE_F32, 2, small));
     assert_ok(igrad_layout_add(l, "model.norm.weight", IGRAD_DTYPE_F32, 1, vec));
     assert_ok(igrad_layout_add(l, "lm_head.weight", IGRAD_DTYPE_F32, 2, emb));
     return l;

@@ -25,8 +25,8 @@
 /* A 2-layer llama-style model, C = 8, kv width 4, F = 16, vocab 32:
  * components per layer Q (64), K (32), V (32), O (64), FC1 = gate + up
  * (256), FC2 (128), NORM (16); then (-1, EMB) 256, (-1, HEAD) 256,
- * (-1, NORM) 8; 17 components. Layer 0 also has a MoE-style router
- * "mlp.gate" (8x8), which is OTHER: no component. */
+ * (-1, NORM) 8; 17 components. Layer 0 also has "mlp.mystery" (8x8),
+ * which no rule maps: OTHER, no component. */
 static igrad_layout_t *llama_layout(void)
 {
     igrad_layout_t *l = NULL;
@@ -54,7 +54,7 @@ static igrad_layout_t *llama_layout(void)
             assert_ok(igrad_layout_add(l, name, IGRAD_DTYPE_F32, t[k].which ? 2 : 1, shape));
         }
     }
-    assert_ok(igrad_layout_add(l, "model.layers.0.mlp.gate.weight", IGRAD_DTYPE_F32, 2, q));
+    assert_ok(igrad_layout_add(l, "model.layers.0.mlp.mystery.weight", IGRAD_DTYPE_F32, 2, q));
     assert_ok(igrad_layout_add(l, "model.norm.weight", IGRAD_DTYPE_F32, 1, norm));
     assert_ok(igrad_layout_add(l, "lm_head.weight", IGRAD_DTYPE_F32, 2, emb));
     return l;
@@ -119,8 +119,8 @@ static void test_record_by_hand(void **state)
                                  2.0, 1));
     assert_ok(igrad_trace_record(t, 7, tensor(l, "model.layers.0.mlp.down_proj.weight"), 32.0,
                                  2));
-    /* an OTHER tensor (the router) at a later step adds no step row */
-    assert_ok(igrad_trace_record(t, 9, tensor(l, "model.layers.0.mlp.gate.weight"), 1.0, 1));
+    /* an OTHER tensor (mlp.mystery) at a later step adds no step row */
+    assert_ok(igrad_trace_record(t, 9, tensor(l, "model.layers.0.mlp.mystery.weight"), 1.0, 1));
     assert_int_equal(igrad_trace_step_count(t), 2);
     assert_int_equal(igrad_trace_step(t, 0), 3);
     assert_int_equal(igrad_trace_step(t, 1), 7);
@@ -625,6 +625,71 @@ static void test_loaded_trace_cannot_record(void **state)
     igrad_trace_free(t);
 }
 
+/* A model none of whose tensors maps to a component (a custom model, PEFT
+ * adapters the rules do not know) traces nothing: the profile builder and
+ * the loader of its saved trace say so and point to `igrad layout
+ * --unmapped` and the user rules; a trace whose mapped tensors were just
+ * never recorded says that instead. The reference's files get no hint. */
+static void test_unmapped_names_hint(void **state)
+{
+    (void)state;
+    igrad_layout_t *l = NULL;
+    assert_ok(igrad_layout_create(&l));
+    int64_t sq[2] = {8, 8};
+    assert_ok(igrad_layout_add(l, "model.layers.0.mixer_x.ia3_vec", IGRAD_DTYPE_F32, 2, sq));
+    assert_ok(igrad_layout_add(l, "model.layers.1.mixer_x.ia3_vec", IGRAD_DTYPE_F32, 2, sq));
+    igrad_trace_t *t = NULL;
+    assert_ok(igrad_trace_create(l, &t));
+    assert_ok(igrad_trace_record(t, 0, 0, 1.0, 1)); /* OTHER: nothing kept */
+    igrad_profile_options_t po = IGRAD_PROFILE_OPTIONS_INIT;
+    igrad_profile_t *p = NULL;
+    assert_int_equal(igrad_profile_build(t, &po, &p), IGRAD_E_INVALID);
+    assert_error_has("none of its layout's 2 tensors maps to one");
+    assert_error_has("no traced tensor mapped to a component");
+    assert_error_has("igrad layout --unmapped");
+    assert_error_has("--map FILE");
+    assert_error_has("name_map=");
+    /* its saved file: a header and no rows */
+    char *path = strdup(tmp_path("unmapped.csv"));
+    assert_ok(igrad_trace_save(t, path));
+    igrad_trace_t *u = NULL;
+    assert_int_equal(igrad_trace_load(path, &u), IGRAD_E_FORMAT);
+    assert_error_has("no data rows after the header");
+    assert_error_has("no traced tensor mapped to a component");
+    assert_error_has("igrad layout --unmapped");
+    unlink(path);
+    free(path);
+    igrad_trace_free(t);
+
+    /* one mapped tensor never recorded, one OTHER recorded */
+    assert_ok(igrad_layout_add(l, "model.layers.0.self_attn.q_proj.weight", IGRAD_DTYPE_F32, 2,
+                               sq));
+    assert_ok(igrad_trace_create(l, &t));
+    assert_ok(igrad_trace_record(t, 0, 0, 1.0, 1));
+    assert_int_equal(igrad_profile_build(t, &po, &p), IGRAD_E_INVALID);
+    assert_error_has("nothing was recorded for the 1 of its layout's 3 tensors that map to a "
+                     "component (igrad_trace_record skips the others; `igrad layout "
+                     "--unmapped MODEL`");
+    igrad_trace_free(t);
+    /* every tensor mapped: no hint about names */
+    igrad_layout_t *m = NULL;
+    assert_ok(igrad_layout_create(&m));
+    assert_ok(igrad_layout_add(m, "model.layers.0.self_attn.q_proj.weight", IGRAD_DTYPE_F32, 2,
+                               sq));
+    assert_ok(igrad_trace_create(m, &t));
+    assert_int_equal(igrad_profile_build(t, &po, &p), IGRAD_E_INVALID);
+    assert_error_has("nothing was recorded for the 1 of its layout's 1 tensors");
+    if (strstr(igrad_last_error(), "--unmapped")) fail_msg("hint: %s", igrad_last_error());
+    igrad_trace_free(t);
+    igrad_layout_free(m);
+    igrad_layout_free(l);
+
+    /* the reference method's file without rows: its components are names
+     * of its own, no hint */
+    expect_ref_format("", "no data rows after the header");
+    if (strstr(igrad_last_error(), "--unmapped")) fail_msg("hint: %s", igrad_last_error());
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -642,6 +707,7 @@ int main(void)
         cmocka_unit_test(test_reference_and_v2),
         cmocka_unit_test(test_truncated_file),
         cmocka_unit_test(test_loaded_trace_cannot_record),
+        cmocka_unit_test(test_unmapped_names_hint),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

@@ -4,7 +4,8 @@
  * as one rank) on a real model's parameter table and synthetic gradients.
  *
  * What it does, in one run:
- *  1. builds the layout from a Hugging Face config.json;
+ *  1. builds the layout from a Hugging Face config.json (remapped by
+ *     --map's name rules when given, as igrad train --map does);
  *  2. makes every rank a synthetic gradient (below) and profiles it the way
  *     a real run would: --profile-steps steps of the sparsifier's *_sync
  *     method record the activity trace of their own selections, and rank
@@ -64,6 +65,7 @@
 
 typedef struct options {
     const char *config;
+    const char *map_path; /* --map FILE or NULL */
     int64_t steps, profile_steps, buckets, block_entries, release_period, threads;
     double density, release_keep;
     igrad_pack_policy_t pack;
@@ -117,6 +119,9 @@ static void usage(FILE *fp)
             "\n"
             "options:\n"
             "  --config PATH          HF config.json (configs/opt-125m.json)\n"
+            "  --map FILE             user name rules ('PATTERN KIND LAYER' per line, tried\n"
+            "                         before the built-in ones; docs/formats.md), applied to\n"
+            "                         --config's layout before it is profiled\n"
             "  --steps S              timed steps per method (20)\n"
             "  --profile-steps W      profiling window (16)\n"
             "  --density RHO          sparsifier density (0.01)\n"
@@ -203,6 +208,11 @@ static int parse_args(int argc, char **argv, options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--config", &v)) != 0) {
             if (r < 0) return -1;
             o->config = v;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--map", &v)) != 0) {
+            if (r < 0) return -1;
+            o->map_path = v;
             continue;
         }
         if ((r = cli_opt(argc, argv, &i, "--seed", &v)) != 0) {
@@ -948,6 +958,10 @@ int bench_sync(int argc, char **argv)
     st = igrad_layout_from_hf_config(o.config, &L);
     if (st != IGRAD_OK) {
         fail(o.config, st);
+        goto done;
+    }
+    if ((st = cli_apply_map(o.map_path, &L)) != IGRAD_OK) {
+        fail("--map", st);
         goto done;
     }
     if (any_failed(synth_init(&s, L, o.seed, (int)o.threads, o.grad_dtype))) goto done;

@@ -42,6 +42,9 @@ int cli_fail(const char *what, igrad_status_t st);
 /* igrad_layout_load(path), then with map_path (may be NULL) remapped by the
  * name rules of that map file (tools/cmd_layout.c). */
 igrad_status_t cli_load_layout(const char *path, const char *map_path, igrad_layout_t **out);
+/* --map FILE: *layout replaced by its copy remapped by the name rules of
+ * map_path (nothing when map_path is NULL; *layout kept on failure). */
+igrad_status_t cli_apply_map(const char *map_path, igrad_layout_t **layout);
 /* Formats a byte count as "123.4 KiB" into buf (returns buf). */
 const char *cli_human_bytes(double nbytes, char *buf, int size);
 

@@ -32,21 +32,32 @@ static void usage(FILE *fp)
             "  -h, --help this text\n");
 }
 
+igrad_status_t cli_apply_map(const char *map_path, igrad_layout_t **layout)
+{
+    if (!map_path) return IGRAD_OK;
+    igrad_name_map_t *map = NULL;
+    igrad_layout_t *mapped = NULL;
+    igrad_status_t st = igrad_name_map_load(map_path, &map);
+    if (st == IGRAD_OK) st = igrad_layout_remap(*layout, map, &mapped);
+    igrad_name_map_free(map);
+    if (st != IGRAD_OK) return st;
+    igrad_layout_free(*layout);
+    *layout = mapped;
+    return IGRAD_OK;
+}
+
 igrad_status_t cli_load_layout(const char *path, const char *map_path, igrad_layout_t **out)
 {
     *out = NULL;
     igrad_layout_t *loaded = NULL;
     igrad_status_t st = igrad_layout_load(path, &loaded);
-    if (st != IGRAD_OK || !map_path) {
-        *out = loaded;
+    if (st == IGRAD_OK) st = cli_apply_map(map_path, &loaded);
+    if (st != IGRAD_OK) {
+        igrad_layout_free(loaded);
         return st;
     }
-    igrad_name_map_t *map = NULL;
-    st = igrad_name_map_load(map_path, &map);
-    if (st == IGRAD_OK) st = igrad_layout_remap(loaded, map, out);
-    igrad_name_map_free(map);
-    igrad_layout_free(loaded);
-    return st;
+    *out = loaded;
+    return IGRAD_OK;
 }
 
 static void format_shape(const igrad_tensor_info_t *t, char *buf, size_t size)

@@ -10,6 +10,7 @@
  * the engine, bytes per level from its statistics. The sparse all-reduce
  * (not in the engine yet) and the dense bf16 reference are priced by
  * formula from the same per-bucket payload and labelled "projected".
+ * --map FILE remaps the layout's names first, as igrad train --map does.
  * docs/plan.md says what every number means and where its formula comes
  * from.
  */
@@ -23,7 +24,7 @@
 #define PLAN_MAX_METHODS 8
 
 typedef struct plan_opts {
-    const char *config_path, *profile_path;
+    const char *config_path, *profile_path, *map_path;
     int64_t ranks, per_node;
     plan_level_t net[2];      /* [0] intra, [1] inter: a link per collective */
     double compute_ms;        /* < 0: from the FLOP model */
@@ -75,6 +76,10 @@ static void usage(FILE *fp)
             "alpha-beta model (docs/plan.md). Nothing is run and no gradient is needed.\n"
             "\n"
             "  --config FILE          model: HF config.json (or anything `igrad layout` reads)\n"
+            "  --map FILE             user name rules ('PATTERN KIND LAYER' per line, tried\n"
+            "                         before the built-in ones; docs/formats.md), applied to\n"
+            "                         --config before anything else; a --profile must be\n"
+            "                         made with the same rules\n"
             "  --profile FILE         profile for ig/iad (default: a synthetic one, scores by\n"
             "                         a fixed rule; ig's bytes then follow --target-ratio)\n"
             "  --ranks P              data-parallel ranks (GPUs)\n"
@@ -151,6 +156,9 @@ static int parse_args(int argc, char **argv, plan_opts_t *o)
         if (OPT("--config")) {
             if (r < 0) return -1;
             o->config_path = v;
+        } else if (OPT("--map")) {
+            if (r < 0) return -1;
+            o->map_path = v;
         } else if (OPT("--profile")) {
             if (r < 0) return -1;
             o->profile_path = v;
@@ -671,6 +679,10 @@ int cmd_plan(int argc, char **argv)
     igrad_layout_t *layout = NULL;
     igrad_status_t st = igrad_layout_load(o.config_path, &layout);
     if (st != IGRAD_OK) return cli_fail("--config", st);
+    if ((st = cli_apply_map(o.map_path, &layout)) != IGRAD_OK) {
+        igrad_layout_free(layout);
+        return cli_fail("--map", st);
+    }
     plan_ctx_t *x = calloc(1, sizeof *x);
     if (!x) {
         igrad_layout_free(layout);

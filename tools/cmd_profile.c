@@ -6,7 +6,8 @@
  * (and the model's --layout) the important set and kappa come from
  * igrad_target_fit, the engine's own budget-driven choice: the profile is
  * re-marked at its threshold and the JSON gains a "target" object (kappa
- * and the planned ratio; readers ignore it). All computation lives in the
+ * and the planned ratio; readers ignore it); --map FILE remaps --layout by
+ * user name rules first (the trace's hash then covers them). All computation lives in the
  * library (src/profile.c, src/partition.c, src/target.c); this file only
  * parses arguments and prints.
  */
@@ -23,8 +24,8 @@ static void usage(FILE *fp)
     fprintf(fp,
             "usage: igrad profile --trace TRACE.csv [--window A:B] [--alpha 0.7]\n"
             "                     [--method knee] [--out profile.json] [--csv profile.csv]\n"
-            "                     [--target-ratio X --layout MODEL [--release-period R]\n"
-            "                      [--gate-other on|off]] [--quiet]\n"
+            "                     [--target-ratio X --layout MODEL [--map FILE]\n"
+            "                      [--release-period R] [--gate-other on|off]] [--quiet]\n"
             "\n"
             "Scores each (layer, kind) component of an activity trace over a window of\n"
             "steps (magnitude and persistence of the retained gradient), splits them into\n"
@@ -49,6 +50,10 @@ static void usage(FILE *fp)
             "               n_important, f_imp, planned and model ratio, met)\n"
             "  --layout M   the model (anything `igrad layout` reads: HF config.json,\n"
             "               .safetensors, a checkpoint directory); needed by --target-ratio\n"
+            "  --map FILE   user name rules ('PATTERN KIND LAYER' per line, tried before\n"
+            "               the built-in ones; docs/formats.md), applied to --layout: give\n"
+            "               the rules the trace was recorded with (igrad train --map), as\n"
+            "               the layout hash covers them\n"
             "  --release-period R  R of the plan priced by --target-ratio (default 4)\n"
             "  --gate-other on|off  EMB/HEAD/NORM under the gate for --target-ratio (on)\n"
             "  --quiet      print nothing but errors\n"
@@ -101,11 +106,16 @@ typedef struct target_choice {
 } target_choice_t;
 
 /* @return 0, or 1 after printing why not. */
-static int fit_target(igrad_profile_t *profile, const char *layout_path, target_choice_t *tc)
+static int fit_target(igrad_profile_t *profile, const char *layout_path, const char *map_path,
+                      target_choice_t *tc)
 {
     igrad_layout_t *layout = NULL;
     igrad_status_t st = igrad_layout_load(layout_path, &layout);
     if (st != IGRAD_OK) return cli_fail("profile: --layout", st);
+    if ((st = cli_apply_map(map_path, &layout)) != IGRAD_OK) {
+        igrad_layout_free(layout);
+        return cli_fail("profile: --map", st);
+    }
     int rc = 1;
     uint64_t ph = igrad_profile_layout_hash(profile);
     igrad_config_t cfg = IGRAD_CONFIG_INIT;
@@ -252,6 +262,7 @@ int cmd_profile(int argc, char **argv)
 {
     const char *trace_path = NULL, *window = NULL, *alpha_text = NULL, *method = "knee";
     const char *out = NULL, *csv = NULL, *layout_path = NULL, *target_text = NULL;
+    const char *map_path = NULL;
     target_choice_t tc = {.release_period = IGRAD_DEFAULT_RELEASE_PERIOD, .gate_other = 1};
     int quiet = 0;
     for (int i = 1; i < argc; i++) {
@@ -289,6 +300,9 @@ int cmd_profile(int argc, char **argv)
         } else if ((r = cli_opt(argc, argv, &i, "--layout", &v)) != 0) {
             if (r < 0) return 2;
             layout_path = v;
+        } else if ((r = cli_opt(argc, argv, &i, "--map", &v)) != 0) {
+            if (r < 0) return 2;
+            map_path = v;
         } else if ((r = cli_opt(argc, argv, &i, "--release-period", &v)) != 0) {
             int64_t rp = 0;
             if (r < 0 || cli_parse_i64("--release-period", v, &rp) != 0) return 2;
@@ -330,6 +344,11 @@ int cmd_profile(int argc, char **argv)
         fprintf(stderr, "igrad: profile: --layout is only used with --target-ratio\n");
         return 2;
     }
+    if (map_path && !layout_path) {
+        fprintf(stderr, "igrad: profile: --map applies to --layout (with --target-ratio); a "
+                        "trace's components were mapped when it was recorded\n");
+        return 2;
+    }
     if ((out && same_file(out, trace_path)) || (csv && same_file(csv, trace_path))) {
         fprintf(stderr, "igrad: profile: refusing to write over the input trace %s\n",
                 trace_path);
@@ -350,7 +369,7 @@ int cmd_profile(int argc, char **argv)
         rc = cli_fail(trace_path, st);
         goto done;
     }
-    if (target_text && (rc = fit_target(profile, layout_path, &tc)) != 0) goto done;
+    if (target_text && (rc = fit_target(profile, layout_path, map_path, &tc)) != 0) goto done;
     if (out && (st = igrad_profile_save_json(profile, out)) != IGRAD_OK) {
         rc = cli_fail("profile", st);
         goto done;

@@ -1796,9 +1796,9 @@ class Profiler:
     Profiler's own error-feedback residual: the residual the sparsified
     *_sync run would have if its synchronized gradient equalled this
     .grad. The trace gets the selection's sum of squares and count per
-    component (activity = sqrt(sum v^2) / sqrt(n_c)). Tensors outside the
-    blocks (embeddings, norms, lm_head) are not part of any component and
-    are skipped. Call it after the gradients are final (after DDP's
+    component (activity = sqrt(sum v^2) / sqrt(n_c)). Tensors that map to
+    no component (OTHER) are skipped; when none maps, build_profile()
+    raises naming that cause. Call it after the gradients are final (after DDP's
     averaging, or after GradientSynchronizer); every rank records the same
     values under DDP, so saving on rank 0 is enough.
 
@@ -1863,8 +1863,25 @@ class Profiler:
         """Writes the trace CSV (igrad_trace_save)."""
         self.trace.save(os.fspath(path))
 
+    def _no_mapped_tensor(self):
+        """The error for a Profiler that traces nothing because no trainable
+        tensor maps to a component (its trace has no rows)."""
+        names = [n for n, _ in self.named][:3]
+        return L.InvalidArgumentError(
+            "Profiler: no traced tensor mapped to a component: none of the model's %d "
+            "trainable tensors (%s%s) maps to one, so the trace has no rows (a custom model, "
+            "or PEFT/LoRA names the built-in rules do not know). List them with `igrad "
+            "layout --unmapped` or Layout.unmapped(); map them with user rules: "
+            "Profiler(name_map=...) and IgradState(name_map=...) (--map FILE for igrad "
+            "train)" % (len(self.named), ", ".join(names),
+                        ", ..." if len(self.named) > len(names) else ""))
+
     def build_profile(self, window=None, method="knee", alpha=0.7, out=None, csv=None):
-        """The profile of the trace recorded so far (see igrad.build_profile)."""
+        """The profile of the trace recorded so far (see igrad.build_profile).
+        Raises InvalidArgumentError naming the cause when no trainable
+        tensor maps to a component (nothing could be traced)."""
+        if not self._tensors:
+            raise self._no_mapped_tensor()
         from .profile import build_profile
         return build_profile(self.trace, window=window, method=method, alpha=alpha, out=out,
                              csv=csv)

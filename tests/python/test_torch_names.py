@@ -12,6 +12,12 @@ tensors.
     tensors and their share; name_map (rules or a map file) maps them,
     changes the layout hash, survives pickling and an online-profiling
     engine (which copies the layout) is created with it.
+  - A model none of whose trainable tensors maps (adapters of a kind the
+    rules do not know): the Profiler traces nothing, and building its
+    profile (from the Profiler, or from its saved trace through
+    igrad.build_profile, or a C trace of those tensors) fails saying that
+    no traced tensor mapped to a component and pointing to `igrad layout
+    --unmapped` and name_map=; with rules it builds.
 """
 import os
 import pickle
@@ -62,6 +68,17 @@ class LoraLinear(nn.Module):
         self.base_layer.weight.requires_grad_(False)
         self.lora_A = nn.ModuleDict({"default": nn.Linear(n_in, r, bias=False)})
         self.lora_B = nn.ModuleDict({"default": nn.Linear(r, n_out, bias=False)})
+
+
+class IA3Linear(nn.Module):
+    """A frozen linear with a trainable adapter vector under a name no
+    built-in rule knows (as PEFT's IA3 'ia3_l' before the rules knew it)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.base_layer = nn.Linear(n, n, bias=False)
+        self.base_layer.weight.requires_grad_(False)
+        self.ia3_vec = nn.Parameter(torch.ones(n))
 
 
 class NamesTest(unittest.TestCase):
@@ -203,6 +220,55 @@ class NamesTest(unittest.TestCase):
             it.IgradState(model, name_map=[("x", "Q", "row")])
         with self.assertRaisesRegex(igrad.InvalidArgumentError, "unknown component kind"):
             it.IgradState(model, name_map=[("x", "QQ", "block")])
+
+    def test_profile_of_unmapped_names_says_why(self):
+        model = nn.Module()
+        model.layers = nn.ModuleList()
+        for _ in range(2):
+            block = nn.Module()
+            block.mixer_x = IA3Linear(8)
+            model.layers.append(block)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            prof = it.Profiler(model, density=0.5)
+        self.assertEqual(prof.layout.unmapped()[0][0], "layers.0.mixer_x.ia3_vec")
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.randn_like(p)
+        prof.step()
+        prof.step()
+        cause = "no traced tensor mapped to a component"
+        with self.assertRaises(igrad.InvalidArgumentError) as ctx:
+            prof.build_profile()
+        msg = str(ctx.exception)
+        for want in (cause, "2 trainable tensors", "layers.0.mixer_x.ia3_vec",
+                     "igrad layout --unmapped", "name_map="):
+            self.assertIn(want, msg)
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trace.csv")
+            prof.save(path)  # a header, no rows
+            with self.assertRaises(igrad.FormatError) as ctx:
+                igrad.build_profile(path)
+            msg = str(ctx.exception)
+            for want in ("no data rows after the header", cause, "igrad layout --unmapped",
+                         "--map FILE", "name_map="):
+                self.assertIn(want, msg)
+
+        # the C trace of that layout itself (igrad_profile_build's message)
+        with self.assertRaises(igrad.InvalidArgumentError) as ctx:
+            igrad.Profile.build(prof.trace)
+        msg = str(ctx.exception)
+        for want in ("none of its layout's 2 tensors maps to one", cause, "name_map="):
+            self.assertIn(want, msg)
+
+        # with a rule the adapters are their block's FC1 and the profile builds
+        mapped = it.Profiler(model, density=0.5, name_map=[("glob:*.ia3_vec", "FC1", "block")])
+        mapped.step()
+        mapped.step()
+        profile = mapped.build_profile()
+        self.assertEqual(sorted((e["layer"], e["kind"]) for e in profile.entries()),
+                         [(0, "FC1"), (1, "FC1")])
 
 
 if __name__ == "__main__":
