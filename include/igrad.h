@@ -1305,6 +1305,30 @@ typedef struct igrad_config {
                                            tensors uncompressed; the gate still
                                            defers it with its component. 0 = off
                                            (IGRAD_DEFAULT_DENSE_BELOW, 64) */
+    /* The link `collective = auto` prices (issue 12 part 2): appended after
+     * dense_below. Integers, so every rank's choice is exact. */
+    int64_t link_latency_ns;          /**< alpha of one message in ns, in [0, 1e9]:
+                                           auto's cost per bucket is message steps
+                                           x alpha + wire bytes x beta (see
+                                           docs/architecture.md §5.7). For
+                                           topology hier the inter-node link (the
+                                           shard engines' buckets cross it). 0 =
+                                           bytes only: gather vs reduce as before
+                                           (reduce iff 8d < P s) (0) */
+    int64_t link_bandwidth_mbps;      /**< per-rank bandwidth, one direction, in
+                                           Mbit/s, in [1, 1e9]: beta = 8000 /
+                                           link_bandwidth_mbps ns per byte
+                                           (100000: the `100g` preset of igrad
+                                           plan) */
+    int auto_sparse_reduce;           /**< 1: auto also prices the sparse
+                                           all-reduce and takes it where it is
+                                           cheapest (under igrad_engine_sync with
+                                           the CPU data plane, a comm with a
+                                           variable all-to-all and F32 gradients;
+                                           elsewhere auto compares gather and
+                                           reduce only). Opt-in because its
+                                           result is not the mean of what the
+                                           ranks selected (§5.7a) (0) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1318,7 +1342,8 @@ typedef struct igrad_config {
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
       IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
       IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0, \
-      0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0, IGRAD_DEFAULT_DENSE_BELOW }
+      0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0, IGRAD_DEFAULT_DENSE_BELOW,         \
+      0, 100000, 0 }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or

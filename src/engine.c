@@ -217,6 +217,18 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
     IGRAD_FAIL_IF(c->dense_below < 0, IGRAD_E_INVALID,
                   "config.dense_below is %lld (must be >= 0; 0 = off)",
                   (long long)c->dense_below);
+    IGRAD_FAIL_IF(c->link_latency_ns < 0 || c->link_latency_ns > IGRAD__LINK_MAX_LATENCY_NS,
+                  IGRAD_E_INVALID,
+                  "config.link_latency_ns is %lld (must be in [0, 1000000000]; 0 = auto by "
+                  "bytes alone)",
+                  (long long)c->link_latency_ns);
+    IGRAD_FAIL_IF(c->link_bandwidth_mbps < 1 ||
+                      c->link_bandwidth_mbps > IGRAD__LINK_MAX_BANDWIDTH_MBPS,
+                  IGRAD_E_INVALID,
+                  "config.link_bandwidth_mbps is %lld (must be in [1, 1000000000] Mbit/s)",
+                  (long long)c->link_bandwidth_mbps);
+    IGRAD_FAIL_IF(c->auto_sparse_reduce != 0 && c->auto_sparse_reduce != 1, IGRAD_E_INVALID,
+                  "config.auto_sparse_reduce is %d (0 or 1)", c->auto_sparse_reduce);
     IGRAD_FAIL_IF(c->threads < 0 || c->threads > 4096, IGRAD_E_INVALID,
                   "config.threads is %d (must be in [0, 4096]; 0 = OpenMP default)", c->threads);
     IGRAD_FAIL_IF(!(c->timeout_s >= 0.0 && c->timeout_s <= DBL_MAX), IGRAD_E_INVALID,
@@ -714,6 +726,7 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     }
     e->value_nbytes = (int)igrad_dtype_nbytes(c->value_dtype);
     if (!e->plan_only) IGRAD_CHECK(igrad__route_check_engine(e));
+    e->auto_sar = igrad__route_auto_sar(e);
     e->deferral = method_defers(c->method);
     e->per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
     IGRAD_FAIL_IF(e->deferral && !profile && c->profile_steps == 0, IGRAD_E_INVALID,
@@ -768,8 +781,8 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     e->max_entries = dense ? 0 : (size_t)mx[0];
     e->max_blocks = (size_t)mx[1];
     size_t slack = (size_t)e->nb_max * 8; /* each bucket's offset is 8-aligned */
-    igrad__route_arenas(c->collective, dense, mx[2], mx[3], P, slack, &e->send_arena_nbytes,
-                        &e->recv_arena_nbytes);
+    igrad__route_arenas(c->collective, dense, e->auto_sar, mx[2], mx[3], P, slack,
+                        &e->send_arena_nbytes, &e->recv_arena_nbytes);
 
     size_t nbm = (size_t)e->nb_max, mb = e->max_blocks ? e->max_blocks : 1;
     e->stage_off = calloc(T, sizeof *e->stage_off);
@@ -793,7 +806,8 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
                       !e->bucket_of || !e->order || !e->start || !e->loads || !e->bk ||
                       !e->desc,
                   IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    if (!dense && !e->plan_only && c->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE) {
+    if (!dense && !e->plan_only &&
+        (c->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE || e->auto_sar)) {
         e->sar = calloc(nbm, sizeof *e->sar);
         IGRAD_FAIL_IF(!e->sar, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     }
@@ -1166,6 +1180,7 @@ igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history)
     size_t P = (size_t)e->nranks;
     size_t send_off = 0, recv_off = 0;
     size_t nbk = 0;
+    const igrad__route_link_t link = igrad__route_link_of(e);
     for (int j = 0; j < nplan; j++) {
         size_t first = e->start[j], cnt = e->start[j + 1] - first;
         if (cnt == 0) continue;
@@ -1193,7 +1208,8 @@ igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history)
         }
         bk->entries = entries;
         bk->dense_count = (size_t)dcount;
-        bk->route = igrad__route_choose(e->cfg.collective, dense, (int64_t)P, gbytes, dcount);
+        igrad__route_bucket_t rb = {(int64_t)P, gbytes, dcount, entries};
+        bk->route = igrad__route_choose(e->cfg.collective, dense, &rb, &link);
         bk->kind = bk->route->kind;
         bk->route->layout(e, bk, &send_off, &recv_off);
         nbk++;
@@ -1392,7 +1408,10 @@ igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step)
 {
     igrad__engine_step_reset(e, step);
     igrad__engine_gate_step(e, step);
-    IGRAD_CHECK(igrad__engine_plan_step(e, 1));
+    e->step_sar = e->auto_sar; /* a plan-only engine models igrad_engine_sync */
+    igrad_status_t st = igrad__engine_plan_step(e, 1);
+    e->step_sar = 0;
+    IGRAD_CHECK(st);
     /* the step's statistics as a run has them: nothing was selected (norms
      * 0), no online window records (profile_steps is 0), no trace is set */
     IGRAD_CHECK(igrad__engine_finish_step(e));
@@ -1625,7 +1644,9 @@ igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *
         return igrad__engine_warmup_done(e, igrad_engine_sync(e->warmup, step, grads));
     double saved = igrad_comm_timeout(e->comm);
     igrad_comm_set_timeout(e->comm, e->cfg.timeout_s);
+    e->step_sar = e->auto_sar; /* only this entry point runs the sparse all-reduce */
     igrad_status_t st = sync_step(e, step, grads);
+    e->step_sar = 0;
     igrad_comm_set_timeout(e->comm, saved);
     return st;
 }

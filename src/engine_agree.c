@@ -65,6 +65,9 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_TOPOLOGY] = {"config.topology", IGRAD__ITEM_TOPOLOGY, 1},
     [IGRAD__ITEM_CFG_RANKS_PER_NODE] = {"config.ranks_per_node", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_DENSE_BELOW] = {"config.dense_below", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_LINK_LATENCY] = {"config.link_latency_ns", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_LINK_BANDWIDTH] = {"config.link_bandwidth_mbps", IGRAD__ITEM_I64, 1},
+    [IGRAD__ITEM_CFG_AUTO_SPARSE_REDUCE] = {"config.auto_sparse_reduce", IGRAD__ITEM_I64, 1},
 };
 
 static uint64_t f64_bits(double v)
@@ -174,6 +177,9 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_TOPOLOGY] = (uint64_t)(int64_t)c->topology;
     v[IGRAD__ITEM_CFG_RANKS_PER_NODE] = (uint64_t)(int64_t)c->ranks_per_node;
     v[IGRAD__ITEM_CFG_DENSE_BELOW] = (uint64_t)c->dense_below;
+    v[IGRAD__ITEM_CFG_LINK_LATENCY] = (uint64_t)c->link_latency_ns;
+    v[IGRAD__ITEM_CFG_LINK_BANDWIDTH] = (uint64_t)c->link_bandwidth_mbps;
+    v[IGRAD__ITEM_CFG_AUTO_SPARSE_REDUCE] = (uint64_t)(int64_t)c->auto_sparse_reduce;
 }
 
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)

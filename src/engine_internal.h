@@ -88,9 +88,17 @@ enum {
     IGRAD__ITEM_CFG_TOPOLOGY,        /* two-level sync (engine_hier.c) */
     IGRAD__ITEM_CFG_RANKS_PER_NODE,
     IGRAD__ITEM_CFG_DENSE_BELOW,     /* small tensors sent whole */
+    IGRAD__ITEM_CFG_LINK_LATENCY,    /* the link auto prices (route.c) */
+    IGRAD__ITEM_CFG_LINK_BANDWIDTH,
+    IGRAD__ITEM_CFG_AUTO_SPARSE_REDUCE,
     IGRAD__NITEMS
 };
 #define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP
+
+/* Bounds of config.link_latency_ns and link_bandwidth_mbps (validated), so
+ * that auto's integer costs (route.c) cannot overflow. */
+#define IGRAD__LINK_MAX_LATENCY_NS 1000000000LL
+#define IGRAD__LINK_MAX_BANDWIDTH_MBPS 1000000000LL
 
 typedef struct igrad__item_desc {
     const char *name;          /* "config.density", "layout", ... */
@@ -171,6 +179,12 @@ struct igrad_engine {
                                            (CUDA: device scratch), NULL until used */
     igrad_comm_t *comm;                 /* borrowed; NULL for a plan-only engine */
     int rank, nranks;
+    int auto_sar;                       /* collective auto may take the sparse
+                                           all-reduce (config.auto_sparse_reduce and
+                                           the engine can run it, route.c) */
+    int step_sar;                       /* ... in this step: auto_sar under
+                                           igrad_engine_sync (and plan-only steps),
+                                           0 for begin/open */
     int plan_only;                      /* igrad_engine_create_plan: nranks set by
                                            the caller, no comm, no data-plane
                                            memory; it only plans steps */

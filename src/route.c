@@ -18,13 +18,22 @@
 
 static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
 
+/* The scaled α-β time of route.h: `steps` message steps of α and `pbytes`
+ * = wire bytes × P, both divided by P−1 (every route's steps and bytes
+ * have that factor), so cost = P·B·steps'·α + 8000·pbytes'. */
+static igrad__cost_t ab_cost(const igrad__route_link_t *l, int64_t P, int64_t steps,
+                             igrad__cost_t pbytes)
+{
+    return (igrad__cost_t)P * l->bandwidth_mbps * steps * l->latency_ns +
+           (igrad__cost_t)8000 * pbytes;
+}
+
 /* ---- gather: one allgather of the sparse payload ------------------------ */
 
-/* (P-1)*s on the wire, times P/(P-1) */
-static int64_t gather_cost(int64_t s, int64_t d, int64_t P)
+/* Ring all-gather: P−1 steps, (P−1)·s bytes; over P−1: 1 step, s bytes. */
+static igrad__cost_t gather_cost(const igrad__route_bucket_t *b, const igrad__route_link_t *l)
 {
-    (void)d;
-    return P * s;
+    return ab_cost(l, b->P, 1, (igrad__cost_t)b->P * b->s);
 }
 
 static void gather_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
@@ -89,16 +98,17 @@ static igrad_status_t gather_issue(igrad_engine_t *e, size_t j, igrad_comm_reque
 
 /* ---- reduce: one in-place SUM all-reduce of dense segments -------------- */
 
-/* 2(P-1)/P * 4d on the wire, times P/(P-1) */
-static int64_t reduce_cost(int64_t s, int64_t d, int64_t P)
+/* Ring all-reduce: 2(P−1) steps, 2(P−1)/P·4d bytes; over P−1: 2 steps,
+ * 8d/P bytes. */
+static igrad__cost_t reduce_cost(const igrad__route_bucket_t *b, const igrad__route_link_t *l)
 {
-    (void)s;
-    (void)P;
-    return 8 * d;
+    return ab_cost(l, b->P, 2, (igrad__cost_t)8 * b->d);
 }
 
-/* Under auto a reduce bucket is chosen only when 8d < P*s, so its 4d
- * bytes fit in the room of the gather it replaces: no room of its own. */
+/* Under auto a reduce bucket is chosen only when its cost is below the
+ * gather's; its α term is twice the gather's, so that implies 8d < P*s,
+ * and its 4d bytes fit in the room of the gather it replaces: no room of
+ * its own. */
 static void reduce_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
                          size_t *send, size_t *recv)
 {
@@ -147,20 +157,30 @@ static igrad_status_t reduce_issue(igrad_engine_t *e, size_t j, igrad_comm_reque
 
 /* ---- sparse all-reduce: split, reduce and re-sparsify, all-gather ------- */
 
-/* Not auto's (no cost): its result is not the mean of what the ranks sent
- * but the top of it, the rest going to the owners' residuals, so choosing
- * it per bucket would change the method's result with P; and it is four
- * exchanges where a gather is one (docs/architecture.md §5.7). */
+/* auto's only with config.auto_sparse_reduce (an opt-in route): its
+ * result is not the mean of what the ranks sent but the top of it, the
+ * rest going to the owners' residuals, so choosing it per bucket changes
+ * the method's result with P and the link (docs/architecture.md §5.7).
+ * Priced as sar_wire's balanced model: two alltoallv of P−1 messages and
+ * two ring all-gathers, 4(P−1) steps; (P−1)(80 + 8·kout) + 8k(P−1)/P
+ * bytes; over P−1: 4 steps, (P(80 + 8·kout) + 8k)/P bytes. */
+static igrad__cost_t sar_cost(const igrad__route_bucket_t *b, const igrad__route_link_t *l)
+{
+    igrad__cost_t kout = (igrad__cost_t)igrad__sar_kout((size_t)b->k, (int)b->P);
+    return ab_cost(l, b->P, 4, (igrad__cost_t)b->P * (80 + 8 * kout) + (igrad__cost_t)8 * b->k);
+}
 
 /* The send arena holds its entries, 8 bytes each: at most twice the gather
- * bytes (>= 4 bytes per entry). Nothing in the recv arena: the result and
- * the remainder stay in the bucket slot's workspace (e->sar) until unpack. */
+ * bytes (>= 4 bytes per entry), forced or under auto (where the table's
+ * maximum takes it). Nothing in the recv arena: the result and the
+ * remainder stay in the bucket slot's workspace (e->sar) until unpack. */
 static void sar_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
                       size_t *send, size_t *recv)
 {
     (void)dmax;
     (void)P;
-    *send = forced ? 2 * (size_t)smax + slack : 0;
+    (void)forced;
+    *send = 2 * (size_t)smax + slack;
     *recv = 0;
 }
 
@@ -210,13 +230,13 @@ static igrad_status_t sar_issue(igrad_engine_t *e, size_t j, igrad_comm_request_
  * earlier row wins). */
 static const igrad__route_t routes[] = {
     {IGRAD_BUCKET_GATHER, "gather", IGRAD__WIRE_SPARSE, 0, IGRAD_COLLECTIVE_GATHER, 1,
-     gather_cost, gather_arena, gather_layout, gather_describe,
+     gather_cost, 0, gather_arena, gather_layout, gather_describe,
      offsetof(igrad_step_stats_t, gather_buckets), gather_payload, gather_wire, gather_issue},
     {IGRAD_BUCKET_REDUCE, "reduce", IGRAD__WIRE_DENSE, 1, IGRAD_COLLECTIVE_REDUCE, 1,
-     reduce_cost, reduce_arena, reduce_layout, reduce_describe,
+     reduce_cost, 0, reduce_arena, reduce_layout, reduce_describe,
      offsetof(igrad_step_stats_t, reduce_buckets), reduce_payload, reduce_wire, reduce_issue},
     {IGRAD_BUCKET_SPARSE_REDUCE, "sparse all-reduce", IGRAD__WIRE_SAR, 0,
-     IGRAD_COLLECTIVE_SPARSE_REDUCE, 0, NULL, sar_arena, sar_layout,
+     IGRAD_COLLECTIVE_SPARSE_REDUCE, 0, sar_cost, 1, sar_arena, sar_layout,
      gather_describe /* its send bytes, as U8 */,
      offsetof(igrad_step_stats_t, sparse_reduce_buckets),
      gather_payload /* its send bytes: 8 per entry */, sar_wire, sar_issue},
@@ -239,17 +259,18 @@ static const igrad__route_t *forced_route(igrad_collective_t collective, int den
     return NULL;
 }
 
-const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int dense, int64_t P,
-                                          int64_t s, int64_t d)
+const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int dense,
+                                          const igrad__route_bucket_t *b,
+                                          const igrad__route_link_t *l)
 {
     const igrad__route_t *f = forced_route(collective, dense);
     if (f) return f;
-    if (P == 1) return &routes[0]; /* one rank: a copy of the payload */
+    if (b->P == 1) return &routes[0]; /* one rank: a copy of the payload */
     const igrad__route_t *best = &routes[0];
-    int64_t c = best->cost(s, d, P);
+    igrad__cost_t c = best->cost(b, l);
     for (size_t i = 1; i < NROUTES; i++) {
-        if (!routes[i].cost) continue;
-        int64_t ci = routes[i].cost(s, d, P);
+        if (routes[i].optin && !l->sar) continue;
+        igrad__cost_t ci = routes[i].cost(b, l);
         if (ci < c) {
             best = &routes[i];
             c = ci;
@@ -258,13 +279,14 @@ const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int den
     return best;
 }
 
-void igrad__route_arenas(igrad_collective_t collective, int dense, int64_t smax, int64_t dmax,
-                         size_t P, size_t slack, size_t *send, size_t *recv)
+void igrad__route_arenas(igrad_collective_t collective, int dense, int sar, int64_t smax,
+                         int64_t dmax, size_t P, size_t slack, size_t *send, size_t *recv)
 {
     const igrad__route_t *f = forced_route(collective, dense);
     *send = *recv = 0;
     for (size_t i = 0; i < NROUTES; i++) {
         if (f && f != &routes[i]) continue;
+        if (!f && routes[i].optin && !sar) continue;
         size_t s = 0, r = 0;
         routes[i].arena(smax, dmax, P, f != NULL, slack, &s, &r);
         if (s > *send) *send = s;
@@ -300,4 +322,20 @@ igrad_status_t igrad__route_check_caller(const igrad_engine_t *e, const char *wh
                   "exchanges, which a caller's collective cannot run)",
                   what, igrad_collective_name(e->cfg.collective), f->name);
     return IGRAD_OK;
+}
+
+int igrad__route_auto_sar(const igrad_engine_t *e)
+{
+    const igrad_config_t *c = &e->cfg;
+    if (!c->auto_sparse_reduce || c->collective != IGRAD_COLLECTIVE_AUTO) return 0;
+    if (e->sp == IGRAD_SPARSIFIER_NONE || c->grad_dtype != IGRAD_DTYPE_F32) return 0;
+    if (e->plan_only) return 1; /* the CPU data plane over MPI, as igrad plan models */
+    return e->dp->pack[IGRAD__WIRE_SAR] && e->dp->unpack[IGRAD__WIRE_SAR] && e->comm &&
+           e->comm->vt->alltoallv;
+}
+
+igrad__route_link_t igrad__route_link_of(const igrad_engine_t *e)
+{
+    igrad__route_link_t l = {e->cfg.link_latency_ns, e->cfg.link_bandwidth_mbps, e->step_sar};
+    return l;
 }

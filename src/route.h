@@ -31,6 +31,27 @@ typedef enum igrad__wire {
     IGRAD__NWIRES
 } igrad__wire_t;
 
+/* What auto prices a bucket by: P ranks, s gather bytes per rank, d dense
+ * floats, k entries per rank (the sparse all-reduce's k). */
+typedef struct igrad__route_bucket {
+    int64_t P, s, d, k;
+} igrad__route_bucket_t;
+
+/* The link: config.link_latency_ns (α) and link_bandwidth_mbps (B, so β =
+ * 8000/B ns per byte); `sar`: the sparse all-reduce is priced too. */
+typedef struct igrad__route_link {
+    int64_t latency_ns, bandwidth_mbps;
+    int sar;
+} igrad__route_link_t;
+
+/* A route's cost: (time in ns) × B × P / (P−1), where time = steps·α +
+ * wire bytes·8000/B — every route's time has the factor P−1 and the wire
+ * bytes × P are integers, so the scaled time is the integer
+ * P·B·(steps/(P−1))·α + 8000·(P/(P−1))·(wire bytes). 128 bits: with the
+ * bounds of the config (IGRAD__LINK_MAX_*) and 64-bit byte counts it
+ * cannot overflow. */
+__extension__ typedef __int128 igrad__cost_t;
+
 typedef struct igrad__route {
     igrad_bucket_kind_t kind;     /* what igrad_bucket_t.kind says */
     const char *name;             /* "gather", "reduce", "sparse all-reduce" (messages) */
@@ -38,12 +59,13 @@ typedef struct igrad__route {
     int dense_method;             /* the route of the dense method */
     igrad_collective_t forced_by; /* config.collective that always takes it */
     int caller_runs;              /* a caller can run it (igrad_engine_begin, open) */
-    /* Modelled bytes on the wire per rank times P/(P-1), for a bucket of
-     * `s` gather bytes per rank and `d` dense floats: an integer, so that
-     * every rank's `auto` comparison is exact. auto takes the cheapest
-     * route, the earlier one in the table on ties; a route without a cost
-     * is never auto's (only its forcing value takes it). */
-    int64_t (*cost)(int64_t s, int64_t d, int64_t P);
+    /* auto's α-β time of the bucket (igrad__route_cost_t), scaled to an
+     * exact integer; auto takes the cheapest route, the earlier one in the
+     * table on ties. `optin`: a route auto prices only where the engine
+     * can run it and config.auto_sparse_reduce asks (the sparse
+     * all-reduce). */
+    igrad__cost_t (*cost)(const igrad__route_bucket_t *b, const igrad__route_link_t *l);
+    int optin;
     /* This route's room in the send and recv arenas for the largest step
      * (largest gather bytes `smax`, dense floats `dmax`, `slack` bytes for
      * the buckets' 8-byte alignment of an arena it uses), alone when
@@ -76,9 +98,22 @@ const igrad__route_t *igrad__route_of(igrad_bucket_kind_t kind);
 
 /* The route of one bucket this step: the dense method's route, the one
  * `collective` forces, the first route with one rank, else (auto) the
- * cheapest by cost(). s, d as in igrad__route_t.cost. */
-const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int dense, int64_t P,
-                                          int64_t s, int64_t d);
+ * cheapest by cost() among the routes the link allows (opt-in routes only
+ * with l->sar). A pure function of its arguments: every rank, given the
+ * same plan and config, chooses alike. */
+const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int dense,
+                                          const igrad__route_bucket_t *b,
+                                          const igrad__route_link_t *l);
+
+/* Whether auto may take the sparse all-reduce in engine e (at create,
+ * after igrad__route_check_engine): config.auto_sparse_reduce, collective
+ * auto, a sparse method, F32 gradients and, unless plan-only, the data
+ * plane's SAR wire and a comm with alltoallv. A plan-only engine answers
+ * for the CPU data plane over MPI (what igrad plan models). */
+int igrad__route_auto_sar(const igrad_engine_t *e);
+
+/* The link of engine e's config (l->sar from e->step_sar). */
+igrad__route_link_t igrad__route_link_of(const igrad_engine_t *e);
 
 /* What an engine needs for the route its config forces (at create,
  * before the agreement, so that every rank fails alike): the data plane's
@@ -90,9 +125,10 @@ igrad_status_t igrad__route_check_engine(const igrad_engine_t *e);
  * when the config forces a route that a caller cannot run. */
 igrad_status_t igrad__route_check_caller(const igrad_engine_t *e, const char *what);
 
-/* Arena bytes for the largest step: the routes a config can choose, the
- * largest room of each arena among them. */
-void igrad__route_arenas(igrad_collective_t collective, int dense, int64_t smax, int64_t dmax,
-                         size_t P, size_t slack, size_t *send, size_t *recv);
+/* Arena bytes for the largest step: the routes a config can choose (under
+ * auto the opt-in ones only with `sar`), the largest room of each arena
+ * among them. */
+void igrad__route_arenas(igrad_collective_t collective, int dense, int sar, int64_t smax,
+                         int64_t dmax, size_t P, size_t slack, size_t *send, size_t *recv);
 
 #endif /* IGRAD_ROUTE_H */

@@ -10,7 +10,14 @@
  * deferred and released components) equal what the real engine measured
  * (igrad_engine_last_stats), and the planned buckets equal the buckets
  * the two-phase API hands out (kind, index, bytes), whose collectives this
- * test runs with MPI itself. Also: a plan-only engine refuses to run steps,
+ * test runs with MPI itself. The same with a link (config.link_latency_ns,
+ * link_bandwidth_mbps: auto's α-β choice) and, at P = 4, a link latency of
+ * 1 s that leaves no reduce bucket where bytes alone chose some. With
+ * config.auto_sparse_reduce (igrad_engine_sync, which alone runs the
+ * sparse all-reduce): every step's payload, buckets by route (sparse
+ * all-reduce included) and entries equal the plan's (wire bytes not: the
+ * engine counts what its sparse all-reduce moved, the plan gives the
+ * balanced model). Also: a plan-only engine refuses to run steps,
  * a real engine refuses to plan, and bad arguments are named.
  */
 #include <mpi.h>
@@ -142,6 +149,69 @@ static void plan_vs_engine(igrad_comm_t *comm, const igrad_layout_t *L,
     igrad_engine_free(e);
 }
 
+/* auto with the sparse all-reduce: the real engine under igrad_engine_sync
+ * against the plan, two cycles. Returns the sparse all-reduce buckets seen. */
+static int plan_vs_sync(igrad_comm_t *comm, const igrad_layout_t *L, const igrad_profile_t *prof,
+                        igrad_config_t c, const char *what)
+{
+    const igrad_profile_t *pr = c.method == IGRAD_METHOD_IG ? prof : NULL;
+    igrad_engine_t *e = NULL, *plan = NULL;
+    REQUIRE(igrad_engine_create(L, pr, &c, comm, &e) == IGRAD_OK);
+    REQUIRE(igrad_engine_create_plan(L, pr, &c, np, &plan) == IGRAD_OK);
+    size_t T = igrad_layout_count(L);
+    int64_t *n = calloc(T, sizeof *n);
+    float **g = calloc(T, sizeof *g);
+    REQUIRE(n && g);
+    for (size_t t = 0; t < T; t++) {
+        igrad_tensor_info_t ti;
+        REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
+        n[t] = ti.count;
+        g[t] = malloc((size_t)ti.count * sizeof **g);
+        REQUIRE(g[t]);
+    }
+    int sar = 0;
+    for (int64_t s = 0; s < 2 * c.release_period; s++) {
+        fill(g, n, T, s);
+        igrad_step_stats_t ps, ms;
+        size_t npb = 0;
+        CHECK_OK(igrad_engine_plan_step(plan, s, &ps, NULL, 0, &npb));
+        CHECK_OK(igrad_engine_sync(e, s, g));
+        CHECK_OK(igrad_engine_last_stats(e, &ms));
+        CHECK(ps.payload_nbytes == ms.payload_nbytes && ps.buckets == ms.buckets &&
+                  ps.gather_buckets == ms.gather_buckets &&
+                  ps.reduce_buckets == ms.reduce_buckets &&
+                  ps.sparse_reduce_buckets == ms.sparse_reduce_buckets &&
+                  ps.entries_sent == ms.entries_sent,
+              "%s step %lld: planned payload %lld, buckets %d (%d/%d/%d), entries %lld; "
+              "measured %lld, %d (%d/%d/%d), %lld",
+              what, (long long)s, (long long)ps.payload_nbytes, ps.buckets, ps.gather_buckets,
+              ps.reduce_buckets, ps.sparse_reduce_buckets, (long long)ps.entries_sent,
+              (long long)ms.payload_nbytes, ms.buckets, ms.gather_buckets, ms.reduce_buckets,
+              ms.sparse_reduce_buckets, (long long)ms.entries_sent);
+        sar += ms.sparse_reduce_buckets;
+    }
+    for (size_t t = 0; t < T; t++) free(g[t]);
+    free(g);
+    free(n);
+    igrad_engine_free(plan);
+    igrad_engine_free(e);
+    return sar;
+}
+
+/* Reduce buckets of step 0's plan for config c. */
+static int planned_reduces(const igrad_layout_t *L, const igrad_profile_t *prof,
+                           const igrad_config_t *c)
+{
+    igrad_engine_t *p = NULL;
+    REQUIRE(igrad_engine_create_plan(L, c->method == IGRAD_METHOD_IG ? prof : NULL, c, np, &p) ==
+            IGRAD_OK);
+    igrad_step_stats_t s;
+    size_t nb = 0;
+    CHECK_OK(igrad_engine_plan_step(p, 0, &s, NULL, 0, &nb));
+    igrad_engine_free(p);
+    return s.reduce_buckets;
+}
+
 static void test_refusals(igrad_comm_t *comm, const igrad_layout_t *L)
 {
     igrad_config_t c = IGRAD_CONFIG_INIT;
@@ -218,12 +288,17 @@ int main(int argc, char **argv)
         double density;
         igrad_collective_t collective;
         igrad_pack_policy_t pack;
+        int64_t latency_ns, mbps;
         const char *name;
     } variants[] = {
-        {0.01, IGRAD_COLLECTIVE_AUTO, IGRAD_PACK_CONTIGUOUS, "auto, density 0.01"},
-        {0.5, IGRAD_COLLECTIVE_AUTO, IGRAD_PACK_CONTIGUOUS, "auto, density 0.5"},
-        {0.05, IGRAD_COLLECTIVE_GATHER, IGRAD_PACK_RISK, "gather, risk"},
-        {0.05, IGRAD_COLLECTIVE_REDUCE, IGRAD_PACK_DIRECT, "reduce, direct"},
+        {0.01, IGRAD_COLLECTIVE_AUTO, IGRAD_PACK_CONTIGUOUS, 0, 100000, "auto, density 0.01"},
+        {0.5, IGRAD_COLLECTIVE_AUTO, IGRAD_PACK_CONTIGUOUS, 0, 100000, "auto, density 0.5"},
+        {0.05, IGRAD_COLLECTIVE_GATHER, IGRAD_PACK_RISK, 0, 100000, "gather, risk"},
+        {0.05, IGRAD_COLLECTIVE_REDUCE, IGRAD_PACK_DIRECT, 0, 100000, "reduce, direct"},
+        {0.5, IGRAD_COLLECTIVE_AUTO, IGRAD_PACK_CONTIGUOUS, 8000, 100000,
+         "auto, density 0.5, link 100g"},
+        {0.2, IGRAD_COLLECTIVE_AUTO, IGRAD_PACK_CONTIGUOUS, 15000, 25000,
+         "auto, density 0.2, link 25g"},
     };
     int reduce_seen = 0;
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++)
@@ -233,6 +308,8 @@ int main(int argc, char **argv)
             c.density = variants[v].density;
             c.collective = variants[v].collective;
             c.pack = variants[v].pack;
+            c.link_latency_ns = variants[v].latency_ns;
+            c.link_bandwidth_mbps = variants[v].mbps;
             c.release_period = 3; /* odd: the cycle spans both parities */
             c.block_entries = 40;
             c.buckets = 3;
@@ -256,6 +333,49 @@ int main(int argc, char **argv)
             }
         }
     if (np >= 4) CHECK(reduce_seen > 0, "auto never chose reduce at density 0.5 (np %d)", np);
+
+    /* the link decides: a 1 s latency leaves no reduce (two steps of it
+     * against the gather's one) where bytes alone chose some */
+    if (np >= 4) {
+        int bytes_only = 0, slow = 0;
+        static const igrad_method_t ms[] = {IGRAD_METHOD_TOPK_SYNC, IGRAD_METHOD_ADTOPK_SYNC,
+                                            IGRAD_METHOD_IG};
+        for (size_t m = 0; m < sizeof ms / sizeof ms[0]; m++) {
+            igrad_config_t c = IGRAD_CONFIG_INIT;
+            c.method = ms[m];
+            c.density = 0.5;
+            c.release_period = 3;
+            c.block_entries = 40;
+            c.buckets = 3;
+            bytes_only += planned_reduces(L, prof, &c);
+            c.link_latency_ns = 1000000000;
+            slow += planned_reduces(L, prof, &c);
+        }
+        CHECK(bytes_only > 0 && slow == 0, "reduce buckets: %d by bytes, %d at 1 s latency",
+              bytes_only, slow);
+    }
+
+    /* auto with the sparse all-reduce, under igrad_engine_sync */
+    int sar_seen = 0;
+    static const igrad_method_t sparse[] = {IGRAD_METHOD_TOPK_SYNC, IGRAD_METHOD_ADTOPK_SYNC,
+                                            IGRAD_METHOD_IG};
+    for (size_t m = 0; m < sizeof sparse / sizeof sparse[0]; m++)
+        for (int64_t lat = 0; lat <= 8000; lat += 8000) {
+            igrad_config_t c = IGRAD_CONFIG_INIT;
+            c.method = sparse[m];
+            c.density = 0.05;
+            c.release_period = 3;
+            c.block_entries = 40;
+            c.buckets = 3;
+            c.auto_sparse_reduce = 1;
+            c.link_latency_ns = lat;
+            c.timeout_s = 60;
+            char what[128];
+            snprintf(what, sizeof what, "%s (auto_sparse_reduce, %lld ns)",
+                     igrad_method_name(c.method), (long long)lat);
+            sar_seen += plan_vs_sync(comm, L, prof, c, what);
+        }
+    if (np >= 4) CHECK(sar_seen > 0, "auto_sparse_reduce: no sparse all-reduce bucket (np %d)", np);
     test_refusals(comm, L);
 
     igrad_profile_free(prof);

@@ -3,7 +3,7 @@
  * file or in the agreement exchange: the layout hash (profiles, traces,
  * state files, optimizer files), the profile hash, the plan hash and the
  * risk history hash (agreement items 5, 24 and 27 of the engine state
- * file, formats.md §7) and the state file checksum (version 5).
+ * file, formats.md §7) and the state file checksum (version 6).
  *
  * The constants below were computed once and are part of the file
  * formats: a state file, profile or trace written by one build must be
@@ -21,7 +21,7 @@
  * layout hash from the layout's rows, the profile hash from the profile's
  * entries, the plan hash from the public select specs and tensor plans
  * (not for pack = direct, whose map is not modelled), the history hash
- * and the checksum from the state file's own bytes. The other 33 items
+ * and the checksum from the state file's own bytes. The other 36 items
  * are checked against the config they encode.
  * Configs pin dense_below = 0: every tensor takes the sparsifier path, which
  * the references and goldens here model (the default, 64, sends tensors
@@ -51,7 +51,7 @@
 #define GOLDEN_PLAN_IG 0x0cbd7a126f269311ULL          /* ig_config(), item 24 */
 #define GOLDEN_PLAN_ADTOPK 0x0d72d2be6b05cb01ULL      /* adtopk_sync, item 24 */
 #define GOLDEN_HISTORY_RISK 0xc1d0767b70f3d702ULL     /* ig + pack risk, 2 steps, item 27 */
-#define GOLDEN_CHECKSUM_FRESH 0x6d6c399008e847d1ULL   /* fresh ig engine, state version 5 */
+#define GOLDEN_CHECKSUM_FRESH 0x7b0ddf98dee07876ULL   /* fresh ig engine, state version 6 */
 
 /* ---- FNV-1a 64 as the docs define it -------------------------------------- */
 
@@ -234,7 +234,7 @@ static igrad_config_t ig_config(void)
 typedef struct state_file {
     unsigned char *bytes;
     size_t nbytes;
-    uint64_t items[41];
+    uint64_t items[44];
     uint32_t version, rank, size, nitems;
 } state_file_t;
 
@@ -269,15 +269,15 @@ static state_file_t save_and_read(const igrad_engine_t *eng)
     fclose(fp);
     remove(path);
     rmdir(dir);
-    assert_true(f.nbytes >= 392);
+    assert_true(f.nbytes >= 416);
     assert_memory_equal(f.bytes, "IGRADST\0", 8);
     f.version = rd_u32(f.bytes + 8);
     f.rank = rd_u32(f.bytes + 12);
     f.size = rd_u32(f.bytes + 16);
     f.nitems = rd_u32(f.bytes + 20);
-    assert_int_equal(f.version, 5);
-    assert_int_equal(f.nitems, 41);
-    for (int i = 0; i < 41; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
+    assert_int_equal(f.version, 6);
+    assert_int_equal(f.nitems, 44);
+    for (int i = 0; i < 44; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
     return f;
 }
 
@@ -298,8 +298,8 @@ static uint64_t doc_checksum(const state_file_t *f)
  * key, n, mean and m2. */
 static uint64_t doc_history_hash(const state_file_t *f)
 {
-    uint64_t N = rd_u64(f->bytes + 376);
-    size_t o = 384 + 4 * (size_t)N + (N % 2 ? 4 : 0);
+    uint64_t N = rd_u64(f->bytes + 400);
+    size_t o = 408 + 4 * (size_t)N + (N % 2 ? 4 : 0);
     uint64_t V = rd_u64(f->bytes + o); /* velocities */
     o += 8 + 4 * (size_t)V + (V % 2 ? 4 : 0);
     uint64_t H = rd_u64(f->bytes + o);
@@ -329,12 +329,12 @@ static uint64_t dbits(double x)
     return u;
 }
 
-/* Items 1–23, 25–26 and 28–41 from their definitions (§7: enums as their numbers,
+/* Items 1–23, 25–26 and 28–44 from their definitions (§7: enums as their numbers,
  * doubles as their IEEE bit pattern). */
 static void check_items(const state_file_t *f, const igrad_layout_t *L, const igrad_config_t *c,
                         int64_t step, int64_t calls)
 {
-    const uint64_t want[41] = {
+    const uint64_t want[44] = {
         [0] = IGRAD_VERSION_NUMBER,
         [1] = igrad_layout_count(L),
         [2] = igrad_layout_hash(L),
@@ -373,8 +373,11 @@ static void check_items(const state_file_t *f, const igrad_layout_t *L, const ig
         [38] = (uint64_t)c->topology,
         [39] = (uint64_t)c->ranks_per_node,
         [40] = (uint64_t)c->dense_below,
+        [41] = (uint64_t)c->link_latency_ns,
+        [42] = (uint64_t)c->link_bandwidth_mbps,
+        [43] = (uint64_t)c->auto_sparse_reduce,
     };
-    for (int i = 0; i < 41; i++) {
+    for (int i = 0; i < 44; i++) {
         if (i == 4 || i == 23 || i == 26) continue; /* hashes: pinned by the tests */
         if (f->items[i] != want[i]) {
             print_error("state item %d is 0x%llx, formats.md §7 says 0x%llx\n", i + 1,
@@ -474,7 +477,7 @@ static void test_state_hashes_golden(void **state)
     }
     f = save_and_read(eng);
     check_items(&f, L, &c, 1, 2);
-    assert_true(rd_u64(f.bytes + 360 + 4 * igrad_layout_total_count(L) + 8) > 0); /* H, after V = 0 */
+    assert_true(rd_u64(f.bytes + 384 + 4 * igrad_layout_total_count(L) + 8) > 0); /* H, after V = 0 */
     check_hash(f.items[26], doc_history_hash(&f), "risk history hash vs formats.md §7");
     check_hash(f.items[26], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
     free(f.bytes);

@@ -59,6 +59,7 @@
 
 #include "cli.h"
 #include "bench_stats.h"
+#include "plan_cost.h"
 
 #define NMETHODS 5
 #define NPOLICIES 5
@@ -78,6 +79,8 @@ typedef struct options {
     igrad_topology_t topology; /* config.topology of every method */
     int64_t ranks_per_node;    /* config.ranks_per_node (0: MPI's nodes) */
     int64_t dense_below;       /* config.dense_below of the sparse methods */
+    int64_t link_latency_ns, link_bandwidth_mbps; /* the link auto prices (--link) */
+    int auto_sparse_reduce;    /* config.auto_sparse_reduce of the sparse methods */
 } options_t;
 
 /* What one method's run produced (medians of the slowest rank's times). */
@@ -142,6 +145,9 @@ static void usage(FILE *fp)
             "                         owner in the node and exchanges between nodes\n"
             "  --ranks-per-node L     ranks per node (0: the nodes MPI reports)\n"
             "  --dense-below N        tensors of fewer entries are sent whole (64; 0: off)\n"
+            "  --link SPEC            the link collective auto prices (igrad plan's presets\n"
+            "                         or GBITS,LAT_US; default: latency 0, bytes alone)\n"
+            "  --auto-sparse-reduce   auto may take the sparse all-reduce (sparse methods)\n"
             "  --seed N               synthetic data seed (1)\n"
             "  --json                 print one JSON object instead of the table\n"
             "  --help                 this text\n");
@@ -195,6 +201,17 @@ static int parse_args(int argc, char **argv, options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--value-dtype", &v)) != 0) {
             if (r < 0 || cli_parse_value_dtype("--value-dtype", v, &o->value_dtype) != 0)
                 return -1;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--link", &v)) != 0) {
+            if (r < 0 || plan_engine_link_parse("igrad bench sync: --link", v,
+                                                &o->link_latency_ns,
+                                                &o->link_bandwidth_mbps) != 0)
+                return -1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--auto-sparse-reduce")) {
+            o->auto_sparse_reduce = 1;
             continue;
         }
         if ((r = cli_opt(argc, argv, &i, "--topology", &v)) != 0) {
@@ -559,6 +576,9 @@ static igrad_config_t make_config(const options_t *o, igrad_method_t m, igrad_pa
     c.topology = o->topology;
     c.ranks_per_node = (int)o->ranks_per_node;
     c.dense_below = o->dense_below;
+    c.link_latency_ns = o->link_latency_ns;
+    c.link_bandwidth_mbps = o->link_bandwidth_mbps;
+    if (m != IGRAD_METHOD_DENSE) c.auto_sparse_reduce = o->auto_sparse_reduce;
     return c;
 }
 
@@ -890,6 +910,7 @@ int bench_sync(int argc, char **argv)
                    .density = 0.01,
                    .release_keep = IGRAD_DEFAULT_RELEASE_KEEP,
                    .gate_other = 1,
+                   .link_bandwidth_mbps = 100000, /* IGRAD_CONFIG_INIT's */
                    .pack = IGRAD_PACK_CONTIGUOUS,
                    .sparsifier = IGRAD_SPARSIFIER_ADTOPK,
                    .seed = 1,

@@ -36,6 +36,7 @@ typedef struct plan_opts {
     int64_t release_period, buckets;
     igrad_dtype_t value_dtype;
     igrad_collective_t collective;
+    int auto_sparse_reduce;   /* config.auto_sparse_reduce of the sparse methods */
     int json;
 } plan_opts_t;
 
@@ -51,6 +52,7 @@ typedef struct plan_row {
     const char *method, *route;
     int projected;
     plan_series_t payload, wire, intra, inter, intra_ms, inter_ms, sync_ms, collectives;
+    plan_series_t gather, reduce, sar; /* the engine's routes: buckets per step */
     double step_payload[PLAN_CYCLE_LISTED], step_sync_ms[PLAN_CYCLE_LISTED];
     double *shard_sum; /* (2 L) hier: per local rank, Σ over the cycle of its
                           buckets' payload and wire bytes; owned */
@@ -101,7 +103,12 @@ static void usage(FILE *fp)
             "  --release-period R     (%d)\n"
             "  --buckets B            (4)\n"
             "  --value-dtype D        f32, bf16 or fp16 (f32)\n"
-            "  --collective C         auto, gather or reduce (auto)\n"
+            "  --collective C         auto, gather, reduce or sparse_reduce (auto); auto\n"
+            "                         prices every bucket with the link its collectives\n"
+            "                         cross (inter with more than one node, else intra):\n"
+            "                         the engine's config.link_latency_ns/bandwidth_mbps\n"
+            "  --auto-sparse-reduce   auto may take the sparse all-reduce too\n"
+            "                         (config.auto_sparse_reduce)\n"
             "  --json                 one JSON object instead of the table\n"
             "  --list-links           print the link presets and exit\n"
             "  -h, --help             this text\n",
@@ -197,10 +204,15 @@ static int parse_args(int argc, char **argv, plan_opts_t *o)
             if (r < 0 || cli_parse_i64("buckets", v, &o->buckets)) return -1;
         } else if (OPT("--value-dtype")) {
             if (r < 0 || cli_parse_value_dtype("value-dtype", v, &o->value_dtype)) return -1;
+        } else if (!strcmp(a, "--auto-sparse-reduce")) {
+            o->auto_sparse_reduce = 1;
         } else if (OPT("--collective")) {
             if (r < 0) return -1;
             if (igrad_collective_from_name(v, &o->collective) != IGRAD_OK) {
-                fprintf(stderr, "igrad plan: --collective is '%s' (auto, gather or reduce)\n", v);
+                fprintf(stderr,
+                        "igrad plan: --collective is '%s' (auto, gather, reduce or "
+                        "sparse_reduce)\n",
+                        v);
                 return -1;
             }
         } else {
@@ -309,9 +321,13 @@ typedef struct plan_point {
     double payload, wire, intra, inter, intra_s, inter_s;
 } plan_point_t;
 
-static void row_add(plan_row_t *r, int64_t step, const plan_point_t *p, int64_t buckets)
+static void row_add(plan_row_t *r, int64_t step, const plan_point_t *p, int64_t buckets,
+                    const igrad_step_stats_t *s)
 {
     if (!r) return;
+    series_add(&r->gather, s ? (double)s->gather_buckets : 0.0);
+    series_add(&r->reduce, s ? (double)s->reduce_buckets : 0.0);
+    series_add(&r->sar, s ? (double)s->sparse_reduce_buckets : 0.0);
     double ms = 1e3 * (p->intra_s + p->inter_s);
     if (step < PLAN_CYCLE_LISTED) {
         r->step_payload[step] = p->payload;
@@ -340,13 +356,16 @@ static plan_point_t flat_point(const plan_ctx_t *x, double payload, double wire,
     return p;
 }
 
-/* A bucket's collective: ring all-gather of its payload or ring all-reduce
- * of its dense values, over `ranks` ranks on `level`'s link for that
- * collective. */
+/* A bucket's collective: ring all-gather of its payload, ring all-reduce
+ * of its dense values, or the engine's sparse all-reduce (its planned wire
+ * bytes, 4(P-1) messages, on the all-reduce link), over `ranks` ranks on
+ * `level`'s link for that collective. */
 static double bucket_seconds(const igrad_planned_bucket_t *b, int64_t ranks,
                              const plan_level_t *level)
 {
     double pay = (double)b->payload_nbytes;
+    if (b->kind == IGRAD_BUCKET_SPARSE_REDUCE)
+        return plan_engine_sar_s(b->wire_nbytes, ranks, &level->coll[PLAN_ALLREDUCE]);
     return b->kind == IGRAD_BUCKET_GATHER
                ? plan_ring_allgather_s(pay, ranks, &level->coll[PLAN_ALLGATHER])
                : plan_ring_allreduce_s(pay, ranks, &level->coll[PLAN_ALLREDUCE]);
@@ -405,7 +424,7 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
         if (nb > cap) nb = cap;
         if (hier) {
             plan_point_t p = hier_point(x, &s, bk, nb, inter_s, to->engine->shard_sum);
-            row_add(to->engine, step, &p, s.buckets);
+            row_add(to->engine, step, &p, s.buckets, &s);
             continue;
         }
         const plan_link_t *ar = &x->flat->coll[PLAN_ALLREDUCE];
@@ -425,9 +444,9 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
         pf.inter = s.inter_wire_nbytes;
         plan_point_t pb = flat_point(x, pay / 2.0, bf16_wire, t_bf16);
         plan_point_t pa = flat_point(x, pay, sar_wire, t_sar);
-        row_add(to->engine, step, &pf, s.buckets);
-        row_add(to->bf16, step, &pb, s.buckets);
-        row_add(to->sar, step, &pa, s.buckets);
+        row_add(to->engine, step, &pf, s.buckets, &s);
+        row_add(to->bf16, step, &pb, s.buckets, NULL);
+        row_add(to->sar, step, &pa, s.buckets, NULL);
     }
     free(bk);
     free(inter_s);
@@ -447,6 +466,12 @@ static int method_config(plan_ctx_t *x, igrad_method_t m, igrad_config_t *c,
     c->buckets = (int)o->buckets;
     c->value_dtype = m == IGRAD_METHOD_DENSE ? IGRAD_DTYPE_F32 : o->value_dtype;
     c->collective = o->collective;
+    c->auto_sparse_reduce = m == IGRAD_METHOD_DENSE ? 0 : o->auto_sparse_reduce;
+    /* auto prices with the link the buckets cross: the flat ring's slowest
+     * level (plan_method sets inter for hier, whose shard engines' buckets
+     * run among the owners of different nodes) */
+    plan_link_to_engine(&x->flat->coll[PLAN_ALLGATHER], &c->link_latency_ns,
+                        &c->link_bandwidth_mbps);
     c->ranks_per_node = (int)x->L; /* flat: splits the wire bytes by level; hier: the nodes */
     *profile = NULL;
     if (m != IGRAD_METHOD_IG && m != IGRAD_METHOD_IAD) return 0;
@@ -501,6 +526,8 @@ static int plan_method(plan_ctx_t *x, igrad_method_t m)
     if (plan_walk(x, &c, profile, &flat)) return 1;
     igrad_config_t h = c;
     h.topology = IGRAD_TOPOLOGY_HIER;
+    plan_link_to_engine(&x->o->net[1].coll[PLAN_ALLGATHER], &h.link_latency_ns,
+                        &h.link_bandwidth_mbps);
     plan_targets_t hier = {new_row(x, name, "hier", 0), NULL, NULL};
     if (plan_walk(x, &h, profile, &hier)) return 1;
     if (m == IGRAD_METHOD_DENSE) return 0;
@@ -607,6 +634,11 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
             printf("], ");
         }
         json_series("collectives", &r->collectives, 0);
+        if (!r->projected) {
+            json_series("gather_buckets", &r->gather, 0);
+            json_series("reduce_buckets", &r->reduce, 0);
+            json_series("sparse_reduce_buckets", &r->sar, 0);
+        }
         json_series("sync_ms", &r->sync_ms, 0);
         printf("\"step_ms\": %.17g, \"step_speedup_vs_dense_bf16\": %.17g}", step,
                (cms + base) / step);
@@ -626,6 +658,18 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
     printf(", ");
     print_level("inter", &o->net[1]);
     printf("%s\n", x->N == 1 ? " (one node: the flat ring runs on intra)" : "");
+    {
+        int64_t fl, fb, hl, hb;
+        plan_link_to_engine(&x->flat->coll[PLAN_ALLGATHER], &fl, &fb);
+        plan_link_to_engine(&o->net[1].coll[PLAN_ALLGATHER], &hl, &hb);
+        printf("# collective %s%s; auto prices flat buckets at %lld ns, %lld Mbit/s, hier "
+               "shard buckets at %lld ns, %lld Mbit/s (config.link_latency_ns, "
+               "link_bandwidth_mbps); 'auto g/r/s': the engine's gather/reduce/sparse "
+               "all-reduce buckets per step\n",
+               igrad_collective_name(o->collective),
+               o->auto_sparse_reduce ? " with auto_sparse_reduce" : "", (long long)fl,
+               (long long)fb, (long long)hl, (long long)hb);
+    }
     printf("# compute %.1f ms/step (%s); cycle %lld steps; density %g, R %lld, B %lld", cms, csrc,
            (long long)x->cycle, o->density, (long long)o->release_period, (long long)o->buckets);
     if (x->profile)
@@ -634,9 +678,9 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
     printf("\n# bytes per rank per step (min / mean / max over the cycle); 'engine' rows are the "
            "engine's plan (hier: the busiest shard's payload and inter bytes), 'proj' rows are "
            "formulas (docs/plan.md)\n");
-    printf("%-12s %-16s %-6s %28s %11s %11s %11s %10s %27s %10s %8s\n", "method", "route",
+    printf("%-12s %-16s %-6s %28s %11s %11s %11s %10s %27s %10s %8s  %s\n", "method", "route",
            "source", "payload min/mean/max", "wire mean", "intra mean", "inter mean", "colls",
-           "sync ms min/mean/max", "step ms", "speedup");
+           "sync ms min/mean/max", "step ms", "speedup", "auto g/r/s");
     double base = series_mean(&x->rows[0].sync_ms);
     for (int i = 0; i < x->nrows; i++) {
         const plan_row_t *r = &x->rows[i];
@@ -647,12 +691,15 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
                  cli_human_bytes(r->payload.max, b3, sizeof b3));
         snprintf(sync, sizeof sync, "%.2f/%.2f/%.2f", r->sync_ms.min, series_mean(&r->sync_ms),
                  r->sync_ms.max);
-        printf("%-12s %-16s %-6s %28s %11s %11s %11s %10.1f %27s %10.1f %7.2fx\n", r->method,
+        printf("%-12s %-16s %-6s %28s %11s %11s %11s %10.1f %27s %10.1f %7.2fx", r->method,
                r->route, r->projected ? "proj" : "engine", pay,
                cli_human_bytes(series_mean(&r->wire), b4, sizeof b4),
                cli_human_bytes(series_mean(&r->intra), b1, sizeof b1),
                cli_human_bytes(series_mean(&r->inter), b2, sizeof b2),
                series_mean(&r->collectives), sync, step, (cms + base) / step);
+        if (r->projected) printf("  -\n");
+        else printf("  %.1f/%.1f/%.1f\n", series_mean(&r->gather), series_mean(&r->reduce),
+                    series_mean(&r->sar));
     }
 }
 

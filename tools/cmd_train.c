@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "plan_cost.h"
 
 #ifdef IGRAD_HAVE_TRAINER
 #include <mpi.h>
@@ -78,6 +79,12 @@ static void usage(FILE *fp)
 "                              MPI reports)\n"
 "  --dense-below N             tensors of fewer than N entries (norms, biases) are\n"
 "                              sent whole whenever sent (default 64; 0: off)\n"
+"  --link SPEC                 the link collective auto prices each bucket with\n"
+"                              (igrad plan's presets or GBITS,LAT_US; for hier the\n"
+"                              inter-node link). Default: latency 0, by bytes alone\n"
+"  --auto-sparse-reduce        auto may take the sparse all-reduce too, where it is\n"
+"                              cheapest on the link (its result is the top of the\n"
+"                              sum; the rest goes to the owners' residuals)\n"
 "  --value-dtype f32|bf16|fp16 wire values of the sparse methods (f32): bf16/fp16\n"
 "                              send 2-byte values, their rounding error kept in the\n"
 "                              residual (dense all-reduces f32)\n"
@@ -276,6 +283,16 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--value-dtype", &v)) != 0) {
             if (r < 0 || cli_parse_value_dtype("--value-dtype", v, &o->value_dtype) != 0)
                 return -1;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--link", &v)) != 0) {
+            if (r < 0 || plan_engine_link_parse("igrad train: --link", v, &o->link_latency_ns,
+                                                &o->link_bandwidth_mbps) != 0)
+                return -1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--auto-sparse-reduce")) {
+            o->auto_sparse_reduce = 1;
             continue;
         }
         if ((r = cli_opt(argc, argv, &i, "--momentum-masking", &v)) != 0) {

@@ -37,6 +37,13 @@ void plan_link_print_presets(void *fp)
 
 int plan_link_parse(const char *flag, const char *text, plan_link_t *out)
 {
+    char what[96];
+    snprintf(what, sizeof what, "igrad plan: --link %s", flag);
+    return plan_link_parse_as(what, text, out);
+}
+
+int plan_link_parse_as(const char *what, const char *text, plan_link_t *out)
+{
     memset(out, 0, sizeof *out);
     for (size_t i = 0; i < NPRESETS; i++)
         if (!strcmp(text, presets[i].name)) {
@@ -55,9 +62,9 @@ int plan_link_parse(const char *flag, const char *text, plan_link_t *out)
     }
     if (!(bw > 0.0) || !(lat > 0.0) || !isfinite(bw) || !isfinite(lat)) {
         fprintf(stderr,
-                "igrad plan: --link %s: '%s' is neither a preset (nvlink, pcie4, 400g, 200g, "
+                "%s: '%s' is neither a preset (nvlink, pcie4, 400g, 200g, "
                 "100g, 25g, 10g) nor GBITS,LAT_US with both > 0 (e.g. 100,8)\n",
-                flag, text);
+                what, text);
         return -1;
     }
     snprintf(out->name, sizeof out->name, "%g,%g", bw, lat);
@@ -152,4 +159,42 @@ plan_level_cost_t plan_sparse_allreduce(double payload, int64_t P, const plan_li
     c.seconds = ((double)(P - 1) + ceil(log2((double)P))) * link->latency_s +
                 v / link->bytes_per_s;
     return c;
+}
+
+/* Nearest integers, clamped to what igrad_config_validate accepts (a
+ * latency under 0.5 ns is 0: auto by bytes alone). */
+void plan_link_to_engine(const plan_link_t *l, int64_t *latency_ns, int64_t *bandwidth_mbps)
+{
+    double ns = l->latency_s * 1e9, mbps = l->bytes_per_s * 8.0 / 1e6;
+    *latency_ns = ns >= 1e9 ? 1000000000LL : (int64_t)llround(ns);
+    *bandwidth_mbps = mbps >= 1e9 ? 1000000000LL : mbps < 1.0 ? 1 : (int64_t)llround(mbps);
+}
+
+int plan_engine_link_parse(const char *what, const char *text, int64_t *latency_ns,
+                           int64_t *bandwidth_mbps)
+{
+    plan_link_t l;
+    if (plan_link_parse_as(what, text, &l)) return -1;
+    plan_link_to_engine(&l, latency_ns, bandwidth_mbps);
+    return 0;
+}
+
+plan_link_t plan_link_of_engine(int64_t latency_ns, int64_t bandwidth_mbps)
+{
+    plan_link_t l;
+    memset(&l, 0, sizeof l);
+    snprintf(l.name, sizeof l.name, "%lld ns,%lld Mbit/s", (long long)latency_ns,
+             (long long)bandwidth_mbps);
+    l.latency_s = (double)latency_ns * 1e-9;
+    l.bytes_per_s = (double)bandwidth_mbps * 1e6 / 8.0;
+    return l;
+}
+
+/* The engine's sparse all-reduce bucket (route.c): two alltoallv of P-1
+ * messages and two ring all-gathers, 4(P-1) alpha, and the bytes the
+ * engine counts (a plan-only engine: the balanced model). */
+double plan_engine_sar_s(double wire_nbytes, int64_t P, const plan_link_t *l)
+{
+    if (P <= 1) return 0.0;
+    return 4.0 * (double)(P - 1) * l->latency_s + wire_nbytes / l->bytes_per_s;
 }

@@ -43,6 +43,17 @@ typedef struct plan_level {
  * microseconds, both > 0). Returns 0, or -1 after printing
  * "igrad plan: --link NAME: ..." to stderr. */
 int plan_link_parse(const char *flag, const char *text, plan_link_t *out);
+/* The same, the error prefixed by `what` (e.g. "igrad train: --link"). */
+int plan_link_parse_as(const char *what, const char *text, plan_link_t *out);
+/* The link as the engine's config takes it (config.link_latency_ns,
+ * link_bandwidth_mbps: nearest integers, clamped to their valid ranges). */
+void plan_link_to_engine(const plan_link_t *l, int64_t *latency_ns, int64_t *bandwidth_mbps);
+/* plan_link_parse_as then plan_link_to_engine: `igrad train --link`,
+ * `igrad bench sync --link`. Returns 0, or -1 after printing the error. */
+int plan_engine_link_parse(const char *what, const char *text, int64_t *latency_ns,
+                           int64_t *bandwidth_mbps);
+/* The model's link of an engine config's integers. */
+plan_link_t plan_link_of_engine(int64_t latency_ns, int64_t bandwidth_mbps);
 /* Parses "LEVEL=SPEC" or "LEVEL.COLL=SPEC" (LEVEL intra or inter) into
  * levels[0] (intra) or levels[1] (inter): LEVEL=SPEC sets every collective
  * not given on its own. Returns 0, or -1 after printing the error. */
@@ -66,5 +77,9 @@ typedef struct plan_level_cost {
     double wire_nbytes, seconds;
 } plan_level_cost_t;
 plan_level_cost_t plan_sparse_allreduce(double payload, int64_t P, const plan_link_t *link);
+/* The engine's sparse all-reduce bucket (config.collective sparse_reduce,
+ * or auto with auto_sparse_reduce): 4(P-1) alpha + wire_nbytes beta, the
+ * wire bytes the engine's plan gives. */
+double plan_engine_sar_s(double wire_nbytes, int64_t P, const plan_link_t *l);
 
 #endif /* IGRAD_PLAN_COST_H */

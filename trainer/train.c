@@ -277,6 +277,18 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     if (o->topology) opt_add_str(l, "--topology", o->topology); /* only when given, too */
     if (o->ranks_per_node) opt_add_i64(l, "--ranks-per-node", o->ranks_per_node);
     if (o->dense_below) opt_add_i64(l, "--dense-below", o->dense_below);
+    {
+        /* only when not the default, too: auto's routes change the sums' order */
+        const igrad_config_t d = IGRAD_CONFIG_INIT;
+        if (o->link_latency_ns != d.link_latency_ns ||
+            o->link_bandwidth_mbps != d.link_bandwidth_mbps) {
+            char link[64];
+            snprintf(link, sizeof link, "%lld ns, %lld Mbit/s", (long long)o->link_latency_ns,
+                     (long long)o->link_bandwidth_mbps);
+            opt_add(l, "--link", link);
+        }
+        if (o->auto_sparse_reduce) opt_add_i64(l, "--auto-sparse-reduce", 1);
+    }
     opt_add_i64(l, "--verify-every", o->verify_every);
     opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
     opt_add_i64(l, "--gate-other", o->gate_other);
@@ -388,6 +400,12 @@ void train_options_default(train_options_t *o)
     o->gate_other = 1;
     o->target_ratio = NAN;
     o->buckets = 4;
+    {
+        const igrad_config_t d = IGRAD_CONFIG_INIT;
+        o->link_latency_ns = d.link_latency_ns;
+        o->link_bandwidth_mbps = d.link_bandwidth_mbps;
+        o->auto_sparse_reduce = d.auto_sparse_reduce;
+    }
     o->verify_every = 100;
     o->comm_timeout_s = IGRAD_DEFAULT_TIMEOUT_S;
     o->beta1_auto = 1;
@@ -482,6 +500,9 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
         return lib_fail(st, "--topology");
     c.ranks_per_node = o->ranks_per_node;
     c.dense_below = o->dense_below;
+    c.link_latency_ns = o->link_latency_ns;
+    c.link_bandwidth_mbps = o->link_bandwidth_mbps;
+    c.auto_sparse_reduce = o->auto_sparse_reduce;
     c.verify_every = o->verify_every;
     c.timeout_s = o->comm_timeout_s;
     c.threads = o->threads;
@@ -1537,6 +1558,9 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddStringToObject(sync, "topology", igrad_topology_name(r->scfg.topology));
     cJSON_AddNumberToObject(sync, "ranks_per_node", r->scfg.ranks_per_node);
     cJSON_AddNumberToObject(sync, "dense_below", (double)r->scfg.dense_below);
+    cJSON_AddNumberToObject(sync, "link_latency_ns", (double)r->scfg.link_latency_ns);
+    cJSON_AddNumberToObject(sync, "link_bandwidth_mbps", (double)r->scfg.link_bandwidth_mbps);
+    cJSON_AddBoolToObject(sync, "auto_sparse_reduce", r->scfg.auto_sparse_reduce);
     cJSON_AddBoolToObject(sync, "gate_other", r->scfg.gate_other);
     if (o->target_ratio != 0.0) {
         cJSON *tg = cJSON_AddObjectToObject(sync, "target");

@@ -119,6 +119,9 @@ typedef struct train_options {
     const char *topology;     /* flat|hier (NULL = flat): igrad_config_t.topology */
     int ranks_per_node;       /* igrad_config_t.ranks_per_node (0: MPI's nodes) */
     int64_t dense_below;      /* igrad_config_t.dense_below (0: off) */
+    int64_t link_latency_ns;  /* igrad_config_t.link_latency_ns (0) */
+    int64_t link_bandwidth_mbps; /* igrad_config_t.link_bandwidth_mbps (100000) */
+    int auto_sparse_reduce;   /* igrad_config_t.auto_sparse_reduce (0) */
     int64_t verify_every;     /* agreement check period (steps) */
     double comm_timeout_s;    /* bound on every collective, the trainer's own
                                  included (seconds; 0 = wait forever) */

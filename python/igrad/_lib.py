@@ -251,7 +251,9 @@ class Config(ctypes.Structure):
                 ("reprofile_every", ctypes.c_int64), ("reprofile_margin", ctypes.c_double),
                 ("grad_dtype", c_enum),
                 ("topology", c_enum), ("ranks_per_node", ctypes.c_int),
-                ("dense_below", ctypes.c_int64)]
+                ("dense_below", ctypes.c_int64),
+                ("link_latency_ns", ctypes.c_int64), ("link_bandwidth_mbps", ctypes.c_int64),
+                ("auto_sparse_reduce", ctypes.c_int)]
 
 
 class Bucket(ctypes.Structure):

@@ -742,13 +742,27 @@ CONFIG_DEFAULTS = {
     "target_ratio": 0.0,
     "reprofile_every": 0, "reprofile_margin": 0.05, "grad_dtype": "F32",
     "topology": "flat", "ranks_per_node": 0, "dense_below": 64,
+    # the link collective auto prices (docs/architecture.md §5.7): integers,
+    # latency 0 = by bytes alone; `link=(latency_ns, bandwidth_mbps)` sets both
+    "link_latency_ns": 0, "link_bandwidth_mbps": 100000, "auto_sparse_reduce": False,
 }
 
 
 def make_config(**kw):
     """An igrad_config_t from keyword arguments (names as in CONFIG_DEFAULTS;
     enum fields take names: method="ig", pack="greedy", ...). Unknown keys
-    are an InvalidArgumentError; the library validates the values."""
+    are an InvalidArgumentError; the library validates the values.
+    link=(latency_ns, bandwidth_mbps) is link_latency_ns and
+    link_bandwidth_mbps together."""
+    link = kw.pop("link", None)
+    if link is not None:
+        try:
+            lat, mbps = link
+            kw["link_latency_ns"], kw["link_bandwidth_mbps"] = int(lat), int(mbps)
+        except (TypeError, ValueError):
+            raise L.InvalidArgumentError("link is %r (give (latency_ns, bandwidth_mbps), "
+                                         "integers, e.g. (8000, 100000) for igrad plan's "
+                                         "100g)" % (link,))
     unknown = set(kw) - set(CONFIG_DEFAULTS)
     if unknown:
         raise L.InvalidArgumentError("unknown config field(s): %s (known: %s)" % (
@@ -791,6 +805,9 @@ def make_config(**kw):
     c.topology = _enum_from_name("topology", v["topology"])
     c.ranks_per_node = int(v["ranks_per_node"])
     c.dense_below = int(v["dense_below"])
+    c.link_latency_ns = int(v["link_latency_ns"])
+    c.link_bandwidth_mbps = int(v["link_bandwidth_mbps"])
+    c.auto_sparse_reduce = int(bool(v["auto_sparse_reduce"]))
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
@@ -821,6 +838,8 @@ def config_to_dict(c):
         "grad_dtype": _s(lib.igrad_dtype_name(c.grad_dtype)),
         "topology": _s(lib.igrad_topology_name(c.topology)),
         "ranks_per_node": c.ranks_per_node, "dense_below": c.dense_below,
+        "link_latency_ns": c.link_latency_ns, "link_bandwidth_mbps": c.link_bandwidth_mbps,
+        "auto_sparse_reduce": bool(c.auto_sparse_reduce),
     }
 
 

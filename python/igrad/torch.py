@@ -577,6 +577,14 @@ class IgradState:
                     small tensors uncompressed (config dense_below; default
                     64, chosen by measurement, docs/results/dense_below.md;
                     0 = every tensor through the sparsifier).
+    link:           (latency_ns, bandwidth_mbps): the link collective="auto"
+                    prices each bucket with (config link_latency_ns,
+                    link_bandwidth_mbps; None: latency 0, by bytes alone).
+    auto_sparse_reduce: config auto_sparse_reduce. The sparse all-reduce
+                    runs only under the engine's own sync on a communicator
+                    with a variable all-to-all; the hook's communicator over
+                    torch.distributed has none, so here auto still chooses
+                    gather or reduce (the field is agreed all the same).
     grads_in_place: True (default): when every trainable parameter is
                     bfloat16 (or every one float16), on the CPU, without
                     grad_scaler or overlap, the engine reads and writes the
@@ -601,7 +609,8 @@ class IgradState:
                  momentum_masking=True, residual_decay=1.0, value_dtype="F32",
                  grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False,
                  grads_in_place=True, topology="flat", ranks_per_node=0, log_every=0,
-                 tensorboard=None, dense_below=64, name_map=None):
+                 tensorboard=None, dense_below=64, name_map=None, link=None,
+                 auto_sparse_reduce=False):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
@@ -619,7 +628,10 @@ class IgradState:
             "residual_decay": residual_decay, "value_dtype": value_dtype,
             "topology": topology, "ranks_per_node": int(ranks_per_node),
             "dense_below": int(dense_below),
+            "auto_sparse_reduce": bool(auto_sparse_reduce),
         }
+        if link is not None:
+            self.config["link"] = link
         if str(topology).lower() == "hier" and overlap:
             raise L.InvalidArgumentError("topology='hier' runs whole steps with its own "
                                          "collectives: it cannot stream (overlap=False)")

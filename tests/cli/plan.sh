@@ -147,6 +147,31 @@ fi
 
 "$igrad" plan --config "$src/configs/gpt2.json" --ranks 8 >"$tmp/table.txt"
 check "plan table lists every method" grep -q "^ig  *sparse_allreduce  *proj" "$tmp/table.txt"
+# auto's link and the opt-in: qwen2-0.5b at P 8 over 100g takes the
+# sparse all-reduce for every sparse bucket, without the opt-in none
+"$igrad" plan --config "$src/configs/qwen2-0.5b.json" --ranks 8 --ranks-per-node 1 \
+  --link inter=100g --method topk_sync --auto-sparse-reduce --json >"$tmp/sar.json"
+"$igrad" plan --config "$src/configs/qwen2-0.5b.json" --ranks 8 --ranks-per-node 1 \
+  --link inter=100g --method topk_sync --json >"$tmp/nosar.json"
+check "auto prices with the link: sparse all-reduce only with the opt-in, and faster" \
+  python3 - "$tmp/sar.json" "$tmp/nosar.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+ra = {r["route"]: r for r in a["rows"] if r["method"] == "topk_sync"}
+rb = {r["route"]: r for r in b["rows"] if r["method"] == "topk_sync"}
+fa, fb = ra["flat"], rb["flat"]
+assert fa["sparse_reduce_buckets"]["mean"] == 4 and fa["gather_buckets"]["mean"] == 0, fa
+assert fb["sparse_reduce_buckets"]["mean"] == 0 and fb["gather_buckets"]["mean"] == 4, fb
+assert fa["payload_nbytes"]["mean"] != fb["payload_nbytes"]["mean"]  # 8 bytes per entry
+assert fa["sync_ms"]["mean"] < fb["sync_ms"]["mean"], (fa["sync_ms"], fb["sync_ms"])
+PY
+"$igrad" plan --config "$src/configs/gpt2.json" --ranks 8 --auto-sparse-reduce >"$tmp/t2.txt"
+check "plan header names auto's link" grep -q "auto prices flat buckets at 3000 ns, 3600000 Mbit/s" "$tmp/t2.txt"
+set +e
+"$igrad" train --link fast --steps 1 >/dev/null 2>"$tmp/err.txt"; rc=$?
+set -e
+check "igrad train --link fast fails" test "$rc" -ne 0
+check "igrad train --link names it" grep -q "igrad train: --link: 'fast' is neither a preset" "$tmp/err.txt"
 "$igrad" plan --list-links >"$tmp/links.txt"
 check "presets are listed with their figures" grep -q "400g .*400 Gbit/s" "$tmp/links.txt"
 

@@ -333,6 +333,23 @@ class Binding(unittest.TestCase):
             igrad.make_config(densty=0.1)
         self.assertIn("densty", str(cm.exception))
 
+        # the link of collective auto: a round trip, link=(ns, Mbit/s), errors by name
+        d = igrad.config_to_dict(igrad.make_config(link=(8000, 100000), auto_sparse_reduce=True))
+        self.assertEqual((d["link_latency_ns"], d["link_bandwidth_mbps"], d["auto_sparse_reduce"]),
+                         (8000, 100000, True))
+        d = igrad.config_to_dict(igrad.make_config())
+        self.assertEqual((d["link_latency_ns"], d["link_bandwidth_mbps"], d["auto_sparse_reduce"]),
+                         (0, 100000, False))
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.make_config(link_latency_ns=-5)
+        self.assertIn("config.link_latency_ns is -5", str(cm.exception))
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.make_config(link=(8000, 0))
+        self.assertIn("config.link_bandwidth_mbps is 0", str(cm.exception))
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.make_config(link="100g")
+        self.assertIn("latency_ns, bandwidth_mbps", str(cm.exception))
+
         bad = os.path.join(self.dir, "trace.csv")
         with open(bad, "w") as f:
             f.write("step,layer,component,raw_activity,d_activity,numel,retained_numel\n"
