@@ -70,6 +70,31 @@ static void compare_stats(const igrad_step_stats_t *p, const igrad_step_stats_t 
               j, (long long)p->bucket_loads[j], (long long)m->bucket_loads[j]);
 }
 
+/* One F32 gradient buffer per tensor of L and their entry counts. */
+static float **grads_alloc(const igrad_layout_t *L, int64_t **n_out)
+{
+    size_t T = igrad_layout_count(L);
+    int64_t *n = calloc(T, sizeof *n);
+    float **g = calloc(T, sizeof *g);
+    REQUIRE(n && g);
+    for (size_t t = 0; t < T; t++) {
+        igrad_tensor_info_t ti;
+        REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
+        n[t] = ti.count;
+        g[t] = malloc((size_t)ti.count * sizeof **g);
+        REQUIRE(g[t]);
+    }
+    *n_out = n;
+    return g;
+}
+
+static void grads_free(float **g, int64_t *n, size_t T)
+{
+    for (size_t t = 0; t < T; t++) free(g[t]);
+    free(g);
+    free(n);
+}
+
 /* Two cycles of config c: real engine (two-phase, MPI collectives run
  * here) vs plan-only engine. */
 static void plan_vs_engine(igrad_comm_t *comm, const igrad_layout_t *L,
@@ -82,16 +107,8 @@ static void plan_vs_engine(igrad_comm_t *comm, const igrad_layout_t *L,
     REQUIRE(igrad_engine_create(L, pr, &c, comm, &e) == IGRAD_OK);
     REQUIRE(igrad_engine_create_plan(L, pr, &c, np, &plan) == IGRAD_OK);
     size_t T = igrad_layout_count(L);
-    int64_t *n = calloc(T, sizeof *n);
-    float **g = calloc(T, sizeof *g);
-    REQUIRE(n && g);
-    for (size_t t = 0; t < T; t++) {
-        igrad_tensor_info_t ti;
-        REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
-        n[t] = ti.count;
-        g[t] = malloc((size_t)ti.count * sizeof **g);
-        REQUIRE(g[t]);
-    }
+    int64_t *n = NULL;
+    float **g = grads_alloc(L, &n);
     size_t cap = T;
     igrad_planned_bucket_t *pb = calloc(cap, sizeof *pb);
     REQUIRE(pb);
@@ -142,9 +159,7 @@ static void plan_vs_engine(igrad_comm_t *comm, const igrad_layout_t *L,
               (long long)igrad_layout_total_count(L));
     CHECK(payload_total > 0, "%s: nothing sent", what);
     free(pb);
-    for (size_t t = 0; t < T; t++) free(g[t]);
-    free(g);
-    free(n);
+    grads_free(g, n, T);
     igrad_engine_free(plan);
     igrad_engine_free(e);
 }
@@ -159,16 +174,8 @@ static int plan_vs_sync(igrad_comm_t *comm, const igrad_layout_t *L, const igrad
     REQUIRE(igrad_engine_create(L, pr, &c, comm, &e) == IGRAD_OK);
     REQUIRE(igrad_engine_create_plan(L, pr, &c, np, &plan) == IGRAD_OK);
     size_t T = igrad_layout_count(L);
-    int64_t *n = calloc(T, sizeof *n);
-    float **g = calloc(T, sizeof *g);
-    REQUIRE(n && g);
-    for (size_t t = 0; t < T; t++) {
-        igrad_tensor_info_t ti;
-        REQUIRE(igrad_layout_tensor(L, t, &ti) == IGRAD_OK);
-        n[t] = ti.count;
-        g[t] = malloc((size_t)ti.count * sizeof **g);
-        REQUIRE(g[t]);
-    }
+    int64_t *n = NULL;
+    float **g = grads_alloc(L, &n);
     int sar = 0;
     for (int64_t s = 0; s < 2 * c.release_period; s++) {
         fill(g, n, T, s);
@@ -190,9 +197,7 @@ static int plan_vs_sync(igrad_comm_t *comm, const igrad_layout_t *L, const igrad
               ms.sparse_reduce_buckets, (long long)ms.entries_sent);
         sar += ms.sparse_reduce_buckets;
     }
-    for (size_t t = 0; t < T; t++) free(g[t]);
-    free(g);
-    free(n);
+    grads_free(g, n, T);
     igrad_engine_free(plan);
     igrad_engine_free(e);
     return sar;
