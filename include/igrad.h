@@ -1130,6 +1130,29 @@ IGRAD_API const char *igrad_collective_name(igrad_collective_t collective);
 IGRAD_API igrad_status_t igrad_collective_from_name(const char *name,
                                                     igrad_collective_t *collective);
 
+/** A named link, per GPU and one direction: what `igrad plan` prices a
+ *  level with and what config.link_latency_ns / link_bandwidth_mbps can be
+ *  set from (docs/plan.md §1: the figures are assumptions, named). */
+typedef struct igrad_link_preset {
+    const char *name;    /**< "nvlink", "pcie4", "400g", "200g", "100g", "25g", "10g" */
+    double gbit_per_s;   /**< bandwidth */
+    double latency_us;   /**< latency of one message (alpha) */
+    const char *assumes; /**< what the figures assume */
+} igrad_link_preset_t;
+
+/** The number of presets; igrad_link_preset(i) for i below it, else NULL. */
+IGRAD_API size_t igrad_link_preset_count(void);
+IGRAD_API const igrad_link_preset_t *igrad_link_preset(size_t i);
+/** Parses a preset name or "GBITS,LAT_US" (both > 0). IGRAD_E_INVALID
+ *  names the text and the presets. */
+IGRAD_API igrad_status_t igrad_link_parse(const char *spec, double *gbit_per_s,
+                                          double *latency_us);
+/** A link as config.link_latency_ns and link_bandwidth_mbps take it: the
+ *  nearest integers, clamped to their valid ranges (a latency under 0.5 ns
+ *  is 0: auto by bytes alone). */
+IGRAD_API void igrad_link_to_config(double gbit_per_s, double latency_us, int64_t *latency_ns,
+                                    int64_t *bandwidth_mbps);
+
 /** How the ranks exchange (config.topology). */
 typedef enum igrad_topology {
     IGRAD_TOPOLOGY_FLAT = 0, /**< one level: every bucket's collective over all

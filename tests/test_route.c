@@ -9,7 +9,9 @@
  * first in table order (gather, reduce, sparse all-reduce) winning ties.
  * Also: α = 0 without the sparse all-reduce is the old bytes rule (reduce
  * iff 8d < P·s); forced routes, the dense method and one rank; the arenas
- * cover every route auto can take; config validation of the link.
+ * cover every route auto can take; config validation of the link; the
+ * named links (igrad_link_parse, igrad_link_to_config: presets, numbers,
+ * rounding and clamping, refusals).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -213,6 +215,40 @@ static void test_config_validation(void **state)
                       "config.auto_sparse_reduce is 2");
 }
 
+static void test_link_parse(void **state)
+{
+    (void)state;
+    double bw = 0, lat = 0;
+    int64_t ns = -1, mbps = -1;
+    assert_int_equal(igrad_link_preset_count(), 7);
+    assert_null(igrad_link_preset(7));
+    for (size_t i = 0; i < igrad_link_preset_count(); i++) {
+        const igrad_link_preset_t *p = igrad_link_preset(i);
+        assert_int_equal(igrad_link_parse(p->name, &bw, &lat), IGRAD_OK);
+        assert_true(bw == p->gbit_per_s && lat == p->latency_us && p->assumes[0]);
+    }
+    assert_int_equal(igrad_link_parse("100g", &bw, &lat), IGRAD_OK);
+    igrad_link_to_config(bw, lat, &ns, &mbps);
+    assert_true(ns == 8000 && mbps == 100000);
+    assert_int_equal(igrad_link_parse("0.2,835.3", &bw, &lat), IGRAD_OK);
+    igrad_link_to_config(bw, lat, &ns, &mbps);
+    assert_true(ns == 835300 && mbps == 200);
+    /* rounding to the nearest, clamping to the config's ranges */
+    igrad_link_to_config(1e-4, 1e-4, &ns, &mbps); /* 0.1 ns, 0.1 Mbit/s */
+    assert_true(ns == 0 && mbps == 1);
+    igrad_link_to_config(1e9, 1e7, &ns, &mbps);
+    assert_true(ns == 1000000000LL && mbps == 1000000000LL);
+    igrad_link_to_config(12.3456, 2.0004, &ns, &mbps);
+    assert_true(ns == 2000 && mbps == 12346);
+    const char *bad[] = {"fast", "100", "100,", ",8", "100,0", "0,8", "-1,8", "100,8x",
+                         "nan,8", "inf,8", ""};
+    for (size_t i = 0; i < COUNT_OF(bad); i++) {
+        assert_int_equal(igrad_link_parse(bad[i], &bw, &lat), IGRAD_E_INVALID);
+        assert_non_null(strstr(igrad_last_error(), "is neither a preset"));
+    }
+    assert_int_equal(igrad_link_parse(NULL, &bw, &lat), IGRAD_E_INVALID);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -221,6 +257,7 @@ int main(void)
         cmocka_unit_test(test_forced_dense_one_rank),
         cmocka_unit_test(test_arenas_cover_auto),
         cmocka_unit_test(test_config_validation),
+        cmocka_unit_test(test_link_parse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

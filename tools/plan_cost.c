@@ -1,38 +1,26 @@
 /*
  * plan_cost.c — the α-β model of `igrad plan` (plan_cost.h). Every
- * formula here is stated, with its source, in docs/plan.md §2; the
- * figures of the link presets are assumptions named there too. Not
- * validated against measurements yet.
+ * formula here is stated, with its source, in docs/plan.md §2; the link
+ * presets and their parser are the library's (src/link.c, igrad_link_*),
+ * shared with the Python binding. Measured against the namespace testbed
+ * in docs/results/plan_validation.md.
  */
 #include "plan_cost.h"
+
+#include "igrad.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Per GPU, one direction. */
-static const struct {
-    const char *name;
-    double gbit_per_s;
-    double latency_us;
-    const char *assumes;
-} presets[] = {
-    {"nvlink", 3600.0, 3.0, "H100 SXM NVLink 4: 450 GB/s per direction per GPU"},
-    {"pcie4", 200.0, 5.0, "PCIe 4.0 x16: 25 GB/s usable of 32 GB/s"},
-    {"400g", 400.0, 5.0, "one 400 Gbit/s NIC per GPU (NDR InfiniBand, DGX H100)"},
-    {"200g", 200.0, 5.0, "one 200 Gbit/s NIC per GPU (HDR InfiniBand)"},
-    {"100g", 100.0, 8.0, "100 Gbit/s per GPU (EDR InfiniBand / RoCE)"},
-    {"25g", 25.0, 15.0, "25 Gbit/s Ethernet per GPU (TCP)"},
-    {"10g", 10.0, 25.0, "10 Gbit/s Ethernet per GPU (TCP)"},
-};
-#define NPRESETS (sizeof presets / sizeof presets[0])
-
 void plan_link_print_presets(void *fp)
 {
-    for (size_t i = 0; i < NPRESETS; i++)
-        fprintf((FILE *)fp, "  %-7s %7.0f Gbit/s %5.1f us  %s\n", presets[i].name,
-                presets[i].gbit_per_s, presets[i].latency_us, presets[i].assumes);
+    for (size_t i = 0; i < igrad_link_preset_count(); i++) {
+        const igrad_link_preset_t *p = igrad_link_preset(i);
+        fprintf((FILE *)fp, "  %-7s %7.0f Gbit/s %5.1f us  %s\n", p->name, p->gbit_per_s,
+                p->latency_us, p->assumes);
+    }
 }
 
 int plan_link_parse(const char *flag, const char *text, plan_link_t *out)
@@ -42,32 +30,23 @@ int plan_link_parse(const char *flag, const char *text, plan_link_t *out)
     return plan_link_parse_as(what, text, out);
 }
 
+/* The presets and the parser are the library's (src/link.c), shared with
+ * the Python binding. */
 int plan_link_parse_as(const char *what, const char *text, plan_link_t *out)
 {
     memset(out, 0, sizeof *out);
-    for (size_t i = 0; i < NPRESETS; i++)
-        if (!strcmp(text, presets[i].name)) {
-            snprintf(out->name, sizeof out->name, "%s", presets[i].name);
-            out->bytes_per_s = presets[i].gbit_per_s * 1e9 / 8.0;
-            out->latency_s = presets[i].latency_us * 1e-6;
-            return 0;
-        }
-    char *end = NULL;
-    double bw = strtod(text, &end);
-    double lat = -1.0;
-    if (end != text && *end == ',') {
-        const char *rest = end + 1;
-        lat = strtod(rest, &end);
-        if (end == rest || *end != '\0') lat = -1.0;
-    }
-    if (!(bw > 0.0) || !(lat > 0.0) || !isfinite(bw) || !isfinite(lat)) {
-        fprintf(stderr,
-                "%s: '%s' is neither a preset (nvlink, pcie4, 400g, 200g, "
-                "100g, 25g, 10g) nor GBITS,LAT_US with both > 0 (e.g. 100,8)\n",
-                what, text);
+    double bw, lat;
+    if (igrad_link_parse(text, &bw, &lat) != IGRAD_OK) {
+        fprintf(stderr, "%s: %s\n", what, igrad_last_error());
         return -1;
     }
-    snprintf(out->name, sizeof out->name, "%g,%g", bw, lat);
+    int preset = 0;
+    for (size_t i = 0; i < igrad_link_preset_count(); i++)
+        preset |= !strcmp(text, igrad_link_preset(i)->name);
+    if (preset)
+        snprintf(out->name, sizeof out->name, "%s", text);
+    else
+        snprintf(out->name, sizeof out->name, "%g,%g", bw, lat);
     out->bytes_per_s = bw * 1e9 / 8.0;
     out->latency_s = lat * 1e-6;
     return 0;
@@ -161,13 +140,10 @@ plan_level_cost_t plan_sparse_allreduce(double payload, int64_t P, const plan_li
     return c;
 }
 
-/* Nearest integers, clamped to what igrad_config_validate accepts (a
- * latency under 0.5 ns is 0: auto by bytes alone). */
 void plan_link_to_engine(const plan_link_t *l, int64_t *latency_ns, int64_t *bandwidth_mbps)
 {
-    double ns = l->latency_s * 1e9, mbps = l->bytes_per_s * 8.0 / 1e6;
-    *latency_ns = ns >= 1e9 ? 1000000000LL : (int64_t)llround(ns);
-    *bandwidth_mbps = mbps >= 1e9 ? 1000000000LL : mbps < 1.0 ? 1 : (int64_t)llround(mbps);
+    igrad_link_to_config(l->bytes_per_s * 8.0 / 1e9, l->latency_s * 1e6, latency_ns,
+                         bandwidth_mbps);
 }
 
 int plan_engine_link_parse(const char *what, const char *text, int64_t *latency_ns,

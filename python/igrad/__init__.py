@@ -27,7 +27,8 @@ from ._lib import (CommError, CommTimeoutError, FileError, FormatError, IgradErr
                    InvalidArgumentError, MismatchError, NonFiniteError, OutOfMemoryError,
                    StateError, UnsupportedError, __version__, load_library)
 from .core import (Comm, Engine, Layout, NameMap, Profile, SelectWorkspace, Trace,  # noqa: F401
-                   config_to_dict, make_config, partition, select_spec, target_fit)
+                   config_to_dict, link_config, link_presets, make_config, partition,
+                   select_spec, target_fit)
 from .profile import build_profile  # noqa: F401
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "UnsupportedError", "NonFiniteError", "MismatchError", "CommError", "StateError",
     "CommTimeoutError", "Layout", "NameMap", "Trace", "Profile", "Comm", "Engine", "SelectWorkspace", "make_config",
     "config_to_dict", "partition", "select_spec", "build_profile", "target_fit",
+    "link_config", "link_presets",
 ]
 
 _LIB = load_library()  # fails at import (ImportError) when no usable library

@@ -233,6 +233,12 @@ class CommOps(ctypes.Structure):
                 ("split", SPLIT_FN), ("ireduce", IREDUCE_FN), ("ibcast", IBCAST_FN)]
 
 
+class LinkPreset(ctypes.Structure):
+    """igrad_link_preset_t."""
+    _fields_ = [("name", ctypes.c_char_p), ("gbit_per_s", ctypes.c_double),
+                ("latency_us", ctypes.c_double), ("assumes", ctypes.c_char_p)]
+
+
 class Config(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("method", c_enum), ("sparsifier", c_enum),
                 ("interleave", ctypes.c_int), ("density", ctypes.c_double),
@@ -417,6 +423,10 @@ SIGNATURES = {
     "igrad_residual_policy_name": (cstr, [c_enum]),
     "igrad_collective_from_name": (S, [cstr, ctypes.POINTER(c_enum)]),
     "igrad_collective_name": (cstr, [c_enum]),
+    "igrad_link_preset_count": (sz, []),
+    "igrad_link_preset": (ctypes.POINTER(LinkPreset), [sz]),
+    "igrad_link_parse": (S, [cstr, ctypes.POINTER(dbl), ctypes.POINTER(dbl)]),
+    "igrad_link_to_config": (None, [dbl, dbl, ctypes.POINTER(i64), ctypes.POINTER(i64)]),
     "igrad_topology_from_name": (S, [cstr, ctypes.POINTER(c_enum)]),
     "igrad_topology_name": (cstr, [c_enum]),
     "igrad_sparsifier_name": (cstr, [c_enum]),

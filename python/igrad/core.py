@@ -748,21 +748,44 @@ CONFIG_DEFAULTS = {
 }
 
 
+def link_presets():
+    """igrad plan's named links: [(name, gbit_per_s, latency_us, assumes)]."""
+    out = []
+    lib = L.lib()
+    for i in range(lib.igrad_link_preset_count()):
+        p = lib.igrad_link_preset(i).contents
+        out.append((p.name.decode(), p.gbit_per_s, p.latency_us, p.assumes.decode()))
+    return out
+
+
+def link_config(spec):
+    """(link_latency_ns, link_bandwidth_mbps) of a preset name or
+    "GBITS,LAT_US", as the CLI's --link rounds them (igrad_link_to_config)."""
+    bw, lat = ctypes.c_double(), ctypes.c_double()
+    L.lib().call("igrad_link_parse", _b(str(spec)), ctypes.byref(bw), ctypes.byref(lat))
+    ns, mbps = ctypes.c_int64(), ctypes.c_int64()
+    L.lib().igrad_link_to_config(bw, lat, ctypes.byref(ns), ctypes.byref(mbps))
+    return ns.value, mbps.value
+
+
 def make_config(**kw):
     """An igrad_config_t from keyword arguments (names as in CONFIG_DEFAULTS;
     enum fields take names: method="ig", pack="greedy", ...). Unknown keys
     are an InvalidArgumentError; the library validates the values.
-    link=(latency_ns, bandwidth_mbps) is link_latency_ns and
-    link_bandwidth_mbps together."""
+    link is link_latency_ns and link_bandwidth_mbps together: igrad plan's
+    preset name ("100g", "nvlink", ...), "GBITS,LAT_US" (e.g. "100,8"), or
+    (latency_ns, bandwidth_mbps) integers."""
     link = kw.pop("link", None)
-    if link is not None:
+    if isinstance(link, str):
+        kw["link_latency_ns"], kw["link_bandwidth_mbps"] = link_config(link)
+    elif link is not None:
         try:
             lat, mbps = link
             kw["link_latency_ns"], kw["link_bandwidth_mbps"] = int(lat), int(mbps)
         except (TypeError, ValueError):
-            raise L.InvalidArgumentError("link is %r (give (latency_ns, bandwidth_mbps), "
-                                         "integers, e.g. (8000, 100000) for igrad plan's "
-                                         "100g)" % (link,))
+            raise L.InvalidArgumentError("link is %r (give a preset name such as '100g', "
+                                         "'GBITS,LAT_US', or (latency_ns, bandwidth_mbps) "
+                                         "integers, e.g. (8000, 100000))" % (link,))
     unknown = set(kw) - set(CONFIG_DEFAULTS)
     if unknown:
         raise L.InvalidArgumentError("unknown config field(s): %s (known: %s)" % (

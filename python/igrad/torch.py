@@ -577,8 +577,10 @@ class IgradState:
                     small tensors uncompressed (config dense_below; default
                     64, chosen by measurement, docs/results/dense_below.md;
                     0 = every tensor through the sparsifier).
-    link:           (latency_ns, bandwidth_mbps): the link collective="auto"
-                    prices each bucket with (config link_latency_ns,
+    link:           the link collective="auto" prices each bucket with:
+                    igrad plan's preset name ("100g", "25g", "nvlink", ...;
+                    igrad.link_presets()), "GBITS,LAT_US", or
+                    (latency_ns, bandwidth_mbps) (config link_latency_ns,
                     link_bandwidth_mbps; None: latency 0, by bytes alone).
     auto_sparse_reduce: config auto_sparse_reduce. The sparse all-reduce
                     runs only under the engine's own sync on a communicator

@@ -346,8 +346,26 @@ class Binding(unittest.TestCase):
         with self.assertRaises(igrad.InvalidArgumentError) as cm:
             igrad.make_config(link=(8000, 0))
         self.assertIn("config.link_bandwidth_mbps is 0", str(cm.exception))
+        # preset names and "GBITS,LAT_US" as the CLI's --link (the library's parser)
+        d = igrad.config_to_dict(igrad.make_config(link="100g"))
+        self.assertEqual((d["link_latency_ns"], d["link_bandwidth_mbps"]), (8000, 100000))
+        d = igrad.config_to_dict(igrad.make_config(link="2.5,1500"))
+        self.assertEqual((d["link_latency_ns"], d["link_bandwidth_mbps"]), (1500000, 2500))
+        presets = igrad.link_presets()
+        self.assertEqual([p[0] for p in presets],
+                         ["nvlink", "pcie4", "400g", "200g", "100g", "25g", "10g"])
+        for name, gbit, lat_us, assumes in presets:
+            self.assertTrue(assumes)
+            self.assertEqual(igrad.link_config(name),
+                             (round(lat_us * 1000), round(gbit * 1000)), name)
         with self.assertRaises(igrad.InvalidArgumentError) as cm:
-            igrad.make_config(link="100g")
+            igrad.make_config(link="fast")
+        self.assertIn("'fast' is neither a preset", str(cm.exception))
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.make_config(link="100,0")
+        self.assertIn("both > 0", str(cm.exception))
+        with self.assertRaises(igrad.InvalidArgumentError) as cm:
+            igrad.make_config(link=5)
         self.assertIn("latency_ns, bandwidth_mbps", str(cm.exception))
 
         bad = os.path.join(self.dir, "trace.csv")
