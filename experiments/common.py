@@ -543,8 +543,13 @@ class Experiment:
             with open(log_path, "w") as log:
                 log.write("$ " + " ".join(shlex.quote(x) for x in cmd) + "\n")
                 log.flush()
+                # restore_signals=False: mpirun inherits Python's SIG_IGN for
+                # SIGPIPE, so a peer socket closed first at teardown is an
+                # EPIPE it handles, not a kill by signal 13 after the run
+                # finished (seen once under `make asan` in CI: exit -13
+                # after "done: 8 steps").
                 rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=REPO)
+                                     cwd=REPO, restore_signals=False)
         except FileNotFoundError:
             raise ExperimentError(
                 f"cannot launch MPI for {what}: '{cmd[0]}' not found (install Open MPI: "

@@ -62,7 +62,8 @@ def main():
                     with open(out + ".log", "w") as f:
                         r = subprocess.run(mpi + [IGRAD, "train"] + post +
                                            ["--method", m, "--seed", str(seed), "--out", out] +
-                                           extra, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+                                           extra, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+                                           restore_signals=False)  # SIGPIPE ignored, as common.py
                     if r.returncode:
                         sys.exit("dense_below: %s seed %d failed, see %s.log" % (name, seed, out))
                     subprocess.run(["rm", "-rf", os.path.join(out, "checkpoint")])

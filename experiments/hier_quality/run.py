@@ -37,7 +37,8 @@ def mpirun(np_):
 
 def run(cmd, log):
     with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+                           restore_signals=False)  # mpirun: SIGPIPE ignored, as common.py
     if r.returncode != 0:
         sys.exit("hier_quality: failed (exit %d): %s\n  see %s" % (r.returncode, " ".join(cmd),
                                                                   log))
