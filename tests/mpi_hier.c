@@ -5,12 +5,18 @@
  *
  *  - dense, adtopk_sync and ig over two release cycles: every rank's
  *    gradients equal a brute-force reference computed here from every
- *    rank's inputs (node sums in rank order, igrad_select_ef of each node
- *    sum plus its residual with the spec the method implies for the step,
- *    the average over all P ranks), bit for bit (the gradients are
- *    multiples of 2^-10, so every sum is exact in any order); the owner's
- *    residuals equal the reference's, the other ranks have none; per shard
- *    Σ node sums = Σ sent + residual (conservation);
+ *    rank's inputs (node sums in rank order, igrad_select_ef of each
+ *    piece's node sum plus its residual with the spec the method implies
+ *    for the step, the average over all P ranks), bit for bit (the
+ *    gradients are multiples of 2^-10, so every sum is exact in any
+ *    order); the pieces are the ownership rule's, written again here
+ *    (rule_pieces) and compared with the engine's; the owner's residuals
+ *    equal the reference's, the other ranks have none; per shard and
+ *    piece Σ node sums = Σ sent + residual (conservation); the busiest
+ *    shard within 1.10 x total/L;
+ *  - the same on a layout whose embedding is 61 % of the entries (split
+ *    into row pieces at ranks_per_node 2 and 4), its resume, and a state
+ *    file of one split refused by another;
  *  - statistics: inter-node bytes are the shard's collectives among the N
  *    owners, intra-node bytes 2(L-1)/L·4 per parameter, and a plan-only
  *    engine of the same layout (igrad_engine_create_plan) plans exactly
@@ -530,7 +536,7 @@ static void check_resume(const mpi_model_t *m, int rpn)
     REQUIRE(igrad_engine_create(m->L, m->prof, &c, comm, &a) == IGRAD_OK);
     float **g = mpi_grads_alloc(m), **h = mpi_grads_alloc(m);
     char path[128];
-    snprintf(path, sizeof path, "mpi_hier_state_r%d.bin", me);
+    snprintf(path, sizeof path, "mpi_hier_state_np%d_r%d.bin", np, me);
     float ***want = calloc(STEPS, sizeof *want);
     REQUIRE(want);
     for (int64_t s = 0; s < STEPS; s++) {
@@ -555,7 +561,7 @@ static void check_resume(const mpi_model_t *m, int rpn)
     /* a file of another rank (another shard, or another node's) is refused
      * on every rank */
     char other[128];
-    snprintf(other, sizeof other, "mpi_hier_state_r%d.bin", (me + 1) % np);
+    snprintf(other, sizeof other, "mpi_hier_state_np%d_r%d.bin", np, (me + 1) % np);
     igrad_engine_t *x = NULL;
     REQUIRE(igrad_engine_create(m->L, m->prof, &c, comm, &x) == IGRAD_OK);
     MPI_Barrier(MPI_COMM_WORLD);
@@ -593,7 +599,7 @@ static void check_split_state(const mpi_model_t *m)
     mpi_grads_fill(m, g, me, 0);
     CHECK_OK(igrad_engine_sync(a, 0, g));
     char path[128];
-    snprintf(path, sizeof path, "mpi_hier_split_r%d.bin", me);
+    snprintf(path, sizeof path, "mpi_hier_split_np%d_r%d.bin", np, me);
     CHECK_OK(igrad_engine_save_state(a, path));
     MPI_Barrier(MPI_COMM_WORLD);
     igrad_status_t ls = igrad_engine_load_state(b, path);
