@@ -2,7 +2,10 @@
  * engine_hier.c — the two-level sync (config.topology = hier, issue 12 §1).
  *
  * The P ranks form N nodes of L ranks. Every tensor has an owner among a
- * node's L ranks (whole components, balanced by entries: owner_of). A step
+ * node's L ranks (whole components, balanced by entries), or, when whole
+ * components cannot be balanced within 1.10 x total/L, the largest tensors
+ * are split by rows into L pieces, one per local rank (igrad__hier_ownership).
+ * Node collectives and shard engines work per piece. A step
  * (1) agrees over all P ranks that every gradient pointer is there and the
  * ranks are at the same step (the engine the caller holds is a plan-only
  * engine of the whole layout for P ranks: its items are what the world
@@ -40,22 +43,33 @@ typedef struct igrad__world_link {
     uint64_t *buf;             /* (3 P) exchange buffer */
 } igrad__world_link_t;
 
+/* Rows [row0, row0 + rows) of tensor t (entries [off, off + n)), owned by
+ * local rank `owner`, index `sub` in its shard; a whole tensor is one piece
+ * with split 0. */
+typedef struct igrad__piece {
+    size_t t, sub;
+    int64_t row0, rows, off, n;
+    int owner, split;
+} igrad__piece_t;
+
 typedef struct igrad__hier {
     int L, N;                   /* ranks per node, nodes */
     int local, node;            /* this rank's place (0, 0 when plan-only) */
     igrad_comm_t *node_comm;    /* owned: the L ranks of this node */
     igrad_comm_t *inter_comm;   /* owned: the N ranks with this local rank */
-    int *owner;                 /* (T) local rank owning each tensor */
-    size_t *sub;                /* (T) its index in the owner's shard */
+    size_t npieces;
+    igrad__piece_t *pieces;     /* (npieces) every tensor's, layout order */
+    size_t *first;              /* (T + 1) tensor t's pieces: [first[t], first[t+1]) */
+    int64_t busiest;            /* the busiest shard's entries */
     igrad_engine_t **plans;     /* (L) plan-only shard engines, N ranks each */
     igrad_engine_t *inner;      /* this rank's shard engine (NULL: plan-only) */
     igrad__world_link_t link;
     size_t nown;
-    size_t *own;                /* (nown) the owned tensors, layout order */
+    size_t *own;                /* (nown) the owned pieces, layout order */
     int64_t own_entries;        /* their entries: the shard buffer's floats */
     float *shard_mem;           /* node sums of the owned tensors, concatenated */
     float **shard;              /* (nown) pointers into shard_mem */
-    igrad_comm_request_t **reqs; /* (T) */
+    igrad_comm_request_t **reqs; /* (npieces) */
     uint64_t *status_buf;       /* (P) world_verdict */
     int64_t *loads;             /* plan-only: every shard's bucket loads */
 } igrad__hier_t;
@@ -70,15 +84,48 @@ igrad_status_t igrad__hier_refuse(const char *what)
 
 /* ---- ownership ------------------------------------------------------------ */
 
-/* owner[t] for every tensor: the units are the layout's components (all
- * their tensors together, so a shard's components are whole and its
- * profile rows are the model's) and each OTHER tensor; LPT by entries
- * (largest first, ties by unit number; each to the least loaded rank, ties
- * to the lower). A pure function of layout and L. */
-static igrad_status_t owner_of(const igrad_layout_t *layout, int L, int *owner)
+/* The ownership rule (a pure function of the layout and L; the same on
+ * every node and rank).
+ *
+ * Units are the layout's components (all their tensors together, so a
+ * shard's components are whole and its profile rows are the model's) and
+ * each OTHER tensor. (1) LPT by entries over the units (largest first,
+ * ties by unit number; each to the least loaded rank, ties to the lower).
+ * If the busiest rank then holds at most IGRAD__HIER_BOUND_NUM /
+ * IGRAD__HIER_BOUND_DEN (1.10) of total/L, that is the plan: no piece.
+ * (2) Otherwise tensors are split, one at a time, the largest unsplit
+ * tensor first (entries down, ties to the lower index) among those of two
+ * or more dimensions and at least L rows: a split tensor of R rows becomes
+ * L pieces, piece j its rows [jR/L, (j+1)R/L) owned by local rank j (so
+ * every shard holds a piece of it, and its component, whose other tensors
+ * stay whole with their unit); the units, less their split tensors, are then placed by LPT as in
+ * (1) onto the loads of the pieces. Splitting stops when the bound holds or
+ * no tensor is left to split. 1-D tensors are never split: their
+ * selection spec is over the whole vector (a flat budget), and they are
+ * norms and biases, never the dominant unit.
+ *
+ * owner[t]: the local rank of a whole tensor (for a split one: -1);
+ * parts[t]: 1 for a whole tensor, L for a split one. *busiest: the busiest
+ * rank's entries. */
+#define IGRAD__HIER_BOUND_NUM 11
+#define IGRAD__HIER_BOUND_DEN 10
+
+igrad_status_t igrad__hier_ownership(const igrad_layout_t *layout, int L, int *owner,
+                                     int *parts, int64_t *busiest);
+
+static int64_t piece_rows(int64_t R, int k, int j)
+{
+    return (int64_t)(((__int128)R * (j + 1)) / k - ((__int128)R * j) / k);
+}
+
+static int64_t piece_row0(int64_t R, int k, int j) { return (int64_t)(((__int128)R * j) / k); }
+
+igrad_status_t igrad__hier_ownership(const igrad_layout_t *layout, int L, int *owner,
+                                     int *parts, int64_t *busiest)
 {
     size_t T = igrad_layout_count(layout), C = igrad_layout_component_count(layout);
     size_t U = C;
+    IGRAD_FAIL_IF(L < 1, IGRAD_E_INVALID, "igrad_engine_create: %d ranks per node", L);
     for (size_t t = 0; t < T; t++) {
         igrad_tensor_info_t ti;
         IGRAD_CHECK(igrad_layout_tensor(layout, t, &ti));
@@ -89,37 +136,74 @@ static igrad_status_t owner_of(const igrad_layout_t *layout, int L, int *owner)
                   "least %d components or OTHER tensors to own; the layout has %zu",
                   L, L, U);
     int64_t *w = calloc(U, sizeof *w), *load = calloc((size_t)L, sizeof *load);
-    size_t *unit = calloc(T, sizeof *unit), *order = calloc(U, sizeof *order);
+    size_t *unit = calloc(T ? T : 1, sizeof *unit), *order = calloc(U, sizeof *order);
     int *uowner = calloc(U, sizeof *uowner);
     igrad_status_t st = IGRAD_OK;
     if (!w || !load || !unit || !order || !uowner) {
         st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "igrad_engine_create: out of memory");
         goto done;
     }
+    int64_t total = 0;
     size_t u_other = C;
     for (size_t t = 0; t < T; t++) {
         igrad_tensor_info_t ti;
         igrad_layout_tensor(layout, t, &ti);
         unit[t] = ti.component >= 0 ? (size_t)ti.component : u_other++;
-        w[unit[t]] += ti.count;
+        parts[t] = 1;
+        total += ti.count;
     }
-    for (size_t u = 0; u < U; u++) order[u] = u;
-    for (size_t i = 1; i < U; i++) { /* insertion sort: weight down, unit up */
-        size_t x = order[i], j = i;
-        while (j > 0 && (w[order[j - 1]] < w[x] || (w[order[j - 1]] == w[x] && order[j - 1] > x))) {
-            order[j] = order[j - 1];
-            j--;
+    for (;;) {
+        /* the units' weights without their split tensors; the pieces' loads */
+        memset(w, 0, U * sizeof *w);
+        memset(load, 0, (size_t)L * sizeof *load);
+        for (size_t t = 0; t < T; t++) {
+            igrad_tensor_info_t ti;
+            igrad_layout_tensor(layout, t, &ti);
+            if (parts[t] == 1) {
+                w[unit[t]] += ti.count;
+                continue;
+            }
+            int64_t row = ti.count / ti.shape[0];
+            for (int j = 0; j < parts[t]; j++) load[j] += piece_rows(ti.shape[0], parts[t], j) * row;
         }
-        order[j] = x;
+        for (size_t u = 0; u < U; u++) order[u] = u;
+        for (size_t i = 1; i < U; i++) { /* insertion sort: weight down, unit up */
+            size_t x = order[i], j = i;
+            while (j > 0 &&
+                   (w[order[j - 1]] < w[x] || (w[order[j - 1]] == w[x] && order[j - 1] > x))) {
+                order[j] = order[j - 1];
+                j--;
+            }
+            order[j] = x;
+        }
+        for (size_t i = 0; i < U; i++) {
+            int best = 0;
+            for (int l = 1; l < L; l++)
+                if (load[l] < load[best]) best = l;
+            uowner[order[i]] = best;
+            load[best] += w[order[i]];
+        }
+        int64_t top = 0;
+        for (int l = 0; l < L; l++) top = load[l] > top ? load[l] : top;
+        *busiest = top;
+        if ((__int128)top * IGRAD__HIER_BOUND_DEN * L <= (__int128)total * IGRAD__HIER_BOUND_NUM)
+            break;
+        /* the next tensor to split */
+        size_t pick = T;
+        int64_t pick_n = -1;
+        for (size_t t = 0; t < T; t++) {
+            igrad_tensor_info_t ti;
+            igrad_layout_tensor(layout, t, &ti);
+            if (parts[t] != 1 || ti.ndim < 2 || ti.shape[0] < L || L < 2) continue;
+            if (ti.count > pick_n) {
+                pick = t;
+                pick_n = ti.count;
+            }
+        }
+        if (pick == T) break;
+        parts[pick] = L;
     }
-    for (size_t i = 0; i < U; i++) {
-        int best = 0;
-        for (int l = 1; l < L; l++)
-            if (load[l] < load[best]) best = l;
-        uowner[order[i]] = best;
-        load[best] += w[order[i]];
-    }
-    for (size_t t = 0; t < T; t++) owner[t] = uowner[unit[t]];
+    for (size_t t = 0; t < T; t++) owner[t] = parts[t] == 1 ? uowner[unit[t]] : -1;
 done:
     free(w);
     free(load);
@@ -129,23 +213,105 @@ done:
     return st;
 }
 
-/* The layout of local rank l's shard: its tensors in layout order. */
-static igrad_status_t shard_layout(const igrad_layout_t *layout, const int *owner, int l,
+/* The pieces of every tensor from the rule: a whole tensor is one piece
+ * (its rows all), a split one k; pieces in layout order, each tensor's by
+ * rows; each with its index in its owner's shard. */
+static igrad_status_t make_pieces(igrad__hier_t *h, const igrad_layout_t *layout)
+{
+    size_t T = igrad_layout_count(layout);
+    int *owner = calloc(T ? T : 1, sizeof *owner), *parts = calloc(T ? T : 1, sizeof *parts);
+    size_t *next = calloc((size_t)h->L, sizeof *next);
+    h->first = calloc(T + 1, sizeof *h->first);
+    igrad_status_t st = IGRAD_OK;
+    if (!owner || !parts || !next || !h->first)
+        st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "igrad_engine_create: out of memory");
+    if (st == IGRAD_OK) st = igrad__hier_ownership(layout, h->L, owner, parts, &h->busiest);
+    size_t np = 0;
+    for (size_t t = 0; t < T && st == IGRAD_OK; t++) np += (size_t)parts[t];
+    if (st == IGRAD_OK) {
+        h->pieces = calloc(np ? np : 1, sizeof *h->pieces);
+        h->npieces = np;
+        if (!h->pieces)
+            st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
+                             "igrad_engine_create: out of memory");
+    }
+    for (size_t t = 0, p = 0; t < T && st == IGRAD_OK; t++) {
+        igrad_tensor_info_t ti;
+        igrad_layout_tensor(layout, t, &ti);
+        h->first[t] = p;
+        int64_t R = ti.ndim > 0 ? ti.shape[0] : 1, row = R > 0 ? ti.count / R : 0;
+        for (int j = 0; j < parts[t]; j++, p++) {
+            igrad__piece_t *pc = &h->pieces[p];
+            pc->t = t;
+            pc->owner = parts[t] == 1 ? owner[t] : j;
+            pc->row0 = parts[t] == 1 ? 0 : piece_row0(R, parts[t], j);
+            pc->rows = parts[t] == 1 ? R : piece_rows(R, parts[t], j);
+            pc->off = pc->row0 * row;
+            pc->n = parts[t] == 1 ? ti.count : pc->rows * row;
+            pc->split = parts[t] > 1;
+            pc->sub = next[pc->owner]++;
+        }
+    }
+    if (st == IGRAD_OK) h->first[T] = np;
+    free(owner);
+    free(parts);
+    free(next);
+    return st;
+}
+
+/* The layout of local rank l's shard: its pieces in layout order (a whole
+ * tensor as itself, a piece as its row range with the tensor's name). The
+ * shard's components count the model's entries of every tensor they hold
+ * a piece of or whole (the profile rows apply): a component's pieces and
+ * whole tensors in the shard add up to the model's component only when
+ * all its tensors are there, so each piece counts its whole tensor, and
+ * the component's tensors held by other shards are added to its first
+ * piece here. */
+static igrad_status_t shard_layout(const igrad_layout_t *layout, const igrad__hier_t *h, int l,
                                    igrad_layout_t **out)
 {
     IGRAD_CHECK(igrad__layout_create_like(layout, out)); /* with its name map */
-    for (size_t t = 0; t < igrad_layout_count(layout); t++) {
-        if (owner[t] != l) continue;
+    size_t C = igrad_layout_component_count(layout);
+    int64_t *held = calloc(C ? C : 1, sizeof *held); /* model entries this shard counts */
+    unsigned char *first = calloc(C ? C : 1, 1);
+    igrad_status_t st = held && first ? IGRAD_OK
+                                      : igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
+                                                    "igrad_engine_create: out of memory");
+    for (size_t p = 0; p < h->npieces && st == IGRAD_OK; p++) {
+        const igrad__piece_t *pc = &h->pieces[p];
+        if (pc->owner != l) continue;
         igrad_tensor_info_t ti;
-        igrad_status_t st = igrad_layout_tensor(layout, t, &ti);
-        if (st == IGRAD_OK) st = igrad_layout_add(*out, ti.name, ti.dtype, ti.ndim, ti.shape);
-        if (st != IGRAD_OK) {
-            igrad_layout_free(*out);
-            *out = NULL;
-            return st;
-        }
+        igrad_layout_tensor(layout, pc->t, &ti);
+        if (ti.component >= 0) held[ti.component] += ti.count;
     }
-    return IGRAD_OK;
+    for (size_t p = 0; p < h->npieces && st == IGRAD_OK; p++) {
+        const igrad__piece_t *pc = &h->pieces[p];
+        if (pc->owner != l) continue;
+        igrad_tensor_info_t ti;
+        st = igrad_layout_tensor(layout, pc->t, &ti);
+        if (st != IGRAD_OK) break;
+        if (!pc->split) {
+            st = igrad_layout_add(*out, ti.name, ti.dtype, ti.ndim, ti.shape);
+            continue;
+        }
+        int64_t ce = ti.count;
+        if (ti.component >= 0 && !first[ti.component]) {
+            igrad_component_info_t ci;
+            st = igrad_layout_component(layout, (size_t)ti.component, &ci);
+            if (st != IGRAD_OK) break;
+            ce += ci.count - held[ti.component];
+            first[ti.component] = 1;
+        }
+        st = igrad__layout_add_rows(*out, ti.name, ti.dtype, ti.ndim, ti.shape, pc->row0, pc->rows,
+                                    ce);
+    }
+    free(held);
+    free(first);
+    if (st != IGRAD_OK) {
+        igrad_layout_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* A shard engine's config: the sync is flat among the N owners (all on
@@ -163,21 +329,13 @@ static igrad_config_t shard_config(const igrad_config_t *c)
 static igrad_status_t hier_plans(igrad__hier_t *h, const igrad_layout_t *layout,
                                  const igrad_profile_t *profile, const igrad_config_t *config)
 {
-    size_t T = igrad_layout_count(layout);
-    h->owner = calloc(T, sizeof *h->owner);
-    h->sub = calloc(T, sizeof *h->sub);
     h->plans = calloc((size_t)h->L, sizeof *h->plans);
-    IGRAD_FAIL_IF(!h->owner || !h->sub || !h->plans, IGRAD_E_NOMEM,
-                  "igrad_engine_create: out of memory");
-    IGRAD_CHECK(owner_of(layout, h->L, h->owner));
-    size_t *next = calloc((size_t)h->L, sizeof *next);
-    IGRAD_FAIL_IF(!next, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    for (size_t t = 0; t < T; t++) h->sub[t] = next[h->owner[t]]++;
-    free(next);
+    IGRAD_FAIL_IF(!h->plans, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    IGRAD_CHECK(make_pieces(h, layout));
     igrad_config_t sc = shard_config(config);
     for (int l = 0; l < h->L; l++) {
         igrad_layout_t *sl = NULL;
-        IGRAD_CHECK(shard_layout(layout, h->owner, l, &sl));
+        IGRAD_CHECK(shard_layout(layout, h, l, &sl));
         igrad_engine_t *p = calloc(1, sizeof *p);
         igrad_status_t st = p ? IGRAD_OK
                               : igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
@@ -204,8 +362,8 @@ void igrad__hier_free(igrad__hier_t *h)
     free(h->plans);
     igrad_comm_free(h->inter_comm);
     igrad_comm_free(h->node_comm);
-    free(h->owner);
-    free(h->sub);
+    free(h->pieces);
+    free(h->first);
     free(h->own);
     free(h->shard_mem);
     free(h->shard);
@@ -329,29 +487,30 @@ static igrad_status_t hier_connect(igrad_engine_t *e, const igrad_layout_t *layo
     e->node_ranks = h->L;
     IGRAD_CHECK(hier_plans(h, layout, profile, &e->cfg));
 
-    size_t T = e->ntensors;
+    size_t NP = h->npieces;
     int64_t n = 0;
-    for (size_t t = 0; t < T; t++)
-        if (h->owner[t] == h->local) {
+    for (size_t p = 0; p < NP; p++)
+        if (h->pieces[p].owner == h->local) {
             h->nown++;
-            n += e->t[t].n;
+            n += h->pieces[p].n;
         }
-    h->own = calloc(h->nown, sizeof *h->own);
-    h->shard = calloc(h->nown, sizeof *h->shard);
+    h->own = calloc(h->nown ? h->nown : 1, sizeof *h->own);
+    h->shard = calloc(h->nown ? h->nown : 1, sizeof *h->shard);
     h->own_entries = n;
     h->shard_mem = malloc((size_t)(n > 0 ? n : 1) * sizeof *h->shard_mem);
-    h->reqs = calloc(T, sizeof *h->reqs);
-    size_t *full = calloc(h->nown, sizeof *full);
+    h->reqs = calloc(NP ? NP : 1, sizeof *h->reqs);
+    size_t *full = calloc(h->nown ? h->nown : 1, sizeof *full);
     h->link.full = full;
     h->link.buf = calloc((size_t)P * 3, sizeof *h->link.buf);
     IGRAD_FAIL_IF(!h->own || !h->shard || !h->shard_mem || !h->reqs || !full || !h->link.buf,
                   IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     int64_t off = 0;
-    for (size_t t = 0, k = 0; t < T; t++) {
-        if (h->owner[t] != h->local) continue;
-        h->own[k] = full[k] = t;
+    for (size_t p = 0, k = 0; p < NP; p++) {
+        if (h->pieces[p].owner != h->local) continue;
+        h->own[k] = p;
+        full[k] = h->pieces[p].t;
         h->shard[k++] = h->shard_mem + off;
-        off += e->t[t].n;
+        off += h->pieces[p].n;
     }
     h->link.comm = e->comm;
     h->link.top = e;
@@ -410,7 +569,7 @@ igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_prof
         igrad__hier_t *h = e->hier;
         igrad_layout_t *sl = NULL;
         igrad_config_t sc = shard_config(&e->cfg);
-        igrad_status_t ls = shard_layout(layout, h->owner, h->local, &sl);
+        igrad_status_t ls = shard_layout(layout, h, h->local, &sl);
         if (ls == IGRAD_OK)
             ls = igrad__engine_create_shard(sl, profile, &sc, h->inter_comm, P, &h->inner);
         igrad_layout_free(sl);
@@ -481,33 +640,39 @@ static double intra_nbytes(const igrad_engine_t *e)
     return 2.0 * (double)(L - 1) / (double)L * 4.0 * (double)e->nparams;
 }
 
+/* Per piece (a whole tensor, or rows of a split one: contiguous in the
+ * gradient): the node's sum onto the piece's owner. */
 static igrad_status_t node_reduce(igrad_engine_t *e, float *const *grads)
 {
     igrad__hier_t *h = e->hier;
     igrad_status_t st = IGRAD_OK;
-    size_t t = 0;
-    for (size_t k = 0; t < e->ntensors && st == IGRAD_OK; t++) {
-        float *dst = h->owner[t] == h->local ? h->shard[k++] : NULL;
-        st = igrad__comm_ireduce(h->node_comm, grads[t], dst, (size_t)e->t[t].n, IGRAD_DTYPE_F32,
-                                 IGRAD_REDUCE_SUM, h->owner[t], &h->reqs[t]);
+    size_t p = 0;
+    for (size_t k = 0; p < h->npieces && st == IGRAD_OK; p++) {
+        const igrad__piece_t *pc = &h->pieces[p];
+        float *dst = pc->owner == h->local ? h->shard[k++] : NULL;
+        st = igrad__comm_ireduce(h->node_comm, grads[pc->t] + pc->off, dst, (size_t)pc->n,
+                                 IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM, pc->owner, &h->reqs[p]);
     }
-    return wait_all(h, t, st);
+    return wait_all(h, p, st);
 }
 
 static igrad_status_t node_bcast(igrad_engine_t *e, float *const *grads)
 {
     igrad__hier_t *h = e->hier;
     igrad_status_t st = IGRAD_OK;
-    size_t t = 0;
-    for (size_t k = 0; t < e->ntensors && st == IGRAD_OK; t++) {
-        float *buf = h->owner[t] == h->local ? h->shard[k++] : grads[t];
-        st = igrad__comm_ibcast(h->node_comm, buf, (size_t)e->t[t].n * sizeof(float),
-                                h->owner[t], &h->reqs[t]);
+    size_t p = 0;
+    for (size_t k = 0; p < h->npieces && st == IGRAD_OK; p++) {
+        const igrad__piece_t *pc = &h->pieces[p];
+        float *buf = pc->owner == h->local ? h->shard[k++] : grads[pc->t] + pc->off;
+        st = igrad__comm_ibcast(h->node_comm, buf, (size_t)pc->n * sizeof(float), pc->owner,
+                                &h->reqs[p]);
     }
-    st = wait_all(h, t, st);
+    st = wait_all(h, p, st);
     if (st == IGRAD_OK)
-        for (size_t k = 0; k < h->nown; k++)
-            memcpy(grads[h->own[k]], h->shard[k], (size_t)e->t[h->own[k]].n * sizeof(float));
+        for (size_t k = 0; k < h->nown; k++) {
+            const igrad__piece_t *pc = &h->pieces[h->own[k]];
+            memcpy(grads[pc->t] + pc->off, h->shard[k], (size_t)pc->n * sizeof(float));
+        }
     return st;
 }
 
@@ -576,20 +741,23 @@ done:
 
 /* ---- accessors, state, plans ---------------------------------------------- */
 
+/* A split tensor: the plan of its first piece (rows from 0, local rank
+ * 0's); no rank holds its residual whole (NULL). */
 const igrad_engine_t *igrad__hier_owner(const igrad_engine_t *e, size_t t, int real,
                                         size_t *sub)
 {
     const igrad__hier_t *h = e->hier;
-    *sub = h->sub[t];
-    if (!real) return h->plans[h->owner[t]];
-    return h->inner && h->owner[t] == h->local ? h->inner : NULL;
+    const igrad__piece_t *pc = &h->pieces[h->first[t]];
+    *sub = pc->sub;
+    if (!real) return h->plans[pc->owner];
+    return h->inner && !pc->split && pc->owner == h->local ? h->inner : NULL;
 }
 
 size_t igrad__hier_workspace_nbytes(const igrad_engine_t *e)
 {
     const igrad__hier_t *h = e->hier;
-    size_t n = sizeof *e + sizeof *h + e->ntensors * (sizeof *h->owner + sizeof *h->sub +
-                                                     sizeof *h->reqs);
+    size_t n = sizeof *e + sizeof *h + h->npieces * (sizeof *h->pieces + sizeof *h->reqs) +
+               (e->ntensors + 1) * sizeof *h->first;
     n += igrad_engine_workspace_nbytes(h->inner);
     for (int l = 0; l < h->L && h->plans; l++) n += igrad_engine_workspace_nbytes(h->plans[l]);
     return n + (size_t)h->own_entries * sizeof(float);
@@ -693,4 +861,27 @@ igrad_status_t igrad__hier_plan_step(igrad_engine_t *e, int64_t step, igrad_step
     *stats = tot;
     *nbuckets = nb;
     return IGRAD_OK;
+}
+
+/* For tests (tests/mpi_hier.c): piece p of a two-level engine (real or
+ * plan-only) in layout order: its tensor, rows and owner, its planned
+ * sparsification (its owner's shard plan), and its residual when this
+ * rank's shard holds it (NULL otherwise). 0 past the last piece. */
+int igrad__hier_piece(const igrad_engine_t *e, size_t p, size_t *t, int64_t *row0, int64_t *rows,
+                      int *owner, igrad_tensor_plan_t *plan, const float **residual);
+
+int igrad__hier_piece(const igrad_engine_t *e, size_t p, size_t *t, int64_t *row0, int64_t *rows,
+                      int *owner, igrad_tensor_plan_t *plan, const float **residual)
+{
+    const igrad__hier_t *h = e && e->hier ? e->hier : NULL;
+    if (!h || p >= h->npieces) return 0;
+    const igrad__piece_t *pc = &h->pieces[p];
+    *t = pc->t;
+    *row0 = pc->row0;
+    *rows = pc->rows;
+    *owner = pc->owner;
+    if (igrad_engine_tensor_plan(h->plans[pc->owner], pc->sub, plan) != IGRAD_OK) return 0;
+    *residual = h->inner && pc->owner == h->local ? igrad_engine_residual(h->inner, pc->sub)
+                                                  : NULL;
+    return 1;
 }

@@ -296,14 +296,16 @@ static int node_select(const igrad_layout_t *l, size_t i)
 }
 
 /* Adds row `r` (already appended) to its component, creating the
- * component if it is new. Fails only before changing anything. */
-static igrad_status_t attach_component(igrad_layout_t *l, row_t *r)
+ * component if it is new; the component counts `entries` for it (the row's
+ * own, or what igrad__layout_add_rows says). Fails only before changing
+ * anything. */
+static igrad_status_t attach_component(igrad_layout_t *l, row_t *r, int64_t entries)
 {
     int parent = -1, n = l->root, c = 0;
     while (n >= 0) {
         c = comp_cmp(r->layer, r->kind, l->nodes[n].info.layer, l->nodes[n].info.kind);
         if (c == 0) {
-            l->nodes[n].info.count += r->count;
+            l->nodes[n].info.count += entries;
             l->nodes[n].info.tensors += 1;
             r->node = n;
             return IGRAD_OK;
@@ -320,7 +322,7 @@ static igrad_status_t attach_component(igrad_layout_t *l, row_t *r)
     }
     int x = (int)l->ncomps++;
     l->nodes[x] = (comp_node_t){
-        .info = {.layer = r->layer, .kind = r->kind, .count = r->count, .tensors = 1},
+        .info = {.layer = r->layer, .kind = r->kind, .count = entries, .tensors = 1},
         .prio = node_prio(r->layer, r->kind),
         .left = -1,
         .right = -1,
@@ -343,8 +345,13 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && memcmp(s + n - m, suffix, m) == 0;
 }
 
-igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_dtype_t dtype,
-                                int ndim, const int64_t *shape)
+/* igrad_layout_add, and with full_rows >= 0 a row range [row0, row0 +
+ * shape[0]) of a tensor of full_rows rows (igrad__layout_add_rows). The
+ * hash is a tensor's of the piece's shape: the engine's copies of a layout
+ * (engine_online.c) re-add its tensors by shape and must hash alike. */
+static igrad_status_t layout_add(igrad_layout_t *layout, const char *name, igrad_dtype_t dtype,
+                                 int ndim, const int64_t *shape, int64_t full_rows,
+                                 int64_t comp_entries)
 {
     IGRAD_FAIL_IF(!layout || !name, IGRAD_E_INVALID, "igrad_layout_add: NULL argument");
     IGRAD_FAIL_IF(name[0] == '\0', IGRAD_E_INVALID, "layout: empty tensor name");
@@ -403,7 +410,8 @@ igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_
     layout->rows[layout->nrows++] = r;
     row_t *added = &layout->rows[layout->nrows - 1];
     if (r.kind != IGRAD_KIND_OTHER) {
-        igrad_status_t st = attach_component(layout, added);
+        igrad_status_t st =
+            attach_component(layout, added, full_rows >= 0 ? comp_entries : added->count);
         if (st != IGRAD_OK) {
             layout->nrows--;
             free(r.name);
@@ -427,6 +435,30 @@ igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_
         layout->assign_hash = igrad__hash_i64(layout->assign_hash, (int64_t)r.kind);
     }
     return IGRAD_OK;
+}
+
+igrad_status_t igrad_layout_add(igrad_layout_t *layout, const char *name, igrad_dtype_t dtype,
+                                int ndim, const int64_t *shape)
+{
+    return layout_add(layout, name, dtype, ndim, shape, -1, 0);
+}
+
+igrad_status_t igrad__layout_add_rows(igrad_layout_t *layout, const char *name,
+                                      igrad_dtype_t dtype, int ndim, const int64_t *shape,
+                                      int64_t row0, int64_t nrows, int64_t comp_entries)
+{
+    IGRAD_FAIL_IF(!layout || !name || !shape || ndim < 1 || ndim > IGRAD_MAX_DIMS,
+                  IGRAD_E_INVALID, "igrad__layout_add_rows: invalid argument");
+    IGRAD_FAIL_IF(row0 < 0 || nrows < 1 || row0 + nrows > shape[0] || comp_entries < 0,
+                  IGRAD_E_INVALID,
+                  "layout: tensor '%s': rows [%lld, %lld) of %lld (comp entries %lld) is not a "
+                  "row range",
+                  name, (long long)row0, (long long)(row0 + nrows), (long long)shape[0],
+                  (long long)comp_entries);
+    int64_t piece[IGRAD_MAX_DIMS];
+    memcpy(piece, shape, (size_t)ndim * sizeof *piece);
+    piece[0] = nrows;
+    return layout_add(layout, name, dtype, ndim, piece, shape[0], comp_entries);
 }
 
 size_t igrad_layout_count(const igrad_layout_t *layout) { return layout ? layout->nrows : 0; }

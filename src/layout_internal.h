@@ -42,6 +42,18 @@ igrad_status_t igrad__layout_to_safetensors_header(const igrad_layout_t *layout,
 /* An empty layout with src's name map (the engine's copies of a layout). */
 igrad_status_t igrad__layout_create_like(const igrad_layout_t *src, igrad_layout_t **out);
 
+/* Adds rows [row0, row0 + nrows) of a tensor of shape `shape` (ndim >= 1)
+ * as a tensor of that name with shape[0] = nrows (a piece of the two-level
+ * sync's shard, engine_hier.c). Its component (from the name, as for
+ * igrad_layout_add) counts comp_entries for it, so that a shard's
+ * components can report the model's entries and its profile rows apply.
+ * It hashes as a tensor of its own shape (shape[0] = nrows), so splits
+ * into other row counts hash differently; row0 is not hashed (the
+ * engine's layout copies re-add tensors by shape and must hash alike). */
+igrad_status_t igrad__layout_add_rows(igrad_layout_t *layout, const char *name,
+                                      igrad_dtype_t dtype, int ndim, const int64_t *shape,
+                                      int64_t row0, int64_t nrows, int64_t comp_entries);
+
 /* A copy of a name map (NULL stays NULL) and the map-file reader on a text
  * in memory ("source:LINE: ..." in messages). */
 igrad_status_t igrad__name_map_copy(const igrad_name_map_t *src, igrad_name_map_t **out);

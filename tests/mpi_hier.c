@@ -5,12 +5,18 @@
  *
  *  - dense, adtopk_sync and ig over two release cycles: every rank's
  *    gradients equal a brute-force reference computed here from every
- *    rank's inputs (node sums in rank order, igrad_select_ef of each node
- *    sum plus its residual with the spec the method implies for the step,
- *    the average over all P ranks), bit for bit (the gradients are
- *    multiples of 2^-10, so every sum is exact in any order); the owner's
- *    residuals equal the reference's, the other ranks have none; per shard
- *    Σ node sums = Σ sent + residual (conservation);
+ *    rank's inputs (node sums in rank order, igrad_select_ef of each
+ *    piece's node sum plus its residual with the spec the method implies
+ *    for the step, the average over all P ranks), bit for bit (the
+ *    gradients are multiples of 2^-10, so every sum is exact in any
+ *    order); the pieces are the ownership rule's, written again here
+ *    (rule_pieces) and compared with the engine's; the owner's residuals
+ *    equal the reference's, the other ranks have none; per shard and
+ *    piece Σ node sums = Σ sent + residual (conservation); the busiest
+ *    shard within 1.10 x total/L;
+ *  - the same on a layout whose embedding is 61 % of the entries (split
+ *    into row pieces at ranks_per_node 2 and 4), its resume, and a state
+ *    file of one split refused by another;
  *  - statistics: inter-node bytes are the shard's collectives among the N
  *    owners, intra-node bytes 2(L-1)/L·4 per parameter, and a plan-only
  *    engine of the same layout (igrad_engine_create_plan) plans exactly
@@ -55,27 +61,139 @@ static igrad_config_t config_of(igrad_method_t method, int rpn)
     return c;
 }
 
-/* The reference of one method: per node and tensor the owner's residual. */
+/* engine_hier.c's test accessor (not in a header: tests only). */
+int igrad__hier_piece(const igrad_engine_t *e, size_t p, size_t *t, int64_t *row0, int64_t *rows,
+                      int *owner, igrad_tensor_plan_t *plan, const float **residual);
+
+/* A piece of the ownership rule: rows [row0, row0 + rows) of tensor t
+ * (entries [off, off + n)) owned by local rank `owner`. */
+typedef struct piece {
+    size_t t;
+    int64_t row0, rows, off, n;
+    int owner;
+} piece_t;
+
+typedef struct unit_w {
+    int64_t w;
+    size_t u;
+} unit_w_t;
+
+static int by_weight(const void *a, const void *b)
+{
+    const unit_w_t *x = a, *y = b;
+    if (x->w != y->w) return x->w > y->w ? -1 : 1;
+    return x->u < y->u ? -1 : x->u > y->u;
+}
+
+/* The ownership rule as docs/architecture.md §5.7b states it, written here
+ * again (not the engine's function): LPT over the units (components, OTHER
+ * tensors; heaviest first, ties by unit; least loaded rank, ties lower);
+ * while the busiest rank holds more than 1.10 x total/L, the largest
+ * unsplit tensor of >= 2 dims and >= L rows is cut into L row ranges
+ * [jR/L, (j+1)R/L), piece j on rank j, and the units less their split
+ * tensors are placed again by LPT on top. Returns the pieces (layout
+ * order, rows ascending); *busiest and *lpt_busiest (whole units only). */
+static piece_t *rule_pieces(const mpi_model_t *m, int L, size_t *np_out, int64_t *busiest,
+                            int64_t *lpt_busiest)
+{
+    size_t T = m->T, C = igrad_layout_component_count(m->L), U = C;
+    for (size_t t = 0; t < T; t++) U += m->info[t].component < 0;
+    size_t *unit = calloc(T, sizeof *unit);
+    char *split = calloc(T, 1);
+    unit_w_t *uw = calloc(U, sizeof *uw);
+    int *uown = calloc(U, sizeof *uown);
+    int64_t *load = calloc((size_t)L, sizeof *load), total = 0;
+    REQUIRE(unit && split && uw && uown && load);
+    for (size_t t = 0, o = C; t < T; t++) {
+        unit[t] = m->info[t].component >= 0 ? (size_t)m->info[t].component : o++;
+        total += m->n[t];
+    }
+    for (int round = 0;; round++) {
+        for (size_t u = 0; u < U; u++) uw[u] = (unit_w_t){0, u};
+        for (int l = 0; l < L; l++) load[l] = 0;
+        for (size_t t = 0; t < T; t++) {
+            if (!split[t]) {
+                uw[unit[t]].w += m->n[t];
+                continue;
+            }
+            int64_t R = m->info[t].shape[0], row = m->n[t] / R;
+            for (int j = 0; j < L; j++) load[j] += ((R * (j + 1)) / L - (R * j) / L) * row;
+        }
+        qsort(uw, U, sizeof *uw, by_weight);
+        for (size_t i = 0; i < U; i++) {
+            int b = 0;
+            for (int l = L - 1; l >= 0; l--)
+                if (load[l] <= load[b]) b = l;
+            uown[uw[i].u] = b;
+            load[b] += uw[i].w;
+        }
+        int64_t top = 0;
+        for (int l = 0; l < L; l++)
+            if (load[l] > top) top = load[l];
+        if (round == 0) *lpt_busiest = top;
+        *busiest = top;
+        if ((double)top <= 1.1 * (double)total / L + 1e-9) break;
+        size_t pick = T;
+        for (size_t t = 0; t < T; t++)
+            if (!split[t] && m->info[t].ndim >= 2 && m->info[t].shape[0] >= L && L > 1 &&
+                (pick == T || m->n[t] > m->n[pick]))
+                pick = t;
+        if (pick == T) break;
+        split[pick] = 1;
+    }
+    size_t npc = 0;
+    for (size_t t = 0; t < T; t++) npc += split[t] ? (size_t)L : 1;
+    piece_t *pcs = calloc(npc, sizeof *pcs);
+    REQUIRE(pcs);
+    size_t q = 0;
+    for (size_t t = 0; t < T; t++) {
+        if (!split[t]) {
+            pcs[q++] = (piece_t){t, 0, m->info[t].ndim ? m->info[t].shape[0] : 1, 0, m->n[t],
+                                 uown[unit[t]]};
+            continue;
+        }
+        int64_t R = m->info[t].shape[0], row = m->n[t] / R;
+        for (int j = 0; j < L; j++) {
+            int64_t r0 = (R * j) / L, r1 = (R * (j + 1)) / L;
+            pcs[q++] = (piece_t){t, r0, r1 - r0, r0 * row, (r1 - r0) * row, j};
+        }
+    }
+    free(unit);
+    free(split);
+    free(uw);
+    free(uown);
+    free(load);
+    *np_out = npc;
+    return pcs;
+}
+
+/* The reference of one method: per node and tensor the owner's residual
+ * (the pieces' rows of it); per node and piece the sums. */
 typedef struct reference {
     int N, L;
+    size_t np;
+    const piece_t *pc;
     float ***e;    /* [N][T][n] */
     float **out;   /* [T][n] the averaged result */
-    double **sent; /* [N][T] Σ over steps of the values sent */
-    double **in;   /* [N][T] Σ over steps of the node sums */
+    double **sent; /* [N][np] Σ over steps of the values sent */
+    double **in;   /* [N][np] Σ over steps of the node sums */
 } reference_t;
 
-static void ref_init(reference_t *R, const mpi_model_t *m, int N, int L)
+static void ref_init(reference_t *R, const mpi_model_t *m, int N, int L, const piece_t *pc,
+                     size_t npc)
 {
     R->N = N;
     R->L = L;
+    R->np = npc;
+    R->pc = pc;
     R->e = calloc((size_t)N, sizeof *R->e);
     R->sent = calloc((size_t)N, sizeof *R->sent);
     R->in = calloc((size_t)N, sizeof *R->in);
     REQUIRE(R->e && R->sent && R->in);
     for (int k = 0; k < N; k++) {
         R->e[k] = mpi_grads_alloc(m);
-        REQUIRE((R->sent[k] = calloc(m->T, sizeof(double))));
-        REQUIRE((R->in[k] = calloc(m->T, sizeof(double))));
+        REQUIRE((R->sent[k] = calloc(npc, sizeof(double))));
+        REQUIRE((R->in[k] = calloc(npc, sizeof(double))));
     }
     R->out = mpi_grads_alloc(m);
 }
@@ -93,7 +211,9 @@ static void ref_free(reference_t *R, const mpi_model_t *m)
     mpi_grads_free(m, R->out);
 }
 
-/* One step of the reference: what every rank must end with. */
+/* One step of the reference: what every rank must end with. Each piece is
+ * sparsified on its own (its rows as a tensor: ADTopk per row, the phase
+ * of its owner's shard plan). */
 static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t *e,
                      const igrad_config_t *c, int64_t step)
 {
@@ -107,26 +227,37 @@ static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t 
     float *val = calloc((size_t)nmax, sizeof *val);
     igrad_select_ws_t *ws = NULL;
     REQUIRE(ns && idx && val && igrad_select_ws_create(&ws) == IGRAD_OK);
-    for (size_t t = 0; t < m->T; t++) {
+    for (size_t t = 0; t < m->T; t++) memset(R->out[t], 0, (size_t)m->n[t] * sizeof(float));
+    for (size_t q = 0; q < R->np; q++) {
+        const piece_t *pc = &R->pc[q];
+        size_t t = pc->t;
         const igrad_tensor_info_t *ti = &m->info[t];
-        memset(R->out[t], 0, (size_t)m->n[t] * sizeof(float));
         igrad_tensor_plan_t tp;
-        REQUIRE(igrad_engine_tensor_plan(e, t, &tp) == IGRAD_OK);
+        size_t et = 0;
+        int64_t er0 = 0, err = 0;
+        int eo = 0;
+        const float *eres = NULL;
+        REQUIRE(igrad__hier_piece(e, q, &et, &er0, &err, &eo, &tp, &eres));
         int released = tp.phase >= 0 && step % c->release_period == tp.phase;
         int sent = tp.every_step || released;
+        int64_t shape[IGRAD_MAX_DIMS];
+        memcpy(shape, ti->shape, sizeof shape);
+        if (ti->ndim > 0) shape[0] = pc->rows;
         for (int k = 0; k < R->N; k++) {
-            for (int64_t i = 0; i < m->n[t]; i++) {
+            float *res = R->e[k][t] + pc->off;
+            for (int64_t i = 0; i < pc->n; i++) {
                 float s = 0.0f;
-                for (int l = 0; l < R->L; l++) s += mpi_value_2p10(k * R->L + l, step, t, i);
+                for (int l = 0; l < R->L; l++)
+                    s += mpi_value_2p10(k * R->L + l, step, t, pc->off + i);
                 ns[i] = s;
-                R->in[k][t] += s;
+                R->in[k][q] += s;
             }
             if (c->method == IGRAD_METHOD_DENSE) {
-                for (int64_t i = 0; i < m->n[t]; i++) R->out[t][i] += ns[i];
+                for (int64_t i = 0; i < pc->n; i++) R->out[t][pc->off + i] += ns[i];
                 continue;
             }
             if (!sent) {
-                for (int64_t i = 0; i < m->n[t]; i++) R->e[k][t][i] += ns[i];
+                for (int64_t i = 0; i < pc->n; i++) res[i] += ns[i];
                 continue;
             }
             double scale = released && c->method == IGRAD_METHOD_IG
@@ -134,21 +265,23 @@ static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t 
                                : 1.0;
             igrad_select_spec_t sp;
             REQUIRE(igrad_select_spec(IGRAD_SPARSIFIER_ADTOPK, c->density, scale, 0, step,
-                                      ti->ndim, ti->shape, &sp) == IGRAD_OK);
+                                      ti->ndim, shape, &sp) == IGRAD_OK);
             CHECK(sp.count == (released ? tp.release_count : tp.count),
-                  "tensor %s: reference count %lld, plan %lld", ti->name, (long long)sp.count,
+                  "tensor %s rows %lld+%lld: reference count %lld, plan %lld", ti->name,
+                  (long long)pc->row0, (long long)pc->rows, (long long)sp.count,
                   (long long)(released ? tp.release_count : tp.count));
             igrad_selection_t sel = {idx, val, 0, 0, 0.0};
-            REQUIRE(igrad_select_ef(ns, R->e[k][t], &sp, ti->name, ws, &sel) == IGRAD_OK);
+            REQUIRE(igrad_select_ef(ns, res, &sp, ti->name, ws, &sel) == IGRAD_OK);
             for (int64_t j = 0; j < sel.count; j++) {
                 int64_t flat = sp.row_wise ? (j / sp.per_row) * sp.cols + idx[j] : idx[j];
-                R->out[t][flat] += val[j] * inv;
-                R->sent[k][t] += val[j];
+                R->out[t][pc->off + flat] += val[j] * inv;
+                R->sent[k][q] += val[j];
             }
         }
-        if (c->method == IGRAD_METHOD_DENSE)
-            for (int64_t i = 0; i < m->n[t]; i++) R->out[t][i] *= inv;
     }
+    if (c->method == IGRAD_METHOD_DENSE)
+        for (size_t t = 0; t < m->T; t++)
+            for (int64_t i = 0; i < m->n[t]; i++) R->out[t][i] *= inv;
     igrad_select_ws_free(ws);
     free(ns);
     free(idx);
@@ -184,22 +317,65 @@ static void check_method(const mpi_model_t *m, igrad_method_t method, int rpn)
     int N = np / L, local = me % L, node = me / L;
     const char *mn = igrad_method_name(method);
 
-    /* every tensor has exactly one owner per node */
-    for (size_t t = 0; t < m->T; t++) {
-        int mine = igrad_engine_residual(e, t) != NULL, owners = 0;
+    /* the engine's pieces are the rule's; every piece has exactly one owner
+     * per node; the busiest shard within the bound; a split tensor's
+     * residual is no rank's whole */
+    size_t np_rule = 0;
+    int64_t busiest = 0, lpt_busiest = 0, total = igrad_layout_total_count(m->L);
+    piece_t *pcs = rule_pieces(m, L, &np_rule, &busiest, &lpt_busiest);
+    size_t np_engine = 0;
+    int64_t *shard = calloc((size_t)L, sizeof *shard);
+    REQUIRE(shard);
+    for (;; np_engine++) {
+        size_t t = 0;
+        int64_t r0 = 0, rows = 0;
+        int owner = 0;
+        igrad_tensor_plan_t tp;
+        const float *res = NULL;
+        if (!igrad__hier_piece(e, np_engine, &t, &r0, &rows, &owner, &tp, &res)) break;
+        if (np_engine >= np_rule) continue;
+        const piece_t *q = &pcs[np_engine];
+        CHECK(t == q->t && r0 == q->row0 && rows == q->rows && owner == q->owner,
+              "%s L %d: piece %zu is tensor %zu rows %lld+%lld on %d, the rule's tensor %zu rows "
+              "%lld+%lld on %d",
+              mn, L, np_engine, t, (long long)r0, (long long)rows, owner, q->t,
+              (long long)q->row0, (long long)q->rows, q->owner);
+        shard[q->owner] += q->n;
+        int mine = res != NULL, owners = 0;
         MPI_Allreduce(&mine, &owners, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         if (method != IGRAD_METHOD_DENSE)
-            CHECK(owners == N, "%s: tensor %zu has %d owners over %d nodes", mn, t, owners, N);
+            CHECK(owners == N && (!mine || owner == local),
+                  "%s: piece %zu has %d owners over %d nodes", mn, np_engine, owners, N);
+        if (q->rows != (m->info[t].ndim ? m->info[t].shape[0] : 1))
+            CHECK(igrad_engine_residual(e, t) == NULL,
+                  "%s: split tensor %s has a whole residual", mn, m->info[t].name);
     }
+    CHECK(np_engine == np_rule, "%s L %d: the engine has %zu pieces, the rule %zu", mn, L,
+          np_engine, np_rule);
+    int64_t top = 0;
+    for (int l = 0; l < L; l++) top = shard[l] > top ? shard[l] : top;
+    CHECK(top == busiest, "%s L %d: busiest shard %lld entries, the rule's %lld", mn, L,
+          (long long)top, (long long)busiest);
+    /* within the bound whenever a split can reach it (this file's layouts:
+     * always) */
+    CHECK((double)top <= 1.1 * (double)total / L + 1e-9,
+          "%s L %d: busiest shard %lld entries > 1.10 x %lld / %d", mn, L, (long long)top,
+          (long long)total, L);
+    free(shard);
+    if (me == 0 && method != IGRAD_METHOD_DENSE)
+        printf("mpi_hier: %s L %d: %zu pieces for %zu tensors; busiest shard %lld entries "
+               "(%.3f x total/L; whole units: %.3f)\n",
+               mn, L, np_rule, m->T, (long long)top, (double)top * L / (double)total,
+               (double)lpt_busiest * L / (double)total);
 
-    igrad_config_t pc = c;
-    pc.ranks_per_node = L;
+    igrad_config_t plan_cfg = c;
+    plan_cfg.ranks_per_node = L;
     igrad_engine_t *plan = NULL;
-    CHECK_OK(igrad_engine_create_plan(m->L, m->prof, &pc, np, &plan));
+    CHECK_OK(igrad_engine_create_plan(m->L, m->prof, &plan_cfg, np, &plan));
     igrad_planned_bucket_t pb[64];
 
     reference_t R;
-    ref_init(&R, m, N, L);
+    ref_init(&R, m, N, L, pcs, np_rule);
     float **g = mpi_grads_alloc(m);
     for (int64_t s = 0; s < STEPS; s++) {
         mpi_grads_fill(m, g, me, s);
@@ -208,17 +384,26 @@ static void check_method(const mpi_model_t *m, igrad_method_t method, int rpn)
         for (size_t t = 0; t < m->T; t++)
             CHECK(same_floats(g[t], R.out[t], m->n[t]), "%s L %d step %lld: tensor %s differs "
                   "from the reference", mn, L, (long long)s, m->info[t].name);
-        for (size_t t = 0; t < m->T && method != IGRAD_METHOD_DENSE; t++) {
-            const float *res = igrad_engine_residual(e, t);
+        for (size_t q = 0; q < np_rule && method != IGRAD_METHOD_DENSE; q++) {
+            size_t t = 0;
+            int64_t r0 = 0, rows = 0;
+            int owner = 0;
+            igrad_tensor_plan_t tp;
+            const float *res = NULL;
+            REQUIRE(igrad__hier_piece(e, q, &t, &r0, &rows, &owner, &tp, &res));
             if (!res) continue;
-            CHECK(same_floats(res, R.e[node][t], m->n[t]),
-                  "%s step %lld: residual of %s differs from the reference", mn, (long long)s,
-                  m->info[t].name);
+            const piece_t *pc = &pcs[q];
+            CHECK(same_floats(res, R.e[node][t] + pc->off, pc->n),
+                  "%s step %lld: residual of %s rows %lld+%lld differs from the reference", mn,
+                  (long long)s, m->info[t].name, (long long)pc->row0, (long long)pc->rows);
             double sum = 0.0;
-            for (int64_t i = 0; i < m->n[t]; i++) sum += res[i];
-            CHECK(fabs(R.in[node][t] - (R.sent[node][t] + sum)) <= 1e-9 * (1.0 + fabs(R.in[node][t])),
-                  "%s step %lld: conservation of %s: node sums %.17g, sent + residual %.17g",
-                  mn, (long long)s, m->info[t].name, R.in[node][t], R.sent[node][t] + sum);
+            for (int64_t i = 0; i < pc->n; i++) sum += res[i];
+            CHECK(fabs(R.in[node][q] - (R.sent[node][q] + sum)) <=
+                      1e-9 * (1.0 + fabs(R.in[node][q])),
+                  "%s step %lld: conservation of %s rows %lld+%lld: node sums %.17g, sent + "
+                  "residual %.17g",
+                  mn, (long long)s, m->info[t].name, (long long)pc->row0, (long long)pc->rows,
+                  R.in[node][q], R.sent[node][q] + sum);
         }
         /* statistics: the plan's, and the levels */
         igrad_step_stats_t st, ps;
@@ -252,6 +437,7 @@ static void check_method(const mpi_model_t *m, igrad_method_t method, int rpn)
         printf("mpi_hier: %s, %d nodes x %d ranks: %d steps equal the reference\n", mn, N, L,
                STEPS);
     ref_free(&R, m);
+    free(pcs);
     mpi_grads_free(m, g);
     igrad_engine_free(plan);
     igrad_engine_free(e);
@@ -350,7 +536,7 @@ static void check_resume(const mpi_model_t *m, int rpn)
     REQUIRE(igrad_engine_create(m->L, m->prof, &c, comm, &a) == IGRAD_OK);
     float **g = mpi_grads_alloc(m), **h = mpi_grads_alloc(m);
     char path[128];
-    snprintf(path, sizeof path, "mpi_hier_state_r%d.bin", me);
+    snprintf(path, sizeof path, "mpi_hier_state_np%d_r%d.bin", np, me);
     float ***want = calloc(STEPS, sizeof *want);
     REQUIRE(want);
     for (int64_t s = 0; s < STEPS; s++) {
@@ -375,7 +561,7 @@ static void check_resume(const mpi_model_t *m, int rpn)
     /* a file of another rank (another shard, or another node's) is refused
      * on every rank */
     char other[128];
-    snprintf(other, sizeof other, "mpi_hier_state_r%d.bin", (me + 1) % np);
+    snprintf(other, sizeof other, "mpi_hier_state_np%d_r%d.bin", np, (me + 1) % np);
     igrad_engine_t *x = NULL;
     REQUIRE(igrad_engine_create(m->L, m->prof, &c, comm, &x) == IGRAD_OK);
     MPI_Barrier(MPI_COMM_WORLD);
@@ -397,6 +583,42 @@ static void check_resume(const mpi_model_t *m, int rpn)
     igrad_comm_free(comm);
 }
 
+/* A state file of a split layout (the dominant model at ranks_per_node 2)
+ * does not load into another split of it (ranks_per_node 4: other row
+ * ranges): refused alike on every rank, the engine usable after. */
+static void check_split_state(const mpi_model_t *m)
+{
+    igrad_comm_t *comm = NULL;
+    REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
+    igrad_config_t c2 = config_of(IGRAD_METHOD_ADTOPK_SYNC, 2),
+                   c4 = config_of(IGRAD_METHOD_ADTOPK_SYNC, 4);
+    igrad_engine_t *a = NULL, *b = NULL;
+    REQUIRE(igrad_engine_create(m->L, m->prof, &c2, comm, &a) == IGRAD_OK);
+    REQUIRE(igrad_engine_create(m->L, m->prof, &c4, comm, &b) == IGRAD_OK);
+    float **g = mpi_grads_alloc(m);
+    mpi_grads_fill(m, g, me, 0);
+    CHECK_OK(igrad_engine_sync(a, 0, g));
+    char path[128];
+    snprintf(path, sizeof path, "mpi_hier_split_np%d_r%d.bin", np, me);
+    CHECK_OK(igrad_engine_save_state(a, path));
+    MPI_Barrier(MPI_COMM_WORLD);
+    igrad_status_t ls = igrad_engine_load_state(b, path);
+    CHECK(ls != IGRAD_OK, "rank %d loaded a state file of another split", me);
+    int lsi = (int)ls, lmin = 0, lmax = 0;
+    MPI_Allreduce(&lsi, &lmin, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&lsi, &lmax, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    CHECK(lmin == lmax, "ranks disagree on loading another split's file (%d vs %d)", lmin,
+          lmax);
+    mpi_grads_fill(m, g, me, 0);
+    CHECK_OK(igrad_engine_sync(b, 0, g));
+    MPI_Barrier(MPI_COMM_WORLD);
+    remove(path);
+    mpi_grads_free(m, g);
+    igrad_engine_free(a);
+    igrad_engine_free(b);
+    igrad_comm_free(comm);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -412,6 +634,17 @@ int main(int argc, char **argv)
     }
     check_agreement(&m, 2);
     check_resume(&m, 2);
+    /* a dominant embedding (61 % of the entries): split at L = 2 and 4 */
+    mpi_model_t big;
+    mpi_model_init_vocab(&big, 900);
+    for (int rpn = 2; rpn <= 4; rpn += 2) {
+        check_method(&big, IGRAD_METHOD_IG, rpn);
+        check_method(&big, IGRAD_METHOD_ADTOPK_SYNC, rpn);
+        check_method(&big, IGRAD_METHOD_DENSE, rpn);
+    }
+    check_resume(&big, 2);
+    check_split_state(&big);
+    mpi_model_free(&big);
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (me == 0) printf("mpi_hier: %s (%d failures over %d ranks)\n", total ? "FAILED" : "ok",
