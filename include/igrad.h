@@ -807,6 +807,17 @@ typedef struct igrad_comm_ops {
                               igrad_dtype_t dtype, igrad_reduce_op_t op, int root,
                               void **handle);
     igrad_status_t (*ibcast)(void *user, void *buf, size_t nbytes, int root, void **handle);
+    /** Optional (added after ibcast; without it the comm has no sparse
+     *  all-reduce: config.collective sparse_reduce is refused and
+     *  collective auto never chooses it): blocking variable all-to-all of
+     *  host bytes, collective over the comm. send + send_displs[j]
+     *  (send_nbytes[j] bytes) goes to rank j; rank j's block for this rank
+     *  lands at recv + recv_displs[j] (recv_nbytes[j] bytes, which equals
+     *  what rank j sends here). The four arrays have `size` entries; the
+     *  blocks lie inside their buffers and send does not overlap recv. */
+    igrad_status_t (*alltoallv)(void *user, const void *send, const size_t *send_nbytes,
+                                const size_t *send_displs, void *recv,
+                                const size_t *recv_nbytes, const size_t *recv_displs);
 } igrad_comm_ops_t;
 
 /** Creates a one-rank communicator (rank 0 of 1). Needs no MPI. */

@@ -281,7 +281,8 @@ igrad_status_t igrad__comm_alltoallv(igrad_comm_t *comm, const void *send,
     IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "%s: comm is NULL", what);
     IGRAD_FAIL_IF(!comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
                   "%s: communicator '%s' has no variable all-to-all (the sparse all-reduce "
-                  "needs one; the self and MPI communicators have it)",
+                  "needs one; the self and MPI communicators have it, a custom one with "
+                  "ops->alltoallv)",
                   what, comm->backend);
     size_t send_extent = 0, recv_extent = 0;
     IGRAD_CHECK(alltoallv_extent(comm, "send", send_nbytes, send_displs, &send_extent));
@@ -667,6 +668,18 @@ static igrad_status_t custom_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes
     return IGRAD_OK;
 }
 
+static igrad_status_t custom_alltoallv(igrad_comm_t *comm, const void *send,
+                                       const size_t *send_nbytes, const size_t *send_displs,
+                                       void *recv, const size_t *recv_nbytes,
+                                       const size_t *recv_displs)
+{
+    custom_impl_t *impl = comm->impl;
+    return custom_result(impl,
+                         (int)impl->ops.alltoallv(impl->user, send, send_nbytes, send_displs,
+                                                  recv, recv_nbytes, recv_displs),
+                         "alltoallv");
+}
+
 static void custom_destroy(igrad_comm_t *comm)
 {
     custom_impl_t *impl = comm->impl;
@@ -701,6 +714,8 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
         known.set_stream = NULL;
     if (ops->size < offsetof(igrad_comm_ops_t, ibcast) + sizeof known.ibcast)
         known.split = NULL, known.ireduce = NULL, known.ibcast = NULL;
+    if (ops->size < offsetof(igrad_comm_ops_t, alltoallv) + sizeof known.alltoallv)
+        known.alltoallv = NULL;
     ops = &known;
     IGRAD_FAIL_IF(ops->memory != IGRAD_MEMORY_HOST && ops->memory != IGRAD_MEMORY_CUDA,
                   IGRAD_E_INVALID,
@@ -761,6 +776,7 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
         .split = ops->split ? custom_split : NULL,
         .ireduce = ops->ireduce ? custom_ireduce : NULL,
         .ibcast = ops->ibcast ? custom_ibcast : NULL,
+        .alltoallv = ops->alltoallv ? custom_alltoallv : NULL,
     };
     /* impl is the first member, so custom_destroy's free(impl) frees the
      * whole block, vtable included. */

@@ -89,7 +89,7 @@ typedef struct igrad__comm_vtable {
      * send + send_displs[j] (send_nbytes[j] bytes) goes to rank j, rank
      * j's block for this rank lands at recv + recv_displs[j]. Called with
      * arrays of comm->size entries, blocks inside their buffers and send
-     * not overlapping recv. May be NULL (custom, NCCL and self_cuda comms):
+     * not overlapping recv. May be NULL (NCCL, self_cuda, and custom comms without ops->alltoallv):
      * the sparse all-reduce is then unavailable on the comm. */
     igrad_status_t (*alltoallv)(igrad_comm_t *comm, const void *send, const size_t *send_nbytes,
                                 const size_t *send_displs, void *recv,
@@ -178,8 +178,8 @@ igrad_status_t igrad__comm_group_end(igrad_comm_t *comm);
  * sends here (the caller exchanges the counts first: a mismatch is an MPI
  * error or a short block, not something this call can detect). send and
  * recv may be NULL when all their counts are 0 and must not overlap.
- * @return IGRAD_E_UNSUPPORTED for a comm without the op (custom, NCCL,
- * self_cuda), IGRAD_E_INVALID for bad arguments, IGRAD_E_STATE on a broken
+ * @return IGRAD_E_UNSUPPORTED for a comm without the op (NCCL, self_cuda,
+ * custom without ops->alltoallv), IGRAD_E_INVALID for bad arguments, IGRAD_E_STATE on a broken
  * comm or inside an open group, IGRAD_E_COMM / IGRAD_E_TIMEOUT from the
  * backend. */
 igrad_status_t igrad__comm_alltoallv(igrad_comm_t *comm, const void *send,

@@ -305,7 +305,8 @@ igrad_status_t igrad__route_check_engine(const igrad_engine_t *e)
     if (f->wire != IGRAD__WIRE_SAR) return IGRAD_OK;
     IGRAD_FAIL_IF(!e->comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.collective sparse_reduce needs a communicator "
-                  "with a variable all-to-all (self, MPI); '%s' has none",
+                  "with a variable all-to-all (self, MPI, custom with ops->alltoallv); '%s' "
+                  "has none",
                   e->comm->backend);
     IGRAD_FAIL_IF(e->cfg.grad_dtype != IGRAD_DTYPE_F32, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.collective sparse_reduce takes F32 gradients "

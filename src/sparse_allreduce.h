@@ -77,7 +77,7 @@ void igrad__sar_range(uint64_t dense_count, int P, int r, uint64_t *lo, uint64_t
  * dense_count <= 2^32. Blocking; call it on every rank of `comm`.
  * @return IGRAD_OK with w->result / w->remainder set; IGRAD_E_INVALID for
  * NULL w or comm (no exchange) or, on every rank, a rank's bad input;
- * IGRAD_E_UNSUPPORTED for a comm without alltoallv (custom, NCCL);
+ * IGRAD_E_UNSUPPORTED for a comm without alltoallv (NCCL; custom without ops->alltoallv);
  * IGRAD_E_COMM on every rank when an owner received a count or index
  * outside its range, naming the ranks; IGRAD_E_COMM on this rank alone when
  * phase 3's bytes from a rank are inconsistent (as the gather route's

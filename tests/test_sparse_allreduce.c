@@ -3,7 +3,9 @@
  * one rank, and the internal alltoallv's argument checks (comm.c) on the
  * self comm: kout and the index ranges, the one-rank result against a
  * dense sum in input order, every refusal of bad input, a comm without
- * alltoallv (custom) refused, workspace reuse. Several ranks, corrupt
+ * alltoallv (custom) refused, a custom comm with ops->alltoallv running it
+ * (directly and as an engine's collective sparse_reduce, equal to the self
+ * comm's; an older, shorter table goes without), workspace reuse. Several ranks, corrupt
  * peers and the byte counts are tests/mpi_sparse_allreduce.c's.
  */
 #include <math.h>
@@ -128,7 +130,7 @@ static void test_bad_input(void **state)
     igrad_comm_free(comm);
 }
 
-/* ---- a custom comm has no alltoallv ------------------------------------ */
+/* ---- a custom comm without alltoallv ----------------------------------- */
 
 static igrad_status_t one_allgather(void *user, const void *send, size_t nbytes, void *recv)
 {
@@ -176,6 +178,119 @@ static void test_custom_comm_unsupported(void **state)
     assert_status(igrad__comm_alltoallv(comm, NULL, n, d, NULL, n, d), IGRAD_E_UNSUPPORTED);
     igrad__sar_clear(&w);
     igrad_comm_free(comm);
+}
+
+/* ---- a custom comm with ops->alltoallv --------------------------------- */
+
+static int one_alltoallv_calls;
+
+/* One rank: the block for rank 0 lands in rank 0's recv block. */
+static igrad_status_t one_alltoallv(void *user, const void *send, const size_t *send_nbytes,
+                                    const size_t *send_displs, void *recv,
+                                    const size_t *recv_nbytes, const size_t *recv_displs)
+{
+    (void)user;
+    one_alltoallv_calls++;
+    if (send_nbytes[0] != recv_nbytes[0]) return IGRAD_E_COMM;
+    if (send_nbytes[0])
+        memcpy((unsigned char *)recv + recv_displs[0],
+               (const unsigned char *)send + send_displs[0], send_nbytes[0]);
+    return IGRAD_OK;
+}
+
+static igrad_comm_t *one_custom(int with_alltoallv, size_t table_size)
+{
+    igrad_comm_ops_t ops = {0};
+    ops.size = table_size;
+    ops.allgather = one_allgather;
+    ops.allreduce = one_allreduce;
+    ops.bcast = one_bcast;
+    ops.barrier = one_barrier;
+    if (with_alltoallv) ops.alltoallv = one_alltoallv;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_custom(&ops, NULL, 0, 1, &comm), IGRAD_OK);
+    return comm;
+}
+
+/* One 1000-entry tensor, topk_sync, one bucket, collective sparse_reduce:
+ * engine_create's status on `comm`; on success two steps run and g holds
+ * step 1's result. */
+static igrad_status_t sar_engine_run(igrad_comm_t *comm, float *g)
+{
+    igrad_layout_t *L = NULL;
+    assert_status(igrad_layout_create(&L), IGRAD_OK);
+    int64_t n[1] = {1000};
+    assert_status(igrad_layout_add(L, "w", IGRAD_DTYPE_F32, 1, n), IGRAD_OK);
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.density = 0.02;
+    c.buckets = 1;
+    c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
+    igrad_engine_t *e = NULL;
+    igrad_status_t st = igrad_engine_create(L, NULL, &c, comm, &e);
+    for (int step = 0; st == IGRAD_OK && step < 2; step++) {
+        for (int i = 0; i < 1000; i++) g[i] = (float)((i * 37 + step * 11) % 101) - 50.0f;
+        st = igrad_engine_sync(e, (uint64_t)step, &g);
+        assert_status(st, IGRAD_OK);
+    }
+    igrad_engine_free(e);
+    igrad_layout_free(L);
+    return st;
+}
+
+static void test_custom_comm_alltoallv(void **state)
+{
+    (void)state;
+    enum { D = 50, K = 40 };
+    igrad__sar_entry_t in[K];
+    for (int i = 0; i < K; i++) {
+        uint64_t x = mix64((uint64_t)i + 7);
+        in[i].index = (uint32_t)((x >> 33) % D);
+        in[i].value = (float)((int)((x >> 20) % 2001) - 1000) / 64.0f;
+    }
+    /* the sparse all-reduce over the callback equals the self comm's */
+    igrad_comm_t *self = NULL, *custom = one_custom(1, sizeof(igrad_comm_ops_t));
+    assert_status(igrad_comm_create_self(&self), IGRAD_OK);
+    igrad__sar_t ws = {0}, wc = {0};
+    assert_status(igrad__sar_allreduce(&ws, self, D, K, in), IGRAD_OK);
+    one_alltoallv_calls = 0;
+    assert_status(igrad__sar_allreduce(&wc, custom, D, K, in), IGRAD_OK);
+    assert_int_equal(one_alltoallv_calls, 2); /* counts, then entries */
+    assert_int_equal(wc.result_count, ws.result_count);
+    assert_true(ws.result_count > 0);
+    assert_memory_equal(wc.result, ws.result, ws.result_count * sizeof *ws.result);
+    igrad__sar_clear(&ws);
+    igrad__sar_clear(&wc);
+
+    /* the engine's route: accepted with the callback, the same result as
+     * over the self comm */
+    float *a = malloc(1000 * sizeof *a), *b = malloc(1000 * sizeof *b);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_status(sar_engine_run(self, a), IGRAD_OK);
+    one_alltoallv_calls = 0;
+    assert_status(sar_engine_run(custom, b), IGRAD_OK);
+    assert_true(one_alltoallv_calls >= 4); /* two per step */
+    assert_memory_equal(a, b, 1000 * sizeof *a);
+    igrad_comm_free(custom);
+
+    /* a table without it, or one that ends before it (an older caller's
+     * size), has none: the route is refused by name */
+    custom = one_custom(0, sizeof(igrad_comm_ops_t));
+    assert_status(sar_engine_run(custom, b), IGRAD_E_UNSUPPORTED);
+    assert_error_has("custom with ops->alltoallv");
+    igrad_comm_free(custom);
+    custom = one_custom(1, offsetof(igrad_comm_ops_t, alltoallv));
+    assert_status(sar_engine_run(custom, b), IGRAD_E_UNSUPPORTED);
+    one_alltoallv_calls = 0;
+    assert_status(igrad__sar_allreduce(&wc, custom, D, K, in), IGRAD_E_UNSUPPORTED);
+    assert_int_equal(one_alltoallv_calls, 0);
+    igrad__sar_clear(&wc);
+    igrad_comm_free(custom);
+    igrad_comm_free(self);
+    free(a);
+    free(b);
 }
 
 /* ---- igrad__comm_alltoallv's checks ------------------------------------ */
@@ -226,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_one_rank),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_custom_comm_unsupported),
+        cmocka_unit_test(test_custom_comm_alltoallv),
         cmocka_unit_test(test_alltoallv_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

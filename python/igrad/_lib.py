@@ -221,6 +221,9 @@ IREDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ct
                               ctypes.POINTER(ctypes.c_void_p))
 IBCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                              ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+_SIZES = ctypes.POINTER(ctypes.c_size_t)
+ALLTOALLV_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, _SIZES, _SIZES,
+                                ctypes.c_void_p, _SIZES, _SIZES)
 
 
 class CommOps(ctypes.Structure):
@@ -230,7 +233,8 @@ class CommOps(ctypes.Structure):
                 ("wait", WAIT_FN), ("test", TEST_FN), ("error_message", ERRMSG_FN),
                 ("destroy", DESTROY_FN), ("group_start", GROUP_FN),
                 ("group_end", GROUP_FN), ("memory", c_enum), ("set_stream", STREAM_FN),
-                ("split", SPLIT_FN), ("ireduce", IREDUCE_FN), ("ibcast", IBCAST_FN)]
+                ("split", SPLIT_FN), ("ireduce", IREDUCE_FN), ("ibcast", IBCAST_FN),
+                ("alltoallv", ALLTOALLV_FN)]
 
 
 class LinkPreset(ctypes.Structure):

@@ -530,7 +530,10 @@ class Comm(_Handle):
                                                     op "sum"/"max"/"min"
         bcast(buf, nbytes, root)
         barrier()
-    and optionally iallgather/iallreduce (same arguments, return a handle
+    and optionally alltoallv(send, send_nbytes, send_displs, recv, recv_nbytes,
+    recv_displs) (addresses and lists of `backend.size` byte counts and
+    offsets, blocking; what collective "sparse_reduce" needs), and
+    optionally iallgather/iallreduce (same arguments, return a handle
     object or None when already complete) with wait(handle) and
     test(handle) -> bool. An exception in a callback becomes IGRAD_E_COMM,
     its text the library's error message. With memory="cuda" the
@@ -617,6 +620,10 @@ class _CustomBridge:
                     L.IBCAST_FN(self._ibcast)]
             self._fns += more
             ops.split, ops.ireduce, ops.ibcast = more
+        if hasattr(backend, "alltoallv"):  # the sparse all-reduce (collective sparse_reduce)
+            fn = L.ALLTOALLV_FN(self._alltoallv)
+            self._fns.append(fn)
+            ops.alltoallv = fn
         msg = L.ERRMSG_FN(self._error_message)
         self._fns.append(msg)
         ops.error_message = msg
@@ -702,6 +709,14 @@ class _CustomBridge:
         if not nbytes:
             return 0
         return self._guard(lambda: self._keep(out, self.backend.ibcast(buf, nbytes, root)))
+
+    def _alltoallv(self, user, send, send_nbytes, send_displs, recv, recv_nbytes,
+                   recv_displs):
+        def run():
+            n = int(self.backend.size)
+            self.backend.alltoallv(send or 0, send_nbytes[:n], send_displs[:n], recv or 0,
+                                   recv_nbytes[:n], recv_displs[:n])
+        return self._guard(run)
 
     def _wait(self, user, key):
         with self._lock:

@@ -251,6 +251,19 @@ def _wrap(addr, count, dtype):
 # Communicator over torch.distributed
 # ---------------------------------------------------------------------------
 
+def _engine_syncs(config):
+    """Whether a step runs whole through eng.sync (the engine's own
+    collectives) rather than begin / the group's collectives / end: the
+    two-level sync (topology "hier") and the sparse all-reduce (collective
+    "sparse_reduce", or "auto" with auto_sparse_reduce, where the engine
+    may choose it per step)."""
+    if str(config.get("topology", "flat")).lower() == "hier":
+        return True
+    coll = str(config.get("collective", "auto")).lower()
+    return coll == "sparse_reduce" or (coll == "auto"
+                                       and bool(config.get("auto_sparse_reduce")))
+
+
 def _global_rank(group, group_rank):
     if group is None or group is dist.group.WORLD:
         return group_rank
@@ -421,6 +434,29 @@ class TorchComm:
                               async_op=True)
         return (work, d, t)
 
+    # The sparse all-reduce (IgradState(collective="sparse_reduce")).
+    def alltoallv(self, send, send_nbytes, send_displs, recv, recv_nbytes, recv_displs):
+        """Blocking variable all-to-all of bytes: the block of send_nbytes[j]
+        bytes at send + send_displs[j] goes to rank j, rank j's block for
+        this rank lands at recv + recv_displs[j] (dist.all_to_all_single
+        over packed copies, on the group's device)."""
+        def blocks(addr, nbytes, displs):
+            end = max((d + n for d, n in zip(displs, nbytes) if n), default=0)
+            buf = _wrap(addr, end, torch.uint8) if end else torch.empty(0, dtype=torch.uint8)
+            return buf, [buf[d:d + n] for d, n in zip(displs, nbytes)]
+        _, sparts = blocks(send, send_nbytes, send_displs)
+        _, rparts = blocks(recv, recv_nbytes, recv_displs)
+        inp = self._dev(torch.cat(sparts) if sparts else torch.empty(0, dtype=torch.uint8))
+        out = torch.empty(sum(recv_nbytes), dtype=torch.uint8, device=self.device)
+        dist.all_to_all_single(out, inp, output_split_sizes=list(recv_nbytes),
+                               input_split_sizes=list(send_nbytes), group=self.group)
+        out = out.cpu()
+        off = 0
+        for part, n in zip(rparts, recv_nbytes):
+            if n:
+                part.copy_(out[off:off + n])
+            off += n
+
     def issue(self, b):
         """Starts one engine bucket's collective (igrad.core.BucketDesc);
         returns the handle to wait()."""
@@ -582,11 +618,12 @@ class IgradState:
                     igrad.link_presets()), "GBITS,LAT_US", or
                     (latency_ns, bandwidth_mbps) (config link_latency_ns,
                     link_bandwidth_mbps; None: latency 0, by bytes alone).
-    auto_sparse_reduce: config auto_sparse_reduce. The sparse all-reduce
-                    runs only under the engine's own sync on a communicator
-                    with a variable all-to-all; the hook's communicator over
-                    torch.distributed has none, so here auto still chooses
-                    gather or reduce (the field is agreed all the same).
+    auto_sparse_reduce: config auto_sparse_reduce: collective "auto" may
+                    choose the sparse all-reduce per bucket. It and
+                    collective="sparse_reduce" run under the engine's own
+                    sync: TorchComm's alltoallv (dist.all_to_all_single)
+                    carries it, the whole step runs at the last bucket, as
+                    with topology "hier" (no overlap).
     grads_in_place: True (default): when every trainable parameter is
                     bfloat16 (or every one float16), on the CPU, without
                     grad_scaler or overlap, the engine reads and writes the
@@ -637,6 +674,11 @@ class IgradState:
         if str(topology).lower() == "hier" and overlap:
             raise L.InvalidArgumentError("topology='hier' runs whole steps with its own "
                                          "collectives: it cannot stream (overlap=False)")
+        if _engine_syncs(self.config) and overlap:
+            raise L.InvalidArgumentError(
+                "collective=%r%s runs whole steps with the engine's own collectives (the "
+                "sparse all-reduce's all-to-alls): it cannot stream (overlap=False)"
+                % (collective, " with auto_sparse_reduce" if auto_sparse_reduce else ""))
         if isinstance(profile, str) and profile == "auto":
             if str(method).lower() not in ("ig", "iad"):
                 raise L.InvalidArgumentError("profile='auto' profiles online for iad and ig; "
@@ -1095,10 +1137,10 @@ class IgradState:
         if eng.device is not None:  # the stream the gradients were made on
             from . import cuda as _cuda
             _cuda.set_step_stream(eng, data_dev)
-        hier = str(self.config.get("topology", "flat")).lower() == "hier"
+        hier = _engine_syncs(self.config)
         t0 = time.perf_counter()
         try:
-            if hier:  # the engine runs its own collectives: node sums, owners, broadcast
+            if hier:  # the engine runs its own collectives (two-level sync, sparse all-reduce)
                 eng.sync(step, addrs)
             else:
                 buckets = eng.begin(step, addrs)
