@@ -298,7 +298,7 @@ igrad_status_t igrad__sar_allreduce(igrad__sar_t *w, igrad_comm_t *comm, uint64_
     memset(&w->bytes, 0, sizeof w->bytes);
     IGRAD_FAIL_IF(!comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
                   CTX ": communicator '%s' has no variable all-to-all (the self and MPI "
-                  "communicators have one)", comm->backend);
+                  "communicators have one, a custom one with ops->alltoallv)", comm->backend);
     const int P = comm->size, me = comm->rank;
     const size_t Pz = (size_t)P;
 
