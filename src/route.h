@@ -59,7 +59,7 @@ typedef struct igrad__route {
     int dense_method;             /* the route of the dense method */
     igrad_collective_t forced_by; /* config.collective that always takes it */
     int caller_runs;              /* a caller can run it (igrad_engine_begin, open) */
-    /* auto's α-β time of the bucket (igrad__route_cost_t), scaled to an
+    /* auto's α-β time of the bucket (igrad__cost_t), scaled to an
      * exact integer; auto takes the cheapest route, the earlier one in the
      * table on ties. `optin`: a route auto prices only where the engine
      * can run it and config.auto_sparse_reduce asks (the sparse

@@ -93,8 +93,8 @@ except ModuleNotFoundError as _e:
 import torch.distributed as dist
 
 from . import _lib as L
-from .core import (Comm, Engine, Layout, NameMap, Profile, SelectWorkspace, Trace,
-                   config_to_dict, make_config, select_spec, target_fit)
+from .core import (CONFIG_DEFAULTS, Comm, Engine, Layout, NameMap, Profile, SelectWorkspace,
+                   Trace, config_to_dict, make_config, select_spec, target_fit)
 
 _DTYPE_OF = operator.attrgetter("dtype")
 
@@ -648,7 +648,8 @@ class IgradState:
                  momentum_masking=True, residual_decay=1.0, value_dtype="F32",
                  grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False,
                  grads_in_place=True, topology="flat", ranks_per_node=0, log_every=0,
-                 tensorboard=None, dense_below=64, name_map=None, link=None,
+                 tensorboard=None, dense_below=CONFIG_DEFAULTS["dense_below"], name_map=None,
+                 link=None,
                  auto_sparse_reduce=False):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
@@ -1137,10 +1138,10 @@ class IgradState:
         if eng.device is not None:  # the stream the gradients were made on
             from . import cuda as _cuda
             _cuda.set_step_stream(eng, data_dev)
-        hier = _engine_syncs(self.config)
+        whole = _engine_syncs(self.config)
         t0 = time.perf_counter()
         try:
-            if hier:  # the engine runs its own collectives (two-level sync, sparse all-reduce)
+            if whole:  # the engine runs its own collectives (two-level sync, sparse all-reduce)
                 eng.sync(step, addrs)
             else:
                 buckets = eng.begin(step, addrs)
@@ -1151,11 +1152,11 @@ class IgradState:
             self._raise_step_error(step, e, bad)
         if bad is not None:  # cannot happen: the engine refuses a NULL gradient
             raise bad[1]
-        if not hier:
+        if not whole:
             t0 = time.perf_counter()
             coll.run_buckets(buckets)
         t1 = time.perf_counter()
-        if not hier:
+        if not whole:
             eng.end(step, addrs)
         for g, s in back:
             g.copy_(s.mul_(scale) if scale != 1.0 else s)
@@ -1867,7 +1868,7 @@ class Profiler:
     engine sends it."""
 
     def __init__(self, model, sparsifier="adtopk", density=0.01, interleave=False,
-                 name_map=None, dense_below=64):
+                 name_map=None, dense_below=CONFIG_DEFAULTS["dense_below"]):
         self.named = named_trainable_parameters(model)
         self.layout = layout_from_module(self.named, name_map=name_map)
         report = self.layout.unmapped_report()
