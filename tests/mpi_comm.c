@@ -203,6 +203,7 @@ static void test_pipelined(igrad_comm_t *comm, const char *what)
     igrad_comm_request_t *req[K];
     for (int k = 0; k < K; k++) {
         len[k] = (size_t)(k * 211 % 5003) + (size_t)k;
+        if (k == 21) len[k] = 20000; /* 80 KB in place: Open MPI's send copy */
         send[k] = recv[k] = NULL;
         red[k] = NULL;
         if (k % 2 == 0) {
@@ -359,6 +360,8 @@ static void test_pieces(igrad_comm_t *comm)
     CHECK_OK(igrad__comm_mpi_set_max_count(comm, 7));
     test_allgather(comm, 1001, 3, "allgather in pieces of 7");
     test_allreduce(comm, 100, "allreduce in pieces of 7");
+    CHECK_OK(igrad__comm_mpi_set_max_count(comm, 9999));
+    test_allreduce(comm, 40000, "allreduce of 40000 in pieces of 9999");
     test_bcast(comm, 1001, "bcast in pieces of 7");
     CHECK_OK(igrad__comm_mpi_set_max_count(comm, 499));
     test_pipelined(comm, "pipelined in pieces of 499");
@@ -477,6 +480,9 @@ int main(int argc, char **argv)
     test_isolation(comm);
     test_allgather(comm, SIZE_MAX, 1, "allgather");
     test_allreduce(comm, 1000, "allreduce");
+    /* 160 KB of F32 and more: at np >= 4 under Open MPI an in-place call
+     * sends from a copy (comm_mpi.c, OMPI_RING_COPY) */
+    test_allreduce(comm, 40000, "allreduce of 40000");
     test_allreduce(comm, 1, "allreduce of 1");
     test_allreduce(comm, 0, "allreduce of 0");
     test_bcast(comm, 1001, "bcast");
@@ -496,6 +502,7 @@ int main(int argc, char **argv)
     CHECK_OK(igrad_comm_set_timeout(timed, 60.0));
     test_allgather(timed, SIZE_MAX, 2, "allgather under a timeout");
     test_allreduce(timed, 1000, "allreduce under a timeout");
+    test_allreduce(timed, 40000, "allreduce of 40000 under a timeout");
     test_bcast(timed, 1001, "bcast under a timeout");
     CHECK_OK(igrad_comm_barrier(timed));
     test_pipelined(timed, "pipelined under a timeout");

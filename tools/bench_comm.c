@@ -42,7 +42,10 @@ static void usage(FILE *f)
             "            F32 vector, a multiple of 4); default 1024,4096,...,4194304\n"
             "  --ops     collectives to sweep (allgather,allreduce,reduce,bcast): reduce\n"
             "            and bcast are P in-flight MPI_Ireduce / MPI_Ibcast of 1/P of\n"
-            "            the vector each, the r-th rooted at rank r (hier's node step)\n"
+            "            the vector each, the r-th rooted at rank r (hier's node step);\n"
+            "            also allreduce_in_place (igrad_comm_iallreduce with send == recv,\n"
+            "            as the engine's reduce buckets) and mpi_allreduce_in_place\n"
+            "            (MPI_Iallreduce with MPI_IN_PLACE, which igrad avoids on Open MPI)\n"
             "  --ranks-per-node L  run every collective inside groups of L consecutive\n"
             "            ranks, all groups at once (default: one group of all ranks)\n"
             "  --reps    timed calls per size and collective (default 15)\n"
@@ -81,8 +84,10 @@ static int parse_sizes(const char *text, int64_t *sizes, int *n)
     return 0;
 }
 
-enum { OP_ALLGATHER, OP_ALLREDUCE, OP_REDUCE, OP_BCAST, NOPS };
-static const char *const op_names[NOPS] = {"allgather", "allreduce", "reduce", "bcast"};
+enum { OP_ALLGATHER, OP_ALLREDUCE, OP_REDUCE, OP_BCAST, OP_ALLREDUCE_IN_PLACE,
+       OP_MPI_ALLREDUCE_IN_PLACE, NOPS };
+static const char *const op_names[NOPS] = {"allgather", "allreduce", "reduce", "bcast",
+                                           "allreduce_in_place", "mpi_allreduce_in_place"};
 
 static int parse_ops(const char *text, int *on)
 {
@@ -96,7 +101,8 @@ static int parse_ops(const char *text, int *on)
         while (k < NOPS && strcmp(tok, op_names[k])) k++;
         if (k == NOPS) {
             fprintf(stderr, "igrad: bench comm: --ops: '%s' is not a collective (allgather, "
-                            "allreduce, reduce, bcast)\n", tok);
+                            "allreduce, reduce, bcast, allreduce_in_place, "
+                            "mpi_allreduce_in_place)\n", tok);
             return -1;
         }
         on[k] = any = 1;
@@ -147,6 +153,18 @@ static int time_collective(igrad_comm_t *comm, MPI_Comm group, int op, size_t nb
                 fprintf(stderr, "igrad: bench comm: MPI_I%s failed\n", op_names[op]);
                 return -1;
             }
+        } else if (st == IGRAD_OK && op == OP_MPI_ALLREDUCE_IN_PLACE) {
+            if (MPI_Iallreduce(MPI_IN_PLACE, recv, (int)(nbytes / 4), MPI_FLOAT, MPI_SUM, group,
+                               &reqs[0]) != MPI_SUCCESS ||
+                MPI_Wait(&reqs[0], MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+                free(t);
+                fprintf(stderr, "igrad: bench comm: MPI_Iallreduce failed\n");
+                return -1;
+            }
+        } else if (st == IGRAD_OK && op == OP_ALLREDUCE_IN_PLACE) {
+            st = igrad_comm_iallreduce(comm, recv, recv, nbytes / 4, IGRAD_DTYPE_F32,
+                                       IGRAD_REDUCE_SUM, &req);
+            if (st == IGRAD_OK) st = igrad_comm_wait(comm, req);
         } else if (st == IGRAD_OK) {
             st = op == OP_ALLREDUCE ? igrad_comm_iallreduce(comm, send, recv, nbytes / 4,
                                                             IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM,
@@ -171,7 +189,7 @@ static int time_collective(igrad_comm_t *comm, MPI_Comm group, int op, size_t nb
 int bench_comm(int argc, char **argv)
 {
     int64_t sizes[MAX_SIZES], reps = 15, warmup = 2, per_node = 0;
-    int nsizes = 0, json = 0, on[NOPS] = {1, 1, 1, 1};
+    int nsizes = 0, json = 0, on[NOPS] = {1, 1, 1, 1, 0, 0};
     for (int64_t s = 1024; s <= 4194304; s *= 4) sizes[nsizes++] = s;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -256,7 +274,7 @@ int bench_comm(int argc, char **argv)
         if (json) printf("{\"ranks\": %d, \"group_ranks\": %d, \"reps\": %lld, \"rows\": [",
                          wsize, P, (long long)reps);
         else printf("# igrad bench comm: %d ranks, collectives over groups of %d, median of "
-                    "%lld calls (slowest rank)\n%-10s %12s %12s\n", wsize, P, (long long)reps,
+                    "%lld calls (slowest rank)\n%-22s %12s %12s\n", wsize, P, (long long)reps,
                     "op", "bytes", "ms");
     }
     int nrows = 0;
@@ -268,7 +286,7 @@ int bench_comm(int argc, char **argv)
             if (rc == 0 && rank == 0) {
                 if (json) printf("%s{\"op\": \"%s\", \"bytes\": %lld, \"ms\": %.6f}",
                                  nrows ? ", " : "", op_names[op], (long long)sizes[k], ms);
-                else printf("%-10s %12lld %12.4f\n", op_names[op], (long long)sizes[k], ms);
+                else printf("%-22s %12lld %12.4f\n", op_names[op], (long long)sizes[k], ms);
                 fflush(stdout);
             }
             nrows++;

@@ -81,6 +81,7 @@ typedef struct options {
     int64_t dense_below;       /* config.dense_below of the sparse methods */
     int64_t link_latency_ns, link_bandwidth_mbps; /* the link auto prices (--link) */
     int auto_sparse_reduce;    /* config.auto_sparse_reduce of the sparse methods */
+    int aligned;               /* --aligned: begin, barrier, collectives, end */
 } options_t;
 
 /* What one method's run produced (medians of the slowest rank's times). */
@@ -148,6 +149,10 @@ static void usage(FILE *fp)
             "  --link SPEC            the link collective auto prices (igrad plan's presets\n"
             "                         or GBITS,LAT_US; default: latency 0, bytes alone)\n"
             "  --auto-sparse-reduce   auto may take the sparse all-reduce (sparse methods)\n"
+            "  --aligned              comm is the step's collectives timed from a barrier\n"
+            "                         (begin, barrier, the buckets issued together, end):\n"
+            "                         their own time, without the wait for ranks still\n"
+            "                         selecting (what igrad plan projects; flat only)\n"
             "  --seed N               synthetic data seed (1)\n"
             "  --json                 print one JSON object instead of the table\n"
             "  --help                 this text\n");
@@ -214,6 +219,10 @@ static int parse_args(int argc, char **argv, options_t *o)
             o->auto_sparse_reduce = 1;
             continue;
         }
+        if (!strcmp(argv[i], "--aligned")) {
+            o->aligned = 1;
+            continue;
+        }
         if ((r = cli_opt(argc, argv, &i, "--topology", &v)) != 0) {
             if (r < 0) return -1;
             if (igrad_topology_from_name(v, &o->topology) != IGRAD_OK) {
@@ -264,6 +273,12 @@ static int parse_args(int argc, char **argv, options_t *o)
     }
     if (!(o->release_keep > 0.0 && o->release_keep <= 1.0)) {
         fprintf(stderr, "igrad: --release-keep must be in (0, 1]\n");
+        return -1;
+    }
+    if (o->aligned && (o->topology == IGRAD_TOPOLOGY_HIER || o->auto_sparse_reduce)) {
+        fprintf(stderr, "igrad: bench sync: --aligned times the buckets of igrad_engine_begin, "
+                        "which the two-level sync and the sparse all-reduce do not have "
+                        "(drop --topology hier / --auto-sparse-reduce)\n");
         return -1;
     }
     return 0;
@@ -588,6 +603,40 @@ static int fail(const char *what, igrad_status_t st)
     return 1;
 }
 
+/* One step for --aligned: begin (agreement, selection, packing), a barrier,
+ * every bucket's collective issued at once in bucket order and waited for
+ * in that order (as igrad_engine_sync() issues them), then end (unpacking).
+ * *comm_ms: this rank's time from the barrier to the last completion. */
+static igrad_status_t aligned_step(igrad_engine_t *e, igrad_comm_t *comm, int64_t step,
+                                   float *const *grads, double *comm_ms)
+{
+    const igrad_bucket_t *bk = NULL;
+    size_t nb = 0;
+    igrad_status_t st = igrad_engine_begin(e, step, grads, &bk, &nb);
+    if (st != IGRAD_OK) return st;
+    igrad_comm_request_t **req = calloc(nb ? nb : 1, sizeof *req);
+    if (!req) return IGRAD_E_NOMEM;
+    barrier();
+    double t0 = now_ms();
+    size_t issued = 0;
+    for (; issued < nb && st == IGRAD_OK; issued++) {
+        const igrad_bucket_t *b = &bk[issued];
+        st = b->kind == IGRAD_BUCKET_GATHER
+                 ? igrad_comm_iallgather(comm, b->send, b->send_nbytes, b->recv, &req[issued])
+                 : igrad_comm_iallreduce(comm, b->send, b->recv, b->count, IGRAD_DTYPE_F32,
+                                         IGRAD_REDUCE_SUM, &req[issued]);
+        if (st != IGRAD_OK) break;
+    }
+    for (size_t j = 0; j < issued; j++) {
+        igrad_status_t ws = igrad_comm_wait(comm, req[j]);
+        if (st == IGRAD_OK) st = ws;
+    }
+    *comm_ms = now_ms() - t0;
+    free(req);
+    if (st != IGRAD_OK) return st;
+    return igrad_engine_end(e, step, grads);
+}
+
 /* Warm-up step 0, then steps 1..S timed. */
 static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_profile_t *P,
                       igrad_comm_t *comm, synth_t *s, igrad_method_t m,
@@ -624,7 +673,9 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         synth_fill(s, step, (int)o->threads);
         float *const *grads = synth_grads(s, o->grad_dtype);
         barrier();
-        st = igrad_engine_sync(e, step, grads);
+        double aligned_ms = 0.0;
+        st = o->aligned ? aligned_step(e, comm, step, grads, &aligned_ms)
+                        : igrad_engine_sync(e, step, grads);
         if (st != IGRAD_OK) {
             rc = fail(igrad_method_name(m), st);
             break;
@@ -632,6 +683,7 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         if (step == 0) continue;
         igrad_step_stats_t ss;
         igrad_engine_last_stats(e, &ss);
+        if (o->aligned) ss.comm_ms = aligned_ms; /* begin/end time no collective */
         double t[5] = {ss.select_ms, ss.pack_ms, ss.comm_ms, ss.unpack_ms, ss.total_ms};
         max_over_ranks(t, 5);
         int k = (int)step - 1;
@@ -797,13 +849,13 @@ static void print_json(const options_t *o, const igrad_layout_t *L, const result
     printf("\"knobs\": {\"density\": %g, \"release_period\": %lld, \"release_keep\": %g, "
            "\"buckets\": %lld, \"block_entries\": %lld, \"pack\": \"%s\", \"sparsifier\": "
            "\"%s\", \"value_dtype\": \"%s\", \"grad_dtype\": \"%s\", \"threads\": %lld, "
-           "\"topology\": \"%s\", \"ranks_per_node\": %lld, \"seed\": %llu}, ",
+           "\"topology\": \"%s\", \"ranks_per_node\": %lld, \"seed\": %llu, \"aligned\": %s}, ",
            o->density, (long long)o->release_period, o->release_keep, (long long)o->buckets,
            (long long)o->block_entries, igrad_pack_policy_name(o->pack),
            igrad_sparsifier_name(o->sparsifier), igrad_dtype_name(o->value_dtype),
            igrad_dtype_name(o->grad_dtype), (long long)o->threads,
            igrad_topology_name(o->topology), (long long)o->ranks_per_node,
-           (unsigned long long)o->seed);
+           (unsigned long long)o->seed, o->aligned ? "true" : "false");
     json_num("f_imp", f_imp, 0);
     json_num("f_other", f_other, 0);
     json_num("predicted_ig_ratio", f_imp + o->release_keep * (1.0 - f_imp), 0);
