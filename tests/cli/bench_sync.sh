@@ -3,8 +3,8 @@
 # missing) with a tiny LLaMA config: the JSON has every documented key, and
 # the byte counts obey what the methods promise (dense sends every entry,
 # ig and iad less than adtopk_sync, ig's ratio = f_imp + kappa (1 - f_imp)
-# up to the release rounding). Timings are never checked. Also --help and a
-# bad option.
+# up to the release rounding); --aligned moves the same bytes. Timings are
+# never checked. Also --help and a bad option.
 # Usage: bench_sync.sh path/to/igrad   (CTest passes the built binary)
 set -euo pipefail
 igrad=${1:?usage: $0 IGRAD_BINARY}
@@ -88,6 +88,45 @@ for m in ("topk_sync", "adtopk_sync"):
 for m in ma.values():
     assert m["dataplane_bytes_per_param"] >= 4 or m is ma["dense"], m
 PY
+
+# --aligned (the buckets' collectives timed from a barrier): the same
+# selections, so the same bytes as the engine's own sync, the knob in the
+# JSON, a comm time; with the two-level sync it is refused by name
+OMP_NUM_THREADS=1 "${launch[@]}" "$igrad" bench sync --config "$tmp/tiny.json" --steps 3 \
+  --profile-steps 4 --aligned --json >"$tmp/aligned.json"
+check "bench sync --aligned: same bytes, comm timed" python3 - "$tmp/out.json" "$tmp/aligned.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["knobs"]["aligned"] is False and b["knobs"]["aligned"] is True, (a["knobs"], b["knobs"])
+for name, m in a["methods"].items():
+    n = b["methods"][name]
+    for k in ("payload_bytes_per_step", "wire_bytes_per_step", "buckets"):
+        assert n[k] == m[k], (name, k, m[k], n[k])
+    assert n["comm_ms"] >= 0, (name, n)
+if a["ranks"] > 1:
+    assert b["methods"]["dense"]["comm_ms"] > 0, b["methods"]["dense"]
+PY
+set +e
+"$igrad" bench sync --aligned --topology hier 2>"$tmp/err3.txt"; rc3=$?
+set -e
+check "bench sync --aligned --topology hier is refused by name" \
+  bash -c "test $rc3 -eq 2 && grep -q -- '--aligned' '$tmp/err3.txt' && grep -q hier '$tmp/err3.txt'"
+
+# bench comm's in-place all-reduce rows: igrad's call (a copy or the
+# 2-rank swap under Open MPI) and MPI's own MPI_IN_PLACE, side by side
+if [ "$ranks" -gt 1 ]; then
+  "${launch[@]}" "$igrad" bench comm --ops allreduce_in_place,mpi_allreduce_in_place \
+    --sizes 4096,262144 --reps 2 --json >"$tmp/comm.json"
+  check "bench comm in-place rows" python3 - "$tmp/comm.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+got = sorted((r["op"], r["bytes"]) for r in d["rows"])
+want = sorted((op, b) for op in ("allreduce_in_place", "mpi_allreduce_in_place")
+              for b in (4096, 262144))
+assert got == want, got
+assert all(r["ms"] > 0 for r in d["rows"]), d["rows"]
+PY
+fi
 
 "$igrad" bench sync --help >"$tmp/help.txt"
 check "bench sync --help names --profile-steps" grep -q -- "--profile-steps" "$tmp/help.txt"
