@@ -1522,6 +1522,17 @@ typedef struct igrad_step_stats {
                                     the reduced blocks received */
     int64_t dense_small_tensors; /**< tensors sent whole this step because they
                                     have fewer than config.dense_below entries */
+    /* Appended after dense_small_tensors: the step's exchanges as windows
+     * of this rank's CLOCK_MONOTONIC (ms), igrad_engine_sync() only (0
+     * elsewhere and where a window has no collective): [0] the issue of
+     * the first bucket (after the agreement and selection), [1] the
+     * completion of the last (hier: the shard's buckets); [2], [3] the
+     * node sums and [4], [5] the node broadcasts (hier). Ranks on one
+     * host share the clock, so per window max over ranks of the end minus
+     * max of the start is the exchange's own time once the last rank
+     * joined, without the wait for ranks still selecting (`igrad bench
+     * sync`'s comm_window_ms). */
+    double comm_window_ms[6];
 } igrad_step_stats_t;
 
 /** First half of a step: agrees with the other ranks that every gradient

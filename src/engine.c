@@ -1566,6 +1566,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         pack_ms += b - a;
         /* the route issues on the data plane's queue (NULL: the comm's default); a
          * blocking one (the sparse all-reduce) returns a request already done */
+        if (issued == 0) e->stats.comm_window_ms[0] = b;
         st = e->bk[j].route->issue(e, j, &e->bk[j].req);
         a = igrad__now_ms();
         comm_ms += a - b;
@@ -1587,6 +1588,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             e->bk[done].req = NULL;
             b = igrad__now_ms();
             comm_ms += b - a;
+            e->stats.comm_window_ms[1] = b;
             if (st != IGRAD_OK) {
                 st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
                 break;
@@ -1612,6 +1614,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         e->bk[done].req = NULL;
         b = igrad__now_ms();
         comm_ms += b - a;
+        e->stats.comm_window_ms[1] = b;
         if (ws != IGRAD_OK && st == IGRAD_OK)
             st = keep_first(bucket_failed(e, done, ws), smsg, sizeof smsg);
         if (st == IGRAD_OK && ust == IGRAD_OK) {

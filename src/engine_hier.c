@@ -731,7 +731,10 @@ igrad_status_t igrad__hier_sync(igrad_engine_t *e, int64_t step, float *const *g
         st = igrad__engine_break(e, st);
         goto done;
     }
-    hier_stats(e, t0, (t2 - t0) + (igrad__now_ms() - t3)); /* the node's collectives */
+    double t4 = igrad__now_ms();
+    hier_stats(e, t0, (t2 - t0) + (t4 - t3)); /* the node's collectives */
+    double *w = e->stats.comm_window_ms; /* [0], [1]: the shard's, from its engine */
+    w[2] = t1, w[3] = t2, w[4] = t3, w[5] = t4;
     if (st == IGRAD_OK) e->last_step = step;
 done:
     igrad_comm_set_timeout(e->comm, saved_w);

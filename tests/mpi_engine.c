@@ -266,6 +266,12 @@ static void test_dense(igrad_comm_t *comm, const igrad_layout_t *L)
         double wire = 2.0 * (np - 1) / np * (double)igrad_layout_total_count(L) * 4;
         CHECK(fabs(st.wire_nbytes - wire) <= 1e-6 * wire, "dense wire %.1f, model %.1f",
               st.wire_nbytes, wire);
+        /* the exchange's window on this rank's clock; no node windows (flat) */
+        const double *w = st.comm_window_ms;
+        CHECK(w[0] > 0 && w[1] >= w[0] && w[1] - w[0] <= st.total_ms + 1e-9 && w[2] == 0 &&
+                  w[3] == 0 && w[4] == 0 && w[5] == 0,
+              "dense comm window [%.3f, %.3f] (total %.3f ms), node windows %g %g %g %g", w[0],
+              w[1], st.total_ms, w[2], w[3], w[4], w[5]);
     }
     grads_free(&G);
     grads_free(&R);

@@ -408,6 +408,14 @@ static void check_method(const mpi_model_t *m, igrad_method_t method, int rpn)
         /* statistics: the plan's, and the levels */
         igrad_step_stats_t st, ps;
         CHECK_OK(igrad_engine_last_stats(e, &st));
+        /* windows in step order: the node sums, the shard's buckets (when it
+         * has any), the broadcasts, all within the step */
+        const double *w = st.comm_window_ms;
+        CHECK(w[2] > 0 && w[3] >= w[2] && w[4] >= w[3] && w[5] >= w[4] &&
+                  w[5] - w[2] <= st.total_ms + 1e-9 &&
+                  (w[0] == 0 || (w[0] >= w[3] && w[1] >= w[0] && w[4] >= w[1])),
+              "%s step %lld: windows %.3f %.3f | %.3f %.3f | %.3f %.3f (total %.3f ms)", mn,
+              (long long)s, w[0], w[1], w[2], w[3], w[4], w[5], st.total_ms);
         size_t nb = 0;
         CHECK_OK(igrad_engine_plan_step(plan, s, &ps, pb, 64, &nb));
         int64_t pay = 0;

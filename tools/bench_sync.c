@@ -82,6 +82,7 @@ typedef struct options {
     int64_t link_latency_ns, link_bandwidth_mbps; /* the link auto prices (--link) */
     int auto_sparse_reduce;    /* config.auto_sparse_reduce of the sparse methods */
     int aligned;               /* --aligned: begin, barrier, collectives, end */
+    const char *profile_out;   /* --profile-out: where rank 0 saves the profile */
 } options_t;
 
 /* What one method's run produced (medians of the slowest rank's times). */
@@ -90,6 +91,9 @@ typedef struct result {
     double payload, wire;                  /* mean bytes per step */
     double intra, inter;                   /* wire split by level (mean per step) */
     double select_ms, pack_ms, comm_ms, unpack_ms, sync_ms;
+    double comm_window_ms;                 /* stats.comm_window_ms over ranks (median) */
+    double window_ms[3];                   /* its three windows (medians): bucket
+                                              collectives, node sums, node broadcasts */
     double imbalance, cv, overflow;        /* medians; overflow: mean per step */
     double mem_per_param;                  /* stats.dataplane_nbytes_per_param */
     int buckets;                           /* median collectives per step */
@@ -153,6 +157,8 @@ static void usage(FILE *fp)
             "                         (begin, barrier, the buckets issued together, end):\n"
             "                         their own time, without the wait for ranks still\n"
             "                         selecting (what igrad plan projects; flat only)\n"
+            "  --profile-out PATH     save the profile the runs use (JSON, rank 0), for\n"
+            "                         igrad plan --profile\n"
             "  --seed N               synthetic data seed (1)\n"
             "  --json                 print one JSON object instead of the table\n"
             "  --help                 this text\n");
@@ -234,6 +240,11 @@ static int parse_args(int argc, char **argv, options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--config", &v)) != 0) {
             if (r < 0) return -1;
             o->config = v;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--profile-out", &v)) != 0) {
+            if (r < 0) return -1;
+            o->profile_out = v;
             continue;
         }
         if ((r = cli_opt(argc, argv, &i, "--map", &v)) != 0) {
@@ -657,8 +668,8 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         *f_imp = all > 0 ? every / all : 0.0;
     }
     int S = (int)o->steps;
-    double *col[9];
-    for (int k = 0; k < 9; k++) {
+    double *col[12];
+    for (int k = 0; k < 12; k++) {
         col[k] = calloc((size_t)S, sizeof(double));
         if (!col[k]) {
             for (int j = 0; j < k; j++) free(col[j]);
@@ -684,10 +695,22 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         igrad_step_stats_t ss;
         igrad_engine_last_stats(e, &ss);
         if (o->aligned) ss.comm_ms = aligned_ms; /* begin/end time no collective */
+        /* each window from the last rank's start to the last rank's end
+         * (one host: the ranks share CLOCK_MONOTONIC) */
+        double win[6];
+        for (int q = 0; q < 6; q++) win[q] = ss.comm_window_ms[q];
+        max_over_ranks(win, 6);
+        double window_ms = 0.0;
+        for (int q = 0; q < 6; q += 2) {
+            double w = win[q] > 0.0 && win[q + 1] > win[q] ? win[q + 1] - win[q] : 0.0;
+            col[9 + q / 2][(int)step - 1] = w;
+            window_ms += w;
+        }
         double t[5] = {ss.select_ms, ss.pack_ms, ss.comm_ms, ss.unpack_ms, ss.total_ms};
         max_over_ranks(t, 5);
         int k = (int)step - 1;
         for (int q = 0; q < 5; q++) col[q][k] = t[q];
+        col[8][k] = window_ms;
         col[5][k] = ss.imbalance;
         col[6][k] = ss.cv;
         col[7][k] = (double)ss.buckets;
@@ -710,6 +733,8 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         res->select_ms = bench_median(col[0], S);
         res->pack_ms = bench_median(col[1], S);
         res->comm_ms = bench_median(col[2], S);
+        res->comm_window_ms = bench_median(col[8], S);
+        for (int q = 0; q < 3; q++) res->window_ms[q] = bench_median(col[9 + q], S);
         res->unpack_ms = bench_median(col[3], S);
         res->sync_ms = bench_median(col[4], S);
         res->imbalance = bench_median(col[5], S);
@@ -717,7 +742,7 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         res->buckets = (int)bench_median(col[7], S);
         res->overflow = overflow / S;
     }
-    for (int k = 0; k < 9; k++) free(col[k]);
+    for (int k = 0; k < 12; k++) free(col[k]);
     igrad_engine_free(e);
     return rc;
 }
@@ -822,6 +847,9 @@ static void json_method(const result_t *r)
     json_num("select_ms", r->select_ms, 0);
     json_num("pack_ms", r->pack_ms, 0);
     json_num("comm_ms", r->comm_ms, 0);
+    json_num("comm_window_ms", r->comm_window_ms, 0);
+    printf("\"comm_windows_ms\": {\"buckets\": %.12g, \"node_sums\": %.12g, "
+           "\"node_broadcasts\": %.12g}, ", r->window_ms[0], r->window_ms[1], r->window_ms[2]);
     json_num("unpack_ms", r->unpack_ms, 0);
     json_num("sync_ms", r->sync_ms, 0);
     json_num("buckets", r->buckets, 0);
@@ -1039,6 +1067,10 @@ int bench_sync(int argc, char **argv)
     }
     if (any_failed(synth_init(&s, L, o.seed, (int)o.threads, o.grad_dtype))) goto done;
     if (any_failed(build_profile(&o, L, comm, &s, &P))) goto done;
+    if (o.profile_out) {
+        st = rank_ == 0 ? igrad_profile_save_json(P, o.profile_out) : IGRAD_OK;
+        if (any_failed(st != IGRAD_OK ? fail("--profile-out", st) : 0)) goto done;
+    }
     ncomp = (int)igrad_profile_count(P);
     for (int i = 0; i < ncomp; i++) {
         igrad_profile_entry_t pe;

@@ -292,7 +292,8 @@ class StepStats(ctypes.Structure):
                 ("intra_wire_nbytes", ctypes.c_double),
                 ("inter_wire_nbytes", ctypes.c_double),
                 ("sparse_reduce_buckets", ctypes.c_int),
-                ("dense_small_tensors", ctypes.c_int64)]
+                ("dense_small_tensors", ctypes.c_int64),
+                ("comm_window_ms", ctypes.c_double * 6)]
 
 
 class TensorPlan(ctypes.Structure):

@@ -1007,6 +1007,7 @@ class Engine(_Handle):
         s = L.StepStats()
         self._lib.call("igrad_engine_last_stats", self.handle, ctypes.byref(s))
         out = {f: getattr(s, f) for f in STATS_FIELDS}
+        out["comm_window_ms"] = list(s.comm_window_ms)
         out["bucket_loads"] = [s.bucket_loads[i] for i in range(s.bucket_count)] \
             if s.bucket_loads else []
         return out

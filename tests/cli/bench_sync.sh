@@ -40,12 +40,18 @@ assert d["layout"]["family"] == "llama" and d["layout"]["params"] > 0, d["layout
 methods = d["methods"]
 assert set(methods) == {"dense", "topk_sync", "adtopk_sync", "iad", "ig"}, set(methods)
 keys = {"payload_bytes_per_step", "wire_bytes_per_step", "select_ms", "pack_ms", "comm_ms",
-        "unpack_ms", "sync_ms"}
+        "unpack_ms", "sync_ms", "comm_window_ms"}
 for name, m in methods.items():
     missing = keys - set(m)
     assert not missing, (name, missing)
     for k in keys:
         assert isinstance(m[k], (int, float)) and m[k] >= 0, (name, k, m[k])
+# the exchange windows: flat engines have only the buckets' (summed as it is)
+for name, m in methods.items():
+    w = m["comm_windows_ms"]
+    assert set(w) == {"buckets", "node_sums", "node_broadcasts"}, (name, w)
+    assert w["node_sums"] == 0 and w["node_broadcasts"] == 0, (name, w)
+    assert abs(w["buckets"] - m["comm_window_ms"]) <= 1e-9 * (1 + w["buckets"]), (name, m)
 policies = {"direct", "sequential", "greedy", "risk", "contiguous"}
 packing = methods["ig"]["packing"]
 assert set(packing) == policies, set(packing)
