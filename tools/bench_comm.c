@@ -37,7 +37,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: mpirun -np P igrad bench comm [--sizes B,B,...] [--ops LIST] [--reps N]\n"
-            "                                    [--warmup N] [--json]\n"
+            "                                    [--warmup N] [--node-pieces K]\n"
+            "                                    [--ranks-per-node L] [--json]\n"
             "  --sizes   message sizes in bytes (allgather: per rank; the others: the\n"
             "            F32 vector, a multiple of 4); default 1024,4096,...,4194304\n"
             "  --ops     collectives to sweep (allgather,allreduce,reduce,bcast): reduce\n"
@@ -46,6 +47,8 @@ static void usage(FILE *f)
             "            also allreduce_in_place (igrad_comm_iallreduce with send == recv,\n"
             "            as the engine's reduce buckets) and mpi_allreduce_in_place\n"
             "            (MPI_Iallreduce with MPI_IN_PLACE, which igrad avoids on Open MPI)\n"
+            "  --node-pieces K  reduce and bcast cut the vector into K pieces (default P),\n"
+            "            piece k rooted at rank k mod P, all in flight\n"
             "  --ranks-per-node L  run every collective inside groups of L consecutive\n"
             "            ranks, all groups at once (default: one group of all ranks)\n"
             "  --reps    timed calls per size and collective (default 15)\n"
@@ -115,27 +118,29 @@ static int parse_ops(const char *text, int *on)
 }
 
 #ifdef IGRAD_HAVE_MPI
-/* The hier node step's pattern: P reduces (or broadcasts) in flight, piece
- * r of the F32 vector rooted at rank r. */
+/* The hier node step's pattern: K reduces (or broadcasts) in flight, the
+ * F32 vector cut into K equal pieces, piece k rooted at rank k mod P
+ * (K = P by default; the engine issues one per tensor piece). */
 static int node_collectives(MPI_Comm group, int reduce, size_t nbytes, char *send, char *recv,
-                            int P, MPI_Request *reqs)
+                            int P, int K, MPI_Request *reqs)
 {
     size_t n = nbytes / 4, off = 0;
-    for (int r = 0; r < P; r++) {
-        int cnt = (int)(n / (size_t)P + ((size_t)r < n % (size_t)P));
-        int rc = reduce ? MPI_Ireduce(send + 4 * off, recv + 4 * off, cnt, MPI_FLOAT, MPI_SUM, r,
-                                      group, &reqs[r])
-                        : MPI_Ibcast(recv + 4 * off, cnt, MPI_FLOAT, r, group, &reqs[r]);
+    for (int k = 0; k < K; k++) {
+        int cnt = (int)(n / (size_t)K + ((size_t)k < n % (size_t)K));
+        int root = k % P;
+        int rc = reduce ? MPI_Ireduce(send + 4 * off, recv + 4 * off, cnt, MPI_FLOAT, MPI_SUM,
+                                      root, group, &reqs[k])
+                        : MPI_Ibcast(recv + 4 * off, cnt, MPI_FLOAT, root, group, &reqs[k]);
         if (rc != MPI_SUCCESS) return -1;
         off += (size_t)cnt;
     }
-    return MPI_Waitall(P, reqs, MPI_STATUSES_IGNORE) == MPI_SUCCESS ? 0 : -1;
+    return MPI_Waitall(K, reqs, MPI_STATUSES_IGNORE) == MPI_SUCCESS ? 0 : -1;
 }
 
 /* Median over reps of the slowest rank's time (ms) of one collective. */
 static int time_collective(igrad_comm_t *comm, MPI_Comm group, int op, size_t nbytes,
-                           char *send, char *recv, MPI_Request *reqs, int reps, int warmup,
-                           double *median_ms)
+                           char *send, char *recv, MPI_Request *reqs, int pieces, int reps,
+                           int warmup, double *median_ms)
 {
     double *t = calloc((size_t)reps, sizeof *t);
     if (!t) {
@@ -148,7 +153,7 @@ static int time_collective(igrad_comm_t *comm, MPI_Comm group, int op, size_t nb
         double t0 = MPI_Wtime();
         if (st == IGRAD_OK && (op == OP_REDUCE || op == OP_BCAST)) {
             if (node_collectives(group, op == OP_REDUCE, nbytes, send, recv,
-                                 igrad_comm_size(comm), reqs)) {
+                                 igrad_comm_size(comm), pieces, reqs)) {
                 free(t);
                 fprintf(stderr, "igrad: bench comm: MPI_I%s failed\n", op_names[op]);
                 return -1;
@@ -188,7 +193,7 @@ static int time_collective(igrad_comm_t *comm, MPI_Comm group, int op, size_t nb
 
 int bench_comm(int argc, char **argv)
 {
-    int64_t sizes[MAX_SIZES], reps = 15, warmup = 2, per_node = 0;
+    int64_t sizes[MAX_SIZES], reps = 15, warmup = 2, per_node = 0, pieces = 0;
     int nsizes = 0, json = 0, on[NOPS] = {1, 1, 1, 1, 0, 0};
     for (int64_t s = 1024; s <= 4194304; s *= 4) sizes[nsizes++] = s;
     for (int i = 1; i < argc; i++) {
@@ -209,6 +214,13 @@ int bench_comm(int argc, char **argv)
             if (per_node < 1) {
                 fprintf(stderr, "igrad: bench comm: --ranks-per-node is %lld (must be >= 1)\n",
                         (long long)per_node);
+                return 2;
+            }
+        } else if ((r = cli_opt(argc, argv, &i, "--node-pieces", &v)) != 0) {
+            if (r < 0 || cli_parse_i64("--node-pieces", v, &pieces) < 0) return 2;
+            if (pieces < 1 || pieces > 65536) {
+                fprintf(stderr, "igrad: bench comm: --node-pieces is %lld (must be in [1, "
+                                "65536])\n", (long long)pieces);
                 return 2;
             }
         } else if ((r = cli_opt(argc, argv, &i, "--reps", &v)) != 0) {
@@ -264,7 +276,8 @@ int bench_comm(int argc, char **argv)
     int64_t maxb = 0;
     for (int k = 0; k < nsizes; k++) maxb = sizes[k] > maxb ? sizes[k] : maxb;
     char *send = calloc((size_t)maxb, 1), *recv = calloc((size_t)maxb * (size_t)P, 1);
-    MPI_Request *reqs = calloc((size_t)P, sizeof *reqs);
+    int K = pieces > 0 ? (int)pieces : P;
+    MPI_Request *reqs = calloc((size_t)(K > 1 ? K : 1), sizeof *reqs);
     if (!send || !recv || !reqs) {
         fprintf(stderr, "igrad: bench comm: out of memory for %lld-byte buffers\n",
                 (long long)maxb);
@@ -281,8 +294,8 @@ int bench_comm(int argc, char **argv)
     for (int op = 0; op < NOPS && rc == 0; op++) {
         for (int k = 0; on[op] && k < nsizes && rc == 0; k++) {
             double ms = 0;
-            rc = time_collective(comm, group, op, (size_t)sizes[k], send, recv, reqs, (int)reps,
-                                 (int)warmup, &ms);
+            rc = time_collective(comm, group, op, (size_t)sizes[k], send, recv, reqs, K,
+                                 (int)reps, (int)warmup, &ms);
             if (rc == 0 && rank == 0) {
                 if (json) printf("%s{\"op\": \"%s\", \"bytes\": %lld, \"ms\": %.6f}",
                                  nrows ? ", " : "", op_names[op], (long long)sizes[k], ms);

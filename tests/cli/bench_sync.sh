@@ -132,6 +132,13 @@ want = sorted((op, b) for op in ("allreduce_in_place", "mpi_allreduce_in_place")
 assert got == want, got
 assert all(r["ms"] > 0 for r in d["rows"]), d["rows"]
 PY
+  "${launch[@]}" "$igrad" bench comm --ops reduce,bcast --node-pieces 7 --sizes 4096 --reps 2 \
+    --json >"$tmp/pieces.json"
+  check "bench comm --node-pieces 7: reduce and bcast rows" python3 - "$tmp/pieces.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert sorted(r["op"] for r in d["rows"]) == ["bcast", "reduce"], d["rows"]
+PY
 fi
 
 "$igrad" bench sync --help >"$tmp/help.txt"
