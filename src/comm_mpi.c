@@ -47,7 +47,8 @@
 #define SLEEP_MIN_NS 50000L     /* then sleep 50 us, doubling ... */
 #define SLEEP_MAX_NS 1000000L   /* ... up to 1 ms between polls */
 
-/* A reusable send copy for in-place all-reduces (OMPI_RING_COPY). Fresh
+/* Reusable buffers for the Open MPI all-reduce fixes (OMPI_LIBNBC_FIXES):
+ * an in-place call's send copy, the 2-rank swap's receive buffer. Fresh
  * memory for every call would cost its page faults each time: 4 MiB at
  * np 4 on this VM took 19 ms against 8 ms from a buffer kept. */
 #define SCRATCH_SLOTS 8
@@ -69,8 +70,8 @@ typedef struct mpi_impl {
 typedef struct mpi_request {
     void *recv;         /* iallgather: the receive buffer (for the test hook) */
     size_t nbytes;      /* iallgather: bytes per rank */
-    void *scratch;      /* iallreduce: the send copy of an in-place call (OMPI_RING_COPY) */
-    mpi_impl_t *scratch_pool; /* the comm whose slot scratch_slot holds it; -1: own malloc */
+    void *scratch;      /* iallreduce: an in-place call's send copy, or the swap's receive buffer */
+    mpi_impl_t *scratch_pool; /* the comm whose slot scratch_slot holds it; NULL: own malloc */
     int scratch_slot;
     /* an all-reduce by swap (use_exchange): summed at completion */
     void *exch_result;      /* where the result goes (recv) */
@@ -310,25 +311,26 @@ static igrad_status_t mpi_iallgather(igrad_comm_t *comm, const void *send, size_
 
 /* ---- allreduce ----------------------------------------------------------- */
 
-/* Open MPI's MPI_Iallreduce (coll/libnbc) takes its bandwidth-optimal ring
- * only for at least 4 ranks, 64 KiB and a send buffer that is not
- * MPI_IN_PLACE; an in-place call gets the binomial reduce-then-broadcast,
+/* Open MPI's MPI_Iallreduce (coll/libnbc) takes a bandwidth-optimal
+ * algorithm (recursive halving then doubling) only for at least 4 ranks,
+ * 64 KiB and a send buffer that is not MPI_IN_PLACE; an in-place call gets
+ * the binomial reduce-then-broadcast,
  * which moves the whole vector log2(P) times each way. Measured on the
  * namespace testbed (4 x 1, 200 Mbit/s): 16 MiB F32 in place 3.54 s, from a
  * separate send buffer 1.10 s (docs/results/plan_validation.md). So an
- * in-place call that would get the ring otherwise sends from a copy: one
+ * in-place call that would get that algorithm otherwise sends from a copy: one
  * memcpy of the vector, held until the request completes. */
 #if defined(OPEN_MPI) && OPEN_MPI
-#define OMPI_RING_COPY 1
+#define OMPI_LIBNBC_FIXES 1
 #else
-#define OMPI_RING_COPY 0
+#define OMPI_LIBNBC_FIXES 0
 #endif
-#define OMPI_RING_MIN_RANKS 4
-#define OMPI_RING_MIN_BYTES 65536
+#define OMPI_FAST_MIN_RANKS 4
+#define OMPI_FAST_MIN_BYTES 65536
 
-static int ring_needs_copy(const igrad_comm_t *comm, size_t nbytes)
+static int in_place_needs_copy(const igrad_comm_t *comm, size_t nbytes)
 {
-    return OMPI_RING_COPY && comm->size >= OMPI_RING_MIN_RANKS && nbytes >= OMPI_RING_MIN_BYTES;
+    return OMPI_LIBNBC_FIXES && comm->size >= OMPI_FAST_MIN_RANKS && nbytes >= OMPI_FAST_MIN_BYTES;
 }
 
 /* Open MPI's MPI_Iallreduce takes the binomial tree below 4 ranks whatever
@@ -347,7 +349,7 @@ static int ring_needs_copy(const igrad_comm_t *comm, size_t nbytes)
 
 static int use_exchange(const igrad_comm_t *comm, size_t nbytes)
 {
-    return OMPI_RING_COPY && comm->size == 2 && nbytes >= EXCHANGE_MIN_BYTES;
+    return OMPI_LIBNBC_FIXES && comm->size == 2 && nbytes >= EXCHANGE_MIN_BYTES;
 }
 
 #define EXCHANGE_SUM(T, OPX)                                                \
@@ -401,7 +403,7 @@ static int state_take_scratch(mpi_impl_t *impl, mpi_request_t *state, size_t nby
 
 /* Starts an all-reduce: the exchange (use_exchange), else MPI_Iallreduce in
  * pieces, from a send copy where in place would cost the ring
- * (ring_needs_copy); without memory for a copy or the exchange's buffers
+ * (in_place_needs_copy); without memory for a copy or the exchange's buffers
  * it falls back to plain MPI_Iallreduce (correct, slower). On failure
  * *out is NULL and nothing is left in flight. */
 static igrad_status_t mpi_reduce_start(igrad_comm_t *comm, const void *send, void *recv,
@@ -412,35 +414,29 @@ static igrad_status_t mpi_reduce_start(igrad_comm_t *comm, const void *send, voi
     mpi_impl_t *impl = comm->impl;
     size_t elem = igrad_dtype_nbytes(dtype), nbytes = count * elem;
     size_t pieces = piece_count(count, impl->max_count);
-    int P = comm->size, me = comm->rank;
     mpi_request_t *state = NULL;
     *out = NULL;
     if (use_exchange(comm, nbytes)) {
-        IGRAD_CHECK(request_state_new(2 * (size_t)(P - 1) * pieces, what, &state));
-        if (state_take_scratch(impl, state, (size_t)(P - 1) * nbytes)) {
+        IGRAD_CHECK(request_state_new(2 * pieces, what, &state));
+        if (state_take_scratch(impl, state, nbytes)) {
+            int peer = 1 - comm->rank;
             state->exch_result = recv;
             state->exch_own = send;
             state->exch_count = count;
             state->exch_dtype = dtype;
             state->exch_op = op;
-            size_t q = 0;
             for (size_t i = 0; i < pieces; i++) {
                 size_t off = i * impl->max_count;
                 int n = (int)(count - off < impl->max_count ? count - off : impl->max_count);
-                for (int r = 0; r < P; r++) {
-                    if (r == me) continue;
-                    unsigned char *rb = (unsigned char *)state->scratch +
-                                        (size_t)(r < me ? r : r - 1) * nbytes + off * elem;
-                    int rc = MPI_Irecv(rb, n, mpi_dtype(dtype), r, EXCHANGE_TAG, impl->comm,
-                                       &state->reqs[q++]);
-                    if (rc == MPI_SUCCESS)
-                        rc = MPI_Isend((const unsigned char *)send + off * elem, n,
-                                       mpi_dtype(dtype), r, EXCHANGE_TAG, impl->comm,
-                                       &state->reqs[q++]);
-                    if (rc != MPI_SUCCESS)
-                        return abandon_pieces(state, mpi_fail(rc, "MPI_Isend/MPI_Irecv",
-                                                              __FILE__, __LINE__));
-                }
+                int rc = MPI_Irecv((unsigned char *)state->scratch + off * elem, n,
+                                   mpi_dtype(dtype), peer, EXCHANGE_TAG, impl->comm,
+                                   &state->reqs[2 * i]);
+                if (rc == MPI_SUCCESS)
+                    rc = MPI_Isend((const unsigned char *)send + off * elem, n, mpi_dtype(dtype),
+                                   peer, EXCHANGE_TAG, impl->comm, &state->reqs[2 * i + 1]);
+                if (rc != MPI_SUCCESS)
+                    return abandon_pieces(state, mpi_fail(rc, "MPI_Isend/MPI_Irecv", __FILE__,
+                                                          __LINE__));
             }
             *out = state;
             return IGRAD_OK;
@@ -450,7 +446,7 @@ static igrad_status_t mpi_reduce_start(igrad_comm_t *comm, const void *send, voi
     }
     IGRAD_CHECK(request_state_new(pieces, what, &state));
     int in_place = count > 0 && send == (const void *)recv;
-    if (in_place && ring_needs_copy(comm, nbytes) && state_take_scratch(impl, state, nbytes)) {
+    if (in_place && in_place_needs_copy(comm, nbytes) && state_take_scratch(impl, state, nbytes)) {
         memcpy(state->scratch, recv, nbytes);
         send = state->scratch;
         in_place = 0;
@@ -491,7 +487,6 @@ static igrad_status_t mpi_iallreduce(igrad_comm_t *comm, const void *send, void 
     req->handle = state;
     return IGRAD_OK;
 }
-
 
 /* ---- alltoallv -------------------------------------------------------------- */
 

@@ -481,7 +481,7 @@ int main(int argc, char **argv)
     test_allgather(comm, SIZE_MAX, 1, "allgather");
     test_allreduce(comm, 1000, "allreduce");
     /* 160 KB of F32 and more: at np >= 4 under Open MPI an in-place call
-     * sends from a copy (comm_mpi.c, OMPI_RING_COPY) */
+     * sends from a copy (comm_mpi.c, OMPI_LIBNBC_FIXES) */
     test_allreduce(comm, 40000, "allreduce of 40000");
     test_allreduce(comm, 1, "allreduce of 1");
     test_allreduce(comm, 0, "allreduce of 0");

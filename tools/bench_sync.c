@@ -630,7 +630,7 @@ static igrad_status_t aligned_step(igrad_engine_t *e, igrad_comm_t *comm, int64_
     barrier();
     double t0 = now_ms();
     size_t issued = 0;
-    for (; issued < nb && st == IGRAD_OK; issued++) {
+    for (; issued < nb; issued++) {
         const igrad_bucket_t *b = &bk[issued];
         st = b->kind == IGRAD_BUCKET_GATHER
                  ? igrad_comm_iallgather(comm, b->send, b->send_nbytes, b->recv, &req[issued])
