@@ -34,7 +34,8 @@ Stages (each one's raw output is kept in OUT/raw/ and reused by a rerun;
      price the same plans, ig's and iad's included; and the testbed's
      network (testbed_ms: one veth per node carrying what its L ranks send
      off the node), the projection the 1.3x target is judged on
-     ("measured/projected": aligned for flat, the engine's comm for hier);
+     ("measured/projected": aligned for flat, the engine's exchange
+     windows for hier);
      also per-GPU links, the node link split L ways, and one fit per level;
 and writes OUT/plan_validation.md (tables) and OUT/plan_validation.json.
 
@@ -244,17 +245,6 @@ def plan_rows(P, L, links, profile):
     return {(r["method"], r["route"]): r for r in plan["rows"]}, cmd
 
 
-def node_step_measured_ms(rows, nbytes):
-    """bench comm's own time of the hier node step (reduces + broadcasts of
-    nbytes in all), read off the sweep at the nearest size and scaled
-    linearly to nbytes — what the α-β fit would give if it fitted there."""
-    t = 0.0
-    for op in ("reduce", "bcast"):
-        near = min((r for r in rows if r["op"] == op), key=lambda r: abs(r["bytes"] - nbytes))
-        t += near["ms"] * nbytes / near["bytes"]
-    return t
-
-
 def shard_mean(row, key):
     """A hier row's bytes averaged over its shards (what bench sync averages
     over ranks); a flat row's mean."""
@@ -339,16 +329,9 @@ def main():
         single = plan_rows(P, L, ["--link", "inter=" + link_spec(joint["inter"]),
                                   "--link", "intra=" + link_spec(joint[ikey])],
                            profile)[0]
-        nparams = json.loads(subprocess.run(
-            [IGRAD, "plan", "--config", MODEL, "--ranks", "1", "--method", "dense", "--json"],
-            check=True, capture_output=True, text=True).stdout)["params"]
-        node_ms = node_step_measured_ms(intra_rows[lay][1], 4 * nparams) if L > 1 else 0.0
         for topo, mt in meas.items():
             for m in METHODS:
                 mm, pp = mt[m], proj[(m, topo)]
-                # hier with the node step as bench comm measured it
-                nodefix = shared[(m, topo)]["inter_ms"]["mean"] + node_ms \
-                    if topo == "hier" else None
                 # the testbed's network: one veth per node
                 tb_ms = testbed_ms(latency[(m, topo)], pp, N, L, per_op["inter"], m, topo)
                 al = aligned.get(topo, {}).get(m, {}).get("comm_ms")
@@ -374,7 +357,6 @@ def main():
                               "ratio": mm["comm_ms"] / pp["sync_ms"]["mean"],
                               "projected_shared_ms": shared[(m, topo)]["sync_ms"]["mean"],
                               "projected_single_fit_ms": single[(m, topo)]["sync_ms"]["mean"],
-                              "projected_node_step_measured_ms": nodefix,
                               "collectives_measured": mm["buckets"],
                               "collectives_projected": pp["collectives"]["mean"],
                               "measured_payload": mm["payload_bytes_per_step"],
@@ -420,8 +402,7 @@ def main():
                         "measured ms: aligned (flat) or window (hier) / engine comm",
                         "projected ms, testbed network", "measured/projected",
                         "engine comm / projected", "projected, per-GPU links",
-                        "projected, one fit per level", "hier: node step as measured + inter",
-                        "engine comm / that"],
+                        "projected, one fit per level"],
                        [[r["layout"], r["topology"], r["method"],
                          f"{r['measured_payload'] / 1024:.1f} / {r['projected_payload'] / 1024:.1f}",
                          f"{r['collectives_measured']:.0f} / {r['collectives_projected']:.1f}",
@@ -430,11 +411,7 @@ def main():
                          f"{r['measured_comm_ms'] / r['projected_testbed_ms']:.2f}",
                          f"{r['projected_ms']:.1f} ({r['projected_intra_ms']:.1f} + "
                          f"{r['projected_inter_ms']:.1f})",
-                         f"{r['projected_single_fit_ms']:.1f}",
-                         "-" if r["projected_node_step_measured_ms"] is None
-                         else f"{r['projected_node_step_measured_ms']:.1f}",
-                         "-" if r["projected_node_step_measured_ms"] is None
-                         else f"{r['measured_comm_ms'] / r['projected_node_step_measured_ms']:.2f}"]
+                         f"{r['projected_single_fit_ms']:.1f}"]
                         for r in table]))
     md.append("")
     md.append(md_table(["layout", "method", "node sums + broadcasts ms (window)",
