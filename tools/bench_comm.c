@@ -10,7 +10,10 @@
  *
  * With --ranks-per-node L every collective runs inside groups of L
  * consecutive ranks ("nodes"), all groups at once — the intra level as the
- * engine's node step meets it, other nodes' ranks busy beside it.
+ * engine's node step meets it, other nodes' ranks busy beside it. With
+ * --across-nodes as well, the groups are instead the N ranks that share a
+ * local rank, one per node, all L groups at once — the hier route's shard
+ * exchange (L rings sharing each node's link).
  *
  * For every size, --warmup untimed calls, then --reps calls each after a
  * world barrier; a call's time is the slowest rank's, and the median over calls
@@ -38,7 +41,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: mpirun -np P igrad bench comm [--sizes B,B,...] [--ops LIST] [--reps N]\n"
             "                                    [--warmup N] [--node-pieces K]\n"
-            "                                    [--ranks-per-node L] [--json]\n"
+            "                                    [--ranks-per-node L [--across-nodes]] [--json]\n"
             "  --sizes   message sizes in bytes (allgather: per rank; the others: the\n"
             "            F32 vector, a multiple of 4); default 1024,4096,...,4194304\n"
             "  --ops     collectives to sweep (allgather,allreduce,reduce,bcast): reduce\n"
@@ -51,6 +54,8 @@ static void usage(FILE *f)
             "            piece k rooted at rank k mod P, all in flight\n"
             "  --ranks-per-node L  run every collective inside groups of L consecutive\n"
             "            ranks, all groups at once (default: one group of all ranks)\n"
+            "  --across-nodes  with --ranks-per-node L: groups of the ranks that share a\n"
+            "            local rank, one per node (hier's shard exchange), all at once\n"
             "  --reps    timed calls per size and collective (default 15)\n"
             "  --warmup  untimed calls first (default 2)\n"
             "  --json    one JSON object instead of the table\n");
@@ -194,7 +199,7 @@ static int time_collective(igrad_comm_t *comm, MPI_Comm group, int op, size_t nb
 int bench_comm(int argc, char **argv)
 {
     int64_t sizes[MAX_SIZES], reps = 15, warmup = 2, per_node = 0, pieces = 0;
-    int nsizes = 0, json = 0, on[NOPS] = {1, 1, 1, 1, 0, 0};
+    int nsizes = 0, json = 0, across = 0, on[NOPS] = {1, 1, 1, 1, 0, 0};
     for (int64_t s = 1024; s <= 4194304; s *= 4) sizes[nsizes++] = s;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -205,6 +210,8 @@ int bench_comm(int argc, char **argv)
         }
         if (!strcmp(argv[i], "--json")) {
             json = 1;
+        } else if (!strcmp(argv[i], "--across-nodes")) {
+            across = 1;
         } else if ((r = cli_opt(argc, argv, &i, "--sizes", &v)) != 0) {
             if (r < 0 || parse_sizes(v, sizes, &nsizes) < 0) return 2;
         } else if ((r = cli_opt(argc, argv, &i, "--ops", &v)) != 0) {
@@ -232,6 +239,10 @@ int bench_comm(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    if (across && per_node < 1) {
+        fprintf(stderr, "igrad: bench comm: --across-nodes needs --ranks-per-node L\n");
+        return 2;
     }
     if (reps < 1 || reps > 100000 || warmup < 0 || warmup > 100000) {
         fprintf(stderr, "igrad: bench comm: --reps must be in [1, 100000] and --warmup in "
@@ -263,8 +274,17 @@ int bench_comm(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
+    if (across && wsize / per_node < 2) {
+        if (wrank == 0)
+            fprintf(stderr, "igrad: bench comm: --across-nodes: the %d ranks form one node of "
+                            "%lld: nothing crosses nodes\n", wsize, (long long)per_node);
+        MPI_Finalize();
+        return 2;
+    }
     MPI_Comm group = MPI_COMM_WORLD;
-    if (per_node > 0) MPI_Comm_split(MPI_COMM_WORLD, wrank / (int)per_node, wrank, &group);
+    if (per_node > 0)
+        MPI_Comm_split(MPI_COMM_WORLD, across ? wrank % (int)per_node : wrank / (int)per_node,
+                       wrank, &group);
     igrad_comm_t *comm = NULL;
     igrad_status_t st = igrad_comm_create_mpi(&group, &comm);
     if (st != IGRAD_OK) {
@@ -283,9 +303,23 @@ int bench_comm(int argc, char **argv)
                 (long long)maxb);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    /* rank 0's group as MPI formed it: its members' world ranks, in order */
+    int *members = calloc((size_t)P, sizeof *members), *in = calloc((size_t)P, sizeof *in);
+    if (!members || !in) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Group g, w;
+    MPI_Comm_group(group, &g);
+    MPI_Comm_group(MPI_COMM_WORLD, &w);
+    for (int r = 0; r < P; r++) in[r] = r;
+    MPI_Group_translate_ranks(g, P, in, w, members);
+    MPI_Group_free(&g);
+    MPI_Group_free(&w);
+    free(in);
     if (rank == 0) {
-        if (json) printf("{\"ranks\": %d, \"group_ranks\": %d, \"reps\": %lld, \"rows\": [",
-                         wsize, P, (long long)reps);
+        if (json) {
+            printf("{\"ranks\": %d, \"group_ranks\": %d, \"group_of_rank0\": [", wsize, P);
+            for (int r = 0; r < P; r++) printf("%s%d", r ? ", " : "", members[r]);
+            printf("], \"reps\": %lld, \"rows\": [", (long long)reps);
+        }
         else printf("# igrad bench comm: %d ranks, collectives over groups of %d, median of "
                     "%lld calls (slowest rank)\n%-22s %12s %12s\n", wsize, P, (long long)reps,
                     "op", "bytes", "ms");
@@ -309,6 +343,7 @@ int bench_comm(int argc, char **argv)
     free(send);
     free(recv);
     free(reqs);
+    free(members);
     igrad_comm_free(comm);
     if (group != MPI_COMM_WORLD) MPI_Comm_free(&group);
     MPI_Finalize();

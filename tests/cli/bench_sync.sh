@@ -139,6 +139,21 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert sorted(r["op"] for r in d["rows"]) == ["bcast", "reduce"], d["rows"]
 PY
+  # groups as MPI formed them: 2 "nodes" of 2 ranks; inside a node {0, 1},
+  # across nodes (hier's shard exchange) {0, 2}
+  for g in node across; do
+    flag=(); [ "$g" = across ] && flag=(--across-nodes)
+    mpirun --allow-run-as-root --oversubscribe -np 4 "$igrad" bench comm --ranks-per-node 2 \
+      "${flag[@]}" --ops allgather --sizes 4096 --reps 2 --json >"$tmp/group-$g.json"
+  done
+  check "bench comm --ranks-per-node 2 [--across-nodes]: the groups MPI formed" \
+    python3 - "$tmp/group-node.json" "$tmp/group-across.json" <<'PY'
+import json, sys
+node, across = (json.load(open(p)) for p in sys.argv[1:])
+assert node["group_of_rank0"] == [0, 1] and node["group_ranks"] == 2, node
+assert across["group_of_rank0"] == [0, 2] and across["group_ranks"] == 2, across
+assert len(across["rows"]) == 1 and across["rows"][0]["ms"] > 0, across
+PY
 fi
 
 "$igrad" bench sync --help >"$tmp/help.txt"

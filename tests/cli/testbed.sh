@@ -27,6 +27,7 @@ set +e
 "$igrad" bench comm >"$tmp/e2" 2>&1; rc2=$?
 "$igrad" bench comm --ops allgather,scatter >"$tmp/e3" 2>&1; rc3=$?
 "$igrad" bench comm --node-pieces 0 >"$tmp/e4" 2>&1; rc4=$?
+"$igrad" bench comm --across-nodes >"$tmp/e5" 2>&1; rc5=$?
 set -e
 check "bench comm --sizes 6 exits 2 naming the size" \
   bash -c "[ $rc1 -eq 2 ] && grep -q '6 is not a positive multiple of 4' '$tmp/e1'"
@@ -36,6 +37,8 @@ check "bench comm --ops scatter exits 2 naming it" \
   bash -c "[ $rc3 -eq 2 ] && grep -q \"'scatter' is not a collective\" '$tmp/e3'"
 check "bench comm --node-pieces 0 exits 2 naming it" \
   bash -c "[ $rc4 -eq 2 ] && grep -q 'node-pieces is 0' '$tmp/e4'"
+check "bench comm --across-nodes alone exits 2 naming --ranks-per-node" \
+  bash -c "[ $rc5 -eq 2 ] && grep -q 'across-nodes needs --ranks-per-node' '$tmp/e5'"
 
 command -v mpirun >/dev/null 2>&1 || { echo "SKIP: mpirun not found"; exit 77; }
 set +e
