@@ -37,6 +37,7 @@ typedef struct plan_opts {
     igrad_dtype_t value_dtype;
     igrad_collective_t collective;
     int auto_sparse_reduce;   /* config.auto_sparse_reduce of the sparse methods */
+    int latency_overlap;      /* --latency overlap: a step's buckets' latencies overlap */
     int json;
 } plan_opts_t;
 
@@ -109,6 +110,12 @@ static void usage(FILE *fp)
             "                         the engine's config.link_latency_ns/bandwidth_mbps\n"
             "  --auto-sparse-reduce   auto may take the sparse all-reduce too\n"
             "                         (config.auto_sparse_reduce)\n"
+            "  --latency sum|overlap  a step's bucket collectives: each pays its latency\n"
+            "                         terms in turn (sum, default: NCCL runs a group's\n"
+            "                         collectives one after another) or all are in flight\n"
+            "                         at once and the step pays the largest (overlap: the\n"
+            "                         engine's non-blocking MPI buckets); bandwidth terms\n"
+            "                         add up either way\n"
             "  --json                 one JSON object instead of the table\n"
             "  --list-links           print the link presets and exit\n"
             "  -h, --help             this text\n",
@@ -206,6 +213,13 @@ static int parse_args(int argc, char **argv, plan_opts_t *o)
             if (r < 0 || cli_parse_value_dtype("value-dtype", v, &o->value_dtype)) return -1;
         } else if (!strcmp(a, "--auto-sparse-reduce")) {
             o->auto_sparse_reduce = 1;
+        } else if (OPT("--latency")) {
+            if (r < 0) return -1;
+            if (strcmp(v, "sum") && strcmp(v, "overlap")) {
+                fprintf(stderr, "igrad plan: --latency is '%s' (sum or overlap)\n", v);
+                return -1;
+            }
+            o->latency_overlap = !strcmp(v, "overlap");
         } else if (OPT("--collective")) {
             if (r < 0) return -1;
             if (igrad_collective_from_name(v, &o->collective) != IGRAD_OK) {
@@ -361,6 +375,45 @@ static plan_point_t flat_point(const plan_ctx_t *x, double payload, double wire,
  * bytes, 4(P-1) messages, on the all-reduce link), over `ranks` ranks on
  * `level`'s link for that collective. */
 static double bucket_seconds(const igrad_planned_bucket_t *b, int64_t ranks,
+                             const plan_level_t *level);
+
+/* A step's bucket collectives on one level: bandwidth terms add up (the
+ * buckets share the link); latency terms add up too (--latency sum) or,
+ * all in flight at once, the largest counts (overlap). */
+typedef struct step_time {
+    double bw_s, lat_sum_s, lat_max_s;
+} step_time_t;
+
+/* Adds a collective of `total_s` seconds, `bw_s` of them its bandwidth term. */
+static void step_time_add(step_time_t *t, double total_s, double bw_s)
+{
+    double lat = total_s - bw_s;
+    t->bw_s += bw_s;
+    t->lat_sum_s += lat;
+    if (lat > t->lat_max_s) t->lat_max_s = lat;
+}
+
+static double step_time_s(const step_time_t *t, int overlap)
+{
+    return t->bw_s + (overlap ? t->lat_max_s : t->lat_sum_s);
+}
+
+/* The level with every collective's latency 0: its bandwidth terms alone. */
+static plan_level_t level_bandwidth_only(const plan_level_t *level)
+{
+    plan_level_t z = *level;
+    for (int k = 0; k < PLAN_NCOLL; k++) z.coll[k].latency_s = 0.0;
+    return z;
+}
+
+static void step_time_bucket(step_time_t *t, const igrad_planned_bucket_t *b, int64_t ranks,
+                             const plan_level_t *level)
+{
+    plan_level_t z = level_bandwidth_only(level);
+    step_time_add(t, bucket_seconds(b, ranks, level), bucket_seconds(b, ranks, &z));
+}
+
+static double bucket_seconds(const igrad_planned_bucket_t *b, int64_t ranks,
                              const plan_level_t *level)
 {
     double pay = (double)b->payload_nbytes;
@@ -376,7 +429,7 @@ static double bucket_seconds(const igrad_planned_bucket_t *b, int64_t ranks,
  * inter; the step waits for the slowest shard. inter_s[] has L slots;
  * shard_sum (2 L) accumulates every shard's payload and wire bytes. */
 static plan_point_t hier_point(const plan_ctx_t *x, const igrad_step_stats_t *s,
-                               const igrad_planned_bucket_t *bk, size_t nb, double *inter_s,
+                               const igrad_planned_bucket_t *bk, size_t nb, step_time_t *inter_s,
                                double *shard_sum)
 {
     const plan_level_t *intra = &x->o->net[0], *inter = &x->o->net[1];
@@ -386,15 +439,17 @@ static plan_point_t hier_point(const plan_ctx_t *x, const igrad_step_stats_t *s,
     if (!s->skipped)
         p.intra_s = plan_node_collectives_s(n, x->L, &intra->coll[PLAN_REDUCE]) +
                     plan_node_collectives_s(n, x->L, &intra->coll[PLAN_BCAST]);
-    for (int64_t l = 0; l < x->L; l++) inter_s[l] = 0.0;
+    for (int64_t l = 0; l < x->L; l++) inter_s[l] = (step_time_t){0, 0, 0};
     for (size_t j = 0; j < nb; j++) {
         int l = bk[j].local_rank;
-        inter_s[l] += bucket_seconds(&bk[j], x->N, inter);
+        step_time_bucket(&inter_s[l], &bk[j], x->N, inter);
         shard_sum[2 * l] += (double)bk[j].payload_nbytes;
         shard_sum[2 * l + 1] += bk[j].wire_nbytes;
     }
-    for (int64_t l = 0; l < x->L; l++)
-        if (inter_s[l] > p.inter_s) p.inter_s = inter_s[l];
+    for (int64_t l = 0; l < x->L; l++) {
+        double t = step_time_s(&inter_s[l], x->o->latency_overlap);
+        if (t > p.inter_s) p.inter_s = t;
+    }
     return p;
 }
 
@@ -404,7 +459,7 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
 {
     int hier = c->topology == IGRAD_TOPOLOGY_HIER;
     igrad_planned_bucket_t *bk = calloc(cap ? cap : 1, sizeof *bk);
-    double *inter_s = calloc((size_t)x->L, sizeof *inter_s);
+    step_time_t *inter_s = calloc((size_t)x->L, sizeof *inter_s);
     if (hier && to->engine && !to->engine->shard_sum)
         to->engine->shard_sum = calloc(2 * (size_t)x->L, sizeof(double));
     if (!bk || !inter_s || (hier && (!to->engine || !to->engine->shard_sum))) {
@@ -428,22 +483,28 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
             continue;
         }
         const plan_link_t *ar = &x->flat->coll[PLAN_ALLREDUCE];
-        double t_flat = 0, t_bf16 = 0, t_sar = 0, sar_wire = 0, bf16_wire = 0;
+        plan_level_t z = level_bandwidth_only(x->flat);
+        const plan_link_t *ar0 = &z.coll[PLAN_ALLREDUCE];
+        step_time_t t_flat = {0, 0, 0}, t_bf16 = {0, 0, 0}, t_sar = {0, 0, 0};
+        double sar_wire = 0, bf16_wire = 0;
         for (size_t j = 0; j < nb; j++) {
-            t_flat += bucket_seconds(&bk[j], P, x->flat);
+            step_time_bucket(&t_flat, &bk[j], P, x->flat);
             double half = 2.0 * (double)bk[j].dense_count;
-            t_bf16 += plan_ring_allreduce_s(half, P, ar);
+            step_time_add(&t_bf16, plan_ring_allreduce_s(half, P, ar),
+                          plan_ring_allreduce_s(half, P, ar0));
             bf16_wire += P > 1 ? 2.0 * (double)(P - 1) / (double)P * half : 0.0;
-            plan_level_cost_t a = plan_sparse_allreduce((double)bk[j].payload_nbytes, P, ar);
-            t_sar += a.seconds;
+            double pay_j = (double)bk[j].payload_nbytes;
+            plan_level_cost_t a = plan_sparse_allreduce(pay_j, P, ar);
+            step_time_add(&t_sar, a.seconds, plan_sparse_allreduce(pay_j, P, ar0).seconds);
             sar_wire += a.wire_nbytes;
         }
         double pay = (double)s.payload_nbytes;
-        plan_point_t pf = flat_point(x, pay, s.wire_nbytes, t_flat);
+        int ov = x->o->latency_overlap;
+        plan_point_t pf = flat_point(x, pay, s.wire_nbytes, step_time_s(&t_flat, ov));
         pf.intra = s.intra_wire_nbytes; /* the engine's own split */
         pf.inter = s.inter_wire_nbytes;
-        plan_point_t pb = flat_point(x, pay / 2.0, bf16_wire, t_bf16);
-        plan_point_t pa = flat_point(x, pay, sar_wire, t_sar);
+        plan_point_t pb = flat_point(x, pay / 2.0, bf16_wire, step_time_s(&t_bf16, ov));
+        plan_point_t pa = flat_point(x, pay, sar_wire, step_time_s(&t_sar, ov));
         row_add(to->engine, step, &pf, s.buckets, &s);
         row_add(to->bf16, step, &pb, s.buckets, NULL);
         row_add(to->sar, step, &pa, s.buckets, NULL);
@@ -601,9 +662,10 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
     json_level("inter", &o->net[1]);
     printf(", \"compute_ms\": %.17g, \"compute_source\": \"%s\", \"cycle_steps\": %lld, "
            "\"density\": %.17g, \"release_period\": %lld, \"buckets\": %lld, "
-           "\"profile\": \"%s\", \"ig_planned_ratio\": %.17g, \"rows\": [",
+           "\"latency\": \"%s\", \"profile\": \"%s\", \"ig_planned_ratio\": %.17g, "
+           "\"rows\": [",
            cms, csrc, (long long)x->cycle, o->density, (long long)o->release_period,
-           (long long)o->buckets,
+           (long long)o->buckets, o->latency_overlap ? "overlap" : "sum",
            o->profile_path ? o->profile_path : x->profile ? "synthetic" : "none", x->ig_ratio);
     for (int i = 0; i < x->nrows; i++) {
         const plan_row_t *r = &x->rows[i];
@@ -670,8 +732,10 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
                o->auto_sparse_reduce ? " with auto_sparse_reduce" : "", (long long)fl,
                (long long)fb, (long long)hl, (long long)hb);
     }
-    printf("# compute %.1f ms/step (%s); cycle %lld steps; density %g, R %lld, B %lld", cms, csrc,
-           (long long)x->cycle, o->density, (long long)o->release_period, (long long)o->buckets);
+    printf("# compute %.1f ms/step (%s); cycle %lld steps; density %g, R %lld, B %lld; bucket "
+           "latencies %s",
+           cms, csrc, (long long)x->cycle, o->density, (long long)o->release_period,
+           (long long)o->buckets, o->latency_overlap ? "overlap" : "summed");
     if (x->profile)
         printf("; ig profile %s, planned payload %.3f x adtopk_sync",
                o->profile_path ? o->profile_path : "synthetic", x->ig_ratio);

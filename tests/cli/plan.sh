@@ -116,6 +116,44 @@ ti = 1e3 * ((L - 1) * 2e-6 + (L - 1) / L * 4 * n / (100e9 / 8)
 assert abs(h["intra_ms"]["mean"] - ti) <= 1e-9 * ti, (h["intra_ms"], ti)
 PY
 
+# --latency overlap: a step's buckets all in flight, so the step pays their
+# bandwidth terms and the largest bucket's latency terms; sum (default) every
+# bucket's. The hier route's shards likewise; the node step is unchanged.
+for l in sum overlap; do
+  "$igrad" plan --config "$src/configs/gpt2.json" --ranks 8 --ranks-per-node 2 \
+    --method dense,topk_sync --collective gather --link inter=10,40 --latency "$l" \
+    --json >"$tmp/lat-$l.json"
+done
+check "plan --latency overlap: one bucket's latency per step, bandwidth terms unchanged" \
+  python3 - "$tmp/lat-sum.json" "$tmp/lat-overlap.json" <<'PY'
+import json, sys
+s, o = (json.load(open(p)) for p in sys.argv[1:])
+assert (s["latency"], o["latency"]) == ("sum", "overlap"), (s["latency"], o["latency"])
+rs = {(r["method"], r["route"]): r for r in s["rows"]}
+ro = {(r["method"], r["route"]): r for r in o["rows"]}
+lat, bw = 40e-6, 10e9 / 8
+P, N, L, B = 8, 4, 2, s["buckets"]
+# flat topk_sync, forced gather: B all-gathers over P ranks, (P-1) alpha each
+f_s, f_o = rs[("topk_sync", "flat")], ro[("topk_sync", "flat")]
+assert f_s["collectives"]["mean"] == B, f_s["collectives"]
+want = 1e3 * (B - 1) * (P - 1) * lat
+got = f_s["sync_ms"]["mean"] - f_o["sync_ms"]["mean"]
+assert abs(got - want) <= 1e-9 * f_s["sync_ms"]["mean"], (got, want)
+t = 1e3 * ((P - 1) * lat + (P - 1) * f_o["payload_nbytes"]["mean"] / bw)
+assert abs(f_o["sync_ms"]["mean"] - t) <= 1e-9 * t, (f_o["sync_ms"], t)
+# dense_bf16's ring all-reduces: 2(P-1) alpha each
+d_s, d_o = rs[("dense_bf16", "ring_allreduce")], ro[("dense_bf16", "ring_allreduce")]
+want = 1e3 * (B - 1) * 2 * (P - 1) * lat
+got = d_s["sync_ms"]["mean"] - d_o["sync_ms"]["mean"]
+assert abs(got - want) <= 1e-9 * d_s["sync_ms"]["mean"], (got, want)
+# hier topk_sync: the node step the same, every shard's buckets one latency
+h_s, h_o = rs[("topk_sync", "hier")], ro[("topk_sync", "hier")]
+assert h_s["intra_ms"] == h_o["intra_ms"], (h_s["intra_ms"], h_o["intra_ms"])
+t = max(1e3 * ((N - 1) * lat + sh["inter_nbytes"] / bw) for sh in h_o["by_local_rank"])
+assert abs(h_o["inter_ms"]["mean"] - t) <= 1e-6 * t, (h_o["inter_ms"], t)
+assert h_o["inter_ms"]["mean"] < h_s["inter_ms"]["mean"], (h_o["inter_ms"], h_s["inter_ms"])
+PY
+
 # the plan's hier bytes equal the engine's measured ones (np 4, 2 nodes x 2):
 # bench sync averages bytes over ranks, i.e. over the shards
 if command -v mpirun >/dev/null 2>&1; then
@@ -198,6 +236,7 @@ bad "P not a multiple of a given L" "--ranks 12 is not a multiple of --ranks-per
 bad "zero bandwidth" "both > 0" --config "$cfg" --ranks 8 --link inter=0,5
 bad "bad method" "'foo' is not a method" --config "$cfg" --ranks 8 --method dense,foo
 bad "bad target ratio" "--target-ratio is 2" --config "$cfg" --ranks 8 --target-ratio 2
+bad "bad --latency" "--latency is 'max' (sum or overlap)" --config "$cfg" --ranks 8 --latency max
 bad "bad density" "config.density" --config "$cfg" --ranks 8 --density 0
 bad "unknown flag" "unknown argument '--frobnicate'" --config "$cfg" --ranks 8 --frobnicate
 bad "missing config file" "missing.json" --config "$tmp/missing.json" --ranks 8
