@@ -3,14 +3,21 @@
 (experiments/netem/testbed, issue 12 parts 1 and 3), flat and hier.
 
 Stages (each one's raw output is kept in OUT/raw/ and reused by a rerun;
---fresh forgets them):
+--fresh forgets them). The 4 x 1 sweep runs first; then, layout by layout,
+that layout's sweeps right before its runs (the machine's load drifts):
   1. sweeps: `igrad bench comm` (all-gather, all-reduce, and the hier node
      step's in-flight reduces and broadcasts, over message sizes) on
      4 nodes x 1 rank (every ring hop crosses the shaped veth: the inter
      level) and, for every layout N x L with L > 1, on that layout with
      `--ranks-per-node L` (shared memory inside each node, all N nodes at
      once: the intra level as the engine's node step meets it, the other
-     nodes' ranks competing for the 2 cores);
+     nodes' ranks competing for the 2 cores); and every layout's own
+     inter level as its buckets meet it: flat, the bucket collectives over
+     all P ranks of the layout; hier, over the N ranks sharing a local
+     rank (`bench comm --across-nodes`), the L groups at once sharing each
+     node's veth — at 8 processes the 2 cores are part of the link (an
+     unshaped 1 MiB all-gather takes 5x as long at 8 x 1 as at 4 x 1), so
+     a 4 x 1 fit does not carry over;
   2. fit: α, β per level *and collective* by least squares on the formulas
      of docs/plan.md §2 — all-gather of m bytes per rank (P-1)α + (P-1)mβ,
      all-reduce of n bytes 2(P-1)α + 2(P-1)/P nβ, node reduces / broadcasts
@@ -31,16 +38,18 @@ Stages (each one's raw output is kept in OUT/raw/ and reused by a rerun;
   4. projected: `igrad plan --json` for the same model, P, L and knobs with
      --link LEVEL.COLL= the per-collective fits and --profile the profile
      bench sync's runs used (bench sync --profile-out), so both sides
-     price the same plans, ig's and iad's included; and the testbed's
-     network (testbed_ms: one veth per node carrying what its L ranks send
-     off the node), the projection the 1.3x target is judged on
-     ("measured/projected": aligned for flat, the engine's exchange
-     windows for hier);
-     also per-GPU links, the node link split L ways, and one fit per level;
+     price the same plans, ig's and iad's included. The projection the
+     1.3x target is judged on ("measured/projected": aligned for flat,
+     the engine's exchange windows for hier) is plan's own figure on the
+     layout's own inter fits with --latency overlap (the engine issues a
+     step's buckets at once); also kept: the 4 x 1 fit priced on the
+     testbed's network (testbed_ms: one veth per node carrying what its L
+     ranks send off the node, run 3's projection), plan's per-GPU figure
+     on the 4 x 1 fit, and one fit per level;
 and writes OUT/plan_validation.md (tables) and OUT/plan_validation.json.
 
 Usage: experiments/plan_validation/run.py [--out DIR] [--rate 200mbit]
-         [--layouts 2x2,4x1,4x2] [--steps 8] [--reps 7]
+         [--layouts 2x2,4x1,4x2,8x1] [--steps 8] [--reps 7]
          [--allgather recursive_doubling|linear|default] [--fresh]
 The default iallgather is recursive doubling (bandwidth-optimal, the ring's
 (P-1)m bytes per rank); Open MPI's own choice here is linear, every rank
@@ -172,18 +181,32 @@ def fit_alpha_beta(rows, P):
             "residuals": resid}
 
 
-def sweep(args, nodes, rpn, name, intra):
-    """bench comm rows of every collective at the sizes its fit uses; intra:
-    inside each node of rpn ranks (all nodes at once)."""
+def sweep(args, nodes, rpn, name, groups):
+    """bench comm rows of every collective at the sizes its fit uses.
+    groups: "world" (all ranks in one group, every collective), "intra"
+    (inside each node of rpn ranks, all nodes at once, every collective) or
+    "across" (the bucket collectives among the ranks sharing a local rank,
+    one per node, all rpn groups at once: hier's shard exchange)."""
+    intra = groups == "intra"
     node_sizes = [b for b in NODE_SIZES_INTRA if b >= NODE_FIT_MIN_INTRA] if intra else AR_SIZES
     want = {"allgather": AG_SIZES, "allreduce": AR_SIZES, "reduce": node_sizes,
             "bcast": node_sizes}
     sizes = sorted(set(AG_SIZES + AR_SIZES + node_sizes))
-    group = ["--ranks-per-node", str(rpn)] if intra else []
+    group = {"world": [], "intra": ["--ranks-per-node", str(rpn)],
+             "across": ["--ranks-per-node", str(rpn), "--across-nodes", "--ops",
+                        "allgather,allreduce"]}[groups]
     out = run_testbed(args, nodes, rpn,
                       [IGRAD, "bench", "comm", "--json", "--reps", str(args.reps),
                        "--sizes", ",".join(map(str, sizes))] + group, f"sweep-{name}.json")
     return [r for r in last_json(out)["rows"] if r["bytes"] in want.get(r["op"], [])]
+
+
+def inter_fits(rows, P):
+    """Per-collective fits of an inter-level sweep over groups of P ranks,
+    on the sizes above the tbf burst."""
+    fit_rows = [r for r in rows if ring_coeffs(r["op"], P, r["bytes"])[1] >= INTER_FIT_MIN_BYTES]
+    return {op: fit_alpha_beta([r for r in fit_rows if r["op"] == op], P)
+            for op in OPS if any(r["op"] == op for r in fit_rows)}
 
 
 def link_spec(fit, share=1):
@@ -231,18 +254,38 @@ def testbed_ms(lat_row, row, N, L, inter_fits, method, topo):
     return latency + node_bytes * beta_ms
 
 
-def plan_rows(P, L, links, profile):
+def plan_rows(P, L, links, profile, extra=()):
     """igrad plan's rows by (method, route) and the command; profile: the
     one bench sync's runs used (--profile-out), so ig's and iad's plans are
     theirs."""
     cmd = [IGRAD, "plan", "--config", MODEL, "--ranks", str(P), "--ranks-per-node", str(L)] \
-        + links + ["--method", ",".join(METHODS), "--density", "0.01", "--buckets", "4",
+        + links + list(extra) + ["--method", ",".join(METHODS), "--density", "0.01", "--buckets", "4",
                    "--release-period", "4", "--profile", profile, "--json"]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         raise SystemExit(f"run.py: igrad plan failed: {p.stderr.strip()}")
     plan = json.loads(p.stdout)
     return {(r["method"], r["route"]): r for r in plan["rows"]}, cmd
+
+
+def median_methods(rounds):
+    """bench sync's methods over repeated runs: every time the median over
+    the runs ("<key>_range": its min and max), bytes and counts the first
+    run's (the same in every run: the same seed and plans)."""
+    def med(xs):
+        xs = sorted(xs)
+        n = len(xs)
+        return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+    out = {}
+    for m, first in rounds[0].items():
+        row = dict(first)
+        for key in ("comm_ms", "comm_window_ms", "sync_ms"):
+            xs = [r[m][key] for r in rounds]
+            row[key], row[key + "_range"] = med(xs), [min(xs), max(xs)]
+        row["comm_windows_ms"] = {w: med([r[m]["comm_windows_ms"][w] for r in rounds])
+                                  for w in first["comm_windows_ms"]}
+        out[m] = row
+    return out
 
 
 def shard_mean(row, key):
@@ -258,7 +301,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "plan_validation"))
     ap.add_argument("--rate", default="200mbit")
     ap.add_argument("--delay", default="")
-    ap.add_argument("--layouts", default="2x2,4x1,4x2")
+    ap.add_argument("--layouts", default="2x2,4x1,4x2,8x1")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--allgather", default="recursive_doubling",
@@ -268,6 +311,9 @@ def main():
     ap.add_argument("--run-timeout", type=float, default=240.0,
                     help="seconds before one testbed run counts as hung (default 240)")
     ap.add_argument("--tries", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="rounds of every layout's bench sync runs; times are the "
+                         "median over them (default 3)")
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args()
     os.makedirs(os.path.join(args.out, "raw"), exist_ok=True)
@@ -275,27 +321,33 @@ def main():
         raise SystemExit(f"run.py: {IGRAD} not built (make build)")
 
     layouts = [tuple(int(x) for x in lay.split("x")) for lay in args.layouts.split(",")]
-    inter_rows = sweep(args, 4, 1, "4x1", False)
-    intra_rows = {f"{N}x{L}": (L, sweep(args, N, L, f"{N}x{L}-intra", True))
-                  for N, L in layouts if L > 1}
+    inter_rows = sweep(args, 4, 1, "4x1", "world")
     # the last validation's single α, β per level (all-gather + all-reduce)
     joint = {"inter": fit_alpha_beta([r for r in inter_rows if r["op"] in OPS[:2]], 4)}
-    for lay, (L, rows) in intra_rows.items():
-        joint[f"intra {lay}"] = fit_alpha_beta([r for r in rows if r["op"] in OPS[:2]], L)
     # what plan takes now: every collective its own α, β on every level
-    inter_fit_rows = [r for r in inter_rows
-                      if ring_coeffs(r["op"], 4, r["bytes"])[1] >= INTER_FIT_MIN_BYTES]
-    per_op = {"inter": {op: fit_alpha_beta([r for r in inter_fit_rows if r["op"] == op], 4)
-                        for op in OPS}}
-    for lay, (L, rows) in intra_rows.items():
-        per_op[f"intra {lay}"] = {op: fit_alpha_beta([r for r in rows if r["op"] == op], L)
-                                  for op in OPS}
-    any_intra = next(iter(intra_rows))  # N x 1 layouts move nothing inside a node
+    per_op = {"inter": inter_fits(inter_rows, 4)}
 
     table, bytes_rows = [], []
     for N, L in layouts:
         P, lay = N * L, f"{N}x{L}"
-        ikey = f"intra {lay}" if L > 1 else f"intra {any_intra}"
+        # The layout's own sweeps, right before its runs (the machine's
+        # load drifts over minutes): inside its nodes, and its inter level
+        # as its buckets meet it — flat, the bucket collectives over all P
+        # ranks as laid out; hier, over the N ranks of one local rank, the
+        # L groups at once (sharing each node's veth, and the 2 cores with
+        # every other rank)
+        if L > 1:
+            rows = sweep(args, N, L, f"{lay}-intra", "intra")
+            joint[f"intra {lay}"] = fit_alpha_beta([r for r in rows if r["op"] in OPS[:2]], L)
+            per_op[f"intra {lay}"] = {op: fit_alpha_beta([r for r in rows if r["op"] == op], L)
+                                      for op in OPS}
+        per_op[f"inter {lay} flat"] = inter_fits(sweep(args, N, L, f"{lay}-world", "world"), P)
+        if L > 1:
+            per_op[f"inter {lay} hier"] = inter_fits(
+                sweep(args, N, L, f"{lay}-across", "across"), N)
+        # N x 1 moves nothing inside a node (plan's flat ring runs on inter
+        # there): the intra level is never priced, any fit will do
+        ikey = f"intra {lay}" if L > 1 else "inter"
         intra = per_op[ikey]
         # One OpenMP thread per rank: bench sync's default is cores / ranks
         # on the node, which at N x 1 is 2 threads for every rank of the
@@ -306,17 +358,27 @@ def main():
                     str(args.steps), "--profile-steps", "8", "--density", "0.01", "--buckets",
                     "4", "--release-period", "4", "--ranks-per-node", str(L)] + threads
         profile = os.path.join(args.out, "raw", f"profile-{lay}.json")
-        for topo in (["flat", "hier"] if L > 1 else ["flat"]):
-            # the namespaces see the host's files: rank 0 writes the profile here
-            extra = ["--profile-out", profile] if topo == "flat" else []
-            out = run_testbed(args, N, L, sync_cmd + ["--topology", topo] + extra,
-                              f"sync-{lay}-{topo}.json")
-            meas[topo] = last_json(out)["methods"]
-        # the flat buckets' collectives timed from a barrier (bench sync
-        # --aligned): what plan projects, without the engine's wait for
-        # ranks still selecting (4 ranks share 2 cores here)
-        out = run_testbed(args, N, L, sync_cmd + ["--aligned"], f"sync-{lay}-flat-aligned.json")
-        aligned["flat"] = last_json(out)["methods"]
+        # --repeats rounds of the layout's runs, interleaved (flat, hier,
+        # flat aligned; again ...); each row's times are the median over
+        # the rounds, with their range (the same command's hier node sums
+        # moved by 1.5x between runs here)
+        runs = {"flat": [], "hier": [], "aligned": []}
+        for k in range(args.repeats):
+            sfx = f"-r{k + 1}" if k else ""
+            for topo in (["flat", "hier"] if L > 1 else ["flat"]):
+                # the namespaces see the host's files: rank 0 writes the profile here
+                extra = ["--profile-out", profile] if topo == "flat" and not k else []
+                out = run_testbed(args, N, L, sync_cmd + ["--topology", topo] + extra,
+                                  f"sync-{lay}-{topo}{sfx}.json")
+                runs[topo].append(last_json(out)["methods"])
+            # the flat buckets' collectives timed from a barrier (bench sync
+            # --aligned): what plan projects, without the engine's wait for
+            # ranks still selecting (4 ranks share 2 cores here)
+            out = run_testbed(args, N, L, sync_cmd + ["--aligned"],
+                              f"sync-{lay}-flat-aligned{sfx}.json")
+            runs["aligned"].append(last_json(out)["methods"])
+        meas = {t: median_methods(r) for t, r in runs.items() if r and t != "aligned"}
+        aligned["flat"] = median_methods(runs["aligned"])
         links = link_flags(per_op["inter"], intra)
         proj, cmd = plan_rows(P, L, links, profile)
         # The testbed has one veth per node, shared by its L ranks; plan's
@@ -325,6 +387,14 @@ def main():
         shared = plan_rows(P, L, link_flags(per_op["inter"], intra, L), profile)[0] \
             if L > 1 else proj
         latency = plan_rows(P, L, link_flags(per_op["inter"], intra, 1, True), profile)[0]
+        # plan's own projection on this layout's own inter fits (the
+        # target's), with --latency overlap: the engine issues a step's
+        # buckets at once (non-blocking MPI), so their latencies overlap
+        own = {}
+        for topo in meas:
+            key = f"inter {lay} {topo}"
+            own[topo] = plan_rows(P, L, link_flags(dict(per_op["inter"], **per_op[key]), intra),
+                                  profile, ["--latency", "overlap"])
         # the last validation's way: one α, β per level
         single = plan_rows(P, L, ["--link", "inter=" + link_spec(joint["inter"]),
                                   "--link", "intra=" + link_spec(joint[ikey])],
@@ -339,8 +409,20 @@ def main():
                 # hier (no begin/end), the engine's exchange windows (each
                 # from the last rank's start to the last rank's end)
                 judged = al if topo == "flat" else mm["comm_window_ms"]
+                judged_range = (aligned[topo][m]["comm_ms_range"] if topo == "flat"
+                                else mm["comm_window_ms_range"])
                 intra_proj = latency[(m, topo)]["intra_ms"]["mean"]
+                oo = own[topo][0][(m, topo)]
                 table.append({"layout": lay, "P": P, "topology": topo, "method": m,
+                              "projected_own_ms": oo["sync_ms"]["mean"],
+                              "projected_own_intra_ms": oo["intra_ms"]["mean"],
+                              "projected_own_inter_ms": oo["inter_ms"]["mean"],
+                              "ratio_own": judged / oo["sync_ms"]["mean"],
+                              "measured_judged_range_ms": judged_range,
+                              "ratio_own_range": [x / oo["sync_ms"]["mean"] for x in judged_range],
+                              "plan_cmd_own": " ".join(
+                                  os.path.relpath(c, REPO) if c.startswith(REPO) else c
+                                  for c in own[topo][1]),
                               "measured_comm_ms": mm["comm_ms"],
                               "measured_aligned_ms": al,
                               "measured_window_ms": mm["comm_window_ms"],
@@ -400,15 +482,21 @@ def main():
     md.append(md_table(["layout", "topology", "method", "payload meas / plan KiB",
                         "colls meas / plan",
                         "measured ms: aligned (flat) or window (hier) / engine comm",
-                        "projected ms, testbed network", "measured/projected",
-                        "engine comm / projected", "projected, per-GPU links",
-                        "projected, one fit per level"],
+                        "projected ms: plan on the layout's fits (intra + inter)",
+                        "measured/projected", f"range over {args.repeats} runs",
+                        "engine comm / projected",
+                        "projected ms: 4x1 fit, testbed network", "measured/that",
+                        "plan, 4x1 fit, per-GPU links", "plan, one fit per level"],
                        [[r["layout"], r["topology"], r["method"],
                          f"{r['measured_payload'] / 1024:.1f} / {r['projected_payload'] / 1024:.1f}",
                          f"{r['collectives_measured']:.0f} / {r['collectives_projected']:.1f}",
                          f"{r['measured_judged_ms']:.1f} / {r['measured_comm_ms']:.1f}",
+                         f"{r['projected_own_ms']:.1f} ({r['projected_own_intra_ms']:.1f} + "
+                         f"{r['projected_own_inter_ms']:.1f})",
+                         f"**{r['ratio_own']:.2f}**",
+                         f"{r['ratio_own_range'][0]:.2f}–{r['ratio_own_range'][1]:.2f}",
+                         f"{r['measured_comm_ms'] / r['projected_own_ms']:.2f}",
                          f"{r['projected_testbed_ms']:.1f}", f"{r['ratio_testbed']:.2f}",
-                         f"{r['measured_comm_ms'] / r['projected_testbed_ms']:.2f}",
                          f"{r['projected_ms']:.1f} ({r['projected_intra_ms']:.1f} + "
                          f"{r['projected_inter_ms']:.1f})",
                          f"{r['projected_single_fit_ms']:.1f}"]
@@ -416,13 +504,13 @@ def main():
     md.append("")
     md.append(md_table(["layout", "method", "node sums + broadcasts ms (window)",
                         "projected node step ms", "shard buckets ms (window)",
-                        "projected inter ms (testbed)"],
+                        "projected inter ms"],
                        [[r["layout"], r["method"],
                          f"{r['measured_windows_ms']['node_sums']:.1f} + "
                          f"{r['measured_windows_ms']['node_broadcasts']:.1f}",
-                         f"{r['projected_testbed_intra_ms']:.1f}",
+                         f"{r['projected_own_intra_ms']:.1f}",
                          f"{r['measured_windows_ms']['buckets']:.1f}",
-                         f"{r['projected_testbed_inter_ms']:.1f}"]
+                         f"{r['projected_own_inter_ms']:.1f}"]
                         for r in table if r["topology"] == "hier"]))
     md.append("")
     md.append(md_table(["layout", "topology", "method", "intra KiB meas / plan",
