@@ -375,7 +375,15 @@ static plan_point_t flat_point(const plan_ctx_t *x, double payload, double wire,
  * bytes, 4(P-1) messages, on the all-reduce link), over `ranks` ranks on
  * `level`'s link for that collective. */
 static double bucket_seconds(const igrad_planned_bucket_t *b, int64_t ranks,
-                             const plan_level_t *level);
+                             const plan_level_t *level)
+{
+    double pay = (double)b->payload_nbytes;
+    if (b->kind == IGRAD_BUCKET_SPARSE_REDUCE)
+        return plan_engine_sar_s(b->wire_nbytes, ranks, &level->coll[PLAN_ALLREDUCE]);
+    return b->kind == IGRAD_BUCKET_GATHER
+               ? plan_ring_allgather_s(pay, ranks, &level->coll[PLAN_ALLGATHER])
+               : plan_ring_allreduce_s(pay, ranks, &level->coll[PLAN_ALLREDUCE]);
+}
 
 /* A step's bucket collectives on one level: bandwidth terms add up (the
  * buckets share the link); latency terms add up too (--latency sum) or,
@@ -406,22 +414,11 @@ static plan_level_t level_bandwidth_only(const plan_level_t *level)
     return z;
 }
 
+/* Adds bucket b on `level`; bw_only: level_bandwidth_only(level). */
 static void step_time_bucket(step_time_t *t, const igrad_planned_bucket_t *b, int64_t ranks,
-                             const plan_level_t *level)
+                             const plan_level_t *level, const plan_level_t *bw_only)
 {
-    plan_level_t z = level_bandwidth_only(level);
-    step_time_add(t, bucket_seconds(b, ranks, level), bucket_seconds(b, ranks, &z));
-}
-
-static double bucket_seconds(const igrad_planned_bucket_t *b, int64_t ranks,
-                             const plan_level_t *level)
-{
-    double pay = (double)b->payload_nbytes;
-    if (b->kind == IGRAD_BUCKET_SPARSE_REDUCE)
-        return plan_engine_sar_s(b->wire_nbytes, ranks, &level->coll[PLAN_ALLREDUCE]);
-    return b->kind == IGRAD_BUCKET_GATHER
-               ? plan_ring_allgather_s(pay, ranks, &level->coll[PLAN_ALLGATHER])
-               : plan_ring_allreduce_s(pay, ranks, &level->coll[PLAN_ALLREDUCE]);
+    step_time_add(t, bucket_seconds(b, ranks, level), bucket_seconds(b, ranks, bw_only));
 }
 
 /* One step of a hier plan: the node sums and broadcasts of every parameter
@@ -439,10 +436,11 @@ static plan_point_t hier_point(const plan_ctx_t *x, const igrad_step_stats_t *s,
     if (!s->skipped)
         p.intra_s = plan_node_collectives_s(n, x->L, &intra->coll[PLAN_REDUCE]) +
                     plan_node_collectives_s(n, x->L, &intra->coll[PLAN_BCAST]);
+    plan_level_t inter0 = level_bandwidth_only(inter);
     for (int64_t l = 0; l < x->L; l++) inter_s[l] = (step_time_t){0, 0, 0};
     for (size_t j = 0; j < nb; j++) {
         int l = bk[j].local_rank;
-        step_time_bucket(&inter_s[l], &bk[j], x->N, inter);
+        step_time_bucket(&inter_s[l], &bk[j], x->N, inter, &inter0);
         shard_sum[2 * l] += (double)bk[j].payload_nbytes;
         shard_sum[2 * l + 1] += bk[j].wire_nbytes;
     }
@@ -488,7 +486,7 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
         step_time_t t_flat = {0, 0, 0}, t_bf16 = {0, 0, 0}, t_sar = {0, 0, 0};
         double sar_wire = 0, bf16_wire = 0;
         for (size_t j = 0; j < nb; j++) {
-            step_time_bucket(&t_flat, &bk[j], P, x->flat);
+            step_time_bucket(&t_flat, &bk[j], P, x->flat, &z);
             double half = 2.0 * (double)bk[j].dense_count;
             step_time_add(&t_bf16, plan_ring_allreduce_s(half, P, ar),
                           plan_ring_allreduce_s(half, P, ar0));
