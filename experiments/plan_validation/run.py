@@ -65,7 +65,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import REPO, md_table, write_text  # noqa: E402
+from common import REPO, md_table, median, write_text  # noqa: E402
 
 TESTBED = os.path.join(REPO, "experiments", "netem", "testbed")
 IGRAD = os.path.join(REPO, "build", "igrad")
@@ -272,17 +272,13 @@ def median_methods(rounds):
     """bench sync's methods over repeated runs: every time the median over
     the runs ("<key>_range": its min and max), bytes and counts the first
     run's (the same in every run: the same seed and plans)."""
-    def med(xs):
-        xs = sorted(xs)
-        n = len(xs)
-        return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
     out = {}
     for m, first in rounds[0].items():
         row = dict(first)
         for key in ("comm_ms", "comm_window_ms", "sync_ms"):
             xs = [r[m][key] for r in rounds]
-            row[key], row[key + "_range"] = med(xs), [min(xs), max(xs)]
-        row["comm_windows_ms"] = {w: med([r[m]["comm_windows_ms"][w] for r in rounds])
+            row[key], row[key + "_range"] = median(xs), [min(xs), max(xs)]
+        row["comm_windows_ms"] = {w: median([r[m]["comm_windows_ms"][w] for r in rounds])
                                   for w in first["comm_windows_ms"]}
         out[m] = row
     return out
@@ -316,6 +312,8 @@ def main():
                          "median over them (default 3)")
     ap.add_argument("--fresh", action="store_true")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats is {args.repeats} (at least 1)")
     os.makedirs(os.path.join(args.out, "raw"), exist_ok=True)
     if not os.access(IGRAD, os.X_OK):
         raise SystemExit(f"run.py: {IGRAD} not built (make build)")
