@@ -789,8 +789,9 @@ typedef struct igrad_comm_ops {
      *  queued there after wait returns must see its result. */
     igrad_status_t (*set_stream)(void *user, void *stream);
     /** Optional, all three or none (added after set_stream): what an engine
-     *  with config.topology hier needs, on host buffers; without them it
-     *  refuses the comm. `split`: collective over this comm; makes the comm
+     *  with config.topology hier needs, on buffers in the table's memory
+     *  (host; with IGRAD_MEMORY_CUDA device memory, set_stream called
+     *  before each as before iallgather); without them it refuses the comm. `split`: collective over this comm; makes the comm
      *  of the ranks with the same color (>= 0; -1: the ranks on this
      *  rank's node, as the backend knows them), ordered by key, then rank:
      *  its table in *ops_out (it must outlive that comm; its destroy, if

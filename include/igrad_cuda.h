@@ -36,6 +36,11 @@
  *
  * A custom communicator (igrad_comm_ops_t) takes the engine's device
  * buckets when its table says memory = IGRAD_MEMORY_CUDA (igrad.h).
+ * config.topology hier (the two-level sync) works on a device engine over
+ * a comm that splits (NCCL: ncclCommSplit, ncclReduce, ncclBroadcast;
+ * self_cuda; a custom one with split, ireduce and ibcast): the node sums
+ * and the shard engine's state live on the device. The sparse all-reduce
+ * (collective sparse_reduce) is CPU-only and refused here.
  *
  * In a build without CUDA (or without NCCL for igrad_comm_create_nccl)
  * every function here returns IGRAD_E_UNSUPPORTED with a message.

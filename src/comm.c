@@ -410,10 +410,12 @@ igrad_status_t igrad__comm_split(igrad_comm_t *comm, int color, int key, igrad_c
 
 igrad_status_t igrad__comm_ireduce(igrad_comm_t *comm, const void *send, void *recv,
                                    size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
-                                   int root, igrad_comm_request_t **out)
+                                   int root, igrad__mem_space_t space, void *stream,
+                                   igrad_comm_request_t **out)
 {
     IGRAD_CHECK(check_request_out(out, "igrad_comm ireduce"));
     IGRAD_CHECK(check_splittable(comm, "igrad_comm ireduce"));
+    IGRAD_CHECK(igrad__comm_check_space(comm, space, "igrad_comm ireduce"));
     IGRAD_FAIL_IF(root < 0 || root >= comm->size, IGRAD_E_INVALID,
                   "igrad_comm ireduce: root %d outside [0, %d)", root, comm->size);
     void *r = comm->rank == root ? recv : (void *)(uintptr_t)send; /* recv: root only */
@@ -423,22 +425,24 @@ igrad_status_t igrad__comm_ireduce(igrad_comm_t *comm, const void *send, void *r
     igrad_comm_request_t *req = NULL;
     IGRAD_CHECK(request_new(comm, "ireduce", &req));
     igrad_status_t st = comm->vt->ireduce(comm, send, comm->rank == root ? r : NULL, count,
-                                          dtype, op, root, req);
+                                          dtype, op, root, stream, req);
     return request_issued(req, st, out);
 }
 
 igrad_status_t igrad__comm_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                                  igrad__mem_space_t space, void *stream,
                                   igrad_comm_request_t **out)
 {
     IGRAD_CHECK(check_request_out(out, "igrad_comm ibcast"));
     IGRAD_CHECK(check_splittable(comm, "igrad_comm ibcast"));
+    IGRAD_CHECK(igrad__comm_check_space(comm, space, "igrad_comm ibcast"));
     IGRAD_FAIL_IF(root < 0 || root >= comm->size, IGRAD_E_INVALID,
                   "igrad_comm ibcast: root %d outside [0, %d)", root, comm->size);
     if (nbytes == 0) buf = comm_dummy;
     IGRAD_FAIL_IF(!buf, IGRAD_E_INVALID, "igrad_comm ibcast: buf is NULL (nbytes %zu)", nbytes);
     igrad_comm_request_t *req = NULL;
     IGRAD_CHECK(request_new(comm, "ibcast", &req));
-    igrad_status_t st = comm->vt->ibcast(comm, buf, nbytes, root, req);
+    igrad_status_t st = comm->vt->ibcast(comm, buf, nbytes, root, stream, req);
     return request_issued(req, st, out);
 }
 
@@ -643,10 +647,11 @@ static igrad_status_t custom_split(igrad_comm_t *comm, int color, int key, igrad
 
 static igrad_status_t custom_ireduce(igrad_comm_t *comm, const void *send, void *recv,
                                      size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
-                                     int root, igrad_comm_request_t *req)
+                                     int root, void *stream, igrad_comm_request_t *req)
 {
     custom_impl_t *impl = comm->impl;
     void *handle = NULL;
+    IGRAD_CHECK(custom_stream(impl, stream));
     IGRAD_CHECK(custom_result(
         impl, (int)impl->ops.ireduce(impl->user, send, recv, count, dtype, op, root, &handle),
         "ireduce"));
@@ -656,10 +661,11 @@ static igrad_status_t custom_ireduce(igrad_comm_t *comm, const void *send, void 
 }
 
 static igrad_status_t custom_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
-                                    igrad_comm_request_t *req)
+                                    void *stream, igrad_comm_request_t *req)
 {
     custom_impl_t *impl = comm->impl;
     void *handle = NULL;
+    IGRAD_CHECK(custom_stream(impl, stream));
     IGRAD_CHECK(custom_result(impl,
                               (int)impl->ops.ibcast(impl->user, buf, nbytes, root, &handle),
                               "ibcast"));

@@ -73,18 +73,20 @@ typedef struct igrad__comm_vtable {
     /* Releases comm->impl (not the comm itself). May be NULL. */
     void (*destroy)(igrad_comm_t *comm);
     /* Optional, all three or none (the two-level sync, engine_hier.c, needs
-     * them; NULL for custom and NCCL comms, which it then refuses).
+     * them; NULL for a custom comm without them, which it then refuses).
      * split: collective; a new comm of the ranks with the same color,
      * ordered by key (IGRAD__SPLIT_NODE: the ranks sharing this rank's
      * node). ireduce: non-blocking SUM/MAX/MIN of count elements of every
      * rank's send into root's recv (recv is not touched elsewhere). ibcast:
-     * non-blocking broadcast of nbytes from root's buf. Host memory. */
+     * non-blocking broadcast of nbytes from root's buf. Buffers in one of the
+     * comm's spaces (comm.c checks the space the engine names), queued on
+     * `stream` as iallgather is (NULL: the backend's default). */
     igrad_status_t (*split)(igrad_comm_t *comm, int color, int key, igrad_comm_t **out);
     igrad_status_t (*ireduce)(igrad_comm_t *comm, const void *send, void *recv, size_t count,
-                              igrad_dtype_t dtype, igrad_reduce_op_t op, int root,
+                              igrad_dtype_t dtype, igrad_reduce_op_t op, int root, void *stream,
                               igrad_comm_request_t *req);
     igrad_status_t (*ibcast)(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
-                             igrad_comm_request_t *req);
+                             void *stream, igrad_comm_request_t *req);
     /* Blocking variable all-to-all of host bytes (igrad__comm_alltoallv):
      * send + send_displs[j] (send_nbytes[j] bytes) goes to rank j, rank
      * j's block for this rank lands at recv + recv_displs[j]. Called with
@@ -153,14 +155,19 @@ igrad_status_t igrad__comm_request_done(igrad_comm_t *comm, const char *op,
                                        igrad_comm_request_t **req);
 
 /* The vtable's split / ireduce / ibcast with argument checks (ranks,
- * buffers, dtype) and the comm's state checks; IGRAD_E_UNSUPPORTED naming
- * the backend when it has none. A split comm inherits the timeout. */
+ * buffers, dtype), the buffers' memory space (checked against comm->spaces,
+ * as the engine's bucket collectives are) and the comm's state checks;
+ * IGRAD_E_UNSUPPORTED naming the backend when it has none. `stream` goes to
+ * the backend as for igrad__comm_iallgather. A split comm inherits the
+ * timeout. */
 int igrad__comm_can_split(const igrad_comm_t *comm);
 igrad_status_t igrad__comm_split(igrad_comm_t *comm, int color, int key, igrad_comm_t **out);
 igrad_status_t igrad__comm_ireduce(igrad_comm_t *comm, const void *send, void *recv,
                                    size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
-                                   int root, igrad_comm_request_t **req);
+                                   int root, igrad__mem_space_t space, void *stream,
+                                   igrad_comm_request_t **req);
 igrad_status_t igrad__comm_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                                  igrad__mem_space_t space, void *stream,
                                   igrad_comm_request_t **req);
 
 /* Brackets a group of non-blocking collectives (vtable group_start /

@@ -642,9 +642,10 @@ static igrad_status_t mpi_split(igrad_comm_t *comm, int color, int key, igrad_co
 
 static igrad_status_t mpi_ireduce(igrad_comm_t *comm, const void *send, void *recv,
                                   size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
-                                  int root, igrad_comm_request_t *req)
+                                  int root, void *stream, igrad_comm_request_t *req)
 {
     const mpi_impl_t *impl = comm->impl;
+    (void)stream; /* host buffers: no queue */
     mpi_request_t *state = NULL;
     IGRAD_CHECK(request_state_new(piece_count(count, impl->max_count), "igrad_comm ireduce",
                                   &state));
@@ -663,9 +664,10 @@ static igrad_status_t mpi_ireduce(igrad_comm_t *comm, const void *send, void *re
 }
 
 static igrad_status_t mpi_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
-                                 igrad_comm_request_t *req)
+                                 void *stream, igrad_comm_request_t *req)
 {
     const mpi_impl_t *impl = comm->impl;
+    (void)stream;
     mpi_request_t *state = NULL;
     IGRAD_CHECK(request_state_new(piece_count(nbytes, impl->max_count), "igrad_comm ibcast",
                                   &state));

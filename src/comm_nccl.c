@@ -11,6 +11,11 @@
  *  - The blocking collectives (the engine's agreement, igrad_comm_*) take
  *    host buffers, as on every backend: staged through a device buffer of
  *    the comm's, waited for on its stream.
+ *  - The two-level sync's split (ncclCommSplit; the node color from the
+ *    ranks' host names), reduce (ncclReduce) and broadcast (ncclBroadcast,
+ *    in place) take device buffers and streams like the bucket
+ *    collectives. A split comm owns its NCCL communicator and shares the
+ *    parent's stream.
  *  - Errors: every NCCL result that is not ncclSuccess becomes IGRAD_E_COMM
  *    with ncclGetErrorString's text and ncclGetLastError's detail; while
  *    waiting, ncclCommGetAsyncError is polled, so a failed peer ends the
@@ -21,6 +26,7 @@
  *    is the caller's call (ncclCommAbort) after an error.
  * Built only with CUDA and NCCL; argument checks live in comm.c.
  */
+#define _POSIX_C_SOURCE 200112L /* gethostname */
 #include "comm_internal.h"
 #include "igrad_cuda.h"
 
@@ -28,6 +34,7 @@
 #include <nccl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct nccl_req {
     cudaEvent_t done;       /* recorded after the collective */
@@ -38,6 +45,7 @@ typedef struct nccl_req {
 
 typedef struct nccl_impl {
     ncclComm_t comm;
+    int owned;              /* made by split: destroyed with the igrad comm */
     cudaStream_t stream;
     unsigned char *bounce;  /* device staging of the blocking collectives */
     size_t bounce_nbytes;
@@ -331,11 +339,86 @@ static igrad_status_t nccl_group_end(igrad_comm_t *comm)
     return st;
 }
 
+/* ---- the two-level sync: split, reduce to a root, broadcast ---- */
+
+/* The node of this rank as a color: the lowest rank whose host name is
+ * this rank's (a blocking all-gather of the names). */
+#define HOST_NAME_NBYTES 256
+static igrad_status_t node_color(igrad_comm_t *comm, int *color)
+{
+    char mine[HOST_NAME_NBYTES];
+    memset(mine, 0, sizeof mine);
+    if (gethostname(mine, sizeof mine - 1) != 0) strcpy(mine, "?");
+    char *all = malloc((size_t)comm->size * HOST_NAME_NBYTES);
+    IGRAD_FAIL_IF(!all, IGRAD_E_NOMEM, "nccl comm: split: out of memory");
+    igrad_status_t st = nccl_allgather(comm, mine, HOST_NAME_NBYTES, all);
+    *color = comm->rank;
+    for (int r = 0; r < comm->size && st == IGRAD_OK; r++)
+        if (memcmp(all + (size_t)r * HOST_NAME_NBYTES, mine, HOST_NAME_NBYTES) == 0) {
+            *color = r;
+            break;
+        }
+    free(all);
+    return st;
+}
+
+static igrad_status_t nccl_wrap(ncclComm_t c, int owned, cudaStream_t stream, igrad_comm_t **out);
+
+static int split_settled(void *arg)
+{
+    ncclResult_t ar = ncclSuccess;
+    if (ncclCommGetAsyncError((ncclComm_t)arg, &ar) != ncclSuccess) return -1;
+    return ar == ncclInProgress ? 0 : ar == ncclSuccess ? 1 : -1;
+}
+
+static igrad_status_t nccl_split(igrad_comm_t *comm, int color, int key, igrad_comm_t **out)
+{
+    nccl_impl_t *impl = comm->impl;
+    if (color == IGRAD__SPLIT_NODE) IGRAD_CHECK(node_color(comm, &color));
+    ncclComm_t c = NULL;
+    ncclResult_t r = ncclCommSplit(impl->comm, color, key, &c, NULL);
+    if (r == ncclInProgress && c) { /* a non-blocking parent: the new comm finishes later */
+        if (poll_until(comm, split_settled, c, "split") != IGRAD_OK) {
+            ncclCommAbort(c);
+            return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                               "nccl comm: split: the new communicator did not initialise");
+        }
+        r = ncclSuccess;
+    }
+    if (r != ncclSuccess) return nccl_fail(impl, r, "ncclCommSplit");
+    igrad_status_t st = nccl_wrap(c, 1, impl->stream, out);
+    if (st != IGRAD_OK) ncclCommDestroy(c);
+    return st;
+}
+
+static igrad_status_t nccl_ireduce(igrad_comm_t *comm, const void *send, void *recv,
+                                   size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                   int root, void *stream, igrad_comm_request_t *req)
+{
+    nccl_impl_t *impl = comm->impl;
+    cudaStream_t s = stream ? (cudaStream_t)stream : impl->stream;
+    ncclDataType_t type = ncclFloat32;
+    nccl_type(dtype, &type);
+    return issued(comm, ncclReduce(send, recv, count, type, nccl_op(op), root, impl->comm, s), s,
+                  req, "ireduce");
+}
+
+static igrad_status_t nccl_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                                  void *stream, igrad_comm_request_t *req)
+{
+    nccl_impl_t *impl = comm->impl;
+    cudaStream_t s = stream ? (cudaStream_t)stream : impl->stream;
+    return issued(comm, ncclBroadcast(buf, buf, nbytes, ncclUint8, root, impl->comm, s), s, req,
+                  "ibcast");
+}
+
 static void nccl_destroy(igrad_comm_t *comm)
 {
     nccl_impl_t *impl = comm->impl;
     if (!impl) return;
     cudaFree(impl->bounce);
+    /* a broken comm may have an operation pending on it: left to the process */
+    if (impl->owned && !comm->broken) ncclCommDestroy(impl->comm);
     free(impl);
 }
 
@@ -352,7 +435,30 @@ static const igrad__comm_vtable_t nccl_vtable = {
     .group_start = nccl_group_start,
     .group_end = nccl_group_end,
     .destroy = nccl_destroy,
+    .split = nccl_split,
+    .ireduce = nccl_ireduce,
+    .ibcast = nccl_ibcast,
 };
+
+/* An igrad comm over c (owned: destroyed with it). */
+static igrad_status_t nccl_wrap(ncclComm_t c, int owned, cudaStream_t stream, igrad_comm_t **out)
+{
+    int rank = 0, size = 0;
+    ncclResult_t r = ncclCommUserRank(c, &rank);
+    if (r == ncclSuccess) r = ncclCommCount(c, &size);
+    if (r != ncclSuccess)
+        return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                           "igrad_comm_create_nccl: ncclCommUserRank/ncclCommCount: %s (%d)",
+                           ncclGetErrorString(r), (int)r);
+    nccl_impl_t *impl = calloc(1, sizeof *impl);
+    IGRAD_FAIL_IF(!impl, IGRAD_E_NOMEM, "igrad_comm_create_nccl: out of memory");
+    impl->comm = c;
+    impl->owned = owned;
+    impl->stream = stream;
+    igrad_status_t st = igrad__comm_new(&nccl_vtable, "nccl", rank, size, impl, out);
+    if (st != IGRAD_OK) free(impl);
+    return st;
+}
 
 igrad_status_t igrad_comm_create_nccl(struct ncclComm *nccl_comm, struct CUstream_st *stream,
                                       igrad_comm_t **out)
@@ -360,18 +466,5 @@ igrad_status_t igrad_comm_create_nccl(struct ncclComm *nccl_comm, struct CUstrea
     IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_comm_create_nccl: out is NULL");
     *out = NULL;
     IGRAD_FAIL_IF(!nccl_comm, IGRAD_E_INVALID, "igrad_comm_create_nccl: nccl_comm is NULL");
-    int rank = 0, size = 0;
-    ncclResult_t r = ncclCommUserRank(nccl_comm, &rank);
-    if (r == ncclSuccess) r = ncclCommCount(nccl_comm, &size);
-    if (r != ncclSuccess)
-        return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
-                           "igrad_comm_create_nccl: ncclCommUserRank/ncclCommCount: %s (%d)",
-                           ncclGetErrorString(r), (int)r);
-    nccl_impl_t *impl = calloc(1, sizeof *impl);
-    IGRAD_FAIL_IF(!impl, IGRAD_E_NOMEM, "igrad_comm_create_nccl: out of memory");
-    impl->comm = nccl_comm;
-    impl->stream = stream;
-    igrad_status_t st = igrad__comm_new(&nccl_vtable, "nccl", rank, size, impl, out);
-    if (st != IGRAD_OK) free(impl);
-    return st;
+    return nccl_wrap(nccl_comm, 0, stream, out);
 }

@@ -5,7 +5,9 @@
  * alike), the non-blocking ones on the stream they are given, so that an
  * engine on one GPU needs no NCCL. A copy queued on the engine's stream
  * is complete for everything queued after it there: requests are done at
- * issue. Built only with CUDA; argument checks live in comm.c.
+ * issue. It splits (into itself), reduces and broadcasts, so the two-level
+ * sync runs on one GPU. Built only with CUDA; argument checks live in
+ * comm.c.
  */
 #include "comm_internal.h"
 #include "igrad_cuda.h"
@@ -85,6 +87,31 @@ static igrad_status_t self_cuda_iallreduce(igrad_comm_t *comm, const void *send,
                        "iallreduce");
 }
 
+/* The two-level sync on one GPU: a node of one rank. */
+static igrad_status_t self_cuda_split(igrad_comm_t *comm, int color, int key, igrad_comm_t **out)
+{
+    const self_cuda_t *impl = comm->impl;
+    (void)color, (void)key; /* one rank: its own group */
+    return igrad_comm_create_self_cuda(impl->stream, out);
+}
+
+static igrad_status_t self_cuda_ireduce(igrad_comm_t *comm, const void *send, void *recv,
+                                        size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                        int root, void *stream, igrad_comm_request_t *req)
+{
+    (void)op, (void)root; /* one rank: the sum is its own values, root 0 */
+    return copy_queued(comm, send, recv, count * igrad_dtype_nbytes(dtype), stream, req,
+                       "ireduce");
+}
+
+static igrad_status_t self_cuda_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
+                                       void *stream, igrad_comm_request_t *req)
+{
+    (void)comm, (void)buf, (void)nbytes, (void)root, (void)stream; /* in place */
+    req->done = 1;
+    return IGRAD_OK;
+}
+
 static igrad_status_t self_cuda_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
 {
     (void)comm, (void)req; /* done at issue */
@@ -103,6 +130,9 @@ static const igrad__comm_vtable_t self_cuda_vtable = {
     .iallreduce = self_cuda_iallreduce,
     .wait = self_cuda_wait,
     .destroy = self_cuda_destroy,
+    .split = self_cuda_split,
+    .ireduce = self_cuda_ireduce,
+    .ibcast = self_cuda_ibcast,
 };
 
 igrad_status_t igrad_comm_create_self_cuda(struct CUstream_st *stream, igrad_comm_t **out)

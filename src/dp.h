@@ -58,6 +58,11 @@ typedef struct igrad__dp_ops {
      * e->dp_stream, then a wait). IGRAD_OK, or a recorded error. */
     igrad_status_t (*copy_out)(const igrad_engine_t *e, void *dst, const void *src,
                                size_t nbytes);
+    /* Copies nbytes within `space` (src to dst, not overlapping), ordered
+     * after the engine's queued work (CUDA: queued on e->dp_stream, not
+     * waited for): the two-level sync's shard result into the gradients.
+     * IGRAD_OK, or a recorded error. */
+    igrad_status_t (*copy)(const igrad_engine_t *e, void *dst, const void *src, size_t nbytes);
 
     /* e->tnorm[t] = sum over t of a^2 in double (a = m*u + g + e; no e
      * for the dense method), for every tensor: non-finite iff some a is.

@@ -14,6 +14,7 @@ const igrad__dp_ops_t igrad__dp_cpu = {
     .free = igrad__dp_cpu_free,
     .copy_in = igrad__dp_cpu_copy_in,
     .copy_out = igrad__dp_cpu_copy_out,
+    .copy = igrad__dp_cpu_copy_out, /* host to host either way */
     .check = igrad__dp_cpu_check,
     .first_bad = igrad__dp_cpu_first_bad,
     .select_into = igrad__dp_cpu_select_into,

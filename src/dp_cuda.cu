@@ -63,6 +63,18 @@ static igrad_status_t cuda_copy_out(const igrad_engine_t *e, void *dst, const vo
                               : igrad__cuda_fail(err, "CUDA data plane: copying device memory out");
 }
 
+static igrad_status_t cuda_copy(const igrad_engine_t *e, void *dst, const void *src,
+                                size_t nbytes)
+{
+    if (!nbytes) return IGRAD_OK;
+    const igrad__cuda_state_t *st = (const igrad__cuda_state_t *)e->dp_state;
+    cudaError_t err = st ? cudaSetDevice(st->device) : cudaSuccess;
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, igrad__cuda_stream(e));
+    return err == cudaSuccess ? IGRAD_OK
+                              : igrad__cuda_fail(err, "CUDA data plane: copying device memory");
+}
+
 static void state_free(igrad__cuda_state_t *st)
 {
     if (!st) return;
@@ -144,6 +156,7 @@ extern "C" const igrad__dp_ops_t igrad__dp_cuda = {
     /* .free = */ cuda_free,
     /* .copy_in = */ cuda_copy_in,
     /* .copy_out = */ cuda_copy_out,
+    /* .copy = */ cuda_copy,
     /* .check = */ igrad__dp_cuda_check,
     /* .first_bad = */ igrad__dp_cuda_first_bad,
     /* .select_into = */ igrad__dp_cuda_select_into,

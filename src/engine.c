@@ -709,8 +709,9 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     }
     e->last_step = -1;
     IGRAD_FAIL_IF(c->topology == IGRAD_TOPOLOGY_HIER && !e->plan_only, IGRAD_E_UNSUPPORTED,
-                  "igrad_engine_create: config.topology hier runs on the CPU data plane only "
-                  "(igrad_engine_create; this is the '%s' one)",
+                  "igrad_engine_create: config.topology hier is a two-level engine, made by "
+                  "igrad_engine_create or igrad_engine_create_cuda (not for the '%s' data "
+                  "plane's flat engine)",
                   e->dp->name);
     IGRAD_FAIL_IF(c->ranks_per_node > 0 && e->nranks % c->ranks_per_node != 0, IGRAD_E_INVALID,
                   "igrad_engine_create: config.ranks_per_node is %d, but there are %d ranks "
@@ -901,7 +902,7 @@ igrad_status_t igrad_engine_create(const igrad_layout_t *layout, const igrad_pro
                                    igrad_engine_t **out)
 {
     if (config && config->size >= sizeof *config && config->topology == IGRAD_TOPOLOGY_HIER)
-        return igrad__hier_create(layout, profile, config, comm, out);
+        return igrad__hier_create(layout, profile, config, comm, &igrad__dp_cpu, NULL, out);
     return igrad__engine_create(layout, profile, config, comm, &igrad__dp_cpu, NULL, out);
 }
 
@@ -994,9 +995,10 @@ igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_pr
 igrad_status_t igrad__engine_create_shard(const igrad_layout_t *layout,
                                           const igrad_profile_t *profile,
                                           const igrad_config_t *config, igrad_comm_t *comm,
-                                          int64_t avg_ranks, igrad_engine_t **out)
+                                          int64_t avg_ranks, const igrad__dp_ops_t *dp,
+                                          void *stream, igrad_engine_t **out)
 {
-    return create_engine(layout, profile, config, comm, &igrad__dp_cpu, NULL, avg_ranks, out);
+    return create_engine(layout, profile, config, comm, dp, stream, avg_ranks, out);
 }
 
 /* ------------------------------------------------------------------------ */

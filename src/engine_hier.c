@@ -28,6 +28,7 @@
 #include "engine_internal.h"
 
 #include "comm_internal.h"
+#include "dp.h"
 #include "layout_internal.h"
 
 #include <stdint.h>
@@ -53,6 +54,7 @@ typedef struct igrad__piece {
 } igrad__piece_t;
 
 typedef struct igrad__hier {
+    const igrad__dp_ops_t *dp;  /* of the shard engine and buffers (NULL: plan-only) */
     int L, N;                   /* ranks per node, nodes */
     int local, node;            /* this rank's place (0, 0 when plan-only) */
     igrad_comm_t *node_comm;    /* owned: the L ranks of this node */
@@ -67,7 +69,8 @@ typedef struct igrad__hier {
     size_t nown;
     size_t *own;                /* (nown) the owned pieces, layout order */
     int64_t own_entries;        /* their entries: the shard buffer's floats */
-    float *shard_mem;           /* node sums of the owned tensors, concatenated */
+    float *shard_mem;           /* node sums of the owned tensors, concatenated
+                                   (the data plane's memory) */
     float **shard;              /* (nown) pointers into shard_mem */
     igrad_comm_request_t **reqs; /* (npieces) */
     uint64_t *status_buf;       /* (P) world_verdict */
@@ -365,7 +368,7 @@ void igrad__hier_free(igrad__hier_t *h)
     free(h->pieces);
     free(h->first);
     free(h->own);
-    free(h->shard_mem);
+    if (h->dp) h->dp->free(h->shard_mem);
     free(h->shard);
     free(h->reqs);
     free(h->status_buf);
@@ -497,7 +500,7 @@ static igrad_status_t hier_connect(igrad_engine_t *e, const igrad_layout_t *layo
     h->own = calloc(h->nown ? h->nown : 1, sizeof *h->own);
     h->shard = calloc(h->nown ? h->nown : 1, sizeof *h->shard);
     h->own_entries = n;
-    h->shard_mem = malloc((size_t)(n > 0 ? n : 1) * sizeof *h->shard_mem);
+    h->shard_mem = h->dp->alloc((size_t)n * sizeof *h->shard_mem, 0);
     h->reqs = calloc(NP ? NP : 1, sizeof *h->reqs);
     size_t *full = calloc(h->nown ? h->nown : 1, sizeof *full);
     h->link.full = full;
@@ -519,6 +522,7 @@ static igrad_status_t hier_connect(igrad_engine_t *e, const igrad_layout_t *layo
 
 igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
                                   const igrad_config_t *config, igrad_comm_t *comm,
+                                  const igrad__dp_ops_t *dp, void *stream,
                                   igrad_engine_t **out)
 {
     IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_engine_create: out is NULL");
@@ -534,10 +538,12 @@ igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_prof
     }
     igrad_engine_t *e = NULL;
     igrad_status_t st = top_build(&e, layout, profile, config, P);
+    if (st == IGRAD_OK) e->hier->dp = dp;
     if (st == IGRAD_OK && !igrad__comm_can_split(comm))
         st = igrad__fail(IGRAD_E_UNSUPPORTED, __FILE__, __LINE__,
                          "igrad_engine_create: config.topology hier needs a communicator that "
-                         "can be split into nodes (MPI or self); '%s' cannot",
+                         "can be split into nodes (MPI, NCCL, self, self_cuda, or custom with "
+                         "split, ireduce and ibcast); '%s' cannot",
                          igrad_comm_backend(comm));
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
@@ -571,7 +577,8 @@ igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_prof
         igrad_config_t sc = shard_config(&e->cfg);
         igrad_status_t ls = shard_layout(layout, h, h->local, &sl);
         if (ls == IGRAD_OK)
-            ls = igrad__engine_create_shard(sl, profile, &sc, h->inter_comm, P, &h->inner);
+            ls = igrad__engine_create_shard(sl, profile, &sc, h->inter_comm, P, dp, stream,
+                                            &h->inner);
         igrad_layout_free(sl);
         if (ls == IGRAD_OK) {
             h->inner->world = &h->link;
@@ -641,38 +648,45 @@ static double intra_nbytes(const igrad_engine_t *e)
 }
 
 /* Per piece (a whole tensor, or rows of a split one: contiguous in the
- * gradient): the node's sum onto the piece's owner. */
+ * gradient): the node's sum onto the piece's owner. The node collectives
+ * of a step are one group (NCCL: launched together at its end), on the
+ * shard engine's stream, in the data plane's memory. */
 static igrad_status_t node_reduce(igrad_engine_t *e, float *const *grads)
 {
     igrad__hier_t *h = e->hier;
-    igrad_status_t st = IGRAD_OK;
+    void *stream = h->inner->dp_stream;
+    igrad_status_t st = igrad__comm_group_start(h->node_comm);
     size_t p = 0;
     for (size_t k = 0; p < h->npieces && st == IGRAD_OK; p++) {
         const igrad__piece_t *pc = &h->pieces[p];
         float *dst = pc->owner == h->local ? h->shard[k++] : NULL;
         st = igrad__comm_ireduce(h->node_comm, grads[pc->t] + pc->off, dst, (size_t)pc->n,
-                                 IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM, pc->owner, &h->reqs[p]);
+                                 IGRAD_DTYPE_F32, IGRAD_REDUCE_SUM, pc->owner, h->dp->space,
+                                 stream, &h->reqs[p]);
     }
-    return wait_all(h, p, st);
+    igrad_status_t ge = igrad__comm_group_end(h->node_comm);
+    return wait_all(h, p, st != IGRAD_OK ? st : ge);
 }
 
 static igrad_status_t node_bcast(igrad_engine_t *e, float *const *grads)
 {
     igrad__hier_t *h = e->hier;
-    igrad_status_t st = IGRAD_OK;
+    void *stream = h->inner->dp_stream;
+    igrad_status_t st = igrad__comm_group_start(h->node_comm);
     size_t p = 0;
     for (size_t k = 0; p < h->npieces && st == IGRAD_OK; p++) {
         const igrad__piece_t *pc = &h->pieces[p];
         float *buf = pc->owner == h->local ? h->shard[k++] : grads[pc->t] + pc->off;
         st = igrad__comm_ibcast(h->node_comm, buf, (size_t)pc->n * sizeof(float), pc->owner,
-                                &h->reqs[p]);
+                                h->dp->space, stream, &h->reqs[p]);
     }
-    st = wait_all(h, p, st);
-    if (st == IGRAD_OK)
-        for (size_t k = 0; k < h->nown; k++) {
-            const igrad__piece_t *pc = &h->pieces[h->own[k]];
-            memcpy(grads[pc->t] + pc->off, h->shard[k], (size_t)pc->n * sizeof(float));
-        }
+    igrad_status_t ge = igrad__comm_group_end(h->node_comm);
+    st = wait_all(h, p, st != IGRAD_OK ? st : ge);
+    for (size_t k = 0; k < h->nown && st == IGRAD_OK; k++) {
+        const igrad__piece_t *pc = &h->pieces[h->own[k]];
+        st = h->dp->copy(h->inner, grads[pc->t] + pc->off, h->shard[k],
+                         (size_t)pc->n * sizeof(float));
+    }
     return st;
 }
 
@@ -755,6 +769,8 @@ const igrad_engine_t *igrad__hier_owner(const igrad_engine_t *e, size_t t, int r
     if (!real) return h->plans[pc->owner];
     return h->inner && !pc->split && pc->owner == h->local ? h->inner : NULL;
 }
+
+igrad_engine_t *igrad__hier_shard(igrad_engine_t *e) { return e->hier->inner; }
 
 size_t igrad__hier_workspace_nbytes(const igrad_engine_t *e)
 {

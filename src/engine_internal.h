@@ -366,13 +366,14 @@ igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_pr
                                     const struct igrad__dp_ops *dp, void *stream,
                                     igrad_engine_t **out);
 
-/* A shard engine of the two-level sync on the CPU data plane: its results
- * average over avg_ranks (> 0) ranks, and its profile may cover components
- * its layout lacks (engine_hier.c). */
+/* A shard engine of the two-level sync on data plane `dp` (and `stream`):
+ * its results average over avg_ranks (> 0) ranks, and its profile may
+ * cover components its layout lacks (engine_hier.c). */
 igrad_status_t igrad__engine_create_shard(const igrad_layout_t *layout,
                                           const igrad_profile_t *profile,
                                           const igrad_config_t *config, igrad_comm_t *comm,
-                                          int64_t avg_ranks, igrad_engine_t **out);
+                                          int64_t avg_ranks, const struct igrad__dp_ops *dp,
+                                          void *stream, igrad_engine_t **out);
 
 /* Everything igrad_engine_create does before the agreement: plan, buffers,
  * residuals (zeroed), workspaces, static items, for `profile` (NULL with
@@ -432,9 +433,15 @@ igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st);
 
 /* ---- engine_hier.c: the two-level sync (config.topology = hier) ---------- */
 
+/* A two-level engine whose shard engine and shard buffers are on data
+ * plane `dp` (igrad__dp_cpu or igrad__dp_cuda) and `stream`. */
 igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
                                   const igrad_config_t *config, igrad_comm_t *comm,
+                                  const struct igrad__dp_ops *dp, void *stream,
                                   igrad_engine_t **out);
+/* This rank's shard engine (NULL for a plan-only engine): where the data
+ * plane's state and stream of a two-level engine live. */
+igrad_engine_t *igrad__hier_shard(igrad_engine_t *e);
 /* igrad_engine_create_plan of a hier config: the L shard plans for N = P/L. */
 igrad_status_t igrad__hier_create_plan(const igrad_layout_t *layout,
                                        const igrad_profile_t *profile,

@@ -238,6 +238,21 @@ static void run_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag, in
     c.collective = IGRAD_COLLECTIVE_REDUCE;
     snprintf(name, sizeof name, "%s topk remedies reduce", tag);
     compare(name, &c, dcomm, s, 4, -1);
+
+    /* The two-level sync on one rank (a node of one): split, node reduce
+     * into the device shard, shard engine, broadcast and the copy back. */
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.topology = IGRAD_TOPOLOGY_HIER;
+    c.ranks_per_node = 1;
+    snprintf(name, sizeof name, "%s hier topk 1%%", tag);
+    compare(name, &c, dcomm, s, 5, 3);
+
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.collective = IGRAD_COLLECTIVE_REDUCE;
+    c.momentum = 0.9;
+    snprintf(name, sizeof name, "%s hier adtopk reduce momentum", tag);
+    compare(name, &c, dcomm, s, 4, -1);
     if (!all) return;
 
     c = (igrad_config_t)IGRAD_CONFIG_INIT;

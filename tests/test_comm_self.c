@@ -1241,7 +1241,7 @@ static void test_hier_needs_split(void **state)
     igrad_engine_t *e = (igrad_engine_t *)&e;
     assert_status(igrad_engine_create(L, NULL, &c, comm, &e), IGRAD_E_UNSUPPORTED);
     assert_null(e);
-    assert_error_mentions("can be split into nodes (MPI or self); 'custom' cannot");
+    assert_error_mentions("can be split into nodes (MPI, NCCL, self, self_cuda, or custom with split, ireduce and ibcast); 'custom' cannot");
     igrad_layout_free(L);
     igrad_comm_free(comm);
 }

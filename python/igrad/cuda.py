@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from . import _lib as L
 from .core import Comm, Engine
-from .torch import TorchComm  # igrad.torch imports this module only when needed
+from .torch import TorchComm, _global_rank  # igrad.torch imports this module only when needed
 
 __all__ = ["device_view", "TorchCudaComm", "SelfCudaComm", "params_device", "create_engine",
            "set_step_stream"]
@@ -146,6 +146,33 @@ class TorchCudaComm(TorchComm):
     def wait(self, handle):
         with self._on_stream():  # the stream waits for NCCL; the host does not
             super().wait(handle)
+
+    # The two-level sync (topology "hier") on the device: the node comms are
+    # TorchCudaComms too, and reduce / broadcast take device addresses.
+    def split(self, color, key):
+        sub = super().split(color, key)
+        out = TorchCudaComm(sub.group, self.data_device)
+        out._stream = self._stream
+        return out
+
+    def ireduce(self, send, recv, count, dtype, op, root):
+        dt = _DT[dtype]
+        with self._on_stream():
+            if self.rank == root:  # the sum lands in recv; send is only read
+                t = device_view(recv, count, dt, self.data_device)
+                t.copy_(device_view(send, count, dt, self.data_device))
+            else:  # a reduce may use its input as scratch: reduce a copy
+                t = device_view(send, count, dt, self.data_device).clone()
+            work = dist.reduce(t, dst=_global_rank(self.group, root), op=self._OPS[op],
+                               group=self.group, async_op=True)
+        return (work, t, t)
+
+    def ibcast(self, buf, nbytes, root):
+        with self._on_stream():
+            t = device_view(buf, nbytes, torch.uint8, self.data_device)
+            work = dist.broadcast(t, src=_global_rank(self.group, root), group=self.group,
+                                  async_op=True)
+        return (work, t, t)
 
     def run_buckets(self, buckets):
         """A step's collectives on the current stream (the engine's): all
