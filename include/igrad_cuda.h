@@ -40,7 +40,14 @@
  * a comm that splits (NCCL: ncclCommSplit, ncclReduce, ncclBroadcast;
  * self_cuda; a custom one with split, ireduce and ibcast): the node sums
  * and the shard engine's state live on the device. The sparse all-reduce
- * (collective sparse_reduce) is CPU-only and refused here.
+ * (collective sparse_reduce, and auto with auto_sparse_reduce) runs on the
+ * device too, over a comm whose variable all-to-all takes device buffers
+ * (NCCL: grouped ncclSend / ncclRecv; self_cuda; a custom one with
+ * ops->alltoallv, which then gets device buffers): the split, the
+ * reduction and re-sparsification at the owner, the result and the
+ * remainder stay in device memory, and the host sees P counts and a few
+ * scalars per bucket. It is blocking, as on the CPU: its steps wait for
+ * the stream.
  *
  * In a build without CUDA (or without NCCL for igrad_comm_create_nccl)
  * every function here returns IGRAD_E_UNSUPPORTED with a message.

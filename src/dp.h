@@ -92,8 +92,12 @@ typedef struct igrad__dp_ops {
      * (IGRAD_E_COMM naming the rank on a bad one). The sparse all-reduce's
      * wire (IGRAD__WIRE_SAR; NULL in a backend without it, whose engines
      * refuse collective sparse_reduce at create) reads e->sar[j]'s result
-     * and also adds this rank's remainder into its residuals. */
+     * (in this backend's memory: the row `sar` made it) and also adds this
+     * rank's remainder into its residuals. */
     igrad_status_t (*unpack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
+    /* The sparse all-reduce's data steps in this backend's memory
+     * (sparse_allreduce.h; NULL in a backend without the SAR wire). */
+    const struct igrad__sar_ops *sar;
     /* 16-bit gradients only (NULL in a backend without them): after the
      * last bucket arrived, every bucket's bytes, tensor by tensor (per
      * tensor: buckets ascending, then ranks, as unpack adds them, so each

@@ -7,6 +7,8 @@
  */
 #include "dp_cpu.h"
 
+#include "sparse_allreduce.h"
+
 const igrad__dp_ops_t igrad__dp_cpu = {
     .name = "cpu",
     .space = IGRAD__MEM_HOST,
@@ -24,6 +26,7 @@ const igrad__dp_ops_t igrad__dp_cpu = {
     .unpack = {[IGRAD__WIRE_SPARSE] = igrad__dp_cpu_unpack_sparse,
                [IGRAD__WIRE_DENSE] = igrad__dp_cpu_unpack_dense,
                [IGRAD__WIRE_SAR] = igrad__dp_cpu_unpack_sar},
+    .sar = &igrad__sar_host,
     .unpack16 = igrad__dp_cpu_unpack16,
     .zero = igrad__dp_cpu_zero,
     .stream_ready = igrad__dp_cpu_stream_ready,

@@ -10,6 +10,10 @@
  */
 #include "dp_cuda.cuh"
 
+extern "C" {
+#include "sparse_allreduce.h"
+}
+
 #include <stdlib.h>
 
 igrad_status_t igrad__cuda_fail(cudaError_t err, const char *what)
@@ -88,6 +92,10 @@ static void state_free(igrad__cuda_state_t *st)
     cudaFree(st->d_bad);
     cudaFree(st->d_blk);
     free(st->h_blk);
+    cudaFree(st->d_seg);
+    cudaFree(st->d_segsum);
+    free(st->h_seg);
+    free(st->h_segsum);
     free(st->h_bad);
     free(st->h_sums);
     free(st);
@@ -160,8 +168,10 @@ extern "C" const igrad__dp_ops_t igrad__dp_cuda = {
     /* .check = */ igrad__dp_cuda_check,
     /* .first_bad = */ igrad__dp_cuda_first_bad,
     /* .select_into = */ igrad__dp_cuda_select_into,
-    /* .pack = */ {igrad__dp_cuda_pack_sparse, igrad__dp_cuda_pack_dense},
-    /* .unpack = */ {igrad__dp_cuda_unpack_sparse, igrad__dp_cuda_unpack_dense},
+    /* .pack = */ {igrad__dp_cuda_pack_sparse, igrad__dp_cuda_pack_dense, igrad__dp_cuda_pack_sar},
+    /* .unpack = */ {igrad__dp_cuda_unpack_sparse, igrad__dp_cuda_unpack_dense,
+                     igrad__dp_cuda_unpack_sar},
+    /* .sar = */ &igrad__sar_cuda,
     /* .unpack16 = */ NULL, /* F32 gradients only: create refuses grad_dtype 16-bit */
     /* .zero = */ cuda_zero,
     /* .release = */ cuda_release,

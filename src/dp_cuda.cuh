@@ -33,6 +33,16 @@ typedef struct igrad__cuda_blk {
     int row_wise;
 } igrad__cuda_blk_t;
 
+/* One dense segment of a sparse all-reduce bucket (a block that opens its
+ * segment): bucket indices [dense_off, +count) are the tensor's entries
+ * [begin, +count). */
+typedef struct igrad__cuda_seg {
+    float *g;               /* the tensor's gradient */
+    float *residual;        /* its residual */
+    uint64_t dense_off;
+    int64_t begin, count;
+} igrad__cuda_seg_t;
+
 typedef struct igrad__cuda_state {
     int device;
     size_t ntensors;
@@ -49,6 +59,9 @@ typedef struct igrad__cuda_state {
     igrad__cuda_blk_t *d_blk, *h_blk; /* (blk_cap) a bucket's blocks */
     uint32_t *h_bad;
     size_t blk_cap;
+    igrad__cuda_seg_t *d_seg, *h_seg; /* (seg_cap) a sparse all-reduce bucket's segments */
+    double *d_segsum, *h_segsum;      /* (seg_cap) their residual sums */
+    size_t seg_cap;
     double *h_sums;         /* (ntensors) host copy of d_tsumsq */
 } igrad__cuda_state_t;
 
@@ -139,5 +152,7 @@ void igrad__dp_cuda_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads
 void igrad__dp_cuda_pack_dense(igrad_engine_t *e, size_t j, float *const *grads);
 igrad_status_t igrad__dp_cuda_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
 igrad_status_t igrad__dp_cuda_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads);
+void igrad__dp_cuda_pack_sar(igrad_engine_t *e, size_t j, float *const *grads);
+igrad_status_t igrad__dp_cuda_unpack_sar(igrad_engine_t *e, size_t j, float *const *grads);
 
 #endif /* IGRAD_DP_CUDA_CUH */

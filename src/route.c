@@ -217,8 +217,8 @@ static igrad_status_t sar_issue(igrad_engine_t *e, size_t j, igrad_comm_request_
     igrad__sar_t *w = &e->sar[j];
     const igrad__sar_entry_t *in =
         (const igrad__sar_entry_t *)(const void *)(e->send_arena + bk->send_off);
-    IGRAD_CHECK(igrad__sar_allreduce(w, e->comm, (uint64_t)bk->dense_count, (size_t)bk->entries,
-                                     in));
+    IGRAD_CHECK(igrad__sar_allreduce_on(w, e->dp->sar, e->dp_stream, e->comm,
+                                        (uint64_t)bk->dense_count, (size_t)bk->entries, in));
     bk->wire_counted =
         (double)(w->bytes.split_sent + w->bytes.status_recv + w->bytes.gather_recv);
     return igrad__comm_request_done(e->comm, "sparse all-reduce", req);
@@ -298,16 +298,22 @@ igrad_status_t igrad__route_check_engine(const igrad_engine_t *e)
 {
     const igrad__route_t *f = forced_route(e->cfg.collective, e->sp == IGRAD_SPARSIFIER_NONE);
     if (!f) return IGRAD_OK;
-    IGRAD_FAIL_IF(!e->dp->pack[f->wire] || !e->dp->unpack[f->wire], IGRAD_E_UNSUPPORTED,
+    IGRAD_FAIL_IF(!e->dp->pack[f->wire] || !e->dp->unpack[f->wire] ||
+                      (f->wire == IGRAD__WIRE_SAR && !e->dp->sar),
+                  IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.collective %s, but the '%s' data plane has no "
                   "%s route (use another collective, or the CPU data plane)",
                   igrad_collective_name(e->cfg.collective), e->dp->name, f->name);
     if (f->wire != IGRAD__WIRE_SAR) return IGRAD_OK;
     IGRAD_FAIL_IF(!e->comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.collective sparse_reduce needs a communicator "
-                  "with a variable all-to-all (self, MPI, custom with ops->alltoallv); '%s' "
-                  "has none",
+                  "with a variable all-to-all (self, MPI, NCCL, self_cuda, custom with "
+                  "ops->alltoallv); '%s' has none",
                   e->comm->backend);
+    IGRAD_FAIL_IF(!(e->comm->spaces & IGRAD__MEM_BIT(e->dp->space)), IGRAD_E_UNSUPPORTED,
+                  "igrad_engine_create: config.collective sparse_reduce runs on the '%s' data "
+                  "plane's %s memory, which communicator '%s' does not take",
+                  e->dp->name, igrad__mem_space_name(e->dp->space), e->comm->backend);
     IGRAD_FAIL_IF(e->cfg.grad_dtype != IGRAD_DTYPE_F32, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.collective sparse_reduce takes F32 gradients "
                   "only (config.grad_dtype is %s)",
@@ -331,8 +337,8 @@ int igrad__route_auto_sar(const igrad_engine_t *e)
     if (!c->auto_sparse_reduce || c->collective != IGRAD_COLLECTIVE_AUTO) return 0;
     if (e->sp == IGRAD_SPARSIFIER_NONE || c->grad_dtype != IGRAD_DTYPE_F32) return 0;
     if (e->plan_only) return 1; /* the CPU data plane over MPI, as igrad plan models */
-    return e->dp->pack[IGRAD__WIRE_SAR] && e->dp->unpack[IGRAD__WIRE_SAR] && e->comm &&
-           e->comm->vt->alltoallv;
+    return e->dp->pack[IGRAD__WIRE_SAR] && e->dp->unpack[IGRAD__WIRE_SAR] && e->dp->sar &&
+           e->comm && e->comm->vt->alltoallv && (e->comm->spaces & IGRAD__MEM_BIT(e->dp->space));
 }
 
 igrad__route_link_t igrad__route_link_of(const igrad_engine_t *e)

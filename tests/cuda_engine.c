@@ -7,7 +7,8 @@
  * block and grid-wide (tensors above 65536 entries), row-wise ADTopk with
  * rows around the block sizes, k = 1 (tiny density), k = n (density 1: the
  * dense spec), interleave, 32- and 16-bit indices, the dense wire (reduce
- * collective, the dense method), momentum correction with masking and
+ * collective, the dense method), the sparse all-reduce (collective
+ * sparse_reduce, flat and inside hier), momentum correction with masking and
  * residual decay, the warm-up engine (start_iter), deferral with
  * accumulation and the residual-drop ablation (ig with online profiling,
  * whose re-plan builds a new engine on the same data plane). Gradients
@@ -253,6 +254,31 @@ static void run_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag, in
     c.momentum = 0.9;
     snprintf(name, sizeof name, "%s hier adtopk reduce momentum", tag);
     compare(name, &c, dcomm, s, 4, -1);
+
+    /* The sparse all-reduce on one rank: the split, the owner's reduce
+     * (kout = k, so every sum is kept), the gather and the unpack; flat
+     * and row-wise selections over three buckets, then inside the
+     * two-level sync with deferral (ig). */
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
+    snprintf(name, sizeof name, "%s sar topk 1%%", tag);
+    compare(name, &c, dcomm, s, 5, 3);
+
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.buckets = 3;
+    c.density = 0.05;
+    snprintf(name, sizeof name, "%s sar adtopk 3 buckets", tag);
+    compare(name, &c, dcomm, s, 4, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
+    c.topology = IGRAD_TOPOLOGY_HIER;
+    c.ranks_per_node = 1;
+    c.profile_steps = 2;
+    c.release_period = 2;
+    snprintf(name, sizeof name, "%s hier sar ig online", tag);
+    compare(name, &c, dcomm, s, 6, -1);
     if (!all) return;
 
     c = (igrad_config_t)IGRAD_CONFIG_INIT;
