@@ -36,7 +36,7 @@
 
 /* The host backend's scratch slots. */
 enum { WS_KEYS = IGRAD__SAR_SCRATCH, WS_SUMS, WS_HOST_END };
-_Static_assert(WS_HOST_END <= IGRAD__SAR_SLOTS, "igrad__sar_t has a slot per buffer");
+_Static_assert((int)WS_HOST_END <= (int)IGRAD__SAR_SLOTS, "igrad__sar_t has a slot per buffer");
 
 /* One rank's record in the status all-gather. */
 typedef struct sar_status {
@@ -198,7 +198,7 @@ static igrad_status_t gather_blocks(const igrad__sar_t *w, void *stream, igrad_c
     igrad_comm_request_t *req = NULL;
     IGRAD_CHECK(igrad__comm_iallgather(comm, own, block_nbytes, blocks, w->ops->space, stream,
                                        &req));
-    return igrad_comm_wait(req);
+    return igrad_comm_wait(comm, req);
 }
 
 /* Phase 3's blocks as this rank received them: a report stops every rank

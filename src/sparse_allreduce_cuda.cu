@@ -56,7 +56,7 @@ enum {
     S_SMALL,                     /* sar_small_t */
     S_END
 };
-static_assert(S_END <= IGRAD__SAR_SLOTS, "igrad__sar_t has a slot per buffer");
+static_assert((int)S_END <= (int)IGRAD__SAR_SLOTS, "igrad__sar_t has a slot per buffer");
 
 /* The few device scalars a call reads back. */
 typedef struct sar_small {
