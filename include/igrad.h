@@ -775,18 +775,21 @@ typedef struct igrad_comm_ops {
     igrad_status_t (*group_end)(void *user);
     /** Optional (added after group_end; a table without it means
      *  IGRAD_MEMORY_HOST): where the buffers of iallgather and iallreduce
-     *  live. IGRAD_MEMORY_CUDA: device memory of the engine's CUDA device
+     *  (and of ireduce, ibcast and alltoallv below) live.
+     *  IGRAD_MEMORY_CUDA: device memory of the engine's CUDA device
      *  (the bucket buffers of an igrad_engine_create_cuda engine, which
      *  refuses a host comm, as igrad_engine_create refuses a CUDA one);
      *  iallgather, iallreduce and wait are then required. The blocking
-     *  callbacks (allgather, allreduce, bcast, barrier: the engine's
-     *  agreement, the igrad_comm_* wrappers) take host buffers either way. */
+     *  callbacks allgather, allreduce, bcast and barrier (the engine's
+     *  agreement, the igrad_comm_* wrappers) take host buffers either way;
+     *  alltoallv, blocking too, takes buffers in this memory. */
     igrad_memory_t memory;
     /** Optional, with IGRAD_MEMORY_CUDA: called before each iallgather /
-     *  iallreduce with the cudaStream_t the engine's data plane runs on
-     *  (NULL: the default stream); the collective must start after the
-     *  work queued there so far (the bucket was packed there) and work
-     *  queued there after wait returns must see its result. */
+     *  iallreduce (and ireduce, ibcast, alltoallv) with the cudaStream_t
+     *  the engine's data plane runs on (NULL: the default stream); the
+     *  collective must start after the work queued there so far (the
+     *  bucket was packed there) and work queued there after wait returns
+     *  (alltoallv: after it returns) must see its result. */
     igrad_status_t (*set_stream)(void *user, void *stream);
     /** Optional, all three or none (added after set_stream): what an engine
      *  with config.topology hier needs, on buffers in the table's memory
@@ -811,11 +814,17 @@ typedef struct igrad_comm_ops {
     /** Optional (added after ibcast; without it the comm has no sparse
      *  all-reduce: config.collective sparse_reduce is refused and
      *  collective auto never chooses it): blocking variable all-to-all of
-     *  host bytes, collective over the comm. send + send_displs[j]
+     *  bytes, collective over the comm. send + send_displs[j]
      *  (send_nbytes[j] bytes) goes to rank j; rank j's block for this rank
      *  lands at recv + recv_displs[j] (recv_nbytes[j] bytes, which equals
-     *  what rank j sends here). The four arrays have `size` entries; the
-     *  blocks lie inside their buffers and send does not overlap recv. */
+     *  what rank j sends here). The four arrays have `size` entries and are
+     *  host memory; the blocks lie inside their buffers and send does not
+     *  overlap recv. The buffers are host memory with IGRAD_MEMORY_HOST;
+     *  with IGRAD_MEMORY_CUDA they are device memory of the engine's CUDA
+     *  device and set_stream is called before each, as before iallgather.
+     *  Either way the call is blocking: it returns when the bytes have
+     *  landed (on a device, when the host may copy them out and work queued
+     *  on that stream afterwards sees them). */
     igrad_status_t (*alltoallv)(void *user, const void *send, const size_t *send_nbytes,
                                 const size_t *send_displs, void *recv,
                                 const size_t *recv_nbytes, const size_t *recv_displs);

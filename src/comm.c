@@ -275,7 +275,8 @@ static igrad_status_t alltoallv_extent(const igrad_comm_t *comm, const char *sid
 igrad_status_t igrad__comm_alltoallv(igrad_comm_t *comm, const void *send,
                                      const size_t *send_nbytes, const size_t *send_displs,
                                      void *recv, const size_t *recv_nbytes,
-                                     const size_t *recv_displs)
+                                     const size_t *recv_displs, igrad__mem_space_t space,
+                                     void *stream)
 {
     const char *what = "igrad__comm_alltoallv";
     IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "%s: comm is NULL", what);
@@ -293,11 +294,11 @@ igrad_status_t igrad__comm_alltoallv(igrad_comm_t *comm, const void *send,
                   !send ? "send" : "recv", !send ? send_extent : recv_extent);
     IGRAD_FAIL_IF(ranges_overlap(send, send_extent, recv, recv_extent), IGRAD_E_INVALID,
                   "%s: send and recv overlap", what);
-    IGRAD_CHECK(igrad__comm_check_space(comm, IGRAD__MEM_HOST, what));
+    IGRAD_CHECK(igrad__comm_check_space(comm, space, what));
     IGRAD_CHECK(check_usable(comm, what));
     IGRAD_CHECK(check_no_group(comm, what));
     return comm->vt->alltoallv(comm, send, send_nbytes, send_displs, recv, recv_nbytes,
-                               recv_displs);
+                               recv_displs, stream);
 }
 
 /* ---- non-blocking wrappers ---------------------------------------------- */
@@ -561,7 +562,8 @@ static igrad_status_t custom_barrier(igrad_comm_t *comm)
 }
 
 /* A device comm's set_stream, before each of its non-blocking collectives
- * (host comms get no stream: a host collective has none). */
+ * and its alltoallv (host comms get no stream: a host collective has
+ * none). */
 static igrad_status_t custom_stream(const custom_impl_t *impl, void *stream)
 {
     if (!impl->ops.set_stream) return IGRAD_OK;
@@ -674,12 +676,15 @@ static igrad_status_t custom_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes
     return IGRAD_OK;
 }
 
+/* Blocking, but on a CUDA comm its buffers are device memory and its
+ * stream is set first, as for the non-blocking callbacks. */
 static igrad_status_t custom_alltoallv(igrad_comm_t *comm, const void *send,
                                        const size_t *send_nbytes, const size_t *send_displs,
                                        void *recv, const size_t *recv_nbytes,
-                                       const size_t *recv_displs)
+                                       const size_t *recv_displs, void *stream)
 {
     custom_impl_t *impl = comm->impl;
+    IGRAD_CHECK(custom_stream(impl, stream));
     return custom_result(impl,
                          (int)impl->ops.alltoallv(impl->user, send, send_nbytes, send_displs,
                                                   recv, recv_nbytes, recv_displs),
@@ -746,8 +751,9 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
                           : (ops->split || ops->ireduce || ops->ibcast) && !ops->ibcast ? "ibcast"
                           : ops->ireduce && !ops->wait ? "wait"
                           : NULL;
-    /* device buffers reach only the non-blocking callbacks: the blocking
-     * fallback would hand them to callbacks that take host memory */
+    /* device buffers reach the non-blocking callbacks (and alltoallv),
+     * never the blocking fallback: it would hand them to callbacks that
+     * take host memory */
     IGRAD_FAIL_IF(missing, IGRAD_E_INVALID,
                   "igrad_comm_create_custom: ops->%s is NULL but required%s", missing,
                   missing[0] == 'i' ? " with memory IGRAD_MEMORY_CUDA" : "");

@@ -18,7 +18,9 @@
  * take those checks on themselves.
  *
  * The one internal-only collective, alltoallv (the sparse all-reduce's
- * exchanges), is optional: backends without it refuse that route.
+ * exchanges), is optional: backends without it refuse that route. It takes
+ * a memory space and a stream like the engine's other collectives but is
+ * blocking (its counts and displacements are host arrays).
  *
  * What a device backend (comm_nccl.c, later) needs is in the table too, so
  * it is one more row: the memory spaces its buffers may live in (comm.c
@@ -87,15 +89,21 @@ typedef struct igrad__comm_vtable {
                               igrad_comm_request_t *req);
     igrad_status_t (*ibcast)(igrad_comm_t *comm, void *buf, size_t nbytes, int root,
                              void *stream, igrad_comm_request_t *req);
-    /* Blocking variable all-to-all of host bytes (igrad__comm_alltoallv):
+    /* Blocking variable all-to-all of bytes (igrad__comm_alltoallv):
      * send + send_displs[j] (send_nbytes[j] bytes) goes to rank j, rank
      * j's block for this rank lands at recv + recv_displs[j]. Called with
-     * arrays of comm->size entries, blocks inside their buffers and send
-     * not overlapping recv. May be NULL (NCCL, self_cuda, and custom comms without ops->alltoallv):
-     * the sparse all-reduce is then unavailable on the comm. */
+     * host arrays of comm->size entries, buffers in one of the comm's
+     * spaces, blocks inside their buffers and send not overlapping recv.
+     * Device backends queue it on `stream` (NULL: their default) and
+     * return once it has completed there; host backends ignore `stream`.
+     * Self and MPI: host bytes; custom: ops->alltoallv in the table's
+     * memory. May be NULL (NCCL, self_cuda, and custom comms without
+     * ops->alltoallv): the sparse all-reduce is then unavailable on the
+     * comm. */
     igrad_status_t (*alltoallv)(igrad_comm_t *comm, const void *send, const size_t *send_nbytes,
                                 const size_t *send_displs, void *recv,
-                                const size_t *recv_nbytes, const size_t *recv_displs);
+                                const size_t *recv_nbytes, const size_t *recv_displs,
+                                void *stream);
 } igrad__comm_vtable_t;
 
 /* split's color for "the ranks of my node" (MPI_COMM_TYPE_SHARED). */
@@ -177,22 +185,30 @@ igrad_status_t igrad__comm_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, 
 igrad_status_t igrad__comm_group_start(igrad_comm_t *comm);
 igrad_status_t igrad__comm_group_end(igrad_comm_t *comm);
 
-/* Variable all-to-all of host bytes, blocking, under the comm's timeout
- * (the sparse all-reduce's exchanges, sparse_allreduce.c). Every array
- * has comm->size entries: this rank sends send_nbytes[j] bytes at
- * send + send_displs[j] to rank j and receives recv_nbytes[j] bytes from
- * rank j at recv + recv_displs[j]; recv_nbytes[j] must equal what rank j
- * sends here (the caller exchanges the counts first: a mismatch is an MPI
- * error or a short block, not something this call can detect). send and
- * recv may be NULL when all their counts are 0 and must not overlap.
+/* Variable all-to-all of bytes, blocking, under the comm's timeout (the
+ * sparse all-reduce's exchanges, sparse_allreduce.c). Every array has
+ * comm->size entries and is host memory: this rank sends send_nbytes[j]
+ * bytes at send + send_displs[j] to rank j and receives recv_nbytes[j]
+ * bytes from rank j at recv + recv_displs[j]; recv_nbytes[j] must equal
+ * what rank j sends here (the caller exchanges the counts first: a
+ * mismatch is an MPI error, a short block or a wait until the timeout,
+ * not something this call can detect). send and recv may be NULL when all
+ * their counts are 0 and must not overlap. The buffers live in `space`
+ * (checked against comm->spaces as igrad__comm_iallgather's are: self
+ * and MPI take host, custom its table's memory); `stream` is the backend's queue (NULL: its default; host
+ * backends ignore it). On return the bytes have landed: a device backend
+ * has waited for what it queued on the stream (and for the work queued
+ * there before it), so the host may read them or queue more work there.
  * @return IGRAD_E_UNSUPPORTED for a comm without the op (NCCL, self_cuda,
- * custom without ops->alltoallv), IGRAD_E_INVALID for bad arguments, IGRAD_E_STATE on a broken
- * comm or inside an open group, IGRAD_E_COMM / IGRAD_E_TIMEOUT from the
+ * custom without ops->alltoallv) or buffers in a space it does not take,
+ * IGRAD_E_INVALID for bad arguments, IGRAD_E_STATE on a broken comm or
+ * inside an open group, IGRAD_E_COMM / IGRAD_E_TIMEOUT from the
  * backend. */
 igrad_status_t igrad__comm_alltoallv(igrad_comm_t *comm, const void *send,
                                      const size_t *send_nbytes, const size_t *send_displs,
                                      void *recv, const size_t *recv_nbytes,
-                                     const size_t *recv_displs);
+                                     const size_t *recv_displs, igrad__mem_space_t space,
+                                     void *stream);
 
 /* Allocates a comm around a backend's table and state. On failure `impl`
  * is left to the caller. */

@@ -504,8 +504,9 @@ static igrad_status_t mpi_iallreduce(igrad_comm_t *comm, const void *send, void 
 static igrad_status_t mpi_alltoallv(igrad_comm_t *comm, const void *send,
                                     const size_t *send_nbytes, const size_t *send_displs,
                                     void *recv, const size_t *recv_nbytes,
-                                    const size_t *recv_displs)
+                                    const size_t *recv_displs, void *stream)
 {
+    (void)stream; /* host bytes (the comm's spaces): no queue */
     const mpi_impl_t *impl = comm->impl;
     const int P = comm->size, me = comm->rank;
     IGRAD_FAIL_IF(send_nbytes[me] != recv_nbytes[me], IGRAD_E_INVALID,

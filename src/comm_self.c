@@ -64,13 +64,14 @@ static igrad_status_t self_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, 
     return self_bcast(comm, buf, nbytes, root);
 }
 
-/* One rank: its one block goes to itself (comm.c refuses overlap). */
+/* One rank: its one block goes to itself (comm.c refuses overlap). Host
+ * bytes, so there is no stream. */
 static igrad_status_t self_alltoallv(igrad_comm_t *comm, const void *send,
                                      const size_t *send_nbytes, const size_t *send_displs,
                                      void *recv, const size_t *recv_nbytes,
-                                     const size_t *recv_displs)
+                                     const size_t *recv_displs, void *stream)
 {
-    (void)comm;
+    (void)comm, (void)stream;
     IGRAD_FAIL_IF(send_nbytes[0] != recv_nbytes[0], IGRAD_E_INVALID,
                   "igrad__comm_alltoallv: self comm sends %zu bytes to itself but expects %zu",
                   send_nbytes[0], recv_nbytes[0]);

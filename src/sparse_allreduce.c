@@ -339,7 +339,7 @@ igrad_status_t igrad__sar_allreduce(igrad__sar_t *w, igrad_comm_t *comm, uint64_
         send_displs[j] = recv_displs[j] = (size_t)j * sizeof(uint64_t);
     }
     IGRAD_CHECK(igrad__comm_alltoallv(comm, send_counts, send_nbytes, send_displs, recv_counts,
-                                      recv_nbytes, recv_displs));
+                                      recv_nbytes, recv_displs, IGRAD__MEM_HOST, NULL));
     uint64_t total = 0;
     for (int j = 0; j < P && rep.reason == SAR_OK; j++) {
         if (recv_counts[j] > (uint64_t)k) {
@@ -407,7 +407,7 @@ igrad_status_t igrad__sar_allreduce(igrad__sar_t *w, igrad_comm_t *comm, uint64_
         }
     }
     IGRAD_CHECK(igrad__comm_alltoallv(comm, send, send_nbytes, send_displs, recv, recv_nbytes,
-                                      recv_displs));
+                                      recv_displs, IGRAD__MEM_HOST, NULL));
 
     /* Phase 2: check and reduce what this rank owns. */
     unsigned char *own = blocks + (size_t)me * block_nbytes;

@@ -1,6 +1,8 @@
 /*
  * mpi_sparse_allreduce.c — the sparse all-reduce (sparse_allreduce.c) and
- * the MPI alltoallv under mpirun (CTest: -np 2, 4 and 8).
+ * the MPI alltoallv under mpirun (CTest: -np 2, 4 and 8): blocks of mixed
+ * sizes with gaps, whole and cut into pieces, device buffers refused and a
+ * stream ignored (host bytes only).
  *
  * Every rank draws every rank's input from (case, rank, position), so each
  * computes the brute-force reference alone: a dense sum in rank order over
@@ -375,11 +377,11 @@ static igrad_status_t wrap_barrier(igrad_comm_t *comm)
 static igrad_status_t wrap_alltoallv(igrad_comm_t *comm, const void *send,
                                      const size_t *send_nbytes, const size_t *send_displs,
                                      void *recv, const size_t *recv_nbytes,
-                                     const size_t *recv_displs)
+                                     const size_t *recv_displs, void *stream)
 {
     wrap_t *wr = comm->impl;
     IGRAD_CHECK(wr->inner->vt->alltoallv(wr->inner, send, send_nbytes, send_displs, recv,
-                                         recv_nbytes, recv_displs));
+                                         recv_nbytes, recv_displs, stream));
     ++wr->alltoallvs;
     if (comm->rank != wr->victim) return IGRAD_OK;
     int peer = (comm->rank + 1) % comm->size;
@@ -520,12 +522,33 @@ static void test_alltoallv(igrad_comm_t *comm, size_t max_count)
     for (int j = 0; j < np; j++)
         for (size_t i = 0; i < sn[j]; i++) send[sd[j] + i] = (unsigned char)(me * 31 + j * 7 + i);
     REQUIRE(igrad__comm_mpi_set_max_count(comm, max_count) == IGRAD_OK);
-    CHECK_OK(igrad__comm_alltoallv(comm, send, sn, sd, recv, rn, rd));
+    CHECK_OK(igrad__comm_alltoallv(comm, send, sn, sd, recv, rn, rd, IGRAD__MEM_HOST, NULL));
     int bad = 0;
     for (int j = 0; j < np; j++)
         for (size_t i = 0; i < rn[j]; i++)
             bad += recv[rd[j] + i] != (unsigned char)(j * 31 + me * 7 + i);
     CHECK(bad == 0, "alltoallv (pieces of %zu bytes): %d bytes wrong", max_count, bad);
+    /* host bytes only: device buffers are refused on every rank alike,
+     * before any message, so the comm stays matched; recv is untouched */
+    memset(recv, 0xee, rt + 1);
+    CHECK_STATUS(igrad__comm_alltoallv(comm, send, sn, sd, recv, rn, rd, IGRAD__MEM_DEVICE, NULL),
+                 IGRAD_E_UNSUPPORTED);
+    CHECK(strstr(igrad_last_error(),
+                 "igrad__comm_alltoallv: communicator 'mpi' cannot take device buffers"),
+          "message: %s", igrad_last_error());
+    int touched = 0;
+    for (size_t i = 0; i <= rt; i++) touched += recv[i] != 0xee;
+    CHECK(touched == 0, "refused alltoallv wrote %d bytes", touched);
+    /* a host backend ignores the stream: any value runs the same exchange */
+    static char not_a_stream;
+    CHECK_OK(igrad__comm_alltoallv(comm, send, sn, sd, recv, rn, rd, IGRAD__MEM_HOST,
+                                   &not_a_stream));
+    bad = 0;
+    for (int j = 0; j < np; j++)
+        for (size_t i = 0; i < rn[j]; i++)
+            bad += recv[rd[j] + i] != (unsigned char)(j * 31 + me * 7 + i);
+    CHECK(bad == 0, "alltoallv with a stream (pieces of %zu bytes): %d bytes wrong", max_count,
+          bad);
     REQUIRE(igrad__comm_mpi_set_max_count(comm, INT_MAX) == IGRAD_OK);
     free(send);
     free(recv);
@@ -557,14 +580,14 @@ static void test_alltoallv_timeout(void)
             nanosleep(&ts, NULL);
         }
         CHECK_OK(igrad__comm_alltoallv(comm, buf, sizes, sizes + np, buf + np, sizes,
-                                       sizes + np));
+                                       sizes + np, IGRAD__MEM_HOST, NULL));
         for (int j = 0; j < np; j++)
             CHECK(buf[np + j] == 1000 * (uint64_t)j, "late alltoallv: block %d holds %" PRIu64,
                   j, buf[np + j]);
         igrad_comm_free(comm);
     } else {
         CHECK_STATUS(igrad__comm_alltoallv(comm, buf, sizes, sizes + np, buf + np, sizes,
-                                           sizes + np),
+                                           sizes + np, IGRAD__MEM_HOST, NULL),
                      IGRAD_E_TIMEOUT);
         double waited = MPI_Wtime() - t0;
         CHECK(waited >= limit_s && waited < late_s - 0.5, "timed out after %.3f s, limit %.1f s",

@@ -5,8 +5,11 @@
  * dense sum in input order, every refusal of bad input, a comm without
  * alltoallv (custom) refused, a custom comm with ops->alltoallv running it
  * (directly and as an engine's collective sparse_reduce, equal to the self
- * comm's; an older, shorter table goes without), workspace reuse. Several ranks, corrupt
- * peers and the byte counts are tests/mpi_sparse_allreduce.c's.
+ * comm's; an older, shorter table goes without), a custom comm with memory
+ * CUDA handing its alltoallv device buffers after set_stream (and refusing
+ * host ones), the self comm refusing device buffers, workspace reuse.
+ * Several ranks, corrupt peers and the byte counts are
+ * tests/mpi_sparse_allreduce.c's.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -175,7 +178,8 @@ static void test_custom_comm_unsupported(void **state)
     assert_status(igrad__sar_allreduce(&w, comm, 4, 1, in), IGRAD_E_UNSUPPORTED);
     assert_error_has("communicator 'custom' has no variable all-to-all");
     size_t n[1] = {0}, d[1] = {0};
-    assert_status(igrad__comm_alltoallv(comm, NULL, n, d, NULL, n, d), IGRAD_E_UNSUPPORTED);
+    assert_status(igrad__comm_alltoallv(comm, NULL, n, d, NULL, n, d, IGRAD__MEM_HOST, NULL),
+                  IGRAD_E_UNSUPPORTED);
     igrad__sar_clear(&w);
     igrad_comm_free(comm);
 }
@@ -293,6 +297,110 @@ static void test_custom_comm_alltoallv(void **state)
     free(b);
 }
 
+/* ---- a custom comm with memory CUDA and ops->alltoallv ------------------ */
+
+/* No GPU is needed: igrad never touches the bytes of a custom comm, so
+ * host memory stands in for the device memory the callback is promised. */
+static void *cuda_stream_seen;
+static int cuda_events; /* set_stream: +1; alltoallv: checks it was last, +10 */
+
+static igrad_status_t cuda_set_stream(void *user, void *stream)
+{
+    (void)user;
+    cuda_stream_seen = stream;
+    cuda_events = 1;
+    return IGRAD_OK;
+}
+
+static igrad_status_t cuda_alltoallv(void *user, const void *send, const size_t *send_nbytes,
+                                     const size_t *send_displs, void *recv,
+                                     const size_t *recv_nbytes, const size_t *recv_displs)
+{
+    if (cuda_events != 1) return IGRAD_E_STATE; /* set_stream did not come first */
+    cuda_events += 10;
+    return one_alltoallv(user, send, send_nbytes, send_displs, recv, recv_nbytes,
+                         recv_displs);
+}
+
+static igrad_status_t cuda_iallgather(void *user, const void *send, size_t nbytes, void *recv,
+                                      void **handle)
+{
+    *handle = NULL;
+    return one_allgather(user, send, nbytes, recv);
+}
+
+static igrad_status_t cuda_iallreduce(void *user, const void *send, void *recv, size_t count,
+                                      igrad_dtype_t dtype, igrad_reduce_op_t op, void **handle)
+{
+    *handle = NULL;
+    return one_allreduce(user, send, recv, count, dtype, op);
+}
+
+static igrad_status_t cuda_wait(void *user, void *handle)
+{
+    (void)user, (void)handle;
+    return IGRAD_OK;
+}
+
+static void test_custom_cuda_comm_alltoallv(void **state)
+{
+    (void)state;
+    igrad_comm_ops_t ops = {0};
+    ops.size = sizeof ops;
+    ops.allgather = one_allgather;
+    ops.allreduce = one_allreduce;
+    ops.bcast = one_bcast;
+    ops.barrier = one_barrier;
+    ops.iallgather = cuda_iallgather;
+    ops.iallreduce = cuda_iallreduce;
+    ops.wait = cuda_wait;
+    ops.memory = IGRAD_MEMORY_CUDA;
+    ops.set_stream = cuda_set_stream;
+    ops.alltoallv = cuda_alltoallv;
+    igrad_comm_t *comm = NULL;
+    assert_status(igrad_comm_create_custom(&ops, NULL, 0, 1, &comm), IGRAD_OK);
+    unsigned char buf[32];
+    for (int i = 0; i < 32; i++) buf[i] = (unsigned char)i;
+    size_t sn[1] = {5}, sd[1] = {2}, rn[1] = {5}, rd[1] = {4};
+    static char stream; /* an opaque queue handle: only passed along */
+
+    /* device buffers reach the callback, after set_stream with the stream */
+    cuda_events = 0;
+    cuda_stream_seen = NULL;
+    one_alltoallv_calls = 0;
+    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, rn, rd, IGRAD__MEM_DEVICE,
+                                        &stream),
+                  IGRAD_OK);
+    assert_int_equal(cuda_events, 11);
+    assert_ptr_equal(cuda_stream_seen, &stream);
+    assert_int_equal(one_alltoallv_calls, 1);
+    for (int i = 0; i < 5; i++) assert_int_equal(buf[20 + i], 2 + i);
+    /* NULL: the default stream, handed on as NULL */
+    cuda_events = 0;
+    cuda_stream_seen = &stream;
+    assert_status(
+        igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, rn, rd, IGRAD__MEM_DEVICE, NULL),
+        IGRAD_OK);
+    assert_int_equal(cuda_events, 11);
+    assert_null(cuda_stream_seen);
+
+    /* host buffers are refused by name, before any callback */
+    cuda_events = 0;
+    one_alltoallv_calls = 0;
+    assert_status(
+        igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, rn, rd, IGRAD__MEM_HOST, NULL),
+        IGRAD_E_UNSUPPORTED);
+    assert_error_has("communicator 'custom' cannot take host buffers");
+    assert_int_equal(cuda_events, 0);
+    assert_int_equal(one_alltoallv_calls, 0);
+    /* the callback's failure is reported as its status */
+    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, (size_t[]){4}, rd,
+                                        IGRAD__MEM_DEVICE, NULL),
+                  IGRAD_E_COMM);
+    assert_error_has("alltoallv callback returned");
+    igrad_comm_free(comm);
+}
+
 /* ---- igrad__comm_alltoallv's checks ------------------------------------ */
 
 static void test_alltoallv_checks(void **state)
@@ -303,34 +411,56 @@ static void test_alltoallv_checks(void **state)
     unsigned char buf[32];
     for (int i = 0; i < 32; i++) buf[i] = (unsigned char)i;
     size_t sn[1] = {5}, sd[1] = {2}, rn[1] = {5}, rd[1] = {20};
+    const igrad__mem_space_t host = IGRAD__MEM_HOST;
     /* self: the block at send + 2 lands at recv + 20 - 16 (recv = buf + 16) */
-    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, rn, (size_t[]){4}),
-                  IGRAD_OK);
+    assert_status(
+        igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, rn, (size_t[]){4}, host, NULL),
+        IGRAD_OK);
     for (int i = 0; i < 5; i++) assert_int_equal(buf[20 + i], 2 + i);
-    assert_status(igrad__comm_alltoallv(NULL, buf, sn, sd, buf + 16, rn, rd), IGRAD_E_INVALID);
-    assert_status(igrad__comm_alltoallv(comm, buf, NULL, sd, buf + 16, rn, rd),
+    assert_status(igrad__comm_alltoallv(NULL, buf, sn, sd, buf + 16, rn, rd, host, NULL),
+                  IGRAD_E_INVALID);
+    assert_status(igrad__comm_alltoallv(comm, buf, NULL, sd, buf + 16, rn, rd, host, NULL),
                   IGRAD_E_INVALID);
     assert_error_has("send_nbytes is NULL");
-    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, rn, NULL),
+    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, rn, NULL, host, NULL),
                   IGRAD_E_INVALID);
     assert_error_has("recv_displs is NULL");
-    assert_status(igrad__comm_alltoallv(comm, NULL, sn, sd, buf + 16, rn, rd),
+    assert_status(igrad__comm_alltoallv(comm, NULL, sn, sd, buf + 16, rn, rd, host, NULL),
                   IGRAD_E_INVALID);
     assert_error_has("send buffer is NULL");
     assert_status(igrad__comm_alltoallv(comm, buf, sn, (size_t[]){SIZE_MAX - 2}, buf + 16, rn,
-                                        rd),
+                                        rd, host, NULL),
                   IGRAD_E_INVALID);
     assert_error_has("overflows size_t");
     /* send [2, 7) and recv [0 + 4, 9) of the same bytes overlap */
-    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf, rn, (size_t[]){4}),
+    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf, rn, (size_t[]){4}, host, NULL),
                   IGRAD_E_INVALID);
     assert_error_has("overlap");
-    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, (size_t[]){4}, rd),
-                  IGRAD_E_INVALID);
+    assert_status(
+        igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, (size_t[]){4}, rd, host, NULL),
+        IGRAD_E_INVALID);
     assert_error_has("sends 5 bytes to itself but expects 4");
     /* nothing to move: NULL buffers are fine */
     size_t z[1] = {0};
-    assert_status(igrad__comm_alltoallv(comm, NULL, z, z, NULL, z, z), IGRAD_OK);
+    assert_status(igrad__comm_alltoallv(comm, NULL, z, z, NULL, z, z, host, NULL), IGRAD_OK);
+
+    /* the self comm takes host bytes only: device buffers are refused by
+     * name before anything moves, also with nothing to move */
+    memset(buf + 16, 0xee, 16);
+    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, rn, (size_t[]){4},
+                                        IGRAD__MEM_DEVICE, NULL),
+                  IGRAD_E_UNSUPPORTED);
+    assert_error_has("igrad__comm_alltoallv: communicator 'self' cannot take device buffers");
+    for (int i = 0; i < 16; i++) assert_int_equal(buf[16 + i], 0xee);
+    assert_status(igrad__comm_alltoallv(comm, NULL, z, z, NULL, z, z, IGRAD__MEM_DEVICE, NULL),
+                  IGRAD_E_UNSUPPORTED);
+    assert_error_has("cannot take device buffers");
+    /* a host backend ignores the stream: NULL (above) or any other value */
+    static char not_a_stream;
+    assert_status(igrad__comm_alltoallv(comm, buf, sn, sd, buf + 16, rn, (size_t[]){4}, host,
+                                        &not_a_stream),
+                  IGRAD_OK);
+    for (int i = 0; i < 5; i++) assert_int_equal(buf[20 + i], 2 + i);
     igrad_comm_free(comm);
 }
 
@@ -342,6 +472,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_custom_comm_unsupported),
         cmocka_unit_test(test_custom_comm_alltoallv),
+        cmocka_unit_test(test_custom_cuda_comm_alltoallv),
         cmocka_unit_test(test_alltoallv_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
