@@ -423,8 +423,9 @@ static igrad_status_t nccl_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, 
  * messages: the caller's counts agree pairwise (it exchanged them), and a
  * disagreement is a wait that the timeout or NCCL's async error ends. The
  * own block is a device copy on the same stream rather than a send to
- * self: the copy engine moves it without NCCL setting up a connection of
- * the rank to itself, as comm_mpi.c copies its own block. */
+ * self (which NCCL supports): one cudaMemcpyAsync, with no NCCL
+ * point-to-point path of the rank to itself to set up or schedule, as
+ * comm_mpi.c copies its own block. */
 static igrad_status_t nccl_alltoallv(igrad_comm_t *comm, const void *send,
                                      const size_t *send_nbytes, const size_t *send_displs,
                                      void *recv, const size_t *recv_nbytes,
