@@ -282,8 +282,8 @@ igrad_status_t igrad__comm_alltoallv(igrad_comm_t *comm, const void *send,
     IGRAD_FAIL_IF(!comm, IGRAD_E_INVALID, "%s: comm is NULL", what);
     IGRAD_FAIL_IF(!comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
                   "%s: communicator '%s' has no variable all-to-all (the sparse all-reduce "
-                  "needs one; the self and MPI communicators have it, a custom one with "
-                  "ops->alltoallv)",
+                  "needs one; the self, MPI, self_cuda and NCCL communicators have it, a "
+                  "custom one with ops->alltoallv)",
                   what, comm->backend);
     size_t send_extent = 0, recv_extent = 0;
     IGRAD_CHECK(alltoallv_extent(comm, "send", send_nbytes, send_displs, &send_extent));

@@ -1,6 +1,6 @@
 /*
  * comm_internal.h — what the communicator files (comm.c, comm_self.c,
- * comm_mpi.c, later comm_nccl.c) and the engine share: the layout of
+ * comm_mpi.c, comm_nccl.c, comm_self_cuda.c) and the engine share: the layout of
  * igrad_comm_t and igrad_comm_request_t and the backend table behind them.
  *
  * The public igrad_comm_ops_t (igrad.h) is the table *callers* fill for the
@@ -22,7 +22,7 @@
  * a memory space and a stream like the engine's other collectives but is
  * blocking (its counts and displacements are host arrays).
  *
- * What a device backend (comm_nccl.c, later) needs is in the table too, so
+ * What a device backend (comm_nccl.c, comm_self_cuda.c) needs is in the table too, so
  * it is one more row: the memory spaces its buffers may live in (comm.c
  * refuses any other before the backend is called), a stream on the
  * non-blocking collectives (an opaque queue of the backend's; NULL is its
@@ -96,10 +96,10 @@ typedef struct igrad__comm_vtable {
      * spaces, blocks inside their buffers and send not overlapping recv.
      * Device backends queue it on `stream` (NULL: their default) and
      * return once it has completed there; host backends ignore `stream`.
-     * Self and MPI: host bytes; custom: ops->alltoallv in the table's
-     * memory. May be NULL (NCCL, self_cuda, and custom comms without
-     * ops->alltoallv): the sparse all-reduce is then unavailable on the
-     * comm. */
+     * Self and MPI: host bytes; self_cuda: host or device (a copy); NCCL:
+     * device (ncclSend / ncclRecv); custom: ops->alltoallv in the table's
+     * memory. May be NULL (a custom comm without ops->alltoallv): the
+     * sparse all-reduce is then unavailable on the comm. */
     igrad_status_t (*alltoallv)(igrad_comm_t *comm, const void *send, const size_t *send_nbytes,
                                 const size_t *send_displs, void *recv,
                                 const size_t *recv_nbytes, const size_t *recv_displs,
@@ -195,12 +195,13 @@ igrad_status_t igrad__comm_group_end(igrad_comm_t *comm);
  * not something this call can detect). send and recv may be NULL when all
  * their counts are 0 and must not overlap. The buffers live in `space`
  * (checked against comm->spaces as igrad__comm_iallgather's are: self
- * and MPI take host, custom its table's memory); `stream` is the backend's queue (NULL: its default; host
+ * and MPI take host, NCCL device, self_cuda both, custom its table's
+ * memory); `stream` is the backend's queue (NULL: its default; host
  * backends ignore it). On return the bytes have landed: a device backend
  * has waited for what it queued on the stream (and for the work queued
  * there before it), so the host may read them or queue more work there.
- * @return IGRAD_E_UNSUPPORTED for a comm without the op (NCCL, self_cuda,
- * custom without ops->alltoallv) or buffers in a space it does not take,
+ * @return IGRAD_E_UNSUPPORTED for a comm without the op (custom without
+ * ops->alltoallv) or buffers in a space it does not take,
  * IGRAD_E_INVALID for bad arguments, IGRAD_E_STATE on a broken comm or
  * inside an open group, IGRAD_E_COMM / IGRAD_E_TIMEOUT from the
  * backend. */

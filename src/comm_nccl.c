@@ -16,6 +16,9 @@
  *    in place) take device buffers and streams like the bucket
  *    collectives. A split comm owns its NCCL communicator and shares the
  *    parent's stream.
+ *  - The sparse all-reduce's alltoallv takes device buffers too: one group
+ *    of ncclSend / ncclRecv on the given stream, then waited for there
+ *    (blocking, under the timeout).
  *  - Errors: every NCCL result that is not ncclSuccess becomes IGRAD_E_COMM
  *    with ncclGetErrorString's text and ncclGetLastError's detail; while
  *    waiting, ncclCommGetAsyncError is polled, so a failed peer ends the
@@ -412,6 +415,52 @@ static igrad_status_t nccl_ibcast(igrad_comm_t *comm, void *buf, size_t nbytes, 
                   "ibcast");
 }
 
+/* ---- alltoallv: device buffers, blocking ---- */
+
+/* One group of ncclSend / ncclRecv, a pair per peer with bytes to move
+ * (NCCL counts are size_t: no pieces), then a wait for the stream under
+ * the comm's timeout, like the blocking collectives. Unlike MPI no empty
+ * messages: the caller's counts agree pairwise (it exchanged them), and a
+ * disagreement is a wait that the timeout or NCCL's async error ends. The
+ * own block is a device copy on the same stream rather than a send to
+ * self (which NCCL supports): one cudaMemcpyAsync, with no NCCL
+ * point-to-point path of the rank to itself to set up or schedule, as
+ * comm_mpi.c copies its own block. */
+static igrad_status_t nccl_alltoallv(igrad_comm_t *comm, const void *send,
+                                     const size_t *send_nbytes, const size_t *send_displs,
+                                     void *recv, const size_t *recv_nbytes,
+                                     const size_t *recv_displs, void *stream)
+{
+    nccl_impl_t *impl = comm->impl;
+    const int P = comm->size, me = comm->rank;
+    IGRAD_FAIL_IF(send_nbytes[me] != recv_nbytes[me], IGRAD_E_INVALID,
+                  "igrad__comm_alltoallv: rank %d sends %zu bytes to itself but expects %zu",
+                  me, send_nbytes[me], recv_nbytes[me]);
+    cudaStream_t s = stream ? (cudaStream_t)stream : impl->stream;
+    const unsigned char *sb = send;
+    unsigned char *rb = recv;
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_fail(impl, r, "alltoallv: ncclGroupStart");
+    /* the first failing call is reported; the group is closed either way */
+    ncclResult_t op = ncclSuccess;
+    for (int j = 0; j < P && (op == ncclSuccess || op == ncclInProgress); j++) {
+        if (j == me) continue;
+        if (send_nbytes[j] > 0)
+            op = ncclSend(sb + send_displs[j], send_nbytes[j], ncclUint8, j, impl->comm, s);
+        if (recv_nbytes[j] > 0 && (op == ncclSuccess || op == ncclInProgress))
+            op = ncclRecv(rb + recv_displs[j], recv_nbytes[j], ncclUint8, j, impl->comm, s);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    IGRAD_CHECK(nccl_result(comm, op, "alltoallv: ncclSend/ncclRecv"));
+    IGRAD_CHECK(nccl_result(comm, end, "alltoallv: ncclGroupEnd"));
+    if (send_nbytes[me] > 0) {
+        cudaError_t err = cudaMemcpyAsync(rb + recv_displs[me], sb + send_displs[me],
+                                          send_nbytes[me], cudaMemcpyDefault, s);
+        if (err != cudaSuccess) return cuda_fail(err, "alltoallv: own block");
+    }
+    return poll_until(comm, stream_idle, s, "alltoallv");
+}
+
 static void nccl_destroy(igrad_comm_t *comm)
 {
     nccl_impl_t *impl = comm->impl;
@@ -438,6 +487,7 @@ static const igrad__comm_vtable_t nccl_vtable = {
     .split = nccl_split,
     .ireduce = nccl_ireduce,
     .ibcast = nccl_ibcast,
+    .alltoallv = nccl_alltoallv,
 };
 
 /* An igrad comm over c (owned: destroyed with it). */

@@ -6,7 +6,8 @@
  * engine on one GPU needs no NCCL. A copy queued on the engine's stream
  * is complete for everything queued after it there: requests are done at
  * issue. It splits (into itself), reduces and broadcasts, so the two-level
- * sync runs on one GPU. Built only with CUDA; argument checks live in
+ * sync runs on one GPU, and its alltoallv (blocking) is one copy waited
+ * for on its stream. Built only with CUDA; argument checks live in
  * comm.c.
  */
 #include "comm_internal.h"
@@ -112,6 +113,30 @@ static igrad_status_t self_cuda_ibcast(igrad_comm_t *comm, void *buf, size_t nby
     return IGRAD_OK;
 }
 
+/* One rank: its one block goes to itself (comm.c refuses overlap). The
+ * call is blocking, so the copy is waited for on its stream: the host may
+ * read recv on return. */
+static igrad_status_t self_cuda_alltoallv(igrad_comm_t *comm, const void *send,
+                                          const size_t *send_nbytes, const size_t *send_displs,
+                                          void *recv, const size_t *recv_nbytes,
+                                          const size_t *recv_displs, void *stream)
+{
+    const self_cuda_t *impl = comm->impl;
+    IGRAD_FAIL_IF(send_nbytes[0] != recv_nbytes[0], IGRAD_E_INVALID,
+                  "igrad__comm_alltoallv: self_cuda comm sends %zu bytes to itself but "
+                  "expects %zu",
+                  send_nbytes[0], recv_nbytes[0]);
+    cudaStream_t s = stream ? (cudaStream_t)stream : impl->stream;
+    if (send_nbytes[0] > 0)
+        IGRAD_CHECK(cuda_result(cudaMemcpyAsync((unsigned char *)recv + recv_displs[0],
+                                                (const unsigned char *)send + send_displs[0],
+                                                send_nbytes[0], cudaMemcpyDefault, s),
+                                "alltoallv"));
+    /* also with nothing to copy: on return the stream's earlier work is
+     * done, as after the NCCL comm's */
+    return cuda_result(cudaStreamSynchronize(s), "alltoallv");
+}
+
 static igrad_status_t self_cuda_wait(igrad_comm_t *comm, igrad_comm_request_t *req)
 {
     (void)comm, (void)req; /* done at issue */
@@ -133,6 +158,7 @@ static const igrad__comm_vtable_t self_cuda_vtable = {
     .split = self_cuda_split,
     .ireduce = self_cuda_ireduce,
     .ibcast = self_cuda_ibcast,
+    .alltoallv = self_cuda_alltoallv,
 };
 
 igrad_status_t igrad_comm_create_self_cuda(struct CUstream_st *stream, igrad_comm_t **out)

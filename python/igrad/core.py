@@ -537,10 +537,11 @@ class Comm(_Handle):
     object or None when already complete) with wait(handle) and
     test(handle) -> bool. An exception in a callback becomes IGRAD_E_COMM,
     its text the library's error message. With memory="cuda" the
-    non-blocking collectives get CUDA device addresses (the buckets of an
-    Engine(..., device=N)), and the backend's optional set_stream(stream)
-    (an int cudaStream_t, 0 = default) is called before each; the blocking
-    ones keep host addresses. `Comm.self_cuda(stream)`: one rank for device
+    non-blocking collectives and alltoallv get CUDA device addresses (the
+    buckets of an Engine(..., device=N)), and the backend's optional
+    set_stream(stream) (an int cudaStream_t, 0 = default) is called before
+    each (alltoallv stays blocking: it returns once the bytes are there);
+    the other blocking ones keep host addresses. `Comm.self_cuda(stream)`: one rank for device
     buffers (igrad_comm_create_self_cuda)."""
 
     _free = "igrad_comm_free"

@@ -4,7 +4,8 @@ comes here when the model's parameters are CUDA tensors.
     device_view(addr, count, dtype, device)  a torch tensor over device memory
                                              the library owns (no copy)
     TorchCudaComm(group, device)             TorchComm whose bucket
-                                             collectives take device buffers
+                                             collectives (and alltoallv)
+                                             take device buffers
     SelfCudaComm(device)                     one process, no torch.distributed
     params_device(params)                    the one CUDA device of a model
     create_engine(layout, profile, config, coll, device)
@@ -94,9 +95,10 @@ class TorchCudaComm(TorchComm):
     """TorchComm for a CUDA engine: the non-blocking collectives (the
     engine's buckets) take device addresses on `device` and run on device
     views of them, on the stream set by set_stream (the engine's) or the
-    current one; the blocking ones (the engine's agreement) keep host
-    addresses, staged as TorchComm stages them. Its igrad Comm is a custom
-    one with memory "cuda"."""
+    current one, and so does the blocking alltoallv (the sparse
+    all-reduce's exchange); the other blocking ones (the engine's
+    agreement) keep host addresses, staged as TorchComm stages them. Its
+    igrad Comm is a custom one with memory "cuda"."""
 
     memory = "cuda"
 
@@ -173,6 +175,43 @@ class TorchCudaComm(TorchComm):
             work = dist.broadcast(t, src=_global_rank(self.group, root), group=self.group,
                                   async_op=True)
         return (work, t, t)
+
+    # The sparse all-reduce's exchange: blocking like TorchComm.alltoallv,
+    # but on device views and on the stream set by set_stream.
+    def alltoallv(self, send, send_nbytes, send_displs, recv, recv_nbytes, recv_displs):
+        """Blocking variable all-to-all of device bytes: the block of
+        send_nbytes[j] bytes at device address send + send_displs[j] goes
+        to rank j, rank j's block for this rank lands at recv +
+        recv_displs[j] (dist.all_to_all_single over packed device copies,
+        or the buffers themselves when their blocks are back to back in
+        rank order). Returns once the stream is done, so the bytes can be
+        read from the host."""
+        def side(addr, nbytes, displs):
+            # the buffer over every block, the blocks, and the buffer itself
+            # when the blocks already are the packed layout (else None)
+            end = max((d + n for d, n in zip(displs, nbytes) if n), default=0)
+            buf = device_view(addr, end, torch.uint8, self.data_device)
+            parts = [buf[d:d + n] for d, n in zip(displs, nbytes)]
+            offs = [sum(nbytes[:j]) for j in range(len(nbytes))]
+            packed = all(d == o for d, n, o in zip(displs, nbytes, offs) if n)
+            return parts, buf[:sum(nbytes)] if packed else None
+        with self._on_stream():
+            sparts, inp = side(send, send_nbytes, send_displs)
+            rparts, out = side(recv, recv_nbytes, recv_displs)
+            if inp is None:
+                inp = torch.cat(sparts)
+            scatter = out is None
+            if scatter:
+                out = torch.empty(sum(recv_nbytes), dtype=torch.uint8, device=self.data_device)
+            dist.all_to_all_single(out, inp, output_split_sizes=list(recv_nbytes),
+                                   input_split_sizes=list(send_nbytes), group=self.group)
+            if scatter:
+                off = 0
+                for part, n in zip(rparts, recv_nbytes):
+                    if n:
+                        part.copy_(out[off:off + n])
+                    off += n
+            torch.cuda.current_stream(self.data_device).synchronize()  # blocking, as C expects
 
     def run_buckets(self, buckets):
         """A step's collectives on the current stream (the engine's): all
