@@ -10,7 +10,9 @@
  * another, on the same gradients, and compares gradients and residuals
  * after every step. This is what runs the device sparse all-reduce past
  * one rank (the owners' re-sparsification, the remainders into the
- * residuals) and the gather route's rank-ordered unpack, at P = 2, 3, 4.
+ * residuals), the gather route's rank-ordered unpack, and the two-level
+ * sync with nodes of 1 and 2 ranks (the comm splits; its node reduce and
+ * broadcast copy between the threads too), at P = 2, 3, 4.
  * Without a CUDA device the same harness runs with a CPU engine in place
  * of the CUDA one (the rehearsal: it must give the same bits, so the
  * harness, the configs and the comparisons are known to work), then the
@@ -35,10 +37,13 @@
 typedef struct hub {
     int P;
     int device; /* bucket collectives and alltoallv on device memory */
+    int users;  /* members not yet destroyed (split hubs are freed by the last) */
     pthread_barrier_t bar;
     const void *send[MAXP];
     void *recv[MAXP];
     const size_t *send_nbytes[MAXP], *send_displs[MAXP];
+    int color[MAXP], key[MAXP];
+    struct hub *sub[MAXP]; /* split: the hub each color's first rank made */
 } hub_t;
 
 typedef struct member {
@@ -80,9 +85,10 @@ static igrad_status_t gather(member_t *m, int device, const void *send, size_t n
 }
 
 /* Every rank's count elements added in rank order (max / min likewise),
- * through host copies. */
-static igrad_status_t reduce_all(member_t *m, int device, const void *send, void *recv,
-                                 size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op)
+ * through host copies, into recv of every rank (root -1) or of root. */
+static igrad_status_t reduce_to(member_t *m, int device, const void *send, void *recv,
+                                size_t count, igrad_dtype_t dtype, igrad_reduce_op_t op,
+                                int root)
 {
     hub_t *h = m->hub;
     size_t w = igrad_dtype_nbytes(dtype), n = count * w;
@@ -110,7 +116,7 @@ static igrad_status_t reduce_all(member_t *m, int device, const void *send, void
         }
     }
     wait_all(h); /* everyone has read every send */
-    if (st == IGRAD_OK) st = copy(m, device, recv, acc, n);
+    if (st == IGRAD_OK && (root < 0 || root == m->rank)) st = copy(m, device, recv, acc, n);
     free(acc);
     free(part);
     return st;
@@ -124,7 +130,7 @@ static igrad_status_t op_allgather(void *user, const void *send, size_t nbytes, 
 static igrad_status_t op_allreduce(void *user, const void *send, void *recv, size_t count,
                                    igrad_dtype_t dtype, igrad_reduce_op_t op)
 {
-    return reduce_all(user, 0, send, recv, count, dtype, op);
+    return reduce_to(user, 0, send, recv, count, dtype, op, -1);
 }
 
 static igrad_status_t op_bcast(void *user, void *buf, size_t nbytes, int root)
@@ -156,7 +162,7 @@ static igrad_status_t op_iallreduce(void *user, const void *send, void *recv, si
 {
     member_t *m = user;
     *handle = NULL;
-    return reduce_all(m, m->hub->device, send, recv, count, dtype, op);
+    return reduce_to(m, m->hub->device, send, recv, count, dtype, op, -1);
 }
 
 static igrad_status_t op_wait(void *user, void *handle)
@@ -195,7 +201,82 @@ static igrad_status_t op_alltoallv(void *user, const void *send, const size_t *s
     return st;
 }
 
-static igrad_status_t make_comm(member_t *m, igrad_comm_t **out)
+/* The two-level sync's node collectives. */
+static igrad_status_t op_ireduce(void *user, const void *send, void *recv, size_t count,
+                                 igrad_dtype_t dtype, igrad_reduce_op_t op, int root,
+                                 void **handle)
+{
+    member_t *m = user;
+    *handle = NULL;
+    return reduce_to(m, m->hub->device, send, recv, count, dtype, op, root);
+}
+
+static igrad_status_t op_ibcast(void *user, void *buf, size_t nbytes, int root, void **handle)
+{
+    member_t *m = user;
+    hub_t *h = m->hub;
+    *handle = NULL;
+    if (h->device && cudaStreamSynchronize(m->stream) != cudaSuccess) return IGRAD_E_COMM;
+    h->recv[m->rank] = buf;
+    wait_all(h);
+    igrad_status_t st = m->rank == root ? IGRAD_OK : copy(m, h->device, buf, h->recv[root], nbytes);
+    wait_all(h);
+    return st;
+}
+
+/* The tables of split comms (they outlive them; filled by main). */
+static igrad_comm_ops_t split_ops[2];
+
+/* The ranks of one color, ordered by key then rank, get a hub of their
+ * own, made by the first of them (in this comm's ranks) and freed by the
+ * last member destroyed. */
+static igrad_status_t op_split(void *user, int color, int key, const igrad_comm_ops_t **ops_out,
+                               void **user_out, int *rank_out, int *size_out)
+{
+    member_t *m = user;
+    hub_t *h = m->hub;
+    h->color[m->rank] = color;
+    h->key[m->rank] = key;
+    wait_all(h);
+    int n = 0, first = -1, place = 0; /* place: keys ascending, then ranks */
+    for (int r = 0; r < h->P; r++) {
+        if (h->color[r] != color) continue;
+        if (first < 0) first = r;
+        n++;
+        place += r != m->rank && (h->key[r] < key || (h->key[r] == key && r < m->rank));
+    }
+    if (m->rank == first) {
+        hub_t *sub = calloc(1, sizeof *sub);
+        sub->P = n;
+        sub->device = h->device;
+        sub->users = n;
+        pthread_barrier_init(&sub->bar, NULL, (unsigned)n);
+        h->sub[m->rank] = sub;
+    }
+    wait_all(h);
+    member_t *mm = calloc(1, sizeof *mm);
+    mm->hub = h->sub[first];
+    mm->rank = place;
+    mm->stream = m->stream;
+    wait_all(h); /* every rank has read its hub */
+    *ops_out = &split_ops[h->device != 0];
+    *user_out = mm;
+    *rank_out = place;
+    *size_out = n;
+    return IGRAD_OK;
+}
+
+static void op_destroy(void *user)
+{
+    member_t *m = user;
+    if (__atomic_sub_fetch(&m->hub->users, 1, __ATOMIC_ACQ_REL) == 0) {
+        pthread_barrier_destroy(&m->hub->bar);
+        free(m->hub);
+    }
+    free(m);
+}
+
+static igrad_comm_ops_t table(int device, int split)
 {
     igrad_comm_ops_t ops;
     memset(&ops, 0, sizeof ops);
@@ -207,9 +288,19 @@ static igrad_status_t make_comm(member_t *m, igrad_comm_t **out)
     ops.iallgather = op_iallgather;
     ops.iallreduce = op_iallreduce;
     ops.wait = op_wait;
-    ops.memory = m->hub->device ? IGRAD_MEMORY_CUDA : IGRAD_MEMORY_HOST;
-    ops.set_stream = m->hub->device ? op_set_stream : NULL;
+    ops.memory = device ? IGRAD_MEMORY_CUDA : IGRAD_MEMORY_HOST;
+    ops.set_stream = device ? op_set_stream : NULL;
+    ops.split = op_split;
+    ops.ireduce = op_ireduce;
+    ops.ibcast = op_ibcast;
     ops.alltoallv = op_alltoallv;
+    if (split) ops.destroy = op_destroy; /* a split comm's member and hub */
+    return ops;
+}
+
+static igrad_status_t make_comm(member_t *m, igrad_comm_t **out)
+{
+    igrad_comm_ops_t ops = table(m->hub->device, 0);
     return igrad_comm_create_custom(&ops, m, m->rank, m->hub->P, out);
 }
 
@@ -426,12 +517,33 @@ static int run_all(int cuda)
         c.method = IGRAD_METHOD_TOPK_SYNC;
         c.collective = IGRAD_COLLECTIVE_GATHER;
         failures += run("gather topk", &c, P, 3, cuda);
+
+        /* The two-level sync: nodes of 2 ranks (and of 1 at P = 2): the
+         * node sums into the owners' device shards, the shard engines'
+         * exchange between nodes, the broadcast back. */
+        for (int L = 1; L <= 2; L++) {
+            if (P % L || (L == 1 && P != 2)) continue;
+            c = (igrad_config_t)IGRAD_CONFIG_INIT;
+            c.method = IGRAD_METHOD_TOPK_SYNC;
+            c.topology = IGRAD_TOPOLOGY_HIER;
+            c.ranks_per_node = L;
+            failures += run(L == 1 ? "hier L=1 topk" : "hier L=2 topk", &c, P, 3, cuda);
+            c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
+            failures += run(L == 1 ? "hier L=1 sar topk" : "hier L=2 sar topk", &c, P, 3, cuda);
+            c.method = IGRAD_METHOD_ADTOPK_SYNC;
+            c.collective = IGRAD_COLLECTIVE_REDUCE;
+            c.momentum = 0.9;
+            failures += run(L == 1 ? "hier L=1 adtopk reduce mom" : "hier L=2 adtopk reduce mom",
+                            &c, P, 3, cuda);
+        }
     }
     return failures;
 }
 
 int main(void)
 {
+    split_ops[0] = table(0, 1);
+    split_ops[1] = table(1, 1);
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
