@@ -8,13 +8,20 @@
  *    reps, and the bandwidth of one pass over g and e (8 bytes per entry)
  *    against the H200's ~4.8 TB/s;
  *  - a whole engine step (sync) on an OPT-125M-shaped layout, self_cuda
- *    communicator: total_ms.
+ *    communicator: total_ms, also with the sparse all-reduce's route
+ *    (collective sparse_reduce: at one rank its split, reduction and
+ *    gather run whole, nothing is re-sparsified);
+ *  - the sparse all-reduce's reduction at an owner (the CUDA row's reduce
+ *    of sparse_allreduce.h against the host row's, side by side on the
+ *    same received entries): 8 senders' 2^19 entries each over a range of
+ *    2^24 indices, kout = 2^19, median ms and the ratio.
  * Gradients are standard-normal-like floats (a fixed hash), copied from a
  * device master before each rep. Prints a table; asserts nothing.
  * Usage: bench_cuda [reps]   (exit 77 without a CUDA device)
  */
 #include "igrad.h"
 #include "igrad_cuda.h"
+#include "sparse_allreduce.h"
 #include "../tools/bench_stats.h"
 
 #include <cuda_runtime_api.h>
@@ -90,6 +97,54 @@ static int time_engine(const igrad_layout_t *L, const igrad_config_t *c, igrad_c
     *select_ms = bench_median(sel, reps);
     *total_ms = bench_median(tot, reps);
     igrad_engine_free(e);
+    return 0;
+}
+
+/* One owner's reduction, the CUDA row against the host row on the same
+ * received entries: median ms of each and their ratio. */
+static int time_sar_reduce(int reps)
+{
+    const size_t senders = 8, per = (size_t)1 << 19, n = senders * per, kout = per;
+    const uint64_t lo = 0, hi = (uint64_t)1 << 24;
+    igrad__sar_entry_t *recv = malloc(n * sizeof *recv);
+    float *vals = malloc(n * sizeof *vals);
+    fill_normalish(vals, (int64_t)n, 7);
+    uint64_t x = 12345;
+    for (size_t p = 0; p < n; p++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        recv[p].index = (uint32_t)(x % hi);
+        recv[p].value = vals[p];
+    }
+    const igrad__sar_ops_t *rows[2] = {&igrad__sar_cuda, &igrad__sar_host};
+    double med[2];
+    for (int b = 0; b < 2; b++) {
+        const igrad__sar_ops_t *ops = rows[b];
+        igrad__sar_t w = {0};
+        w.ops = ops;
+        void *d_recv = ops->alloc(n * sizeof *recv), *d_kept = ops->alloc(kout * sizeof *recv);
+        void *d_rem = ops->alloc(n * sizeof *recv);
+        if (!d_recv || !d_kept || !d_rem || ops->copy_in(NULL, d_recv, recv, n * sizeof *recv) ||
+            ops->reserve(&w, n))
+            return fail("sparse all-reduce bench: memory");
+        double t[64];
+        for (int r = 0; r <= reps; r++) {
+            size_t nk, nr, bad;
+            double t0 = igrad__now_ms();
+            if (ops->reduce(&w, NULL, d_recv, n, lo, hi, kout, d_kept, &nk, d_rem, &nr, &bad))
+                return fail("sparse all-reduce bench: reduce");
+            if (b == 0) cudaDeviceSynchronize();
+            if (r > 0) t[r - 1] = igrad__now_ms() - t0;
+        }
+        med[b] = bench_median(t, reps);
+        ops->free(d_recv), ops->free(d_kept), ops->free(d_rem);
+        igrad__sar_clear(&w);
+    }
+    printf("\nsparse all-reduce, one owner's reduction (%zu entries from %zu senders over "
+           "[0, 2^24), kout %zu):\n%-12s %10s\n%-12s %10.3f\n%-12s %10.3f\n"
+           "host / cuda  %10.1fx\n", n, senders, kout, "row", "reduce_ms", "cuda", med[0],
+           "host", med[1], med[1] / med[0]);
+    free(recv);
+    free(vals);
     return 0;
 }
 
@@ -181,17 +236,20 @@ int main(int argc, char **argv)
         free(host);
     }
     printf("\nengine step, OPT-125M-shaped layout (%zu tensors, %.1f M entries), one GPU, "
-           "self_cuda comm:\n%-12s %10s %10s\n", T, (double)total / 1e6, "method",
+           "self_cuda comm:\n%-16s %10s %10s\n", T, (double)total / 1e6, "method",
            "select_ms", "total_ms");
     static const igrad_method_t methods[3] = {IGRAD_METHOD_DENSE, IGRAD_METHOD_TOPK_SYNC,
                                               IGRAD_METHOD_ADTOPK_SYNC};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         igrad_config_t c = IGRAD_CONFIG_INIT;
-        c.method = methods[k];
+        c.method = methods[k < 3 ? k : 1];
+        if (k == 3) c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
         double sel_ms, tot_ms;
         if (time_engine(L, &c, comm, s, g, m, n, T, reps, &sel_ms, &tot_ms)) return 1;
-        printf("%-12s %10.3f %10.3f\n", igrad_method_name(methods[k]), sel_ms, tot_ms);
+        printf("%-12s%s %10.3f %10.3f\n", igrad_method_name(c.method), k == 3 ? " sar" : "    ",
+               sel_ms, tot_ms);
     }
+    if (time_sar_reduce(reps)) return 1;
     for (size_t t = 0; t < T; t++) {
         cudaFree(g[t]);
         cudaFree(m[t]);
