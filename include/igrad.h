@@ -1139,9 +1139,13 @@ typedef enum igrad_collective {
                                       result is the top of the summed
                                       selections and the rest goes into the
                                       range owner's residual. Only
-                                      igrad_engine_sync on the CPU data plane
-                                      with a self or MPI communicator and F32
-                                      gradients; never chosen by auto */
+                                      igrad_engine_sync, F32 gradients, and a
+                                      communicator with an all-to-all in the
+                                      data plane's memory (CPU: self, MPI,
+                                      self_cuda, custom with ops->alltoallv;
+                                      CUDA: NCCL, self_cuda, a custom CUDA
+                                      one); auto takes it only with
+                                      config.auto_sparse_reduce */
 } igrad_collective_t;
 
 /** @return "auto", "gather", "reduce" or "sparse_reduce" ("unknown" for
