@@ -6,7 +6,8 @@ collectives on device views (one process without torch.distributed:
 self_cuda; a one-rank NCCL process group: TorchCudaComm). Bit for bit
 after every step: gradients and residuals of the CUDA state equal those of
 a CPU state given the same gradients (GradientSynchronizer, and the DDP
-hook with the pre-hook bucket contents recorded); a CUDA state_dict loads
+hook with the pre-hook bucket contents recorded; the sparse all-reduce,
+self_cuda and one-rank NCCL); a CUDA state_dict loads
 into a CPU state and the reverse, and both continue alike; the memory
 statistics say device >= 4 B per parameter (the residual) and host well
 under 1 B per parameter.
@@ -114,6 +115,35 @@ class TorchCuda(unittest.TestCase):
         self.assertEqual(sc.last_stats["device_nbytes"], 0)
         self.assertLess(st["host_nbytes"], sc.last_stats["host_nbytes"])
         self.assertEqual(st["entries_sent"], sc.last_stats["entries_sent"])
+
+    def test_sparse_allreduce_same_bits_as_cpu(self):
+        """collective="sparse_reduce" on the device (the engine's own
+        exchanges through eng.sync): one process (self_cuda), then a
+        one-rank NCCL group (TorchCudaComm.alltoallv on device views)."""
+        kw = dict(KW, collective="sparse_reduce")
+        for nccl in (False, True):
+            gloo = None
+            if nccl:
+                dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % H.free_port(),
+                                        rank=0, world_size=1,
+                                        timeout=datetime.timedelta(seconds=60))
+                gloo = dist.new_group(backend="gloo")
+            ref, cpu, gpu = model_on("cpu"), model_on("cpu"), model_on(self.dev)
+            sc = it.IgradState(cpu, process_group=gloo, **kw)
+            sg = it.IgradState(gpu, **kw)
+            yc = it.GradientSynchronizer(cpu.named_parameters(), sc)
+            yg = it.GradientSynchronizer(gpu.named_parameters(), sg)
+            what = "nccl" if nccl else "self_cuda"
+            for step in range(4):
+                step_all(ref, step, [(cpu, yc), (gpu, yg)])
+                self.assert_same([p.grad for p in cpu.parameters()],
+                                 [p.grad for p in gpu.parameters()],
+                                 "%s step %d gradients" % (what, step))
+            self.assert_same_residuals(sc, sg, "%s after 4 steps" % what)
+            self.assertGreater(sg.last_stats["sparse_reduce_buckets"], 0)
+            if nccl:
+                self.assertIsInstance(sg._group_comm(), igrad.cuda.TorchCudaComm)
+                dist.destroy_process_group()
 
     def test_host_memory_is_metadata(self):
         """Two 1M-entry tensors: host bytes are the plan's, well under one
