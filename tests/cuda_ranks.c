@@ -92,8 +92,8 @@ static igrad_status_t reduce_to(member_t *m, int device, const void *send, void 
 {
     hub_t *h = m->hub;
     size_t w = igrad_dtype_nbytes(dtype), n = count * w;
-    unsigned char *acc = malloc(n ? n : 1), *part = malloc(n ? n : 1);
     if (device && cudaStreamSynchronize(m->stream) != cudaSuccess) return IGRAD_E_COMM;
+    unsigned char *acc = malloc(n ? n : 1), *part = malloc(n ? n : 1);
     h->send[m->rank] = send;
     wait_all(h);
     igrad_status_t st = copy(m, device, acc, h->send[0], n);
