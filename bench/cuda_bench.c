@@ -21,7 +21,7 @@
  */
 #include "igrad.h"
 #include "igrad_cuda.h"
-#include "sparse_allreduce.h"
+#include "comm/sparse_allreduce.h"
 #include "../tools/bench_stats.h"
 
 #include <cuda_runtime_api.h>

@@ -23,7 +23,7 @@
  */
 #include "igrad.h"
 #include "igrad_cuda.h"
-#include "internal.h" /* igrad__read_file; tests link the static library */
+#include "core/internal.h" /* igrad__read_file; tests link the static library */
 
 #include <cuda_runtime_api.h>
 #include <math.h>

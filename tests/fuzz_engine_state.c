@@ -33,7 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine_state.h"
+#include "engine/engine_state.h"
 
 int igrad_fuzz_one(const uint8_t *data, size_t size);
 const char *igrad_fuzz_name(void);

@@ -37,7 +37,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "layout_internal.h"
+#include "model/layout_internal.h"
 
 /* Provided by each fuzz_*.c. */
 int igrad_fuzz_one(const uint8_t *data, size_t size);

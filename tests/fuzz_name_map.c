@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "layout_internal.h"
+#include "model/layout_internal.h"
 
 int igrad_fuzz_one(const uint8_t *data, size_t size);
 const char *igrad_fuzz_name(void);

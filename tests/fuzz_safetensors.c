@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layout_internal.h"
+#include "model/layout_internal.h"
 
 int igrad_fuzz_one(const uint8_t *data, size_t size);
 const char *igrad_fuzz_name(void);

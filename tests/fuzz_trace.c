@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "igrad.h"
-#include "profile_internal.h"
+#include "profile/profile_internal.h"
 
 int igrad_fuzz_one(const uint8_t *data, size_t size);
 const char *igrad_fuzz_name(void);

@@ -26,7 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm_internal.h" /* test hooks; tests link the static library */
+#include "comm/comm_internal.h" /* test hooks; tests link the static library */
 #include "igrad.h"
 
 static int failures;

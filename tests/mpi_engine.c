@@ -52,7 +52,7 @@
 #include <unistd.h>
 
 #include "igrad.h"
-#include "schedule.h"
+#include "plan/schedule.h"
 
 #include "mpi_util.h"
 

@@ -37,8 +37,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm_internal.h"   /* test hook igrad__comm_mpi_set_recv_hook */
-#include "engine_internal.h" /* IGRAD__NITEMS: the agreement exchange's size */
+#include "comm/comm_internal.h"   /* test hook igrad__comm_mpi_set_recv_hook */
+#include "engine/engine_internal.h" /* IGRAD__NITEMS: the agreement exchange's size */
 #include "igrad.h"
 
 #include "mpi_util.h"

@@ -29,10 +29,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm_internal.h"
+#include "comm/comm_internal.h"
 #include "igrad.h"
 #include "mpi_util.h"
-#include "sparse_allreduce.h"
+#include "comm/sparse_allreduce.h"
 
 typedef enum input_kind {
     UNIFORM,   /* indices uniform over [0, D) */

@@ -19,8 +19,8 @@
 #ifndef IGRAD_TESTS_SAR_CASES_H
 #define IGRAD_TESTS_SAR_CASES_H
 
-#include "sparse_allreduce.h"
-#include "value16.h"
+#include "comm/sparse_allreduce.h"
+#include "core/value16.h"
 
 #include <math.h>
 #include <stdint.h>

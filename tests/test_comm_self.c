@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "comm_internal.h" /* pending counter; tests link the static library */
+#include "comm/comm_internal.h" /* pending counter; tests link the static library */
 #include "igrad.h"
 
 #define assert_f64_equal(got, want)                                               \

@@ -22,7 +22,7 @@
 #include "igrad.h"
 #include "test_util.h"
 
-#include "dp_cuda_logic.h"
+#include "dp/cuda/dp_cuda_logic.h"
 
 static float rnd_normal(uint64_t *s)
 {

@@ -36,8 +36,8 @@
 
 #include "igrad.h"
 #include "test_util.h"
-#include "internal.h" /* igrad__fail */
-#include "schedule.h"
+#include "core/internal.h" /* igrad__fail */
+#include "plan/schedule.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 

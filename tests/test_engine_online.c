@@ -30,8 +30,8 @@
 
 #include "igrad.h"
 #include "test_util.h"
-#include "engine_online.h"    /* igrad__hysteresis_update */
-#include "profile_internal.h" /* the trace's sums of squares, for the reference */
+#include "engine/engine_online.h"    /* igrad__hysteresis_update */
+#include "profile/profile_internal.h" /* the trace's sums of squares, for the reference */
 
 /* 3 LLaMA blocks with embeddings, norms and lm_head. */
 static igrad_layout_t *make_layout(void)

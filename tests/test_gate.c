@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "igrad.h"
-#include "profile_internal.h"
+#include "profile/profile_internal.h"
 #include "test_util.h"
 
 /* 2 blocks of width 16 (q, k, v, o, up, down, two norms), embedding 64x16,

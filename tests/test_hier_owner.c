@@ -20,7 +20,7 @@
 #include <cmocka.h>
 
 #include "igrad.h"
-#include "layout_internal.h"
+#include "model/layout_internal.h"
 #include "test_util.h"
 
 /* engine_hier.c (not in a header: tests only) */

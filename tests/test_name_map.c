@@ -16,7 +16,7 @@
 #include <cmocka.h>
 
 #include "igrad.h"
-#include "layout_internal.h"
+#include "model/layout_internal.h"
 
 static void expect_map(const igrad_name_map_t *m, const char *name, int layer,
                        igrad_kind_t kind)

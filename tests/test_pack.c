@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pack.h"
+#include "plan/pack.h"
 
 #define ASSERT_NEAR(a, b, tol)                                                      \
     do {                                                                            \

@@ -19,7 +19,7 @@
 
 #include "igrad.h"
 #include "test_util.h"
-#include "profile_internal.h"
+#include "profile/profile_internal.h"
 
 /* Fails printing both values when |a - b| > tol. */
 /* Fails unless igrad_last_error() contains `frag`. */

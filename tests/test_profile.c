@@ -22,7 +22,7 @@
 
 #include "igrad.h"
 #include "test_util.h"
-#include "profile_internal.h"
+#include "profile/profile_internal.h"
 
 /* The hand-computed trace: components (0,Q), (0,K), (0,V), (1,O).
  *

@@ -23,7 +23,7 @@
 #include <cmocka.h>
 
 #include "igrad.h"
-#include "route.h"
+#include "plan/route.h"
 #include "test_util.h"
 
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "schedule.h"
+#include "plan/schedule.h"
 
 /* xorshift64*: a fixed, platform-independent stream for random cases */
 static uint64_t rng_state;

@@ -29,7 +29,7 @@
 #endif
 
 #include "igrad.h"
-#include "select_internal.h"
+#include "dp/cpu/select_internal.h"
 #include "test_util.h"
 
 /* ------------------------------------------------------------------------ */

@@ -21,9 +21,9 @@
 
 #include <cmocka.h>
 
-#include "comm_internal.h"
+#include "comm/comm_internal.h"
 #include "igrad.h"
-#include "sparse_allreduce.h"
+#include "comm/sparse_allreduce.h"
 #include "test_util.h"
 
 static void test_kout_and_ranges(void **state)

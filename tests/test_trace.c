@@ -20,7 +20,7 @@
 
 #include "igrad.h"
 #include "test_util.h"
-#include "profile_internal.h"
+#include "profile/profile_internal.h"
 
 /* A 2-layer llama-style model, C = 8, kv width 4, F = 16, vocab 32:
  * components per layer Q (64), K (32), V (32), O (64), FC1 = gate + up

@@ -11,7 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint.h"
-#include "json_strict.h" /* libigrad's check for \u0000 in JSON strings */
+#include "core/json_strict.h" /* libigrad's check for \u0000 in JSON strings */
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

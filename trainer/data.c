@@ -12,7 +12,7 @@
 
 #include "data.h"
 #include "task.h"
-#include "json_strict.h" /* libigrad's check for \u0000 in JSON strings */
+#include "core/json_strict.h" /* libigrad's check for \u0000 in JSON strings */
 
 #include <cJSON.h>
 #include <dirent.h>

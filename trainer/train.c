@@ -33,7 +33,7 @@
 #endif
 
 #include "checkpoint.h"
-#include "internal.h" /* libigrad's FNV-1a (igrad__hash_bytes) */
+#include "core/internal.h" /* libigrad's FNV-1a (igrad__hash_bytes) */
 #include "data.h"
 #include "task.h"
 #include "metrics.h"

@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint.h" /* checkpoint_json_refuse_nul */
-#include "json_strict.h" /* igrad__text_line_col */
+#include "core/json_strict.h" /* igrad__text_line_col */
 #include "metrics.h"    /* metrics_write_text */
 #include "model.h"      /* trainer_fail */
 

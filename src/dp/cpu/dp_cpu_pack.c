@@ -1,0 +1,120 @@
+/*
+ * dp_cpu_pack.c — the CPU data plane's pack stage: a bucket's staged
+ * selections into its wire layout (route.h). Sparse: per block its values
+ * into the values area, its indices (32-bit, or 16-bit narrowed) into the
+ * index areas, at the offsets the route laid out (formats.md §8). Dense:
+ * the selected entries scattered into zeros over the blocks' dense
+ * segments, or for the dense method the gradients copied. Which blocks a
+ * bucket holds is the control plane's (pack.c, engine.c). 16-bit wire
+ * values (value_nbytes 2) are the staged values' 16-bit codes: the
+ * selection already rounded them (dp_cpu_select.c), so this is exact. The
+ * dense wire carries F32 whatever the value dtype (formats.md §8).
+ * Sparse all-reduce: (dense index, F32 value) entries, the index the one
+ * the dense wire would put the value at, the value the staged (rounded)
+ * one, as the dense wire carries it.
+ */
+#include "dp/cpu/dp_cpu.h"
+#include "comm/sparse_allreduce.h"
+#include "core/value16.h"
+
+#include <string.h>
+
+void igrad__dp_cpu_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    (void)grads;
+    const igrad__engine_bucket_t *bk = &e->bk[j];
+    unsigned char *dst = e->send_arena + bk->send_off;
+    for (size_t q = 0; q < bk->nblocks; q++) {
+        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        int64_t src = e->stage_off[bi->tensor] + bi->first;
+        if (e->value_nbytes == 4) {
+            memcpy(dst + bi->val_off, e->stage_val + src, (size_t)bi->count * sizeof(float));
+        } else {
+            const float *in = e->stage_val + src;
+            unsigned char *o = dst + bi->val_off;
+            for (int64_t k = 0; k < bi->count; k++) {
+                uint16_t h = igrad__to16(e->cfg.value_dtype, in[k]);
+                memcpy(o + 2 * k, &h, 2);
+            }
+        }
+        if (bi->idx_nbytes == 4) {
+            memcpy(dst + bi->idx_off, e->stage_idx + src, (size_t)bi->count * 4);
+        } else {
+            const uint32_t *in = e->stage_idx + src;
+            unsigned char *o = dst + bi->idx_off;
+            for (int64_t k = 0; k < bi->count; k++) {
+                uint16_t s = (uint16_t)in[k];
+                memcpy(o + 2 * k, &s, 2);
+            }
+        }
+    }
+}
+
+void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    const igrad__engine_bucket_t *bk = &e->bk[j];
+    int par = igrad__step_parity(e, e->cur_step);
+    float *buf = (float *)(void *)(e->recv_arena + bk->recv_off);
+    if (e->sp == IGRAD_SPARSIFIER_NONE) {
+        for (size_t q = 0; q < bk->nblocks; q++) {
+            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            if (e->cfg.grad_dtype == IGRAD_DTYPE_F32)
+                memcpy(buf + bi->dense_off, grads[bi->tensor] + bi->first,
+                       (size_t)bi->count * sizeof(float));
+            else /* 16-bit gradients: upcast (exact) */
+                igrad__from16_n(e->cfg.grad_dtype,
+                                (const uint16_t *)(const void *)grads[bi->tensor] + bi->first,
+                                buf + bi->dense_off, bi->count);
+        }
+        return;
+    }
+    memset(buf, 0, bk->dense_count * sizeof(float));
+    for (size_t q = 0; q < bk->nblocks; q++) {
+        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
+        int64_t src = e->stage_off[bi->tensor] + bi->first;
+        const uint32_t *idx = e->stage_idx + src;
+        const float *val = e->stage_val + src;
+        float *d = buf + bi->dense_off;
+        if (bi->row_wise) {
+            const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
+            int64_t rows = bi->count / sp->per_row;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t k = 0; k < sp->per_row; k++)
+                    d[r * sp->cols + idx[r * sp->per_row + k]] = val[r * sp->per_row + k];
+        } else {
+            for (int64_t k = 0; k < bi->count; k++) d[idx[k]] = val[k];
+        }
+    }
+}
+
+void igrad__dp_cpu_pack_sar(igrad_engine_t *e, size_t j, float *const *grads)
+{
+    (void)grads;
+    const igrad__engine_bucket_t *bk = &e->bk[j];
+    int par = igrad__step_parity(e, e->cur_step);
+    igrad__sar_entry_t *out = (igrad__sar_entry_t *)(void *)(e->send_arena + bk->send_off);
+    size_t n = 0;
+    for (size_t q = 0; q < bk->nblocks; q++) {
+        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        int64_t src = e->stage_off[bi->tensor] + bi->first;
+        const uint32_t *idx = e->stage_idx + src;
+        const float *val = e->stage_val + src;
+        /* the module refuses an index space above 2^32 before it reads one */
+        const uint32_t base = (uint32_t)bi->dense_off;
+        if (bi->row_wise) {
+            const igrad_select_spec_t *sp = &e->t[bi->tensor].spec[e->rel[bi->tensor]][par];
+            int64_t rows = bi->count / sp->per_row;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t k = 0; k < sp->per_row; k++, n++) {
+                    out[n].index = base + (uint32_t)(r * sp->cols) + idx[r * sp->per_row + k];
+                    out[n].value = val[r * sp->per_row + k];
+                }
+        } else {
+            for (int64_t k = 0; k < bi->count; k++, n++) {
+                out[n].index = base + idx[k];
+                out[n].value = val[k];
+            }
+        }
+    }
+}

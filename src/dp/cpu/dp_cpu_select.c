@@ -1,0 +1,176 @@
+/*
+ * dp_cpu_select.c — the CPU data plane's select_into stage: error
+ * feedback fused with selection (select.c) for the tensors sent this
+ * step, into the engine's staged selection, and the accumulate-or-drop of
+ * the others, one tensor per OpenMP task (so every selection inside is
+ * single-threaded). A sent tensor without momentum had its selection pass
+ * 1 in the check (dp_cpu_check.c); here pass 2 (igrad__select_apply)
+ * writes its residual. With the remedies on (architecture.md §5.5a)
+ * momentum correction (the whole selection here, on m*u + g), factor
+ * masking and residual decay run here too. With `zero` each gradient is
+ * zeroed in the pass that reads it. With 16-bit wire values
+ * (config.value_dtype BF16 or F16) pass 2 rounds each sent value and
+ * keeps its rounding error in the residual (architecture.md §5.2). 16-bit
+ * gradients (config.grad_dtype) are read through the thread's F32 copy. Which
+ * tensors are sent and their specs are the control plane's (engine.c,
+ * schedule.c).
+ */
+#include "dp/cpu/dp_cpu.h"
+#include "dp/cpu/select_internal.h"
+
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Momentum factor masking: the velocity of the entries just sent is
+ * cleared (the residual already is). */
+static void mask_sent(float *restrict u, const igrad_select_spec_t *sp, const uint32_t *idx)
+{
+    if (sp->count == sp->n) {
+        memset(u, 0, (size_t)sp->n * sizeof *u);
+    } else if (sp->row_wise) {
+        for (int64_t r = 0; r < sp->rows; r++) {
+            float *ur = u + r * sp->cols;
+            const uint32_t *ir = idx + r * sp->per_row;
+            for (int64_t j = 0; j < sp->per_row; j++) ur[ir[j]] = 0.0f;
+        }
+    } else {
+        for (int64_t j = 0; j < sp->count; j++) u[idx[j]] = 0.0f;
+    }
+}
+
+/* One sent tensor whose selection reads the velocity: u = m*u + g (g
+ * zeroed in the same pass with `zero`), then the whole selection of u +
+ * residual (16-bit values rounded in it), then factor masking. */
+static igrad_status_t select_velocity(const igrad_engine_t *e, igrad__engine_tensor_t *tp,
+                                      float *restrict g, const igrad_select_spec_t *sp,
+                                      igrad_select_ws_t *ws, igrad_selection_t *sel, int zero,
+                                      double *rounded)
+{
+    float *restrict u = tp->velocity;
+    int64_t n = tp->n;
+    float m = (float)e->cfg.momentum;
+    if (zero) {
+        SIMD
+        for (int64_t i = 0; i < n; i++) {
+            u[i] = m * u[i] + g[i];
+            g[i] = 0.0f;
+        }
+    } else {
+        SIMD
+        for (int64_t i = 0; i < n; i++) u[i] = m * u[i] + g[i];
+    }
+    IGRAD_CHECK(igrad__select_ef(u, tp->residual, sp, tp->name, ws, sel, 0, e->cfg.value_dtype,
+                                 rounded));
+    if (e->cfg.momentum_masking) mask_sent(u, sp, sel->index);
+    return IGRAD_OK;
+}
+
+/* A tensor not sent this step: g added into its residual (with the
+ * remedies u = m*u + g, e = d*(u + e)) or, with residual "drop", dropped
+ * with its velocity; with `zero` g is zeroed in the pass that reads it.
+ * e->tnorm[t] holds the check's sum of a^2 and becomes the residual's
+ * (e->tdropped[t] the dropped mass). Shared by select_into and the
+ * streamed step's commit (dp_cpu_stream.c). */
+void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *restrict g, int zero)
+{
+    igrad__engine_tensor_t *tp = &e->t[t];
+    float *restrict r = tp->residual;
+    int64_t n = tp->n;
+    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
+    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
+    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
+    double a2 = e->tnorm[t];
+    if (!drop && !remedies) {
+        if (zero) {
+            SIMD
+            for (int64_t i = 0; i < n; i++) {
+                r[i] = g[i] + r[i];
+                g[i] = 0.0f;
+            }
+        } else {
+            SIMD
+            for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
+        }
+    } else if (!drop) {
+        float *restrict u = tp->velocity;
+        if (u) {
+            SIMD
+            for (int64_t i = 0; i < n; i++) {
+                u[i] = m * u[i] + g[i];
+                r[i] = d * (u[i] + r[i]);
+            }
+        } else {
+            SIMD
+            for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
+        }
+        if (zero) memset(g, 0, (size_t)n * sizeof *g);
+        e->tnorm[t] = a2 * ((double)d * (double)d);
+    } else {
+        /* the ablation drops the velocity with the residual */
+        if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
+        memset(r, 0, (size_t)n * sizeof *r);
+        if (zero) memset(g, 0, (size_t)n * sizeof *g);
+        e->tdropped[t] = a2;
+        e->tnorm[t] = 0.0;
+    }
+}
+
+void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
+{
+    int64_t T = (int64_t)e->ntensors;
+    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
+    float d = (float)e->cfg.residual_decay;
+    double d2 = (double)d * (double)d;
+    int par = igrad__step_parity(e, e->cur_step);
+    /* 16-bit gradients: the kernels run on the thread's F32 copy (whose
+     * zeroing is then wasted) and the gradient itself is zeroed after */
+    int zero16 = zero && e->cfg.grad_dtype != IGRAD_DTYPE_F32;
+    const igrad__dp_cpu_state_t *cs = e->dp_state;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#endif
+    for (int64_t w = 0; w < T; w++) {
+#ifdef _OPENMP
+        int tid = omp_get_thread_num();
+#else
+        int tid = 0;
+#endif
+        uint32_t t = e->work[w];
+        igrad__engine_tensor_t *tp = &e->t[t];
+        float *restrict g = igrad__dp_cpu_grad(e, cs, grads, t, tid);
+        float *restrict r = tp->residual;
+        int64_t n = tp->n;
+        double a2 = e->tnorm[t]; /* sum of (g + e)^2 from the check */
+        if (e->sent[t]) {
+            igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
+                                     .value = e->stage_val + e->stage_off[t]};
+            const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
+            double rounded = 0.0; /* sum of squares of rounding errors kept */
+            if (igrad__dp_cpu_fused(e, t)) { /* pass 1 ran in the check */
+                igrad__select_apply(g, r, sp, e->ws[tid], &sel, cs->bound + cs->bound_off[t],
+                                    zero, e->cfg.value_dtype, &rounded);
+            } else {
+                e->tstatus[t] = select_velocity(e, tp, g, sp, e->ws[tid], &sel, zero, &rounded);
+                if (e->tstatus[t] != IGRAD_OK) {
+                    if (zero16) igrad__dp_cpu_zero_grad(e, grads, t);
+                    continue;
+                }
+            }
+            if (e->cfg.residual_decay < 1.0) {
+                SIMD
+                for (int64_t i = 0; i < n; i++) r[i] = d * r[i];
+            }
+            e->tsumsq[t] = sel.sumsq;
+            /* the residual is a with the selected entries zeroed (plus their
+             * rounding errors, then decayed) */
+            double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
+            e->tnorm[t] = (kept + rounded) * (remedies ? d2 : 1.0);
+        } else {
+            igrad__dp_cpu_accumulate(e, t, g, zero);
+        }
+        if (zero16) igrad__dp_cpu_zero_grad(e, grads, t);
+    }
+}

@@ -1,0 +1,174 @@
+/*
+ * dp_cpu_stream.c — the CPU data plane's stages of a streamed step
+ * (engine_stream.c; architecture.md §5.9a). stream_ready: for the tensors
+ * a ready call gives, the check's sum of a^2 (a = (m*u +) g + e) and, for
+ * the sent ones, the fused selection of select.c run on a per-thread
+ * scratch copy of the residual (and of m*u + g), so the staged selection
+ * is exactly the whole step's while residual, velocity and gradient stay
+ * untouched. stream_commit, once the ranks agreed that the step counts:
+ * per tensor the residual and velocity that dp_cpu_select.c's select_into
+ * would have written — sent: e = a with the selected entries 0 (16-bit
+ * values: their rounding remainder a - q), masking, decay; not sent:
+ * accumulate or drop — recomputed from g, u, e and the staged selection,
+ * zeroing g in the same pass. Same float operations in the same order as
+ * select_into, so the result is bit-identical (tests/mpi_stream.c).
+ */
+#include "dp/cpu/dp_cpu.h"
+#include "engine/engine_stream.h"
+#include "core/value16.h"
+
+#include <math.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Position in the tensor of selected entry k (a dense spec keeps every
+ * entry in place). */
+static inline int64_t sel_pos(const igrad_select_spec_t *sp, const uint32_t *idx, int64_t k)
+{
+    if (sp->count == sp->n) return k;
+    if (!sp->row_wise) return (int64_t)idx[k];
+    return k / sp->per_row * sp->cols + (int64_t)idx[k];
+}
+
+/* A selection the step will never use (this rank fails it at close) but
+ * whose buckets must still be packed: valid ascending indices, zeros. */
+static void placeholder(const igrad_select_spec_t *sp, uint32_t *idx, float *val)
+{
+    int64_t per = sp->row_wise ? sp->per_row : sp->count;
+    for (int64_t k = 0; k < sp->count; k++) {
+        idx[k] = (uint32_t)(k % per);
+        val[k] = 0.0f;
+    }
+}
+
+/* 16-bit wire values: each staged v becomes round16(v) (a finite value
+ * that would round to Inf clamped to the largest finite one), as
+ * dp_cpu_select.c's round_sent does; returns the sum of (v - q)^2, the
+ * part the residual keeps. */
+static double round_staged(igrad_dtype_t dt, float *val, int64_t count)
+{
+    double s = 0.0;
+    for (int64_t k = 0; k < count; k++) {
+        float q = igrad__from16(dt, igrad__to16(dt, val[k]));
+        if (isinf(q)) q = val[k] > 0.0f ? igrad__max16(dt) : -igrad__max16(dt);
+        float d = val[k] - q;
+        val[k] = q;
+        s += (double)d * (double)d;
+    }
+    return s;
+}
+
+void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const size_t *tensors,
+                                size_t n)
+{
+    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
+    float m = (float)e->cfg.momentum;
+    double d2 = (double)(float)e->cfg.residual_decay * (double)(float)e->cfg.residual_decay;
+    int par = igrad__step_parity(e, e->cur_step);
+    igrad__stream_t *s = e->stream;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#endif
+    for (int64_t w = 0; w < (int64_t)n; w++) {
+#ifdef _OPENMP
+        int tid = omp_get_thread_num();
+#else
+        int tid = 0;
+#endif
+        size_t t = tensors[w];
+        igrad__engine_tensor_t *tp = &e->t[t];
+        const float *g = grads[t];
+        const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
+        igrad_selection_t sel = {.index = e->stage_idx ? e->stage_idx + e->stage_off[t] : NULL,
+                                 .value = e->stage_val ? e->stage_val + e->stage_off[t] : NULL};
+        double a2 = g ? igrad__dp_cpu_sumsq(g, tp->velocity, dense ? NULL : tp->residual, m, tp->n)
+                      : NAN;
+        e->tnorm[t] = a2; /* the check's; close turns it into the residual's */
+        if (dense || !e->sent[t]) continue;
+        if (!isfinite(a2)) {
+            placeholder(sp, sel.index, sel.value);
+            continue;
+        }
+        float *sr = s->scratch + (size_t)tid * s->scratch_count;
+        float *su = sr + tp->n;
+        memcpy(sr, tp->residual, (size_t)tp->n * sizeof *sr);
+        const float *src = g;
+        if (tp->velocity) {
+            const float *u = tp->velocity;
+            SIMD
+            for (int64_t i = 0; i < tp->n; i++) su[i] = m * u[i] + g[i];
+            src = su;
+        }
+        igrad_status_t st = igrad_select_ef(src, sr, sp, tp->name, e->ws[tid], &sel);
+        if (st != IGRAD_OK) {
+            e->tstatus[t] = st;
+            placeholder(sp, sel.index, sel.value);
+            continue;
+        }
+        double rounded = 0.0;
+        if (e->cfg.value_dtype != IGRAD_DTYPE_F32)
+            rounded = round_staged(e->cfg.value_dtype, sel.value, sp->count);
+        e->tsumsq[t] = sel.sumsq;
+        double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
+        e->tnorm[t] = (kept + rounded) * (remedies ? d2 : 1.0);
+    }
+}
+
+/* A sent tensor: e = a (u = m*u + g first), the selected entries 0 or
+ * their rounding remainder, masking, decay; g zeroed. */
+static void commit_sent(const igrad_engine_t *e, igrad__engine_tensor_t *tp, float *restrict g,
+                        const igrad_select_spec_t *sp, const uint32_t *idx, const float *val)
+{
+    float *restrict r = tp->residual, *restrict u = tp->velocity;
+    int64_t n = tp->n;
+    float m = (float)e->cfg.momentum;
+    if (u) {
+        SIMD
+        for (int64_t i = 0; i < n; i++) {
+            u[i] = m * u[i] + g[i];
+            r[i] = u[i] + r[i];
+            g[i] = 0.0f;
+        }
+    } else {
+        SIMD
+        for (int64_t i = 0; i < n; i++) {
+            r[i] = g[i] + r[i];
+            g[i] = 0.0f;
+        }
+    }
+    int value16 = e->cfg.value_dtype != IGRAD_DTYPE_F32;
+    int mask = u && e->cfg.momentum_masking;
+    for (int64_t k = 0; k < sp->count; k++) {
+        int64_t i = sel_pos(sp, idx, k);
+        /* r[i] holds a = the selected value; the fused pass zeroes it, then
+         * adds the rounding remainder a - q (q the staged value) */
+        r[i] = value16 ? 0.0f + (r[i] - val[k]) : 0.0f;
+        if (mask) u[i] = 0.0f;
+    }
+    if (e->cfg.residual_decay < 1.0) {
+        float d = (float)e->cfg.residual_decay;
+        SIMD
+        for (int64_t i = 0; i < n; i++) r[i] = d * r[i];
+    }
+}
+
+void igrad__dp_cpu_stream_commit(igrad_engine_t *e, float *const *grads)
+{
+    int par = igrad__step_parity(e, e->cur_step);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#endif
+    for (int64_t w = 0; w < (int64_t)e->ntensors; w++) {
+        uint32_t t = e->work[w];
+        igrad__engine_tensor_t *tp = &e->t[t];
+        if (e->sent[t])
+            commit_sent(e, tp, grads[t], &tp->spec[e->rel[t]][par],
+                        e->stage_idx + e->stage_off[t], e->stage_val + e->stage_off[t]);
+        else
+            igrad__dp_cpu_accumulate(e, t, grads[t], 1);
+    }
+}

@@ -1,0 +1,412 @@
+/*
+ * dp_cuda_select.cu — the CUDA data plane's select_into stage: error
+ * feedback fused with exact selection, the residual write, and the
+ * accumulate-or-drop of the tensors not sent, with the same results bit
+ * for bit as the CPU backend (dp_cpu_select.c, select.c): the same float
+ * operations in the same order, the same k-th largest |a|, the same tie
+ * rule (the lower index wins), indices in index order.
+ *
+ * How one selection runs (the decisions are dp_cuda_logic.h's):
+ *  - rows (ADTopk), and flat tensors up to IGRAD__CUDA_ROW_MAX entries as
+ *    one row: one thread block per row. Three histogram rounds over the
+ *    row's a = g + e (in shared memory; the row stays in L1/L2) find its
+ *    k-th largest key and how many ties it keeps; then the row is walked
+ *    in tiles, each thread a run of entries, a block scan giving each run
+ *    its count of greater and tied keys before it, so each entry knows
+ *    whether it is kept and its slot; the same pass writes the selection
+ *    (column indices), the residual (a, kept entries 0) and zeroes g.
+ *  - larger flat tensors (topk): the same three rounds as grid-wide
+ *    histograms (a digit-choosing block between rounds; no host round
+ *    trip), then per chunk of 4096 entries the counts of greater and tied
+ *    keys, their exclusive scan in one block, and the gather pass like the
+ *    row one, chunk bases from the scan.
+ *  - dense specs (count = n): values = a, residual 0.
+ * Nothing is written before every entry has been read: the check stage
+ * proved a finite (the engine stops the step otherwise). The per-tensor
+ * sums of the selected values come back as one small array. The remedies
+ * (momentum correction, factor masking, residual decay) are elementwise
+ * kernels around the selection, in select.c's order.
+ */
+#include "dp/cuda/dp_cuda.cuh"
+
+#include <cub/block/block_scan.cuh>
+#include <string.h>
+
+namespace {
+
+typedef cub::BlockScan<unsigned long long, IGRAD__CUDA_THREADS> scan_t;
+
+/* Exclusive sums over the block of two per-thread counts, and their totals. */
+__device__ void scan2(unsigned long long a, unsigned long long b, unsigned long long *ea,
+                      unsigned long long *eb, unsigned long long *ta, unsigned long long *tb)
+{
+    __shared__ typename scan_t::TempStorage tmp;
+    scan_t(tmp).ExclusiveSum(a, *ea, *ta);
+    __syncthreads();
+    scan_t(tmp).ExclusiveSum(b, *eb, *tb);
+    __syncthreads();
+}
+
+/* Walks entries [j0, j1) of x/r in order: the kept ones (index j) into
+ * idx/val at their slots, the residual written, x zeroed with zero_x.
+ * gb/tb: greater and tied keys before j0. */
+__device__ void gather_run(float *x, float *r, int64_t j0, int64_t j1, uint32_t kth,
+                           uint64_t ties, uint64_t gb, uint64_t tb, uint32_t *idx, float *val,
+                           int zero_x)
+{
+    for (int64_t j = j0; j < j1; j++) {
+        float a = igrad__fadd(x[j], r[j]);
+        uint32_t key = igrad__key(a);
+        int keep = igrad__keep(key, kth, tb, ties);
+        if (keep) {
+            uint64_t slot = igrad__keep_slot(gb, tb, ties);
+            idx[slot] = (uint32_t)j;
+            val[slot] = a;
+        }
+        r[j] = keep ? 0.0f : a;
+        if (zero_x) x[j] = 0.0f;
+        gb += key > kth;
+        tb += key == kth;
+    }
+}
+
+__device__ void count_run(const float *x, const float *r, int64_t j0, int64_t j1, uint32_t kth,
+                          unsigned long long *g, unsigned long long *t)
+{
+    unsigned long long cg = 0, ct = 0;
+    for (int64_t j = j0; j < j1; j++) {
+        uint32_t key = igrad__key(igrad__fadd(x[j], r[j]));
+        cg += key > kth;
+        ct += key == kth;
+    }
+    *g = cg;
+    *t = ct;
+}
+
+#define ROW_ITEMS 8 /* entries per thread per tile of a row */
+
+/* One block per row of `cols` entries keeping k (see the top). */
+__global__ void row_select(float *x, float *r, int64_t cols, int64_t k, uint32_t *idx,
+                           float *val, int zero_x)
+{
+    __shared__ uint32_t hist[IGRAD__RADIX_BINS_MAX];
+    __shared__ uint32_t s_prefix;
+    __shared__ unsigned long long s_k;
+    int64_t row = blockIdx.x;
+    float *xr = x + row * cols, *rr = r + row * cols;
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_k = (unsigned long long)k;
+    }
+    for (int round = 0; round < IGRAD__RADIX_ROUNDS; round++) {
+        for (unsigned b = threadIdx.x; b < IGRAD__RADIX_BINS_MAX; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        uint32_t prefix = s_prefix;
+        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+            uint32_t key = igrad__key(igrad__fadd(xr[j], rr[j]));
+            if (igrad__radix_matches(key, prefix, round))
+                atomicAdd(&hist[igrad__radix_digit(key, round)], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint64_t kk = s_k;
+            uint32_t d = igrad__radix_choose(hist, round, &kk);
+            s_prefix = igrad__radix_extend(prefix, d, round);
+            s_k = kk;
+        }
+        __syncthreads();
+    }
+    uint32_t kth = s_prefix;
+    uint64_t ties = s_k;
+    uint32_t *ir = idx + row * k;
+    float *vr = val + row * k;
+    unsigned long long run_g = 0, run_t = 0;
+    const int64_t tile = (int64_t)IGRAD__CUDA_THREADS * ROW_ITEMS;
+    for (int64_t t0 = 0; t0 < cols; t0 += tile) {
+        int64_t j0 = t0 + (int64_t)threadIdx.x * ROW_ITEMS;
+        int64_t j1 = j0 + ROW_ITEMS < cols ? j0 + ROW_ITEMS : cols;
+        if (j0 > cols) j0 = cols;
+        unsigned long long cg, ct, eg, et, ag, at;
+        count_run(xr, rr, j0, j1, kth, &cg, &ct);
+        scan2(cg, ct, &eg, &et, &ag, &at);
+        gather_run(xr, rr, j0, j1, kth, ties, run_g + eg, run_t + et, ir, vr, zero_x);
+        run_g += ag;
+        run_t += at;
+    }
+}
+
+/* ---- flat tensors: grid-wide rounds ---- */
+
+__global__ void radix_init(uint64_t *radix, uint64_t k)
+{
+    radix[0] = 0;
+    radix[1] = k;
+}
+
+__global__ void radix_hist(const float *x, const float *r, int64_t n, int round,
+                           const uint64_t *radix, uint32_t *hist)
+{
+    __shared__ uint32_t sh[IGRAD__RADIX_BINS_MAX];
+    for (unsigned b = threadIdx.x; b < IGRAD__RADIX_BINS_MAX; b += blockDim.x) sh[b] = 0;
+    __syncthreads();
+    uint32_t prefix = (uint32_t)radix[0];
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        uint32_t key = igrad__key(igrad__fadd(x[i], r[i]));
+        if (igrad__radix_matches(key, prefix, round))
+            atomicAdd(&sh[igrad__radix_digit(key, round)], 1u);
+    }
+    __syncthreads();
+    for (unsigned b = threadIdx.x; b < igrad__radix_bins(round); b += blockDim.x)
+        if (sh[b]) atomicAdd(&hist[b], sh[b]);
+}
+
+/* One block: the digit of this round, and the histogram cleared for the next. */
+__global__ void radix_choose_kernel(uint32_t *hist, int round, uint64_t *radix)
+{
+    __shared__ uint32_t sh[IGRAD__RADIX_BINS_MAX];
+    for (unsigned b = threadIdx.x; b < IGRAD__RADIX_BINS_MAX; b += blockDim.x) {
+        sh[b] = hist[b];
+        hist[b] = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint64_t kk = radix[1];
+        uint32_t d = igrad__radix_choose(sh, round, &kk);
+        radix[0] = igrad__radix_extend((uint32_t)radix[0], d, round);
+        radix[1] = kk;
+    }
+}
+
+__global__ void chunk_count(const float *x, const float *r, int64_t n, const uint64_t *radix,
+                            uint64_t *chunks, int64_t nch)
+{
+    int64_t c = blockIdx.x;
+    int64_t j0 = c * IGRAD__CUDA_CHUNK + (int64_t)threadIdx.x * IGRAD__CUDA_ITEMS;
+    int64_t j1 = j0 + IGRAD__CUDA_ITEMS < n ? j0 + IGRAD__CUDA_ITEMS : n;
+    if (j0 > n) j0 = n;
+    unsigned long long cg, ct, eg, et, ag, at;
+    count_run(x, r, j0, j1, (uint32_t)radix[0], &cg, &ct);
+    scan2(cg, ct, &eg, &et, &ag, &at);
+    if (threadIdx.x == 0) {
+        chunks[c] = ag;
+        chunks[nch + c] = at;
+    }
+}
+
+/* One block of 1024 threads: exclusive sums of both count rows in place. */
+__global__ void chunk_scan(uint64_t *chunks, int64_t nch)
+{
+    typedef cub::BlockScan<unsigned long long, 1024> big_scan_t;
+    __shared__ typename big_scan_t::TempStorage tmp;
+    int64_t per = (nch + 1023) / 1024;
+    for (int which = 0; which < 2; which++) {
+        uint64_t *v = chunks + which * nch;
+        int64_t c0 = (int64_t)threadIdx.x * per, c1 = c0 + per < nch ? c0 + per : nch;
+        unsigned long long s = 0, ex, total;
+        for (int64_t c = c0; c < c1; c++) s += v[c];
+        big_scan_t(tmp).ExclusiveSum(s, ex, total);
+        __syncthreads();
+        for (int64_t c = c0; c < c1; c++) {
+            unsigned long long x = v[c];
+            v[c] = ex;
+            ex += x;
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void chunk_gather(float *x, float *r, int64_t n, const uint64_t *radix,
+                             const uint64_t *chunks, int64_t nch, uint32_t *idx, float *val,
+                             int zero_x)
+{
+    int64_t c = blockIdx.x;
+    int64_t j0 = c * IGRAD__CUDA_CHUNK + (int64_t)threadIdx.x * IGRAD__CUDA_ITEMS;
+    int64_t j1 = j0 + IGRAD__CUDA_ITEMS < n ? j0 + IGRAD__CUDA_ITEMS : n;
+    if (j0 > n) j0 = n;
+    uint32_t kth = (uint32_t)radix[0];
+    unsigned long long cg, ct, eg, et, ag, at;
+    count_run(x, r, j0, j1, kth, &cg, &ct);
+    scan2(cg, ct, &eg, &et, &ag, &at);
+    gather_run(x, r, j0, j1, kth, radix[1], chunks[c] + eg, chunks[nch + c] + et, idx, val,
+               zero_x);
+}
+
+/* ---- dense specs and the elementwise stages ---- */
+
+__global__ void select_all_kernel(float *x, float *r, int64_t n, int64_t cols, uint32_t *idx,
+                                  float *val, int zero_x)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        val[i] = igrad__fadd(x[i], r[i]);
+        idx[i] = (uint32_t)(i % cols);
+        r[i] = 0.0f;
+        if (zero_x) x[i] = 0.0f;
+    }
+}
+
+/* u = m*u + g (g zeroed with zero_g) */
+__global__ void momentum_kernel(float *u, float *g, int64_t n, float m, int zero_g)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        u[i] = igrad__momentum(m, u[i], g[i]);
+        if (zero_g) g[i] = 0.0f;
+    }
+}
+
+/* r = g + r (g zeroed with zero_g) */
+__global__ void accumulate_kernel(float *g, float *r, int64_t n, int zero_g)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        r[i] = igrad__fadd(g[i], r[i]);
+        if (zero_g) g[i] = 0.0f;
+    }
+}
+
+/* not sent, remedies on: u = m*u + g, r = d*(u + r); without u r = d*(g + r) */
+__global__ void accumulate_decay_kernel(float *u, const float *g, float *r, int64_t n, float m,
+                                        float d)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if (u) {
+            u[i] = igrad__momentum(m, u[i], g[i]);
+            r[i] = igrad__fmul(d, igrad__fadd(u[i], r[i]));
+        } else {
+            r[i] = igrad__fmul(d, igrad__fadd(g[i], r[i]));
+        }
+    }
+}
+
+__global__ void decay_kernel(float *r, int64_t n, float d)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        r[i] = igrad__fmul(d, r[i]);
+}
+
+/* momentum factor masking: the velocity of the sent entries cleared */
+__global__ void mask_kernel(float *u, const uint32_t *idx, int64_t count, int row_wise,
+                            int64_t per_row, int64_t cols)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < count; j += stride)
+        u[row_wise ? (j / per_row) * cols + idx[j] : (int64_t)idx[j]] = 0.0f;
+}
+
+struct val_of {
+    const float *v;
+    __device__ float operator()(int64_t i) const { return v[i]; }
+};
+
+/* Selection of one sent tensor into idx/val, from x (g, or u with
+ * momentum) and r; x zeroed with zero_x. */
+void select_one(igrad__cuda_state_t *st, float *x, float *r, const igrad_select_spec_t *sp,
+                uint32_t *idx, float *val, int zero_x, cudaStream_t s)
+{
+    int64_t n = sp->n;
+    const unsigned T = IGRAD__CUDA_THREADS;
+    if (sp->count == n) {
+        int64_t cols = sp->row_wise ? n / sp->rows : n;
+        select_all_kernel<<<igrad__cuda_grid(n), T, 0, s>>>(x, r, n, cols, idx, val, zero_x);
+    } else if (sp->row_wise) {
+        row_select<<<(unsigned)sp->rows, T, 0, s>>>(x, r, sp->cols, sp->per_row, idx, val,
+                                                    zero_x);
+    } else if (n <= IGRAD__CUDA_ROW_MAX) {
+        row_select<<<1, T, 0, s>>>(x, r, n, sp->count, idx, val, zero_x);
+    } else {
+        int64_t nch = (n + IGRAD__CUDA_CHUNK - 1) / IGRAD__CUDA_CHUNK;
+        cudaMemsetAsync(st->d_hist, 0, IGRAD__RADIX_BINS_MAX * sizeof(uint32_t), s);
+        radix_init<<<1, 1, 0, s>>>(st->d_radix, (uint64_t)sp->count);
+        /* a grid-stride histogram: more blocks would only add flushes */
+        unsigned hgrid = igrad__cuda_grid(n) < 1024 ? igrad__cuda_grid(n) : 1024;
+        for (int round = 0; round < IGRAD__RADIX_ROUNDS; round++) {
+            radix_hist<<<hgrid, T, 0, s>>>(x, r, n, round, st->d_radix, st->d_hist);
+            radix_choose_kernel<<<1, 1024, 0, s>>>(st->d_hist, round, st->d_radix);
+        }
+        chunk_count<<<(unsigned)nch, T, 0, s>>>(x, r, n, st->d_radix, st->d_chunks, nch);
+        chunk_scan<<<1, 1024, 0, s>>>(st->d_chunks, nch);
+        chunk_gather<<<(unsigned)nch, T, 0, s>>>(x, r, n, st->d_radix, st->d_chunks, nch, idx,
+                                                 val, zero_x);
+    }
+}
+
+} // namespace
+
+void igrad__dp_cuda_select_into(igrad_engine_t *e, float *const *grads, int zero)
+{
+    igrad__cuda_state_t *st = igrad__cuda_state(e);
+    if (!st) {
+        for (size_t t = 0; t < e->ntensors; t++) e->tstatus[t] = IGRAD_E_STATE;
+        return;
+    }
+    cudaStream_t s = igrad__cuda_stream(e);
+    const unsigned T = IGRAD__CUDA_THREADS;
+    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
+    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
+    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
+    double d2 = (double)d * (double)d;
+    int par = igrad__step_parity(e, e->cur_step);
+    for (size_t t = 0; t < e->ntensors; t++) {
+        igrad__engine_tensor_t *tp = &e->t[t];
+        float *g = grads[t], *r = tp->residual, *u = tp->velocity;
+        int64_t n = tp->n;
+        unsigned grid = igrad__cuda_grid(n);
+        if (e->sent[t]) {
+            const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
+            uint32_t *idx = e->stage_idx + e->stage_off[t];
+            float *val = e->stage_val + e->stage_off[t];
+            if (remedies && u) {
+                momentum_kernel<<<grid, T, 0, s>>>(u, g, n, m, zero);
+                select_one(st, u, r, sp, idx, val, 0, s);
+            } else {
+                select_one(st, g, r, sp, idx, val, zero, s);
+            }
+            if (remedies && u && e->cfg.momentum_masking) {
+                if (sp->count == n) cudaMemsetAsync(u, 0, (size_t)n * sizeof *u, s);
+                else mask_kernel<<<igrad__cuda_grid(sp->count), T, 0, s>>>(
+                         u, idx, sp->count, sp->row_wise, sp->per_row, sp->cols);
+            }
+            if (remedies && e->cfg.residual_decay < 1.0) decay_kernel<<<grid, T, 0, s>>>(r, n, d);
+            val_of f = {val};
+            igrad__cuda_sum_launch(f, sp->count, st->d_part, st->d_tsumsq + t, s);
+        } else if (!drop && !remedies) {
+            accumulate_kernel<<<grid, T, 0, s>>>(g, r, n, zero);
+        } else if (!drop) {
+            accumulate_decay_kernel<<<grid, T, 0, s>>>(u, g, r, n, m, d);
+            if (zero) cudaMemsetAsync(g, 0, (size_t)n * sizeof *g, s);
+        } else {
+            if (u) cudaMemsetAsync(u, 0, (size_t)n * sizeof *u, s);
+            cudaMemsetAsync(r, 0, (size_t)n * sizeof *r, s);
+            if (zero) cudaMemsetAsync(g, 0, (size_t)n * sizeof *g, s);
+        }
+    }
+    /* the selections' sums: one small array back */
+    double *sums = st->h_sums;
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(sums, st->d_tsumsq, e->ntensors * sizeof(double),
+                              cudaMemcpyDeviceToHost, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    if (err != cudaSuccess) igrad__cuda_fail(err, "CUDA selection");
+    for (size_t t = 0; t < e->ntensors; t++) {
+        double a2 = e->tnorm[t]; /* sum of a^2 from the check */
+        double sumsq = e->sent[t] ? sums[t] : 0.0;
+        e->tdropped[t] = 0.0;
+        if (err != cudaSuccess) {
+            e->tstatus[t] = e->sent[t] ? IGRAD_E_STATE : IGRAD_OK;
+        } else if (e->sent[t]) {
+            e->tsumsq[t] = sumsq;
+            /* the residual is a with the selected entries zeroed (then decayed) */
+            e->tnorm[t] = a2 - sumsq > 0.0 ? (a2 - sumsq) * (remedies ? d2 : 1.0) : 0.0;
+        } else if (!drop && remedies) {
+            e->tnorm[t] = a2 * d2;
+        } else if (drop) {
+            e->tdropped[t] = a2;
+            e->tnorm[t] = 0.0;
+        }
+    }
+}

@@ -1,0 +1,471 @@
+/*
+ * engine_internal.h — what engine.c (plan, step), engine_agree.c
+ * (agreement), engine_state.c (save/load of a rank's state), the bucket
+ * routes (route.c) and the data plane (dp*.c) share: the engine's layout
+ * in memory and the agreement items, the fixed list of values every rank
+ * must have in common (layout, profile, config fields, plan), which the
+ * cross-rank check and the state file both compare one by one so that a
+ * difference is reported by name.
+ *
+ * Not here: the public API (igrad.h "Sync engine"), the schedule
+ * (schedule.h) and the packing policies (pack.h).
+ */
+#ifndef IGRAD_ENGINE_INTERNAL_H
+#define IGRAD_ENGINE_INTERNAL_H
+
+#include "core/internal.h"
+#include "plan/pack.h"
+
+/* ---- agreement items ---------------------------------------------------- */
+
+/* How an item's 64-bit value is shown in a message. */
+typedef enum igrad__item_type {
+    IGRAD__ITEM_I64,       /* signed integer */
+    IGRAD__ITEM_F64,       /* double, bit pattern */
+    IGRAD__ITEM_HASH,      /* 64-bit hash, hex */
+    IGRAD__ITEM_METHOD,    /* igrad_method_t */
+    IGRAD__ITEM_SPARSIFIER,
+    IGRAD__ITEM_SCHEDULE,
+    IGRAD__ITEM_RESIDUAL,
+    IGRAD__ITEM_PACK,
+    IGRAD__ITEM_DTYPE,
+    IGRAD__ITEM_COLLECTIVE,
+    IGRAD__ITEM_TOPOLOGY
+} igrad__item_type_t;
+
+/* Item indices, in the order a mismatch is looked for: the first differing
+ * item is the one reported, so the layout comes before what depends on it. */
+enum {
+    IGRAD__ITEM_VERSION,
+    IGRAD__ITEM_TENSORS,    /* layout tensor count */
+    IGRAD__ITEM_LAYOUT,     /* layout hash (detail: per-tensor hashes) */
+    IGRAD__ITEM_COMPONENTS, /* layout component count */
+    IGRAD__ITEM_PROFILE,    /* hash of the important set (detail: per component) */
+    IGRAD__ITEM_CFG_METHOD,
+    IGRAD__ITEM_CFG_SPARSIFIER,
+    IGRAD__ITEM_CFG_INTERLEAVE,
+    IGRAD__ITEM_CFG_DENSITY,
+    IGRAD__ITEM_CFG_RELEASE_PERIOD,
+    IGRAD__ITEM_CFG_RELEASE_KEEP,
+    IGRAD__ITEM_CFG_SCHEDULE,
+    IGRAD__ITEM_CFG_RESIDUAL,
+    IGRAD__ITEM_CFG_PACK,
+    IGRAD__ITEM_CFG_BUCKETS,
+    IGRAD__ITEM_CFG_BLOCK_ENTRIES,
+    IGRAD__ITEM_CFG_RISK_LAMBDA,
+    IGRAD__ITEM_CFG_VERIFY_EVERY, /* ranks only: results do not depend on it */
+    IGRAD__ITEM_CFG_VALUE_DTYPE,
+    IGRAD__ITEM_CFG_INDEX_DTYPE,
+    IGRAD__ITEM_CFG_COLLECTIVE,
+    IGRAD__ITEM_CFG_TIMEOUT,      /* ranks only: a stopped rank must not outwait
+                                     the others' limit */
+    IGRAD__ITEM_CFG_GATE_OTHER,
+    IGRAD__ITEM_PLAN,       /* phases, budgets, block cuts, direct map */
+    /* The dynamic items: compared at every exchange, not only every
+     * verify_every calls, since ranks out of step would otherwise unpack
+     * each other's buckets with the wrong plan. */
+    IGRAD__ITEM_STEP,       /* step of the call (ranks only) */
+    IGRAD__ITEM_CALLS,      /* begin calls so far */
+    IGRAD__ITEM_HISTORY,    /* risk policy's size history */
+    /* Appended later (so earlier items keep their numbers in the state
+     * file); static, but after FIRST_DYNAMIC they are compared at every
+     * exchange, which costs nothing. */
+    IGRAD__ITEM_CFG_PROFILE_STEPS,     /* online profiling (engine_online.c) */
+    IGRAD__ITEM_CFG_PROFILE_ALPHA,
+    IGRAD__ITEM_CFG_PROFILE_PARTITION, /* hash of the method string */
+    IGRAD__ITEM_ONLINE,     /* online profiling: steps recorded, -1 when not recording */
+    /* Config fields added after the state file's version 2; they sit past
+     * the dynamic items so that the numbers of the items above (formats.md
+     * §7) stay put. Being constant, comparing them at every exchange costs
+     * nothing. */
+    IGRAD__ITEM_CFG_MOMENTUM,
+    IGRAD__ITEM_CFG_MOMENTUM_MASKING,
+    IGRAD__ITEM_CFG_RESIDUAL_DECAY,
+    IGRAD__ITEM_CFG_START_ITER,
+    IGRAD__ITEM_CFG_TARGET_RATIO,
+    IGRAD__ITEM_CFG_REPROFILE_EVERY, /* periodic re-profiling (engine_online.c) */
+    IGRAD__ITEM_CFG_REPROFILE_MARGIN,
+    IGRAD__ITEM_CFG_TOPOLOGY,        /* two-level sync (engine_hier.c) */
+    IGRAD__ITEM_CFG_RANKS_PER_NODE,
+    IGRAD__ITEM_CFG_DENSE_BELOW,     /* small tensors sent whole */
+    IGRAD__ITEM_CFG_LINK_LATENCY,    /* the link auto prices (route.c) */
+    IGRAD__ITEM_CFG_LINK_BANDWIDTH,
+    IGRAD__ITEM_CFG_AUTO_SPARSE_REDUCE,
+    IGRAD__NITEMS
+};
+#define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP
+
+/* Bounds of config.link_latency_ns and link_bandwidth_mbps (validated), so
+ * that auto's integer costs (route.c) cannot overflow. */
+#define IGRAD__LINK_MAX_LATENCY_NS 1000000000LL
+#define IGRAD__LINK_MAX_BANDWIDTH_MBPS 1000000000LL
+
+typedef struct igrad__item_desc {
+    const char *name;          /* "config.density", "layout", ... */
+    igrad__item_type_t type;
+    int in_state;              /* compared when a state file is loaded */
+} igrad__item_desc_t;
+
+extern const igrad__item_desc_t igrad__items[IGRAD__NITEMS];
+
+/* Formats item i's value for a message ("0.01", "ig", "0x1234..."). */
+void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes);
+
+/* ---- the engine ----------------------------------------------------------- */
+
+struct igrad__route;  /* route.h */
+struct igrad__dp_ops; /* dp.h */
+
+/* One tensor's plan. Index [rel][par]: rel = 1 at a release step, par = 1
+ * on odd steps (only differs from even with interleave). */
+typedef struct igrad__engine_tensor {
+    const char *name;                   /* in engine->names */
+    int ndim;
+    int64_t shape[IGRAD_MAX_DIMS];
+    int64_t n;                          /* entries */
+    int comp;                           /* component index, -1 for OTHER */
+    int important;                      /* component important (OTHER: 1) */
+    int phase;                          /* IGRAD__PHASE_EVERY or [0, R) */
+    igrad_select_spec_t spec[2][2];
+    int idx_nbytes[2][2];               /* index bytes per entry on the wire */
+    int64_t blk_entries[2][2];          /* block size (whole rows if row-wise) */
+    int64_t nblocks[2][2];
+    float *residual;                    /* n floats (NULL for dense) */
+    float *velocity;                    /* n floats (NULL unless cfg.momentum > 0) */
+} igrad__engine_tensor_t;
+
+/* One block of a step: a run of a tensor's selected entries. */
+typedef struct igrad__engine_block {
+    uint32_t tensor;
+    int idx_nbytes;          /* 0 (dense method), 2 or 4 */
+    int row_wise;
+    int seg_owner;           /* reduce: this block opens its dense segment */
+    int64_t first, count;    /* entries [first, first+count) of the selection */
+    int64_t row0;            /* row-wise: first row */
+    int64_t seg_begin;       /* dense segment: tensor entries [seg_begin, +seg_count) */
+    int64_t seg_count;
+    size_t val_off, idx_off; /* gather: offsets in a rank's bytes of the bucket */
+    size_t dense_off;        /* reduce: offset (floats) of the segment in the bucket */
+} igrad__engine_block_t;
+
+/* One bucket of a step. */
+typedef struct igrad__engine_bucket {
+    const struct igrad__route *route; /* its collective (route.h) */
+    igrad_bucket_kind_t kind;         /* route->kind */
+    int index;
+    size_t first, nblocks;   /* its blocks: order[first .. first + nblocks) */
+    int64_t entries;
+    size_t send_off, send_nbytes;  /* in send_arena (gather) */
+    size_t recv_off, recv_nbytes;  /* in recv_arena */
+    size_t dense_count;            /* reduce: floats; sparse all-reduce: its index space */
+    double wire_counted;           /* sparse all-reduce: the bytes its exchanges moved
+                                      for this rank, < 0 until it ran (route.c) */
+    igrad_comm_request_t *req;
+} igrad__engine_bucket_t;
+
+enum {
+    IGRAD__ENGINE_IDLE = 0,
+    IGRAD__ENGINE_BEGUN = 1,
+    IGRAD__ENGINE_STREAM = 2 /* a streamed step is open (engine_stream.c) */
+};
+
+struct igrad_engine {
+    igrad_config_t cfg;                 /* copy, size = sizeof */
+    const struct igrad__dp_ops *dp;     /* data plane: every access to gradient,
+                                           residual, velocity and bucket memory */
+    void *dp_stream;                    /* the data plane's queue (a CUDA stream;
+                                           NULL: its default; host: unused) */
+    void *dp_state;                     /* the data plane's own per-engine state
+                                           (CUDA: device scratch), NULL until used */
+    igrad_comm_t *comm;                 /* borrowed; NULL for a plan-only engine */
+    int rank, nranks;
+    int auto_sar;                       /* collective auto may take the sparse
+                                           all-reduce (config.auto_sparse_reduce and
+                                           the engine can run it, route.c) */
+    int step_sar;                       /* ... in this step: auto_sar under
+                                           igrad_engine_sync (and plan-only steps),
+                                           0 for begin/open */
+    int plan_only;                      /* igrad_engine_create_plan: nranks set by
+                                           the caller, no comm, no data-plane
+                                           memory; it only plans steps */
+    igrad_trace_t *trace;               /* borrowed, may be NULL */
+    igrad_sparsifier_t sp;              /* effective sparsifier */
+    int deferral;                       /* iad / ig */
+    int per_tensor_buckets;             /* iad */
+    int nb_max;                         /* bucket slots: B, or tensors for iad */
+    int nthreads;
+    int value_nbytes;                   /* sparse wire: 4 (F32) or 2 (BF16, F16) */
+
+    size_t ntensors;
+    igrad__engine_tensor_t *t;
+    int64_t nparams;                    /* entries of every tensor */
+    char *names;                        /* all names, NUL-separated */
+    uint64_t *tensor_hash;              /* (ntensors) for mismatch messages */
+    size_t ncomp;
+    int *comp_layer;                    /* (ncomp) */
+    igrad_kind_t *comp_kind;            /* (ncomp) */
+    int64_t *comp_count;                /* (ncomp) */
+    unsigned char *comp_important;      /* (ncomp) */
+    int *comp_phase;                    /* (ncomp) */
+
+    uint64_t items[IGRAD__NITEMS];      /* static items (step/calls/history
+                                           filled when exchanged) */
+    igrad__pack_map_t map;              /* direct policy */
+    igrad__pack_history_t hist;         /* risk policy */
+
+    float *residual_mem;                /* all residuals, layout order */
+    int64_t residual_count;
+    float *velocity_mem;                /* all velocities (momentum > 0), layout order */
+    int64_t velocity_count;             /* residual_count, or 0 without momentum */
+    igrad_engine_t *warmup;             /* method dense engine for steps below
+                                           cfg.start_iter (NULL if none) */
+    int warm_open;                      /* begin of a warm-up step is open */
+
+    /* per-step scratch, sized at create for the largest step */
+    size_t max_entries, max_blocks;
+    uint32_t *stage_idx;                /* selections, concatenated */
+    float *stage_val;
+    int64_t *stage_off;                 /* (ntensors) offset of t's selection */
+    unsigned char *sent;                /* (ntensors) sent this step */
+    unsigned char *rel;                 /* (ntensors) released this step */
+    uint32_t *work;                     /* (ntensors) sent tensors, largest first */
+    int64_t *tstatus;                   /* (ntensors) per-tensor results */
+    double *tsumsq;                     /* (ntensors) selection sum of squares */
+    double *tnorm;                      /* (ntensors) residual sum of squares */
+    double *tdropped;                   /* (ntensors) dropped sum of squares */
+    igrad__pack_block_t *blocks;        /* (max_blocks) */
+    igrad__engine_block_t *binfo;       /* (max_blocks) */
+    int *bucket_of;                     /* (max_blocks) */
+    size_t *order;                      /* (max_blocks) */
+    size_t *start;                      /* (nb_max + 1) */
+    int64_t *loads;                     /* (nb_max) */
+    igrad__engine_bucket_t *bk;         /* (nb_max) */
+    igrad_bucket_t *desc;               /* (nb_max) */
+    struct igrad__sar *sar;             /* (nb_max) collective sparse_reduce: the sparse
+                                           all-reduce's workspace per bucket slot, whose
+                                           result and remainder unpack reads; else NULL */
+    void *pack_scratch;
+    size_t pack_scratch_nbytes;
+    unsigned char *send_arena;
+    size_t send_arena_nbytes;
+    unsigned char *recv_arena;
+    size_t recv_arena_nbytes;
+    uint64_t *agree_buf;                /* nranks * (2 + IGRAD__NITEMS) */
+    igrad_select_ws_t **ws;             /* (nthreads) */
+
+    /* the step in progress / last step */
+    int state;
+    int64_t cur_step;
+    size_t nblk;                        /* blocks this step */
+    size_t nbk;                         /* non-empty buckets this step */
+    int nplanned;                       /* planned buckets (bucket_count) */
+    int64_t last_step;
+    int64_t calls;                      /* begin calls that reached the agreement */
+    igrad_step_stats_t stats;
+    double t_start;                     /* ms clock at begin */
+
+    /* Broken: a failure after the ranks agreed on a step (selection or
+     * planning failed here, a collective failed or timed out, a peer sent
+     * bad bytes) leaves this engine out of step with the others; every
+     * later call fails fast with IGRAD_E_STATE quoting the first error. */
+    igrad_status_t broken;              /* IGRAD_OK while usable */
+    char broken_msg[768];
+
+    /* iad/ig: the layout copy and online-profiling state (engine_online.c);
+     * NULL for the other methods. */
+    struct igrad__online *online;
+
+    /* Streamed steps (igrad_engine_open/ready/close, engine_stream.c):
+     * created at the first open, NULL before. */
+    struct igrad__stream *stream;
+
+    /* Levels. node_ranks: ranks per node for the statistics' intra/inter
+     * split (1..nranks). avg_ranks: the gradients are averaged over this
+     * many ranks (nranks; a shard engine of the two-level sync: the whole
+     * world's, since what it exchanges are node sums). */
+    int64_t node_ranks;
+    int64_t avg_ranks;
+    /* Two-level sync (engine_hier.c). On the engine the caller holds (a
+     * plan-only engine of the whole layout over all P ranks, which runs the
+     * world's agreement): the shards, comms and buffers; NULL otherwise. */
+    struct igrad__hier *hier;
+    /* On a shard engine: the world's comm, over which every step's outcome
+     * is agreed after the shard's own agreement (igrad__hier_agree_world);
+     * its profile may cover components of the other shards. */
+    struct igrad__world_link *world;
+    int shard;
+};
+
+/* IGRAD_OK, or IGRAD_E_STATE "<what>: the engine is unusable since ..."
+ * for a broken engine. Every entry point that changes the engine or talks
+ * to the other ranks (begin, end, sync, save_state, load_state) calls it
+ * first. */
+igrad_status_t igrad__engine_usable(const igrad_engine_t *e, const char *what);
+
+/* Marks the engine broken with `status` and the current igrad_last_error()
+ * (the first failure is kept). Returns `status`. */
+igrad_status_t igrad__engine_break(igrad_engine_t *e, igrad_status_t status);
+
+/* engine_agree.c: the items that depend only on what the engine was built
+ * from, into items[] (at create). */
+void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profile_hash,
+                                uint64_t plan_hash);
+
+/* Fills the items that change with the run (step, calls, history) into
+ * items[] of the engine (the static ones were set at create). */
+void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step);
+
+/* Words per rank of the agreement exchange: status, detail, check flag,
+ * the items. */
+#define IGRAD__AGREE_WORDS (3 + IGRAD__NITEMS)
+
+/* Exchanges (status, detail, items) with every rank and decides
+ * (the exchange runs under e->cfg.timeout_s when e is given; if it fails or
+ * times out, e is marked broken: the comm can no longer be trusted):
+ *  - some rank failed (status != OK): returns the first failing rank's
+ *    status; that rank keeps its own message (local_msg), the others get
+ *    "<context> failed on rank R (<status>)[ at tensor NAME]" (detail >= 0
+ *    names tensor `detail`);
+ *  - all OK: compares the dynamic items (step, calls, history) and, when
+ *    check_items is set on any rank, every item in order, and returns
+ *    IGRAD_E_MISMATCH naming the first differing one (a second exchange
+ *    names the tensor or component where layouts or profiles differ);
+ *  - else IGRAD_OK.
+ * `e` may be partly built (or NULL) when `status` is not OK; buf holds
+ * nranks * (3 + IGRAD__NITEMS) values. Collective: every rank makes the
+ * same exchanges whatever its own status. */
+igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
+                                   uint64_t *buf, igrad_status_t status, int64_t detail,
+                                   const char *local_msg, const uint64_t *items,
+                                   int check_items, const char *context);
+
+/* engine.c: plans step `step` of a plan-only engine as a real step would
+ * (which tensors are sent, blocks, buckets, routes) and fills the byte and
+ * bucket fields of e->stats as the step's statistics would have them. */
+igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step);
+/* A plan-only engine made: marked broken (every step entry point refuses
+ * it with IGRAD_E_STATE) and handed out in *out (engine_plan.c). */
+void igrad__engine_plan_only_done(igrad_engine_t *e, igrad_engine_t **out);
+
+/* Odd steps select with spec[.][1] when interleaving. */
+static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)
+{
+    return e->cfg.interleave && step % 2 != 0;
+}
+
+/* ---- engine.c / engine_online.c ----------------------------------------- */
+
+#define IGRAD__ONLINE_MAX_STEPS 100000      /* config.profile_steps */
+#define IGRAD__ONLINE_PARTITION_NBYTES 64   /* config.profile_partition, NUL included */
+
+/* igrad_engine_create on data plane `dp` with queue `stream` (the CPU one
+ * and NULL for igrad_engine_create; igrad_engine_create_cuda for the
+ * device one). The warm-up engine gets the same data plane. */
+igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                                    const igrad_config_t *config, igrad_comm_t *comm,
+                                    const struct igrad__dp_ops *dp, void *stream,
+                                    igrad_engine_t **out);
+
+/* A shard engine of the two-level sync on data plane `dp` (and `stream`):
+ * its results average over avg_ranks (> 0) ranks, and its profile may
+ * cover components its layout lacks (engine_hier.c). */
+igrad_status_t igrad__engine_create_shard(const igrad_layout_t *layout,
+                                          const igrad_profile_t *profile,
+                                          const igrad_config_t *config, igrad_comm_t *comm,
+                                          int64_t avg_ranks, const struct igrad__dp_ops *dp,
+                                          void *stream, igrad_engine_t **out);
+
+/* Everything igrad_engine_create does before the agreement: plan, buffers,
+ * residuals (zeroed), workspaces, static items, for `profile` (NULL with
+ * iad/ig only when config->profile_steps > 0: every component important).
+ * Local; `e` is zeroed memory (but for e->dp and e->dp_stream, which may be
+ * set: NULL dp is the CPU one), freed with igrad_engine_free on failure. */
+igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layout,
+                                   const igrad_profile_t *profile,
+                                   const igrad_config_t *config, igrad_comm_t *comm);
+
+/* engine_online.c: sets up e->online for iad/ig (a layout copy; with
+ * profile_steps > 0 and no profile, the window buffers). Local. */
+igrad_status_t igrad__online_init(igrad_engine_t *e, const igrad_layout_t *layout,
+                                  const igrad_profile_t *profile);
+void igrad__online_free(struct igrad__online *on);
+/* Steps recorded in the window, -1 when not profiling (the ONLINE item). */
+int64_t igrad__online_item(const igrad_engine_t *e);
+/* At the start of a begin: when the window is complete, gathers the ranks'
+ * records, builds the profile and re-plans (collective, agreed). */
+igrad_status_t igrad__online_before_step(igrad_engine_t *e, int64_t step);
+/* At the end of a completed step: records its selections into the window. */
+void igrad__online_record(igrad_engine_t *e);
+
+/* ---- engine.c, shared with the streamed step (engine_stream.c) ------------ */
+
+/* The step's local failures as the whole step reports them: the first
+ * NULL gradient (IGRAD_E_INVALID), and after the check stage the first
+ * tensor whose e->tnorm is not finite (IGRAD_E_NONFINITE with its first
+ * bad index). *bad_tensor is the tensor, -1 when OK. */
+igrad_status_t igrad__engine_null_grads(igrad_engine_t *e, int64_t step, float *const *grads,
+                                        int64_t *bad_tensor);
+igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *const *grads,
+                                       int64_t *bad_tensor);
+/* The step's agreement: this rank's status `st` (its message is
+ * igrad_last_error(); `bad` the tensor or -1), the dynamic items and, every
+ * verify_every calls, all items (igrad__engine_agree); counts the call. */
+igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_status_t st,
+                                        int64_t bad);
+/* Blocks and buckets of the step from e->sent/e->rel (update_history: the
+ * risk policy's history learns them). */
+/* The start of a step: statistics cleared (bucket_loads kept), step
+ * number and clock set; returns the clock in ms (engine.c). */
+double igrad__engine_step_reset(igrad_engine_t *e, int64_t step);
+/* The gate of step (e->sent, e->rel), each sent tensor's offset in the
+ * staged selection, the per-tensor results reset (engine.c). */
+void igrad__engine_gate_step(igrad_engine_t *e, int64_t step);
+igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history);
+/* Statistics, online record and trace of a step whose result is in grads;
+ * the engine is idle after it. */
+igrad_status_t igrad__engine_finish_step(igrad_engine_t *e);
+/* Dense warm-up (cfg.start_iter): whether `step` runs on e->warmup, and
+ * taking its statistics, last step and broken state after a call. */
+int igrad__engine_warmup_step(const igrad_engine_t *e, int64_t step);
+/* The memory statistics (dataplane_nbytes and per parameter) into *s. */
+void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s);
+igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st);
+
+/* ---- engine_hier.c: the two-level sync (config.topology = hier) ---------- */
+
+/* A two-level engine whose shard engine and shard buffers are on data
+ * plane `dp` (igrad__dp_cpu or igrad__dp_cuda) and `stream`. */
+igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                                  const igrad_config_t *config, igrad_comm_t *comm,
+                                  const struct igrad__dp_ops *dp, void *stream,
+                                  igrad_engine_t **out);
+/* This rank's shard engine (NULL for a plan-only engine): where the data
+ * plane's state and stream of a two-level engine live. */
+igrad_engine_t *igrad__hier_shard(igrad_engine_t *e);
+/* igrad_engine_create_plan of a hier config: the L shard plans for N = P/L. */
+igrad_status_t igrad__hier_create_plan(const igrad_layout_t *layout,
+                                       const igrad_profile_t *profile,
+                                       const igrad_config_t *config, int nranks,
+                                       igrad_engine_t **out);
+void igrad__hier_free(struct igrad__hier *h);
+igrad_status_t igrad__hier_sync(igrad_engine_t *e, int64_t step, float *const *grads);
+igrad_status_t igrad__hier_plan_step(igrad_engine_t *e, int64_t step, igrad_step_stats_t *stats,
+                                     igrad_planned_bucket_t *buckets, size_t capacity,
+                                     size_t *nbuckets);
+/* The shard engine that holds tensor t (this rank's for a real engine, NULL
+ * when another rank of the node owns t; a plan-only one: the owner's plan)
+ * and t's index there. */
+const igrad_engine_t *igrad__hier_owner(const igrad_engine_t *e, size_t t, int real,
+                                        size_t *sub);
+/* The world's verdict on a shard engine's step agreement: `st`/`bad` this
+ * rank's own result, `ag` the shard's agreed one; every rank of the world
+ * returns the same status. */
+igrad_status_t igrad__hier_agree_world(igrad_engine_t *shard, int64_t step, igrad_status_t st,
+                                       int64_t bad, igrad_status_t ag);
+igrad_status_t igrad__hier_save_state(const igrad_engine_t *e, const char *path);
+igrad_status_t igrad__hier_load_state(igrad_engine_t *e, const char *path);
+size_t igrad__hier_workspace_nbytes(const igrad_engine_t *e);
+/* IGRAD_E_UNSUPPORTED for an entry point the two-level sync does not have. */
+igrad_status_t igrad__hier_refuse(const char *what);
+
+#endif /* IGRAD_ENGINE_INTERNAL_H */

@@ -1,0 +1,344 @@
+/*
+ * engine_stream.c — the streamed step (igrad_engine_open, igrad_engine_ready,
+ * igrad_engine_close; architecture.md §5.9a): a step whose tensors arrive
+ * in pieces, as backward produces their gradients, and whose buckets are
+ * handed out for their collectives as soon as every tensor they hold has
+ * been given, in bucket order. The result equals igrad_engine_sync's bit
+ * for bit, and a step skipped at close leaves residuals and velocities
+ * bit-identical on every rank.
+ *
+ * Why it is shaped this way:
+ *  - Which tensors are sent, their budgets and the bucket plan depend only
+ *    on (plan, step), so open plans the whole step before any gradient is
+ *    seen, and every rank knows which tensors each bucket waits for.
+ *  - ready runs the check and the selection of the given tensors into the
+ *    staged selection but writes no residual, velocity or gradient (the
+ *    data plane's stream_ready selects from a scratch copy), so nothing
+ *    has to be undone when close finds the step skipped. A rank with a
+ *    NaN, a NULL gradient or a failed selection still packs and hands out
+ *    every bucket (placeholder selections), since the other ranks do not
+ *    know yet and wait in those collectives.
+ *  - close runs the step's one agreement (finiteness, argument errors and
+ *    the periodic item check, with the whole step's messages), then, only
+ *    if every rank is fine, writes residuals and velocities as the fused
+ *    pass would have (stream_commit: one more pass over g, u and e), zeroes
+ *    the gradients and unpacks every bucket in bucket order.
+ *  - Bucket j is handed out only after buckets < j, so the collectives are
+ *    issued in the same order on every rank whatever order and chunks the
+ *    ranks give their tensors in.
+ *
+ * Not here: the whole step (engine.c), the stages' loops (dp_cpu_stream.c).
+ */
+#include "engine/engine_stream.h"
+#include "dp/dp.h"
+#include "plan/pack.h"
+#include "plan/route.h"
+#include "plan/schedule.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void igrad__stream_free(igrad_engine_t *e)
+{
+    igrad__stream_t *s = e->stream;
+    if (!s) return;
+    free(s->grads);
+    free(s->pack_grads);
+    free(s->given);
+    free(s->tblock0);
+    free(s->tnblk);
+    free(s->compact);
+    free(s->missing);
+    if (e->dp) {
+        e->dp->free(s->scratch);
+        e->dp->free(s->zeros);
+    }
+    free(s);
+    e->stream = NULL;
+}
+
+int64_t igrad__stream_nbytes(const igrad_engine_t *e)
+{
+    const igrad__stream_t *s = e->stream;
+    if (!s) return 0;
+    size_t n = (size_t)e->nthreads * s->scratch_count + s->zeros_count;
+    return (int64_t)(n * sizeof(float));
+}
+
+/* The stream state, once per engine (the first open). */
+static igrad_status_t stream_create(igrad_engine_t *e)
+{
+    if (e->stream) return IGRAD_OK;
+    size_t T = e->ntensors, nb = (size_t)e->nb_max;
+    igrad__stream_t *s = calloc(1, sizeof *s);
+    IGRAD_FAIL_IF(!s, IGRAD_E_NOMEM, "igrad_engine_open: out of memory");
+    e->stream = s;
+    s->grads = calloc(T, sizeof *s->grads);
+    s->pack_grads = calloc(T, sizeof *s->pack_grads);
+    s->given = calloc(T, 1);
+    s->tblock0 = calloc(T, sizeof *s->tblock0);
+    s->tnblk = calloc(T, sizeof *s->tnblk);
+    s->compact = calloc(nb ? nb : 1, sizeof *s->compact);
+    s->missing = calloc(nb ? nb : 1, sizeof *s->missing);
+    IGRAD_FAIL_IF(!s->grads || !s->pack_grads || !s->given || !s->tblock0 || !s->tnblk ||
+                      !s->compact || !s->missing,
+                  IGRAD_E_NOMEM, "igrad_engine_open: out of memory");
+    if (e->sp != IGRAD_SPARSIFIER_NONE) {
+        int64_t most = 0;
+        for (size_t t = 0; t < T; t++)
+            if (e->t[t].n > most) most = e->t[t].n;
+        s->scratch_count = (size_t)most * (e->velocity_count > 0 ? 2 : 1);
+        s->scratch = e->dp->alloc((size_t)e->nthreads * s->scratch_count * sizeof(float), 0);
+        IGRAD_FAIL_IF(!s->scratch, IGRAD_E_NOMEM,
+                      "igrad_engine_open: out of memory for the streamed selection's scratch "
+                      "(%d x %zu floats)",
+                      e->nthreads, s->scratch_count);
+    }
+    return IGRAD_OK;
+}
+
+/* Which blocks each tensor has this step and how many each bucket waits for. */
+static void stream_plan(igrad_engine_t *e)
+{
+    igrad__stream_t *s = e->stream;
+    size_t T = e->ntensors;
+    memset(s->given, 0, T);
+    memset(s->grads, 0, T * sizeof *s->grads);
+    memset(s->pack_grads, 0, T * sizeof *s->pack_grads);
+    memset(s->tnblk, 0, T * sizeof *s->tnblk);
+    s->ngiven = 0;
+    s->next = 0;
+    for (int j = 0; j < e->nb_max; j++) s->compact[j] = -1;
+    for (size_t j = 0; j < e->nbk; j++) {
+        s->compact[e->bk[j].index] = (int)j;
+        s->missing[j] = e->bk[j].nblocks;
+    }
+    for (size_t i = e->nblk; i-- > 0;) { /* a tensor's blocks are consecutive */
+        uint32_t t = e->binfo[i].tensor;
+        s->tblock0[t] = i;
+        s->tnblk[t]++;
+    }
+}
+
+igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
+{
+    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_open: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_open");
+    IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_open"));
+    IGRAD_CHECK(igrad__route_check_caller(e, "igrad_engine_open"));
+    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
+                  "igrad_engine_open: step %lld is still open (close or end it first)",
+                  (long long)e->cur_step);
+    IGRAD_FAIL_IF(e->cfg.grad_dtype != IGRAD_DTYPE_F32, IGRAD_E_UNSUPPORTED,
+                  "igrad_engine_open: config.grad_dtype is %s, but the streamed step reads "
+                  "F32 gradients only (use igrad_engine_sync, or F32 gradients)",
+                  igrad_dtype_name(e->cfg.grad_dtype));
+    IGRAD_FAIL_IF(!e->dp->stream_ready || !e->dp->stream_commit, IGRAD_E_UNSUPPORTED,
+                  "igrad_engine_open: the %s data plane has no streamed step (use "
+                  "igrad_engine_begin/end or igrad_engine_sync)",
+                  e->dp->name);
+    if (igrad__engine_warmup_step(e, step)) {
+        IGRAD_CHECK(igrad__engine_warmup_done(e, igrad_engine_open(e->warmup, step)));
+        e->state = IGRAD__ENGINE_STREAM;
+        e->warm_open = 1;
+        e->cur_step = step;
+        return IGRAD_OK;
+    }
+    double t0 = igrad__engine_step_reset(e, step);
+    /* collective like the whole step's (every rank opens the same step) */
+    if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
+    /* after it: a re-plan swaps in a new engine, whose stream state is new */
+    IGRAD_CHECK(stream_create(e));
+    igrad__engine_stats_memory(e, &e->stats);
+
+    igrad__engine_gate_step(e, step);
+    /* The history learns this step's blocks at close, if the step counts. */
+    igrad_status_t st = igrad__engine_plan_step(e, 0);
+    if (st != IGRAD_OK) return igrad__engine_break(e, st); /* the others go on */
+    stream_plan(e);
+    e->stats.pack_ms = igrad__now_ms() - t0;
+    e->state = IGRAD__ENGINE_STREAM;
+    return IGRAD_OK;
+}
+
+/* Checks the tensor list of a ready call: in range, not given before, not
+ * twice. Leaves nothing marked. */
+static igrad_status_t check_tensors(igrad_engine_t *e, const size_t *tensors, size_t n)
+{
+    igrad__stream_t *s = e->stream;
+    size_t T = e->ntensors;
+    igrad_status_t st = IGRAD_OK;
+    size_t i = 0;
+    for (; i < n; i++) {
+        size_t t = tensors[i];
+        if (t >= T) {
+            st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
+                             "igrad_engine_ready: step %lld: tensors[%zu] is %zu, but the "
+                             "layout has %zu tensors",
+                             (long long)e->cur_step, i, t, T);
+            break;
+        }
+        if (s->given[t]) {
+            st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
+                             "igrad_engine_ready: step %lld: tensor %zu (%s) was already given "
+                             "at this step",
+                             (long long)e->cur_step, t, e->t[t].name);
+            break;
+        }
+        s->given[t] = 2; /* in this call */
+    }
+    for (size_t k = 0; k < i; k++) s->given[tensors[k]] = 0;
+    return st;
+}
+
+/* `step` is the streamed step open on e (IGRAD_E_STATE naming `fn`
+ * otherwise). */
+static igrad_status_t check_open(const igrad_engine_t *e, int64_t step, const char *fn)
+{
+    IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_STREAM, IGRAD_E_STATE,
+                  "%s: step %lld: no streamed step is open (call igrad_engine_open first)",
+                  fn, (long long)step);
+    IGRAD_FAIL_IF(step != e->cur_step, IGRAD_E_STATE, "%s: step %lld, but step %lld is open",
+                  fn, (long long)step, (long long)e->cur_step);
+    return IGRAD_OK;
+}
+
+/* Zeros for the dense method to pack in place of a NULL gradient (the step
+ * fails at close on every rank; the collectives still run). */
+static igrad_status_t zeros_for(igrad_engine_t *e, size_t t, float **out)
+{
+    igrad__stream_t *s = e->stream;
+    if (!s->zeros) {
+        int64_t most = 0;
+        for (size_t k = 0; k < e->ntensors; k++)
+            if (e->t[k].n > most) most = e->t[k].n;
+        s->zeros = e->dp->alloc((size_t)most * sizeof(float), 1);
+        IGRAD_FAIL_IF(!s->zeros, IGRAD_E_NOMEM,
+                      "igrad_engine_ready: step %lld: out of memory for the zeros packed in "
+                      "place of the NULL gradient of %s",
+                      (long long)e->cur_step, e->t[t].name);
+        s->zeros_count = (size_t)most;
+    }
+    *out = s->zeros;
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad_engine_ready(igrad_engine_t *e, int64_t step, const size_t *tensors,
+                                  size_t n, float *const *grads, const igrad_bucket_t **buckets,
+                                  size_t *nbuckets)
+{
+    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_ready: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_ready");
+    IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_ready"));
+    IGRAD_FAIL_IF(!buckets || !nbuckets, IGRAD_E_INVALID,
+                  "igrad_engine_ready: buckets or nbuckets is NULL");
+    *buckets = NULL;
+    *nbuckets = 0;
+    IGRAD_CHECK(check_open(e, step, "igrad_engine_ready"));
+    if (e->warm_open)
+        return igrad__engine_warmup_done(
+            e, igrad_engine_ready(e->warmup, step, tensors, n, grads, buckets, nbuckets));
+    IGRAD_FAIL_IF(n > 0 && (!tensors || !grads), IGRAD_E_INVALID,
+                  "igrad_engine_ready: step %lld: tensors or grads is NULL", (long long)step);
+    IGRAD_CHECK(check_tensors(e, tensors, n));
+
+    igrad__stream_t *s = e->stream;
+    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+    for (size_t i = 0; i < n; i++) {
+        size_t t = tensors[i];
+        s->given[t] = 1;
+        s->grads[t] = grads[i];
+        s->pack_grads[t] = grads[i];
+        if (!grads[i] && dense) {
+            igrad_status_t st = zeros_for(e, t, &s->pack_grads[t]);
+            if (st != IGRAD_OK) return igrad__engine_break(e, st);
+        }
+    }
+    s->ngiven += n;
+    double t0 = igrad__now_ms();
+    e->dp->stream_ready(e, s->grads, tensors, n);
+    double t1 = igrad__now_ms();
+    e->stats.select_ms += t1 - t0;
+
+    for (size_t i = 0; i < n; i++) {
+        size_t t = tensors[i];
+        for (size_t b = s->tblock0[t]; b < s->tblock0[t] + s->tnblk[t]; b++)
+            s->missing[s->compact[e->bucket_of[b]]]--;
+    }
+    size_t first = s->next;
+    while (s->next < e->nbk && s->missing[s->next] == 0) {
+        size_t j = s->next++;
+        e->dp->pack[e->bk[j].route->wire](e, j, s->pack_grads);
+    }
+    e->stats.pack_ms += igrad__now_ms() - t1;
+    *buckets = e->desc + first;
+    *nbuckets = s->next - first;
+    return IGRAD_OK;
+}
+
+/* This rank's failure of the step, as the whole step would report it: a
+ * NULL gradient, then per tensor a failed selection or a non-finite
+ * value. */
+static igrad_status_t local_failure(igrad_engine_t *e, int64_t *bad)
+{
+    float *const *grads = e->stream->grads;
+    IGRAD_CHECK(igrad__engine_null_grads(e, e->cur_step, grads, bad));
+    /* a failed selection too (tstatus), as the fused check reports it */
+    return igrad__engine_nonfinite(e, e->cur_step, grads, bad);
+}
+
+igrad_status_t igrad_engine_close(igrad_engine_t *e, int64_t step)
+{
+    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_close: engine is NULL");
+    if (e->hier) return igrad__hier_refuse("igrad_engine_close");
+    IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_close"));
+    IGRAD_CHECK(check_open(e, step, "igrad_engine_close"));
+    if (e->warm_open) {
+        igrad_status_t st = igrad_engine_close(e->warmup, step);
+        if (e->warmup->state == IGRAD__ENGINE_IDLE) {
+            e->state = IGRAD__ENGINE_IDLE;
+            e->warm_open = 0;
+        }
+        return igrad__engine_warmup_done(e, st);
+    }
+    igrad__stream_t *s = e->stream;
+    if (s->ngiven < e->ntensors) {
+        size_t t = 0;
+        while (s->given[t]) t++;
+        return igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
+                           "igrad_engine_close: step %lld: %zu of %zu tensors were not given "
+                           "to igrad_engine_ready (the first is %s); the step stays open",
+                           (long long)step, e->ntensors - s->ngiven, e->ntensors,
+                           e->t[t].name);
+    }
+
+    double t0 = igrad__now_ms();
+    int64_t bad = -1;
+    igrad_status_t st = local_failure(e, &bad);
+    igrad_status_t ag = igrad__engine_agree_step(e, step, st, bad);
+    double t1 = igrad__now_ms();
+    e->stats.comm_ms += t1 - t0;
+    if (ag != IGRAD_OK) {
+        e->stats.skipped = 1;
+        e->stats.total_ms = t1 - e->t_start;
+        e->state = IGRAD__ENGINE_IDLE;
+        return ag;
+    }
+
+    /* From here on the step counts on every rank. */
+    e->state = IGRAD__ENGINE_IDLE; /* a failure below breaks the engine */
+    if (e->hist.count) {
+        st = igrad__pack_history_update(&e->hist, e->blocks, e->nblk);
+        if (st != IGRAD_OK) return igrad__engine_break(e, st);
+    }
+    if (e->sp != IGRAD_SPARSIFIER_NONE) e->dp->stream_commit(e, s->grads);
+    else e->dp->zero(e, s->grads);
+    double t2 = igrad__now_ms();
+    e->stats.select_ms += t2 - t1;
+    for (size_t j = 0; j < e->nbk; j++) {
+        st = e->dp->unpack[e->bk[j].route->wire](e, j, s->grads);
+        if (st != IGRAD_OK) return igrad__engine_break(e, st);
+    }
+    e->stats.unpack_ms = igrad__now_ms() - t2;
+    return igrad__engine_finish_step(e);
+}

@@ -1,0 +1,134 @@
+/*
+ * route.h — bucket routes: the one table of the collectives a bucket can
+ * take (allgather of the sparse payload, all-reduce of dense segments,
+ * the sparse all-reduce of sparse_allreduce.h).
+ * A route is everything the engine needs to know about a bucket kind: its
+ * wire layout (which the data plane packs and unpacks, dp.h), the cost
+ * model that `collective = auto` compares, its share of the bucket arenas,
+ * how its collective is issued and completed, and how it is counted in the
+ * statistics. engine.c asks the table and never tests a kind itself, so a
+ * new collective is one entry in route.c (and, if it needs a new wire
+ * layout, one pack/unpack pair per data-plane backend).
+ *
+ * Not here: which blocks go to which bucket (pack.c), the bytes themselves
+ * (dp_cpu_pack.c, dp_cpu_unpack.c), the communicators (comm*.c), the
+ * sparse all-reduce's exchanges (sparse_allreduce.c).
+ */
+#ifndef IGRAD_ROUTE_H
+#define IGRAD_ROUTE_H
+
+#include "engine/engine_internal.h"
+
+/* How a bucket's bytes are laid out; the data plane has a pack and an
+ * unpack for each. */
+typedef enum igrad__wire {
+    IGRAD__WIRE_SPARSE = 0, /* per rank [values F32][32-bit indices][16-bit indices]
+                               (formats.md §8) */
+    IGRAD__WIRE_DENSE = 1,  /* F32 over the blocks' dense segments */
+    IGRAD__WIRE_SAR = 2,    /* (dense index, F32) entries of the sparse all-reduce
+                               (igrad__sar_entry_t), indices in the dense wire's
+                               index space of the bucket */
+    IGRAD__NWIRES
+} igrad__wire_t;
+
+/* What auto prices a bucket by: P ranks, s gather bytes per rank, d dense
+ * floats, k entries per rank (the sparse all-reduce's k). */
+typedef struct igrad__route_bucket {
+    int64_t P, s, d, k;
+} igrad__route_bucket_t;
+
+/* The link: config.link_latency_ns (α) and link_bandwidth_mbps (B, so β =
+ * 8000/B ns per byte); `sar`: the sparse all-reduce is priced too. */
+typedef struct igrad__route_link {
+    int64_t latency_ns, bandwidth_mbps;
+    int sar;
+} igrad__route_link_t;
+
+/* A route's cost: (time in ns) × B × P / (P−1), where time = steps·α +
+ * wire bytes·8000/B — every route's time has the factor P−1 and the wire
+ * bytes × P are integers, so the scaled time is the integer
+ * P·B·(steps/(P−1))·α + 8000·(P/(P−1))·(wire bytes). 128 bits: with the
+ * bounds of the config (IGRAD__LINK_MAX_*) and 64-bit byte counts it
+ * cannot overflow. */
+__extension__ typedef __int128 igrad__cost_t;
+
+typedef struct igrad__route {
+    igrad_bucket_kind_t kind;     /* what igrad_bucket_t.kind says */
+    const char *name;             /* "gather", "reduce", "sparse all-reduce" (messages) */
+    igrad__wire_t wire;
+    int dense_method;             /* the route of the dense method */
+    igrad_collective_t forced_by; /* config.collective that always takes it */
+    int caller_runs;              /* a caller can run it (igrad_engine_begin, open) */
+    /* auto's α-β time of the bucket (igrad__cost_t), scaled to an
+     * exact integer; auto takes the cheapest route, the earlier one in the
+     * table on ties. `optin`: a route auto prices only where the engine
+     * can run it and config.auto_sparse_reduce asks (the sparse
+     * all-reduce). */
+    igrad__cost_t (*cost)(const igrad__route_bucket_t *b, const igrad__route_link_t *l);
+    int optin;
+    /* This route's room in the send and recv arenas for the largest step
+     * (largest gather bytes `smax`, dense floats `dmax`, `slack` bytes for
+     * the buckets' 8-byte alignment of an arena it uses), alone when
+     * `forced`, else next to the others under auto. */
+    void (*arena)(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack, size_t *send,
+                  size_t *recv);
+    /* Lays bucket bk out at the running arena offsets (its blocks'
+     * dense_off are set): block offsets, send/recv bytes; advances them. */
+    void (*layout)(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *send_off,
+                   size_t *recv_off);
+    /* The caller's view of the bucket (igrad_engine_begin). */
+    void (*describe)(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+                     igrad_bucket_t *d);
+    /* Statistics: offsetof the igrad_step_stats_t counter of its buckets
+     * (an int), the bytes this rank contributes (payload) and the
+     * modelled wire bytes. */
+    size_t stats_count;
+    int64_t (*payload)(const igrad__engine_bucket_t *bk);
+    double (*wire_nbytes)(const igrad__engine_bucket_t *bk, double P);
+    /* Issues the collective of the step's bucket j (e->bk[j], described in
+     * e->desc[j]) on e->comm, its buffers in the data plane's memory space,
+     * on e->dp_stream (NULL: the comm's default); completing it is
+     * igrad_comm_wait / igrad_comm_test on the request for every route (a
+     * blocking route returns a request that is already done). */
+    igrad_status_t (*issue)(igrad_engine_t *e, size_t j, igrad_comm_request_t **req);
+} igrad__route_t;
+
+/* The route of a bucket kind; NULL for a kind the table does not know. */
+const igrad__route_t *igrad__route_of(igrad_bucket_kind_t kind);
+
+/* The route of one bucket this step: the dense method's route, the one
+ * `collective` forces, the first route with one rank, else (auto) the
+ * cheapest by cost() among the routes the link allows (opt-in routes only
+ * with l->sar). A pure function of its arguments: every rank, given the
+ * same plan and config, chooses alike. */
+const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int dense,
+                                          const igrad__route_bucket_t *b,
+                                          const igrad__route_link_t *l);
+
+/* Whether auto may take the sparse all-reduce in engine e (at create,
+ * after igrad__route_check_engine): config.auto_sparse_reduce, collective
+ * auto, a sparse method, F32 gradients and, unless plan-only, the data
+ * plane's SAR wire and a comm with alltoallv. A plan-only engine answers
+ * for the CPU data plane over MPI (what igrad plan models). */
+int igrad__route_auto_sar(const igrad_engine_t *e);
+
+/* The link of engine e's config (l->sar from e->step_sar). */
+igrad__route_link_t igrad__route_link_of(const igrad_engine_t *e);
+
+/* What an engine needs for the route its config forces (at create,
+ * before the agreement, so that every rank fails alike): the data plane's
+ * pack and unpack of its wire and, for the sparse all-reduce, a comm with
+ * alltoallv and F32 gradients. IGRAD_E_UNSUPPORTED naming what is missing. */
+igrad_status_t igrad__route_check_engine(const igrad_engine_t *e);
+
+/* IGRAD_E_UNSUPPORTED from `what` (igrad_engine_begin, igrad_engine_open)
+ * when the config forces a route that a caller cannot run. */
+igrad_status_t igrad__route_check_caller(const igrad_engine_t *e, const char *what);
+
+/* Arena bytes for the largest step: the routes a config can choose (under
+ * auto the opt-in ones only with `sar`), the largest room of each arena
+ * among them. */
+void igrad__route_arenas(igrad_collective_t collective, int dense, int sar, int64_t smax,
+                         int64_t dmax, size_t P, size_t slack, size_t *send, size_t *recv);
+
+#endif /* IGRAD_ROUTE_H */
