@@ -58,6 +58,7 @@
 #endif
 
 #include "cli.h"
+#include "core/internal.h" /* igrad__create_private */
 #include "bench_stats.h"
 #include "plan_cost.h"
 
@@ -818,13 +819,17 @@ static int build_profile(const options_t *o, const igrad_layout_t *L, igrad_comm
         free(text);
         return 1;
     }
-    snprintf(path, sizeof path, "/tmp/igrad-bench-profile-%ld-r%d.json", (long)getpid(), rank_);
-    FILE *fp = fopen(path, "wb");
+    snprintf(path, sizeof path, "/tmp/igrad-bench-profile-r%d.json", rank_);
+    char *tmp = NULL; /* created O_EXCL | O_NOFOLLOW under a private name */
+    int fd = igrad__create_private(path, &tmp);
+    FILE *fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (fd >= 0 && !fp) close(fd);
     int ok = fp && fwrite(text, 1, (size_t)nbytes, fp) == (size_t)nbytes;
-    if (fp) fclose(fp);
+    if (fp && fclose(fp) != 0) ok = 0;
     free(text);
-    st = ok ? igrad_profile_load(path, L, out) : IGRAD_E_IO;
-    unlink(path);
+    st = ok ? igrad_profile_load(tmp, L, out) : IGRAD_E_IO;
+    if (tmp) unlink(tmp);
+    free(tmp);
     if (!ok) fprintf(stderr, "igrad: bench sync: cannot write %s\n", path);
     if (st != IGRAD_OK) return ok ? fail("profile", st) : 1;
     return 0;

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "core/internal.h" /* igrad__atomic_* */
 
 static void usage(FILE *fp)
 {
@@ -167,7 +168,8 @@ static int write_target(const char *path, const target_choice_t *tc)
     while (end > text && (end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t')) end--;
     *end = '\0';
     const igrad_target_fit_t *f = &tc->fit;
-    fp = fopen(path, "wb");
+    igrad__atomic_file_t af; /* a private temporary renamed over path: no link followed */
+    fp = igrad__atomic_open(&af, path) == IGRAD_OK ? af.fp : NULL;
     int ok = fp && fprintf(fp,
                            "%s,\n\t\"target\":\t{\n\t\t\"ratio\":\t%.17g,\n"
                            "\t\t\"release_period\":\t%d,\n\t\t\"gate_other\":\t%s,\n"
@@ -179,7 +181,8 @@ static int write_target(const char *path, const target_choice_t *tc)
                            tc->gate_other ? "true" : "false", f->tau, f->release_keep,
                            f->n_important, f->n_gated, f->f_imp, f->ratio, f->model_ratio,
                            f->met ? "true" : "false") > 0;
-    if (fp && fclose(fp) != 0) ok = 0;
+    if (fp && ok) ok = igrad__atomic_commit(&af) == IGRAD_OK;
+    else if (fp) igrad__atomic_abort(&af);
     free(text);
     if (!ok) {
         fprintf(stderr, "igrad: profile: writing %s failed\n", path);

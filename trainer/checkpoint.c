@@ -11,6 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "checkpoint.h"
+#include "core/internal.h"    /* igrad__atomic_* */
 #include "core/json_strict.h" /* libigrad's check for \u0000 in JSON strings */
 
 #include <cjson/cJSON.h>
@@ -49,63 +50,25 @@ static char *path_join(const char *dir, const char *file)
 /* crash-safe files and directories                                         */
 /* ------------------------------------------------------------------------ */
 
-typedef struct afile {
-    FILE *fp;
-    char *path;
-    char *tmp;
-} afile_t;
+/* Crash-safe, link-safe writing: the library's (core/internal.h), whose
+ * temporary is created O_EXCL | O_NOFOLLOW under an unpredictable name. */
+typedef igrad__atomic_file_t afile_t;
 
 static igrad_status_t afile_open(afile_t *af, const char *path)
 {
-    memset(af, 0, sizeof *af);
-    size_t n = strlen(path) + 32;
-    af->path = malloc(strlen(path) + 1);
-    af->tmp = malloc(n);
-    if (!af->path || !af->tmp) {
-        free(af->path);
-        free(af->tmp);
-        return trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", path);
-    }
-    strcpy(af->path, path);
-    snprintf(af->tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    af->fp = fopen(af->tmp, "wb");
-    if (!af->fp) {
-        igrad_status_t st = trainer_fail(IGRAD_E_IO, "%s: cannot create: %s", af->tmp,
-                                         strerror(errno));
-        free(af->path);
-        free(af->tmp);
-        memset(af, 0, sizeof *af);
-        return st;
-    }
-    return IGRAD_OK;
+    igrad_status_t st = igrad__atomic_open(af, path);
+    return st == IGRAD_OK ? st : trainer_fail(st, "%s", igrad_last_error());
 }
 
 static void afile_abort(afile_t *af)
 {
-    if (af->fp) fclose(af->fp);
-    if (af->tmp) unlink(af->tmp);
-    free(af->path);
-    free(af->tmp);
-    memset(af, 0, sizeof *af);
+    igrad__atomic_abort(af);
 }
 
 static igrad_status_t afile_commit(afile_t *af)
 {
-    int ok = fflush(af->fp) == 0 && !ferror(af->fp) && fsync(fileno(af->fp)) == 0;
-    int err = errno;
-    ok = (fclose(af->fp) == 0) && ok;
-    af->fp = NULL;
-    if (!ok || rename(af->tmp, af->path) != 0) {
-        if (ok) err = errno;
-        igrad_status_t st = trainer_fail(IGRAD_E_IO, "%s: write failed: %s", af->path,
-                                         strerror(err ? err : EIO));
-        afile_abort(af);
-        return st;
-    }
-    free(af->path);
-    free(af->tmp);
-    memset(af, 0, sizeof *af);
-    return IGRAD_OK;
+    igrad_status_t st = igrad__atomic_commit(af);
+    return st == IGRAD_OK ? st : trainer_fail(st, "%s", igrad_last_error());
 }
 
 /* fsync a directory so a rename inside it survives a crash. */
@@ -442,7 +405,7 @@ igrad_status_t checkpoint_file_hash(const char *path, uint64_t *hash, uint64_t *
 static igrad_status_t write_bytes(afile_t *af, const void *data, size_t nbytes)
 {
     if (nbytes && fwrite(data, 1, nbytes, af->fp) != nbytes)
-        return trainer_fail(IGRAD_E_IO, "%s: write failed: %s", af->path, strerror(errno));
+        return trainer_fail(IGRAD_E_IO, "%s: write failed: %s", af->final_path, strerror(errno));
     return IGRAD_OK;
 }
 

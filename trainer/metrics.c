@@ -9,13 +9,15 @@
 #include "metrics.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "model.h" /* trainer_fail */
+#include "core/internal.h" /* igrad__atomic_* */
+#include "model.h"         /* trainer_fail */
 
 static char *join(const char *dir, const char *file)
 {
@@ -27,31 +29,17 @@ static char *join(const char *dir, const char *file)
 
 igrad_status_t metrics_write_text(const char *path, const char *text)
 {
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
-    if (!tmp) return trainer_fail(IGRAD_E_NOMEM, "%s: out of memory", path);
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        igrad_status_t st = trainer_fail(IGRAD_E_IO, "%s: cannot create: %s", tmp,
-                                         strerror(errno));
-        free(tmp);
-        return st;
+    igrad__atomic_file_t af;
+    igrad_status_t st = igrad__atomic_open(&af, path);
+    if (st == IGRAD_OK) {
+        size_t len = strlen(text);
+        if (fwrite(text, 1, len, af.fp) != len) {
+            igrad__atomic_abort(&af);
+            return trainer_fail(IGRAD_E_IO, "%s: cannot write: %s", path, strerror(errno));
+        }
+        st = igrad__atomic_commit(&af);
     }
-    size_t len = strlen(text);
-    int ok = fwrite(text, 1, len, fp) == len;
-    ok = (fflush(fp) == 0) && ok;
-    ok = (fsync(fileno(fp)) == 0) && ok;
-    int err = errno;
-    ok = (fclose(fp) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        if (ok) err = errno;
-        remove(tmp);
-        free(tmp);
-        return trainer_fail(IGRAD_E_IO, "%s: cannot write: %s", path, strerror(err));
-    }
-    free(tmp);
-    return IGRAD_OK;
+    return st == IGRAD_OK ? st : trainer_fail(st, "%s", igrad_last_error());
 }
 
 igrad_status_t metrics_write_json(const char *path, const cJSON *root)
@@ -321,8 +309,14 @@ static igrad_status_t reopen_file(metrics_t *mt, const char *path, int eval, int
     }
     st = metrics_write_text(path, kept);
     if (st != IGRAD_OK) goto cleanup;
-    *fp_out = fopen(path, "ab");
-    if (!*fp_out) st = trainer_fail(IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* O_NOFOLLOW: the file was just renamed into place; a link put there
+     * since is refused, never appended through. */
+    int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    *fp_out = fd >= 0 ? fdopen(fd, "ab") : NULL;
+    if (!*fp_out) {
+        st = trainer_fail(IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+    }
 cleanup:
     if (in) fclose(in);
     free(line);

@@ -7,6 +7,8 @@
 #include "core/internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -102,25 +104,46 @@ uint64_t igrad__hash_f64(uint64_t h, double v)
     return igrad__hash_i64(h, bits);
 }
 
+igrad_status_t igrad__open_regular(const char *path, FILE **fp, uint64_t *nbytes)
+{
+    *fp = NULL;
+    /* O_NONBLOCK: opening a FIFO with no writer would block forever; the
+     * regular-file check below refuses it (and devices, directories). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    IGRAD_FAIL_IF(fd < 0, IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    int flags = -1;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (flags = fcntl(fd, F_GETFL)) < 0 ||
+        fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        close(fd);
+        return igrad__fail(IGRAD_E_IO, __FILE__, __LINE__, "%s: not a regular file", path);
+    }
+    *fp = fdopen(fd, "rb");
+    if (!*fp) {
+        int err = errno;
+        close(fd);
+        return igrad__fail(IGRAD_E_IO, __FILE__, __LINE__, "%s: cannot open: %s", path,
+                           strerror(err));
+    }
+    if (nbytes) *nbytes = (uint64_t)sb.st_size;
+    return IGRAD_OK;
+}
+
 igrad_status_t igrad__read_file(const char *path, size_t max_nbytes, char **data,
                                 size_t *nbytes)
 {
     *data = NULL;
     *nbytes = 0;
-    FILE *fp = fopen(path, "rb");
-    IGRAD_FAIL_IF(!fp, IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(fp);
-        return igrad__fail(IGRAD_E_IO, __FILE__, __LINE__, "%s: not a regular file", path);
-    }
-    if ((uint64_t)sb.st_size > (uint64_t)max_nbytes) {
+    FILE *fp;
+    uint64_t file_nbytes;
+    IGRAD_CHECK(igrad__open_regular(path, &fp, &file_nbytes));
+    if (file_nbytes > (uint64_t)max_nbytes) {
         fclose(fp);
         return igrad__fail(IGRAD_E_FORMAT, __FILE__, __LINE__,
-                           "%s: file is %lld bytes, more than the %zu allowed", path,
-                           (long long)sb.st_size, max_nbytes);
+                           "%s: file is %llu bytes, more than the %zu allowed", path,
+                           (unsigned long long)file_nbytes, max_nbytes);
     }
-    size_t size = (size_t)sb.st_size;
+    size_t size = (size_t)file_nbytes;
     char *buf = malloc(size + 1);
     if (!buf) {
         fclose(fp);
@@ -171,16 +194,48 @@ char *igrad__strprintf(const char *fmt, ...)
     return s;
 }
 
+int igrad__create_private(const char *path, char **tmp_path)
+{
+    static unsigned counter;
+    *tmp_path = NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t h = igrad__hash_i64(IGRAD__HASH_SEED, (int64_t)ts.tv_nsec);
+    h = igrad__hash_i64(h, (int64_t)ts.tv_sec);
+    h = igrad__hash_i64(h, (int64_t)getpid());
+    h = igrad__hash_i64(h, (int64_t)(uintptr_t)&ts);
+    for (int attempt = 0; attempt < 64; attempt++) {
+        h = igrad__hash_i64(h, (int64_t)++counter);
+        char *tmp = igrad__strprintf("%s.tmp.%016llx", path, (unsigned long long)h);
+        if (!tmp) {
+            errno = ENOMEM;
+            return -1;
+        }
+        /* O_EXCL: never an existing file or link (a planted symlink fails
+         * with EEXIST, and another name is tried); O_NOFOLLOW says so twice. */
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd >= 0) {
+            *tmp_path = tmp;
+            return fd;
+        }
+        int err = errno;
+        free(tmp);
+        if (err != EEXIST) {
+            errno = err;
+            return -1;
+        }
+    }
+    errno = EEXIST;
+    return -1;
+}
+
 igrad_status_t igrad__atomic_open(igrad__atomic_file_t *af, const char *path)
 {
     memset(af, 0, sizeof *af);
     af->final_path = igrad__strdup(path);
-    af->tmp_path = igrad__strprintf("%s.tmp.%ld", path, (long)getpid());
-    if (!af->final_path || !af->tmp_path) {
-        igrad__atomic_abort(af);
-        return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
-    }
-    af->fp = fopen(af->tmp_path, "wb");
+    if (!af->final_path) return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "%s: out of memory", path);
+    int fd = igrad__create_private(path, &af->tmp_path);
+    if (fd >= 0 && !(af->fp = fdopen(fd, "wb"))) close(fd);
     if (!af->fp) {
         igrad_status_t st = igrad__fail(IGRAD_E_IO, __FILE__, __LINE__,
                                         "%s: cannot create: %s", path, strerror(errno));

@@ -85,9 +85,22 @@ uint64_t igrad__hash_f64(uint64_t h, double v);
 igrad_status_t igrad__read_file(const char *path, size_t max_nbytes, char **data,
                                 size_t *nbytes);
 
-/* Crash-safe writing: open "<path>.tmp.<pid>", write, then commit renames it
- * over `path` (fsync'd), so a reader never sees a half-written file.
- * abort removes the temporary. */
+/* Opens `path` for reading if it is a regular file (a FIFO, device or
+ * directory is refused at once, never waited on: "<path>: not a regular
+ * file"); *nbytes (may be NULL) is its size. */
+igrad_status_t igrad__open_regular(const char *path, FILE **fp, uint64_t *nbytes);
+
+/* Creates "<path>.tmp.<16 hex digits>" for writing with O_CREAT | O_EXCL |
+ * O_NOFOLLOW (mode 0666 less the umask), trying other unpredictable names
+ * while one exists, so that a link planted beside `path` is never followed.
+ * Returns the descriptor and the name in *tmp_path (malloc'd), or -1 with
+ * errno set. */
+int igrad__create_private(const char *path, char **tmp_path);
+
+/* Crash-safe writing: open a private temporary beside `path`
+ * (igrad__create_private), write, then commit renames it over `path`
+ * (fsync'd; a link at `path` is replaced, not followed), so a reader never
+ * sees a half-written file. abort removes the temporary. */
 typedef struct igrad__atomic_file {
     FILE *fp;
     char *final_path;

@@ -796,11 +796,11 @@ static igrad_status_t read_once(const igrad_engine_t *e, const char *path, unsig
     size_t cap = (size_t)cap64;
     unsigned char *buf = malloc(cap);
     IGRAD_FAIL_IF(!buf, IGRAD_E_NOMEM, "%s: out of memory for %zu bytes of state", path, cap);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
+    FILE *fp;
+    igrad_status_t ost = igrad__open_regular(path, &fp, NULL);
+    if (ost != IGRAD_OK) {
         free(buf);
-        return igrad__fail(IGRAD_E_IO, __FILE__, __LINE__, "%s: cannot open the state file",
-                           path);
+        return ost;
     }
     size_t got = 0;
     while (got < cap) {

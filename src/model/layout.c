@@ -881,15 +881,14 @@ igrad_status_t igrad_layout_load(const char *path, igrad_layout_t **out)
     if (has_suffix(path, ".safetensors")) return igrad_layout_from_safetensors(path, out);
     if (has_suffix(path, ".json")) return igrad_layout_from_hf_config(path, out);
 
-    FILE *fp = fopen(path, "rb");
-    IGRAD_FAIL_IF(!fp, IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *fp;
+    uint64_t file_nbytes;
+    IGRAD_CHECK(igrad__open_regular(path, &fp, &file_nbytes));
     unsigned char head[64];
     size_t got = fread(head, 1, sizeof head, fp);
     int err = ferror(fp);
-    struct stat sb;
-    int stat_ok = fstat(fileno(fp), &sb) == 0;
     fclose(fp);
-    IGRAD_FAIL_IF(err || !stat_ok, IGRAD_E_IO, "%s: read failed", path);
+    IGRAD_FAIL_IF(err, IGRAD_E_IO, "%s: read failed", path);
 
     /* safetensors: a little-endian length that fits the file, then '{'.
      * A JSON text can have '{' at byte 8 too, but its first 8 bytes read
@@ -897,7 +896,7 @@ igrad_status_t igrad_layout_load(const char *path, igrad_layout_t **out)
     if (got >= 9 && head[8] == '{') {
         uint64_t hlen = 0;
         for (int i = 0; i < 8; i++) hlen |= (uint64_t)head[i] << (8 * i);
-        if (hlen + 8 <= (uint64_t)sb.st_size && hlen <= IGRAD__SAFETENSORS_MAX_HEADER)
+        if (hlen + 8 <= file_nbytes && hlen <= IGRAD__SAFETENSORS_MAX_HEADER)
             return igrad_layout_from_safetensors(path, out);
     }
     size_t i = 0;

@@ -272,14 +272,11 @@ igrad_status_t igrad_layout_from_safetensors(const char *path, igrad_layout_t **
     IGRAD_FAIL_IF(!out || !path, IGRAD_E_INVALID,
                   "igrad_layout_from_safetensors: NULL argument");
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    IGRAD_FAIL_IF(!fp, IGRAD_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *fp;
+    uint64_t file_nbytes;
+    IGRAD_CHECK(igrad__open_regular(path, &fp, &file_nbytes));
     igrad_status_t st = IGRAD_OK;
     unsigned char *buf = NULL;
-    struct stat sb;
-    IGRAD_FAIL_GOTO(fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode), IGRAD_E_IO,
-                    "%s: not a regular file", path);
-    uint64_t file_nbytes = (uint64_t)sb.st_size;
     unsigned char len8[8];
     size_t got = fread(len8, 1, 8, fp);
     IGRAD_FAIL_GOTO(ferror(fp), IGRAD_E_IO, "%s: read failed", path);
