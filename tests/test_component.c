@@ -72,6 +72,22 @@ static const name_case_t cases[] = {
     {"model.layers.5.mlp.shared_expert_gate.weight", 5, FC1},
     {"model.layers.5.mlp.shared_experts.down_proj.weight", 5, FC2}, /* DeepSeek */
     {"model.layers.5.mlp.gate.e_score_correction_bias", 5, FC1},    /* DeepSeek-V3 */
+    /* DeepSeek-V2/V3 multi-head latent attention: the low-rank pairs */
+    {"model.layers.5.self_attn.q_a_proj.weight", 5, Q},
+    {"model.layers.5.self_attn.q_b_proj.weight", 5, Q},
+    {"model.layers.5.self_attn.kv_a_proj_with_mqa.weight", 5, QKV},
+    {"model.layers.5.self_attn.kv_b_proj.weight", 5, QKV},
+    {"model.layers.5.self_attn.q_a_layernorm.weight", 5, NORM},
+    {"model.layers.5.self_attn.kv_a_layernorm.weight", 5, NORM},
+    {"model.layers.5.self_attn.o_proj.weight", 5, O},
+    /* a norm-like word in a container above the projections (DBRX's
+     * norm_attn_norm): the projection decides, the container's norms are NORM */
+    {"transformer.blocks.2.norm_attn_norm.attn.Wqkv.weight", 2, QKV},
+    {"transformer.blocks.2.norm_attn_norm.attn.out_proj.weight", 2, O},
+    {"transformer.blocks.2.norm_attn_norm.norm_1.weight", 2, NORM},
+    {"transformer.blocks.2.norm_attn_norm.norm_2.weight", 2, NORM},
+    {"model.layers.1.norm_block.self_attn.q_proj.weight", 1, Q},
+    {"model.layers.1.norm_block.mlp.down_proj.weight", 1, FC2},
     /* transformers' fused experts (3-D parameters, no .weight) */
     {"model.layers.5.mlp.experts.gate_up_proj", 5, FC1},
     {"model.layers.5.mlp.experts.down_proj", 5, FC2},

@@ -178,6 +178,55 @@ static void test_map_file(void **state)
                  "/nonexistent/map.txt");
 }
 
+/* A UTF-8 byte order mark before the first rule is not part of its pattern. */
+static void test_map_file_bom(void **state)
+{
+    (void)state;
+    const char *text = "\xEF\xBB\xBFmodel\\.extra_scale NORM none\nb Q block\n";
+    igrad_name_map_t *m = NULL;
+    assert_int_equal(igrad__name_map_from_text(text, strlen(text), "m.txt", &m), IGRAD_OK);
+    assert_int_equal(igrad_name_map_count(m), 2);
+    expect_map(m, "model.extra_scale", -1, IGRAD_KIND_NORM);
+    igrad_name_map_free(m);
+}
+
+/* The cost of a map is bounded as a whole (docs/formats.md §3a): an
+ * optional part repeated by an interval weighs count^2, a file holds at most
+ * 256 rules and a summed weight of at most 16384, each refusal at file:line. */
+static void test_map_file_bounds(void **state)
+{
+    (void)state;
+    igrad_name_map_t *m = (igrad_name_map_t *)1;
+    const char *worst = "(x?){800} OTHER none\n";
+    expect_error(igrad__name_map_from_text(worst, strlen(worst), "m.txt", &m), IGRAD_E_FORMAT,
+                 "m.txt:1: name map: rule '(x?){800}': an optional part repeated");
+    assert_null(m);
+    /* a count over a part that is not optional is a plain copy (x count) */
+    const char *plain = "(xy){1000} OTHER none\n";
+    expect_error(igrad__name_map_from_text(plain, strlen(plain), "m.txt", &m), IGRAD_E_FORMAT,
+                 "interval counts {m,n} too large");
+    const char *fine = "(x?){20}z OTHER none\n(xy){800} OTHER none\n";
+    assert_int_equal(igrad__name_map_from_text(fine, strlen(fine), "m.txt", &m), IGRAD_OK);
+    igrad_name_map_free(m);
+
+    /* 257 plain rules: the 257th is refused by line */
+    size_t cap = 300 * 32;
+    char *text = malloc(cap), *p = text;
+    for (int i = 0; i < 300; i++) p += snprintf(p, cap - (size_t)(p - text), "rule%d OTHER none\n", i);
+    m = (igrad_name_map_t *)1;
+    expect_error(igrad__name_map_from_text(text, (size_t)(p - text), "m.txt", &m), IGRAD_E_FORMAT,
+                 "m.txt:257: name map: more than 256 rules");
+    assert_null(m);
+    /* heavy rules: the summed weight refuses the third (3 x 8100 > 16384) */
+    p = text;
+    for (int i = 0; i < 3; i++) p += snprintf(p, cap - (size_t)(p - text), "(x?){30}%d OTHER none\n", i);
+    m = (igrad_name_map_t *)1;
+    expect_error(igrad__name_map_from_text(text, (size_t)(p - text), "m.txt", &m), IGRAD_E_FORMAT,
+                 "m.txt:3: name map: rule '(x?){30}2' brings the rules' total weight");
+    assert_null(m);
+    free(text);
+}
+
 static igrad_layout_t *mlp_layout(const igrad_name_map_t *m)
 {
     static const char *const names[] = {
@@ -328,6 +377,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rules),
         cmocka_unit_test(test_map_file),
+        cmocka_unit_test(test_map_file_bom),
+        cmocka_unit_test(test_map_file_bounds),
         cmocka_unit_test(test_layout_map),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -148,12 +148,17 @@ static int tok_is_layer_scale(const token_t *t)
 static igrad_kind_t kind_of_module(const token_t *mod, const token_t *parent,
                                    const token_t *grand)
 {
-    static const char *const q[] = {"q_proj", "query", "wq", "q_lin", NULL};
+    /* Multi-head latent attention (DeepSeek-V2/V3) factors Q into a
+     * low-rank pair q_a_proj, q_b_proj (both Q) and K with V into
+     * kv_a_proj_with_mqa, kv_b_proj: projections that feed more than one
+     * of Q, K, V are QKV. */
+    static const char *const q[] = {"q_proj", "query", "wq", "q_lin", "q_a_proj", "q_b_proj",
+                                    NULL};
     static const char *const k[] = {"k_proj", "key", "wk", "k_lin", NULL};
     static const char *const v[] = {"v_proj", "value", "wv", "v_lin", NULL};
-    static const char *const qkv[] = {"c_attn", "query_key_value", "qkv_proj", "Wqkv",
-                                      "qkv",    "wqkv",            "W_pack",   "in_proj",
-                                      "att_proj", NULL};
+    static const char *const qkv[] = {"c_attn",   "query_key_value",    "qkv_proj", "Wqkv",
+                                      "qkv",      "wqkv",               "W_pack",   "in_proj",
+                                      "att_proj", "kv_a_proj_with_mqa", "kv_b_proj", NULL};
     static const char *const o[] = {"o_proj", "out_proj", "attn_out", "out_lin", NULL};
     static const char *const fc1[] = {"gate_proj", "up_proj", "gate_up_proj", "w1", "w3",
                                       "fc1", "fc_in", "c_fc", "dense_h_to_4h", "linear1",
@@ -332,17 +337,23 @@ igrad_kind_t igrad_component_of(const char *name, int *layer)
         (tok_is(&tok[end - 1], "weight") || tok_is(&tok[end - 1], "bias")))
         end--;
     if (end <= block) return IGRAD_KIND_OTHER;
-    for (int i = block; i < end; i++) {
-        if (tok_is_norm(&tok[i]) || tok_is_layer_scale(&tok[i])) {
-            if (layer) *layer = index;
-            return IGRAD_KIND_NORM;
-        }
-    }
     token_t mod = tok[end - 1];
     if (end == ntok && !stripped) split_mha_suffix(&mod);
     const token_t *parent = end - 2 >= block ? &tok[end - 2] : NULL;
     const token_t *grand = end - 3 >= block ? &tok[end - 3] : NULL;
+    /* The module itself decides first: a projection stays one under a
+     * container whose name holds a norm-like word (DBRX's
+     * blocks.N.norm_attn_norm.attn.Wqkv). A norm or layer scale is the
+     * last module or its parent (ln_1.weight, ls1.gamma, q_a_layernorm). */
     igrad_kind_t kind = kind_of_module(&mod, parent, grand);
+    if (kind == IGRAD_KIND_OTHER) {
+        for (int i = end - 1; i >= block && i >= end - 2; i--) {
+            if (tok_is_norm(&tok[i]) || tok_is_layer_scale(&tok[i])) {
+                kind = IGRAD_KIND_NORM;
+                break;
+            }
+        }
+    }
     if (kind != IGRAD_KIND_OTHER && layer) *layer = index;
     return kind;
 }

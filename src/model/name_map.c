@@ -37,6 +37,12 @@
 #define MAX_PATTERN_LEN 512
 #define MAX_PATTERN_WEIGHT 8192
 #define MAX_GLOB_STARS 4
+/* Bounds on a whole map (docs/formats.md §3a): every tensor is matched
+ * against the rules in order, so the time of a layout is tensors x the
+ * rules' summed weight; the sum stays within MAX_MAP_COST and the count
+ * within MAX_MAP_RULES (a family needs a few dozen rules). */
+#define MAX_MAP_RULES 256
+#define MAX_MAP_COST 16384UL
 
 typedef struct rule {
     char *pattern; /* as given (with "glob:" for globs) */
@@ -49,6 +55,7 @@ typedef struct rule {
 struct igrad_name_map {
     rule_t *rules;
     size_t count, cap;
+    unsigned long cost; /* the rules' weights summed (at most MAX_MAP_COST) */
 };
 
 igrad_status_t igrad_name_map_create(igrad_name_map_t **out)
@@ -108,26 +115,30 @@ static char *posix_pattern(const char *pattern)
 }
 
 /* Why a pattern is refused by the bounds above, or NULL. */
-static const char *pattern_refusal(const char *pattern, int is_glob)
+static const char *pattern_refusal(const char *pattern, int is_glob, unsigned long *cost)
 {
+    *cost = strlen(pattern);
     if (strlen(pattern) > MAX_PATTERN_LEN) return "longer than 512 characters";
     if (is_glob) {
         int stars = 0;
         for (const char *c = pattern; *c; c++) stars += *c == '*';
+        *cost *= (unsigned long)stars + 1;
         return stars > MAX_GLOB_STARS ? "a glob with more than 4 '*'" : NULL;
     }
-    /* group_rep[d]: the open group at depth d holds a repetition; atom_rep:
-     * the last atom holds one (a group that did, or a repetition itself);
-     * depth is bounded by the length. */
+    /* group_rep[d] / group_opt[d]: the open group at depth d holds a
+     * repetition / an optional part ('?', '*', "{m,n}" with m < n, '|');
+     * atom_rep / atom_opt: the same for the last atom; depth is bounded by
+     * the length. */
     unsigned char group_rep[MAX_PATTERN_LEN + 2] = {0};
+    unsigned char group_opt[MAX_PATTERN_LEN + 2] = {0};
     size_t depth = 0;
-    int atom_rep = 0;
+    int atom_rep = 0, atom_opt = 0;
     unsigned long weight = strlen(pattern);
     for (const char *c = pattern; *c; c++) {
         if (*c == '\\' && c[1] != '\0') {
             if (isdigit((unsigned char)c[1]) && c[1] != '0') return "a back-reference";
             c++;
-            atom_rep = 0;
+            atom_rep = atom_opt = 0;
         } else if (*c == '[') {
             /* a bracket expression is one atom: skip to its ']' */
             c++;
@@ -135,42 +146,67 @@ static const char *pattern_refusal(const char *pattern, int is_glob)
             if (*c == ']') c++;
             while (*c && *c != ']') c++;
             if (!*c) break;
-            atom_rep = 0;
+            atom_rep = atom_opt = 0;
         } else if (*c == '(') {
-            group_rep[++depth] = 0;
-            atom_rep = 0;
+            depth++;
+            group_rep[depth] = group_opt[depth] = 0;
+            atom_rep = atom_opt = 0;
         } else if (*c == ')' && depth > 0) {
-            atom_rep = group_rep[depth--];
+            atom_rep = group_rep[depth];
+            atom_opt = group_opt[depth];
+            depth--;
             group_rep[depth] |= (unsigned char)atom_rep;
+            group_opt[depth] |= (unsigned char)atom_opt;
+        } else if (*c == '|') {
+            group_opt[depth] = 1;
+            atom_rep = atom_opt = 0;
         } else if (*c == '*' || *c == '+' || *c == '?' || *c == '{') {
             int unbounded = *c == '*' || *c == '+';
+            int optional = *c != '+';
             if (*c == '{') {
-                /* "{m}", "{m,}", "{m,n}": counts max(m, n, 1), saturated. */
-                unsigned long count = 1, num = 0;
+                /* "{m}", "{m,}", "{m,n}": counts max(m, n, 1), saturated.
+                 * An optional part repeated this way is weighed count^2:
+                 * each copy may match or not, and glibc's matcher tracks
+                 * every way the copies can split the text. */
+                unsigned long count = 1, num = 0, first = 0;
+                int nums = 0, comma = 0;
                 for (c++; *c && *c != '}'; c++) {
                     unbounded = *c == ',' && c[1] == '}';
+                    if (*c == ',') comma = 1;
                     if (!isdigit((unsigned char)*c)) {
                         num = 0;
                         continue;
                     }
                     if (num <= MAX_PATTERN_WEIGHT) num = 10 * num + (unsigned long)(*c - '0');
+                    if (!comma) first = num, nums = 1;
                     if (num > count) count = num;
                 }
-                if (count > MAX_PATTERN_WEIGHT || weight * count > MAX_PATTERN_WEIGHT)
-                    return "interval counts {m,n} too large (length x product of counts over "
-                           "8192; regcomp copies the pattern that many times)";
-                weight *= count;
+                optional = comma && (!nums || first < count || unbounded);
+                unsigned long factor = atom_opt ? count * count : count;
+                if (count > MAX_PATTERN_WEIGHT || factor > MAX_PATTERN_WEIGHT ||
+                    weight * factor > MAX_PATTERN_WEIGHT)
+                    return atom_opt
+                               ? "an optional part repeated by an interval {m,n} weighs "
+                                 "length x count^2, over 8192 (glibc's matcher tries every "
+                                 "way the copies can match)"
+                               : "interval counts {m,n} too large (length x product of "
+                                 "counts over 8192; regcomp copies the pattern that many "
+                                 "times)";
+                weight *= factor;
             }
             if (unbounded && atom_rep)
                 return "nested repetition (a '*', '+' or '{m,}' applied to what already "
                        "repeats; glibc's matcher is exponential in it)";
             if (!*c) break;
             atom_rep = 1;
+            atom_opt |= optional;
             group_rep[depth] = 1;
+            group_opt[depth] |= (unsigned char)atom_opt;
         } else {
-            atom_rep = 0;
+            atom_rep = atom_opt = 0;
         }
     }
+    *cost = weight;
     return NULL;
 }
 
@@ -207,9 +243,17 @@ igrad_status_t igrad_name_map_add(igrad_name_map_t *map, const char *pattern, ig
     IGRAD_FAIL_IF(r.is_glob && layer >= 1, IGRAD_E_INVALID,
                   "name map: rule '%s': a glob has no capture groups (layer block or none)",
                   pattern);
-    const char *refusal = pattern_refusal(pattern, r.is_glob);
+    unsigned long cost = 0;
+    const char *refusal = pattern_refusal(pattern, r.is_glob, &cost);
     IGRAD_FAIL_IF(refusal, IGRAD_E_INVALID, "name map: rule '%.64s%s': %s", pattern,
                   strlen(pattern) > 64 ? "..." : "", refusal);
+    IGRAD_FAIL_IF(map->count >= MAX_MAP_RULES, IGRAD_E_INVALID,
+                  "name map: more than %d rules (a map names a family's modules in a few "
+                  "dozen)", MAX_MAP_RULES);
+    IGRAD_FAIL_IF(map->cost + cost > MAX_MAP_COST, IGRAD_E_INVALID,
+                  "name map: rule '%.64s%s' brings the rules' total weight to %lu, over %lu "
+                  "(weight: length x interval counts; matching costs tensors x weight)",
+                  pattern, strlen(pattern) > 64 ? "..." : "", map->cost + cost, MAX_MAP_COST);
     if (!r.is_glob) {
         /* The pattern alone must compile, so that wrapping it cannot turn
          * an unbalanced "a)|(b" into a different valid expression. */
@@ -251,6 +295,7 @@ igrad_status_t igrad_name_map_add(igrad_name_map_t *map, const char *pattern, ig
         return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "name map: out of memory");
     }
     map->rules[map->count++] = r;
+    map->cost += cost;
     return IGRAD_OK;
 }
 
@@ -346,6 +391,9 @@ igrad_status_t igrad__name_map_from_text(const char *text, size_t nbytes, const 
     IGRAD_CHECK(igrad_name_map_create(&m));
     igrad_status_t st = IGRAD_OK;
     const char *p = text, *end = text + nbytes;
+    /* A UTF-8 byte order mark (some editors write one) is not part of the
+     * first rule's pattern. */
+    if (nbytes >= 3 && memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3;
     char *line = NULL;
     for (int lineno = 1; p < end; lineno++) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
