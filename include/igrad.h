@@ -1168,8 +1168,10 @@ typedef struct igrad_link_preset {
 /** The number of presets; igrad_link_preset(i) for i below it, else NULL. */
 IGRAD_API size_t igrad_link_preset_count(void);
 IGRAD_API const igrad_link_preset_t *igrad_link_preset(size_t i);
-/** Parses a preset name or "GBITS,LAT_US" (both > 0). IGRAD_E_INVALID
- *  names the text and the presets. */
+/** Parses a preset name or "GBITS,LAT_US" in plain decimals (no sign, hex,
+ *  inf or nan): bandwidth in [0.001, 1e6] Gbit/s, latency in [0.001, 1e6]
+ *  us, what the config's integers hold. IGRAD_E_INVALID names the text and
+ *  the presets, or the value out of range. */
 IGRAD_API igrad_status_t igrad_link_parse(const char *spec, double *gbit_per_s,
                                           double *latency_us);
 /** A link as config.link_latency_ns and link_bandwidth_mbps take it: the

@@ -240,12 +240,25 @@ static void test_link_parse(void **state)
     assert_true(ns == 1000000000LL && mbps == 1000000000LL);
     igrad_link_to_config(12.3456, 2.0004, &ns, &mbps);
     assert_true(ns == 2000 && mbps == 12346);
-    const char *bad[] = {"fast", "100", "100,", ",8", "100,0", "0,8", "-1,8", "100,8x",
-                         "nan,8", "inf,8", ""};
+    const char *bad[] = {"fast", "100", "100,", ",8", "-1,8", "100,8x", "nan,8", "inf,8",
+                         "0x10,8", "100,0x8", "+100,8", " 100,8", ""};
     for (size_t i = 0; i < COUNT_OF(bad); i++) {
         assert_int_equal(igrad_link_parse(bad[i], &bw, &lat), IGRAD_E_INVALID);
         assert_non_null(strstr(igrad_last_error(), "is neither a preset"));
     }
+    /* out of the config's range: refused by name, never clamped */
+    const char *range[] = {"100,0", "0,8", "1e308,1e308", "100,1e-300", "1e7,8", "100,2e6",
+                           "0.0001,8"};
+    for (size_t i = 0; i < COUNT_OF(range); i++) {
+        assert_int_equal(igrad_link_parse(range[i], &bw, &lat), IGRAD_E_INVALID);
+        assert_non_null(strstr(igrad_last_error(), "is outside ["));
+    }
+    assert_int_equal(igrad_link_parse("1e6,1e6", &bw, &lat), IGRAD_OK);
+    igrad_link_to_config(bw, lat, &ns, &mbps);
+    assert_true(ns == 1000000000LL && mbps == 1000000000LL);
+    assert_int_equal(igrad_link_parse("0.001,0.001", &bw, &lat), IGRAD_OK);
+    igrad_link_to_config(bw, lat, &ns, &mbps);
+    assert_true(ns == 1 && mbps == 1);
     assert_int_equal(igrad_link_parse(NULL, &bw, &lat), IGRAD_E_INVALID);
 }
 

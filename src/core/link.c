@@ -8,9 +8,17 @@
  */
 #include "core/internal.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* What a parsed link may be: what the config's integers hold exactly
+ * (link_bandwidth_mbps in [1, 1e9], link_latency_ns in [1, 1e9]). */
+#define IGRAD__LINK_MIN_GBITS 0.001
+#define IGRAD__LINK_MAX_GBITS 1e6
+#define IGRAD__LINK_MIN_LAT_US 0.001
+#define IGRAD__LINK_MAX_LAT_US 1e6
 
 static const igrad_link_preset_t presets[] = {
     {"nvlink", 3600.0, 3.0, "H100 SXM NVLink 4: 450 GB/s per direction per GPU"},
@@ -27,6 +35,26 @@ size_t igrad_link_preset_count(void) { return NPRESETS; }
 
 const igrad_link_preset_t *igrad_link_preset(size_t i) { return i < NPRESETS ? &presets[i] : NULL; }
 
+/* A plain decimal number at s ("100", "2.5", "1e3"; no sign, hex, inf or
+ * nan): its end, or NULL when s holds none. */
+static const char *decimal_end(const char *s)
+{
+    const char *c = s;
+    int digits = 0;
+    while (isdigit((unsigned char)*c)) c++, digits++;
+    if (*c == '.')
+        for (c++; isdigit((unsigned char)*c); c++) digits++;
+    if (!digits) return NULL;
+    if (*c == 'e' || *c == 'E') {
+        const char *e = c + 1;
+        if (*e == '+' || *e == '-') e++;
+        if (!isdigit((unsigned char)*e)) return NULL;
+        while (isdigit((unsigned char)*e)) e++;
+        c = e;
+    }
+    return c;
+}
+
 igrad_status_t igrad_link_parse(const char *spec, double *gbit_per_s, double *latency_us)
 {
     IGRAD_FAIL_IF(!spec || !gbit_per_s || !latency_us, IGRAD_E_INVALID,
@@ -37,18 +65,24 @@ igrad_status_t igrad_link_parse(const char *spec, double *gbit_per_s, double *la
             *latency_us = presets[i].latency_us;
             return IGRAD_OK;
         }
-    char *end = NULL;
-    double bw = strtod(spec, &end), lat = -1.0;
-    if (end != spec && *end == ',') {
-        const char *rest = end + 1;
-        lat = strtod(rest, &end);
-        if (end == rest || *end != '\0') lat = -1.0;
+    const char *comma = decimal_end(spec), *end = NULL;
+    double bw = -1.0, lat = -1.0;
+    if (comma && *comma == ',' && (end = decimal_end(comma + 1)) != NULL && *end == '\0') {
+        bw = strtod(spec, NULL);
+        lat = strtod(comma + 1, NULL);
     }
-    IGRAD_FAIL_IF(!(bw > 0.0) || !(lat > 0.0) || !isfinite(bw) || !isfinite(lat),
-                  IGRAD_E_INVALID,
+    IGRAD_FAIL_IF(bw < 0.0, IGRAD_E_INVALID,
                   "'%s' is neither a preset (nvlink, pcie4, 400g, 200g, 100g, 25g, 10g) nor "
-                  "GBITS,LAT_US with both > 0 (e.g. 100,8)",
+                  "GBITS,LAT_US in decimals (e.g. 100,8)",
                   spec);
+    /* The config's integers (igrad_link_to_config) hold 1 Mbit/s to
+     * 1 Pbit/s and 1 ns to 1 s: a link outside is refused, not clamped. */
+    IGRAD_FAIL_IF(!(bw >= IGRAD__LINK_MIN_GBITS && bw <= IGRAD__LINK_MAX_GBITS), IGRAD_E_INVALID,
+                  "'%s': bandwidth %g Gbit/s is outside [%g, %g]", spec, bw,
+                  IGRAD__LINK_MIN_GBITS, IGRAD__LINK_MAX_GBITS);
+    IGRAD_FAIL_IF(!(lat >= IGRAD__LINK_MIN_LAT_US && lat <= IGRAD__LINK_MAX_LAT_US),
+                  IGRAD_E_INVALID, "'%s': latency %g us is outside [%g, %g]", spec, lat,
+                  IGRAD__LINK_MIN_LAT_US, IGRAD__LINK_MAX_LAT_US);
     *gbit_per_s = bw;
     *latency_us = lat;
     return IGRAD_OK;

@@ -233,7 +233,9 @@ bad "bad per-collective spec" "--link inter.reduce: 'slow' is neither" --config 
 bad "--ranks-per-node 0" "--ranks-per-node is 0" --config "$cfg" --ranks 8 --ranks-per-node 0
 bad "--ranks-per-node text" "ranks-per-node" --config "$cfg" --ranks 8 --ranks-per-node two
 bad "P not a multiple of a given L" "--ranks 12 is not a multiple of --ranks-per-node 5" --config "$cfg" --ranks 12 --ranks-per-node 5
-bad "zero bandwidth" "both > 0" --config "$cfg" --ranks 8 --link inter=0,5
+bad "zero bandwidth" "bandwidth 0 Gbit/s is outside" --config "$cfg" --ranks 8 --link inter=0,5
+bad "infinite link" "bandwidth 1e+308 Gbit/s is outside" --config "$cfg" --ranks 8 --json --link inter=1e308,1e308
+bad "hex link" "is neither a preset" --config "$cfg" --ranks 8 --link inter=0x64,8
 bad "bad method" "'foo' is not a method" --config "$cfg" --ranks 8 --method dense,foo
 bad "bad target ratio" "--target-ratio is 2" --config "$cfg" --ranks 8 --target-ratio 2
 bad "bad --latency" "--latency is 'max' (sum or overlap)" --config "$cfg" --ranks 8 --latency max
