@@ -224,6 +224,15 @@ static void test_optim_round_trip(void **state)
     assert_int_equal(optim_create_for_model(&oc, other, &oo), IGRAD_OK);
     assert_fails_with(checkpoint_load_optim(path, other, oo), IGRAD_E_MISMATCH, path,
                       "layout hash");
+    /* the same model after one more step (another save of the same run, or
+     * another run at the same step): the moments belong to other parameters */
+    float p0 = m->params[0];
+    m->params[0] = p0 + 1e-3f;
+    assert_fails_with(checkpoint_load_optim(path, m, back), IGRAD_E_MISMATCH, path,
+                      "saved with other parameters");
+    m->params[0] = p0;
+    if (checkpoint_load_optim(path, m, back) != IGRAD_OK)
+        fail_msg("load optim again: %s", trainer_last_error());
     /* a model file is not an optimizer file */
     char model_path[300];
     snprintf(model_path, sizeof model_path, "%s/%s", dir, CHECKPOINT_MODEL_FILE);

@@ -1073,7 +1073,12 @@ igrad_status_t checkpoint_save_optim(const optim_t *opt, const model_t *m, const
     uint64_t hash = 0;
     igrad_status_t st = layout_hash_of(m, &hash);
     if (st != IGRAD_OK) return st;
-    char step[32], count[32], hash_s[32], lr[32], b1[32], b2[32], eps[32], wd[32];
+    char step[32], count[32], hash_s[32], lr[32], b1[32], b2[32], eps[32], wd[32], params[32];
+    /* The parameters the moments belong to (train_state.json's param_hash
+     * of the same save): an optimizer file copied in from another run or
+     * save is refused at resume even when every checksum was redone. */
+    snprintf(params, sizeof params, "0x%016" PRIx64,
+             igrad__hash_bytes(IGRAD__HASH_SEED, m->params, (size_t)m->num_params * sizeof(float)));
     snprintf(step, sizeof step, "%lld", (long long)opt->step);
     snprintf(count, sizeof count, "%lld", (long long)opt->count);
     snprintf(hash_s, sizeof hash_s, "0x%016" PRIx64, hash);
@@ -1084,7 +1089,7 @@ igrad_status_t checkpoint_save_optim(const optim_t *opt, const model_t *m, const
     snprintf(wd, sizeof wd, "%.17g", opt->config.weight_decay);
     const char *meta[] = {"format", "igrad-adamw", "step", step, "count", count,
                           "layout_hash", hash_s, "lr", lr, "beta1", b1, "beta2", b2,
-                          "eps", eps, "weight_decay", wd, NULL};
+                          "eps", eps, "weight_decay", wd, "param_hash", params, NULL};
     checkpoint_tensor_t ts[2] = {
         {"exp_avg", IGRAD_DTYPE_F32, 1, {opt->count}, opt->m},
         {"exp_avg_sq", IGRAD_DTYPE_F32, 1, {opt->count}, opt->v},
@@ -1112,9 +1117,12 @@ igrad_status_t checkpoint_load_optim(const char *path, const model_t *m, optim_t
     if ((st = st_open(&f, path)) != IGRAD_OK) return st;
     const char *format = st_meta(&f, "format");
     const char *hash_s = st_meta(&f, "layout_hash");
+    const char *params_s = st_meta(&f, "param_hash");
     int64_t step = 0, count = 0;
-    char want[32];
+    char want[32], want_params[32];
     snprintf(want, sizeof want, "0x%016" PRIx64, hash);
+    snprintf(want_params, sizeof want_params, "0x%016" PRIx64,
+             igrad__hash_bytes(IGRAD__HASH_SEED, m->params, (size_t)m->num_params * sizeof(float)));
     const st_entry_t *em = st_find(&f, "exp_avg"), *ev = st_find(&f, "exp_avg_sq");
     if (!format || strcmp(format, "igrad-adamw") != 0) {
         st = trainer_fail(IGRAD_E_FORMAT, "%s: __metadata__.format is not \"igrad-adamw\"", path);
@@ -1127,6 +1135,14 @@ igrad_status_t checkpoint_load_optim(const char *path, const model_t *m, optim_t
     } else if (count != opt->count || count != m->num_params) {
         st = trainer_fail(IGRAD_E_MISMATCH, "%s: state for %lld parameters, optimizer has %lld",
                           path, (long long)count, (long long)opt->count);
+    } else if (!params_s || strcmp(params_s, want_params) != 0) {
+        st = trainer_fail(IGRAD_E_MISMATCH,
+                          "%s: __metadata__.param_hash %s, but the model's parameters hash to "
+                          "%s: the optimizer state was saved with other parameters (another "
+                          "run or save%s)",
+                          path, params_s ? params_s : "(missing)", want_params,
+                          params_s ? "" : "; files written before the binding cannot be "
+                                          "resumed: start from them with --init");
     } else if (!em || !ev) {
         st = trainer_fail(IGRAD_E_FORMAT, "%s: missing tensor '%s'", path,
                           em ? "exp_avg_sq" : "exp_avg");
