@@ -210,11 +210,44 @@ static void opt_add_i64(opt_list_t *l, const char *name, int64_t v)
     opt_add(l, name, b);
 }
 
+/* NaN is how an option that was not given (its default depends on
+ * --method, train_options_resolve) is kept until then. */
+#define OPT_AUTO "(not given: the default for the method)"
+
 static void opt_add_f64(opt_list_t *l, const char *name, double v)
 {
     char b[40];
     snprintf(b, sizeof b, "%.17g", v);
-    opt_add(l, name, b);
+    opt_add(l, name, isnan(v) ? OPT_AUTO : b);
+}
+
+/* Options added only when they differ from their default (so that the
+ * options of runs from before they existed hash as they did): what a rank
+ * that lacks one has. */
+static const struct {
+    const char *name, *absent;
+} opt_absent[] = {
+    {"--value-dtype", "F32 (the default)"},
+    {"--topology", "flat (the default)"},
+    {"--ranks-per-node", "0 (the default: the nodes MPI reports)"},
+    {"--dense-below", "0"},
+    {"--link", "the default link (100g's bandwidth, latency 0)"},
+    {"--auto-sparse-reduce", "0 (the default)"},
+    {"--ef-on", "grad (the default)"},
+};
+
+static const char *opt_absent_value(const char *name)
+{
+    for (size_t i = 0; i < sizeof opt_absent / sizeof opt_absent[0]; i++)
+        if (!strcmp(opt_absent[i].name, name)) return opt_absent[i].absent;
+    return "(absent)";
+}
+
+static const opt_slot_t *opt_find(const opt_list_t *l, const char *name)
+{
+    for (int i = 0; i < l->n && i < OPT_MAX; i++)
+        if (!strcmp(l->slot[i].name, name)) return &l->slot[i];
+    return NULL;
 }
 
 static void opt_add_str(opt_list_t *l, const char *name, const char *v)
@@ -296,7 +329,8 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_f64(l, "--momentum", o->momentum);
     opt_add_i64(l, "--momentum-masking", o->momentum_masking);
     opt_add_f64(l, "--residual-decay", o->residual_decay);
-    opt_add_i64(l, "--start-iter", o->start_iter);
+    if (o->start_iter < 0) opt_add(l, "--start-iter", OPT_AUTO);
+    else opt_add_i64(l, "--start-iter", o->start_iter);
     /* only when given: checkpoints of runs before the option resume */
     if (o->ef_on_update) opt_add_str(l, "--ef-on", "update");
     if (!o->profile || train_profile_auto(o)) {
@@ -355,16 +389,26 @@ static igrad_status_t agree_options(igrad_comm_t *comm, const train_options_t *o
     }
     st = trainer_fail(IGRAD_E_MISMATCH, "the ranks were started with different options "
                       "(hash %016" PRIx64 " on rank 0)", hashes[0]);
-    for (int i = 0; i < all[0].n && i < OPT_MAX; i++) {
-        for (int q = 1; q < P; q++) {
-            if (all[q].n != all[0].n || all[q].slot[i].hash == all[0].slot[i].hash) continue;
-            all[0].slot[i].value[OPT_VALUE_NBYTES - 1] = '\0';
-            all[q].slot[i].value[OPT_VALUE_NBYTES - 1] = '\0';
-            st = trainer_fail(IGRAD_E_MISMATCH,
-                              "%s differs: rank 0 has %s, rank %d has %s (options that define "
-                              "the run must be the same on every rank)", all[0].slot[i].name,
-                              all[0].slot[i].value, q, all[q].slot[i].value);
-            goto cleanup;
+    /* By name, both ways: an option one rank lacks (given on the other
+     * only) shows as its default. */
+    for (int q = 1; q < P; q++) {
+        for (int side = 0; side < 2; side++) {
+            const opt_list_t *a = side ? &all[q] : &all[0], *b = side ? &all[0] : &all[q];
+            for (int i = 0; i < a->n && i < OPT_MAX; i++) {
+                char name[sizeof a->slot[i].name];
+                snprintf(name, sizeof name, "%.*s", (int)sizeof name - 1, a->slot[i].name);
+                const opt_slot_t *other = opt_find(b, name);
+                if (other && other->hash == a->slot[i].hash) continue;
+                char va[OPT_VALUE_NBYTES], vb[OPT_VALUE_NBYTES];
+                snprintf(va, sizeof va, "%.*s", (int)sizeof va - 1, a->slot[i].value);
+                snprintf(vb, sizeof vb, "%.*s", (int)sizeof vb - 1,
+                         other ? other->value : opt_absent_value(name));
+                st = trainer_fail(IGRAD_E_MISMATCH,
+                                  "%s differs: rank 0 has %s, rank %d has %s (options that "
+                                  "define the run must be the same on every rank)",
+                                  name, side ? vb : va, q, side ? va : vb);
+                goto cleanup;
+            }
         }
     }
 cleanup:

@@ -63,6 +63,14 @@ differ data "--data differs: rank 0 has $tmp/corpus, rank 1 has $tmp/corpus2" --
 differ method "--method differs: rank 0 has dense, rank 1 has topk_sync" -- \
   --steps 4 -- --steps 4 --method topk_sync
 differ lr "--lr differs: rank 0 has 0.001, rank 1 has 0.002" -- --steps 4 -- --steps 4 --lr 2e-3
+# given on one rank only: named, with what the other has (its default),
+# whether the option is always compared or only when given
+differ value_dtype_one "--value-dtype differs: rank 0 has F32 (the default), rank 1 has BF16" -- \
+  --steps 4 --method topk_sync -- --steps 4 --method topk_sync --value-dtype bf16
+differ momentum_one "--momentum differs: rank 0 has 0.5, rank 1 has (not given: the default for the method)" -- \
+  --steps 4 --method topk_sync --momentum 0.5 -- --steps 4 --method topk_sync
+differ ef_on_one "--ef-on differs: rank 0 has update, rank 1 has grad (the default)" -- \
+  --steps 4 --method topk_sync --ef-on update -- --steps 4 --method topk_sync
 
 # --init is compared by what it loads: two checkpoints of different seeds
 # (another path on each host is fine, other weights are not).
