@@ -110,5 +110,8 @@ def main(igrad, out_dir):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if len(sys.argv) > 1 else 2)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else os.path.join(repo, "docs", "results"))
