@@ -58,7 +58,7 @@ static const name_case_t cases[] = {
     {"model.layers.3.block_sparse_moe.experts.5.w1.weight", 3, FC1},
     {"model.layers.3.block_sparse_moe.experts.5.w3.weight", 3, FC1},
     {"model.layers.3.block_sparse_moe.experts.7.w2.weight", 3, FC2},
-    /* MoE routers read the MLP input: FC1 (§11 item 41 (d)) */
+    /* MoE routers read the MLP input: FC1 (docs/decisions/0041, (d)) */
     {"model.layers.3.block_sparse_moe.gate.weight", 3, FC1},
     /* Qwen2-MoE / Qwen3-MoE / DeepSeek-MoE / OLMoE: router mlp.gate (not
      * LLaMA's mlp.gate_proj, FC1 as a projection), experts, shared expert */

@@ -9,9 +9,10 @@ of docs/plan.md, checked at 4-8 ranks on the namespace testbed
 a formula (not in the engine). Compute per step: igrad plan's default, 6 N T / (MFU
 peak) with T = 16384 tokens per GPU per step, MFU 0.40, 989 TFLOP/s (H100
 SXM bf16 dense).
-Usage: plan_projection.py IGRAD_BINARY [OUT_DIR]   (writes
-plan_projection.json and plan_projection.png to OUT_DIR, default this
-directory, and prints the Markdown tables)"""
+Usage: experiments/plan_projection/run.py IGRAD_BINARY [OUT_DIR]   (writes
+plan_projection.json and plan_projection.png to OUT_DIR, default
+docs/results, and prints the Markdown tables; config paths are recorded
+relative to the repository)"""
 import json
 import os
 import subprocess
@@ -37,10 +38,10 @@ BYTES_ROWS = [("dense_bf16", "ring_allreduce"), ("ig", "flat"), ("ig", "hier"),
 
 
 def run(igrad, src, cfg, P, link):
-    out = subprocess.run([igrad, "plan", "--config", os.path.join(src, cfg), "--ranks", str(P),
+    out = subprocess.run([os.path.abspath(igrad), "plan", "--config", cfg, "--ranks", str(P),
                           "--ranks-per-node", "8", "--link", "intra=nvlink", "--link",
                           "inter=" + link, "--method", "dense,adtopk_sync,ig", "--json"],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, cwd=src).stdout
     return json.loads(out)
 
 
@@ -109,4 +110,8 @@ def main(igrad, out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.abspath(__file__)))
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if len(sys.argv) > 1 else 2)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else os.path.join(repo, "docs", "results"))
