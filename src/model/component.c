@@ -122,7 +122,7 @@ static const char *const moe_modules[] = {"block_sparse_moe", "mlp", "moe", "fee
 /* A MoE router: a small linear map (experts x hidden) that reads the MLP
  * input and picks the experts, or the gate of Qwen2-MoE's shared expert
  * (1 x hidden). It is the MLP's input side, like the experts' w1/w3 and
- * gate_proj/up_proj: FC1 (docs/architecture.md §11 item 41 (d)). Its own
+ * gate_proj/up_proj: FC1 (docs/decisions/0041-parameter-name-rules.md, (d)). Its own
  * tensors ("gate.weight", DeepSeek-V3's "gate.e_score_correction_bias",
  * "router.classifier.weight", "router.layer.weight") all count. */
 static int is_moe_router(const token_t *mod, const token_t *parent, const token_t *grand)
@@ -200,7 +200,7 @@ static igrad_kind_t kind_of_module(const token_t *mod, const token_t *parent,
     if (is_moe_router(mod, parent, grand)) return IGRAD_KIND_FC1;
     /* T5's relative position bias (buckets x heads, in block 0's
      * attention) is added to the logits next to q.k: the attention's input
-     * side, Q (§11 item 41 (d)). */
+     * side, Q (docs/decisions/0041-parameter-name-rules.md, (d)). */
     if (in_attn && tok_is(mod, "relative_attention_bias")) return IGRAD_KIND_Q;
     /* BERT: attention.output.dense is the attention output,
      * intermediate.dense the up projection, a block's output.dense the
