@@ -957,6 +957,9 @@ static void test_reduce_equals_gather(void **state)
     run_pair(&a, &b, 1, 8, "gather vs reduce buckets (iad)");
 }
 
+/* config.threads spreads the tensors of a step over threads; each
+ * selection then runs in one piece (select.c splits a tensor only outside
+ * a parallel region). Splitting one tensor: tests/test_select_threads.c. */
 static void test_threads_do_not_matter(void **state)
 {
     (void)state;
