@@ -659,18 +659,6 @@ static void test_other_methods(void **state)
 
 /* ---- single-method references ------------------------------------------------- */
 
-typedef struct ranked {
-    float mag;
-    int64_t i;
-} ranked_t;
-
-static int cmp_ranked(const void *pa, const void *pb)
-{
-    const ranked_t *a = pa, *b = pb;
-    if (a->mag != b->mag) return a->mag > b->mag ? -1 : 1;
-    return (a->i > b->i) - (a->i < b->i);
-}
-
 /* topk_sync, first step (residual 0): the result is the top-k of |g| by a
  * full sort (ties: lower index), values unchanged. Second step: the
  * top-k of g + residual, with the residual read before the step. */
@@ -696,16 +684,12 @@ static void test_topk_reference(void **state)
         assert_ok(igrad_engine_sync(e, s, G.g));
         for (size_t t = 0; t < G.T; t++) {
             int64_t n = G.n[t], k = expect_budget(n, c.density);
-            ranked_t *rk = malloc((size_t)n * sizeof *rk);
-            assert_non_null(rk);
-            for (int64_t i = 0; i < n; i++) {
-                rk[i].mag = fabsf(A.g[t][i]);
-                rk[i].i = i;
-            }
-            qsort(rk, (size_t)n, sizeof *rk, cmp_ranked);
+            uint32_t *top = malloc((size_t)k * sizeof *top);
             unsigned char *keep = calloc((size_t)n, 1);
+            assert_non_null(top);
             assert_non_null(keep);
-            for (int64_t j = 0; j < k; j++) keep[rk[j].i] = 1;
+            ref_topk(A.g[t], n, k, top); /* a full sort, test_util.h */
+            for (int64_t j = 0; j < k; j++) keep[top[j]] = 1;
             for (int64_t i = 0; i < n; i++) {
                 float want = keep[i] ? A.g[t][i] : 0.0f;
                 if (memcmp(&want, &G.g[t][i], sizeof want) != 0) {
@@ -723,7 +707,7 @@ static void test_topk_reference(void **state)
                 }
             }
             free(keep);
-            free(rk);
+            free(top);
         }
     }
     grads_free(&G);
