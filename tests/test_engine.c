@@ -4,8 +4,10 @@
  * layout, and over 100-step runs of several methods and configs the
  * invariants of DESIGN.md §2 — conservation per tensor (sum of gradients =
  * sum sent + residual), every deferred component sent exactly at its phase
- * with its budget, payload bytes equal to an independent prediction (budgets
- * and phases recomputed here from igrad_budget and the schedule functions).
+ * with its budget, payload bytes equal to an independent prediction (budgets,
+ * release counts, phases and release steps computed here from their
+ * definitions in docs/architecture.md §5.1 and §5.5, without the library's
+ * budget or schedule code).
  * Also: topk_sync against a sort-based top-k, dense, residual=drop's
  * dropped mass, two-phase = sync, gather = reduce buckets, thread count
  * independence, save/load mid-run = uninterrupted, corrupt and mismatched
@@ -37,7 +39,6 @@
 #include "igrad.h"
 #include "test_util.h"
 #include "core/internal.h" /* igrad__fail */
-#include "plan/schedule.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -286,6 +287,69 @@ static void test_create_errors(void **state)
 
 /* ---- independent expectations -------------------------------------------------- */
 
+/* The budgets and the release schedule written again from their definitions
+ * (docs/architecture.md §5.1 "Budgets and select specs" and §5.5
+ * "Schedule"), with no call into the library's budget or schedule code, so
+ * that a change there shows up here as a difference rather than moving both
+ * sides together. */
+
+#define EXPECT_EVERY (-1) /* phase of a tensor sent at every step */
+
+/* budget(n, rho) = clamp(ceil(rho * n), 1, n), the product in double. */
+static int64_t expect_budget(int64_t n, double rho)
+{
+    double c = ceil(rho * (double)n);
+    return c < 1.0 ? 1 : c >= (double)n ? n : (int64_t)c;
+}
+
+/* The release count of a budget k over a range of n entries:
+ * min(n, ceil(kappa*R * k)), kappa*R taken first as one double product. */
+static int64_t expect_release(int64_t k, int64_t n, double keep, int period)
+{
+    double c = ceil((keep * (double)period) * (double)k);
+    return c < 1.0 ? 1 : c >= (double)n ? n : (int64_t)c;
+}
+
+/* Sent at `step`: every step for phase -1, else when step mod R == phase
+ * (the mathematical modulo). */
+static int expect_sent(int phase, int period, int64_t step)
+{
+    if (phase < 0) return 1;
+    int64_t r = step % period;
+    return (r < 0 ? r + period : r) == phase;
+}
+
+/* Phases of n components: -1 for important ones; aligned: R - 1 for every
+ * other one; staggered: longest-processing-time over R slots, components by
+ * decreasing release bytes (ties: lower index) each into the least-loaded
+ * slot so far (ties: lower slot). */
+static void expect_schedule(igrad_schedule_t kind, int period, size_t n, const int64_t *weight,
+                            const unsigned char *important, int *phase)
+{
+    for (size_t c = 0; c < n; c++) phase[c] = important[c] ? EXPECT_EVERY : period - 1;
+    if (kind == IGRAD_SCHEDULE_ALIGNED) return;
+    assert_int_equal(kind, IGRAD_SCHEDULE_STAGGERED);
+    unsigned char *placed = calloc(n + 1, 1);
+    int64_t *load = calloc((size_t)period, sizeof *load);
+    assert_non_null(placed);
+    assert_non_null(load);
+    for (;;) {
+        size_t heaviest = n; /* the next component: the heaviest not placed */
+        for (size_t c = 0; c < n; c++)
+            if (!important[c] && !placed[c] && (heaviest == n || weight[c] > weight[heaviest]))
+                heaviest = c;
+        if (heaviest == n) break;
+        int slot = 0;
+        for (int s = 1; s < period; s++)
+            if (load[s] < load[slot]) slot = s;
+        phase[heaviest] = slot;
+        load[slot] += weight[heaviest];
+        placed[heaviest] = 1;
+    }
+    free(placed);
+    free(load);
+}
+
 /* What a tensor sends at a step kind, from the documented rules. */
 static void expect_tensor(const igrad_tensor_info_t *ti, const igrad_config_t *c, int par,
                           int release, int64_t *count, int *idxb)
@@ -296,22 +360,24 @@ static void expect_tensor(const igrad_tensor_info_t *ti, const igrad_config_t *c
     int64_t n = ti->count, range;
     if (sp == IGRAD_SPARSIFIER_ADTOPK && ti->ndim >= 2) {
         int64_t rows = ti->shape[0], cols = n / rows;
-        int64_t per_row = igrad_budget(cols, c->density);
+        int64_t per_row = expect_budget(cols, c->density);
         if (release && c->method == IGRAD_METHOD_IG)
-            per_row = igrad__release_per_row(per_row, cols, c->release_keep, c->release_period);
+            per_row = expect_release(per_row, cols, c->release_keep, c->release_period);
         *count = rows * per_row;
         range = (c->interleave && par) ? n : cols;
     } else {
-        int64_t k = igrad_budget(n, c->density);
+        int64_t k = expect_budget(n, c->density);
         if (release && c->method == IGRAD_METHOD_IG)
-            k = igrad__release_count(k, n, c->release_keep, c->release_period);
+            k = expect_release(k, n, c->release_keep, c->release_period);
         *count = k;
         range = n;
     }
     *idxb = (c->index_dtype == IGRAD_DTYPE_U16 && range <= 65536) ? 2 : 4;
 }
 
-/* Phases per tensor recomputed with the schedule functions. */
+/* Phases per tensor: a component's weight is its release bytes, the sum
+ * over its tensors of the release count times the wire bytes of an entry
+ * at an even step. */
 static void expect_phases(const igrad_layout_t *L, const igrad_profile_t *P,
                           const igrad_config_t *c, int *tphase)
 {
@@ -337,11 +403,11 @@ static void expect_phases(const igrad_layout_t *L, const igrad_profile_t *P,
         expect_tensor(&ti, c, 0, 1, &cnt, &idxb);
         rel[ti.component] += cnt * (4 + idxb);
     }
-    assert_ok(igrad__schedule_assign(c->schedule, c->release_period, C, rel, imp, phase));
+    expect_schedule(c->schedule, c->release_period, C, rel, imp, phase);
     for (size_t t = 0; t < T; t++) {
         igrad_tensor_info_t ti;
         assert_ok(igrad_layout_tensor(L, t, &ti));
-        tphase[t] = ti.component < 0 ? IGRAD__PHASE_EVERY : phase[ti.component];
+        tphase[t] = ti.component < 0 ? EXPECT_EVERY : phase[ti.component];
     }
     free(rel);
     free(imp);
@@ -419,8 +485,10 @@ static void run_invariants(const igrad_config_t *c, int steps)
             expect_tensor(&ti, c, par, 1, &cnt, &idxb);
             prel[t] = cnt * (4 + idxb);
         }
-        int64_t predicted = igrad__schedule_step_nbytes(T, phase, c->release_period, pstep,
-                                                        prel, s);
+        int64_t predicted = 0;
+        for (size_t t = 0; t < T; t++)
+            if (expect_sent(phase[t], c->release_period, s))
+                predicted += phase[t] < 0 ? pstep[t] : prel[t];
         assert_int_equal(igrad_engine_predict_payload(e, s), predicted);
 
         assert_ok(igrad_engine_sync(e, s, G.g));
@@ -434,7 +502,7 @@ static void run_invariants(const igrad_config_t *c, int steps)
         int64_t sent = 0, entries = 0;
         int released = 0, deferred = 0;
         for (size_t t = 0; t < T; t++) {
-            int is_sent = igrad__schedule_sent(phase[t], c->release_period, s);
+            int is_sent = expect_sent(phase[t], c->release_period, s);
             igrad_tensor_info_t ti;
             assert_ok(igrad_layout_tensor(L, t, &ti));
             int64_t cnt;
@@ -473,7 +541,7 @@ static void run_invariants(const igrad_config_t *c, int steps)
                 if (ti.component == (int)ci) ph = phase[t];
             }
             assert_true(ph >= 0);
-            if (igrad__schedule_sent(ph, c->release_period, s)) released++;
+            if (expect_sent(ph, c->release_period, s)) released++;
             else deferred++;
         }
         assert_int_equal(st.tensors_sent, sent);
@@ -591,18 +659,6 @@ static void test_other_methods(void **state)
 
 /* ---- single-method references ------------------------------------------------- */
 
-typedef struct ranked {
-    float mag;
-    int64_t i;
-} ranked_t;
-
-static int cmp_ranked(const void *pa, const void *pb)
-{
-    const ranked_t *a = pa, *b = pb;
-    if (a->mag != b->mag) return a->mag > b->mag ? -1 : 1;
-    return (a->i > b->i) - (a->i < b->i);
-}
-
 /* topk_sync, first step (residual 0): the result is the top-k of |g| by a
  * full sort (ties: lower index), values unchanged. Second step: the
  * top-k of g + residual, with the residual read before the step. */
@@ -627,17 +683,13 @@ static void test_topk_reference(void **state)
         }
         assert_ok(igrad_engine_sync(e, s, G.g));
         for (size_t t = 0; t < G.T; t++) {
-            int64_t n = G.n[t], k = igrad_budget(n, c.density);
-            ranked_t *rk = malloc((size_t)n * sizeof *rk);
-            assert_non_null(rk);
-            for (int64_t i = 0; i < n; i++) {
-                rk[i].mag = fabsf(A.g[t][i]);
-                rk[i].i = i;
-            }
-            qsort(rk, (size_t)n, sizeof *rk, cmp_ranked);
+            int64_t n = G.n[t], k = expect_budget(n, c.density);
+            uint32_t *top = malloc((size_t)k * sizeof *top);
             unsigned char *keep = calloc((size_t)n, 1);
+            assert_non_null(top);
             assert_non_null(keep);
-            for (int64_t j = 0; j < k; j++) keep[rk[j].i] = 1;
+            ref_topk(A.g[t], n, k, top); /* a full sort, test_util.h */
+            for (int64_t j = 0; j < k; j++) keep[top[j]] = 1;
             for (int64_t i = 0; i < n; i++) {
                 float want = keep[i] ? A.g[t][i] : 0.0f;
                 if (memcmp(&want, &G.g[t][i], sizeof want) != 0) {
@@ -655,7 +707,7 @@ static void test_topk_reference(void **state)
                 }
             }
             free(keep);
-            free(rk);
+            free(top);
         }
     }
     grads_free(&G);
@@ -726,7 +778,7 @@ static void test_drop(void **state)
             igrad_tensor_plan_t tp;
             assert_ok(igrad_engine_tensor_plan(e, t, &tp));
             const float *r = igrad_engine_residual(e, t);
-            int due = igrad__schedule_sent(tp.phase, c.release_period, s);
+            int due = expect_sent(tp.phase, c.release_period, s);
             for (int64_t i = 0; i < G.n[t]; i++) {
                 in[t] += G.g[t][i];
                 if (!due) {
@@ -749,7 +801,7 @@ static void test_drop(void **state)
             igrad_tensor_plan_t tp;
             assert_ok(igrad_engine_tensor_plan(e, t, &tp));
             const float *r = igrad_engine_residual(e, t);
-            int due = igrad__schedule_sent(tp.phase, c.release_period, s);
+            int due = expect_sent(tp.phase, c.release_period, s);
             for (int64_t i = 0; i < G.n[t]; i++) {
                 out[t] += G.g[t][i];
                 if (!due && r[i] != 0.0f) {
@@ -889,6 +941,9 @@ static void test_reduce_equals_gather(void **state)
     run_pair(&a, &b, 1, 8, "gather vs reduce buckets (iad)");
 }
 
+/* config.threads spreads the tensors of a step over threads; each
+ * selection then runs in one piece (select.c splits a tensor only outside
+ * a parallel region). Splitting one tensor: tests/test_select_threads.c. */
 static void test_threads_do_not_matter(void **state)
 {
     (void)state;
