@@ -5,7 +5,8 @@ Each object owns one C handle and frees it when it is garbage collected
 (or on close()). Arguments are plain Python values and buffer addresses
 (ints); nothing here imports torch, so the package is usable without it.
 The PyTorch integration (DDP hook, GradientSynchronizer, Profiler, a
-communicator over torch.distributed) lives in igrad/torch.py.
+communicator over torch.distributed) lives in the igrad.torch package
+(python/igrad/torch/).
 """
 import ctypes
 import os

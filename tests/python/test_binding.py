@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 import igrad  # noqa: E402
 import igrad.torch as it  # noqa: E402
+from igrad.torch.comm import _wrap  # noqa: E402
 from igrad import _lib as L  # noqa: E402
 
 STRUCTS = {
@@ -197,8 +198,40 @@ class Binding(unittest.TestCase):
             Engine(layout, None, cfg, comm)
         with self.assertRaisesRegex(L.InvalidArgumentError, "memory is 'gpu'"):
             Comm.custom(Copies(), 0, 1, memory="gpu")
-        self.assertIsNone(__import__("igrad.cuda").cuda.params_device(
-            torch.nn.Linear(2, 2).parameters()))
+        from igrad.torch.device import params_device
+        self.assertIsNone(params_device(torch.nn.Linear(2, 2).parameters()))
+
+    def test_torch_package_has_no_import_cycle(self):
+        # igrad.torch is a package of modules by concern; a module may
+        # import its siblings only downwards (no module imports one that
+        # imports it back, at load time or inside a function), and the
+        # public names stay those of the single module it replaced.
+        import ast
+        pkg = os.path.dirname(it.__file__)
+        mods = sorted(f[:-3] for f in os.listdir(pkg) if f.endswith(".py"))
+        edges = {m: set() for m in mods}
+        for m in mods:
+            with open(os.path.join(pkg, m + ".py")) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 1:
+                    names = [node.module] if node.module else [a.name for a in node.names]
+                    edges[m].update(n.split(".")[0] for n in names if n.split(".")[0] in mods)
+        for m in mods:  # every module reachable from m: m not among them
+            seen, todo = set(), list(edges[m] - {"__init__"})
+            while todo:
+                n = todo.pop()
+                if n not in seen:
+                    seen.add(n)
+                    todo.extend(edges[n])
+            self.assertNotIn(m, seen, "igrad.torch.%s imports itself back through %s"
+                             % (m, sorted(seen)))
+        self.assertEqual(sorted(it.__all__), sorted([
+            "layout_from_module", "named_trainable_parameters", "TorchComm", "IgradState",
+            "hook", "GradientSynchronizer", "UpdateSynchronizer", "Profiler",
+            "broadcast_profile", "state_residuals"]))
+        for name in it.__all__:
+            self.assertTrue(hasattr(it, name), name)
 
     def test_unknown_bucket_kind_is_refused(self):
         """A bucket kind the binding does not know is an error, never taken
@@ -501,7 +534,7 @@ class Binding(unittest.TestCase):
                                         step, i, masking, (got - want[i]).abs().max()))
             eng = state.engine
             for i in range(len(params)):
-                v = it._wrap(eng.velocity_address(i), params[i].numel(), torch.float32)
+                v = _wrap(eng.velocity_address(i), params[i].numel(), torch.float32)
                 self.assertTrue(torch.allclose(v, u[i], rtol=1e-5, atol=1e-7))
         with self.assertRaises(igrad.InvalidArgumentError) as cm:
             it.IgradState(H.TinyLlama(), method="topk_sync", momentum=1.0)
