@@ -176,7 +176,9 @@ class CheckpointMixin:
     def __setstate__(self, d):
         saved = d.pop("_saved_state", None)
         pj = d.pop("profile_json", None)
+        start_iter = d.pop("start_iter", 0)  # before the config held it
         self.__dict__.update(d)
+        self.config.setdefault("start_iter", int(start_iter))
         self.process_group = None  # the default group, resolved at first use
         self.grad_scaler = None
         self.tensorboard = None  # a writer is not pickled: set it again

@@ -39,15 +39,6 @@ class DdpHookMixin:
         return names
 
     def _on_bucket(self, bucket):
-        if self.iter < self.start_iter:
-            buf = bucket.buffer()
-            self._dense_average([buf])
-            if bucket.is_last():
-                self.last_stats = {"step": self.iter, "skipped": 0, "warmup": 1}
-                self.iter += 1
-            fut = torch.futures.Future()
-            fut.set_result(buf)
-            return fut
         if getattr(self, "overlap", False):
             return self._stream_bucket(bucket)
         fut = torch.futures.Future()
@@ -218,6 +209,8 @@ class DdpHookMixin:
         st["collective_ms"] = (t1 - t0) * 1e3  # the wait at the last bucket
         st["early_buckets"] = s["early"]
         st["close_ms"] = (t2 - t1) * 1e3  # agreement, residuals, unpacking
+        if step < self.start_iter:  # the engine's dense warm-up (config start_iter)
+            st["warmup"] = 1
         self.total_payload_nbytes += st["payload_nbytes"]
         self.total_wire_nbytes += st["wire_nbytes"]
         self.last_stats = st

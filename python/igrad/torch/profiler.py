@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _lib as L
-from ..core import CONFIG_DEFAULTS, Profile, SelectWorkspace, Trace, select_spec
+from ..core import Config, Profile, SelectWorkspace, Trace, select_spec
 from .layout import layout_from_module, named_trainable_parameters
 
 def _profile_bytes(profile):
@@ -93,14 +93,14 @@ class Profiler:
     engine sends it."""
 
     def __init__(self, model, sparsifier="adtopk", density=0.01, interleave=False,
-                 name_map=None, dense_below=CONFIG_DEFAULTS["dense_below"]):
+                 name_map=None, dense_below=None):
         self.named = named_trainable_parameters(model)
         self.layout = layout_from_module(self.named, name_map=name_map)
         report = self.layout.unmapped_report()
         if report:
             warnings.warn("igrad: " + report, stacklevel=2)
         self.sparsifier, self.density, self.interleave = sparsifier, density, interleave
-        self.dense_below = int(dense_below)
+        self.dense_below = int(Config.dense_below if dense_below is None else dense_below)
         self.trace = Trace.create(self.layout, sparsifier, density)
         self._ws = SelectWorkspace()
         self._tensors = []

@@ -5,6 +5,7 @@ device) and one synchronized step over a list of gradients
 synchronizers call. Checkpoints, statistics and DDP buckets are its
 bases' (igrad.torch.checkpoint, .stats, .hook).
 """
+import dataclasses
 import operator
 import os
 import re
@@ -15,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from .. import _lib as L
-from ..core import CONFIG_DEFAULTS, Engine, Layout, Profile, make_config, target_fit
+from ..core import (OPTIONS, Config, Engine, Layout, Profile, _link_fields, make_config,
+                    target_fit)
 from . import device as _device
 from .checkpoint import CheckpointMixin
 from .comm import TorchComm, _SelfComm
@@ -24,6 +26,11 @@ from .layout import _TORCH_DTYPES, _ParamSlots, _name_map_spec, _trainable
 from .stats import StatsMixin, _Observed, _tensorboard_writer
 
 _DTYPE_OF = operator.attrgetter("dtype")
+
+# The window of IgradState(profile="auto") when config.profile_steps is 0
+# (off in the library): the 30 steps of `igrad train --profile-steps`.
+AUTO_PROFILE_STEPS = 30
+
 
 def _engine_syncs(config):
     """Whether a step runs whole through eng.sync (the engine's own
@@ -38,12 +45,14 @@ def _engine_syncs(config):
                                        and bool(config.get("auto_sparse_reduce")))
 
 
-
 class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
     """State of igrad synchronization for one data-parallel model, shared by
     the DDP hook and GradientSynchronizer (the PowerSGD hook's conventions:
     constructor knobs, `iter`, `start_iter`, picklable without its process
     group).
+
+        state = IgradState(ddp, profile="profile.json",
+                           config=igrad.Config(density=0.01), buckets=8)
 
     model:          the model (DDP-wrapped or not), or an iterable of
                     (name, parameter); may be None and attached later with
@@ -54,180 +63,125 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
                     methods "iad" and "ig"); checked against the model's
                     layout (MismatchError for a profile of another model).
                     "auto": no separate profiling run; the engine sends
-                    everything for the first `profile_steps` synchronized
-                    steps (as the sparsifier's *_sync), builds the profile
-                    from what every rank selected and switches to the
-                    method (`online_info`, `built_profile()`).
-    profile_steps:  the window of profile="auto" (30);
-    profile_partition: its partition method (None = "knee").
-    reprofile_every, reprofile_margin: with profile="auto", re-profile every
-                    N synchronized steps after the switch and move a
-                    component to the other class only when its score is
-                    beyond the threshold by the margin in two windows in a
-                    row (igrad_config_t.reprofile_every; 0 = off, margin
-                    0.05); counters in `online_info`.
-    method:         "ig" (default), "iad", "topk_sync", "adtopk_sync", "dense".
-    sparsifier, density, release_period, release_keep, schedule, pack,
-    buckets, verify_every, collective, interleave, residual, block_entries,
-    risk_lambda, index_dtype, threads, timeout_s:  the engine's configuration
-                    (igrad_config_t; same defaults as IGRAD_CONFIG_INIT).
-                    timeout_s bounds igrad's own MPI collectives; over a
-                    torch.distributed process group the group's timeout
-                    (init_process_group(timeout=...)) bounds each collective
-                    instead; one that times out there raises CommError.
-    target_ratio:   None (default) or X in (0, 1]: method "ig" chooses the
-                    important set and kappa from the profile's scores so
-                    that it sends at most X x the sparsifier's *_sync
-                    payload (igrad.target_fit; overrides release_keep and
-                    re-marks the profile). The choice is in `target_fit`;
-                    with profile="auto" the engine makes it when it
-                    switches (igrad_config_t.target_ratio).
-    gate_other:     True (default): embeddings, lm_head and norms (EMB, HEAD,
-                    NORM components) are gated like projections; False: they
-                    are sent every step (the behaviour before; an ablation).
-    name_map:       user name rules tried before the built-in ones: a map
-                    file's path (docs/formats.md) or a list of (pattern,
-                    kind, layer) (igrad.NameMap): pattern a POSIX extended
-                    regex on the whole name (or "glob:..."), kind "Q", ...,
-                    "NORM" or "OTHER", layer "block", None or a capture
-                    group >= 1. Tensors inside numbered blocks that no rule
-                    maps (OTHER: sent every step, never profiled or
-                    deferred) are named once per state in a UserWarning.
-    start_iter:     the first `start_iter` steps are plain averaged
-                    all-reduces without igrad (warm-up, as in PowerSGD).
-    momentum, momentum_masking, residual_decay:  the engine's error-feedback
-                    remedies (igrad_config_t; off by default): DGC momentum
-                    correction (velocity u = momentum*u + g before error
-                    feedback, one more float per parameter; use it with an
-                    optimizer without momentum: SGD momentum=0, Adam
-                    betas=(0, ...)), momentum factor masking, and residual
-                    = residual_decay * (what was not sent). With igrad's
-                    sparse methods use Adam/AdamW with betas=(0.0, 0.95) (or
-                    0.999): see docs/results/remedies.md.
-    value_dtype:    "F32" (default), "BF16" or "F16": the values of gather
-                    buckets on the wire (2 bytes instead of 4), each rounded
-                    to nearest even with the rounding error kept in the
-                    residual (igrad_config_t.value_dtype; not for "dense").
+                    everything for the first config.profile_steps
+                    synchronized steps (AUTO_PROFILE_STEPS, 30, when 0) as
+                    the sparsifier's *_sync, builds the profile from what
+                    every rank selected and switches to the method
+                    (`online_info`, `built_profile()`); with reprofile_every
+                    it re-profiles periodically. profile_steps,
+                    profile_partition, reprofile_every and reprofile_margin
+                    apply only to "auto".
+    config:         the engine's options, an igrad.Config (every default is
+                    the C library's IGRAD_CONFIG_INIT); None = Config().
+    **overrides:    single Config fields replacing config's (method="ig",
+                    density=0.01, buckets=4, start_iter=10, ...), and link=:
+                    the link collective="auto" prices each bucket with, igrad
+                    plan's preset name ("100g", "nvlink", ...;
+                    igrad.link_presets()), "GBITS,LAT_US" or (latency_ns,
+                    bandwidth_mbps). Of the options: start_iter: the first
+                    start_iter steps are plain dense averages (warm-up, as
+                    in PowerSGD; the engine runs them); target_ratio X in
+                    (0, 1] (0 = off): method "ig" chooses the important set
+                    and kappa from the profile's scores so that it sends at
+                    most X x the sparsifier's *_sync payload (igrad.
+                    target_fit, chosen when the engine is made, in
+                    `target_fit`; with profile="auto" the engine makes it
+                    when it switches); momentum: DGC momentum correction,
+                    for SGD without momentum (with igrad's sparse methods
+                    use Adam/AdamW with betas=(0.0, 0.95): see
+                    docs/results/remedies.md); topology="hier", collective=
+                    "sparse_reduce" and auto_sparse_reduce run whole steps
+                    with the engine's own collectives over the group (no
+                    overlap). timeout_s bounds igrad's own MPI collectives;
+                    over a process group the group's timeout bounds each
+                    collective instead (CommError).
+
+    The binding's own options:
     grad_scaler:    AMP: a torch GradScaler (its get_scale()) or a callable
-                    returning the current loss scale S. The gradients DDP
-                    or the synchronizer hand over are scaled by S; the
-                    engine is given g / S, so residuals are always unscaled
-                    and never mix the scales of different steps, and the
-                    result is multiplied by S again, so .grad stays scaled
-                    as GradScaler's contract wants (scaler.step unscales,
-                    finds Inf/NaN and skips). Exact (bit for bit the run
-                    with scale 1) for powers of two, which is what
-                    GradScaler's default growth and backoff keep. A step
-                    with Inf/NaN is skipped by the engine (residuals
-                    unchanged) and returned as `nonfinite` says. None: the
-                    gradients are taken as they are (1).
+                    returning the current loss scale S. The engine is given
+                    g / S, so residuals are always unscaled, and the result
+                    is multiplied by S again, so .grad stays scaled as
+                    GradScaler wants (scaler.step unscales, finds Inf/NaN
+                    and skips). Exact for powers of two (GradScaler's
+                    default growth and backoff). A step with Inf/NaN is
+                    skipped by the engine (residuals unchanged) and returned
+                    as `nonfinite` says. None: the gradients as they are.
     nonfinite:      "allreduce" (default) or "keep": what a skipped
-                    (non-finite) step returns, see the module docstring.
+                    (non-finite) step returns, see igrad.torch's docstring.
     overlap:        True: the DDP hook streams the step (igrad_engine_open/
-                    ready/close): each DDP bucket's parameters go to the
-                    engine as backward delivers them and each igrad bucket's
-                    collective is issued as soon as its tensors are in; the
-                    result is bit for bit the default (False) last-bucket
-                    step's. last_stats adds "early_buckets" and "close_ms".
-    topology:       "flat" (default) or "hier": the two-level sync
-                    (igrad_config_t.topology): each tensor is summed onto its
-                    owner among the ranks of a node, the owners exchange
-                    between nodes, the result is broadcast inside the node.
-                    The engine runs these collectives itself over the process
-                    group (new_group, reduce, broadcast, all_gather), so the
-                    whole step runs at the last bucket (no overlap); iad and
-                    ig need a profile given (not "auto").
-    ranks_per_node: L: ranks [kL, (k+1)L) of the group form node k; 0
-                    (default): the ranks on one host.
-    dense_below:    N > 0: parameters of fewer than N entries (biases, norms)
-                    are sent whole whenever they are sent, as PowerSGD leaves
-                    small tensors uncompressed (config dense_below; default
-                    64, chosen by measurement, docs/results/dense_below.md;
-                    0 = every tensor through the sparsifier).
-    link:           the link collective="auto" prices each bucket with:
-                    igrad plan's preset name ("100g", "25g", "nvlink", ...;
-                    igrad.link_presets()), "GBITS,LAT_US", or
-                    (latency_ns, bandwidth_mbps) (config link_latency_ns,
-                    link_bandwidth_mbps; None: latency 0, by bytes alone).
-    auto_sparse_reduce: config auto_sparse_reduce: collective "auto" may
-                    choose the sparse all-reduce per bucket. It and
-                    collective="sparse_reduce" run under the engine's own
-                    sync: TorchComm's alltoallv (dist.all_to_all_single)
-                    carries it, the whole step runs at the last bucket, as
-                    with topology "hier" (no overlap).
+                    ready/close): each igrad bucket's collective is issued
+                    as soon as backward has delivered its tensors; bit for
+                    bit the default (False) last-bucket step. last_stats
+                    adds "early_buckets" and "close_ms".
     grads_in_place: True (default): when every trainable parameter is
                     bfloat16 (or every one float16), on the CPU, without
                     grad_scaler or overlap, the engine reads and writes the
                     16-bit gradients in place (config grad_dtype; residuals
-                    stay float32; the result is the float32 sum rounded once
-                    to nearest even), saving the 4 bytes per parameter of a
-                    float32 staging copy. Otherwise (a mix of dtypes too),
-                    or with False, they go through a float32 copy as before.
+                    stay float32), saving a float32 staging copy; else, or
+                    with False, a float32 copy.
+    name_map:       user name rules tried before the built-in ones: a map
+                    file's path (docs/formats.md) or a list of (pattern,
+                    kind, layer) (igrad.NameMap). Tensors inside numbered
+                    blocks that no rule maps (OTHER: sent every step) are
+                    named once per state in a UserWarning.
+    log_every, tensorboard: every N engine steps, log stats() on rank 0
+                    (logger "igrad") and write its scalars to a TensorBoard
+                    writer or log directory.
 
     After each step `last_stats` holds the engine's statistics of the step
     (igrad_step_stats_t fields plus "collective_ms", the time of the
-    torch.distributed collectives); `total_payload_nbytes` and
-    `total_wire_nbytes` accumulate them; `skipped_steps` counts skips."""
+    torch.distributed collectives; "warmup": 1 on a start_iter step);
+    `total_payload_nbytes` and `total_wire_nbytes` accumulate them;
+    `skipped_steps` counts skips."""
 
-    def __init__(self, model=None, process_group=None, profile=None, method="ig",
-                 sparsifier="adtopk", density=0.01, release_period=4, release_keep=0.25,
-                 schedule="staggered", pack="contiguous", buckets=4, verify_every=100,
-                 start_iter=0, collective="auto", interleave=False, residual="on",
-                 block_entries=None, risk_lambda=1.0, index_dtype="U16", threads=0,
-                 nonfinite="allreduce", timeout_s=300.0, profile_steps=30,
-                 profile_partition=None, gate_other=True, target_ratio=None, momentum=0.0,
-                 momentum_masking=True, residual_decay=1.0, value_dtype="F32",
-                 grad_scaler=None, reprofile_every=0, reprofile_margin=0.05, overlap=False,
-                 grads_in_place=True, topology="flat", ranks_per_node=0, log_every=0,
-                 tensorboard=None, dense_below=CONFIG_DEFAULTS["dense_below"], name_map=None,
-                 link=None,
-                 auto_sparse_reduce=False):
+    def __init__(self, model=None, process_group=None, profile=None, config=None, *,
+                 grad_scaler=None, nonfinite="allreduce", overlap=False, grads_in_place=True,
+                 name_map=None, log_every=0, tensorboard=None, **overrides):
         if nonfinite not in ("allreduce", "keep"):
             raise L.InvalidArgumentError("nonfinite is %r (must be 'allreduce' or 'keep')"
                                          % (nonfinite,))
+        if config is None:
+            config = Config()
+        elif isinstance(config, dict):
+            config = Config(**_link_fields(config))
+        elif not isinstance(config, Config):
+            raise L.InvalidArgumentError("config is %r (an igrad.Config, a dict of its fields "
+                                         "or None)" % (config,))
+        unknown = sorted(set(overrides) - set(OPTIONS) - {"link"})
+        if unknown:
+            raise TypeError("IgradState() got unexpected keyword argument(s) %s (the engine's "
+                            "options are igrad.Config's fields: %s; and link)"
+                            % (", ".join(map(repr, unknown)), ", ".join(OPTIONS)))
+        cfg = config.replace(**overrides)
         self.process_group = process_group
-        self.config = {
-            "method": method, "sparsifier": sparsifier, "density": density,
-            "release_period": release_period, "release_keep": release_keep,
-            "schedule": schedule, "pack": pack, "buckets": buckets,
-            "verify_every": verify_every, "collective": collective,
-            "interleave": bool(interleave), "residual": residual,
-            "block_entries": block_entries, "risk_lambda": risk_lambda,
-            "index_dtype": index_dtype, "threads": threads, "timeout_s": timeout_s,
-            "gate_other": bool(gate_other),
-            "momentum": momentum, "momentum_masking": bool(momentum_masking),
-            "residual_decay": residual_decay, "value_dtype": value_dtype,
-            "topology": topology, "ranks_per_node": int(ranks_per_node),
-            "dense_below": int(dense_below),
-            "auto_sparse_reduce": bool(auto_sparse_reduce),
-        }
-        if link is not None:
-            self.config["link"] = link
-        if str(topology).lower() == "hier" and overlap:
-            raise L.InvalidArgumentError("topology='hier' runs whole steps with its own "
-                                         "collectives: it cannot stream (overlap=False)")
-        if _engine_syncs(self.config) and overlap:
-            raise L.InvalidArgumentError(
-                "collective=%r%s runs whole steps with the engine's own collectives (the "
-                "sparse all-reduce's all-to-alls): it cannot stream (overlap=False)"
-                % (collective, " with auto_sparse_reduce" if auto_sparse_reduce else ""))
-        if isinstance(profile, str) and profile == "auto":
-            if str(method).lower() not in ("ig", "iad"):
-                raise L.InvalidArgumentError("profile='auto' profiles online for iad and ig; "
-                                             "method %r uses no profile" % (method,))
-            self.config["profile_steps"] = int(profile_steps)
-            self.config["profile_partition"] = profile_partition
-            if target_ratio is not None:  # the engine fits it when it switches
-                self.config["target_ratio"] = float(target_ratio)
-            self.config["reprofile_every"] = int(reprofile_every)
-            self.config["reprofile_margin"] = float(reprofile_margin)
-        elif reprofile_every:
-            raise L.InvalidArgumentError("reprofile_every is %r, but re-profiling follows "
-                                         "online profiling (profile='auto')" % (reprofile_every,))
-        make_config(**self.config)  # validates now, not at the first backward
+        self.config = dataclasses.asdict(cfg)
+        auto = isinstance(profile, str) and profile == "auto"
+        target_ratio = cfg.target_ratio or None
         if target_ratio is not None and not (0.0 < float(target_ratio) <= 1.0):
             raise L.InvalidArgumentError("target_ratio is %r (must be in (0, 1])"
                                          % (target_ratio,))
+        if auto:
+            if str(cfg.method).lower() not in ("ig", "iad"):
+                raise L.InvalidArgumentError("profile='auto' profiles online for iad and ig; "
+                                             "method %r uses no profile" % (cfg.method,))
+            self.config["profile_steps"] = cfg.profile_steps or AUTO_PROFILE_STEPS
+        else:
+            if cfg.reprofile_every:
+                raise L.InvalidArgumentError(
+                    "reprofile_every is %r, but re-profiling follows online profiling "
+                    "(profile='auto')" % (cfg.reprofile_every,))
+            # Online profiling only; a given profile is fitted to target_ratio
+            # here, when the engine is made.
+            self.config["profile_steps"] = 0
+            self.config["target_ratio"] = 0.0
+        if overlap and _engine_syncs(self.config):
+            raise L.InvalidArgumentError(
+                "topology=%r, collective=%r%s runs whole steps with the engine's own "
+                "collectives (the two-level sync, the sparse all-reduce): it cannot stream "
+                "(overlap=False)" % (cfg.topology, cfg.collective,
+                                     " with auto_sparse_reduce" if cfg.auto_sparse_reduce
+                                     else ""))
+        make_config(**self.config)  # validates now, not at the first backward
         if grad_scaler is not None and not (callable(grad_scaler)
                                             or callable(getattr(grad_scaler, "get_scale", None))):
             raise L.InvalidArgumentError("grad_scaler is %r (a torch GradScaler, or a callable "
@@ -237,7 +191,6 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         self.target_ratio = None if target_ratio is None else float(target_ratio)
         self.target_fit = None
         self.profile = profile
-        self.start_iter = int(start_iter)
         self.nonfinite = nonfinite
         self.overlap = bool(overlap)
         self.grads_in_place = bool(grads_in_place)
@@ -255,6 +208,12 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         self._reset_runtime()
         if model is not None:
             self.attach(model)
+
+    @property
+    def start_iter(self):
+        """The steps below it are the engine's dense warm-up (config
+        start_iter)."""
+        return int(self.config.get("start_iter", 0))
 
     def _reset_runtime(self):
         self._named = None           # [(name, param)] in layout order
@@ -412,7 +371,9 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
                 raise err
             if self.target_ratio is not None and self._profile_obj is not None:
                 # a pure function of agreed inputs: the same on every rank
-                fit = target_fit(layout, self._profile_obj, self.target_ratio, **self.config)
+                fit = target_fit(layout, self._profile_obj, self.target_ratio,
+                                 **{k: v for k, v in self.config.items()
+                                    if k != "target_ratio"})
                 self._profile_obj.set_threshold(fit["tau"])
                 self.config["release_keep"] = fit["release_keep"]
                 self.target_fit = fit
@@ -557,27 +518,6 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
                     "model as it is now" % (step, why))
         return None
 
-    def _agree_warmup(self, step, bad):
-        # Warm-up steps do not run the engine: one MIN all-reduce of
-        # (rank, tensor) of a refusal tells every rank.
-        coll = self._group_comm()
-        n = len(self._meta)
-        if coll.size > 1:
-            key = torch.tensor([coll.rank * n + bad[0] if bad else coll.size * n],
-                               dtype=torch.int64)
-            if coll.device.type != "cpu":
-                key = key.to(coll.device)
-            dist.all_reduce(key, op=dist.ReduceOp.MIN, group=coll.group)
-            key = int(key.cpu()[0])
-            if bad is None and key < coll.size * n:
-                raise L.MismatchError(
-                    "step %d: rank %d refused the step at tensor %s: its parameter or gradient "
-                    "no longer matches the layout this state was attached with (that rank's "
-                    "error says how); every rank fails this step"
-                    % (step, key // n, self._meta[key % n][0]))
-        if bad is not None:
-            raise bad[1]
-
     def _peer_refusal(self, step, e):
         """The MismatchError for a step that another rank refused through
         the engine's agreement (its NULL gradient), or None when `e` is
@@ -621,11 +561,6 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         on every rank. Raises MismatchError on every rank when a parameter
         on any rank no longer matches the layout (see _check_step)."""
         bad = refused if refused is not None else self._check_step(step, grads)
-        if step < self.start_iter:
-            self._agree_warmup(step, bad)
-            self._dense_average(grads)
-            self.last_stats = {"step": step, "skipped": 0, "warmup": 1}
-            return self.last_stats
         eng = self.engine
         coll = self._group_comm()
         # The engine reads and writes contiguous float32 memory on its device
@@ -690,6 +625,8 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         st = eng.stats()
         st.update(eng.memory_stats())
         st["collective_ms"] = (t1 - t0) * 1e3
+        if step < self.start_iter:  # the engine's dense warm-up (config start_iter)
+            st["warmup"] = 1
         self.total_payload_nbytes += st["payload_nbytes"]
         self.total_wire_nbytes += st["wire_nbytes"]
         self.last_stats = st
