@@ -9,6 +9,7 @@ import torch
 
 from .. import _lib as L
 
+
 def hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: `ddp.register_comm_hook(state, hook)` with an
     IgradState built for the same model. Returns a future per bucket; all of

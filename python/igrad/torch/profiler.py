@@ -12,6 +12,7 @@ from .. import _lib as L
 from ..core import Config, Profile, SelectWorkspace, Trace, select_spec
 from .layout import layout_from_module, named_trainable_parameters
 
+
 def _profile_bytes(profile):
     with tempfile.TemporaryDirectory(prefix="igrad-prof-") as d:
         path = os.path.join(d, "p.json")

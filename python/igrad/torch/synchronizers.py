@@ -6,6 +6,7 @@ import torch
 
 from .. import _lib as L
 
+
 class GradientSynchronizer:
     """igrad synchronization for loops that do not use DDP:
 
