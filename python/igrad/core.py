@@ -999,17 +999,20 @@ def _addr_array(addrs):
 class Engine(_Handle):
     """One rank's synchronization engine (igrad_engine_t). `grads` arguments
     are lists of addresses of contiguous float32 buffers, one per layout
-    tensor in layout order. With device=N the engine is
-    igrad_engine_create_cuda's on CUDA device N and `stream` (an int
-    cudaStream_t; None = the default stream): gradients, residuals and
-    buckets are device addresses, and `comm` must take device buffers
-    (Comm.self_cuda, Comm.custom(..., memory="cuda")). A library built
-    without CUDA raises UnsupportedError saying so."""
+    tensor in layout order. `config` is an igrad.Config, a dict of its
+    fields, an igrad_config_t (make_config) or None (the defaults). With
+    device=N the engine is igrad_engine_create_cuda's on CUDA device N and
+    `stream` (an int cudaStream_t; None = the default stream): gradients,
+    residuals and buckets are device addresses, and `comm` must take device
+    buffers (Comm.self_cuda, Comm.custom(..., memory="cuda")). A library
+    built without CUDA raises UnsupportedError saying so."""
 
     _free = "igrad_engine_free"
 
     def __init__(self, layout, profile, config, comm, device=None, stream=None):
-        if not isinstance(config, L.Config):
+        if isinstance(config, Config):
+            config = config.to_struct()
+        elif not isinstance(config, L.Config):
             config = make_config(**(config or {}))
         h = ctypes.c_void_p()
         prof = profile.handle if profile is not None else None

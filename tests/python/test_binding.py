@@ -114,6 +114,10 @@ class Binding(unittest.TestCase):
         d = igrad.config_to_dict(igrad.make_config())
         for field, value in dataclasses.asdict(igrad.Config()).items():
             self.assertEqual(value, d[field] if field != "profile_partition" else None, field)
+        eng = igrad.Engine(igrad.Layout.from_tensors([("w", (64, 64))]), None,
+                           igrad.Config(method="topk_sync", density=0.125), igrad.Comm.self_())
+        self.assertEqual(igrad.Config.from_struct(eng.config()),
+                         igrad.Config(method="topk_sync", density=0.125))
         wrong = L.Config()
         with self.assertRaisesRegex(igrad.InvalidArgumentError, "this library's"):
             L.lib().call("igrad_config_default", ctypes.byref(wrong),
