@@ -223,7 +223,10 @@ def run(rank, world, args):
     say("igrad %s (%s); %d ranks; model %d parameters; %s: %d train / %d val bytes"
         % (igrad.library_version(), igrad.library_path(), world, nparams, args.genre,
            train.numel(), val.numel()))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    # beta1 = 0 for igrad's sparse methods: Adam's first moment over sparse,
+    # delayed updates hurts (docs/results/remedies.md)
+    betas = (0.9, 0.95) if args.method == "dense" else (0.0, 0.95)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=betas, weight_decay=0.0)
     os.makedirs(args.out, exist_ok=True)
     trace_path = os.path.join(args.out, "trace.csv")
     profile_path = os.path.join(args.out, "profile.json")
@@ -253,10 +256,11 @@ def run(rank, world, args):
     # 2. training with the igrad hook (a DDP object takes one hook, before its
     #    first backward: wrap the same module again)
     ddp = DDP(model)
-    state = it.IgradState(ddp, profile=profile_path if args.method in ("ig", "iad") else None,
-                          method=args.method, sparsifier=args.sparsifier,
+    config = igrad.Config(method=args.method, sparsifier=args.sparsifier,
                           density=args.density, release_period=args.release_period,
                           release_keep=args.release_keep, buckets=args.buckets)
+    state = it.IgradState(ddp, profile=profile_path if args.method in ("ig", "iad") else None,
+                          config=config)
     ddp.register_comm_hook(state, it.hook)
     t0 = time.time()
     payload = []

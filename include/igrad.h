@@ -1402,6 +1402,12 @@ typedef struct igrad_config {
  *  (newer) one is accepted and its trailing fields ignored. */
 IGRAD_API igrad_status_t igrad_config_validate(const igrad_config_t *config);
 
+/** Writes IGRAD_CONFIG_INIT into *out: the defaults for bindings that
+ *  cannot expand the macro. @param size sizeof(igrad_config_t) as the
+ *  caller knows it. @return IGRAD_E_INVALID for a NULL out or a size that is
+ *  not this library's (a binding made for another igrad.h). */
+IGRAD_API igrad_status_t igrad_config_default(igrad_config_t *out, size_t size);
+
 /** One synchronization engine per rank. Not thread-safe: one thread calls
  *  it at a time (selection itself runs on `threads` OpenMP threads). */
 typedef struct igrad_engine igrad_engine_t;

@@ -7,7 +7,9 @@ libigrad (ctypes; no compiled extension).
     layout = igrad.Layout.load("config.json")
     profile = igrad.build_profile("trace.csv", window=(50, 200), out="profile.json")
 
-The PyTorch integration is the submodule igrad.torch (imported on demand,
+igrad.Config holds the engine's options (every default read from the
+library's IGRAD_CONFIG_INIT). The PyTorch integration is the package
+igrad.torch (imported on demand,
 so this package works without torch): layout_from_module, IgradState +
 hook for DDP, GradientSynchronizer for manual or DeepSpeed-style loops,
 Profiler, and TorchComm (a communicator over torch.distributed).
@@ -26,18 +28,18 @@ so when it is missing.
 from ._lib import (CommError, CommTimeoutError, FileError, FormatError, IgradError,  # noqa: F401
                    InvalidArgumentError, MismatchError, NonFiniteError, OutOfMemoryError,
                    StateError, UnsupportedError, __version__, load_library)
-from .core import (Comm, Engine, Layout, NameMap, Profile, SelectWorkspace, Trace,  # noqa: F401
-                   config_to_dict, link_config, link_presets, make_config, partition,
-                   select_spec, target_fit)
+from .core import (Comm, Config, Engine, Layout, NameMap, Profile,  # noqa: F401
+                   SelectWorkspace, Trace, config_to_dict, link_config, link_presets,
+                   make_config, partition, select_spec, target_fit)
 from .profile import build_profile  # noqa: F401
 
 __all__ = [
     "__version__", "load_library", "library_version", "library_path", "component_of",
     "IgradError", "InvalidArgumentError", "OutOfMemoryError", "FileError", "FormatError",
     "UnsupportedError", "NonFiniteError", "MismatchError", "CommError", "StateError",
-    "CommTimeoutError", "Layout", "NameMap", "Trace", "Profile", "Comm", "Engine", "SelectWorkspace", "make_config",
-    "config_to_dict", "partition", "select_spec", "build_profile", "target_fit",
-    "link_config", "link_presets",
+    "CommTimeoutError", "Config", "Layout", "NameMap", "Trace", "Profile", "Comm", "Engine",
+    "SelectWorkspace", "make_config", "config_to_dict", "partition", "select_spec",
+    "build_profile", "target_fit", "link_config", "link_presets",
 ]
 
 _LIB = load_library()  # fails at import (ImportError) when no usable library

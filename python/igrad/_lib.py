@@ -438,6 +438,7 @@ SIGNATURES = {
     "igrad_dtype_name": (cstr, [c_enum]),
     # engine
     "igrad_config_validate": (S, [ctypes.POINTER(Config)]),
+    "igrad_config_default": (S, [ctypes.POINTER(Config), sz]),
     "igrad_engine_create": (S, [P, P, ctypes.POINTER(Config), P, PP]),
     # igrad_cuda.h (every build: without CUDA they return IGRAD_E_UNSUPPORTED)
     "igrad_engine_create_cuda": (S, [P, P, ctypes.POINTER(Config), P, ctypes.c_int, P, PP]),

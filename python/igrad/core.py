@@ -5,9 +5,11 @@ Each object owns one C handle and frees it when it is garbage collected
 (or on close()). Arguments are plain Python values and buffer addresses
 (ints); nothing here imports torch, so the package is usable without it.
 The PyTorch integration (DDP hook, GradientSynchronizer, Profiler, a
-communicator over torch.distributed) lives in igrad/torch.py.
+communicator over torch.distributed) lives in the igrad.torch package
+(python/igrad/torch/).
 """
 import ctypes
+import dataclasses
 import os
 import itertools
 import threading
@@ -746,22 +748,148 @@ class _CustomBridge:
 # Engine
 # ---------------------------------------------------------------------------
 
-CONFIG_DEFAULTS = {
-    "method": "ig", "sparsifier": "adtopk", "interleave": False, "density": 0.01,
-    "release_period": 4, "release_keep": 0.25, "schedule": "staggered", "residual": "on",
-    "pack": "contiguous", "buckets": 4, "block_entries": 16384, "risk_lambda": 1.0,
-    "verify_every": 100, "value_dtype": "F32", "index_dtype": "U16", "collective": "auto",
-    "threads": 0, "timeout_s": 300.0,
-    "profile_steps": 0, "profile_alpha": 0.7, "profile_partition": None,  # None = knee
-    "gate_other": True,
-    "momentum": 0.0, "momentum_masking": True, "residual_decay": 1.0, "start_iter": 0,
-    "target_ratio": 0.0,
-    "reprofile_every": 0, "reprofile_margin": 0.05, "grad_dtype": "F32",
-    "topology": "flat", "ranks_per_node": 0, "dense_below": 64,
-    # the link collective auto prices (docs/architecture.md §5.7): integers,
-    # latency 0 = by bytes alone; `link=(latency_ns, bandwidth_mbps)` sets both
-    "link_latency_ns": 0, "link_bandwidth_mbps": 100000, "auto_sparse_reduce": False,
-}
+# The engine options the binding offers: igrad_config_t's fields by name,
+# in the struct's order, and how a name converts (enum fields through the
+# library's name functions). Every default is the library's own
+# (igrad_config_default: IGRAD_CONFIG_INIT), read when the package loads.
+# grad_dtype is not an option: IgradState sets it from the parameters.
+OPTIONS = ("method", "sparsifier", "interleave", "density", "release_period",
+           "release_keep", "schedule", "residual", "pack", "buckets", "block_entries",
+           "verify_every", "value_dtype", "index_dtype", "collective", "threads", "timeout_s",
+           "profile_steps", "profile_alpha", "profile_partition", "momentum", "start_iter",
+           "target_ratio", "reprofile_every", "reprofile_margin", "topology",
+           "ranks_per_node", "dense_below", "link_latency_ns", "link_bandwidth_mbps",
+           "auto_sparse_reduce")
+_ENUM_KINDS = {"method": "method", "sparsifier": "sparsifier", "schedule": "schedule",
+               "residual": "residual_policy", "pack": "pack_policy", "value_dtype": "dtype",
+               "index_dtype": "dtype", "collective": "collective", "topology": "topology",
+               "grad_dtype": "dtype"}
+_BOOLS = ("interleave", "auto_sparse_reduce")
+_FIELD_TYPES = dict(L.Config._fields_)
+
+
+def _c_default():
+    """A fresh igrad_config_t holding IGRAD_CONFIG_INIT, written by the
+    library (igrad_config_default)."""
+    c = L.Config()
+    L.lib().call("igrad_config_default", ctypes.byref(c), ctypes.sizeof(L.Config))
+    return c
+
+
+def _set_field(c, name, value):
+    kind = _ENUM_KINDS.get(name)
+    if kind == "sparsifier":
+        v = _sparsifier_value(value)
+    elif kind == "dtype":
+        v = _enum_from_name("dtype", value if isinstance(value, int) else str(value).upper())
+    elif kind is not None:
+        v = _enum_from_name(kind, value)
+    elif name in _BOOLS:
+        v = int(bool(value))
+    elif _FIELD_TYPES[name] is ctypes.c_double:
+        v = float(value)
+    elif _FIELD_TYPES[name] is ctypes.c_char_p:
+        v = str(value).encode()  # kept alive by c
+    else:
+        v = int(value)
+    setattr(c, name, v)
+
+
+def _get_field(c, name):
+    kind = _ENUM_KINDS.get(name)
+    v = getattr(c, name)
+    if kind is not None:
+        return _s(getattr(L.lib(), "igrad_%s_name" % kind)(v))
+    if name in _BOOLS:
+        return bool(v)
+    if _FIELD_TYPES[name] is ctypes.c_char_p:
+        return _s(v)
+    return v
+
+
+_DEFAULTS = {n: _get_field(_c_default(), n) for n in OPTIONS}
+
+
+@dataclasses.dataclass
+class Config:
+    """The engine's options (igrad_config_t; include/igrad.h documents each
+    field). Every default is the C library's IGRAD_CONFIG_INIT, read through
+    igrad_config_default, so this class defines none of its own. Values are
+    checked by the library when the Config is made (InvalidArgumentError
+    naming the field). Pass it as IgradState(config=...); keyword overrides
+    there replace single fields. to_struct() gives the igrad_config_t.
+
+    method          "ig", "iad", "topk_sync", "adtopk_sync" or "dense"
+    sparsifier      "adtopk" or "topk" (iad, ig); density: rho in (0, 1]
+    interleave      adtopk: odd steps select flat
+    release_period, release_keep   R and kappa of deferred components
+    schedule, pack, buckets, block_entries   release phases, bucket packing
+    residual        "on" ("drop": the ablation without error feedback)
+    verify_every    the ranks' agreement check every N steps
+    value_dtype     "F32", "BF16" or "F16" values on the wire
+    index_dtype     "U16" (16-bit indices where they fit) or "U32"
+    collective      "auto", "gather", "reduce" or "sparse_reduce"
+    threads, timeout_s   selection threads (0 = OpenMP's); collective timeout
+    profile_steps, profile_alpha, profile_partition   online profiling
+                    (IgradState(profile="auto") sets profile_steps)
+    momentum        DGC momentum correction in [0, 1) (for SGD without
+                    momentum; with AdamW use betas=(0.0, 0.95) instead)
+    start_iter      the first N steps are plain dense averages (warm-up)
+    target_ratio    ig: payload X x the sparsifier's *_sync (0 = off)
+    reprofile_every, reprofile_margin   periodic re-profiling (online)
+    topology, ranks_per_node   "flat" or "hier" (two-level sync)
+    dense_below     tensors of fewer entries are sent whole
+    link_latency_ns, link_bandwidth_mbps   the link collective "auto" prices
+    auto_sparse_reduce   "auto" may choose the sparse all-reduce"""
+
+    method: str = _DEFAULTS["method"]
+    sparsifier: str = _DEFAULTS["sparsifier"]
+    interleave: bool = _DEFAULTS["interleave"]
+    density: float = _DEFAULTS["density"]
+    release_period: int = _DEFAULTS["release_period"]
+    release_keep: float = _DEFAULTS["release_keep"]
+    schedule: str = _DEFAULTS["schedule"]
+    residual: str = _DEFAULTS["residual"]
+    pack: str = _DEFAULTS["pack"]
+    buckets: int = _DEFAULTS["buckets"]
+    block_entries: int = _DEFAULTS["block_entries"]
+    verify_every: int = _DEFAULTS["verify_every"]
+    value_dtype: str = _DEFAULTS["value_dtype"]
+    index_dtype: str = _DEFAULTS["index_dtype"]
+    collective: str = _DEFAULTS["collective"]
+    threads: int = _DEFAULTS["threads"]
+    timeout_s: float = _DEFAULTS["timeout_s"]
+    profile_steps: int = _DEFAULTS["profile_steps"]
+    profile_alpha: float = _DEFAULTS["profile_alpha"]
+    profile_partition: str = _DEFAULTS["profile_partition"]  # None: "knee"
+    momentum: float = _DEFAULTS["momentum"]
+    start_iter: int = _DEFAULTS["start_iter"]
+    target_ratio: float = _DEFAULTS["target_ratio"]
+    reprofile_every: int = _DEFAULTS["reprofile_every"]
+    reprofile_margin: float = _DEFAULTS["reprofile_margin"]
+    topology: str = _DEFAULTS["topology"]
+    ranks_per_node: int = _DEFAULTS["ranks_per_node"]
+    dense_below: int = _DEFAULTS["dense_below"]
+    link_latency_ns: int = _DEFAULTS["link_latency_ns"]
+    link_bandwidth_mbps: int = _DEFAULTS["link_bandwidth_mbps"]
+    auto_sparse_reduce: bool = _DEFAULTS["auto_sparse_reduce"]
+
+    def __post_init__(self):
+        self.to_struct()  # the library checks every value now
+
+    def to_struct(self, **extra):
+        """The igrad_config_t of these options (and `extra` fields, e.g.
+        grad_dtype), validated by the library."""
+        return make_config(**dict(dataclasses.asdict(self), **extra))
+
+    def replace(self, **overrides):
+        """A copy with some options replaced (link= as make_config takes it)."""
+        return dataclasses.replace(self, **_link_fields(overrides))
+
+    @classmethod
+    def from_struct(cls, c):
+        """The Config of an igrad_config_t (e.g. Engine.config())."""
+        return cls(**{n: _get_field(c, n) for n in OPTIONS})
 
 
 def link_presets():
@@ -784,14 +912,13 @@ def link_config(spec):
     return ns.value, mbps.value
 
 
-def make_config(**kw):
-    """An igrad_config_t from keyword arguments (names as in CONFIG_DEFAULTS;
-    enum fields take names: method="ig", pack="greedy", ...). Unknown keys
-    are an InvalidArgumentError; the library validates the values.
-    link is link_latency_ns and link_bandwidth_mbps together: igrad plan's
-    preset name ("100g", "nvlink", ...), "GBITS,LAT_US" (e.g. "100,8"), or
-    (latency_ns, bandwidth_mbps) integers."""
-    link = kw.pop("link", None)
+def _link_fields(kw):
+    """kw with link= (a preset name, "GBITS,LAT_US" or (latency_ns,
+    bandwidth_mbps)) replaced by link_latency_ns and link_bandwidth_mbps."""
+    if "link" not in kw:
+        return kw
+    kw = dict(kw)
+    link = kw.pop("link")
     if isinstance(link, str):
         kw["link_latency_ns"], kw["link_bandwidth_mbps"] = link_config(link)
     elif link is not None:
@@ -802,84 +929,39 @@ def make_config(**kw):
             raise L.InvalidArgumentError("link is %r (give a preset name such as '100g', "
                                          "'GBITS,LAT_US', or (latency_ns, bandwidth_mbps) "
                                          "integers, e.g. (8000, 100000))" % (link,))
-    unknown = set(kw) - set(CONFIG_DEFAULTS)
+    return kw
+
+
+def make_config(**kw):
+    """An igrad_config_t from keyword arguments: the library's defaults
+    (IGRAD_CONFIG_INIT) with the given fields replaced (names as in
+    Config, plus grad_dtype; enum fields take names: method="ig",
+    pack="greedy", ...; None keeps the default). Unknown keys are an
+    InvalidArgumentError; the library validates the values. link is
+    link_latency_ns and link_bandwidth_mbps together: igrad plan's preset
+    name ("100g", "nvlink", ...), "GBITS,LAT_US" (e.g. "100,8"), or
+    (latency_ns, bandwidth_mbps) integers."""
+    kw = _link_fields(kw)
+    known = OPTIONS + ("grad_dtype",)
+    unknown = set(kw) - set(known)
     if unknown:
         raise L.InvalidArgumentError("unknown config field(s): %s (known: %s)" % (
-            ", ".join(sorted(unknown)), ", ".join(CONFIG_DEFAULTS)))
-    v = dict(CONFIG_DEFAULTS)
-    v.update({k: x for k, x in kw.items() if x is not None})
-    c = L.Config()
-    c.size = ctypes.sizeof(L.Config)
-    c.method = _enum_from_name("method", v["method"])
-    c.sparsifier = _sparsifier_value(v["sparsifier"])
-    c.interleave = int(bool(v["interleave"]))
-    c.density = float(v["density"])
-    c.release_period = int(v["release_period"])
-    c.release_keep = float(v["release_keep"])
-    c.schedule = _enum_from_name("schedule", v["schedule"])
-    c.residual = _enum_from_name("residual_policy", v["residual"])
-    c.pack = _enum_from_name("pack_policy", v["pack"])
-    c.buckets = int(v["buckets"])
-    c.block_entries = int(v["block_entries"])
-    c.risk_lambda = float(v["risk_lambda"])
-    c.verify_every = int(v["verify_every"])
-    c.value_dtype = _enum_from_name("dtype", str(v["value_dtype"]).upper())
-    c.index_dtype = _enum_from_name("dtype", str(v["index_dtype"]).upper())
-    c.collective = _enum_from_name("collective", v["collective"])
-    c.threads = int(v["threads"])
-    c.timeout_s = float(v["timeout_s"])
-    c.profile_steps = int(v["profile_steps"])
-    c.profile_alpha = float(v["profile_alpha"])
-    part = v["profile_partition"]
-    c.profile_partition = str(part).encode() if part is not None else None  # kept alive by c
-    c.gate_other = int(bool(v["gate_other"]))
-    c.momentum = float(v["momentum"])
-    c.momentum_masking = int(bool(v["momentum_masking"]))
-    c.residual_decay = float(v["residual_decay"])
-    c.start_iter = int(v["start_iter"])
-    c.target_ratio = float(v["target_ratio"] or 0.0)
-    c.reprofile_every = int(v["reprofile_every"])
-    c.reprofile_margin = float(v["reprofile_margin"])
-    c.grad_dtype = _enum_from_name("dtype", str(v["grad_dtype"]).upper())
-    c.topology = _enum_from_name("topology", v["topology"])
-    c.ranks_per_node = int(v["ranks_per_node"])
-    c.dense_below = int(v["dense_below"])
-    c.link_latency_ns = int(v["link_latency_ns"])
-    c.link_bandwidth_mbps = int(v["link_bandwidth_mbps"])
-    c.auto_sparse_reduce = int(bool(v["auto_sparse_reduce"]))
+            ", ".join(sorted(unknown)), ", ".join(known)))
+    c = _c_default()
+    for name in known:  # in the struct's order
+        if kw.get(name) is not None:
+            _set_field(c, name, kw[name])
     L.lib().call("igrad_config_validate", ctypes.byref(c))
     return c
 
 
 def config_to_dict(c):
-    """The config struct as a dict of names (the inverse of make_config)."""
-    lib = L.lib()
-    return {
-        "method": _s(lib.igrad_method_name(c.method)),
-        "sparsifier": _s(lib.igrad_sparsifier_name(c.sparsifier)),
-        "interleave": bool(c.interleave), "density": c.density,
-        "release_period": c.release_period, "release_keep": c.release_keep,
-        "schedule": _s(lib.igrad_schedule_name(c.schedule)),
-        "residual": _s(lib.igrad_residual_policy_name(c.residual)),
-        "pack": _s(lib.igrad_pack_policy_name(c.pack)), "buckets": c.buckets,
-        "block_entries": c.block_entries, "risk_lambda": c.risk_lambda,
-        "verify_every": c.verify_every, "timeout_s": c.timeout_s,
-        "value_dtype": _s(lib.igrad_dtype_name(c.value_dtype)),
-        "index_dtype": _s(lib.igrad_dtype_name(c.index_dtype)),
-        "collective": _s(lib.igrad_collective_name(c.collective)), "threads": c.threads,
-        "profile_steps": c.profile_steps, "profile_alpha": c.profile_alpha,
-        "profile_partition": _s(c.profile_partition) if c.profile_partition else "knee",
-        "gate_other": bool(c.gate_other),
-        "momentum": c.momentum, "momentum_masking": bool(c.momentum_masking),
-        "residual_decay": c.residual_decay, "start_iter": c.start_iter,
-        "target_ratio": c.target_ratio,
-        "reprofile_every": c.reprofile_every, "reprofile_margin": c.reprofile_margin,
-        "grad_dtype": _s(lib.igrad_dtype_name(c.grad_dtype)),
-        "topology": _s(lib.igrad_topology_name(c.topology)),
-        "ranks_per_node": c.ranks_per_node, "dense_below": c.dense_below,
-        "link_latency_ns": c.link_latency_ns, "link_bandwidth_mbps": c.link_bandwidth_mbps,
-        "auto_sparse_reduce": bool(c.auto_sparse_reduce),
-    }
+    """The config struct as a dict of names (the inverse of make_config);
+    profile_partition None (the C NULL) reads "knee"."""
+    out = {n: _get_field(c, n) for n in OPTIONS + ("grad_dtype",)}
+    if out["profile_partition"] is None:
+        out["profile_partition"] = "knee"
+    return out
 
 
 class BucketDesc:
@@ -917,17 +999,20 @@ def _addr_array(addrs):
 class Engine(_Handle):
     """One rank's synchronization engine (igrad_engine_t). `grads` arguments
     are lists of addresses of contiguous float32 buffers, one per layout
-    tensor in layout order. With device=N the engine is
-    igrad_engine_create_cuda's on CUDA device N and `stream` (an int
-    cudaStream_t; None = the default stream): gradients, residuals and
-    buckets are device addresses, and `comm` must take device buffers
-    (Comm.self_cuda, Comm.custom(..., memory="cuda")). A library built
-    without CUDA raises UnsupportedError saying so."""
+    tensor in layout order. `config` is an igrad.Config, a dict of its
+    fields, an igrad_config_t (make_config) or None (the defaults). With
+    device=N the engine is igrad_engine_create_cuda's on CUDA device N and
+    `stream` (an int cudaStream_t; None = the default stream): gradients,
+    residuals and buckets are device addresses, and `comm` must take device
+    buffers (Comm.self_cuda, Comm.custom(..., memory="cuda")). A library
+    built without CUDA raises UnsupportedError saying so."""
 
     _free = "igrad_engine_free"
 
     def __init__(self, layout, profile, config, comm, device=None, stream=None):
-        if not isinstance(config, L.Config):
+        if isinstance(config, Config):
+            config = config.to_struct()
+        elif not isinstance(config, L.Config):
             config = make_config(**(config or {}))
         h = ctypes.c_void_p()
         prof = profile.handle if profile is not None else None

@@ -973,6 +973,9 @@ static igrad_status_t create_engine(const igrad_layout_t *layout, const igrad_pr
         dc.momentum = 0.0;
         dc.residual_decay = 1.0;
         dc.start_iter = 0;
+        dc.profile_steps = 0; /* online profiling is the method's, after the warm-up */
+        dc.reprofile_every = 0;
+        dc.target_ratio = 0.0;
         dc.value_dtype = IGRAD_DTYPE_F32; /* as method dense requires */
         st = create_engine(layout, NULL, &dc, comm, e->dp, e->dp_stream, avg_ranks, &e->warmup);
         if (st != IGRAD_OK) {

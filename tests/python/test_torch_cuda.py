@@ -1,4 +1,4 @@
-"""test_torch_cuda.py — the GPU path of igrad.torch (igrad/cuda.py) against
+"""test_torch_cuda.py — the GPU path of igrad.torch (igrad.torch.device) against
 its CPU path on the same gradients: a model on a CUDA device makes
 IgradState build an igrad_engine_create_cuda engine on that device, fed
 the gradients by data_ptr() on the current stream, with the bucket
@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-import igrad.cuda  # noqa: E402
+import igrad.torch.device  # noqa: E402
 import igrad.torch as it  # noqa: E402
 
 VOCAB = 64
@@ -142,7 +142,7 @@ class TorchCuda(unittest.TestCase):
             self.assert_same_residuals(sc, sg, "%s after 4 steps" % what)
             self.assertGreater(sg.last_stats["sparse_reduce_buckets"], 0)
             if nccl:
-                self.assertIsInstance(sg._group_comm(), igrad.cuda.TorchCudaComm)
+                self.assertIsInstance(sg._group_comm(), igrad.torch.device.TorchCudaComm)
                 dist.destroy_process_group()
 
     def test_host_memory_is_metadata(self):
@@ -189,7 +189,7 @@ class TorchCuda(unittest.TestCase):
             yc.synchronize(step)
             self.assert_same([p.grad for p in cpu.parameters()],
                              [p.grad for p in gpu.parameters()], "DDP step %d" % step)
-        self.assertIsInstance(sg._group_comm(), igrad.cuda.TorchCudaComm)
+        self.assertIsInstance(sg._group_comm(), igrad.torch.device.TorchCudaComm)
         self.assert_same_residuals(sc, sg, "DDP after 4 steps")
 
     def test_state_dict_cuda_to_cpu_and_back(self):

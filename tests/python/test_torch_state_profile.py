@@ -33,6 +33,7 @@ import torch.distributed as dist  # noqa: E402
 
 import igrad  # noqa: E402
 import igrad.torch as it  # noqa: E402
+from igrad.torch.checkpoint import _state_file_bytes  # noqa: E402
 
 
 def tensors_in(obj):
@@ -108,7 +109,7 @@ class StateDictSize(unittest.TestCase):
 
         # a dict of the older form, residuals as tensors beside the state file
         old = dict(sd, residuals={n: t.clone() for n, t in held.items()},
-                   engine_state=it._state_file_bytes(sd["engine_state"]))
+                   engine_state=_state_file_bytes(sd["engine_state"]))
         again = it.IgradState(copy.deepcopy(model), method="topk_sync", density=0.05)
         again.load_state_dict(old)
         self.assertEqual(again.iter, 3)

@@ -1,5 +1,6 @@
-"""igrad.cuda — the PyTorch binding's GPU path: IgradState (igrad/torch.py)
-comes here when the model's parameters are CUDA tensors.
+"""igrad.torch.device — the PyTorch binding's GPU path: IgradState
+(igrad.torch.state) comes here when the model's parameters are CUDA
+tensors.
 
     device_view(addr, count, dtype, device)  a torch tensor over device memory
                                              the library owns (no copy)
@@ -21,21 +22,21 @@ collectives run through torch.distributed on device views of the engine's
 buckets (NCCL: the process group's own communicator), issued and waited
 on that same stream, so nothing is copied to the host.
 
-This path has been written and imported on a machine without a GPU and
-has never run on one (docs/architecture.md §8, §11); tests that need a
-GPU skip visibly. A library built without CUDA raises UnsupportedError
-("this build of igrad has no CUDA") at engine creation.
+Tests that need a GPU (tests/python/test_torch_cuda.py) skip visibly
+without one. A library built without CUDA raises UnsupportedError ("this
+build of igrad has no CUDA") at engine creation.
 
-Not here: the host path, the DDP hook, state dicts (igrad/torch.py).
+Not here: the host communicators (igrad.torch.comm), the DDP hook
+(igrad.torch.hook), state dicts (igrad.torch.checkpoint).
 """
 import contextlib
 
 import torch
 import torch.distributed as dist
 
-from . import _lib as L
-from .core import Comm, Engine
-from .torch import TorchComm, _global_rank  # igrad.torch imports this module only when needed
+from .. import _lib as L
+from ..core import Comm, Engine
+from .comm import TorchComm, _global_rank
 
 __all__ = ["device_view", "TorchCudaComm", "SelfCudaComm", "params_device", "create_engine",
            "set_step_stream"]
