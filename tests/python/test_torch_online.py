@@ -224,4 +224,4 @@ class OnlineProfile(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    unittest_main.main()
