@@ -92,21 +92,15 @@ static void usage(FILE *fp)
 "                              (a stopped or hung rank) ends the job on every rank\n"
 "                              that waits, naming the step (default 300; 0 = never)\n"
 "  --momentum M                DGC momentum correction in the engine, M in [0, 1):\n"
-"                              velocity u = M*u + g before error feedback (use\n"
-"                              with --beta1 0; one more float per parameter).\n"
-"                              Default: 0 (off)\n"
-"  --momentum-masking on|off   zero u where entries were sent (on)\n"
-"  --residual-decay D          residual = D * (what was not sent), D in (0, 1]\n"
-"                              (default 1 = none)\n"
+"                              velocity u = M*u + g before error feedback, u zeroed\n"
+"                              where entries were sent (use with --beta1 0; one more\n"
+"                              float per parameter). Default: 0 (off)\n"
 "  --start-iter N              the first N steps are plain dense averages (default 0)\n"
-"                              The four above act on error feedback: sparse methods\n"
+"                              The two above act on error feedback: sparse methods\n"
 "                              only. summary.json records what they resolved to\n"
 "  --map FILE                  user name rules ('PATTERN KIND LAYER' per line, tried\n"
 "                              before the built-in ones; docs/formats.md). The same on\n"
 "                              every rank; a profile is tied to the rules it was made with\n"
-"  --gate-other on|off         on (default): embeddings, lm_head and norms (EMB, HEAD,\n"
-"                              NORM components) are deferred when the profile calls\n"
-"                              them unimportant; off: always sent (the old behaviour)\n"
 "  --target-ratio X            ig: choose the important set and kappa from the\n"
 "                              profile's scores so the payload is X times *_sync's\n"
 "                              (with --profile auto: when the engine switches).\n"
@@ -295,12 +289,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
             o->auto_sparse_reduce = 1;
             continue;
         }
-        if ((r = cli_opt(argc, argv, &i, "--momentum-masking", &v)) != 0) {
-            if (r < 0 || cli_parse_onoff("--momentum-masking", v, &o->momentum_masking) != 0) return -1;
-            continue;
-        }
         F64_OPT("--momentum", momentum)
-        F64_OPT("--residual-decay", residual_decay)
         INT_OPT("--start-iter", 0, start_iter)
         F64_OPT("--beta2", optim.beta2)
         F64_OPT("--density", density)
@@ -315,10 +304,6 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--map", &v)) != 0) {
             if (r < 0) return -1;
             o->name_map = v;
-            continue;
-        }
-        if ((r = cli_opt(argc, argv, &i, "--gate-other", &v)) != 0) {
-            if (r < 0 || cli_parse_onoff("--gate-other", v, &o->gate_other) != 0) return -1;
             continue;
         }
         F64_OPT("--val-fraction", val_fraction)

@@ -184,8 +184,6 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
                   IGRAD__PACK_MAX_BUCKETS);
     IGRAD_FAIL_IF(c->block_entries < 1, IGRAD_E_INVALID,
                   "config.block_entries is %lld (must be >= 1)", (long long)c->block_entries);
-    IGRAD_FAIL_IF(!(c->risk_lambda >= 0.0 && c->risk_lambda <= DBL_MAX), IGRAD_E_INVALID,
-                  "config.risk_lambda is %g (must be a finite value >= 0)", c->risk_lambda);
     IGRAD_FAIL_IF(c->verify_every < 0, IGRAD_E_INVALID,
                   "config.verify_every is %lld (must be >= 0; 0 = only at create)",
                   (long long)c->verify_every);
@@ -253,16 +251,8 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
                       "percentile:P, fixed:F)",
                       c->profile_partition);
     }
-    IGRAD_FAIL_IF(c->gate_other != 0 && c->gate_other != 1, IGRAD_E_INVALID,
-                  "config.gate_other is %d (1: EMB/HEAD/NORM gated, 0: always sent)",
-                  c->gate_other);
     IGRAD_FAIL_IF(!(c->momentum >= 0.0 && c->momentum < 1.0), IGRAD_E_INVALID,
                   "config.momentum is %g (must be in [0, 1); 0 = off)", c->momentum);
-    IGRAD_FAIL_IF(c->momentum_masking != 0 && c->momentum_masking != 1, IGRAD_E_INVALID,
-                  "config.momentum_masking is %d (must be 0 or 1)", c->momentum_masking);
-    IGRAD_FAIL_IF(!(c->residual_decay > 0.0 && c->residual_decay <= 1.0), IGRAD_E_INVALID,
-                  "config.residual_decay is %g (must be in (0, 1]; 1 = none)",
-                  c->residual_decay);
     IGRAD_FAIL_IF(c->start_iter < 0, IGRAD_E_INVALID,
                   "config.start_iter is %lld (must be >= 0; 0 = no dense warm-up)",
                   (long long)c->start_iter);
@@ -465,7 +455,7 @@ static int64_t tensor_dense_cap(const igrad_engine_t *e, const igrad__engine_ten
 
 /* Phases: important components and OTHER every step, the rest by the
  * schedule, weighted by their release payload. EMB/HEAD/NORM components
- * are important when gate_other is 0 or the profile lacks them. */
+ * are important when the profile lacks them. */
 static igrad_status_t plan_phases(igrad_engine_t *e, const igrad_profile_t *profile)
 {
     size_t C = e->ncomp;
@@ -474,7 +464,7 @@ static igrad_status_t plan_phases(igrad_engine_t *e, const igrad_profile_t *prof
         for (size_t c = 0; c < C && profile; c++) { /* none: all important (online) */
             int outer = igrad__kind_is_outer(e->comp_kind[c]);
             int imp = igrad_profile_is_important(profile, e->comp_layer[c], e->comp_kind[c]);
-            if (outer && (imp < 0 || !e->cfg.gate_other)) imp = 1;
+            if (outer && imp < 0) imp = 1;
             IGRAD_FAIL_IF(imp < 0, IGRAD_E_MISMATCH,
                           "profile has no component (%d, %s) of the layout", e->comp_layer[c],
                           igrad_kind_name(e->comp_kind[c]));
@@ -971,7 +961,6 @@ static igrad_status_t create_engine(const igrad_layout_t *layout, const igrad_pr
         igrad_config_t dc = e->cfg;
         dc.method = IGRAD_METHOD_DENSE;
         dc.momentum = 0.0;
-        dc.residual_decay = 1.0;
         dc.start_iter = 0;
         dc.value_dtype = IGRAD_DTYPE_F32; /* as method dense requires */
         st = create_engine(layout, NULL, &dc, comm, e->dp, e->dp_stream, avg_ranks, &e->warmup);
@@ -1168,7 +1157,6 @@ igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history)
         nplan = e->cfg.buckets;
         igrad__pack_config_t pc = {.policy = e->cfg.pack,
                                    .nbuckets = nplan,
-                                   .risk_lambda = e->cfg.risk_lambda,
                                    .history = e->hist.count ? &e->hist : NULL,
                                    .map = &e->map};
         IGRAD_CHECK(igrad__pack_plan(&pc, e->blocks, m, e->pack_scratch, e->pack_scratch_nbytes,

@@ -40,7 +40,6 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_PACK] = {"config.pack", IGRAD__ITEM_PACK, 1},
     [IGRAD__ITEM_CFG_BUCKETS] = {"config.buckets", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_BLOCK_ENTRIES] = {"config.block_entries", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_RISK_LAMBDA] = {"config.risk_lambda", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_VERIFY_EVERY] = {"config.verify_every", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_CFG_VALUE_DTYPE] = {"config.value_dtype", IGRAD__ITEM_DTYPE, 1},
     [IGRAD__ITEM_CFG_INDEX_DTYPE] = {"config.index_dtype", IGRAD__ITEM_DTYPE, 1},
@@ -49,15 +48,12 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_PROFILE_STEPS] = {"config.profile_steps", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_PROFILE_ALPHA] = {"config.profile_alpha", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_PROFILE_PARTITION] = {"config.profile_partition", IGRAD__ITEM_HASH, 1},
-    [IGRAD__ITEM_CFG_GATE_OTHER] = {"config.gate_other", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_PLAN] = {"plan", IGRAD__ITEM_HASH, 1},
     [IGRAD__ITEM_STEP] = {"step", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_CALLS] = {"engine step count", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_HISTORY] = {"risk size history", IGRAD__ITEM_HASH, 0},
     [IGRAD__ITEM_ONLINE] = {"online profiling steps recorded", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_CFG_MOMENTUM] = {"config.momentum", IGRAD__ITEM_F64, 1},
-    [IGRAD__ITEM_CFG_MOMENTUM_MASKING] = {"config.momentum_masking", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_RESIDUAL_DECAY] = {"config.residual_decay", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_START_ITER] = {"config.start_iter", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_TARGET_RATIO] = {"config.target_ratio", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_REPROFILE_EVERY] = {"config.reprofile_every", IGRAD__ITEM_I64, 1},
@@ -152,7 +148,6 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_PACK] = (uint64_t)(int64_t)c->pack;
     v[IGRAD__ITEM_CFG_BUCKETS] = (uint64_t)(int64_t)c->buckets;
     v[IGRAD__ITEM_CFG_BLOCK_ENTRIES] = (uint64_t)c->block_entries;
-    v[IGRAD__ITEM_CFG_RISK_LAMBDA] = f64_bits(c->risk_lambda);
     v[IGRAD__ITEM_CFG_VERIFY_EVERY] = (uint64_t)c->verify_every;
     /* grad_dtype folded in (F32 is 0: the item, and state files, unchanged) */
     v[IGRAD__ITEM_CFG_VALUE_DTYPE] =
@@ -160,7 +155,6 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_INDEX_DTYPE] = (uint64_t)(int64_t)c->index_dtype;
     v[IGRAD__ITEM_CFG_COLLECTIVE] = (uint64_t)(int64_t)c->collective;
     v[IGRAD__ITEM_CFG_TIMEOUT] = f64_bits(c->timeout_s);
-    v[IGRAD__ITEM_CFG_GATE_OTHER] = (uint64_t)(int64_t)c->gate_other;
     v[IGRAD__ITEM_PLAN] = plan_hash;
     /* online profiling */
     v[IGRAD__ITEM_CFG_PROFILE_STEPS] = (uint64_t)c->profile_steps;
@@ -168,8 +162,6 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_PROFILE_PARTITION] =
         igrad__hash_str(IGRAD__HASH_SEED, c->profile_partition ? c->profile_partition : "knee");
     v[IGRAD__ITEM_CFG_MOMENTUM] = f64_bits(c->momentum);
-    v[IGRAD__ITEM_CFG_MOMENTUM_MASKING] = (uint64_t)(int64_t)c->momentum_masking;
-    v[IGRAD__ITEM_CFG_RESIDUAL_DECAY] = f64_bits(c->residual_decay);
     v[IGRAD__ITEM_CFG_START_ITER] = (uint64_t)c->start_iter;
     v[IGRAD__ITEM_CFG_TARGET_RATIO] = f64_bits(c->target_ratio);
     v[IGRAD__ITEM_CFG_REPROFILE_EVERY] = (uint64_t)c->reprofile_every;

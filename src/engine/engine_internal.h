@@ -52,14 +52,12 @@ enum {
     IGRAD__ITEM_CFG_PACK,
     IGRAD__ITEM_CFG_BUCKETS,
     IGRAD__ITEM_CFG_BLOCK_ENTRIES,
-    IGRAD__ITEM_CFG_RISK_LAMBDA,
     IGRAD__ITEM_CFG_VERIFY_EVERY, /* ranks only: results do not depend on it */
     IGRAD__ITEM_CFG_VALUE_DTYPE,
     IGRAD__ITEM_CFG_INDEX_DTYPE,
     IGRAD__ITEM_CFG_COLLECTIVE,
     IGRAD__ITEM_CFG_TIMEOUT,      /* ranks only: a stopped rank must not outwait
                                      the others' limit */
-    IGRAD__ITEM_CFG_GATE_OTHER,
     IGRAD__ITEM_PLAN,       /* phases, budgets, block cuts, direct map */
     /* The dynamic items: compared at every exchange, not only every
      * verify_every calls, since ranks out of step would otherwise unpack
@@ -79,8 +77,6 @@ enum {
      * §7) stay put. Being constant, comparing them at every exchange costs
      * nothing. */
     IGRAD__ITEM_CFG_MOMENTUM,
-    IGRAD__ITEM_CFG_MOMENTUM_MASKING,
-    IGRAD__ITEM_CFG_RESIDUAL_DECAY,
     IGRAD__ITEM_CFG_START_ITER,
     IGRAD__ITEM_CFG_TARGET_RATIO,
     IGRAD__ITEM_CFG_REPROFILE_EVERY, /* periodic re-profiling (engine_online.c) */

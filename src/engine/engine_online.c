@@ -392,13 +392,6 @@ static igrad_status_t switch_plan(igrad_engine_t *e, int64_t step)
     return IGRAD_OK;
 }
 
-/* Whether profile entry i is under the gate (the others are planned as
- * important whatever their class). */
-static int entry_gated(const igrad_engine_t *e, const igrad_profile_entry_t *en)
-{
-    return !igrad__kind_is_outer(en->kind) || e->cfg.gate_other;
-}
-
 /* The hysteresis step of a re-profile over the gated entries of the new
  * profile p against the current profile's classes: tau is p's (or, with
  * target_ratio, the threshold igrad_target_fit chooses on p's scores).
@@ -439,7 +432,6 @@ static igrad_status_t classify(const igrad_engine_t *e, const igrad_profile_t *p
                         i, a.layer, igrad_kind_name(a.kind), b.layer, igrad_kind_name(b.kind));
         important[i] = (unsigned char)b.important;
         pending[i] = 0;
-        if (!entry_gated(e, &a)) continue;
         score[m] = a.score;
         was[m] = (unsigned char)b.important;
         pend[m] = on->pending[i];

@@ -5,9 +5,9 @@
  * the others, one tensor per OpenMP task (so every selection inside is
  * single-threaded). A sent tensor without momentum had its selection pass
  * 1 in the check (dp_cpu_check.c); here pass 2 (igrad__select_apply)
- * writes its residual. With the remedies on (architecture.md §5.5a)
- * momentum correction (the whole selection here, on m*u + g), factor
- * masking and residual decay run here too. With `zero` each gradient is
+ * writes its residual. With momentum (architecture.md §5.5a) DGC's
+ * momentum correction (the whole selection here, on m*u + g) and its
+ * factor masking run here too. With `zero` each gradient is
  * zeroed in the pass that reads it. With 16-bit wire values
  * (config.value_dtype BF16 or F16) pass 2 rounds each sent value and
  * keeps its rounding error in the residual (architecture.md §5.2). 16-bit
@@ -64,12 +64,12 @@ static igrad_status_t select_velocity(const igrad_engine_t *e, igrad__engine_ten
     }
     IGRAD_CHECK(igrad__select_ef(u, tp->residual, sp, tp->name, ws, sel, 0, e->cfg.value_dtype,
                                  rounded));
-    if (e->cfg.momentum_masking) mask_sent(u, sp, sel->index);
+    mask_sent(u, sp, sel->index);
     return IGRAD_OK;
 }
 
-/* A tensor not sent this step: g added into its residual (with the
- * remedies u = m*u + g, e = d*(u + e)) or, with residual "drop", dropped
+/* A tensor not sent this step: g added into its residual (with momentum
+ * u = m*u + g, e = u + e) or, with residual "drop", dropped
  * with its velocity; with `zero` g is zeroed in the pass that reads it.
  * e->tnorm[t] holds the check's sum of a^2 and becomes the residual's
  * (e->tdropped[t] the dropped mass). Shared by select_into and the
@@ -80,10 +80,10 @@ void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *restrict g, in
     float *restrict r = tp->residual;
     int64_t n = tp->n;
     int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
-    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
+    float m = (float)e->cfg.momentum;
     double a2 = e->tnorm[t];
-    if (!drop && !remedies) {
+    float *restrict u = tp->velocity;
+    if (!drop && !u) {
         if (zero) {
             SIMD
             for (int64_t i = 0; i < n; i++) {
@@ -95,19 +95,12 @@ void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *restrict g, in
             for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
         }
     } else if (!drop) {
-        float *restrict u = tp->velocity;
-        if (u) {
-            SIMD
-            for (int64_t i = 0; i < n; i++) {
-                u[i] = m * u[i] + g[i];
-                r[i] = d * (u[i] + r[i]);
-            }
-        } else {
-            SIMD
-            for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
+        SIMD
+        for (int64_t i = 0; i < n; i++) {
+            u[i] = m * u[i] + g[i];
+            r[i] = u[i] + r[i];
         }
         if (zero) memset(g, 0, (size_t)n * sizeof *g);
-        e->tnorm[t] = a2 * ((double)d * (double)d);
     } else {
         /* the ablation drops the velocity with the residual */
         if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
@@ -121,9 +114,6 @@ void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *restrict g, in
 void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
 {
     int64_t T = (int64_t)e->ntensors;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
-    float d = (float)e->cfg.residual_decay;
-    double d2 = (double)d * (double)d;
     int par = igrad__step_parity(e, e->cur_step);
     /* 16-bit gradients: the kernels run on the thread's F32 copy (whose
      * zeroing is then wasted) and the gradient itself is zeroed after */
@@ -142,7 +132,6 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
         igrad__engine_tensor_t *tp = &e->t[t];
         float *restrict g = igrad__dp_cpu_grad(e, cs, grads, t, tid);
         float *restrict r = tp->residual;
-        int64_t n = tp->n;
         double a2 = e->tnorm[t]; /* sum of (g + e)^2 from the check */
         if (e->sent[t]) {
             igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
@@ -159,15 +148,11 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
                     continue;
                 }
             }
-            if (e->cfg.residual_decay < 1.0) {
-                SIMD
-                for (int64_t i = 0; i < n; i++) r[i] = d * r[i];
-            }
             e->tsumsq[t] = sel.sumsq;
             /* the residual is a with the selected entries zeroed (plus their
-             * rounding errors, then decayed) */
+             * rounding errors) */
             double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
-            e->tnorm[t] = (kept + rounded) * (remedies ? d2 : 1.0);
+            e->tnorm[t] = kept + rounded;
         } else {
             igrad__dp_cpu_accumulate(e, t, g, zero);
         }

@@ -8,7 +8,7 @@
  * untouched. stream_commit, once the ranks agreed that the step counts:
  * per tensor the residual and velocity that dp_cpu_select.c's select_into
  * would have written — sent: e = a with the selected entries 0 (16-bit
- * values: their rounding remainder a - q), masking, decay; not sent:
+ * values: their rounding remainder a - q), momentum masking; not sent:
  * accumulate or drop — recomputed from g, u, e and the staged selection,
  * zeroing g in the same pass. Same float operations in the same order as
  * select_into, so the result is bit-identical (tests/mpi_stream.c).
@@ -65,9 +65,7 @@ void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const si
                                 size_t n)
 {
     int dense = e->sp == IGRAD_SPARSIFIER_NONE;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
     float m = (float)e->cfg.momentum;
-    double d2 = (double)(float)e->cfg.residual_decay * (double)(float)e->cfg.residual_decay;
     int par = igrad__step_parity(e, e->cur_step);
     igrad__stream_t *s = e->stream;
 #ifdef _OPENMP
@@ -114,12 +112,13 @@ void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const si
             rounded = round_staged(e->cfg.value_dtype, sel.value, sp->count);
         e->tsumsq[t] = sel.sumsq;
         double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
-        e->tnorm[t] = (kept + rounded) * (remedies ? d2 : 1.0);
+        e->tnorm[t] = kept + rounded;
     }
 }
 
 /* A sent tensor: e = a (u = m*u + g first), the selected entries 0 or
- * their rounding remainder, masking, decay; g zeroed. */
+ * their rounding remainder (and, with momentum, their velocity: DGC's
+ * masking); g zeroed. */
 static void commit_sent(const igrad_engine_t *e, igrad__engine_tensor_t *tp, float *restrict g,
                         const igrad_select_spec_t *sp, const uint32_t *idx, const float *val)
 {
@@ -141,18 +140,12 @@ static void commit_sent(const igrad_engine_t *e, igrad__engine_tensor_t *tp, flo
         }
     }
     int value16 = e->cfg.value_dtype != IGRAD_DTYPE_F32;
-    int mask = u && e->cfg.momentum_masking;
     for (int64_t k = 0; k < sp->count; k++) {
         int64_t i = sel_pos(sp, idx, k);
         /* r[i] holds a = the selected value; the fused pass zeroes it, then
          * adds the rounding remainder a - q (q the staged value) */
         r[i] = value16 ? 0.0f + (r[i] - val[k]) : 0.0f;
-        if (mask) u[i] = 0.0f;
-    }
-    if (e->cfg.residual_decay < 1.0) {
-        float d = (float)e->cfg.residual_decay;
-        SIMD
-        for (int64_t i = 0; i < n; i++) r[i] = d * r[i];
+        if (u) u[i] = 0.0f;
     }
 }
 

@@ -23,8 +23,8 @@
  *  - dense specs (count = n): values = a, residual 0.
  * Nothing is written before every entry has been read: the check stage
  * proved a finite (the engine stops the step otherwise). The per-tensor
- * sums of the selected values come back as one small array. The remedies
- * (momentum correction, factor masking, residual decay) are elementwise
+ * sums of the selected values come back as one small array. Momentum
+ * (DGC's correction and factor masking) runs as elementwise
  * kernels around the selection, in select.c's order.
  */
 #include "dp/cuda/dp_cuda.cuh"
@@ -266,26 +266,15 @@ __global__ void accumulate_kernel(float *g, float *r, int64_t n, int zero_g)
     }
 }
 
-/* not sent, remedies on: u = m*u + g, r = d*(u + r); without u r = d*(g + r) */
-__global__ void accumulate_decay_kernel(float *u, const float *g, float *r, int64_t n, float m,
-                                        float d)
+/* not sent, with momentum: u = m*u + g, r = u + r */
+__global__ void accumulate_momentum_kernel(float *u, const float *g, float *r, int64_t n,
+                                           float m)
 {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        if (u) {
-            u[i] = igrad__momentum(m, u[i], g[i]);
-            r[i] = igrad__fmul(d, igrad__fadd(u[i], r[i]));
-        } else {
-            r[i] = igrad__fmul(d, igrad__fadd(g[i], r[i]));
-        }
+        u[i] = igrad__momentum(m, u[i], g[i]);
+        r[i] = igrad__fadd(u[i], r[i]);
     }
-}
-
-__global__ void decay_kernel(float *r, int64_t n, float d)
-{
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        r[i] = igrad__fmul(d, r[i]);
 }
 
 /* momentum factor masking: the velocity of the sent entries cleared */
@@ -346,9 +335,7 @@ void igrad__dp_cuda_select_into(igrad_engine_t *e, float *const *grads, int zero
     cudaStream_t s = igrad__cuda_stream(e);
     const unsigned T = IGRAD__CUDA_THREADS;
     int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
-    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
-    double d2 = (double)d * (double)d;
+    float m = (float)e->cfg.momentum;
     int par = igrad__step_parity(e, e->cur_step);
     for (size_t t = 0; t < e->ntensors; t++) {
         igrad__engine_tensor_t *tp = &e->t[t];
@@ -359,24 +346,23 @@ void igrad__dp_cuda_select_into(igrad_engine_t *e, float *const *grads, int zero
             const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
             uint32_t *idx = e->stage_idx + e->stage_off[t];
             float *val = e->stage_val + e->stage_off[t];
-            if (remedies && u) {
+            if (u) {
                 momentum_kernel<<<grid, T, 0, s>>>(u, g, n, m, zero);
                 select_one(st, u, r, sp, idx, val, 0, s);
             } else {
                 select_one(st, g, r, sp, idx, val, zero, s);
             }
-            if (remedies && u && e->cfg.momentum_masking) {
+            if (u) { /* DGC's factor masking */
                 if (sp->count == n) cudaMemsetAsync(u, 0, (size_t)n * sizeof *u, s);
                 else mask_kernel<<<igrad__cuda_grid(sp->count), T, 0, s>>>(
                          u, idx, sp->count, sp->row_wise, sp->per_row, sp->cols);
             }
-            if (remedies && e->cfg.residual_decay < 1.0) decay_kernel<<<grid, T, 0, s>>>(r, n, d);
             val_of f = {val};
             igrad__cuda_sum_launch(f, sp->count, st->d_part, st->d_tsumsq + t, s);
-        } else if (!drop && !remedies) {
+        } else if (!drop && !u) {
             accumulate_kernel<<<grid, T, 0, s>>>(g, r, n, zero);
         } else if (!drop) {
-            accumulate_decay_kernel<<<grid, T, 0, s>>>(u, g, r, n, m, d);
+            accumulate_momentum_kernel<<<grid, T, 0, s>>>(u, g, r, n, m);
             if (zero) cudaMemsetAsync(g, 0, (size_t)n * sizeof *g, s);
         } else {
             if (u) cudaMemsetAsync(u, 0, (size_t)n * sizeof *u, s);
@@ -400,10 +386,8 @@ void igrad__dp_cuda_select_into(igrad_engine_t *e, float *const *grads, int zero
             e->tstatus[t] = e->sent[t] ? IGRAD_E_STATE : IGRAD_OK;
         } else if (e->sent[t]) {
             e->tsumsq[t] = sumsq;
-            /* the residual is a with the selected entries zeroed (then decayed) */
-            e->tnorm[t] = a2 - sumsq > 0.0 ? (a2 - sumsq) * (remedies ? d2 : 1.0) : 0.0;
-        } else if (!drop && remedies) {
-            e->tnorm[t] = a2 * d2;
+            /* the residual is a with the selected entries zeroed */
+            e->tnorm[t] = a2 - sumsq > 0.0 ? a2 - sumsq : 0.0;
         } else if (drop) {
             e->tdropped[t] = a2;
             e->tnorm[t] = 0.0;
