@@ -44,14 +44,15 @@ static void mask_sent(float *restrict u, const igrad_select_spec_t *sp, const ui
 /* One sent tensor whose selection reads the velocity: u = m*u + g (g
  * zeroed in the same pass with `zero`), then the whole selection of u +
  * residual (16-bit values rounded in it), then factor masking. */
-static igrad_status_t select_velocity(const igrad_engine_t *e, igrad__engine_tensor_t *tp,
-                                      float *restrict g, const igrad_select_spec_t *sp,
-                                      igrad_select_ws_t *ws, igrad_selection_t *sel, int zero,
-                                      double *rounded)
+static igrad_status_t select_velocity(IGRAD__DP_CARGS, size_t t, float *restrict g,
+                                      const igrad_select_spec_t *sp, igrad_select_ws_t *ws,
+                                      igrad_selection_t *sel, int zero, double *rounded)
 {
-    float *restrict u = tp->velocity;
+    (void)step;
+    const igrad__plan_tensor_t *tp = &plan->t[t];
+    float *restrict u = mem->velocity[t];
     int64_t n = tp->n;
-    float m = (float)e->cfg.momentum;
+    float m = (float)plan->cfg.momentum;
     if (zero) {
         SIMD
         for (int64_t i = 0; i < n; i++) {
@@ -62,8 +63,8 @@ static igrad_status_t select_velocity(const igrad_engine_t *e, igrad__engine_ten
         SIMD
         for (int64_t i = 0; i < n; i++) u[i] = m * u[i] + g[i];
     }
-    IGRAD_CHECK(igrad__select_ef(u, tp->residual, sp, tp->name, ws, sel, 0, e->cfg.value_dtype,
-                                 rounded));
+    IGRAD_CHECK(igrad__select_ef(u, mem->residual[t], sp, tp->name, ws, sel, 0,
+                                 plan->cfg.value_dtype, rounded));
     mask_sent(u, sp, sel->index);
     return IGRAD_OK;
 }
@@ -71,18 +72,18 @@ static igrad_status_t select_velocity(const igrad_engine_t *e, igrad__engine_ten
 /* A tensor not sent this step: g added into its residual (with momentum
  * u = m*u + g, e = u + e) or, with residual "drop", dropped
  * with its velocity; with `zero` g is zeroed in the pass that reads it.
- * e->tnorm[t] holds the check's sum of a^2 and becomes the residual's
- * (e->tdropped[t] the dropped mass). Shared by select_into and the
+ * step->tnorm[t] holds the check's sum of a^2 and becomes the residual's
+ * (step->tdropped[t] the dropped mass). Shared by select_into and the
  * streamed step's commit (dp_cpu_stream.c). */
-void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *restrict g, int zero)
+void igrad__dp_cpu_accumulate(IGRAD__DP_ARGS, size_t t, float *restrict g, int zero)
 {
-    igrad__engine_tensor_t *tp = &e->t[t];
-    float *restrict r = tp->residual;
+    igrad__plan_tensor_t *tp = &plan->t[t];
+    float *restrict r = mem->residual[t];
     int64_t n = tp->n;
-    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
-    float m = (float)e->cfg.momentum;
-    double a2 = e->tnorm[t];
-    float *restrict u = tp->velocity;
+    int drop = plan->cfg.residual == IGRAD_RESIDUAL_DROP;
+    float m = (float)plan->cfg.momentum;
+    double a2 = step->tnorm[t];
+    float *restrict u = mem->velocity[t];
     if (!drop && !u) {
         if (zero) {
             SIMD
@@ -103,24 +104,24 @@ void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *restrict g, in
         if (zero) memset(g, 0, (size_t)n * sizeof *g);
     } else {
         /* the ablation drops the velocity with the residual */
-        if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
+        if (mem->velocity[t]) memset(mem->velocity[t], 0, (size_t)n * sizeof *mem->velocity[t]);
         memset(r, 0, (size_t)n * sizeof *r);
         if (zero) memset(g, 0, (size_t)n * sizeof *g);
-        e->tdropped[t] = a2;
-        e->tnorm[t] = 0.0;
+        step->tdropped[t] = a2;
+        step->tnorm[t] = 0.0;
     }
 }
 
-void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
+void igrad__dp_cpu_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
 {
-    int64_t T = (int64_t)e->ntensors;
-    int par = igrad__step_parity(e, e->cur_step);
+    int64_t T = (int64_t)plan->ntensors;
+    int par = igrad__plan_parity(plan, step->cur_step);
     /* 16-bit gradients: the kernels run on the thread's F32 copy (whose
      * zeroing is then wasted) and the gradient itself is zeroed after */
-    int zero16 = zero && e->cfg.grad_dtype != IGRAD_DTYPE_F32;
-    const igrad__dp_cpu_state_t *cs = e->dp_state;
+    int zero16 = zero && plan->cfg.grad_dtype != IGRAD_DTYPE_F32;
+    const igrad__dp_cpu_state_t *cs = mem->dp_state;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
 #endif
     for (int64_t w = 0; w < T; w++) {
 #ifdef _OPENMP
@@ -128,34 +129,35 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
 #else
         int tid = 0;
 #endif
-        uint32_t t = e->work[w];
-        igrad__engine_tensor_t *tp = &e->t[t];
-        float *restrict g = igrad__dp_cpu_grad(e, cs, grads, t, tid);
-        float *restrict r = tp->residual;
-        double a2 = e->tnorm[t]; /* sum of (g + e)^2 from the check */
-        if (e->sent[t]) {
-            igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
-                                     .value = e->stage_val + e->stage_off[t]};
-            const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
+        uint32_t t = step->work[w];
+        igrad__plan_tensor_t *tp = &plan->t[t];
+        float *restrict g = igrad__dp_cpu_grad(plan, step, mem, cs, grads, t, tid);
+        float *restrict r = mem->residual[t];
+        double a2 = step->tnorm[t]; /* sum of (g + e)^2 from the check */
+        if (step->sent[t]) {
+            igrad_selection_t sel = {.index = step->stage_idx + step->stage_off[t],
+                                     .value = step->stage_val + step->stage_off[t]};
+            const igrad_select_spec_t *sp = &tp->spec[step->rel[t]][par];
             double rounded = 0.0; /* sum of squares of rounding errors kept */
-            if (igrad__dp_cpu_fused(e, t)) { /* pass 1 ran in the check */
-                igrad__select_apply(g, r, sp, e->ws[tid], &sel, cs->bound + cs->bound_off[t],
-                                    zero, e->cfg.value_dtype, &rounded);
+            if (igrad__dp_cpu_fused(plan, step, mem, t)) { /* pass 1 ran in the check */
+                igrad__select_apply(g, r, sp, mem->ws[tid], &sel, cs->bound + cs->bound_off[t],
+                                    zero, plan->cfg.value_dtype, &rounded);
             } else {
-                e->tstatus[t] = select_velocity(e, tp, g, sp, e->ws[tid], &sel, zero, &rounded);
-                if (e->tstatus[t] != IGRAD_OK) {
-                    if (zero16) igrad__dp_cpu_zero_grad(e, grads, t);
+                step->tstatus[t] =
+                    select_velocity(plan, step, mem, t, g, sp, mem->ws[tid], &sel, zero, &rounded);
+                if (step->tstatus[t] != IGRAD_OK) {
+                    if (zero16) igrad__dp_cpu_zero_grad(plan, step, mem, grads, t);
                     continue;
                 }
             }
-            e->tsumsq[t] = sel.sumsq;
+            step->tsumsq[t] = sel.sumsq;
             /* the residual is a with the selected entries zeroed (plus their
              * rounding errors) */
             double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
-            e->tnorm[t] = kept + rounded;
+            step->tnorm[t] = kept + rounded;
         } else {
-            igrad__dp_cpu_accumulate(e, t, g, zero);
+            igrad__dp_cpu_accumulate(plan, step, mem, t, g, zero);
         }
-        if (zero16) igrad__dp_cpu_zero_grad(e, grads, t);
+        if (zero16) igrad__dp_cpu_zero_grad(plan, step, mem, grads, t);
     }
 }

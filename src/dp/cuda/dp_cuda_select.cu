@@ -325,27 +325,27 @@ void select_one(igrad__cuda_state_t *st, float *x, float *r, const igrad_select_
 
 } // namespace
 
-void igrad__dp_cuda_select_into(igrad_engine_t *e, float *const *grads, int zero)
+void igrad__dp_cuda_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
 {
-    igrad__cuda_state_t *st = igrad__cuda_state(e);
+    igrad__cuda_state_t *st = igrad__cuda_state(plan, step, mem);
     if (!st) {
-        for (size_t t = 0; t < e->ntensors; t++) e->tstatus[t] = IGRAD_E_STATE;
+        for (size_t t = 0; t < plan->ntensors; t++) step->tstatus[t] = IGRAD_E_STATE;
         return;
     }
-    cudaStream_t s = igrad__cuda_stream(e);
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
     const unsigned T = IGRAD__CUDA_THREADS;
-    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
-    float m = (float)e->cfg.momentum;
-    int par = igrad__step_parity(e, e->cur_step);
-    for (size_t t = 0; t < e->ntensors; t++) {
-        igrad__engine_tensor_t *tp = &e->t[t];
-        float *g = grads[t], *r = tp->residual, *u = tp->velocity;
+    int drop = plan->cfg.residual == IGRAD_RESIDUAL_DROP;
+    float m = (float)plan->cfg.momentum;
+    int par = igrad__plan_parity(plan, step->cur_step);
+    for (size_t t = 0; t < plan->ntensors; t++) {
+        igrad__plan_tensor_t *tp = &plan->t[t];
+        float *g = grads[t], *r = mem->residual[t], *u = mem->velocity[t];
         int64_t n = tp->n;
         unsigned grid = igrad__cuda_grid(n);
-        if (e->sent[t]) {
-            const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
-            uint32_t *idx = e->stage_idx + e->stage_off[t];
-            float *val = e->stage_val + e->stage_off[t];
+        if (step->sent[t]) {
+            const igrad_select_spec_t *sp = &tp->spec[step->rel[t]][par];
+            uint32_t *idx = step->stage_idx + step->stage_off[t];
+            float *val = step->stage_val + step->stage_off[t];
             if (u) {
                 momentum_kernel<<<grid, T, 0, s>>>(u, g, n, m, zero);
                 select_one(st, u, r, sp, idx, val, 0, s);
@@ -374,23 +374,23 @@ void igrad__dp_cuda_select_into(igrad_engine_t *e, float *const *grads, int zero
     double *sums = st->h_sums;
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess)
-        err = cudaMemcpyAsync(sums, st->d_tsumsq, e->ntensors * sizeof(double),
+        err = cudaMemcpyAsync(sums, st->d_tsumsq, plan->ntensors * sizeof(double),
                               cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);
     if (err != cudaSuccess) igrad__cuda_fail(err, "CUDA selection");
-    for (size_t t = 0; t < e->ntensors; t++) {
-        double a2 = e->tnorm[t]; /* sum of a^2 from the check */
-        double sumsq = e->sent[t] ? sums[t] : 0.0;
-        e->tdropped[t] = 0.0;
+    for (size_t t = 0; t < plan->ntensors; t++) {
+        double a2 = step->tnorm[t]; /* sum of a^2 from the check */
+        double sumsq = step->sent[t] ? sums[t] : 0.0;
+        step->tdropped[t] = 0.0;
         if (err != cudaSuccess) {
-            e->tstatus[t] = e->sent[t] ? IGRAD_E_STATE : IGRAD_OK;
-        } else if (e->sent[t]) {
-            e->tsumsq[t] = sumsq;
+            step->tstatus[t] = step->sent[t] ? IGRAD_E_STATE : IGRAD_OK;
+        } else if (step->sent[t]) {
+            step->tsumsq[t] = sumsq;
             /* the residual is a with the selected entries zeroed */
-            e->tnorm[t] = a2 - sumsq > 0.0 ? a2 - sumsq : 0.0;
+            step->tnorm[t] = a2 - sumsq > 0.0 ? a2 - sumsq : 0.0;
         } else if (drop) {
-            e->tdropped[t] = a2;
-            e->tnorm[t] = 0.0;
+            step->tdropped[t] = a2;
+            step->tnorm[t] = 0.0;
         }
     }
 }
