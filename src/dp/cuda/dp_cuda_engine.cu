@@ -7,7 +7,9 @@
 #include "dp/cuda/dp_cuda.cuh"
 /* The engine entry points: an engine-layer file (igrad__engine_create,
  * the two-level engine), here because it is compiled with the device code. */
+extern "C" {
 #include "engine/engine_internal.h"
+}
 
 extern "C" {
 #include "igrad_cuda.h"
