@@ -256,8 +256,6 @@ static inline igrad__route_io_t igrad__engine_route_io(const igrad_engine_t *e)
 
 /* ---- engine.c / engine_online.c ----------------------------------------- */
 
-#define IGRAD__ONLINE_MAX_STEPS 100000      /* config.profile_steps */
-#define IGRAD__ONLINE_PARTITION_NBYTES 64   /* config.profile_partition, NUL included */
 
 /* igrad_engine_create on data plane `dp` with queue `stream` (the CPU one
  * and NULL for igrad_engine_create; igrad_engine_create_cuda for the
@@ -320,8 +318,6 @@ igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_s
 double igrad__engine_step_reset(igrad_engine_t *e, int64_t step);
 /* The gate of step (e->step.sent, e->step.rel), each sent tensor's offset in the
  * staged selection, the per-tensor results reset (engine.c). */
-void igrad__engine_gate_step(igrad_engine_t *e, int64_t step);
-igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history);
 /* Statistics, online record and trace of a step whose result is in grads;
  * the engine is idle after it. */
 igrad_status_t igrad__engine_finish_step(igrad_engine_t *e);

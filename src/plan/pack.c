@@ -8,38 +8,13 @@
  * buffers and collectives (engine.c, comm*.c).
  */
 #include "plan/pack.h"
+#include "core/names.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------------ */
-/* Names                                                                    */
-/* ------------------------------------------------------------------------ */
-
-static const char *const policy_names[] = {"direct", "sequential", "greedy", "risk",
-                                           "contiguous"};
-#define NPOLICIES ((int)(sizeof policy_names / sizeof policy_names[0]))
-
-const char *igrad_pack_policy_name(igrad_pack_policy_t policy)
-{
-    if ((int)policy < 0 || (int)policy >= NPOLICIES) return "unknown";
-    return policy_names[policy];
-}
-
-igrad_status_t igrad_pack_policy_from_name(const char *name, igrad_pack_policy_t *policy)
-{
-    IGRAD_FAIL_IF(!name || !policy, IGRAD_E_INVALID, "packing policy name: NULL argument");
-    for (int p = 0; p < NPOLICIES; p++) {
-        if (igrad__name_equal(name, policy_names[p])) {
-            *policy = (igrad_pack_policy_t)p;
-            return IGRAD_OK;
-        }
-    }
-    return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
-                       "unknown packing policy \"%s\" (expected direct, sequential, "
-                       "greedy, risk or contiguous)", name);
-}
+#define NPOLICIES igrad__pack_names.count
 
 /* ------------------------------------------------------------------------ */
 /* Blocks                                                                   */

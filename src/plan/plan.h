@@ -14,6 +14,11 @@
 
 #include "core/internal.h"
 #include "plan/pack.h"
+#include "plan/step.h"
+
+/* Bounds of the online-profiling config (config.c, engine_online.c). */
+#define IGRAD__ONLINE_MAX_STEPS 100000      /* config.profile_steps */
+#define IGRAD__ONLINE_PARTITION_NBYTES 64   /* config.profile_partition, NUL included */
 
 /* One tensor's plan. Index [rel][par]: rel = 1 at a release step, par = 1
  * on odd steps (only differs from even with interleave). */
@@ -77,5 +82,49 @@ static inline int igrad__plan_parity(const igrad__plan_t *p, int64_t step)
 {
     return p->cfg.interleave && step % 2 != 0;
 }
+
+/* ---- plan_build.c: the plan made at create ------------------------------ */
+
+/* The profile's components against the layout's (all of them, or with
+ * `subset` a subset: a shard's). IGRAD_E_MISMATCH naming the first
+ * difference. */
+igrad_status_t igrad__plan_check_profile(const igrad_profile_t *profile,
+                                         const igrad_layout_t *layout, int subset);
+/* The layout into p->t, names, hashes and the components. */
+igrad_status_t igrad__plan_copy_layout(igrad__plan_t *p, const igrad_layout_t *layout);
+/* Every tensor's select specs, wire index widths and block sizes. */
+igrad_status_t igrad__plan_tensors(igrad__plan_t *p);
+/* Sparse wire bytes of tensor tp's selection at release `rel`, parity `par`. */
+int64_t igrad__plan_tensor_nbytes(const igrad__plan_t *p, const igrad__plan_tensor_t *tp,
+                                  int rel, int par);
+/* The components' important flags and release phases from the profile. */
+igrad_status_t igrad__plan_phases(igrad__plan_t *p, const igrad_profile_t *profile);
+/* The largest step: entries, blocks, gather bytes, dense floats. */
+igrad_status_t igrad__plan_maxima(igrad__plan_t *p, int64_t out[4]);
+/* Blocks of every tensor at its normal budget (even step), readiness order. */
+igrad_status_t igrad__plan_full_blocks(const igrad__plan_t *p, igrad__pack_block_t **out,
+                                       size_t *nout);
+/* The plan and profile hashes of the agreement (formats.md §7). */
+uint64_t igrad__plan_hash(const igrad__plan_t *p);
+uint64_t igrad__plan_profile_hash(const igrad__plan_t *p);
+/* work[0 .. ntensors): the tensors, largest first (the selection threads'
+ * order). */
+void igrad__plan_sort_work(const igrad__plan_t *p, uint32_t *work);
+
+/* ---- plan_step.c: the per-step plan ---------------------------------------- */
+
+/* The gate of `step` (s->sent, s->rel), each sent tensor's offset in the
+ * staged selection, the per-tensor results reset. A pure function of plan
+ * and step, so the data plane may start selections in its check. */
+void igrad__plan_gate(const igrad__plan_t *p, igrad__step_t *s, int64_t step);
+/* Blocks and buckets of step s->cur_step from the gate (readiness order:
+ * last tensor first), assigned to buckets by the pack policy, each
+ * bucket's route chosen and laid out within the arenas (send_cap,
+ * recv_cap bytes); with update_history the risk policy's history learns
+ * the step's blocks. The caller's bucket views (s->desc) point into
+ * send_arena and recv_arena; none for a plan-only engine (NULL arenas). */
+igrad_status_t igrad__plan_step(igrad__plan_t *p, igrad__step_t *s, int update_history,
+                                unsigned char *send_arena, size_t send_cap,
+                                unsigned char *recv_arena, size_t recv_cap);
 
 #endif /* IGRAD_PLAN_H */
