@@ -73,6 +73,15 @@ typedef struct igrad__dp_mem {
                                            with momentum); 0 before the first open */
 } igrad__dp_mem_t;
 
+/* dp_mem.c: the memory part for plan (mem->dp set, the arenas' sizes
+ * set): staged selection (in step), arenas, residuals and velocities
+ * (zeroed, momentum > 0 only); what it made is freed by the engine.
+ * igrad__dp_mem_point points residual[t] and velocity[t] at tensor t's
+ * share of residual_mem and velocity_mem (NULL where there is none). */
+igrad_status_t igrad__dp_mem_alloc(igrad__dp_mem_t *mem, const igrad__plan_t *plan,
+                                   igrad__step_t *step);
+void igrad__dp_mem_point(igrad__dp_mem_t *mem, const igrad__plan_t *plan);
+
 /* Every stage takes the engine's three parts: the plan (read only), the
  * step (the control plane's gate, blocks and buckets; the stages' staged
  * selection and per-tensor results) and the data-plane memory. */

@@ -1,16 +1,17 @@
 /*
- * engine.c — the sync engine (DESIGN.md §2): method/config names and
- * validation, the plan built at create (per tensor: every step or released
- * at a phase, budgets for normal and release steps, block cuts, buffer
- * sizes for the largest step), and the
- * order of one step: check, agree, gate, select, plan the blocks and
+ * engine.c — the sync engine (DESIGN.md §2): create (the plan of
+ * plan/plan_build.c, the step's scratch, the data-plane memory) and free,
+ * and the order of one step: check, agree, gate, select, plan the blocks and
  * buckets, pack, the collectives (two-phase or pipelined), unpack, with
  * statistics. This is the control plane: every touch of gradient,
  * residual, velocity or bucket memory goes through the data-plane table
  * e->mem.dp (dp.h; the CPU backend is dp_cpu*.c), and every choice of
  * collective through the bucket routes (route.h).
  *
- * Not here: the agreement items and their exchange (engine_agree.c);
+ * Not here: names (core/names.c), config validation (plan/config.c), the
+ * plan and the per-step plan (plan/plan_build.c, plan_step.c), the step's
+ * failure messages (engine_fail.c), accessors and statistics
+ * (engine_stats.c); the agreement items and their exchange (engine_agree.c);
  * saving and loading a rank's state (engine_state.c); the gate,
  * phases and release budgets (schedule.c); bucket policies (pack.c);
  * selection itself (select.c); the stages' loops (dp_cpu*.c); the
@@ -54,62 +55,9 @@
 #include <omp.h>
 #endif
 
-
-
 /* ------------------------------------------------------------------------ */
 /* Building the plan                                                        */
 /* ------------------------------------------------------------------------ */
-
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-static int method_defers(igrad_method_t m)
-{
-    return m == IGRAD_METHOD_IAD || m == IGRAD_METHOD_IG;
-}
-
-/* The engine's data-plane memory (staged selection, bucket arenas,
- * residuals, velocities), sized by the plan; none for a plan-only engine. */
-static igrad_status_t alloc_dataplane(igrad_engine_t *e, int dense)
-{
-    const igrad_config_t *c = &e->plan.cfg;
-    size_t T = e->plan.ntensors;
-    if (e->plan.max_entries) {
-        e->step.stage_idx = e->mem.dp->alloc(e->plan.max_entries * sizeof *e->step.stage_idx, 0);
-        e->step.stage_val = e->mem.dp->alloc(e->plan.max_entries * sizeof *e->step.stage_val, 0);
-        IGRAD_FAIL_IF(!e->step.stage_idx || !e->step.stage_val, IGRAD_E_NOMEM,
-                      "igrad_engine_create: out of memory for %zu staged entries",
-                      e->plan.max_entries);
-    }
-    e->mem.send_arena = e->mem.dp->alloc(e->mem.send_arena_nbytes, 0);
-    e->mem.recv_arena = e->mem.dp->alloc(e->mem.recv_arena_nbytes, 0);
-    IGRAD_FAIL_IF(!e->mem.send_arena || !e->mem.recv_arena, IGRAD_E_NOMEM,
-                  "igrad_engine_create: out of memory for %zu + %zu bytes of buckets",
-                  e->mem.send_arena_nbytes, e->mem.recv_arena_nbytes);
-
-    e->mem.residual = calloc(T ? T : 1, sizeof *e->mem.residual);
-    e->mem.velocity = calloc(T ? T : 1, sizeof *e->mem.velocity);
-    IGRAD_FAIL_IF(!e->mem.residual || !e->mem.velocity, IGRAD_E_NOMEM,
-                  "igrad_engine_create: out of memory");
-    if (!dense) {
-        int64_t total = 0;
-        for (size_t i = 0; i < T; i++) total += e->plan.t[i].n;
-        e->mem.residual_count = total;
-        e->mem.residual_mem = e->mem.dp->alloc((size_t)total * sizeof(float), 1);
-        IGRAD_FAIL_IF(!e->mem.residual_mem, IGRAD_E_NOMEM,
-                      "igrad_engine_create: out of memory for %lld residual entries",
-                      (long long)total);
-        if (c->momentum > 0.0) {
-            e->mem.velocity_count = total;
-            e->mem.velocity_mem = e->mem.dp->alloc((size_t)total * sizeof(float), 1);
-            IGRAD_FAIL_IF(!e->mem.velocity_mem, IGRAD_E_NOMEM,
-                          "igrad_engine_create: out of memory for %lld velocity entries "
-                          "(config.momentum)",
-                          (long long)total);
-        }
-    }
-    igrad__engine_point_tensors(e);
-    return IGRAD_OK;
-}
 
 igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layout,
                                    const igrad_profile_t *profile,
@@ -158,96 +106,17 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     const igrad__route_dp_t rdp = igrad__engine_route_dp(e);
     if (!e->plan.plan_only) IGRAD_CHECK(igrad__route_check_engine(c, dense, &rdp, e->comm));
     e->plan.auto_sar = igrad__route_auto_sar(c, dense, e->plan.plan_only, &rdp, e->comm);
-    e->plan.deferral = method_defers(c->method);
-    e->plan.per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
-    IGRAD_FAIL_IF(e->plan.deferral && !profile && c->profile_steps == 0, IGRAD_E_INVALID,
-                  "igrad_engine_create: method %s needs a profile (igrad_profile_build or "
-                  "igrad_profile_load) or config.profile_steps > 0 (online profiling)",
-                  igrad_method_name(c->method));
-    if (e->plan.deferral && profile) IGRAD_CHECK(igrad__plan_check_profile(profile, layout, e->shard));
-    /* iad/ig: e->online copies the partition string and points at the copy */
-    if (!e->plan.deferral) e->plan.cfg.profile_partition = NULL;
-
-    IGRAD_CHECK(igrad__plan_copy_layout(&e->plan, layout));
-    size_t T = e->plan.ntensors;
-    for (size_t i = 0; i < T; i++) e->plan.nparams += e->plan.t[i].n;
-    e->plan.nb_max = e->plan.per_tensor_buckets ? (int)(T < INT32_MAX ? T : INT32_MAX) : c->buckets;
-    IGRAD_CHECK(igrad__plan_tensors(&e->plan));
-    IGRAD_CHECK(igrad__plan_phases(&e->plan, profile));
-
-    if (c->pack == IGRAD_PACK_DIRECT && !e->plan.per_tensor_buckets) {
-        igrad__pack_block_t *full = NULL;
-        size_t nfull = 0;
-        IGRAD_CHECK(igrad__plan_full_blocks(&e->plan, &full, &nfull));
-        igrad_status_t st = igrad__pack_map_build(full, nfull, c->buckets, &e->plan.map);
-        free(full);
-        IGRAD_CHECK(st);
-    }
-    if (c->pack == IGRAD_PACK_RISK && !e->plan.per_tensor_buckets) {
-        size_t nkeys = 0;
-        for (size_t i = 0; i < T; i++) {
-            const igrad__plan_tensor_t *tp = &e->plan.t[i];
-            nkeys += (size_t)max64(max64(tp->nblocks[0][0], tp->nblocks[0][1]),
-                                   max64(tp->nblocks[1][0], tp->nblocks[1][1]));
-        }
-        uint64_t *keys = malloc((nkeys ? nkeys : 1) * sizeof *keys);
-        IGRAD_FAIL_IF(!keys, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-        size_t k = 0;
-        for (size_t i = 0; i < T; i++) {
-            const igrad__plan_tensor_t *tp = &e->plan.t[i];
-            int64_t nb = max64(max64(tp->nblocks[0][0], tp->nblocks[0][1]),
-                               max64(tp->nblocks[1][0], tp->nblocks[1][1]));
-            for (int64_t b = 0; b < nb; b++) keys[k++] = igrad__pack_key((uint32_t)i, (uint32_t)b);
-        }
-        igrad_status_t st = igrad__pack_history_init(&e->plan.hist, keys, nkeys);
-        free(keys);
-        IGRAD_CHECK(st);
-    }
-
-    /* buffers for the largest step */
-    int64_t mx[4];
-    IGRAD_CHECK(igrad__plan_maxima(&e->plan, mx));
+    IGRAD_CHECK(igrad__plan_build(&e->plan, layout, profile, e->shard));
     size_t P = (size_t)e->plan.nranks;
-    e->plan.max_entries = dense ? 0 : (size_t)mx[0];
-    e->plan.max_blocks = (size_t)mx[1];
     size_t slack = (size_t)e->plan.nb_max * 8; /* each bucket's offset is 8-aligned */
-    igrad__route_arenas(c->collective, dense, e->plan.auto_sar, mx[2], mx[3], P, slack,
-                        &e->mem.send_arena_nbytes, &e->mem.recv_arena_nbytes);
+    igrad__route_arenas(c->collective, dense, e->plan.auto_sar, e->plan.max_gather_nbytes,
+                        e->plan.max_dense_count, P, slack, &e->mem.send_arena_nbytes,
+                        &e->mem.recv_arena_nbytes);
 
-    size_t nbm = (size_t)e->plan.nb_max, mb = e->plan.max_blocks ? e->plan.max_blocks : 1;
-    e->step.stage_off = calloc(T, sizeof *e->step.stage_off);
-    e->step.sent = calloc(T, 1);
-    e->step.rel = calloc(T, 1);
-    e->step.work = calloc(T, sizeof *e->step.work);
-    e->step.tstatus = calloc(T, sizeof *e->step.tstatus);
-    e->step.tsumsq = calloc(T, sizeof *e->step.tsumsq);
-    e->step.tnorm = calloc(T, sizeof *e->step.tnorm);
-    e->step.tdropped = calloc(T, sizeof *e->step.tdropped);
-    e->step.blocks = calloc(mb, sizeof *e->step.blocks);
-    e->step.binfo = calloc(mb, sizeof *e->step.binfo);
-    e->step.bucket_of = calloc(mb, sizeof *e->step.bucket_of);
-    e->step.order = calloc(mb, sizeof *e->step.order);
-    e->step.start = calloc(nbm + 1, sizeof *e->step.start);
-    e->step.loads = calloc(nbm, sizeof *e->step.loads);
-    e->step.bk = calloc(nbm, sizeof *e->step.bk);
-    e->step.desc = calloc(nbm, sizeof *e->step.desc);
-    IGRAD_FAIL_IF(!e->step.stage_off || !e->step.sent || !e->step.rel || !e->step.work ||
-                      !e->step.tstatus || !e->step.tsumsq || !e->step.tnorm || !e->step.tdropped ||
-                      !e->step.blocks || !e->step.binfo || !e->step.bucket_of || !e->step.order ||
-                      !e->step.start || !e->step.loads || !e->step.bk || !e->step.desc,
-                  IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    if (!dense && !e->plan.plan_only &&
-        (c->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE || e->plan.auto_sar)) {
-        e->step.sar = calloc(nbm, sizeof *e->step.sar);
-        IGRAD_FAIL_IF(!e->step.sar, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    }
-    igrad__plan_sort_work(&e->plan, e->step.work);
-    if (!e->plan.per_tensor_buckets) {
-        e->step.pack_scratch_nbytes = igrad__pack_scratch_nbytes(mb, c->buckets);
-        e->step.pack_scratch = malloc(e->step.pack_scratch_nbytes);
-        IGRAD_FAIL_IF(!e->step.pack_scratch, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    }
-    if (!e->plan.plan_only) IGRAD_CHECK(alloc_dataplane(e, dense));
+    int sar = !dense && !e->plan.plan_only &&
+              (c->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE || e->plan.auto_sar);
+    IGRAD_CHECK(igrad__step_alloc(&e->step, &e->plan, sar));
+    if (!e->plan.plan_only) IGRAD_CHECK(igrad__dp_mem_alloc(&e->mem, &e->plan, &e->step));
 
 #ifdef _OPENMP
     e->plan.nthreads = c->threads > 0 ? c->threads : omp_get_max_threads();
@@ -260,7 +129,8 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     for (int i = 0; i < e->plan.nthreads; i++) IGRAD_CHECK(igrad_select_ws_create(&e->mem.ws[i]));
     if (e->plan.deferral) IGRAD_CHECK(igrad__online_init(e, layout, profile));
 
-    igrad__engine_static_items(e, igrad_layout_hash(layout), igrad__plan_profile_hash(&e->plan), igrad__plan_hash(&e->plan));
+    igrad__engine_static_items(e, igrad_layout_hash(layout), igrad__plan_profile_hash(&e->plan),
+                               igrad__plan_hash(&e->plan));
     e->calls = 0;
     igrad__engine_dynamic_items(e, -1);
     e->stats.step = -1;
@@ -294,26 +164,7 @@ void igrad_engine_free(igrad_engine_t *e)
     }
     free(e->mem.residual);
     free(e->mem.velocity);
-    free(e->step.stage_off);
-    free(e->step.sent);
-    free(e->step.rel);
-    free(e->step.work);
-    free(e->step.tstatus);
-    free(e->step.tsumsq);
-    free(e->step.tnorm);
-    free(e->step.tdropped);
-    free(e->step.blocks);
-    free(e->step.binfo);
-    free(e->step.bucket_of);
-    free(e->step.order);
-    free(e->step.start);
-    free(e->step.loads);
-    free(e->step.bk);
-    free(e->step.desc);
-    if (e->step.sar)
-        for (int j = 0; j < e->plan.nb_max; j++) igrad__sar_clear(&e->step.sar[j]);
-    free(e->step.sar);
-    free(e->step.pack_scratch);
+    igrad__step_free(&e->step, e->plan.nb_max);
     igrad__online_free(e->online);
     igrad__stream_free(e);
     /* After a timeout a collective is left pending on these buffers (MPI
@@ -436,67 +287,8 @@ igrad_status_t igrad__engine_create_shard(const igrad_layout_t *layout,
 /* One step: checks and selection                                           */
 /* ------------------------------------------------------------------------ */
 
-/* The first NULL gradient, as the step's local failure (IGRAD_E_INVALID
- * naming it; *bad_tensor its index), or IGRAD_OK. */
-igrad_status_t igrad__engine_null_grads(igrad_engine_t *e, int64_t step, float *const *grads,
-                                        int64_t *bad_tensor)
-{
-    *bad_tensor = -1;
-    IGRAD_FAIL_IF(!grads, IGRAD_E_INVALID, "step %lld: grads is NULL", (long long)step);
-    for (size_t t = 0; t < e->plan.ntensors; t++)
-        if (!grads[t]) {
-            *bad_tensor = (int64_t)t;
-            return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
-                               "step %lld: grads[%zu] (%s) is NULL", (long long)step, t,
-                               e->plan.t[t].name);
-        }
-    return IGRAD_OK;
-}
-
-/* After the check stage: the first tensor whose selection pass 1 failed
- * (e->step.tstatus, other than non-finite) or whose e->step.tnorm is not finite, as
- * the step's local failure (that status, or IGRAD_E_NONFINITE naming it
- * and the first bad index), or IGRAD_OK. */
-igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *const *grads,
-                                       int64_t *bad_tensor)
-{
-    *bad_tensor = -1;
-    for (size_t t = 0; t < e->plan.ntensors; t++) {
-        int64_t ts = e->step.tstatus[t]; /* of a selection pass 1 inside the check */
-        if (ts != IGRAD_OK && ts != IGRAD_E_NONFINITE) {
-            *bad_tensor = (int64_t)t;
-            return igrad__fail((igrad_status_t)ts, __FILE__, __LINE__,
-                               "step %lld: selection of %s failed (%s); the step is skipped on "
-                               "every rank",
-                               (long long)step, e->plan.t[t].name,
-                               igrad_status_str((igrad_status_t)ts));
-        }
-        if (isfinite(e->step.tnorm[t])) continue;
-        float g, u, rv;
-        int64_t i = e->mem.dp->first_bad(IGRAD__PARTS(e), grads, t, &g, &u, &rv);
-        *bad_tensor = (int64_t)t;
-        if (e->mem.velocity_count > 0 && isfinite(g) && isfinite(u) && isfinite(rv))
-            return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
-                               "step %lld: %s: momentum * velocity + grad + residual overflows "
-                               "at index %lld (grad %g, velocity %g, residual %g); the step is "
-                               "skipped on every rank",
-                               (long long)step, e->plan.t[t].name, (long long)i, (double)g,
-                               (double)u, (double)rv);
-        if (isfinite(g) && isfinite(rv))
-            return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
-                               "step %lld: %s: grad + residual overflows at index %lld (grad "
-                               "%g, residual %g); the step is skipped on every rank",
-                               (long long)step, e->plan.t[t].name, (long long)i, (double)g,
-                               (double)rv);
-        return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
-                           "step %lld: %s: non-finite value at index %lld (grad %g, residual "
-                           "%g); the step is skipped on every rank",
-                           (long long)step, e->plan.t[t].name, (long long)i, (double)g, (double)rv);
-    }
-    return IGRAD_OK;
-}
-
-/* Local argument and finiteness checks; records the message. */
+/* The step's local checks (engine_fail.c): a NULL gradient, then the
+ * check stage and a non-finite tensor; *bad_tensor the tensor or -1. */
 static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const *grads,
                                    int64_t *bad_tensor)
 {
@@ -599,7 +391,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     }
     double t3 = igrad__now_ms();
     e->stats.select_ms += t3 - t2;
-    st = igrad__plan_step(&e->plan, &e->step, 1, e->mem.send_arena, e->mem.send_arena_nbytes, e->mem.recv_arena, e->mem.recv_arena_nbytes);
+    st = igrad__engine_plan_step(e, 1);
     if (st != IGRAD_OK) return igrad__engine_break(e, st);
     e->stats.pack_ms = igrad__now_ms() - t3;
     return IGRAD_OK;
@@ -665,21 +457,6 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
             if (e->step.sent[t])
                 IGRAD_CHECK(igrad_trace_record(e->trace, e->step.cur_step, t, e->step.tsumsq[t],
                                                e->plan.t[t].spec[e->step.rel[t]][par].count));
-    return IGRAD_OK;
-}
-
-igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step)
-{
-    igrad__engine_step_reset(e, step);
-    igrad__plan_gate(&e->plan, &e->step, step);
-    e->step.step_sar = e->plan.auto_sar; /* a plan-only engine models igrad_engine_sync */
-    igrad_status_t st = igrad__plan_step(&e->plan, &e->step, 1, e->mem.send_arena, e->mem.send_arena_nbytes, e->mem.recv_arena, e->mem.recv_arena_nbytes);
-    e->step.step_sar = 0;
-    IGRAD_CHECK(st);
-    /* the step's statistics as a run has them: nothing was selected (norms
-     * 0), no online window records (profile_steps is 0), no trace is set */
-    IGRAD_CHECK(igrad__engine_finish_step(e));
-    e->stats.total_ms = 0.0;
     return IGRAD_OK;
 }
 
@@ -770,38 +547,6 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
     return igrad__engine_finish_step(e);
 }
 
-/* A collective of bucket j failed or timed out: says which, at which step,
- * and returns the comm's status. */
-static igrad_status_t bucket_failed(const igrad_engine_t *e, size_t j, igrad_status_t st)
-{
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", igrad_last_error());
-    const igrad__step_bucket_t *bk = &e->step.bk[j];
-    return igrad__fail(st, __FILE__, __LINE__,
-                       "step %lld: bucket %d (%s of %lld bytes, %zu of %zu this step): %s",
-                       (long long)e->step.cur_step, bk->index, bk->route->name,
-                       (long long)bk->route->payload(bk), j + 1, e->step.nbk, msg);
-}
-
-/* The step's group start or end (`what`) failed: says so, and at which
- * step, and returns the comm's status. */
-static igrad_status_t group_failed(const igrad_engine_t *e, const char *what,
-                                   igrad_status_t st)
-{
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", igrad_last_error());
-    return igrad__fail(st, __FILE__, __LINE__, "step %lld: %s of the step's %zu buckets: %s",
-                       (long long)e->step.cur_step, what, e->step.nbk, msg);
-}
-
-/* Keeps the message of a step's first failure in buf: waiting out the
- * remaining requests records later ones. */
-static igrad_status_t keep_first(igrad_status_t st, char *buf, size_t nbytes)
-{
-    if (st != IGRAD_OK && !buf[0]) snprintf(buf, nbytes, "%s", igrad_last_error());
-    return st;
-}
-
 /* igrad_engine_sync after the argument checks, under the config's timeout.
  * Once a bucket has bad bytes nothing more is unpacked, but every bucket is
  * still issued and waited for, so this rank makes the same collectives as
@@ -824,7 +569,9 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
     st = igrad__comm_group_start(e->comm);
     int grouped = st == IGRAD_OK;
     comm_ms += igrad__now_ms() - a;
-    if (st != IGRAD_OK) st = keep_first(group_failed(e, "group start", st), smsg, sizeof smsg);
+    if (st != IGRAD_OK)
+        st = igrad__engine_keep_first(igrad__engine_group_failed(e, "group start", st), smsg,
+                                      sizeof smsg);
     for (size_t j = 0; j < e->step.nbk && st == IGRAD_OK; j++) {
         a = igrad__now_ms();
         pack_bucket(e, j, grads);
@@ -837,7 +584,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         a = igrad__now_ms();
         comm_ms += a - b;
         if (st != IGRAD_OK) {
-            st = keep_first(bucket_failed(e, j, st), smsg, sizeof smsg);
+            st = igrad__engine_keep_first(igrad__engine_bucket_failed(e, j, st), smsg, sizeof smsg);
             break;
         }
         issued++;
@@ -846,7 +593,8 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             int ready = 0;
             st = igrad_comm_test(e->comm, e->step.bk[done].req, &ready);
             if (st != IGRAD_OK) {
-                st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
+                st = igrad__engine_keep_first(igrad__engine_bucket_failed(e, done, st), smsg,
+                                              sizeof smsg);
                 break;
             }
             if (!ready) break;
@@ -856,10 +604,12 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
             comm_ms += b - a;
             e->stats.comm_window_ms[1] = b;
             if (st != IGRAD_OK) {
-                st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
+                st = igrad__engine_keep_first(igrad__engine_bucket_failed(e, done, st), smsg,
+                                              sizeof smsg);
                 break;
             }
-            if (ust == IGRAD_OK) ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
+            if (ust == IGRAD_OK)
+                ust = igrad__engine_keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
             done++;
             a = igrad__now_ms();
             unpack_ms += a - b;
@@ -870,7 +620,8 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         igrad_status_t gs = igrad__comm_group_end(e->comm);
         comm_ms += igrad__now_ms() - a;
         if (gs != IGRAD_OK && st == IGRAD_OK)
-            st = keep_first(group_failed(e, "group end", gs), smsg, sizeof smsg);
+            st = igrad__engine_keep_first(igrad__engine_group_failed(e, "group end", gs), smsg,
+                                          sizeof smsg);
     }
     /* After a failure the remaining requests are still waited for: on a
      * comm broken by a timeout that only releases them. */
@@ -882,9 +633,10 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         comm_ms += b - a;
         e->stats.comm_window_ms[1] = b;
         if (ws != IGRAD_OK && st == IGRAD_OK)
-            st = keep_first(bucket_failed(e, done, ws), smsg, sizeof smsg);
+            st = igrad__engine_keep_first(igrad__engine_bucket_failed(e, done, ws), smsg,
+                                          sizeof smsg);
         if (st == IGRAD_OK && ust == IGRAD_OK) {
-            ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
+            ust = igrad__engine_keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
             unpack_ms += igrad__now_ms() - b;
         }
         done++;

@@ -222,18 +222,6 @@ static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)
     return igrad__plan_parity(&e->plan, step);
 }
 
-/* Points mem.residual[t] and mem.velocity[t] at tensor t's share of
- * residual_mem and velocity_mem (layout order; NULL where there is none). */
-static inline void igrad__engine_point_tensors(igrad_engine_t *e)
-{
-    int64_t off = 0;
-    for (size_t i = 0; i < e->plan.ntensors; i++) {
-        e->mem.residual[i] = e->mem.residual_mem ? e->mem.residual_mem + off : NULL;
-        e->mem.velocity[i] = e->mem.velocity_mem ? e->mem.velocity_mem + off : NULL;
-        off += e->plan.t[i].n;
-    }
-}
-
 /* What the route table (route.h) needs of the engine's data plane, and
  * where its collectives run. */
 static inline igrad__route_dp_t igrad__engine_route_dp(const igrad_engine_t *e)
@@ -249,6 +237,14 @@ static inline igrad__route_io_t igrad__engine_route_io(const igrad_engine_t *e)
     igrad__route_io_t io = {e->comm, e->mem.dp->space, e->mem.dp_stream, e->mem.dp->sar,
                             e->mem.send_arena};
     return io;
+}
+
+/* The step's blocks and buckets (plan/plan_step.c) in this engine's arenas. */
+static inline igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history)
+{
+    return igrad__plan_step(&e->plan, &e->step, update_history, e->mem.send_arena,
+                            e->mem.send_arena_nbytes, e->mem.recv_arena,
+                            e->mem.recv_arena_nbytes);
 }
 
 /* The three parts the data-plane stages take (dp.h). */
@@ -306,6 +302,14 @@ igrad_status_t igrad__engine_null_grads(igrad_engine_t *e, int64_t step, float *
                                         int64_t *bad_tensor);
 igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *const *grads,
                                        int64_t *bad_tensor);
+/* engine_fail.c: a collective of bucket j failed or timed out (says
+ * which, at which step); the step's group start or end (`what`) failed;
+ * keep_first keeps the message of a step's first failure in buf. Each
+ * returns st. */
+igrad_status_t igrad__engine_bucket_failed(const igrad_engine_t *e, size_t j, igrad_status_t st);
+igrad_status_t igrad__engine_group_failed(const igrad_engine_t *e, const char *what,
+                                          igrad_status_t st);
+igrad_status_t igrad__engine_keep_first(igrad_status_t st, char *buf, size_t nbytes);
 /* The step's agreement: this rank's status `st` (its message is
  * igrad_last_error(); `bad` the tensor or -1), the dynamic items and, every
  * verify_every calls, all items (igrad__engine_agree); counts the call. */

@@ -230,7 +230,7 @@ void igrad__online_commit(igrad_engine_t *e, igrad_engine_t *n, igrad_profile_t 
     float *mine = n->mem.residual_mem;
     n->mem.residual_mem = e->mem.residual_mem;
     e->mem.residual_mem = mine;
-    igrad__engine_point_tensors(n);
+    igrad__dp_mem_point(&n->mem, &n->plan);
     n->trace = e->trace;
     n->calls = e->calls;
     n->last_step = e->last_step;

@@ -86,3 +86,19 @@ igrad_status_t igrad_engine_plan_step(igrad_engine_t *e, int64_t step,
     }
     return IGRAD_OK;
 }
+
+igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step)
+{
+    igrad__engine_step_reset(e, step);
+    igrad__plan_gate(&e->plan, &e->step, step);
+    e->step.step_sar = e->plan.auto_sar; /* a plan-only engine models igrad_engine_sync */
+    igrad_status_t st =
+        igrad__engine_plan_step(e, 1);
+    e->step.step_sar = 0;
+    IGRAD_CHECK(st);
+    /* the step's statistics as a run has them: nothing was selected (norms
+     * 0), no online window records (profile_steps is 0), no trace is set */
+    IGRAD_CHECK(igrad__engine_finish_step(e));
+    e->stats.total_ms = 0.0;
+    return IGRAD_OK;
+}

@@ -157,7 +157,7 @@ igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
 
     igrad__plan_gate(&e->plan, &e->step, step);
     /* The history learns this step's blocks at close, if the step counts. */
-    igrad_status_t st = igrad__plan_step(&e->plan, &e->step, 0, e->mem.send_arena, e->mem.send_arena_nbytes, e->mem.recv_arena, e->mem.recv_arena_nbytes);
+    igrad_status_t st = igrad__engine_plan_step(e, 0);
     if (st != IGRAD_OK) return igrad__engine_break(e, st); /* the others go on */
     stream_plan(e);
     e->stats.pack_ms = igrad__now_ms() - t0;

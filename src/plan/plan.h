@@ -75,6 +75,7 @@ typedef struct igrad__plan {
 
     /* the largest step: what the step scratch is sized for */
     size_t max_entries, max_blocks;
+    int64_t max_gather_nbytes, max_dense_count; /* what the arenas are sized for */
 } igrad__plan_t;
 
 /* Odd steps select with spec[.][1] when interleaving. */
@@ -84,6 +85,14 @@ static inline int igrad__plan_parity(const igrad__plan_t *p, int64_t step)
 }
 
 /* ---- plan_build.c: the plan made at create ------------------------------ */
+
+/* The plan of p->cfg (set, validated; p->sp, value_nbytes, nranks too)
+ * for `layout` and `profile` (NULL: every component important; with
+ * `shard`, a profile that may cover more components than the layout):
+ * per-tensor plans, phases, the direct policy's map and the risk
+ * policy's history keys, the largest step. */
+igrad_status_t igrad__plan_build(igrad__plan_t *p, const igrad_layout_t *layout,
+                                 const igrad_profile_t *profile, int shard);
 
 /* The profile's components against the layout's (all of them, or with
  * `subset` a subset: a shard's). IGRAD_E_MISMATCH naming the first
@@ -112,6 +121,13 @@ uint64_t igrad__plan_profile_hash(const igrad__plan_t *p);
 void igrad__plan_sort_work(const igrad__plan_t *p, uint32_t *work);
 
 /* ---- plan_step.c: the per-step plan ---------------------------------------- */
+
+/* The step's scratch for plan p, sized for its largest step (with `sar`,
+ * the sparse all-reduce's workspaces per bucket slot); the staged
+ * selection (stage_idx, stage_val) is the data plane's to allocate.
+ * igrad__step_free frees what igrad__step_alloc made. */
+igrad_status_t igrad__step_alloc(igrad__step_t *s, const igrad__plan_t *p, int sar);
+void igrad__step_free(igrad__step_t *s, int nb_max);
 
 /* The gate of `step` (s->sent, s->rel), each sent tensor's offset in the
  * staged selection, the per-tensor results reset. A pure function of plan

@@ -260,7 +260,8 @@ igrad_status_t igrad__plan_maxima(igrad__plan_t *p, int64_t out[4])
         int64_t v[4];
         v[0] = tp->spec[rel][0].count; /* the same on both parities */
         v[1] = max64(tp->nblocks[rel][0], tp->nblocks[rel][1]);
-        v[2] = max64(igrad__plan_tensor_nbytes(p, tp, rel, 0), igrad__plan_tensor_nbytes(p, tp, rel, 1));
+        v[2] = max64(igrad__plan_tensor_nbytes(p, tp, rel, 0),
+                     igrad__plan_tensor_nbytes(p, tp, rel, 1));
         v[3] = max64(tensor_dense_cap(p, tp, rel, 0), tensor_dense_cap(p, tp, rel, 1));
         if (!rel) {
             for (int q = 0; q < 4; q++) every[q] += v[q];
@@ -364,3 +365,68 @@ void igrad__plan_sort_work(const igrad__plan_t *p, uint32_t *work)
     }
 }
 
+static int method_defers(igrad_method_t m)
+{
+    return m == IGRAD_METHOD_IAD || m == IGRAD_METHOD_IG;
+}
+
+igrad_status_t igrad__plan_build(igrad__plan_t *p, const igrad_layout_t *layout,
+                                 const igrad_profile_t *profile, int shard)
+{
+    const igrad_config_t *c = &p->cfg;
+    int dense = p->sp == IGRAD_SPARSIFIER_NONE;
+    p->deferral = method_defers(c->method);
+    p->per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
+    IGRAD_FAIL_IF(p->deferral && !profile && c->profile_steps == 0, IGRAD_E_INVALID,
+                  "igrad_engine_create: method %s needs a profile (igrad_profile_build or "
+                  "igrad_profile_load) or config.profile_steps > 0 (online profiling)",
+                  igrad_method_name(c->method));
+    if (p->deferral && profile) IGRAD_CHECK(igrad__plan_check_profile(profile, layout, shard));
+    /* iad/ig: the engine's online state copies the partition string and points at the copy */
+    if (!p->deferral) p->cfg.profile_partition = NULL;
+
+    IGRAD_CHECK(igrad__plan_copy_layout(p, layout));
+    size_t T = p->ntensors;
+    for (size_t i = 0; i < T; i++) p->nparams += p->t[i].n;
+    p->nb_max = p->per_tensor_buckets ? (int)(T < INT32_MAX ? T : INT32_MAX) : c->buckets;
+    IGRAD_CHECK(igrad__plan_tensors(p));
+    IGRAD_CHECK(igrad__plan_phases(p, profile));
+
+    if (c->pack == IGRAD_PACK_DIRECT && !p->per_tensor_buckets) {
+        igrad__pack_block_t *full = NULL;
+        size_t nfull = 0;
+        IGRAD_CHECK(igrad__plan_full_blocks(p, &full, &nfull));
+        igrad_status_t st = igrad__pack_map_build(full, nfull, c->buckets, &p->map);
+        free(full);
+        IGRAD_CHECK(st);
+    }
+    if (c->pack == IGRAD_PACK_RISK && !p->per_tensor_buckets) {
+        size_t nkeys = 0;
+        for (size_t i = 0; i < T; i++) {
+            const igrad__plan_tensor_t *tp = &p->t[i];
+            nkeys += (size_t)max64(max64(tp->nblocks[0][0], tp->nblocks[0][1]),
+                                   max64(tp->nblocks[1][0], tp->nblocks[1][1]));
+        }
+        uint64_t *keys = malloc((nkeys ? nkeys : 1) * sizeof *keys);
+        IGRAD_FAIL_IF(!keys, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+        size_t k = 0;
+        for (size_t i = 0; i < T; i++) {
+            const igrad__plan_tensor_t *tp = &p->t[i];
+            int64_t nb = max64(max64(tp->nblocks[0][0], tp->nblocks[0][1]),
+                               max64(tp->nblocks[1][0], tp->nblocks[1][1]));
+            for (int64_t b = 0; b < nb; b++) keys[k++] = igrad__pack_key((uint32_t)i, (uint32_t)b);
+        }
+        igrad_status_t st = igrad__pack_history_init(&p->hist, keys, nkeys);
+        free(keys);
+        IGRAD_CHECK(st);
+    }
+
+    /* buffers for the largest step */
+    int64_t mx[4];
+    IGRAD_CHECK(igrad__plan_maxima(p, mx));
+    p->max_entries = dense ? 0 : (size_t)mx[0];
+    p->max_blocks = (size_t)mx[1];
+    p->max_gather_nbytes = mx[2];
+    p->max_dense_count = mx[3];
+    return IGRAD_OK;
+}

@@ -9,7 +9,9 @@
 #include "plan/route.h"
 #include "plan/schedule.h"
 #include "plan/step.h"
+#include "comm/sparse_allreduce.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The gate of the step (a pure function of plan and step, so it can run
@@ -162,3 +164,63 @@ igrad_status_t igrad__plan_step(igrad__plan_t *p, igrad__step_t *s, int update_h
     return IGRAD_OK;
 }
 
+igrad_status_t igrad__step_alloc(igrad__step_t *s, const igrad__plan_t *p, int sar)
+{
+    size_t T = p->ntensors;
+    size_t nbm = (size_t)p->nb_max, mb = p->max_blocks ? p->max_blocks : 1;
+    s->stage_off = calloc(T, sizeof *s->stage_off);
+    s->sent = calloc(T, 1);
+    s->rel = calloc(T, 1);
+    s->work = calloc(T, sizeof *s->work);
+    s->tstatus = calloc(T, sizeof *s->tstatus);
+    s->tsumsq = calloc(T, sizeof *s->tsumsq);
+    s->tnorm = calloc(T, sizeof *s->tnorm);
+    s->tdropped = calloc(T, sizeof *s->tdropped);
+    s->blocks = calloc(mb, sizeof *s->blocks);
+    s->binfo = calloc(mb, sizeof *s->binfo);
+    s->bucket_of = calloc(mb, sizeof *s->bucket_of);
+    s->order = calloc(mb, sizeof *s->order);
+    s->start = calloc(nbm + 1, sizeof *s->start);
+    s->loads = calloc(nbm, sizeof *s->loads);
+    s->bk = calloc(nbm, sizeof *s->bk);
+    s->desc = calloc(nbm, sizeof *s->desc);
+    IGRAD_FAIL_IF(!s->stage_off || !s->sent || !s->rel || !s->work || !s->tstatus || !s->tsumsq ||
+                      !s->tnorm || !s->tdropped || !s->blocks || !s->binfo || !s->bucket_of ||
+                      !s->order || !s->start || !s->loads || !s->bk || !s->desc,
+                  IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    if (sar) {
+        s->sar = calloc(nbm, sizeof *s->sar);
+        IGRAD_FAIL_IF(!s->sar, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    }
+    igrad__plan_sort_work(p, s->work);
+    if (!p->per_tensor_buckets) {
+        s->pack_scratch_nbytes = igrad__pack_scratch_nbytes(mb, p->cfg.buckets);
+        s->pack_scratch = malloc(s->pack_scratch_nbytes);
+        IGRAD_FAIL_IF(!s->pack_scratch, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    }
+    return IGRAD_OK;
+}
+
+void igrad__step_free(igrad__step_t *s, int nb_max)
+{
+    free(s->stage_off);
+    free(s->sent);
+    free(s->rel);
+    free(s->work);
+    free(s->tstatus);
+    free(s->tsumsq);
+    free(s->tnorm);
+    free(s->tdropped);
+    free(s->blocks);
+    free(s->binfo);
+    free(s->bucket_of);
+    free(s->order);
+    free(s->start);
+    free(s->loads);
+    free(s->bk);
+    free(s->desc);
+    if (s->sar)
+        for (int j = 0; j < nb_max; j++) igrad__sar_clear(&s->sar[j]);
+    free(s->sar);
+    free(s->pack_scratch);
+}
