@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/names.h"
 #include "plan_cost.h"
 
 #ifdef IGRAD_HAVE_TRAINER
@@ -65,13 +66,16 @@ static void usage(FILE *fp)
 "                              average of the local AdamW updates\n"
 "  --threads N                 OpenMP/OpenBLAS threads per rank (default\n"
 "                              $OMP_NUM_THREADS, else cores / ranks on this node)\n"
-"synchronization:\n"
-"  --method dense|topk_sync|adtopk_sync|iad|ig   (default dense)\n"
+"synchronization:\n");
+    /* the kinds from the library's name tables (core/names.h) */
+    char m[128], sc[64], rs[64], pk[128], tp[64];
+    fprintf(fp,
+"  --method %s   (default dense)\n"
 "  --sparsifier topk|adtopk    for iad/ig (default adtopk)\n"
 "  --density RHO (0.01)  --release-period R (4)  --release-keep KAPPA (0.25)\n"
-"  --schedule aligned|staggered  --residual on|drop  --buckets B (4)\n"
-"  --pack direct|sequential|greedy|risk|contiguous  --verify-every N (100)\n"
-"  --topology flat|hier        hier: each tensor is summed onto its owner inside the\n"
+"  --schedule %s  --residual %s  --buckets B (4)\n"
+"  --pack %s  --verify-every N (100)\n"
+"  --topology %-16s hier: each tensor is summed onto its owner inside the\n"
 "                              node, owners exchange between nodes, the result is\n"
 "                              broadcast in the node (default flat; needs a profile\n"
 "                              file, not --profile auto)\n"
@@ -132,7 +136,12 @@ static void usage(FILE *fp)
 "  --progress auto|line|plain|quiet   --log-every N (plain lines; default steps/20)\n"
 "\n"
 "Every rank must get the same options, except --threads, --progress, --log-every,\n"
-"--trace and --overwrite (a difference fails every rank, naming the option).\n");
+"--trace and --overwrite (a difference fails every rank, naming the option).\n",
+            igrad__names_list(&igrad__method_names, "|", m, sizeof m),
+            igrad__names_list(&igrad__schedule_names, "|", sc, sizeof sc),
+            igrad__names_list(&igrad__residual_names, "|", rs, sizeof rs),
+            igrad__names_list(&igrad__pack_names, "|", pk, sizeof pk),
+            igrad__names_list(&igrad__topology_names, "|", tp, sizeof tp));
 }
 
 /* Model architecture overrides on top of the preset. @return 1 consumed,

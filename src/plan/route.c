@@ -176,7 +176,7 @@ static igrad__cost_t sar_cost(const igrad__route_bucket_t *b, const igrad__route
 /* The send arena holds its entries, 8 bytes each: at most twice the gather
  * bytes (>= 4 bytes per entry), forced or under auto (where the table's
  * maximum takes it). Nothing in the recv arena: the result and the
- * remainder stay in the bucket slot's workspace (e->sar) until unpack. */
+ * remainder stay in the bucket slot's workspace (step->sar) until unpack. */
 static void sar_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
                       size_t *send, size_t *recv)
 {
