@@ -69,46 +69,63 @@ static igrad_status_t select_velocity(IGRAD__DP_CARGS, size_t t, float *restrict
     return IGRAD_OK;
 }
 
+/* The error-feedback kernels of a tensor not sent, on plain arguments
+ * (n entries; g zeroed in the same pass with `zero`). */
+
+/* r = g + r */
+static void ef_add(float *restrict r, float *restrict g, int64_t n, int zero)
+{
+    if (zero) {
+        SIMD
+        for (int64_t i = 0; i < n; i++) {
+            r[i] = g[i] + r[i];
+            g[i] = 0.0f;
+        }
+    } else {
+        SIMD
+        for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
+    }
+}
+
+/* DGC's momentum correction: u = m*u + g, r = u + r */
+static void ef_add_momentum(float *restrict r, float *restrict u, float *restrict g, float m,
+                            int64_t n, int zero)
+{
+    SIMD
+    for (int64_t i = 0; i < n; i++) {
+        u[i] = m * u[i] + g[i];
+        r[i] = u[i] + r[i];
+    }
+    if (zero) memset(g, 0, (size_t)n * sizeof *g);
+}
+
+/* The residual "drop" ablation: r = 0, and u = 0 with it (u may be NULL) */
+static void ef_drop(float *restrict r, float *restrict u, float *restrict g, int64_t n, int zero)
+{
+    if (u) memset(u, 0, (size_t)n * sizeof *u);
+    memset(r, 0, (size_t)n * sizeof *r);
+    if (zero) memset(g, 0, (size_t)n * sizeof *g);
+}
+
 /* A tensor not sent this step: g added into its residual (with momentum
- * u = m*u + g, e = u + e) or, with residual "drop", dropped
- * with its velocity; with `zero` g is zeroed in the pass that reads it.
+ * u = m*u + g, e = u + e) or, with residual "drop", dropped with its
+ * velocity; with `zero` g is zeroed in the pass that reads it. The kernel
+ * follows from the config and whether the tensor has a velocity.
  * step->tnorm[t] holds the check's sum of a^2 and becomes the residual's
  * (step->tdropped[t] the dropped mass). Shared by select_into and the
  * streamed step's commit (dp_cpu_stream.c). */
 void igrad__dp_cpu_accumulate(IGRAD__DP_ARGS, size_t t, float *restrict g, int zero)
 {
-    igrad__plan_tensor_t *tp = &plan->t[t];
-    float *restrict r = mem->residual[t];
-    int64_t n = tp->n;
-    int drop = plan->cfg.residual == IGRAD_RESIDUAL_DROP;
-    float m = (float)plan->cfg.momentum;
-    double a2 = step->tnorm[t];
-    float *restrict u = mem->velocity[t];
-    if (!drop && !u) {
-        if (zero) {
-            SIMD
-            for (int64_t i = 0; i < n; i++) {
-                r[i] = g[i] + r[i];
-                g[i] = 0.0f;
-            }
-        } else {
-            SIMD
-            for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
-        }
-    } else if (!drop) {
-        SIMD
-        for (int64_t i = 0; i < n; i++) {
-            u[i] = m * u[i] + g[i];
-            r[i] = u[i] + r[i];
-        }
-        if (zero) memset(g, 0, (size_t)n * sizeof *g);
-    } else {
-        /* the ablation drops the velocity with the residual */
-        if (mem->velocity[t]) memset(mem->velocity[t], 0, (size_t)n * sizeof *mem->velocity[t]);
-        memset(r, 0, (size_t)n * sizeof *r);
-        if (zero) memset(g, 0, (size_t)n * sizeof *g);
-        step->tdropped[t] = a2;
+    float *r = mem->residual[t], *u = mem->velocity[t];
+    int64_t n = plan->t[t].n;
+    if (plan->cfg.residual == IGRAD_RESIDUAL_DROP) {
+        ef_drop(r, u, g, n, zero);
+        step->tdropped[t] = step->tnorm[t];
         step->tnorm[t] = 0.0;
+    } else if (u) {
+        ef_add_momentum(r, u, g, (float)plan->cfg.momentum, n, zero);
+    } else {
+        ef_add(r, g, n, zero);
     }
 }
 
