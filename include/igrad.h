@@ -128,8 +128,8 @@ IGRAD_API void igrad_free(void *ptr);
  *  projection; QKV = fused query/key/value. EMB, HEAD and NORM (appended
  *  after OTHER, so older values keep their numbers) are the tensors outside
  *  the projections: they are components like any other, scored and
- *  deferred, unless config.gate_other is 0. Names that match no rule are
- *  OTHER: not a component, sent every step. */
+ *  deferred like projections. Names that match no rule are OTHER: not a
+ *  component, sent every step. */
 typedef enum igrad_kind {
     IGRAD_KIND_Q = 0,
     IGRAD_KIND_K = 1,
@@ -958,11 +958,9 @@ IGRAD_API igrad_status_t igrad_comm_test(igrad_comm_t *comm, igrad_comm_request_
 /* Schedule and packing policies                                            */
 /* ------------------------------------------------------------------------ */
 
-/** Defaults of the release schedule and the risk packing policy
- *  (DESIGN.md §3). */
+/** Defaults of the release schedule (DESIGN.md §3). */
 #define IGRAD_DEFAULT_RELEASE_PERIOD 4    /**< R: a low component is released every R steps */
 #define IGRAD_DEFAULT_RELEASE_KEEP 0.25   /**< kappa: a release sends ceil(kappa*R*k) entries */
-#define IGRAD_DEFAULT_RISK_LAMBDA 1.0     /**< risk policy: cost = mean + lambda*std */
 /** Default of igrad_config_t.dense_below: tensors of fewer than 64 entries go
  *  whole. Chosen by measurement (docs/results/dense_below.md): the budget of
  *  such a tensor rounds to an entry or two, so it hardly trains (sending
@@ -997,7 +995,7 @@ typedef enum igrad_pack_policy {
     IGRAD_PACK_SEQUENTIAL = 1, /**< blocks in readiness order; a bucket closes once
                                     its load reaches total/B */
     IGRAD_PACK_GREEDY = 2,     /**< largest block first into the lightest bucket (LPT) */
-    IGRAD_PACK_RISK = 3,       /**< greedy on mean + lambda*std of each block's
+    IGRAD_PACK_RISK = 3,       /**< greedy on mean + std of each block's
                                     observed size history */
     IGRAD_PACK_CONTIGUOUS = 4  /**< optimal contiguous split of the readiness order
                                     (smallest largest bucket), so buckets can
@@ -1226,7 +1224,6 @@ typedef struct igrad_config {
                                            fine enough that contiguous packing of a
                                            125M model's 1% payload into 4 buckets
                                            stays within 10% of even) */
-    double risk_lambda;               /**< risk policy: mean + lambda*std (1.0) */
     int64_t verify_every;             /**< agreement check every this many steps
                                            (100); 0 = only at create and load */
     igrad_dtype_t value_dtype;        /**< values of gather buckets on the wire:
@@ -1270,27 +1267,19 @@ typedef struct igrad_config {
     double profile_alpha;             /**< alpha of the built profile (0.7) */
     const char *profile_partition;    /**< partition method of the built profile;
                                            NULL = "knee". Copied at create */
-    int gate_other;                   /**< 1: EMB, HEAD and NORM components are
-                                           gated like projections (deferred when
-                                           the profile calls them unimportant);
-                                           0: always sent, the behaviour before
-                                           they were gated (an ablation) (1) */
-    /* Quality remedies for error feedback (docs/results/remedies.md). All
-     * are ignored by method dense (no residual). */
+    /* Offered by peers (DGC, PowerSGD); docs/results/remedies.md measured
+     * neither beating AdamW beta1 = 0. momentum is ignored by method dense
+     * (no residual). */
     double momentum;                  /**< m in [0, 1): DGC momentum correction; per
                                            tensor a velocity u = m*u + g is kept and
                                            a = residual + u is what error feedback
-                                           selects from (u replaces g). 0 = off (0.0).
+                                           selects from (u replaces g), and the
+                                           entries sent at a step have u set to 0
+                                           (DGC's momentum factor masking). 0 = off
+                                           (0.0).
                                            Costs one float per parameter. Use it with
                                            an optimizer without its own momentum
                                            (AdamW beta1 = 0, SGD momentum 0) */
-    int momentum_masking;             /**< 1: the entries sent at a step have u (and
-                                           the residual) set to 0 (DGC's momentum
-                                           factor masking); 0: u keeps them. Only
-                                           with momentum > 0 (1) */
-    double residual_decay;            /**< d in (0, 1]: what is kept in the residual
-                                           is scaled by d after each step,
-                                           residual = d * (a - sent); 1 = none (1.0) */
     int64_t start_iter;               /**< >= 0: steps below it are plain dense
                                            averages (what method dense does: one
                                            all-reduce of every gradient); residuals
@@ -1390,8 +1379,8 @@ typedef struct igrad_config {
     { sizeof(igrad_config_t), IGRAD_METHOD_IG, IGRAD_SPARSIFIER_ADTOPK, 0, 0.01,     \
       IGRAD_DEFAULT_RELEASE_PERIOD, IGRAD_DEFAULT_RELEASE_KEEP,                     \
       IGRAD_SCHEDULE_STAGGERED, IGRAD_RESIDUAL_ON, IGRAD_PACK_CONTIGUOUS, 4, 16384, \
-      IGRAD_DEFAULT_RISK_LAMBDA, 100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,             \
-      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 1, 0.0, 1, 1.0, 0, 0.0, \
+      100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,                                        \
+      IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 0.0, 0, 0.0,  \
       0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0, IGRAD_DEFAULT_DENSE_BELOW,         \
       0, 100000, 0 }
 
@@ -1413,9 +1402,8 @@ IGRAD_API igrad_status_t igrad_config_default(igrad_config_t *out, size_t size);
 typedef struct igrad_engine igrad_engine_t;
 
 /** Builds the plan and allocates everything a step needs: per tensor
- *  whether it is sent every step (important components, OTHER tensors and,
- *  with gate_other 0, EMB/HEAD/NORM components)
- *  or released at its phase, its budgets, the bucket map, zeroed
+ *  whether it is sent every step (important components and OTHER
+ *  tensors) or released at its phase, its budgets, the bucket map, zeroed
  *  residuals and the workspaces. Then checks, on every rank, that all
  *  ranks agree on layout, profile (important set), config and plan.
  *  Collective over `comm`: every rank calls it; when one rank fails (bad
@@ -1770,8 +1758,8 @@ typedef struct igrad_target_fit {
 /** Budget-driven plan for method ig: chooses the important set and kappa
  *  so that the mean payload per step is at most `target_ratio` times the
  *  *_sync payload of config->sparsifier at config->density. Algorithm:
- *  gated components (every projection; EMB/HEAD/NORM with gate_other and
- *  a profile row) by score, highest first; the longest prefix (ties kept
+ *  gated components (every projection; EMB/HEAD/NORM with a profile row)
+ *  by score, highest first; the longest prefix (ties kept
  *  together) whose plan at kappa = min_keep meets the target; then the
  *  largest kappa in [min_keep, 1] that still meets it (bisection on the
  *  planned bytes, which do not decrease with kappa). Forced tensors (OTHER,

@@ -234,8 +234,6 @@ static void run_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag, in
     c = (igrad_config_t)IGRAD_CONFIG_INIT;
     c.method = IGRAD_METHOD_TOPK_SYNC;
     c.momentum = 0.9;
-    c.momentum_masking = 1;
-    c.residual_decay = 0.9;
     c.collective = IGRAD_COLLECTIVE_REDUCE;
     snprintf(name, sizeof name, "%s topk remedies reduce", tag);
     compare(name, &c, dcomm, s, 4, -1);

@@ -211,8 +211,8 @@ static void take_snapshot(snapshot_t *s)
         k += n;
     }
     s->step = igrad_engine_step(eng);
-    s->hist_count = eng->hist.count;
-    s->hist_mean0 = eng->hist.count ? eng->hist.mean[0] : 0;
+    s->hist_count = eng->plan.hist.count;
+    s->hist_mean0 = eng->plan.hist.count ? eng->plan.hist.mean[0] : 0;
     igrad_engine_online_info(eng, &s->online);
 }
 

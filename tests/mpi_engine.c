@@ -904,7 +904,6 @@ static void test_remedies(igrad_comm_t *comm, const igrad_layout_t *L, const igr
     c.density = 0.05;
     c.block_entries = 30;
     c.momentum = 0.9;
-    c.residual_decay = 0.9;
     c.start_iter = 3;
     igrad_engine_t *e = create(L, P, &c, comm);
     igrad_comm_t *self = NULL;

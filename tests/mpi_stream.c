@@ -391,10 +391,8 @@ int main(int argc, char **argv)
     k.start_iter = 0;
     k.method = IGRAD_METHOD_ADTOPK_SYNC;
     k.interleave = 1;
-    k.residual_decay = 0.9;
     k.momentum = 0.5;
-    k.momentum_masking = 0;
-    stream_vs_sync(comm, &M, NULL, k, "adtopk_sync interleave, decay, momentum");
+    stream_vs_sync(comm, &M, NULL, k, "adtopk_sync interleave, momentum");
     igrad_config_t d = IGRAD_CONFIG_INIT;
     d.method = IGRAD_METHOD_DENSE;
     d.block_entries = 200;

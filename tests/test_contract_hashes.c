@@ -2,8 +2,8 @@
  * test_contract_hashes.c — golden values of every hash igrad puts in a
  * file or in the agreement exchange: the layout hash (profiles, traces,
  * state files, optimizer files), the profile hash, the plan hash and the
- * risk history hash (agreement items 5, 24 and 27 of the engine state
- * file, formats.md §7) and the state file checksum (version 6).
+ * risk history hash (agreement items 5, 22 and 25 of the engine state
+ * file, formats.md §7) and the state file checksum (version 7).
  *
  * The constants below were computed once and are part of the file
  * formats: a state file, profile or trace written by one build must be
@@ -48,10 +48,10 @@
 #define GOLDEN_LAYOUT_OPT125M 0x4fb755b0eb80ae70ULL   /* configs/opt-125m.json (F16) */
 #define GOLDEN_LAYOUT_SMALL 0xda8543021da82b9dULL     /* small_layout() below */
 #define GOLDEN_PROFILE_SMALL 0x5d08d6c54c2bc7c2ULL    /* small_profile(), item 5 */
-#define GOLDEN_PLAN_IG 0x0cbd7a126f269311ULL          /* ig_config(), item 24 */
-#define GOLDEN_PLAN_ADTOPK 0x0d72d2be6b05cb01ULL      /* adtopk_sync, item 24 */
-#define GOLDEN_HISTORY_RISK 0xc1d0767b70f3d702ULL     /* ig + pack risk, 2 steps, item 27 */
-#define GOLDEN_CHECKSUM_FRESH 0x7b0ddf98dee07876ULL   /* fresh ig engine, state version 6 */
+#define GOLDEN_PLAN_IG 0x0cbd7a126f269311ULL          /* ig_config(), item 22 */
+#define GOLDEN_PLAN_ADTOPK 0x0d72d2be6b05cb01ULL      /* adtopk_sync, item 22 */
+#define GOLDEN_HISTORY_RISK 0xc1d0767b70f3d702ULL     /* ig + pack risk, 2 steps, item 25 */
+#define GOLDEN_CHECKSUM_FRESH 0x67138cddda4401bbULL   /* fresh ig engine, state version 7 */
 
 /* ---- FNV-1a 64 as the docs define it -------------------------------------- */
 
@@ -231,10 +231,15 @@ static igrad_config_t ig_config(void)
 
 /* ---- the state file, read as formats.md §7 lays it out ---------------------- */
 
+/* State file version 7: 40 agreement items, then step, calls, T at
+ * ITEMS_END and N after them. */
+#define NITEMS 40
+#define ITEMS_END (24 + 8 * NITEMS)
+
 typedef struct state_file {
     unsigned char *bytes;
     size_t nbytes;
-    uint64_t items[44];
+    uint64_t items[NITEMS];
     uint32_t version, rank, size, nitems;
 } state_file_t;
 
@@ -269,15 +274,15 @@ static state_file_t save_and_read(const igrad_engine_t *eng)
     fclose(fp);
     remove(path);
     rmdir(dir);
-    assert_true(f.nbytes >= 416);
+    assert_true(f.nbytes >= ITEMS_END + 40);
     assert_memory_equal(f.bytes, "IGRADST\0", 8);
     f.version = rd_u32(f.bytes + 8);
     f.rank = rd_u32(f.bytes + 12);
     f.size = rd_u32(f.bytes + 16);
     f.nitems = rd_u32(f.bytes + 20);
-    assert_int_equal(f.version, 6);
-    assert_int_equal(f.nitems, 44);
-    for (int i = 0; i < 44; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
+    assert_int_equal(f.version, 7);
+    assert_int_equal(f.nitems, NITEMS);
+    for (int i = 0; i < NITEMS; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
     return f;
 }
 
@@ -298,8 +303,8 @@ static uint64_t doc_checksum(const state_file_t *f)
  * key, n, mean and m2. */
 static uint64_t doc_history_hash(const state_file_t *f)
 {
-    uint64_t N = rd_u64(f->bytes + 400);
-    size_t o = 408 + 4 * (size_t)N + (N % 2 ? 4 : 0);
+    uint64_t N = rd_u64(f->bytes + ITEMS_END + 24);
+    size_t o = ITEMS_END + 32 + 4 * (size_t)N + (N % 2 ? 4 : 0);
     uint64_t V = rd_u64(f->bytes + o); /* velocities */
     o += 8 + 4 * (size_t)V + (V % 2 ? 4 : 0);
     uint64_t H = rd_u64(f->bytes + o);
@@ -329,12 +334,12 @@ static uint64_t dbits(double x)
     return u;
 }
 
-/* Items 1–23, 25–26 and 28–44 from their definitions (§7: enums as their numbers,
+/* Items 1–21, 23–24 and 26–40 from their definitions (§7: enums as their numbers,
  * doubles as their IEEE bit pattern). */
 static void check_items(const state_file_t *f, const igrad_layout_t *L, const igrad_config_t *c,
                         int64_t step, int64_t calls)
 {
-    const uint64_t want[44] = {
+    const uint64_t want[NITEMS] = {
         [0] = IGRAD_VERSION_NUMBER,
         [1] = igrad_layout_count(L),
         [2] = igrad_layout_hash(L),
@@ -350,35 +355,31 @@ static void check_items(const state_file_t *f, const igrad_layout_t *L, const ig
         [13] = (uint64_t)c->pack,
         [14] = (uint64_t)c->buckets,
         [15] = (uint64_t)c->block_entries,
-        [16] = dbits(c->risk_lambda),
-        [17] = (uint64_t)c->verify_every,
-        [18] = (uint64_t)c->value_dtype,
-        [19] = (uint64_t)c->index_dtype,
-        [20] = (uint64_t)c->collective,
-        [21] = dbits(c->timeout_s),
-        [22] = (uint64_t)c->gate_other,
-        [24] = (uint64_t)step,
-        [25] = (uint64_t)calls,
-        [27] = (uint64_t)c->profile_steps,
-        [28] = dbits(c->profile_alpha),
-        [29] = fnv_str(DOC_FNV_SEED, c->profile_partition ? c->profile_partition : "knee"),
-        [30] = (uint64_t)-1, /* not recording an online window */
-        [31] = dbits(c->momentum),
-        [32] = (uint64_t)c->momentum_masking,
-        [33] = dbits(c->residual_decay),
-        [34] = (uint64_t)c->start_iter,
-        [35] = dbits(c->target_ratio),
-        [36] = (uint64_t)c->reprofile_every,
-        [37] = dbits(c->reprofile_margin),
-        [38] = (uint64_t)c->topology,
-        [39] = (uint64_t)c->ranks_per_node,
-        [40] = (uint64_t)c->dense_below,
-        [41] = (uint64_t)c->link_latency_ns,
-        [42] = (uint64_t)c->link_bandwidth_mbps,
-        [43] = (uint64_t)c->auto_sparse_reduce,
+        [16] = (uint64_t)c->verify_every,
+        [17] = (uint64_t)c->value_dtype,
+        [18] = (uint64_t)c->index_dtype,
+        [19] = (uint64_t)c->collective,
+        [20] = dbits(c->timeout_s),
+        [22] = (uint64_t)step,
+        [23] = (uint64_t)calls,
+        [25] = (uint64_t)c->profile_steps,
+        [26] = dbits(c->profile_alpha),
+        [27] = fnv_str(DOC_FNV_SEED, c->profile_partition ? c->profile_partition : "knee"),
+        [28] = (uint64_t)-1, /* not recording an online window */
+        [29] = dbits(c->momentum),
+        [30] = (uint64_t)c->start_iter,
+        [31] = dbits(c->target_ratio),
+        [32] = (uint64_t)c->reprofile_every,
+        [33] = dbits(c->reprofile_margin),
+        [34] = (uint64_t)c->topology,
+        [35] = (uint64_t)c->ranks_per_node,
+        [36] = (uint64_t)c->dense_below,
+        [37] = (uint64_t)c->link_latency_ns,
+        [38] = (uint64_t)c->link_bandwidth_mbps,
+        [39] = (uint64_t)c->auto_sparse_reduce,
     };
-    for (int i = 0; i < 44; i++) {
-        if (i == 4 || i == 23 || i == 26) continue; /* hashes: pinned by the tests */
+    for (int i = 0; i < NITEMS; i++) {
+        if (i == 4 || i == 21 || i == 24) continue; /* hashes: pinned by the tests */
         if (f->items[i] != want[i]) {
             print_error("state item %d is 0x%llx, formats.md §7 says 0x%llx\n", i + 1,
                         (unsigned long long)f->items[i], (unsigned long long)want[i]);
@@ -434,9 +435,9 @@ static void test_state_hashes_golden(void **state)
     check_hash(f.items[2], GOLDEN_LAYOUT_SMALL, "state item 3 (layout hash) vs golden");
     check_hash(f.items[4], doc_profile_hash(P), "profile hash vs formats.md §7");
     check_hash(f.items[4], GOLDEN_PROFILE_SMALL, "profile hash vs golden");
-    check_hash(f.items[23], doc_plan_hash(eng, L), "ig plan hash vs formats.md §7");
-    check_hash(f.items[23], GOLDEN_PLAN_IG, "ig plan hash vs golden");
-    check_hash(f.items[26], doc_history_hash(&f), "empty history hash vs formats.md §7");
+    check_hash(f.items[21], doc_plan_hash(eng, L), "ig plan hash vs formats.md §7");
+    check_hash(f.items[21], GOLDEN_PLAN_IG, "ig plan hash vs golden");
+    check_hash(f.items[24], doc_history_hash(&f), "empty history hash vs formats.md §7");
     check_hash(rd_u64(f.bytes + f.nbytes - 8), GOLDEN_CHECKSUM_FRESH,
                "fresh state checksum vs golden");
     free(f.bytes);
@@ -451,8 +452,8 @@ static void test_state_hashes_golden(void **state)
     assert_ok(igrad_engine_config(eng, &used));
     check_items(&f, L, &used, -1, 0);
     check_hash(f.items[4], 0, "adtopk_sync profile hash");
-    check_hash(f.items[23], doc_plan_hash(eng, L), "adtopk_sync plan hash vs formats.md §7");
-    check_hash(f.items[23], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash vs golden");
+    check_hash(f.items[21], doc_plan_hash(eng, L), "adtopk_sync plan hash vs formats.md §7");
+    check_hash(f.items[21], GOLDEN_PLAN_ADTOPK, "adtopk_sync plan hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
 
@@ -477,9 +478,9 @@ static void test_state_hashes_golden(void **state)
     }
     f = save_and_read(eng);
     check_items(&f, L, &c, 1, 2);
-    assert_true(rd_u64(f.bytes + 384 + 4 * igrad_layout_total_count(L) + 8) > 0); /* H, after V = 0 */
-    check_hash(f.items[26], doc_history_hash(&f), "risk history hash vs formats.md §7");
-    check_hash(f.items[26], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
+    assert_true(rd_u64(f.bytes + ITEMS_END + 8 + 4 * igrad_layout_total_count(L) + 8) > 0); /* H, after V = 0 */
+    check_hash(f.items[24], doc_history_hash(&f), "risk history hash vs formats.md §7");
+    check_hash(f.items[24], GOLDEN_HISTORY_RISK, "risk history hash vs golden");
     free(f.bytes);
     igrad_engine_free(eng);
     for (size_t t = 0; t < T; t++) free(g[t]);

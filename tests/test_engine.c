@@ -190,7 +190,6 @@ static void test_config_validate(void **state)
     BAD(pack, (igrad_pack_policy_t)9, IGRAD_E_INVALID, "config.pack");
     BAD(buckets, 0, IGRAD_E_INVALID, "config.buckets is 0");
     BAD(block_entries, 0, IGRAD_E_INVALID, "config.block_entries is 0");
-    BAD(risk_lambda, -1.0, IGRAD_E_INVALID, "config.risk_lambda");
     BAD(verify_every, -1, IGRAD_E_INVALID, "config.verify_every");
     BAD(value_dtype, IGRAD_DTYPE_I8, IGRAD_E_INVALID, "config.value_dtype");
     BAD(index_dtype, IGRAD_DTYPE_U8, IGRAD_E_INVALID, "config.index_dtype");
@@ -915,12 +914,8 @@ static void test_two_phase_equals_sync(void **state)
     r.density = 0.05;
     r.block_entries = 50;
     r.momentum = 0.9;
-    r.momentum_masking = 1;
     run_pair(&r, &r, 0, 6, "two-phase vs sync (ig, momentum)");
     r.momentum = 0.0;
-    r.residual_decay = 0.5;
-    run_pair(&r, &r, 0, 6, "two-phase vs sync (ig, residual decay)");
-    r.residual_decay = 1.0;
     r.residual = IGRAD_RESIDUAL_DROP;
     run_pair(&r, &r, 0, 6, "two-phase vs sync (ig, residual drop)");
 }

@@ -1,14 +1,14 @@
 /*
  * test_engine_remedies.c — the engine's error-feedback remedies (config
- * momentum, momentum_masking, residual_decay, start_iter) on the one-rank
+ * momentum with DGC's factor masking, start_iter) on the one-rank
  * "self" communicator:
  *  - validation names each field; IGRAD_CONFIG_INIT leaves them off;
  *  - topk_sync and adtopk_sync against a brute-force reference written
  *    here (velocity u = m*u + g, a = u + e, the top-k of |a| by a full sort
- *    per tensor or per row, ties to the lower index, masking, e = d*(a -
- *    sent)), bit for bit, for outputs, residuals and velocities;
+ *    per tensor or per row, ties to the lower index, masking, e = a -
+ *    sent), bit for bit, for outputs, residuals and velocities;
  *  - conservation under deferral (ig with a profile): at every step and
- *    tensor, sent + e_new / d = (m*u_old + g) + e_old;
+ *    tensor, sent + e_new = (m*u_old + g) + e_old;
  *  - start_iter: warm-up steps are dense averages that leave residuals,
  *    velocities and the engine's step count alone; afterwards the run is
  *    bit-identical to an engine without warm-up started at that step;
@@ -130,8 +130,6 @@ static void test_config(void **state)
     igrad_config_t c = IGRAD_CONFIG_INIT;
     c.dense_below = 0;
     assert_true(c.momentum == 0.0);
-    assert_int_equal(c.momentum_masking, 1);
-    assert_true(c.residual_decay == 1.0);
     assert_int_equal(c.start_iter, 0);
     assert_ok(igrad_config_validate(&c));
     c.momentum = 1.0;
@@ -142,14 +140,6 @@ static void test_config(void **state)
     expect_invalid(&c, "config.momentum");
     c.momentum = 0.9;
     assert_ok(igrad_config_validate(&c));
-    c.momentum_masking = 2;
-    expect_invalid(&c, "config.momentum_masking is 2");
-    c.momentum_masking = 0;
-    c.residual_decay = 0.0;
-    expect_invalid(&c, "config.residual_decay is 0");
-    c.residual_decay = 1.5;
-    expect_invalid(&c, "config.residual_decay");
-    c.residual_decay = 0.5;
     c.start_iter = -1;
     expect_invalid(&c, "config.start_iter is -1");
     c.start_iter = 3;
@@ -193,7 +183,7 @@ static void reference_step(const igrad_config_t *c, const igrad_tensor_info_t *t
                            const float *g, float *u, float *e, float *out)
 {
     int64_t n = ti->count;
-    float m = (float)c->momentum, d = (float)c->residual_decay;
+    float m = (float)c->momentum;
     float *a = malloc((size_t)n * sizeof *a);
     unsigned char *keep = malloc((size_t)n);
     assert_non_null(a);
@@ -210,9 +200,8 @@ static void reference_step(const igrad_config_t *c, const igrad_tensor_info_t *t
     for (int64_t r = 0; r < rows; r++) topk_by_sort(a + r * len, len, k, keep + r * len);
     for (int64_t i = 0; i < n; i++) {
         out[i] = keep[i] ? a[i] : 0.0f;
-        float rest = keep[i] ? 0.0f : a[i];
-        e[i] = c->residual_decay < 1.0 ? d * rest : rest;
-        if (keep[i] && c->momentum > 0.0 && c->momentum_masking) u[i] = 0.0f;
+        e[i] = keep[i] ? 0.0f : a[i];
+        if (keep[i] && c->momentum > 0.0) u[i] = 0.0f;
     }
     free(a);
     free(keep);
@@ -259,11 +248,7 @@ static void test_reference(void **state)
 {
     (void)state;
     const igrad_method_t methods[2] = {IGRAD_METHOD_TOPK_SYNC, IGRAD_METHOD_ADTOPK_SYNC};
-    const struct {
-        double m;
-        int mask;
-        double d;
-    } cases[] = {{0.9, 1, 1.0}, {0.9, 0, 1.0}, {0.0, 1, 0.8}, {0.5, 1, 0.9}, {0.0, 1, 1.0}};
+    const double cases[] = {0.9, 0.5, 0.0};
     for (int mi = 0; mi < 2; mi++)
         for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
             igrad_config_t c = IGRAD_CONFIG_INIT;
@@ -271,9 +256,7 @@ static void test_reference(void **state)
             c.method = methods[mi];
             c.density = 0.05;
             c.block_entries = 37; /* several blocks and buckets */
-            c.momentum = cases[k].m;
-            c.momentum_masking = cases[k].mask;
-            c.residual_decay = cases[k].d;
+            c.momentum = cases[k];
             run_reference(c);
         }
 }
@@ -287,12 +270,11 @@ static void test_conservation_ig(void **state)
     igrad_profile_t *P = make_profile(L);
     igrad_comm_t *comm = NULL;
     assert_ok(igrad_comm_create_self(&comm));
-    const double ms[2] = {0.9, 0.0}, ds[2] = {1.0, 0.7};
+    const double ms[2] = {0.9, 0.0};
     for (int k = 0; k < 2; k++) {
         igrad_config_t c = IGRAD_CONFIG_INIT; /* ig, adtopk, R 4 */
         c.dense_below = 0;
         c.momentum = ms[k];
-        c.residual_decay = ds[k];
         c.block_entries = 50;
         igrad_engine_t *eng = NULL;
         assert_ok(igrad_engine_create(L, P, &c, comm, &eng));
@@ -313,10 +295,10 @@ static void test_conservation_ig(void **state)
                 const float *e = igrad_engine_residual(eng, t);
                 int sent = 0;
                 for (int64_t i = 0; i < G.n[t]; i++) {
-                    double lhs = (double)G.g[t][i] + (double)e[i] / c.residual_decay;
+                    double lhs = (double)G.g[t][i] + (double)e[i];
                     double tol = 1e-5 * (1.0 + fabs((double)A.g[t][i]));
                     if (fabs(lhs - (double)A.g[t][i]) > tol) {
-                        print_error("config %d step %lld tensor %zu entry %lld: sent + e/d = "
+                        print_error("config %d step %lld tensor %zu entry %lld: sent + e = "
                                     "%.9g, m*u + g + e = %.9g\n",
                                     k, (long long)s, t, (long long)i, lhs, (double)A.g[t][i]);
                         fail();
@@ -348,7 +330,6 @@ static void test_start_iter(void **state)
     igrad_config_t c = IGRAD_CONFIG_INIT;
     c.dense_below = 0;
     c.momentum = 0.9;
-    c.residual_decay = 0.95;
     c.start_iter = 3;
     igrad_config_t plain = c;
     plain.start_iter = 0;
@@ -421,8 +402,6 @@ static void test_save_load_velocity(void **state)
     c.method = IGRAD_METHOD_ADTOPK_SYNC;
     c.density = 0.05;
     c.momentum = 0.9;
-    c.momentum_masking = 0;
-    c.residual_decay = 0.9;
     char dir[] = "/tmp/igrad_remedies_XXXXXX", path[64];
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/state.bin", dir);

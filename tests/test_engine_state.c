@@ -39,13 +39,13 @@
 
 enum {
     OFF_ITEMS = 24,
-    ITEM_VERIFY_EVERY = 17,
-    ITEM_STEP = 24,
-    ITEM_CALLS = 25,
-    ITEM_HISTORY = 26,
+    ITEM_VERIFY_EVERY = 16,
+    ITEM_STEP = 22,
+    ITEM_CALLS = 23,
+    ITEM_HISTORY = 24,
     OFF_STEP = 24 + 8 * ITEM_STEP,
     OFF_CALLS = 24 + 8 * ITEM_CALLS,
-    NITEMS = 44,
+    NITEMS = 40,
     OFF_RESIDUALS = 24 + 8 * NITEMS + 32,
 };
 

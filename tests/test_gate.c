@@ -1,8 +1,7 @@
 /*
  * test_gate.c — which tensors the engine sends every step and which it
  * defers (the gate of plan_phases): EMB, HEAD and NORM components follow
- * the profile like projections with config.gate_other = 1, are always
- * sent with gate_other = 0 (the ablation), and are always sent when the
+ * the profile like projections, and are always sent when the
  * profile lacks them (a profile from before they were components); OTHER
  * tensors are always sent. Checked through the public tensor plans and
  * the predicted payload.
@@ -88,13 +87,12 @@ static int is_outer(igrad_kind_t k)
 
 /* Every tensor's every_step against the rule; returns how many outer
  * tensors were deferred. */
-static int check_plan(const igrad_layout_t *l, const igrad_profile_t *p, int gate_other)
+static int check_plan(const igrad_layout_t *l, const igrad_profile_t *p)
 {
     igrad_comm_t *comm = NULL;
     igrad_engine_t *e = NULL;
     assert_ok(igrad_comm_create_self(&comm));
     igrad_config_t c = IGRAD_CONFIG_INIT;
-    c.gate_other = gate_other;
     assert_ok(igrad_engine_create(l, p, &c, comm, &e));
     int deferred_outer = 0;
     for (size_t i = 0; i < igrad_layout_count(l); i++) {
@@ -105,11 +103,11 @@ static int check_plan(const igrad_layout_t *l, const igrad_profile_t *p, int gat
         int imp = igrad_profile_is_important(p, ti.layer, ti.kind);
         int want;
         if (ti.kind == IGRAD_KIND_OTHER) want = 1;
-        else if (is_outer(ti.kind) && (!gate_other || imp < 0)) want = 1;
+        else if (is_outer(ti.kind) && imp < 0) want = 1;
         else want = imp == 1;
         if (tp.every_step != want)
-            fail_msg("%s (%s, gate_other %d, profile says %d): every_step %d, expected %d",
-                     ti.name, igrad_kind_name(ti.kind), gate_other, imp, tp.every_step, want);
+            fail_msg("%s (%s, profile says %d): every_step %d, expected %d", ti.name,
+                     igrad_kind_name(ti.kind), imp, tp.every_step, want);
         if (is_outer(ti.kind) && !tp.every_step) deferred_outer++;
     }
     igrad_engine_free(e);
@@ -117,7 +115,7 @@ static int check_plan(const igrad_layout_t *l, const igrad_profile_t *p, int gat
     return deferred_outer;
 }
 
-static void test_gate_on_off(void **state)
+static void test_gate_outer(void **state)
 {
     (void)state;
     igrad_layout_t *l = gate_layout();
@@ -126,15 +124,8 @@ static void test_gate_on_off(void **state)
     igrad_profile_t *p = profile_of(t);
     assert_int_equal(igrad_profile_is_important(p, -1, IGRAD_KIND_EMB), 0);
     assert_int_equal(igrad_profile_is_important(p, 0, IGRAD_KIND_V), 1);
-    /* on: embedding, head, the 5 norms deferred */
-    assert_int_equal(check_plan(l, p, 1), 1 + 1 + 5);
-    /* off: all sent, as before they were components */
-    assert_int_equal(check_plan(l, p, 0), 0);
-    /* the switch is an agreement item: gate_other 2 is refused */
-    igrad_config_t c = IGRAD_CONFIG_INIT;
-    c.gate_other = 2;
-    assert_int_equal(igrad_config_validate(&c), IGRAD_E_INVALID);
-    assert_error_has("config.gate_other is 2");
+    /* embedding, head, the 5 norms deferred */
+    assert_int_equal(check_plan(l, p), 1 + 1 + 5);
     igrad_profile_free(p);
     igrad_trace_free(t);
     igrad_layout_free(l);
@@ -173,8 +164,7 @@ static void test_profile_without_outer_rows(void **state)
     assert_ok(igrad__trace_from_text(old, strlen(old), "old.csv", &u));
     igrad_profile_t *p = profile_of(u);
     assert_int_equal(igrad_profile_count(p), 2 * 6);
-    assert_int_equal(check_plan(l, p, 1), 0);
-    assert_int_equal(check_plan(l, p, 0), 0);
+    assert_int_equal(check_plan(l, p), 0);
     igrad_profile_free(p);
     igrad_trace_free(u);
     free(old);
@@ -186,7 +176,7 @@ static void test_profile_without_outer_rows(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gate_on_off),
+        cmocka_unit_test(test_gate_outer),
         cmocka_unit_test(test_profile_without_outer_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -145,7 +145,7 @@ static void test_every_block_once(void **state)
         void *scratch = malloc(snb);
         assert_non_null(scratch);
         for (int p = 0; p < 5; p++) {
-            igrad__pack_config_t cfg = {all_policies[p], B, 1.0, &hist, &map};
+            igrad__pack_config_t cfg = {all_policies[p], B, &hist, &map};
             for (size_t i = 0; i < n; i++) bucket[i] = -1;
             assert_int_equal(igrad__pack_plan(&cfg, b, n, scratch, snb, bucket, loads),
                              IGRAD_OK);
@@ -219,7 +219,7 @@ static void test_greedy_reference(void **state)
         int64_t maxb = trial % 2 ? 6 : 1000000;
         size_t n = random_blocks(b, 150, (int)rng_range(0, 50), maxb);
         for (size_t i = 0; i < n; i++) cost[i] = (double)b[i].nbytes;
-        igrad__pack_config_t cfg = {IGRAD_PACK_GREEDY, B, 1.0, NULL, NULL};
+        igrad__pack_config_t cfg = {IGRAD_PACK_GREEDY, B, NULL, NULL};
         assert_int_equal(igrad__pack_plan(&cfg, b, n, NULL, 0, got, NULL), IGRAD_OK);
         lpt_reference(b, cost, n, B, want);
         for (size_t i = 0; i < n; i++)
@@ -286,7 +286,7 @@ static void test_contiguous_brute_force(void **state)
             b[i].entries = b[i].nbytes;
             b[i].ready = rng_range(0, 4);
         }
-        igrad__pack_config_t cfg = {IGRAD_PACK_CONTIGUOUS, B, 1.0, NULL, NULL};
+        igrad__pack_config_t cfg = {IGRAD_PACK_CONTIGUOUS, B, NULL, NULL};
         assert_int_equal(igrad__pack_plan(&cfg, b, n, NULL, 0, bucket, loads), IGRAD_OK);
         ready_order(b, n, ord);
         for (size_t i = 0; i < n; i++) c[i] = b[ord[i]].nbytes;
@@ -330,7 +330,7 @@ static void test_contiguous_larger(void **state)
             b[i].entries = 1;
             b[i].ready = rng_range(0, 30);
         }
-        igrad__pack_config_t cfg = {IGRAD_PACK_CONTIGUOUS, B, 1.0, NULL, NULL};
+        igrad__pack_config_t cfg = {IGRAD_PACK_CONTIGUOUS, B, NULL, NULL};
         assert_int_equal(igrad__pack_plan(&cfg, b, N, NULL, 0, bucket, loads), IGRAD_OK);
         ready_order(b, N, ord);
         int64_t pre[N + 1] = {0};
@@ -363,7 +363,7 @@ static void plan_hand(igrad_pack_policy_t policy, const int64_t *sizes, size_t n
         b[i].entries = sizes[i];
         b[i].ready = (int64_t)i;
     }
-    igrad__pack_config_t cfg = {policy, B, 1.0, NULL, NULL};
+    igrad__pack_config_t cfg = {policy, B, NULL, NULL};
     assert_int_equal(igrad__pack_plan(&cfg, b, n, NULL, 0, bucket, loads), IGRAD_OK);
 }
 
@@ -403,7 +403,7 @@ static void test_sequential_hand(void **state)
         {igrad__pack_key(1, 0), 5, 1, 5},
         {igrad__pack_key(2, 0), 5, 0, 5},
     };
-    igrad__pack_config_t cfg = {IGRAD_PACK_SEQUENTIAL, 3, 1.0, NULL, NULL};
+    igrad__pack_config_t cfg = {IGRAD_PACK_SEQUENTIAL, 3, NULL, NULL};
     assert_int_equal(igrad__pack_plan(&cfg, b, 3, NULL, 0, bucket, loads), IGRAD_OK);
     assert_int_equal(bucket[2], 0);
     assert_int_equal(bucket[1], 1);
@@ -467,7 +467,7 @@ static void test_direct_hand(void **state)
     step[0].nbytes = 7;   /* sizes do not move blocks under direct */
     int bucket[5];
     int64_t loads[3];
-    igrad__pack_config_t cfg = {IGRAD_PACK_DIRECT, 3, 1.0, NULL, &map};
+    igrad__pack_config_t cfg = {IGRAD_PACK_DIRECT, 3, NULL, &map};
     assert_int_equal(igrad__pack_plan(&cfg, step, 5, NULL, 0, bucket, loads), IGRAD_OK);
     int want[5] = {2, 2, 0, 0, 2};
     for (int i = 0; i < 5; i++) assert_int_equal(bucket[i], want[i]);
@@ -589,7 +589,7 @@ static void test_risk_prefers_stable(void **state)
     igrad__pack_block_t now[3] = {{kx, 100, 0, 0}, {ky, 100, 0, 0}, {kz, 90, 0, 0}};
     int bucket[3];
     int64_t loads[2];
-    igrad__pack_config_t cfg = {IGRAD_PACK_GREEDY, 2, 1.0, &h, NULL};
+    igrad__pack_config_t cfg = {IGRAD_PACK_GREEDY, 2, &h, NULL};
     /* greedy: x (lower key) first -> 0, y -> 1, z -> 0 (tie, lower index) */
     assert_int_equal(igrad__pack_plan(&cfg, now, 3, NULL, 0, bucket, loads), IGRAD_OK);
     assert_int_equal(bucket[0], 0);
@@ -603,15 +603,8 @@ static void test_risk_prefers_stable(void **state)
     assert_int_equal(bucket[2], 1);
     assert_int_equal(loads[0], 100);
     assert_int_equal(loads[1], 190);
-    /* lambda = 0: greedy on the means (x and y tie at 100 -> key order) */
-    cfg.risk_lambda = 0.0;
-    assert_int_equal(igrad__pack_plan(&cfg, now, 3, NULL, 0, bucket, loads), IGRAD_OK);
-    assert_int_equal(bucket[0], 0);
-    assert_int_equal(bucket[1], 1);
-    cfg.risk_lambda = -1.0;
-    assert_int_equal(igrad__pack_plan(&cfg, now, 3, NULL, 0, bucket, loads), IGRAD_E_INVALID);
-    cfg.risk_lambda = NAN;
-    assert_int_equal(igrad__pack_plan(&cfg, now, 3, NULL, 0, bucket, loads), IGRAD_E_INVALID);
+    /* lambda = 0 would be greedy on the means: the cost without the spread */
+    ASSERT_NEAR(igrad__pack_history_cost(&h, ky, 0, 0.0), 100.0, 1e-12);
     igrad__pack_history_free(&h);
 }
 
@@ -699,7 +692,7 @@ static void test_determinism(void **state)
         void *scratch = malloc(snb ? snb : 1);
         assert_non_null(scratch);
         for (int q = 0; q < 5; q++) {
-            igrad__pack_config_t cfg = {all_policies[q], B, 1.0, &h, &map};
+            igrad__pack_config_t cfg = {all_policies[q], B, &h, &map};
             assert_int_equal(igrad__pack_plan(&cfg, b, n, NULL, 0, bb, NULL), IGRAD_OK);
             assert_int_equal(igrad__pack_plan(&cfg, b, n, scratch, snb, bn, NULL), IGRAD_OK);
             assert_int_equal(igrad__pack_plan(&cfg, p, n, scratch, snb, bp, NULL), IGRAD_OK);
@@ -723,7 +716,7 @@ static void test_plan_errors(void **state)
     igrad__pack_block_t b[2] = {{igrad__pack_key(0, 0), 10, 0, 0},
                                 {igrad__pack_key(1, 0), -1, 0, 0}};
     int bucket[2];
-    igrad__pack_config_t cfg = {IGRAD_PACK_GREEDY, 2, 1.0, NULL, NULL};
+    igrad__pack_config_t cfg = {IGRAD_PACK_GREEDY, 2, NULL, NULL};
     assert_int_equal(igrad__pack_plan(&cfg, b, 2, NULL, 0, bucket, NULL), IGRAD_E_INVALID);
     assert_non_null(strstr(igrad_last_error(), "tensor 1, block 0"));
     b[1].nbytes = 10;
@@ -799,7 +792,7 @@ static void test_demo_realistic_mix(void **state)
     assert_non_null(bucket);
     double imb[5];
     for (int q = 0; q < 5; q++) {
-        igrad__pack_config_t cfg = {all_policies[q], B, 1.0, NULL, &map};
+        igrad__pack_config_t cfg = {all_policies[q], B, NULL, &map};
         int64_t loads[B];
         igrad_pack_metrics_t mt;
         assert_int_equal(igrad__pack_plan(&cfg, blk, m, NULL, 0, bucket, loads), IGRAD_OK);

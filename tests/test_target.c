@@ -6,8 +6,7 @@
  * adtopk_sync engine's. The fit must pick the longest prefix that meets the
  * target at the smallest kappa, then a kappa no grid point beats, and its
  * planned ratio must equal the engine's. Also: an unreachable target
- * (met = 0), gate_other = 0 (EMB/HEAD/NORM not chosen from) and argument
- * errors.
+ * (met = 0) and argument errors.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -98,12 +97,11 @@ static double mean_payload(const igrad_layout_t *l, const igrad_profile_t *p,
 
 /* The engine's ratio with tau and kappa applied. */
 static double engine_ratio(const igrad_layout_t *l, igrad_profile_t *p, double tau,
-                           double keep, int gate_other, double base)
+                           double keep, double base)
 {
     assert_ok(igrad_profile_set_threshold(p, tau));
     igrad_config_t c = IGRAD_CONFIG_INIT;
     c.release_keep = keep;
-    c.gate_other = gate_other;
     return mean_payload(l, p, &c) / base;
 }
 
@@ -113,7 +111,7 @@ static int cmp_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-static void check_against_brute_force(double target, int gate_other)
+static void check_against_brute_force(double target)
 {
     igrad_layout_t *l = target_layout();
     igrad_profile_t *p = target_profile(l);
@@ -128,9 +126,6 @@ static void check_against_brute_force(double target, int gate_other)
     for (size_t i = 0; i < n; i++) {
         igrad_profile_entry_t e;
         assert_ok(igrad_profile_entry(p, i, &e));
-        int outer = e.kind == IGRAD_KIND_EMB || e.kind == IGRAD_KIND_HEAD ||
-                    e.kind == IGRAD_KIND_NORM;
-        if (outer && !gate_other) continue;
         sc[ns++] = e.score;
     }
     size_t ngated = ns;
@@ -146,14 +141,13 @@ static void check_against_brute_force(double target, int gate_other)
     double best_tau = 2.0;
     for (long k = 0; k <= (long)nd; k++) {
         double tau = k == 0 ? 2.0 : sc[k - 1];
-        if (engine_ratio(l, p, tau, kmin, gate_other, base) <= target) {
+        if (engine_ratio(l, p, tau, kmin, base) <= target) {
             best = k;
             best_tau = tau;
         }
     }
 
     igrad_config_t ig = IGRAD_CONFIG_INIT;
-    ig.gate_other = gate_other;
     igrad_target_fit_t fit;
     assert_ok(igrad_target_fit(l, p, &ig, target, kmin, &fit));
     assert_int_equal(fit.n_gated, ngated);
@@ -169,21 +163,19 @@ static void check_against_brute_force(double target, int gate_other)
         for (size_t i = 0; i < n; i++) {
             igrad_profile_entry_t e;
             assert_ok(igrad_profile_entry(p, i, &e));
-            int outer = e.kind == IGRAD_KIND_EMB || e.kind == IGRAD_KIND_HEAD ||
-                        e.kind == IGRAD_KIND_NORM;
-            if (e.important && (gate_other || !outer)) want_imp++;
+            if (e.important) want_imp++;
         }
         assert_int_equal(fit.n_important, want_imp);
         if (best > 0) assert_near(fit.tau, best_tau, 0);
         /* meets the target on the engine's plan, and says so exactly */
-        double got = engine_ratio(l, p, fit.tau, fit.release_keep, gate_other, base);
+        double got = engine_ratio(l, p, fit.tau, fit.release_keep, base);
         assert_true(got <= target);
         assert_near(fit.ratio, got, 1e-12);
         /* no grid kappa above the chosen one meets it */
         for (int g = 0; g <= 40; g++) {
             double keep = kmin + (1.0 - kmin) * g / 40.0;
             if (keep <= fit.release_keep + 1e-9) continue;
-            double r = engine_ratio(l, p, fit.tau, keep, gate_other, base);
+            double r = engine_ratio(l, p, fit.tau, keep, base);
             if (r <= target)
                 fail_msg("target %g: kappa %g meets it (%.6f) above the chosen %g", target,
                          keep, r, fit.release_keep);
@@ -200,8 +192,7 @@ static void test_fit_brute_force(void **state)
     (void)state;
     static const double targets[] = {0.1, 0.25, 0.4, 0.7};
     for (size_t i = 0; i < sizeof targets / sizeof *targets; i++) {
-        check_against_brute_force(targets[i], 1);
-        check_against_brute_force(targets[i], 0);
+        check_against_brute_force(targets[i]);
     }
 }
 

@@ -343,7 +343,6 @@ static void test_engine_momentum(void **state)
     c.value_dtype = IGRAD_DTYPE_BF16;
     run_checked(c, 5, 0);
     c.value_dtype = IGRAD_DTYPE_F16;
-    c.momentum_masking = 0;
     run_checked(c, 5, 1);
 }
 

@@ -74,7 +74,6 @@ typedef struct options {
     igrad_sparsifier_t sparsifier;
     uint64_t seed;
     int json;
-    int gate_other; /* config.gate_other of iad and ig */
     igrad_dtype_t value_dtype; /* config.value_dtype of the sparse methods */
     igrad_dtype_t grad_dtype;  /* config.grad_dtype of every method */
     igrad_topology_t topology; /* config.topology of every method */
@@ -136,8 +135,7 @@ static void usage(FILE *fp)
             "  --density RHO          sparsifier density (0.01)\n"
             "  --release-period R     low components released every R steps (4)\n"
             "  --release-keep KAPPA   ig release keeps ceil(kappa R k) (0.25)\n"
-            "  --gate-other on|off    EMB/HEAD/NORM components gated (on) or always sent\n"
-            "  --buckets B            buckets per step (4)\n"
+                        "  --buckets B            buckets per step (4)\n"
             "  --block-entries N      entries per packing block (16384)\n"
             "  --pack POLICY          policy of the ig row: direct, sequential, greedy,\n"
             "                         risk, contiguous (contiguous)\n"
@@ -199,10 +197,6 @@ static int parse_args(int argc, char **argv, options_t *o)
         OPT_I64("--dense-below", dense_below, 0)
         OPT_F64("--density", density)
         OPT_F64("--release-keep", release_keep)
-        if (!strcmp(argv[i], "--gate-other") && i + 1 < argc) {
-            if (cli_parse_onoff("--gate-other", argv[++i], &o->gate_other) != 0) return -1;
-            continue;
-        }
 #undef OPT_I64
 #undef OPT_F64
         if ((r = cli_opt(argc, argv, &i, "--grad-dtype", &v)) != 0) {
@@ -597,7 +591,6 @@ static igrad_config_t make_config(const options_t *o, igrad_method_t m, igrad_pa
     c.block_entries = o->block_entries;
     c.pack = pack;
     c.threads = (int)o->threads;
-    c.gate_other = o->gate_other;
     if (m != IGRAD_METHOD_DENSE) c.value_dtype = o->value_dtype;
     c.grad_dtype = o->grad_dtype;
     c.topology = o->topology;
@@ -994,7 +987,6 @@ int bench_sync(int argc, char **argv)
                    .threads = 0,
                    .density = 0.01,
                    .release_keep = IGRAD_DEFAULT_RELEASE_KEEP,
-                   .gate_other = 1,
                    .link_bandwidth_mbps = 100000, /* IGRAD_CONFIG_INIT's */
                    .pack = IGRAD_PACK_CONTIGUOUS,
                    .sparsifier = IGRAD_SPARSIFIER_ADTOPK,

@@ -26,7 +26,7 @@ static void usage(FILE *fp)
             "usage: igrad profile --trace TRACE.csv [--window A:B] [--alpha 0.7]\n"
             "                     [--method knee] [--out profile.json] [--csv profile.csv]\n"
             "                     [--target-ratio X --layout MODEL [--map FILE]\n"
-            "                      [--release-period R] [--gate-other on|off]] [--quiet]\n"
+            "                      [--release-period R]] [--quiet]\n"
             "\n"
             "Scores each (layer, kind) component of an activity trace over a window of\n"
             "steps (magnitude and persistence of the retained gradient), splits them into\n"
@@ -56,8 +56,7 @@ static void usage(FILE *fp)
             "               the rules the trace was recorded with (igrad train --map), as\n"
             "               the layout hash covers them\n"
             "  --release-period R  R of the plan priced by --target-ratio (default 4)\n"
-            "  --gate-other on|off  EMB/HEAD/NORM under the gate for --target-ratio (on)\n"
-            "  --quiet      print nothing but errors\n"
+                        "  --quiet      print nothing but errors\n"
             "  -h, --help   this text\n");
 }
 
@@ -102,7 +101,7 @@ static int same_file(const char *a, const char *b)
  * JSON. */
 typedef struct target_choice {
     double ratio;
-    int release_period, gate_other;
+    int release_period;
     igrad_target_fit_t fit;
 } target_choice_t;
 
@@ -122,7 +121,6 @@ static int fit_target(igrad_profile_t *profile, const char *layout_path, const c
     igrad_config_t cfg = IGRAD_CONFIG_INIT;
     cfg.method = IGRAD_METHOD_IG;
     cfg.release_period = tc->release_period;
-    cfg.gate_other = tc->gate_other;
     cfg.density = igrad_profile_density(profile);
     if (ph != 0 && ph != igrad_layout_hash(layout)) {
         fprintf(stderr, "igrad: profile: --layout %s is not the model of the trace (layout "
@@ -172,13 +170,12 @@ static int write_target(const char *path, const target_choice_t *tc)
     fp = igrad__atomic_open(&af, path) == IGRAD_OK ? af.fp : NULL;
     int ok = fp && fprintf(fp,
                            "%s,\n\t\"target\":\t{\n\t\t\"ratio\":\t%.17g,\n"
-                           "\t\t\"release_period\":\t%d,\n\t\t\"gate_other\":\t%s,\n"
+                           "\t\t\"release_period\":\t%d,\n"
                            "\t\t\"tau\":\t%.17g,\n\t\t\"release_keep\":\t%.17g,\n"
                            "\t\t\"n_important\":\t%zu,\n\t\t\"n_gated\":\t%zu,\n"
                            "\t\t\"f_imp\":\t%.17g,\n\t\t\"planned_ratio\":\t%.17g,\n"
                            "\t\t\"model_ratio\":\t%.17g,\n\t\t\"met\":\t%s\n\t}\n}\n",
-                           text, tc->ratio, tc->release_period,
-                           tc->gate_other ? "true" : "false", f->tau, f->release_keep,
+                           text, tc->ratio, tc->release_period, f->tau, f->release_keep,
                            f->n_important, f->n_gated, f->f_imp, f->ratio, f->model_ratio,
                            f->met ? "true" : "false") > 0;
     if (fp && ok) ok = igrad__atomic_commit(&af) == IGRAD_OK;
@@ -266,7 +263,7 @@ int cmd_profile(int argc, char **argv)
     const char *trace_path = NULL, *window = NULL, *alpha_text = NULL, *method = "knee";
     const char *out = NULL, *csv = NULL, *layout_path = NULL, *target_text = NULL;
     const char *map_path = NULL;
-    target_choice_t tc = {.release_period = IGRAD_DEFAULT_RELEASE_PERIOD, .gate_other = 1};
+    target_choice_t tc = {.release_period = IGRAD_DEFAULT_RELEASE_PERIOD};
     int quiet = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -315,8 +312,6 @@ int cmd_profile(int argc, char **argv)
                 return 2;
             }
             tc.release_period = (int)rp;
-        } else if ((r = cli_opt(argc, argv, &i, "--gate-other", &v)) != 0) {
-            if (r < 0 || cli_parse_onoff("--gate-other", v, &tc.gate_other) != 0) return 2;
         } else {
             fprintf(stderr, "igrad: profile: unknown argument '%s'\n\n", argv[i]);
             usage(stderr);
@@ -389,10 +384,10 @@ int cmd_profile(int argc, char **argv)
         rc = print_profile(profile, trace, trace_path);
         if (target_text) {
             const igrad_target_fit_t *f = &tc.fit;
-            printf("target ratio %g (R %d, gate_other %s): %zu of %zu gated components "
+            printf("target ratio %g (R %d): %zu of %zu gated components "
                    "important (tau %.6g), kappa %.6g, f_imp %.4f, planned ratio %.4f (model "
                    "%.4f)%s\n",
-                   tc.ratio, tc.release_period, tc.gate_other ? "on" : "off", f->n_important,
+                   tc.ratio, tc.release_period, f->n_important,
                    f->n_gated, f->tau, f->release_keep, f->f_imp, f->ratio, f->model_ratio,
                    f->met ? "" : ": NOT met, even no important component at the smallest kappa");
         }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/names.h"
 #include "plan_cost.h"
 
 #ifdef IGRAD_HAVE_TRAINER
@@ -65,13 +66,16 @@ static void usage(FILE *fp)
 "                              average of the local AdamW updates\n"
 "  --threads N                 OpenMP/OpenBLAS threads per rank (default\n"
 "                              $OMP_NUM_THREADS, else cores / ranks on this node)\n"
-"synchronization:\n"
-"  --method dense|topk_sync|adtopk_sync|iad|ig   (default dense)\n"
+"synchronization:\n");
+    /* the kinds from the library's name tables (core/names.h) */
+    char m[128], sc[64], rs[64], pk[128], tp[64];
+    fprintf(fp,
+"  --method %s   (default dense)\n"
 "  --sparsifier topk|adtopk    for iad/ig (default adtopk)\n"
 "  --density RHO (0.01)  --release-period R (4)  --release-keep KAPPA (0.25)\n"
-"  --schedule aligned|staggered  --residual on|drop  --buckets B (4)\n"
-"  --pack direct|sequential|greedy|risk|contiguous  --verify-every N (100)\n"
-"  --topology flat|hier        hier: each tensor is summed onto its owner inside the\n"
+"  --schedule %s  --residual %s  --buckets B (4)\n"
+"  --pack %s  --verify-every N (100)\n"
+"  --topology %-16s hier: each tensor is summed onto its owner inside the\n"
 "                              node, owners exchange between nodes, the result is\n"
 "                              broadcast in the node (default flat; needs a profile\n"
 "                              file, not --profile auto)\n"
@@ -92,21 +96,15 @@ static void usage(FILE *fp)
 "                              (a stopped or hung rank) ends the job on every rank\n"
 "                              that waits, naming the step (default 300; 0 = never)\n"
 "  --momentum M                DGC momentum correction in the engine, M in [0, 1):\n"
-"                              velocity u = M*u + g before error feedback (use\n"
-"                              with --beta1 0; one more float per parameter).\n"
-"                              Default: 0 (off)\n"
-"  --momentum-masking on|off   zero u where entries were sent (on)\n"
-"  --residual-decay D          residual = D * (what was not sent), D in (0, 1]\n"
-"                              (default 1 = none)\n"
+"                              velocity u = M*u + g before error feedback, u zeroed\n"
+"                              where entries were sent (use with --beta1 0; one more\n"
+"                              float per parameter). Default: 0 (off)\n"
 "  --start-iter N              the first N steps are plain dense averages (default 0)\n"
-"                              The four above act on error feedback: sparse methods\n"
+"                              The two above act on error feedback: sparse methods\n"
 "                              only. summary.json records what they resolved to\n"
 "  --map FILE                  user name rules ('PATTERN KIND LAYER' per line, tried\n"
 "                              before the built-in ones; docs/formats.md). The same on\n"
 "                              every rank; a profile is tied to the rules it was made with\n"
-"  --gate-other on|off         on (default): embeddings, lm_head and norms (EMB, HEAD,\n"
-"                              NORM components) are deferred when the profile calls\n"
-"                              them unimportant; off: always sent (the old behaviour)\n"
 "  --target-ratio X            ig: choose the important set and kappa from the\n"
 "                              profile's scores so the payload is X times *_sync's\n"
 "                              (with --profile auto: when the engine switches).\n"
@@ -138,7 +136,12 @@ static void usage(FILE *fp)
 "  --progress auto|line|plain|quiet   --log-every N (plain lines; default steps/20)\n"
 "\n"
 "Every rank must get the same options, except --threads, --progress, --log-every,\n"
-"--trace and --overwrite (a difference fails every rank, naming the option).\n");
+"--trace and --overwrite (a difference fails every rank, naming the option).\n",
+            igrad__names_list(&igrad__method_names, "|", m, sizeof m),
+            igrad__names_list(&igrad__schedule_names, "|", sc, sizeof sc),
+            igrad__names_list(&igrad__residual_names, "|", rs, sizeof rs),
+            igrad__names_list(&igrad__pack_names, "|", pk, sizeof pk),
+            igrad__names_list(&igrad__topology_names, "|", tp, sizeof tp));
 }
 
 /* Model architecture overrides on top of the preset. @return 1 consumed,
@@ -295,12 +298,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
             o->auto_sparse_reduce = 1;
             continue;
         }
-        if ((r = cli_opt(argc, argv, &i, "--momentum-masking", &v)) != 0) {
-            if (r < 0 || cli_parse_onoff("--momentum-masking", v, &o->momentum_masking) != 0) return -1;
-            continue;
-        }
         F64_OPT("--momentum", momentum)
-        F64_OPT("--residual-decay", residual_decay)
         INT_OPT("--start-iter", 0, start_iter)
         F64_OPT("--beta2", optim.beta2)
         F64_OPT("--density", density)
@@ -315,10 +313,6 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--map", &v)) != 0) {
             if (r < 0) return -1;
             o->name_map = v;
-            continue;
-        }
-        if ((r = cli_opt(argc, argv, &i, "--gate-other", &v)) != 0) {
-            if (r < 0 || cli_parse_onoff("--gate-other", v, &o->gate_other) != 0) return -1;
             continue;
         }
         F64_OPT("--val-fraction", val_fraction)

@@ -324,11 +324,8 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     }
     opt_add_i64(l, "--verify-every", o->verify_every);
     opt_add_f64(l, "--comm-timeout", o->comm_timeout_s);
-    opt_add_i64(l, "--gate-other", o->gate_other);
     opt_add_f64(l, "--target-ratio", o->target_ratio);
     opt_add_f64(l, "--momentum", o->momentum);
-    opt_add_i64(l, "--momentum-masking", o->momentum_masking);
-    opt_add_f64(l, "--residual-decay", o->residual_decay);
     if (o->start_iter < 0) opt_add(l, "--start-iter", OPT_AUTO);
     else opt_add_i64(l, "--start-iter", o->start_iter);
     /* only when given: checkpoints of runs before the option resume */
@@ -441,7 +438,6 @@ void train_options_default(train_options_t *o)
     o->release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
     o->dense_below = IGRAD_DEFAULT_DENSE_BELOW;
     o->release_keep = IGRAD_DEFAULT_RELEASE_KEEP;
-    o->gate_other = 1;
     o->target_ratio = NAN;
     o->buckets = 4;
     {
@@ -454,8 +450,6 @@ void train_options_default(train_options_t *o)
     o->comm_timeout_s = IGRAD_DEFAULT_TIMEOUT_S;
     o->beta1_auto = 1;
     o->momentum = NAN;
-    o->momentum_masking = 1;
-    o->residual_decay = NAN;
     o->start_iter = -1;
     o->eval_every = 50;
     o->eval_batches = 4;
@@ -470,7 +464,6 @@ void train_options_resolve(train_options_t *o)
     if (o->beta1_auto) o->optim.beta1 = dense ? TRAIN_DENSE_BETA1 : TRAIN_SPARSE_BETA1;
     o->beta1_auto = 0;
     if (isnan(o->momentum)) o->momentum = dense ? 0.0 : TRAIN_SPARSE_MOMENTUM;
-    if (isnan(o->residual_decay)) o->residual_decay = dense ? 1.0 : TRAIN_SPARSE_RESIDUAL_DECAY;
     if (o->start_iter < 0) o->start_iter = dense ? 0 : TRAIN_SPARSE_START_ITER;
     if (isnan(o->target_ratio)) {
         int ig = o->method && igrad__name_equal(o->method, "ig");
@@ -557,15 +550,11 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
         c.reprofile_every = o->reprofile_every;
         c.reprofile_margin = o->reprofile_margin;
     }
-    c.gate_other = o->gate_other;
-    if (c.method == IGRAD_METHOD_DENSE &&
-        (o->momentum > 0.0 || o->residual_decay < 1.0 || o->start_iter > 0))
+    if (c.method == IGRAD_METHOD_DENSE && (o->momentum > 0.0 || o->start_iter > 0))
         return trainer_fail(IGRAD_E_INVALID,
-                            "--momentum, --residual-decay and --start-iter act on error "
+                            "--momentum and --start-iter act on error "
                             "feedback: method dense has none (use a sparse --method)");
     c.momentum = o->momentum;
-    c.momentum_masking = o->momentum_masking;
-    c.residual_decay = o->residual_decay;
     c.start_iter = o->start_iter;
     c.value_dtype = o->value_dtype;
     if ((st = igrad_config_validate(&c)) != IGRAD_OK) return lib_fail(st, "sync config");
@@ -637,11 +626,10 @@ static igrad_status_t fit_target(run_t *r)
 
 /* f_imp: the share of the sparsifier's per-step budget that goes to
  * tensors sent every step (important components and OTHER tensors, which
- * are never deferred; EMB/HEAD/NORM too with gate_other 0 or when the
- * profile lacks them). The payload ratio to *_sync is about
+ * are never deferred; EMB/HEAD/NORM too when the profile lacks them). The payload ratio to *_sync is about
  * f_imp + kappa * (1 - f_imp) (NOTES.md). */
 static double compute_f_imp(const igrad_layout_t *layout, const igrad_profile_t *profile,
-                            igrad_sparsifier_t sp, double density, int gate_other)
+                            igrad_sparsifier_t sp, double density)
 {
     double every = 0.0, all = 0.0;
     for (size_t t = 0; t < igrad_layout_count(layout); t++) {
@@ -651,9 +639,7 @@ static double compute_f_imp(const igrad_layout_t *layout, const igrad_profile_t 
             igrad_select_spec(sp, density, 1.0, 0, 0, ti.ndim, ti.shape, &spec) != IGRAD_OK)
             return NAN;
         all += (double)spec.count;
-        int outer = ti.kind == IGRAD_KIND_EMB || ti.kind == IGRAD_KIND_HEAD ||
-                    ti.kind == IGRAD_KIND_NORM;
-        if (ti.kind == IGRAD_KIND_OTHER || (outer && !gate_other) ||
+        if (ti.kind == IGRAD_KIND_OTHER ||
             igrad_profile_is_important(profile, ti.layer, ti.kind) != 0)
             every += (double)spec.count;
     }
@@ -1093,7 +1079,7 @@ static igrad_status_t setup_local(run_t *r)
     r->f_imp = NAN;
     if (r->profile && method_sparsifier(&r->scfg) != IGRAD_SPARSIFIER_NONE)
         r->f_imp = compute_f_imp(r->layout, r->profile, method_sparsifier(&r->scfg),
-                                 r->scfg.density, r->scfg.gate_other);
+                                 r->scfg.density);
     return IGRAD_OK;
 }
 
@@ -1605,7 +1591,6 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddNumberToObject(sync, "link_latency_ns", (double)r->scfg.link_latency_ns);
     cJSON_AddNumberToObject(sync, "link_bandwidth_mbps", (double)r->scfg.link_bandwidth_mbps);
     cJSON_AddBoolToObject(sync, "auto_sparse_reduce", r->scfg.auto_sparse_reduce);
-    cJSON_AddBoolToObject(sync, "gate_other", r->scfg.gate_other);
     if (o->target_ratio != 0.0) {
         cJSON *tg = cJSON_AddObjectToObject(sync, "target");
         cJSON_AddNumberToObject(tg, "ratio", o->target_ratio);
@@ -1618,8 +1603,6 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
         cJSON_AddBoolToObject(tg, "met", r->target.met);
     }
     cJSON_AddNumberToObject(sync, "momentum", r->scfg.momentum);
-    cJSON_AddStringToObject(sync, "momentum_masking", r->scfg.momentum_masking ? "on" : "off");
-    cJSON_AddNumberToObject(sync, "residual_decay", r->scfg.residual_decay);
     cJSON_AddNumberToObject(sync, "start_iter", (double)r->scfg.start_iter);
     cJSON_AddStringToObject(sync, "value_dtype", igrad_dtype_name(r->scfg.value_dtype));
     igrad_step_stats_t ss;
@@ -1739,8 +1722,7 @@ static igrad_status_t online_profile_written(run_t *r)
         if (fst != IGRAD_OK) return lib_fail(fst, "--target-ratio");
         r->scfg.release_keep = r->target.release_keep;
     }
-    r->f_imp = compute_f_imp(r->layout, p, method_sparsifier(&r->scfg), r->scfg.density,
-                           r->scfg.gate_other);
+    r->f_imp = compute_f_imp(r->layout, p, method_sparsifier(&r->scfg), r->scfg.density);
     if (r->rank != 0 || !r->o->out) return IGRAD_OK;
     char *path = path_join(r->o->out, TRAIN_ONLINE_PROFILE_FILE);
     if (!path) return trainer_fail(IGRAD_E_NOMEM, "out of memory");

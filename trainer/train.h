@@ -134,13 +134,9 @@ typedef struct train_options {
                                  applies. 0 (--ef-on grad): the engine syncs the
                                  gradient and one AdamW step follows */
     double momentum;          /* DGC momentum correction m in [0, 1); NaN = auto */
-    int momentum_masking;     /* DGC momentum factor masking (1) */
-    double residual_decay;    /* residual = d * (a - sent), d in (0, 1]; NaN = auto */
     int64_t start_iter;       /* dense warm-up steps; -1 = auto */
     const char *name_map;     /* --map FILE: user name rules before the built-in
                                  ones (igrad_name_map_load); NULL = none */
-    int gate_other;           /* 1: EMB/HEAD/NORM components gated (default); 0:
-                                 always sent (igrad_config_t.gate_other) */
     double target_ratio;      /* > 0: ig picks the important set and kappa to send
                                  this share of *_sync's payload (igrad_target_fit;
                                  with --profile auto the engine does it when it
@@ -177,7 +173,7 @@ typedef struct train_options {
  * batches, save only at the end, seed 1337. */
 void train_options_default(train_options_t *o);
 
-/* What the auto values (--beta1, --momentum, --residual-decay, --start-iter
+/* What the auto values (--beta1, --momentum, --start-iter
  * not given) resolve to: dense keeps AdamW's beta1 0.9 and no remedy; a
  * sparse method gets TRAIN_SPARSE_* (measured, docs/results/remedies.md;
  * with --ef-on update too: beta1 0.9 there measured 1.03 x dense).
@@ -185,7 +181,6 @@ void train_options_default(train_options_t *o);
 #define TRAIN_DENSE_BETA1 0.9
 #define TRAIN_SPARSE_BETA1 0.0
 #define TRAIN_SPARSE_MOMENTUM 0.0
-#define TRAIN_SPARSE_RESIDUAL_DECAY 1.0
 #define TRAIN_SPARSE_START_ITER 0
 /* --target-ratio not given: ig aims at this share of its sparsifier's
  * *_sync payload (the method's promise), unless --release-keep is given

@@ -61,12 +61,6 @@ def body():
             path, prof = profiles[m]
             runs.append((f"ig {m}", prof, exp.method_run("ig", seed, path,
                                                          label=f"ig-{m.replace(':', '')}-s{seed}")))
-        # the ablation of gating EMB/HEAD/NORM: the first partition with
-        # embeddings, lm_head and norms always sent (the old behaviour)
-        path, prof = profiles[parts[0]]
-        runs.append((f"ig {parts[0]} gate-other off", prof, exp.method_run(
-            "ig", seed, path, label=f"ig-{parts[0].replace(':', '')}-gateoff-s{seed}",
-            extra_flags=["--gate-other", "off"])))
         for config, prof, run in runs:
             s = run.stats()
             rows.append({

@@ -33,7 +33,6 @@ NUM = COLS[4:]
 # engine's remedies measured in docs/results/remedies.md
 REMEDIES = [("beta1 0.9", ["--beta1", "0.9"]),
             ("momentum 0.9", ["--momentum", "0.9"]),
-            ("decay 0.9", ["--residual-decay", "0.9"]),
             ("ef on update", ["--ef-on", "update"])]
 
 

@@ -113,8 +113,8 @@ void igrad__atomic_abort(igrad__atomic_file_t *af);
 /* 1 if a and b are equal ignoring ASCII case (locale-independent), else 0.
  * Used by every *_from_name parser. */
 int igrad__name_equal(const char *a, const char *b);
-/* 1 for EMB, HEAD and NORM: the kinds outside the projections, which
- * config.gate_other puts under the gate (component.c). */
+/* 1 for EMB, HEAD and NORM: the kinds outside the projections (gated
+ * like them; sent every step when the profile lacks them) (component.c). */
 int igrad__kind_is_outer(igrad_kind_t kind);
 
 /* igrad_target_fit for the profile's own important set (score >= its

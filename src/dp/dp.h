@@ -6,8 +6,10 @@
  * packing policies, bucket routes, agreement, statistics (engine.c,
  * schedule.c, pack.c, route.c, select.c's spec arithmetic) — decides what
  * happens and reaches that memory only through these calls; it reads the
- * per-tensor results the stages leave in the engine (tnorm, tsumsq,
- * tdropped, tstatus), never the memory itself.
+ * per-tensor results the stages leave in the step (tnorm, tsumsq,
+ * tdropped, tstatus), never the memory itself. A stage takes the engine's
+ * three parts — plan (plan.h, read only), step (step.h) and the memory
+ * part below — never the engine.
  *
  * Stages of one step, in order (architecture.md §2):
  *   check        per tensor sum of (m*u + g + e)^2 in double (finiteness);
@@ -22,7 +24,7 @@
  * igrad__mem_space_t of internal.h that the communicators also take);
  * copy_out is how the host reads it (engine_state.c saves residuals and
  * velocities through it, a bounded chunk at a time).
- * 16-bit wire values (cfg.value_dtype BF16/F16, e->value_nbytes 2): the
+ * 16-bit wire values (cfg.value_dtype BF16/F16, plan->value_nbytes 2): the
  * gradients stay float; select_into rounds every staged value to the
  * 16-bit dtype (igrad__round16, value16.h: a value that would be Inf
  * clamped to the largest finite one) and adds the rounding error to that
@@ -40,8 +42,52 @@
 #ifndef IGRAD_DP_H
 #define IGRAD_DP_H
 
-#include "engine/engine_internal.h"
+#include "plan/plan.h"
 #include "plan/route.h"
+#include "plan/step.h"
+
+struct igrad__dp_ops;
+
+/* The data-plane memory part of an engine: everything in the backend's
+ * memory space that outlives a step. */
+typedef struct igrad__dp_mem {
+    const struct igrad__dp_ops *dp;     /* the backend: every access to gradient,
+                                           residual, velocity and bucket memory */
+    void *dp_stream;                    /* the backend's queue (a CUDA stream;
+                                           NULL: its default; host: unused) */
+    void *dp_state;                     /* the backend's own per-engine state
+                                           (CUDA: device scratch), NULL until used */
+    float **residual;                   /* (ntensors) n floats each, NULL for dense */
+    float **velocity;                   /* (ntensors) NULL unless cfg.momentum > 0 */
+    float *residual_mem;                /* all residuals, layout order */
+    int64_t residual_count;
+    float *velocity_mem;                /* all velocities (momentum > 0), layout order */
+    int64_t velocity_count;             /* residual_count, or 0 without momentum */
+    unsigned char *send_arena;
+    size_t send_arena_nbytes;
+    unsigned char *recv_arena;
+    size_t recv_arena_nbytes;
+    igrad_select_ws_t **ws;             /* (nthreads) selection workspaces */
+    float *stream_scratch;              /* streamed steps: nthreads x count floats */
+    size_t stream_scratch_count;        /* per thread: the largest tensor (twice
+                                           with momentum); 0 before the first open */
+} igrad__dp_mem_t;
+
+/* dp_mem.c: the memory part for plan (mem->dp set, the arenas' sizes
+ * set): staged selection (in step), arenas, residuals and velocities
+ * (zeroed, momentum > 0 only); what it made is freed by the engine.
+ * igrad__dp_mem_point points residual[t] and velocity[t] at tensor t's
+ * share of residual_mem and velocity_mem (NULL where there is none). */
+igrad_status_t igrad__dp_mem_alloc(igrad__dp_mem_t *mem, const igrad__plan_t *plan,
+                                   igrad__step_t *step);
+void igrad__dp_mem_point(igrad__dp_mem_t *mem, const igrad__plan_t *plan);
+
+/* Every stage takes the engine's three parts: the plan (read only), the
+ * step (the control plane's gate, blocks and buckets; the stages' staged
+ * selection and per-tensor results) and the data-plane memory. */
+#define IGRAD__DP_ARGS const igrad__plan_t *plan, igrad__step_t *step, igrad__dp_mem_t *mem
+#define IGRAD__DP_CARGS                                                                        \
+    const igrad__plan_t *plan, const igrad__step_t *step, const igrad__dp_mem_t *mem
 
 typedef struct igrad__dp_ops {
     const char *name;          /* "cpu" */
@@ -55,46 +101,46 @@ typedef struct igrad__dp_ops {
     void (*copy_in)(void *dst, const void *src, size_t nbytes);
     /* Copies nbytes from `space` (src) into host memory (dst), ordered
      * after the engine's queued work and finished on return (CUDA: on
-     * e->dp_stream, then a wait). IGRAD_OK, or a recorded error. */
-    igrad_status_t (*copy_out)(const igrad_engine_t *e, void *dst, const void *src,
+     * mem->dp_stream, then a wait). IGRAD_OK, or a recorded error. */
+    igrad_status_t (*copy_out)(IGRAD__DP_CARGS, void *dst, const void *src,
                                size_t nbytes);
     /* Copies nbytes within `space` (src to dst, not overlapping), ordered
-     * after the engine's queued work (CUDA: queued on e->dp_stream, not
+     * after the engine's queued work (CUDA: queued on mem->dp_stream, not
      * waited for): the two-level sync's shard result into the gradients.
      * IGRAD_OK, or a recorded error. */
-    igrad_status_t (*copy)(const igrad_engine_t *e, void *dst, const void *src, size_t nbytes);
+    igrad_status_t (*copy)(IGRAD__DP_CARGS, void *dst, const void *src, size_t nbytes);
 
-    /* e->tnorm[t] = sum over t of a^2 in double (a = m*u + g + e; no e
+    /* step->tnorm[t] = sum over t of a^2 in double (a = m*u + g + e; no e
      * for the dense method), for every tensor: non-finite iff some a is.
      * Reads only gradients, residuals and velocities. The gate is known
-     * by then (e->sent, e->rel, e->stage_off; tstatus 0): a backend may
+     * by then (step->sent, step->rel, step->stage_off; tstatus 0): a backend may
      * also run the sent tensors' read-only selection pass 1 here, writing
      * only the staged selection and its own state for select_into, and
-     * report a failure of it other than non-finite in e->tstatus[t] (the
+     * report a failure of it other than non-finite in step->tstatus[t] (the
      * step is then skipped on every rank, like a non-finite one). */
-    void (*check)(igrad_engine_t *e, float *const *grads);
+    void (*check)(IGRAD__DP_ARGS, float *const *grads);
     /* After check found tensor t non-finite: its first bad index (0 if
      * none is found) and, as host copies, g, u (0 without momentum) and
      * the residual (0 for the dense method) there. */
-    int64_t (*first_bad)(const igrad_engine_t *e, float *const *grads, size_t t,
+    int64_t (*first_bad)(IGRAD__DP_CARGS, float *const *grads, size_t t,
                          float *g, float *u, float *r);
-    /* The sent tensors' selections into e->stage_idx/stage_val at
-     * e->stage_off[t] (error feedback, remedies; finishing what check
+    /* The sent tensors' selections into step->stage_idx/stage_val at
+     * step->stage_off[t] (error feedback, remedies; finishing what check
      * started), the others accumulated or dropped; per tensor
-     * e->tstatus, tsumsq, tnorm (the residual's sum of squares, from
+     * step->tstatus, tsumsq, tnorm (the residual's sum of squares, from
      * check's) and tdropped. With `zero` every gradient is also zeroed in
      * the pass that reads it. Runs only after check, on the same
      * gradients, with nothing written to them in between. */
-    void (*select_into)(igrad_engine_t *e, float *const *grads, int zero);
+    void (*select_into)(IGRAD__DP_ARGS, float *const *grads, int zero);
     /* Bucket j of the step into its send bytes (per wire layout). */
-    void (*pack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
+    void (*pack[IGRAD__NWIRES])(IGRAD__DP_ARGS, size_t j, float *const *grads);
     /* Bucket j's received bytes into grads; checks every received index
      * (IGRAD_E_COMM naming the rank on a bad one). The sparse all-reduce's
      * wire (IGRAD__WIRE_SAR; NULL in a backend without it, whose engines
-     * refuse collective sparse_reduce at create) reads e->sar[j]'s result
+     * refuse collective sparse_reduce at create) reads step->sar[j]'s result
      * (in this backend's memory: the row `sar` made it) and also adds this
      * rank's remainder into its residuals. */
-    igrad_status_t (*unpack[IGRAD__NWIRES])(igrad_engine_t *e, size_t j, float *const *grads);
+    igrad_status_t (*unpack[IGRAD__NWIRES])(IGRAD__DP_ARGS, size_t j, float *const *grads);
     /* The sparse all-reduce's data steps in this backend's memory
      * (sparse_allreduce.h; NULL in a backend without the SAR wire). */
     const struct igrad__sar_ops *sar;
@@ -103,17 +149,17 @@ typedef struct igrad__dp_ops {
      * tensor: buckets ascending, then ranks, as unpack adds them, so each
      * entry's sum has the F32 order), into an F32 copy of g, then rounded
      * once into g. Checks the indices as unpack does. */
-    igrad_status_t (*unpack16)(igrad_engine_t *e, float *const *grads);
+    igrad_status_t (*unpack16)(IGRAD__DP_ARGS, float *const *grads);
     /* Zeroes the gradients unpack adds into (sparse methods: all). */
-    void (*zero)(igrad_engine_t *e, float *const *grads);
-    /* Frees e->dp_state (the backend's per-engine state: CPU, the row
+    void (*zero)(IGRAD__DP_ARGS, float *const *grads);
+    /* Frees mem->dp_state (the backend's per-engine state: CPU, the row
      * bounds check leaves for select_into; CUDA, device scratch); NULL
      * when the backend keeps none. Called by igrad_engine_free. */
-    void (*release)(igrad_engine_t *e);
+    void (*release)(IGRAD__DP_ARGS);
 
     /* Streamed steps (engine_stream.c); NULL in a backend without them,
      * whose engines refuse igrad_engine_open. stream_ready: for the n
-     * tensors listed (their grads are final), check's sum into e->tnorm,
+     * tensors listed (their grads are final), check's sum into step->tnorm,
      * then for the sent ones among them whose sum is finite the selection
      * into the staged selection (tstatus, tsumsq, tnorm as select_into
      * leaves them) *without writing residual, velocity or gradient*; a
@@ -123,9 +169,9 @@ typedef struct igrad__dp_ops {
      * for every tensor, the residual and velocity select_into would have
      * written, recomputed from g, u, e and the staged selection; zeroes
      * every gradient (sparse methods). */
-    void (*stream_ready)(igrad_engine_t *e, float *const *grads, const size_t *tensors,
+    void (*stream_ready)(IGRAD__DP_ARGS, float *const *grads, const size_t *tensors,
                          size_t n);
-    void (*stream_commit)(igrad_engine_t *e, float *const *grads);
+    void (*stream_commit)(IGRAD__DP_ARGS, float *const *grads);
 } igrad__dp_ops_t;
 
 /* A received index v, entry k of block bi from rank r, outside [0, bound)
@@ -133,8 +179,8 @@ typedef struct igrad__dp_ops {
  * the bucket and the tensor. Every rank receives the same bytes, so every
  * rank that unpacks this bucket fails with this message (every backend's
  * unpack; dp_cpu_unpack.c). */
-igrad_status_t igrad__dp_bad_index(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
-                                   const igrad__engine_block_t *bi, int r, int64_t k,
+igrad_status_t igrad__dp_bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                   const igrad__step_block_t *bi, int r, int64_t k,
                                    uint32_t v, int64_t bound);
 
 /* The CPU backend (dp_cpu.c). */

@@ -1,16 +1,17 @@
 /*
- * engine.c — the sync engine (DESIGN.md §2): method/config names and
- * validation, the plan built at create (per tensor: every step or released
- * at a phase, budgets for normal and release steps, block cuts, buffer
- * sizes for the largest step), and the
- * order of one step: check, agree, gate, select, plan the blocks and
+ * engine.c — the sync engine (DESIGN.md §2): create (the plan of
+ * plan/plan_build.c, the step's scratch, the data-plane memory) and free,
+ * and the order of one step: check, agree, gate, select, plan the blocks and
  * buckets, pack, the collectives (two-phase or pipelined), unpack, with
  * statistics. This is the control plane: every touch of gradient,
  * residual, velocity or bucket memory goes through the data-plane table
- * e->dp (dp.h; the CPU backend is dp_cpu*.c), and every choice of
+ * e->mem.dp (dp.h; the CPU backend is dp_cpu*.c), and every choice of
  * collective through the bucket routes (route.h).
  *
- * Not here: the agreement items and their exchange (engine_agree.c);
+ * Not here: names (core/names.c), config validation (plan/config.c), the
+ * plan and the per-step plan (plan/plan_build.c, plan_step.c), the step's
+ * failure messages (engine_fail.c), accessors and statistics
+ * (engine_stats.c); the agreement items and their exchange (engine_agree.c);
  * saving and loading a rank's state (engine_state.c); the gate,
  * phases and release budgets (schedule.c); bucket policies (pack.c);
  * selection itself (select.c); the stages' loops (dp_cpu*.c); the
@@ -54,784 +55,82 @@
 #include <omp.h>
 #endif
 
-
-/* ------------------------------------------------------------------------ */
-/* Names                                                                    */
-/* ------------------------------------------------------------------------ */
-
-static const char *const method_names[] = {"dense", "topk_sync", "adtopk_sync", "iad", "ig"};
-static const char *const residual_names[] = {"on", "drop"};
-static const char *const collective_names[] = {"auto", "gather", "reduce", "sparse_reduce"};
-static const char *const topology_names[] = {"flat", "hier"};
-#define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
-
-const char *igrad_method_name(igrad_method_t method)
-{
-    int m = (int)method;
-    return m >= 0 && m < COUNT_OF(method_names) ? method_names[m] : "unknown";
-}
-
-const char *igrad_residual_policy_name(igrad_residual_policy_t policy)
-{
-    int p = (int)policy;
-    return p >= 0 && p < COUNT_OF(residual_names) ? residual_names[p] : "unknown";
-}
-
-const char *igrad_collective_name(igrad_collective_t collective)
-{
-    int c = (int)collective;
-    return c >= 0 && c < COUNT_OF(collective_names) ? collective_names[c] : "unknown";
-}
-
-/* Index of `name` in `names`, or -1. */
-static int find_name(const char *name, const char *const *names, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (igrad__name_equal(name, names[i])) return i;
-    return -1;
-}
-
-igrad_status_t igrad_method_from_name(const char *name, igrad_method_t *method)
-{
-    IGRAD_FAIL_IF(!name || !method, IGRAD_E_INVALID, "method name: NULL argument");
-    int i = find_name(name, method_names, COUNT_OF(method_names));
-    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID,
-                  "unknown method \"%s\" (dense, topk_sync, adtopk_sync, iad, ig)", name);
-    *method = (igrad_method_t)i;
-    return IGRAD_OK;
-}
-
-igrad_status_t igrad_residual_policy_from_name(const char *name, igrad_residual_policy_t *policy)
-{
-    IGRAD_FAIL_IF(!name || !policy, IGRAD_E_INVALID, "residual policy name: NULL argument");
-    int i = find_name(name, residual_names, COUNT_OF(residual_names));
-    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID, "unknown residual policy \"%s\" (on, drop)", name);
-    *policy = (igrad_residual_policy_t)i;
-    return IGRAD_OK;
-}
-
-igrad_status_t igrad_collective_from_name(const char *name, igrad_collective_t *collective)
-{
-    IGRAD_FAIL_IF(!name || !collective, IGRAD_E_INVALID, "collective name: NULL argument");
-    int i = find_name(name, collective_names, COUNT_OF(collective_names));
-    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID, "unknown collective \"%s\" (auto, gather, reduce, sparse_reduce)",
-                  name);
-    *collective = (igrad_collective_t)i;
-    return IGRAD_OK;
-}
-
-const char *igrad_topology_name(igrad_topology_t topology)
-{
-    int c = (int)topology;
-    return c >= 0 && c < COUNT_OF(topology_names) ? topology_names[c] : "unknown";
-}
-
-igrad_status_t igrad_topology_from_name(const char *name, igrad_topology_t *topology)
-{
-    IGRAD_FAIL_IF(!name || !topology, IGRAD_E_INVALID, "topology name: NULL argument");
-    int i = find_name(name, topology_names, COUNT_OF(topology_names));
-    IGRAD_FAIL_IF(i < 0, IGRAD_E_INVALID, "unknown topology \"%s\" (flat, hier)", name);
-    *topology = (igrad_topology_t)i;
-    return IGRAD_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Configuration                                                            */
-/* ------------------------------------------------------------------------ */
-
-static int method_defers(igrad_method_t m)
-{
-    return m == IGRAD_METHOD_IAD || m == IGRAD_METHOD_IG;
-}
-
-igrad_status_t igrad_config_validate(const igrad_config_t *c)
-{
-    IGRAD_FAIL_IF(!c, IGRAD_E_INVALID, "config is NULL");
-    IGRAD_FAIL_IF(c->size < sizeof(igrad_config_t), IGRAD_E_INVALID,
-                  "config.size is %zu, but this igrad's igrad_config_t has %zu bytes "
-                  "(initialise it with IGRAD_CONFIG_INIT)",
-                  c->size, sizeof(igrad_config_t));
-    IGRAD_FAIL_IF((int)c->method < 0 || (int)c->method >= COUNT_OF(method_names),
-                  IGRAD_E_INVALID, "config.method is %d (dense, topk_sync, adtopk_sync, iad, ig)",
-                  (int)c->method);
-    IGRAD_FAIL_IF((int)c->sparsifier < 0 || (int)c->sparsifier > IGRAD_SPARSIFIER_ADTOPK,
-                  IGRAD_E_INVALID, "config.sparsifier is %d (none, topk, adtopk)",
-                  (int)c->sparsifier);
-    IGRAD_FAIL_IF(method_defers(c->method) && c->sparsifier == IGRAD_SPARSIFIER_NONE,
-                  IGRAD_E_INVALID,
-                  "config.sparsifier is none, but method %s needs topk or adtopk "
-                  "(method dense sends everything)",
-                  igrad_method_name(c->method));
-    IGRAD_FAIL_IF(c->interleave != 0 && c->interleave != 1, IGRAD_E_INVALID,
-                  "config.interleave is %d (must be 0 or 1)", c->interleave);
-    IGRAD_FAIL_IF(!(c->density > 0.0 && c->density <= 1.0), IGRAD_E_INVALID,
-                  "config.density is %g (must be in (0, 1])", c->density);
-    IGRAD_FAIL_IF(c->release_period < 1 || c->release_period > IGRAD__SCHEDULE_MAX_PERIOD,
-                  IGRAD_E_INVALID, "config.release_period is %d (must be in [1, %d])",
-                  c->release_period, IGRAD__SCHEDULE_MAX_PERIOD);
-    IGRAD_FAIL_IF(!(c->release_keep > 0.0 && c->release_keep <= 1.0), IGRAD_E_INVALID,
-                  "config.release_keep is %g (must be in (0, 1])", c->release_keep);
-    IGRAD_FAIL_IF(c->schedule != IGRAD_SCHEDULE_ALIGNED && c->schedule != IGRAD_SCHEDULE_STAGGERED,
-                  IGRAD_E_INVALID, "config.schedule is %d (aligned, staggered)",
-                  (int)c->schedule);
-    IGRAD_FAIL_IF((int)c->residual < 0 || (int)c->residual >= COUNT_OF(residual_names),
-                  IGRAD_E_INVALID, "config.residual is %d (on, drop)", (int)c->residual);
-    IGRAD_FAIL_IF((int)c->pack < 0 || (int)c->pack > IGRAD_PACK_CONTIGUOUS, IGRAD_E_INVALID,
-                  "config.pack is %d (direct, sequential, greedy, risk, contiguous)",
-                  (int)c->pack);
-    IGRAD_FAIL_IF(c->buckets < 1 || c->buckets > IGRAD__PACK_MAX_BUCKETS, IGRAD_E_INVALID,
-                  "config.buckets is %d (must be in [1, %d])", c->buckets,
-                  IGRAD__PACK_MAX_BUCKETS);
-    IGRAD_FAIL_IF(c->block_entries < 1, IGRAD_E_INVALID,
-                  "config.block_entries is %lld (must be >= 1)", (long long)c->block_entries);
-    IGRAD_FAIL_IF(!(c->risk_lambda >= 0.0 && c->risk_lambda <= DBL_MAX), IGRAD_E_INVALID,
-                  "config.risk_lambda is %g (must be a finite value >= 0)", c->risk_lambda);
-    IGRAD_FAIL_IF(c->verify_every < 0, IGRAD_E_INVALID,
-                  "config.verify_every is %lld (must be >= 0; 0 = only at create)",
-                  (long long)c->verify_every);
-    IGRAD_FAIL_IF(c->value_dtype != IGRAD_DTYPE_F32 && c->value_dtype != IGRAD_DTYPE_BF16 &&
-                      c->value_dtype != IGRAD_DTYPE_F16,
-                  IGRAD_E_INVALID, "config.value_dtype is %s (F32, BF16 or F16)",
-                  igrad_dtype_name(c->value_dtype));
-    IGRAD_FAIL_IF(c->value_dtype != IGRAD_DTYPE_F32 && c->method == IGRAD_METHOD_DENSE,
-                  IGRAD_E_UNSUPPORTED,
-                  "config.value_dtype is %s, but method dense all-reduces F32 (it keeps no "
-                  "residual to take the rounding error back; use F32)",
-                  igrad_dtype_name(c->value_dtype));
-    IGRAD_FAIL_IF(c->grad_dtype != IGRAD_DTYPE_F32 && c->grad_dtype != IGRAD_DTYPE_BF16 &&
-                      c->grad_dtype != IGRAD_DTYPE_F16,
-                  IGRAD_E_INVALID, "config.grad_dtype is %s (F32, BF16 or F16)",
-                  igrad_dtype_name(c->grad_dtype));
-    IGRAD_FAIL_IF(c->index_dtype != IGRAD_DTYPE_U16 && c->index_dtype != IGRAD_DTYPE_U32,
-                  IGRAD_E_INVALID,
-                  "config.index_dtype is %s (U16: 16-bit where indices fit, U32: always 32-bit)",
-                  igrad_dtype_name(c->index_dtype));
-    IGRAD_FAIL_IF((int)c->collective < 0 || (int)c->collective >= COUNT_OF(collective_names),
-                  IGRAD_E_INVALID, "config.collective is %d (auto, gather, reduce, sparse_reduce)",
-                  (int)c->collective);
-    IGRAD_FAIL_IF((int)c->topology < 0 || (int)c->topology >= COUNT_OF(topology_names),
-                  IGRAD_E_INVALID, "config.topology is %d (flat, hier)", (int)c->topology);
-    IGRAD_FAIL_IF(c->ranks_per_node < 0, IGRAD_E_INVALID,
-                  "config.ranks_per_node is %d (must be >= 0; 0 = the nodes MPI reports)",
-                  c->ranks_per_node);
-    IGRAD_FAIL_IF(c->dense_below < 0, IGRAD_E_INVALID,
-                  "config.dense_below is %lld (must be >= 0; 0 = off)",
-                  (long long)c->dense_below);
-    IGRAD_FAIL_IF(c->link_latency_ns < 0 || c->link_latency_ns > IGRAD__LINK_MAX_LATENCY_NS,
-                  IGRAD_E_INVALID,
-                  "config.link_latency_ns is %lld (must be in [0, 1000000000]; 0 = auto by "
-                  "bytes alone)",
-                  (long long)c->link_latency_ns);
-    IGRAD_FAIL_IF(c->link_bandwidth_mbps < 1 ||
-                      c->link_bandwidth_mbps > IGRAD__LINK_MAX_BANDWIDTH_MBPS,
-                  IGRAD_E_INVALID,
-                  "config.link_bandwidth_mbps is %lld (must be in [1, 1000000000] Mbit/s)",
-                  (long long)c->link_bandwidth_mbps);
-    IGRAD_FAIL_IF(c->auto_sparse_reduce != 0 && c->auto_sparse_reduce != 1, IGRAD_E_INVALID,
-                  "config.auto_sparse_reduce is %d (0 or 1)", c->auto_sparse_reduce);
-    IGRAD_FAIL_IF(c->threads < 0 || c->threads > 4096, IGRAD_E_INVALID,
-                  "config.threads is %d (must be in [0, 4096]; 0 = OpenMP default)", c->threads);
-    IGRAD_FAIL_IF(!(c->timeout_s >= 0.0 && c->timeout_s <= DBL_MAX), IGRAD_E_INVALID,
-                  "config.timeout_s is %g (must be a finite number of seconds >= 0; 0 = no "
-                  "timeout)",
-                  c->timeout_s);
-    /* online profiling */
-    IGRAD_FAIL_IF(c->profile_steps < 0 || c->profile_steps > IGRAD__ONLINE_MAX_STEPS,
-                  IGRAD_E_INVALID, "config.profile_steps is %lld (must be in [0, %d]; 0 = off)",
-                  (long long)c->profile_steps, IGRAD__ONLINE_MAX_STEPS);
-    IGRAD_FAIL_IF(c->profile_steps > 0 && !method_defers(c->method), IGRAD_E_INVALID,
-                  "config.profile_steps is %lld, but method %s uses no profile (iad, ig)",
-                  (long long)c->profile_steps, igrad_method_name(c->method));
-    IGRAD_FAIL_IF(!(c->profile_alpha >= 0.0 && c->profile_alpha <= 1.0), IGRAD_E_INVALID,
-                  "config.profile_alpha is %g (must be in [0, 1])", c->profile_alpha);
-    if (c->profile_partition) {
-        igrad__partition_method_t pm;
-        IGRAD_FAIL_IF(strlen(c->profile_partition) >= IGRAD__ONLINE_PARTITION_NBYTES ||
-                          igrad__partition_parse(c->profile_partition, &pm) != IGRAD_OK,
-                      IGRAD_E_INVALID,
-                      "config.profile_partition is \"%.60s\" (knee, otsu, kmeans2, gmm2, "
-                      "percentile:P, fixed:F)",
-                      c->profile_partition);
-    }
-    IGRAD_FAIL_IF(c->gate_other != 0 && c->gate_other != 1, IGRAD_E_INVALID,
-                  "config.gate_other is %d (1: EMB/HEAD/NORM gated, 0: always sent)",
-                  c->gate_other);
-    IGRAD_FAIL_IF(!(c->momentum >= 0.0 && c->momentum < 1.0), IGRAD_E_INVALID,
-                  "config.momentum is %g (must be in [0, 1); 0 = off)", c->momentum);
-    IGRAD_FAIL_IF(c->momentum_masking != 0 && c->momentum_masking != 1, IGRAD_E_INVALID,
-                  "config.momentum_masking is %d (must be 0 or 1)", c->momentum_masking);
-    IGRAD_FAIL_IF(!(c->residual_decay > 0.0 && c->residual_decay <= 1.0), IGRAD_E_INVALID,
-                  "config.residual_decay is %g (must be in (0, 1]; 1 = none)",
-                  c->residual_decay);
-    IGRAD_FAIL_IF(c->start_iter < 0, IGRAD_E_INVALID,
-                  "config.start_iter is %lld (must be >= 0; 0 = no dense warm-up)",
-                  (long long)c->start_iter);
-    IGRAD_FAIL_IF(!(c->target_ratio == 0.0 || (c->target_ratio > 0.0 && c->target_ratio <= 1.0)),
-                  IGRAD_E_INVALID, "config.target_ratio is %g (must be in (0, 1]; 0 = off)",
-                  c->target_ratio);
-    IGRAD_FAIL_IF(c->target_ratio > 0.0 && c->method != IGRAD_METHOD_IG, IGRAD_E_INVALID,
-                  "config.target_ratio is %g, but method %s has no kappa to choose (ig)",
-                  c->target_ratio, igrad_method_name(c->method));
-    IGRAD_FAIL_IF(c->reprofile_every < 0 || c->reprofile_every > IGRAD__ONLINE_MAX_STEPS,
-                  IGRAD_E_INVALID,
-                  "config.reprofile_every is %lld (must be in [0, %d]; 0 = off)",
-                  (long long)c->reprofile_every, IGRAD__ONLINE_MAX_STEPS);
-    IGRAD_FAIL_IF(c->reprofile_every > 0 && c->profile_steps == 0, IGRAD_E_INVALID,
-                  "config.reprofile_every is %lld, but config.profile_steps is 0 (re-profiling "
-                  "follows online profiling)",
-                  (long long)c->reprofile_every);
-    IGRAD_FAIL_IF(!(c->reprofile_margin >= 0.0 && c->reprofile_margin <= 1.0), IGRAD_E_INVALID,
-                  "config.reprofile_margin is %g (must be in [0, 1])", c->reprofile_margin);
-    return IGRAD_OK;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Building the plan                                                        */
 /* ------------------------------------------------------------------------ */
-
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-/* Wire index bytes of one selection spec. */
-static int index_nbytes(const igrad_engine_t *e, const igrad_select_spec_t *sp)
-{
-    if (e->sp == IGRAD_SPARSIFIER_NONE) return 0;
-    int64_t range = sp->row_wise ? sp->cols : sp->n; /* indices are < range */
-    if (e->cfg.index_dtype == IGRAD_DTYPE_U16 && range <= 65536) return 2;
-    return 4;
-}
-
-/* Checks that a profile describes the layout's components. The profile may
- * lack EMB/HEAD/NORM components (made before they were components): those
- * are important (plan_phases). Both lists are sorted by (layer, kind). A
- * shard's layout (the two-level sync, `subset`) holds some of the profiled
- * model's components: the profile may have more, and its layout hash is
- * the whole model's. */
-static int comp_before(int layer, igrad_kind_t kind, int layer2, igrad_kind_t kind2)
-{
-    return layer < layer2 || (layer == layer2 && kind < kind2);
-}
-
-static igrad_status_t check_profile(const igrad_profile_t *profile,
-                                    const igrad_layout_t *layout, int subset)
-{
-    size_t nc = igrad_layout_component_count(layout), np = igrad_profile_count(profile);
-    uint64_t ph = igrad_profile_layout_hash(profile), lh = igrad_layout_hash(layout);
-    IGRAD_FAIL_IF(!subset && ph != 0 && ph != lh, IGRAD_E_MISMATCH,
-                  "profile does not match the layout: made for layout 0x%016llx, this layout "
-                  "is 0x%016llx",
-                  (unsigned long long)ph, (unsigned long long)lh);
-    size_t p = 0;
-    for (size_t c = 0; c < nc; c++) {
-        igrad_component_info_t ci;
-        igrad_profile_entry_t pe = {0};
-        IGRAD_CHECK(igrad_layout_component(layout, c, &ci));
-        if (p < np) IGRAD_CHECK(igrad_profile_entry(profile, p, &pe));
-        while (subset && p < np && comp_before(pe.layer, pe.kind, ci.layer, ci.kind))
-            if (++p < np) IGRAD_CHECK(igrad_profile_entry(profile, p, &pe));
-        int same = p < np && ci.layer == pe.layer && ci.kind == pe.kind;
-        if (!same && igrad__kind_is_outer(ci.kind)) continue; /* absent: important */
-        IGRAD_FAIL_IF(p >= np, IGRAD_E_MISMATCH,
-                      "profile does not match the layout: it has %zu components and lacks "
-                      "the layout's (%d, %s)",
-                      np, ci.layer, igrad_kind_name(ci.kind));
-        IGRAD_FAIL_IF(!same || ci.count != pe.count, IGRAD_E_MISMATCH,
-                      "profile does not match the layout at component %zu: profile has "
-                      "(%d, %s) with %lld entries, layout (%d, %s) with %lld",
-                      c, pe.layer, igrad_kind_name(pe.kind), (long long)pe.count, ci.layer,
-                      igrad_kind_name(ci.kind), (long long)ci.count);
-        p++;
-    }
-    IGRAD_FAIL_IF(!subset && p != np, IGRAD_E_MISMATCH,
-                  "profile does not match the layout: %zu components in the profile, %zu of "
-                  "them in the layout",
-                  np, p);
-    return IGRAD_OK;
-}
-
-/* Copies the layout's tensors and components into the engine. */
-static igrad_status_t copy_layout(igrad_engine_t *e, const igrad_layout_t *layout)
-{
-    size_t T = igrad_layout_count(layout);
-    IGRAD_FAIL_IF(T == 0, IGRAD_E_INVALID, "igrad_engine_create: the layout has no tensors");
-    IGRAD_FAIL_IF(T > UINT32_MAX, IGRAD_E_INVALID,
-                  "igrad_engine_create: %zu tensors, more than block keys can address", T);
-    e->ntensors = T;
-    e->t = calloc(T, sizeof *e->t);
-    e->tensor_hash = calloc(T, sizeof *e->tensor_hash);
-    IGRAD_FAIL_IF(!e->t || !e->tensor_hash, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    size_t names_nbytes = 0;
-    for (size_t i = 0; i < T; i++) {
-        igrad_tensor_info_t ti;
-        IGRAD_CHECK(igrad_layout_tensor(layout, i, &ti));
-        names_nbytes += strlen(ti.name) + 1;
-    }
-    e->names = malloc(names_nbytes);
-    IGRAD_FAIL_IF(!e->names, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    char *p = e->names;
-    for (size_t i = 0; i < T; i++) {
-        igrad_tensor_info_t ti;
-        IGRAD_CHECK(igrad_layout_tensor(layout, i, &ti));
-        igrad__engine_tensor_t *tp = &e->t[i];
-        size_t len = strlen(ti.name) + 1;
-        memcpy(p, ti.name, len);
-        tp->name = p;
-        p += len;
-        tp->ndim = ti.ndim;
-        for (int d = 0; d < IGRAD_MAX_DIMS; d++) tp->shape[d] = ti.shape[d];
-        tp->n = ti.count;
-        tp->comp = ti.component;
-        IGRAD_FAIL_IF(ti.count > (int64_t)UINT32_MAX + 1, IGRAD_E_INVALID,
-                      "tensor %s has %lld entries, more than 32-bit indices address", ti.name,
-                      (long long)ti.count);
-        uint64_t h = igrad__hash_str(IGRAD__HASH_SEED, ti.name);
-        h = igrad__hash_i64(h, (int64_t)ti.dtype);
-        h = igrad__hash_i64(h, ti.ndim);
-        for (int d = 0; d < ti.ndim; d++) h = igrad__hash_i64(h, ti.shape[d]);
-        e->tensor_hash[i] = h;
-    }
-    size_t C = igrad_layout_component_count(layout);
-    e->ncomp = C;
-    size_t Cn = C ? C : 1;
-    e->comp_layer = calloc(Cn, sizeof *e->comp_layer);
-    e->comp_kind = calloc(Cn, sizeof *e->comp_kind);
-    e->comp_count = calloc(Cn, sizeof *e->comp_count);
-    e->comp_important = calloc(Cn, 1);
-    e->comp_phase = calloc(Cn, sizeof *e->comp_phase);
-    IGRAD_FAIL_IF(!e->comp_layer || !e->comp_kind || !e->comp_count || !e->comp_important ||
-                      !e->comp_phase,
-                  IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    for (size_t c = 0; c < C; c++) {
-        igrad_component_info_t ci;
-        IGRAD_CHECK(igrad_layout_component(layout, c, &ci));
-        e->comp_layer[c] = ci.layer;
-        e->comp_kind[c] = ci.kind;
-        e->comp_count[c] = ci.count;
-        e->comp_important[c] = 1;
-    }
-    return IGRAD_OK;
-}
-
-/* Specs, index widths and block cuts of every tensor. */
-static igrad_status_t plan_tensors(igrad_engine_t *e)
-{
-    const igrad_config_t *c = &e->cfg;
-    double rscale = c->method == IGRAD_METHOD_IG
-                        ? igrad__release_scale(c->release_keep, c->release_period)
-                        : 1.0;
-    for (size_t i = 0; i < e->ntensors; i++) {
-        igrad__engine_tensor_t *tp = &e->t[i];
-        for (int rel = 0; rel < 2; rel++)
-            for (int par = 0; par < 2; par++) {
-                igrad_select_spec_t *sp = &tp->spec[rel][par];
-                /* below config.dense_below: every entry, whenever it is sent */
-                igrad_sparsifier_t tsp = e->sp != IGRAD_SPARSIFIER_NONE && tp->n < c->dense_below
-                                             ? IGRAD_SPARSIFIER_NONE
-                                             : e->sp;
-                IGRAD_CHECK(igrad_select_spec(tsp, c->density, rel ? rscale : 1.0,
-                                              c->interleave, par, tp->ndim, tp->shape, sp));
-                tp->idx_nbytes[rel][par] = index_nbytes(e, sp);
-                int64_t blk = c->block_entries;
-                if (sp->row_wise) {
-                    /* whole rows per block, so a block's row is known from
-                     * its position and indices can be column indices */
-                    int64_t rows_per = blk / sp->per_row;
-                    blk = sp->per_row * (rows_per > 0 ? rows_per : 1);
-                }
-                tp->blk_entries[rel][par] = blk;
-                tp->nblocks[rel][par] = igrad__pack_split_count(sp->count, blk);
-            }
-    }
-    return IGRAD_OK;
-}
-
-/* Bytes a tensor sends at a step kind. */
-static int64_t tensor_nbytes(const igrad_engine_t *e, const igrad__engine_tensor_t *tp, int rel,
-                             int par)
-{
-    return tp->spec[rel][par].count * (e->value_nbytes + tp->idx_nbytes[rel][par]);
-}
-
-/* Floats a tensor needs in reduce buckets (its dense segments). */
-static int64_t tensor_dense_cap(const igrad_engine_t *e, const igrad__engine_tensor_t *tp,
-                                int rel, int par)
-{
-    const igrad_select_spec_t *sp = &tp->spec[rel][par];
-    int64_t nb = tp->nblocks[rel][par];
-    if (e->sp == IGRAD_SPARSIFIER_NONE || sp->row_wise || nb <= 1 || e->per_tensor_buckets)
-        return tp->n;
-    /* flat blocks of one tensor in k buckets carry the whole tensor k times */
-    return tp->n * (nb < e->nb_max ? nb : e->nb_max);
-}
-
-/* Phases: important components and OTHER every step, the rest by the
- * schedule, weighted by their release payload. EMB/HEAD/NORM components
- * are important when gate_other is 0 or the profile lacks them. */
-static igrad_status_t plan_phases(igrad_engine_t *e, const igrad_profile_t *profile)
-{
-    size_t C = e->ncomp;
-    for (size_t c = 0; c < C; c++) e->comp_phase[c] = IGRAD__PHASE_EVERY;
-    if (e->deferral) {
-        for (size_t c = 0; c < C && profile; c++) { /* none: all important (online) */
-            int outer = igrad__kind_is_outer(e->comp_kind[c]);
-            int imp = igrad_profile_is_important(profile, e->comp_layer[c], e->comp_kind[c]);
-            if (outer && (imp < 0 || !e->cfg.gate_other)) imp = 1;
-            IGRAD_FAIL_IF(imp < 0, IGRAD_E_MISMATCH,
-                          "profile has no component (%d, %s) of the layout", e->comp_layer[c],
-                          igrad_kind_name(e->comp_kind[c]));
-            e->comp_important[c] = (unsigned char)imp;
-        }
-        if (C > 0) {
-            int64_t *rel_nbytes = calloc(C, sizeof *rel_nbytes);
-            IGRAD_FAIL_IF(!rel_nbytes, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-            for (size_t i = 0; i < e->ntensors; i++)
-                if (e->t[i].comp >= 0)
-                    rel_nbytes[e->t[i].comp] += tensor_nbytes(e, &e->t[i], 1, 0);
-            igrad_status_t st =
-                igrad__schedule_assign(e->cfg.schedule, e->cfg.release_period, C, rel_nbytes,
-                                       e->comp_important, e->comp_phase);
-            free(rel_nbytes);
-            IGRAD_CHECK(st);
-        }
-    }
-    for (size_t i = 0; i < e->ntensors; i++) {
-        igrad__engine_tensor_t *tp = &e->t[i];
-        tp->important = tp->comp < 0 ? 1 : e->comp_important[tp->comp];
-        tp->phase = tp->comp < 0 ? IGRAD__PHASE_EVERY : e->comp_phase[tp->comp];
-    }
-    return IGRAD_OK;
-}
-
-typedef struct phase_sum {
-    int phase;
-    int64_t v[4]; /* entries, blocks, bytes, dense floats */
-} phase_sum_t;
-
-static int cmp_phase(const void *pa, const void *pb)
-{
-    const phase_sum_t *a = pa, *b = pb;
-    return (a->phase > b->phase) - (a->phase < b->phase);
-}
-
-/* Largest step of the cycle, per quantity: everything sent every step plus
- * the heaviest phase's releases (each quantity maximised on its own, so
- * the result bounds every step). */
-static igrad_status_t plan_maxima(igrad_engine_t *e, int64_t out[4])
-{
-    int64_t every[4] = {0, 0, 0, 0};
-    size_t nlow = 0;
-    for (size_t i = 0; i < e->ntensors; i++)
-        if (e->t[i].phase >= 0) nlow++;
-    phase_sum_t *low = calloc(nlow ? nlow : 1, sizeof *low);
-    IGRAD_FAIL_IF(!low, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    size_t k = 0;
-    for (size_t i = 0; i < e->ntensors; i++) {
-        const igrad__engine_tensor_t *tp = &e->t[i];
-        int rel = tp->phase >= 0;
-        int64_t v[4];
-        v[0] = tp->spec[rel][0].count; /* the same on both parities */
-        v[1] = max64(tp->nblocks[rel][0], tp->nblocks[rel][1]);
-        v[2] = max64(tensor_nbytes(e, tp, rel, 0), tensor_nbytes(e, tp, rel, 1));
-        v[3] = max64(tensor_dense_cap(e, tp, rel, 0), tensor_dense_cap(e, tp, rel, 1));
-        if (!rel) {
-            for (int q = 0; q < 4; q++) every[q] += v[q];
-        } else {
-            low[k].phase = tp->phase;
-            memcpy(low[k].v, v, sizeof v);
-            k++;
-        }
-    }
-    qsort(low, nlow, sizeof *low, cmp_phase);
-    int64_t best[4] = {0, 0, 0, 0};
-    for (size_t a = 0; a < nlow;) {
-        int64_t sum[4] = {0, 0, 0, 0};
-        size_t b = a;
-        for (; b < nlow && low[b].phase == low[a].phase; b++)
-            for (int q = 0; q < 4; q++) sum[q] += low[b].v[q];
-        for (int q = 0; q < 4; q++) best[q] = max64(best[q], sum[q]);
-        a = b;
-    }
-    free(low);
-    for (int q = 0; q < 4; q++) out[q] = every[q] + best[q];
-    return IGRAD_OK;
-}
-
-/* Blocks of every tensor at its normal budget (even step), readiness order. */
-static igrad_status_t full_blocks(const igrad_engine_t *e, igrad__pack_block_t **out,
-                                  size_t *nout)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < e->ntensors; i++) n += (size_t)e->t[i].nblocks[0][0];
-    igrad__pack_block_t *b = calloc(n ? n : 1, sizeof *b);
-    IGRAD_FAIL_IF(!b, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    size_t m = 0;
-    for (size_t k = e->ntensors; k-- > 0;) {
-        const igrad__engine_tensor_t *tp = &e->t[k];
-        m += (size_t)igrad__pack_split((uint32_t)k, tp->spec[0][0].count,
-                                       tp->blk_entries[0][0],
-                                       e->value_nbytes + tp->idx_nbytes[0][0],
-                                       (int64_t)(e->ntensors - 1 - k), b + m);
-    }
-    *out = b;
-    *nout = m;
-    return IGRAD_OK;
-}
-
-static uint64_t plan_hash(const igrad_engine_t *e)
-{
-    uint64_t h = igrad__schedule_hash(IGRAD__HASH_SEED, e->cfg.schedule, e->cfg.release_period,
-                                      e->cfg.release_keep, e->ncomp, e->comp_phase);
-    for (size_t i = 0; i < e->ntensors; i++) {
-        const igrad__engine_tensor_t *tp = &e->t[i];
-        h = igrad__hash_i64(h, tp->phase);
-        for (int rel = 0; rel < 2; rel++)
-            for (int par = 0; par < 2; par++) {
-                const igrad_select_spec_t *sp = &tp->spec[rel][par];
-                h = igrad__hash_i64(h, sp->row_wise);
-                h = igrad__hash_i64(h, sp->per_row);
-                h = igrad__hash_i64(h, sp->count);
-                h = igrad__hash_i64(h, tp->idx_nbytes[rel][par]);
-                h = igrad__hash_i64(h, tp->blk_entries[rel][par]);
-            }
-    }
-    h = igrad__pack_map_hash(h, &e->map);
-    return h;
-}
-
-static uint64_t profile_hash(const igrad_engine_t *e)
-{
-    if (!e->deferral) return 0;
-    uint64_t h = igrad__hash_i64(IGRAD__HASH_SEED, (int64_t)e->ncomp);
-    for (size_t c = 0; c < e->ncomp; c++) {
-        h = igrad__hash_i64(h, e->comp_layer[c]);
-        h = igrad__hash_i64(h, (int64_t)e->comp_kind[c]);
-        h = igrad__hash_i64(h, e->comp_count[c]);
-        h = igrad__hash_i64(h, e->comp_important[c]);
-    }
-    return h;
-}
-
-static int cmp_work(const void *pa, const void *pb, const igrad_engine_t *e)
-{
-    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
-    if (e->t[a].n != e->t[b].n) return e->t[a].n > e->t[b].n ? -1 : 1;
-    return (a > b) - (a < b);
-}
-
-/* Static work order for the selection threads: largest tensors first, so
- * the dynamic schedule ends with small ones (an insertion sort: a few
- * hundred tensors, once). */
-static void sort_work(igrad_engine_t *e)
-{
-    for (size_t i = 0; i < e->ntensors; i++) e->work[i] = (uint32_t)i;
-    for (size_t i = 1; i < e->ntensors; i++) {
-        uint32_t x = e->work[i];
-        size_t j = i;
-        while (j > 0 && cmp_work(&e->work[j - 1], &x, e) > 0) {
-            e->work[j] = e->work[j - 1];
-            j--;
-        }
-        e->work[j] = x;
-    }
-}
-
-/* The engine's data-plane memory (staged selection, bucket arenas,
- * residuals, velocities), sized by the plan; none for a plan-only engine. */
-static igrad_status_t alloc_dataplane(igrad_engine_t *e, int dense)
-{
-    const igrad_config_t *c = &e->cfg;
-    size_t T = e->ntensors;
-    if (e->max_entries) {
-        e->stage_idx = e->dp->alloc(e->max_entries * sizeof *e->stage_idx, 0);
-        e->stage_val = e->dp->alloc(e->max_entries * sizeof *e->stage_val, 0);
-        IGRAD_FAIL_IF(!e->stage_idx || !e->stage_val, IGRAD_E_NOMEM,
-                      "igrad_engine_create: out of memory for %zu staged entries",
-                      e->max_entries);
-    }
-    e->send_arena = e->dp->alloc(e->send_arena_nbytes, 0);
-    e->recv_arena = e->dp->alloc(e->recv_arena_nbytes, 0);
-    IGRAD_FAIL_IF(!e->send_arena || !e->recv_arena, IGRAD_E_NOMEM,
-                  "igrad_engine_create: out of memory for %zu + %zu bytes of buckets",
-                  e->send_arena_nbytes, e->recv_arena_nbytes);
-
-    if (!dense) {
-        int64_t total = 0;
-        for (size_t i = 0; i < T; i++) total += e->t[i].n;
-        e->residual_count = total;
-        e->residual_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
-        IGRAD_FAIL_IF(!e->residual_mem, IGRAD_E_NOMEM,
-                      "igrad_engine_create: out of memory for %lld residual entries",
-                      (long long)total);
-        int64_t off = 0;
-        for (size_t i = 0; i < T; i++) {
-            e->t[i].residual = e->residual_mem + off;
-            off += e->t[i].n;
-        }
-        if (c->momentum > 0.0) {
-            e->velocity_count = total;
-            e->velocity_mem = e->dp->alloc((size_t)total * sizeof(float), 1);
-            IGRAD_FAIL_IF(!e->velocity_mem, IGRAD_E_NOMEM,
-                          "igrad_engine_create: out of memory for %lld velocity entries "
-                          "(config.momentum)",
-                          (long long)total);
-            off = 0;
-            for (size_t i = 0; i < T; i++) {
-                e->t[i].velocity = e->velocity_mem + off;
-                off += e->t[i].n;
-            }
-        }
-    }
-    return IGRAD_OK;
-}
 
 igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layout,
                                    const igrad_profile_t *profile,
                                    const igrad_config_t *config, igrad_comm_t *comm)
 {
-    if (!e->dp) e->dp = &igrad__dp_cpu; /* igrad__engine_create may set another */
+    if (!e->mem.dp) e->mem.dp = &igrad__dp_cpu; /* igrad__engine_create may set another */
     IGRAD_FAIL_IF(!layout, IGRAD_E_INVALID, "igrad_engine_create: layout is NULL");
     IGRAD_CHECK(igrad_config_validate(config));
-    memcpy(&e->cfg, config, sizeof e->cfg);
-    e->cfg.size = sizeof e->cfg;
-    const igrad_config_t *c = &e->cfg;
+    memcpy(&e->plan.cfg, config, sizeof e->plan.cfg);
+    e->plan.cfg.size = sizeof e->plan.cfg;
+    const igrad_config_t *c = &e->plan.cfg;
     e->comm = comm;
-    if (!e->plan_only) { /* a plan-only engine has its nranks and no comm */
+    if (!e->plan.plan_only) { /* a plan-only engine has its nranks and no comm */
         /* The buckets live in the data plane's memory: a comm that cannot
          * take it could not run a single step. */
         char what[96];
-        snprintf(what, sizeof what, "igrad_engine_create (data plane '%s')", e->dp->name);
-        IGRAD_CHECK(igrad__comm_check_space(comm, e->dp->space, what));
-        IGRAD_FAIL_IF(c->grad_dtype != IGRAD_DTYPE_F32 && !e->dp->unpack16, IGRAD_E_UNSUPPORTED,
+        snprintf(what, sizeof what, "igrad_engine_create (data plane '%s')", e->mem.dp->name);
+        IGRAD_CHECK(igrad__comm_check_space(comm, e->mem.dp->space, what));
+        IGRAD_FAIL_IF(c->grad_dtype != IGRAD_DTYPE_F32 && !e->mem.dp->unpack16, IGRAD_E_UNSUPPORTED,
                       "igrad_engine_create: config.grad_dtype is %s, but the '%s' data plane "
                       "reads F32 gradients only (use F32)",
-                      igrad_dtype_name(c->grad_dtype), e->dp->name);
-        e->rank = igrad_comm_rank(comm);
-        e->nranks = igrad_comm_size(comm);
+                      igrad_dtype_name(c->grad_dtype), e->mem.dp->name);
+        e->plan.rank = igrad_comm_rank(comm);
+        e->plan.nranks = igrad_comm_size(comm);
     }
     e->last_step = -1;
-    IGRAD_FAIL_IF(c->topology == IGRAD_TOPOLOGY_HIER && !e->plan_only, IGRAD_E_UNSUPPORTED,
+    IGRAD_FAIL_IF(c->topology == IGRAD_TOPOLOGY_HIER && !e->plan.plan_only, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.topology hier is a two-level engine, made by "
                   "igrad_engine_create or igrad_engine_create_cuda (not for the '%s' data "
                   "plane's flat engine)",
-                  e->dp->name);
-    IGRAD_FAIL_IF(c->ranks_per_node > 0 && e->nranks % c->ranks_per_node != 0, IGRAD_E_INVALID,
+                  e->mem.dp->name);
+    IGRAD_FAIL_IF(c->ranks_per_node > 0 && e->plan.nranks % c->ranks_per_node != 0, IGRAD_E_INVALID,
                   "igrad_engine_create: config.ranks_per_node is %d, but there are %d ranks "
                   "(not a multiple)",
-                  c->ranks_per_node, e->nranks);
-    e->node_ranks = c->ranks_per_node > 0 ? c->ranks_per_node : e->nranks;
-    if (e->avg_ranks <= 0) e->avg_ranks = e->nranks; /* a shard engine has its own */
+                  c->ranks_per_node, e->plan.nranks);
+    e->plan.node_ranks = c->ranks_per_node > 0 ? c->ranks_per_node : e->plan.nranks;
+    if (e->plan.avg_ranks <= 0) e->plan.avg_ranks = e->plan.nranks; /* a shard engine has its own */
     switch (c->method) {
-    case IGRAD_METHOD_DENSE: e->sp = IGRAD_SPARSIFIER_NONE; break;
-    case IGRAD_METHOD_TOPK_SYNC: e->sp = IGRAD_SPARSIFIER_TOPK; break;
-    case IGRAD_METHOD_ADTOPK_SYNC: e->sp = IGRAD_SPARSIFIER_ADTOPK; break;
-    default: e->sp = c->sparsifier; break;
+    case IGRAD_METHOD_DENSE: e->plan.sp = IGRAD_SPARSIFIER_NONE; break;
+    case IGRAD_METHOD_TOPK_SYNC: e->plan.sp = IGRAD_SPARSIFIER_TOPK; break;
+    case IGRAD_METHOD_ADTOPK_SYNC: e->plan.sp = IGRAD_SPARSIFIER_ADTOPK; break;
+    default: e->plan.sp = c->sparsifier; break;
     }
-    e->value_nbytes = (int)igrad_dtype_nbytes(c->value_dtype);
-    if (!e->plan_only) IGRAD_CHECK(igrad__route_check_engine(e));
-    e->auto_sar = igrad__route_auto_sar(e);
-    e->deferral = method_defers(c->method);
-    e->per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
-    IGRAD_FAIL_IF(e->deferral && !profile && c->profile_steps == 0, IGRAD_E_INVALID,
-                  "igrad_engine_create: method %s needs a profile (igrad_profile_build or "
-                  "igrad_profile_load) or config.profile_steps > 0 (online profiling)",
-                  igrad_method_name(c->method));
-    if (e->deferral && profile) IGRAD_CHECK(check_profile(profile, layout, e->shard));
-    /* iad/ig: e->online copies the partition string and points at the copy */
-    if (!e->deferral) e->cfg.profile_partition = NULL;
+    e->plan.value_nbytes = (int)igrad_dtype_nbytes(c->value_dtype);
+    int dense = e->plan.sp == IGRAD_SPARSIFIER_NONE;
+    const igrad__route_dp_t rdp = igrad__engine_route_dp(e);
+    if (!e->plan.plan_only) IGRAD_CHECK(igrad__route_check_engine(c, dense, &rdp, e->comm));
+    e->plan.auto_sar = igrad__route_auto_sar(c, dense, e->plan.plan_only, &rdp, e->comm);
+    IGRAD_CHECK(igrad__plan_build(&e->plan, layout, profile, e->shard));
+    size_t P = (size_t)e->plan.nranks;
+    size_t slack = (size_t)e->plan.nb_max * 8; /* each bucket's offset is 8-aligned */
+    igrad__route_arenas(c->collective, dense, e->plan.auto_sar, e->plan.max_gather_nbytes,
+                        e->plan.max_dense_count, P, slack, &e->mem.send_arena_nbytes,
+                        &e->mem.recv_arena_nbytes);
 
-    IGRAD_CHECK(copy_layout(e, layout));
-    size_t T = e->ntensors;
-    for (size_t i = 0; i < T; i++) e->nparams += e->t[i].n;
-    e->nb_max = e->per_tensor_buckets ? (int)(T < INT32_MAX ? T : INT32_MAX) : c->buckets;
-    IGRAD_CHECK(plan_tensors(e));
-    IGRAD_CHECK(plan_phases(e, profile));
-
-    if (c->pack == IGRAD_PACK_DIRECT && !e->per_tensor_buckets) {
-        igrad__pack_block_t *full = NULL;
-        size_t nfull = 0;
-        IGRAD_CHECK(full_blocks(e, &full, &nfull));
-        igrad_status_t st = igrad__pack_map_build(full, nfull, c->buckets, &e->map);
-        free(full);
-        IGRAD_CHECK(st);
-    }
-    if (c->pack == IGRAD_PACK_RISK && !e->per_tensor_buckets) {
-        size_t nkeys = 0;
-        for (size_t i = 0; i < T; i++) {
-            const igrad__engine_tensor_t *tp = &e->t[i];
-            nkeys += (size_t)max64(max64(tp->nblocks[0][0], tp->nblocks[0][1]),
-                                   max64(tp->nblocks[1][0], tp->nblocks[1][1]));
-        }
-        uint64_t *keys = malloc((nkeys ? nkeys : 1) * sizeof *keys);
-        IGRAD_FAIL_IF(!keys, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-        size_t k = 0;
-        for (size_t i = 0; i < T; i++) {
-            const igrad__engine_tensor_t *tp = &e->t[i];
-            int64_t nb = max64(max64(tp->nblocks[0][0], tp->nblocks[0][1]),
-                               max64(tp->nblocks[1][0], tp->nblocks[1][1]));
-            for (int64_t b = 0; b < nb; b++) keys[k++] = igrad__pack_key((uint32_t)i, (uint32_t)b);
-        }
-        igrad_status_t st = igrad__pack_history_init(&e->hist, keys, nkeys);
-        free(keys);
-        IGRAD_CHECK(st);
-    }
-
-    /* buffers for the largest step */
-    int64_t mx[4];
-    IGRAD_CHECK(plan_maxima(e, mx));
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
-    size_t P = (size_t)e->nranks;
-    e->max_entries = dense ? 0 : (size_t)mx[0];
-    e->max_blocks = (size_t)mx[1];
-    size_t slack = (size_t)e->nb_max * 8; /* each bucket's offset is 8-aligned */
-    igrad__route_arenas(c->collective, dense, e->auto_sar, mx[2], mx[3], P, slack,
-                        &e->send_arena_nbytes, &e->recv_arena_nbytes);
-
-    size_t nbm = (size_t)e->nb_max, mb = e->max_blocks ? e->max_blocks : 1;
-    e->stage_off = calloc(T, sizeof *e->stage_off);
-    e->sent = calloc(T, 1);
-    e->rel = calloc(T, 1);
-    e->work = calloc(T, sizeof *e->work);
-    e->tstatus = calloc(T, sizeof *e->tstatus);
-    e->tsumsq = calloc(T, sizeof *e->tsumsq);
-    e->tnorm = calloc(T, sizeof *e->tnorm);
-    e->tdropped = calloc(T, sizeof *e->tdropped);
-    e->blocks = calloc(mb, sizeof *e->blocks);
-    e->binfo = calloc(mb, sizeof *e->binfo);
-    e->bucket_of = calloc(mb, sizeof *e->bucket_of);
-    e->order = calloc(mb, sizeof *e->order);
-    e->start = calloc(nbm + 1, sizeof *e->start);
-    e->loads = calloc(nbm, sizeof *e->loads);
-    e->bk = calloc(nbm, sizeof *e->bk);
-    e->desc = calloc(nbm, sizeof *e->desc);
-    IGRAD_FAIL_IF(!e->stage_off || !e->sent || !e->rel || !e->work || !e->tstatus ||
-                      !e->tsumsq || !e->tnorm || !e->tdropped || !e->blocks || !e->binfo ||
-                      !e->bucket_of || !e->order || !e->start || !e->loads || !e->bk ||
-                      !e->desc,
-                  IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    if (!dense && !e->plan_only &&
-        (c->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE || e->auto_sar)) {
-        e->sar = calloc(nbm, sizeof *e->sar);
-        IGRAD_FAIL_IF(!e->sar, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    }
-    sort_work(e);
-    if (!e->per_tensor_buckets) {
-        e->pack_scratch_nbytes = igrad__pack_scratch_nbytes(mb, c->buckets);
-        e->pack_scratch = malloc(e->pack_scratch_nbytes);
-        IGRAD_FAIL_IF(!e->pack_scratch, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    }
-    if (!e->plan_only) IGRAD_CHECK(alloc_dataplane(e, dense));
+    int sar = !dense && !e->plan.plan_only &&
+              (c->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE || e->plan.auto_sar);
+    IGRAD_CHECK(igrad__step_alloc(&e->step, &e->plan, sar));
+    if (!e->plan.plan_only) IGRAD_CHECK(igrad__dp_mem_alloc(&e->mem, &e->plan, &e->step));
 
 #ifdef _OPENMP
-    e->nthreads = c->threads > 0 ? c->threads : omp_get_max_threads();
+    e->plan.nthreads = c->threads > 0 ? c->threads : omp_get_max_threads();
 #else
-    e->nthreads = 1;
+    e->plan.nthreads = 1;
 #endif
-    if (e->nthreads < 1) e->nthreads = 1;
-    e->ws = calloc((size_t)e->nthreads, sizeof *e->ws);
-    IGRAD_FAIL_IF(!e->ws, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    for (int i = 0; i < e->nthreads; i++) IGRAD_CHECK(igrad_select_ws_create(&e->ws[i]));
-    if (e->deferral) IGRAD_CHECK(igrad__online_init(e, layout, profile));
+    if (e->plan.nthreads < 1) e->plan.nthreads = 1;
+    e->mem.ws = calloc((size_t)e->plan.nthreads, sizeof *e->mem.ws);
+    IGRAD_FAIL_IF(!e->mem.ws, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    for (int i = 0; i < e->plan.nthreads; i++) IGRAD_CHECK(igrad_select_ws_create(&e->mem.ws[i]));
+    if (e->plan.deferral) IGRAD_CHECK(igrad__online_init(e, layout, profile));
 
-    igrad__engine_static_items(e, igrad_layout_hash(layout), profile_hash(e), plan_hash(e));
+    igrad__engine_static_items(e, igrad_layout_hash(layout), igrad__plan_profile_hash(&e->plan),
+                               igrad__plan_hash(&e->plan));
     e->calls = 0;
     igrad__engine_dynamic_items(e, -1);
     e->stats.step = -1;
@@ -843,54 +142,37 @@ void igrad_engine_free(igrad_engine_t *e)
     if (!e) return;
     igrad__hier_free(e->hier);
     igrad_engine_free(e->warmup);
-    if (e->ws)
-        for (int i = 0; i < e->nthreads; i++) igrad_select_ws_free(e->ws[i]);
-    free(e->ws);
-    igrad__pack_map_free(&e->map);
-    igrad__pack_history_free(&e->hist);
-    free(e->t);
-    free(e->names);
-    free(e->tensor_hash);
-    free(e->comp_layer);
-    free(e->comp_kind);
-    free(e->comp_count);
-    free(e->comp_important);
-    free(e->comp_phase);
-    if (e->dp && e->dp->release) e->dp->release(e);
-    if (e->dp) { /* set first thing at build: without it, nothing below was allocated */
-        e->dp->free(e->residual_mem);
-        e->dp->free(e->velocity_mem);
-        e->dp->free(e->stage_idx);
-        e->dp->free(e->stage_val);
+    if (e->mem.ws)
+        for (int i = 0; i < e->plan.nthreads; i++) igrad_select_ws_free(e->mem.ws[i]);
+    free(e->mem.ws);
+    igrad__pack_map_free(&e->plan.map);
+    igrad__pack_history_free(&e->plan.hist);
+    free(e->plan.t);
+    free(e->plan.names);
+    free(e->plan.tensor_hash);
+    free(e->plan.comp_layer);
+    free(e->plan.comp_kind);
+    free(e->plan.comp_count);
+    free(e->plan.comp_important);
+    free(e->plan.comp_phase);
+    if (e->mem.dp && e->mem.dp->release) e->mem.dp->release(IGRAD__PARTS(e));
+    if (e->mem.dp) { /* set first thing at build: without it, nothing below was allocated */
+        e->mem.dp->free(e->mem.residual_mem);
+        e->mem.dp->free(e->mem.velocity_mem);
+        e->mem.dp->free(e->step.stage_idx);
+        e->mem.dp->free(e->step.stage_val);
     }
-    free(e->stage_off);
-    free(e->sent);
-    free(e->rel);
-    free(e->work);
-    free(e->tstatus);
-    free(e->tsumsq);
-    free(e->tnorm);
-    free(e->tdropped);
-    free(e->blocks);
-    free(e->binfo);
-    free(e->bucket_of);
-    free(e->order);
-    free(e->start);
-    free(e->loads);
-    free(e->bk);
-    free(e->desc);
-    if (e->sar)
-        for (int j = 0; j < e->nb_max; j++) igrad__sar_clear(&e->sar[j]);
-    free(e->sar);
-    free(e->pack_scratch);
+    free(e->mem.residual);
+    free(e->mem.velocity);
+    igrad__step_free(&e->step, e->plan.nb_max);
     igrad__online_free(e->online);
     igrad__stream_free(e);
     /* After a timeout a collective is left pending on these buffers (MPI
      * may still read or write them): they are leaked on purpose. */
     if (e->broken != IGRAD_E_TIMEOUT) {
-        if (e->dp) {
-            e->dp->free(e->send_arena);
-            e->dp->free(e->recv_arena);
+        if (e->mem.dp) {
+            e->mem.dp->free(e->mem.send_arena);
+            e->mem.dp->free(e->mem.recv_arena);
         }
         free(e->agree_buf);
     }
@@ -927,9 +209,9 @@ static igrad_status_t create_engine(const igrad_layout_t *layout, const igrad_pr
     igrad_status_t st;
     igrad_engine_t *e = calloc(1, sizeof *e);
     if (e) {
-        e->dp = dp;
-        e->dp_stream = stream;
-        e->avg_ranks = avg_ranks;
+        e->mem.dp = dp;
+        e->mem.dp_stream = stream;
+        e->plan.avg_ranks = avg_ranks;
         e->shard = avg_ranks > 0;
     }
     if (!e) st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "igrad_engine_create: out of memory");
@@ -957,27 +239,27 @@ static igrad_status_t create_engine(const igrad_layout_t *layout, const igrad_pr
         return ag;
     }
     e->agree_buf = abuf;
-    if (e->cfg.ranks_per_node == 0 && nranks > 1 && igrad__comm_can_split(comm)) {
+    if (e->plan.cfg.ranks_per_node == 0 && nranks > 1 && igrad__comm_can_split(comm)) {
         /* the statistics' intra/inter split: the ranks MPI puts on this
          * node (collective, after the agreement: every rank gets here) */
         igrad_comm_t *node = NULL;
-        if (igrad__comm_split(comm, IGRAD__SPLIT_NODE, e->rank, &node) == IGRAD_OK)
-            e->node_ranks = igrad_comm_size(node);
+        if (igrad__comm_split(comm, IGRAD__SPLIT_NODE, e->plan.rank, &node) == IGRAD_OK)
+            e->plan.node_ranks = igrad_comm_size(node);
         igrad_comm_free(node);
     }
-    if (e->sp != IGRAD_SPARSIFIER_NONE && e->cfg.start_iter > 0) {
+    if (e->plan.sp != IGRAD_SPARSIFIER_NONE && e->plan.cfg.start_iter > 0) {
         /* Collective, after the agreement: every rank gets here. Its own
          * agreement fails every rank if one rank cannot build it. */
-        igrad_config_t dc = e->cfg;
+        igrad_config_t dc = e->plan.cfg;
         dc.method = IGRAD_METHOD_DENSE;
         dc.momentum = 0.0;
-        dc.residual_decay = 1.0;
         dc.start_iter = 0;
         dc.profile_steps = 0; /* online profiling is the method's, after the warm-up */
         dc.reprofile_every = 0;
         dc.target_ratio = 0.0;
         dc.value_dtype = IGRAD_DTYPE_F32; /* as method dense requires */
-        st = create_engine(layout, NULL, &dc, comm, e->dp, e->dp_stream, avg_ranks, &e->warmup);
+        st = create_engine(layout, NULL, &dc, comm, e->mem.dp, e->mem.dp_stream, avg_ranks,
+                           &e->warmup);
         if (st != IGRAD_OK) {
             igrad_engine_free(e);
             return st;
@@ -1008,276 +290,46 @@ igrad_status_t igrad__engine_create_shard(const igrad_layout_t *layout,
 /* One step: checks and selection                                           */
 /* ------------------------------------------------------------------------ */
 
-/* The first NULL gradient, as the step's local failure (IGRAD_E_INVALID
- * naming it; *bad_tensor its index), or IGRAD_OK. */
-igrad_status_t igrad__engine_null_grads(igrad_engine_t *e, int64_t step, float *const *grads,
-                                        int64_t *bad_tensor)
-{
-    *bad_tensor = -1;
-    IGRAD_FAIL_IF(!grads, IGRAD_E_INVALID, "step %lld: grads is NULL", (long long)step);
-    for (size_t t = 0; t < e->ntensors; t++)
-        if (!grads[t]) {
-            *bad_tensor = (int64_t)t;
-            return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
-                               "step %lld: grads[%zu] (%s) is NULL", (long long)step, t,
-                               e->t[t].name);
-        }
-    return IGRAD_OK;
-}
-
-/* After the check stage: the first tensor whose selection pass 1 failed
- * (e->tstatus, other than non-finite) or whose e->tnorm is not finite, as
- * the step's local failure (that status, or IGRAD_E_NONFINITE naming it
- * and the first bad index), or IGRAD_OK. */
-igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *const *grads,
-                                       int64_t *bad_tensor)
-{
-    *bad_tensor = -1;
-    for (size_t t = 0; t < e->ntensors; t++) {
-        int64_t ts = e->tstatus[t]; /* of a selection pass 1 inside the check */
-        if (ts != IGRAD_OK && ts != IGRAD_E_NONFINITE) {
-            *bad_tensor = (int64_t)t;
-            return igrad__fail((igrad_status_t)ts, __FILE__, __LINE__,
-                               "step %lld: selection of %s failed (%s); the step is skipped on "
-                               "every rank",
-                               (long long)step, e->t[t].name,
-                               igrad_status_str((igrad_status_t)ts));
-        }
-        if (isfinite(e->tnorm[t])) continue;
-        float g, u, rv;
-        int64_t i = e->dp->first_bad(e, grads, t, &g, &u, &rv);
-        *bad_tensor = (int64_t)t;
-        if (e->velocity_count > 0 && isfinite(g) && isfinite(u) && isfinite(rv))
-            return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
-                               "step %lld: %s: momentum * velocity + grad + residual overflows "
-                               "at index %lld (grad %g, velocity %g, residual %g); the step is "
-                               "skipped on every rank",
-                               (long long)step, e->t[t].name, (long long)i, (double)g,
-                               (double)u, (double)rv);
-        if (isfinite(g) && isfinite(rv))
-            return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
-                               "step %lld: %s: grad + residual overflows at index %lld (grad "
-                               "%g, residual %g); the step is skipped on every rank",
-                               (long long)step, e->t[t].name, (long long)i, (double)g,
-                               (double)rv);
-        return igrad__fail(IGRAD_E_NONFINITE, __FILE__, __LINE__,
-                           "step %lld: %s: non-finite value at index %lld (grad %g, residual "
-                           "%g); the step is skipped on every rank",
-                           (long long)step, e->t[t].name, (long long)i, (double)g, (double)rv);
-    }
-    return IGRAD_OK;
-}
-
-/* Local argument and finiteness checks; records the message. */
+/* The step's local checks (engine_fail.c): a NULL gradient, then the
+ * check stage and a non-finite tensor; *bad_tensor the tensor or -1. */
 static igrad_status_t local_checks(igrad_engine_t *e, int64_t step, float *const *grads,
                                    int64_t *bad_tensor)
 {
     IGRAD_CHECK(igrad__engine_null_grads(e, step, grads, bad_tensor));
-    e->dp->check(e, grads);
+    e->mem.dp->check(IGRAD__PARTS(e), grads);
     return igrad__engine_nonfinite(e, step, grads, bad_tensor);
 }
 
-/* The gate of the step (a pure function of plan and step, so it can run
- * before the check: the data plane may start the sent tensors' selections
- * there) and where each sent tensor's selection goes in the staging
- * memory; the per-tensor results start at 0 / OK. */
-void igrad__engine_gate_step(igrad_engine_t *e, int64_t step)
-{
-    int64_t off = 0;
-    int par = igrad__step_parity(e, step);
-    for (size_t t = 0; t < e->ntensors; t++) {
-        int ph = e->t[t].phase;
-        e->sent[t] = (unsigned char)igrad__schedule_sent(ph, e->cfg.release_period, step);
-        e->rel[t] = (unsigned char)(ph >= 0);
-        e->stage_off[t] = off;
-        e->tsumsq[t] = e->tdropped[t] = 0.0;
-        e->tstatus[t] = IGRAD_OK;
-        if (e->sent[t]) off += e->t[t].spec[e->rel[t]][par].count;
-    }
-}
-
 /* Error feedback + selection of sent tensors, accumulate (or drop) the
- * rest, on e->nthreads threads. With `zero` set (sync: the gradients are
+ * rest, on e->plan.nthreads threads. With `zero` set (sync: the gradients are
  * overwritten by the unpacking anyway) every gradient is also zeroed in
  * the pass that reads it, while it is in cache. */
 static igrad_status_t select_all(igrad_engine_t *e, float *const *grads, int zero)
 {
-    e->dp->select_into(e, grads, zero);
-    for (size_t t = 0; t < e->ntensors; t++)
-        if (e->tstatus[t] != IGRAD_OK)
-            return igrad__fail((igrad_status_t)e->tstatus[t], __FILE__, __LINE__,
+    e->mem.dp->select_into(IGRAD__PARTS(e), grads, zero);
+    for (size_t t = 0; t < e->plan.ntensors; t++)
+        if (e->step.tstatus[t] != IGRAD_OK)
+            return igrad__fail((igrad_status_t)e->step.tstatus[t], __FILE__, __LINE__,
                                "step %lld: selection of %s failed (%s) after the ranks agreed; "
                                "this engine is out of step with the other ranks",
-                               (long long)e->cur_step, e->t[t].name,
-                               igrad_status_str((igrad_status_t)e->tstatus[t]));
-    return IGRAD_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* One step: blocks and buckets                                             */
-/* ------------------------------------------------------------------------ */
-
-/* Cuts the sent tensors into blocks (readiness order: last tensor first),
- * assigns them to buckets and lays the buckets out in the arenas; with
- * update_history the risk policy's history learns the step's blocks (a
- * streamed step does that at close, once the step is known to count). */
-igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history)
-{
-    int par = igrad__step_parity(e, e->cur_step);
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
-    size_t T = e->ntensors, m = 0;
-    int nsent = 0;
-    for (size_t k = T; k-- > 0;) {
-        if (!e->sent[k]) continue;
-        const igrad__engine_tensor_t *tp = &e->t[k];
-        int rel = e->rel[k];
-        const igrad_select_spec_t *sp = &tp->spec[rel][par];
-        int64_t blk = tp->blk_entries[rel][par];
-        int idxb = tp->idx_nbytes[rel][par];
-        int64_t nb = igrad__pack_split((uint32_t)k, sp->count, blk, e->value_nbytes + idxb,
-                                       (int64_t)(T - 1 - k), e->blocks + m);
-        for (int64_t b = 0; b < nb; b++) {
-            igrad__engine_block_t *bi = &e->binfo[m + (size_t)b];
-            memset(bi, 0, sizeof *bi);
-            bi->tensor = (uint32_t)k;
-            bi->idx_nbytes = idxb;
-            bi->row_wise = sp->row_wise;
-            bi->first = b * blk;
-            bi->count = e->blocks[m + (size_t)b].entries;
-            if (dense) {
-                bi->seg_begin = bi->first;
-                bi->seg_count = bi->count;
-            } else if (sp->row_wise) {
-                bi->row0 = bi->first / sp->per_row;
-                bi->seg_begin = bi->row0 * sp->cols;
-                bi->seg_count = bi->count / sp->per_row * sp->cols;
-            } else {
-                bi->seg_begin = 0;
-                bi->seg_count = tp->n;
-            }
-            if (e->per_tensor_buckets) e->bucket_of[m + (size_t)b] = nsent;
-        }
-        m += (size_t)nb;
-        nsent++;
-    }
-    e->nblk = m;
-
-    int nplan;
-    if (e->per_tensor_buckets) {
-        nplan = nsent;
-        for (int j = 0; j < nplan; j++) e->loads[j] = 0;
-        for (size_t i = 0; i < m; i++) e->loads[e->bucket_of[i]] += e->blocks[i].nbytes;
-    } else {
-        nplan = e->cfg.buckets;
-        igrad__pack_config_t pc = {.policy = e->cfg.pack,
-                                   .nbuckets = nplan,
-                                   .risk_lambda = e->cfg.risk_lambda,
-                                   .history = e->hist.count ? &e->hist : NULL,
-                                   .map = &e->map};
-        IGRAD_CHECK(igrad__pack_plan(&pc, e->blocks, m, e->pack_scratch, e->pack_scratch_nbytes,
-                                     e->bucket_of, e->loads));
-        if (e->hist.count && update_history)
-            IGRAD_CHECK(igrad__pack_history_update(&e->hist, e->blocks, m));
-    }
-    e->nplanned = nplan;
-    if (nplan > 0) IGRAD_CHECK(igrad__pack_bucket_order(e->bucket_of, m, nplan, e->start, e->order));
-
-    size_t P = (size_t)e->nranks;
-    size_t send_off = 0, recv_off = 0;
-    size_t nbk = 0;
-    const igrad__route_link_t link = igrad__route_link_of(e);
-    for (int j = 0; j < nplan; j++) {
-        size_t first = e->start[j], cnt = e->start[j + 1] - first;
-        if (cnt == 0) continue;
-        igrad__engine_bucket_t *bk = &e->bk[nbk];
-        memset(bk, 0, sizeof *bk);
-        bk->index = j;
-        bk->first = first;
-        bk->nblocks = cnt;
-        int64_t entries = 0, gbytes = 0, dcount = 0;
-        const igrad__engine_block_t *prev = NULL;
-        for (size_t q = 0; q < cnt; q++) {
-            igrad__engine_block_t *bi = &e->binfo[e->order[first + q]];
-            entries += bi->count;
-            gbytes += bi->count * (e->value_nbytes + bi->idx_nbytes);
-            /* flat blocks of one tensor share its whole-tensor segment */
-            int shares = !dense && !bi->row_wise && prev && prev->tensor == bi->tensor;
-            bi->seg_owner = !shares;
-            if (shares) {
-                bi->dense_off = prev->dense_off;
-            } else {
-                bi->dense_off = (size_t)dcount;
-                dcount += bi->seg_count;
-            }
-            prev = bi;
-        }
-        bk->entries = entries;
-        bk->dense_count = (size_t)dcount;
-        igrad__route_bucket_t rb = {(int64_t)P, gbytes, dcount, entries};
-        bk->route = igrad__route_choose(e->cfg.collective, dense, &rb, &link);
-        bk->kind = bk->route->kind;
-        bk->route->layout(e, bk, &send_off, &recv_off);
-        nbk++;
-    }
-    if (send_off > e->send_arena_nbytes || recv_off > e->recv_arena_nbytes)
-        return igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
-                           "step %lld needs %zu + %zu bucket bytes, the plan sized %zu + %zu "
-                           "(internal error)",
-                           (long long)e->cur_step, send_off, recv_off, e->send_arena_nbytes,
-                           e->recv_arena_nbytes);
-    e->nbk = nbk;
-    if (e->plan_only) return IGRAD_OK; /* no arenas to point into */
-    for (size_t j = 0; j < nbk; j++) {
-        igrad__engine_bucket_t *bk = &e->bk[j];
-        igrad_bucket_t *d = &e->desc[j];
-        d->kind = bk->kind;
-        d->index = bk->index;
-        d->recv = e->recv_arena + bk->recv_off;
-        d->recv_nbytes = bk->recv_nbytes;
-        bk->route->describe(e, bk, d);
-    }
+                               (long long)e->step.cur_step, e->plan.t[t].name,
+                               igrad_status_str((igrad_status_t)e->step.tstatus[t]));
     return IGRAD_OK;
 }
 
 /* Bucket j into, and out of, its route's wire layout (the data plane). */
 static void pack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 {
-    e->dp->pack[e->bk[j].route->wire](e, j, grads);
+    e->mem.dp->pack[e->step.bk[j].route->wire](IGRAD__PARTS(e), j, grads);
 }
 
 static igrad_status_t unpack_bucket(igrad_engine_t *e, size_t j, float *const *grads)
 {
     /* 16-bit gradients: once the last bucket is in, every bucket, tensor
      * by tensor, into F32 and rounded once (buckets arrive in order) */
-    if (e->cfg.grad_dtype != IGRAD_DTYPE_F32)
-        return j + 1 == e->nbk ? e->dp->unpack16(e, grads) : IGRAD_OK;
-    return e->dp->unpack[e->bk[j].route->wire](e, j, grads);
-}
-
-/* Bytes in the data plane's memory (stats.dataplane_nbytes): every
- * dp->alloc of the engine and of its warm-up engine. */
-static int64_t dataplane_nbytes(const igrad_engine_t *e)
-{
-    if (!e) return 0;
-    int64_t n = (e->residual_count + e->velocity_count) * (int64_t)sizeof(float);
-    n += (int64_t)(e->max_entries * (sizeof *e->stage_idx + sizeof *e->stage_val));
-    n += (int64_t)(e->send_arena_nbytes + e->recv_arena_nbytes);
-    n += igrad__stream_nbytes(e);
-    if (e->cfg.grad_dtype != IGRAD_DTYPE_F32) { /* the per-thread F32 copy (dp.h) */
-        int64_t most = 0;
-        for (size_t t = 0; t < e->ntensors; t++)
-            if (e->t[t].n > most) most = e->t[t].n;
-        n += (int64_t)e->nthreads * most * (int64_t)sizeof(float);
-    }
-    return n + dataplane_nbytes(e->warmup);
-}
-
-/* The memory statistics, on every step (skipped ones too). */
-void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s)
-{
-    s->dataplane_nbytes = dataplane_nbytes(e);
-    s->dataplane_nbytes_per_param =
-        e->nparams > 0 ? (double)s->dataplane_nbytes / (double)e->nparams : 0.0;
+    if (e->plan.cfg.grad_dtype != IGRAD_DTYPE_F32)
+        return j + 1 == e->step.nbk ? e->mem.dp->unpack16(IGRAD__PARTS(e), grads) : IGRAD_OK;
+    return e->mem.dp->unpack[e->step.bk[j].route->wire](IGRAD__PARTS(e), j, grads);
 }
 
 igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_status_t st,
@@ -1285,11 +337,12 @@ igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_s
 {
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
-    int check = e->cfg.verify_every > 0 && e->calls > 0 && e->calls % e->cfg.verify_every == 0;
+    int check =
+        e->plan.cfg.verify_every > 0 && e->calls > 0 && e->calls % e->plan.cfg.verify_every == 0;
     igrad__engine_dynamic_items(e, step);
     char context[64];
     snprintf(context, sizeof context, "step %lld", (long long)step);
-    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, bad, msg,
+    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->plan.nranks, e->agree_buf, st, bad, msg,
                                             e->items, check, context);
     e->calls++;
     if (e->world) ag = igrad__hier_agree_world(e, step, st, bad, ag);
@@ -1304,7 +357,7 @@ double igrad__engine_step_reset(igrad_engine_t *e, int64_t step)
     memset(&e->stats, 0, sizeof e->stats);
     e->stats.step = step;
     e->stats.bucket_loads = loads;
-    e->cur_step = step;
+    e->step.cur_step = step;
     e->t_start = igrad__now_ms();
     return e->t_start;
 }
@@ -1318,7 +371,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     double t0 = igrad__engine_step_reset(e, step);
     if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
     igrad__engine_stats_memory(e, &e->stats);
-    igrad__engine_gate_step(e, step);
+    igrad__plan_gate(&e->plan, &e->step, step);
 
     int64_t bad = -1;
     igrad_status_t st = local_checks(e, step, grads, &bad);
@@ -1335,7 +388,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
 
     /* From here on the other ranks go on to this step's collectives: a
      * failure leaves this engine out of step with them. */
-    if (e->sp != IGRAD_SPARSIFIER_NONE) {
+    if (e->plan.sp != IGRAD_SPARSIFIER_NONE) {
         st = select_all(e, grads, zero);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);
     }
@@ -1351,38 +404,39 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
 igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
 {
     igrad_step_stats_t *s = &e->stats;
-    int par = igrad__step_parity(e, e->cur_step);
-    double P = (double)e->nranks;
-    for (size_t t = 0; t < e->ntensors; t++) {
-        if (!e->sent[t]) continue;
+    int par = igrad__step_parity(e, e->step.cur_step);
+    double P = (double)e->plan.nranks;
+    for (size_t t = 0; t < e->plan.ntensors; t++) {
+        if (!e->step.sent[t]) continue;
         s->tensors_sent++;
-        if (e->sp != IGRAD_SPARSIFIER_NONE && e->t[t].n < e->cfg.dense_below)
+        if (e->plan.sp != IGRAD_SPARSIFIER_NONE && e->plan.t[t].n < e->plan.cfg.dense_below)
             s->dense_small_tensors++;
-        s->entries_sent += e->t[t].spec[e->rel[t]][par].count;
+        s->entries_sent += e->plan.t[t].spec[e->step.rel[t]][par].count;
     }
-    for (size_t c = 0; c < e->ncomp; c++) {
-        int ph = e->comp_phase[c];
+    for (size_t c = 0; c < e->plan.ncomp; c++) {
+        int ph = e->plan.comp_phase[c];
         if (ph < 0) continue;
-        if (igrad__schedule_sent(ph, e->cfg.release_period, e->cur_step)) s->released_components++;
+        if (igrad__schedule_sent(ph, e->plan.cfg.release_period, e->step.cur_step))
+            s->released_components++;
         else s->deferred_components++;
     }
-    for (size_t j = 0; j < e->nbk; j++) {
-        const igrad__engine_bucket_t *bk = &e->bk[j];
+    for (size_t j = 0; j < e->step.nbk; j++) {
+        const igrad__step_bucket_t *bk = &e->step.bk[j];
         (*(int *)(void *)((char *)s + bk->route->stats_count))++;
         s->payload_nbytes += bk->route->payload(bk);
         s->wire_nbytes += bk->route->wire_nbytes(bk, P);
     }
     /* levels: the share of this rank's peers on its own node */
-    if (e->nranks > 1) {
-        s->intra_wire_nbytes = s->wire_nbytes * (double)(e->node_ranks - 1) / (P - 1.0);
+    if (e->plan.nranks > 1) {
+        s->intra_wire_nbytes = s->wire_nbytes * (double)(e->plan.node_ranks - 1) / (P - 1.0);
         s->inter_wire_nbytes = s->wire_nbytes - s->intra_wire_nbytes;
     }
-    s->buckets = (int)e->nbk;
-    s->bucket_count = e->nplanned;
-    s->bucket_loads = e->loads;
-    if (e->nplanned > 0) {
+    s->buckets = (int)e->step.nbk;
+    s->bucket_count = e->step.nplanned;
+    s->bucket_loads = e->step.loads;
+    if (e->step.nplanned > 0) {
         igrad_pack_metrics_t pm;
-        IGRAD_CHECK(igrad__pack_metrics(e->loads, e->nplanned, &pm));
+        IGRAD_CHECK(igrad__pack_metrics(e->step.loads, e->step.nplanned, &pm));
         s->imbalance = pm.imbalance;
         s->cv = pm.cv;
         s->overflow = pm.overflow;
@@ -1390,37 +444,22 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
         s->imbalance = 1.0;
     }
     double norm = 0.0, dropped = 0.0;
-    if (e->sp != IGRAD_SPARSIFIER_NONE)
-        for (size_t t = 0; t < e->ntensors; t++) {
-            norm += e->tnorm[t];
-            dropped += e->tdropped[t];
+    if (e->plan.sp != IGRAD_SPARSIFIER_NONE)
+        for (size_t t = 0; t < e->plan.ntensors; t++) {
+            norm += e->step.tnorm[t];
+            dropped += e->step.tdropped[t];
         }
     s->residual_norm = sqrt(norm);
     s->dropped_sumsq = dropped;
-    e->last_step = e->cur_step;
+    e->last_step = e->step.cur_step;
     e->state = IGRAD__ENGINE_IDLE;
     s->total_ms = igrad__now_ms() - e->t_start;
     if (e->online) igrad__online_record(e);
-    if (e->trace && e->sp != IGRAD_SPARSIFIER_NONE)
-        for (size_t t = 0; t < e->ntensors; t++)
-            if (e->sent[t])
-                IGRAD_CHECK(igrad_trace_record(e->trace, e->cur_step, t, e->tsumsq[t],
-                                               e->t[t].spec[e->rel[t]][par].count));
-    return IGRAD_OK;
-}
-
-igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step)
-{
-    igrad__engine_step_reset(e, step);
-    igrad__engine_gate_step(e, step);
-    e->step_sar = e->auto_sar; /* a plan-only engine models igrad_engine_sync */
-    igrad_status_t st = igrad__engine_plan_step(e, 1);
-    e->step_sar = 0;
-    IGRAD_CHECK(st);
-    /* the step's statistics as a run has them: nothing was selected (norms
-     * 0), no online window records (profile_steps is 0), no trace is set */
-    IGRAD_CHECK(igrad__engine_finish_step(e));
-    e->stats.total_ms = 0.0;
+    if (e->trace && e->plan.sp != IGRAD_SPARSIFIER_NONE)
+        for (size_t t = 0; t < e->plan.ntensors; t++)
+            if (e->step.sent[t])
+                IGRAD_CHECK(igrad_trace_record(e->trace, e->step.cur_step, t, e->step.tsumsq[t],
+                                               e->plan.t[t].spec[e->step.rel[t]][par].count));
     return IGRAD_OK;
 }
 
@@ -1430,7 +469,7 @@ igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step)
  * and velocities are untouched. */
 int igrad__engine_warmup_step(const igrad_engine_t *e, int64_t step)
 {
-    return e->warmup && step < e->cfg.start_iter;
+    return e->warmup && step < e->plan.cfg.start_iter;
 }
 
 igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st)
@@ -1452,10 +491,11 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_begin: engine is NULL");
     if (e->hier) return igrad__hier_refuse("igrad_engine_begin");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_begin"));
-    IGRAD_CHECK(igrad__route_check_caller(e, "igrad_engine_begin"));
+    IGRAD_CHECK(igrad__route_check_caller(&e->plan.cfg, e->plan.sp == IGRAD_SPARSIFIER_NONE,
+                                          "igrad_engine_begin"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_begin: step %lld is still open (call igrad_engine_end first)",
-                  (long long)e->cur_step);
+                  (long long)e->step.cur_step);
     IGRAD_FAIL_IF(!buckets || !nbuckets, IGRAD_E_INVALID,
                   "igrad_engine_begin: buckets or nbuckets is NULL");
     *buckets = NULL;
@@ -1465,16 +505,16 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
             e, igrad_engine_begin(e->warmup, step, grads, buckets, nbuckets)));
         e->state = IGRAD__ENGINE_BEGUN;
         e->warm_open = 1;
-        e->cur_step = step;
+        e->step.cur_step = step;
         return IGRAD_OK;
     }
     IGRAD_CHECK(step_prepare(e, step, grads, 0));
     double t0 = igrad__now_ms();
-    for (size_t j = 0; j < e->nbk; j++) pack_bucket(e, j, grads);
+    for (size_t j = 0; j < e->step.nbk; j++) pack_bucket(e, j, grads);
     e->stats.pack_ms += igrad__now_ms() - t0;
     e->state = IGRAD__ENGINE_BEGUN;
-    *buckets = e->desc;
-    *nbuckets = e->nbk;
+    *buckets = e->step.desc;
+    *nbuckets = e->step.nbk;
     return IGRAD_OK;
 }
 
@@ -1485,21 +525,21 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_end"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_BEGUN, IGRAD_E_STATE,
                   "igrad_engine_end: no step is open (call igrad_engine_begin first)");
-    IGRAD_FAIL_IF(step != e->cur_step, IGRAD_E_STATE,
+    IGRAD_FAIL_IF(step != e->step.cur_step, IGRAD_E_STATE,
                   "igrad_engine_end: step %lld, but step %lld is open", (long long)step,
-                  (long long)e->cur_step);
+                  (long long)e->step.cur_step);
     if (e->warm_open) {
         e->state = IGRAD__ENGINE_IDLE;
         e->warm_open = 0;
         return igrad__engine_warmup_done(e, igrad_engine_end(e->warmup, step, grads));
     }
     IGRAD_FAIL_IF(!grads, IGRAD_E_INVALID, "igrad_engine_end: grads is NULL");
-    for (size_t t = 0; t < e->ntensors; t++)
-        IGRAD_FAIL_IF(!grads[t], IGRAD_E_INVALID, "igrad_engine_end: grads[%zu] (%s) is NULL",
-                      t, e->t[t].name);
+    for (size_t t = 0; t < e->plan.ntensors; t++)
+        IGRAD_FAIL_IF(!grads[t], IGRAD_E_INVALID, "igrad_engine_end: grads[%zu] (%s) is NULL", t,
+                      e->plan.t[t].name);
     double t0 = igrad__now_ms();
-    e->dp->zero(e, grads);
-    for (size_t j = 0; j < e->nbk; j++) {
+    e->mem.dp->zero(IGRAD__PARTS(e), grads);
+    for (size_t j = 0; j < e->step.nbk; j++) {
         igrad_status_t st = unpack_bucket(e, j, grads);
         if (st != IGRAD_OK) {
             e->state = IGRAD__ENGINE_IDLE;
@@ -1508,38 +548,6 @@ igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *g
     }
     e->stats.unpack_ms = igrad__now_ms() - t0;
     return igrad__engine_finish_step(e);
-}
-
-/* A collective of bucket j failed or timed out: says which, at which step,
- * and returns the comm's status. */
-static igrad_status_t bucket_failed(const igrad_engine_t *e, size_t j, igrad_status_t st)
-{
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", igrad_last_error());
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    return igrad__fail(st, __FILE__, __LINE__,
-                       "step %lld: bucket %d (%s of %lld bytes, %zu of %zu this step): %s",
-                       (long long)e->cur_step, bk->index, bk->route->name,
-                       (long long)bk->route->payload(bk), j + 1, e->nbk, msg);
-}
-
-/* The step's group start or end (`what`) failed: says so, and at which
- * step, and returns the comm's status. */
-static igrad_status_t group_failed(const igrad_engine_t *e, const char *what,
-                                   igrad_status_t st)
-{
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", igrad_last_error());
-    return igrad__fail(st, __FILE__, __LINE__, "step %lld: %s of the step's %zu buckets: %s",
-                       (long long)e->cur_step, what, e->nbk, msg);
-}
-
-/* Keeps the message of a step's first failure in buf: waiting out the
- * remaining requests records later ones. */
-static igrad_status_t keep_first(igrad_status_t st, char *buf, size_t nbytes)
-{
-    if (st != IGRAD_OK && !buf[0]) snprintf(buf, nbytes, "%s", igrad_last_error());
-    return st;
 }
 
 /* igrad_engine_sync after the argument checks, under the config's timeout.
@@ -1555,6 +563,7 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
     char smsg[1024] = "", umsg[1024] = ""; /* their first failures (keep_first) */
     double pack_ms = 0.0, comm_ms = 0.0, unpack_ms = 0.0, a, b;
     size_t issued = 0, done = 0; /* the selection zeroed the gradients (sparse methods) */
+    const igrad__route_io_t io = igrad__engine_route_io(e);
     /* The step's collectives are one group: a backend with group hooks
      * (a device one) launches them together at group end, and reports none
      * of them ready before; on the host backends the hooks are no-ops and
@@ -1563,8 +572,10 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
     st = igrad__comm_group_start(e->comm);
     int grouped = st == IGRAD_OK;
     comm_ms += igrad__now_ms() - a;
-    if (st != IGRAD_OK) st = keep_first(group_failed(e, "group start", st), smsg, sizeof smsg);
-    for (size_t j = 0; j < e->nbk && st == IGRAD_OK; j++) {
+    if (st != IGRAD_OK)
+        st = igrad__engine_keep_first(igrad__engine_group_failed(e, "group start", st), smsg,
+                                      sizeof smsg);
+    for (size_t j = 0; j < e->step.nbk && st == IGRAD_OK; j++) {
         a = igrad__now_ms();
         pack_bucket(e, j, grads);
         b = igrad__now_ms();
@@ -1572,33 +583,36 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         /* the route issues on the data plane's queue (NULL: the comm's default); a
          * blocking one (the sparse all-reduce) returns a request already done */
         if (issued == 0) e->stats.comm_window_ms[0] = b;
-        st = e->bk[j].route->issue(e, j, &e->bk[j].req);
+        st = e->step.bk[j].route->issue(&io, &e->step, j, &e->step.bk[j].req);
         a = igrad__now_ms();
         comm_ms += a - b;
         if (st != IGRAD_OK) {
-            st = keep_first(bucket_failed(e, j, st), smsg, sizeof smsg);
+            st = igrad__engine_keep_first(igrad__engine_bucket_failed(e, j, st), smsg, sizeof smsg);
             break;
         }
         issued++;
         /* unpack, in order, the buckets that have already arrived */
         while (done + 1 < issued) {
             int ready = 0;
-            st = igrad_comm_test(e->comm, e->bk[done].req, &ready);
+            st = igrad_comm_test(e->comm, e->step.bk[done].req, &ready);
             if (st != IGRAD_OK) {
-                st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
+                st = igrad__engine_keep_first(igrad__engine_bucket_failed(e, done, st), smsg,
+                                              sizeof smsg);
                 break;
             }
             if (!ready) break;
-            st = igrad_comm_wait(e->comm, e->bk[done].req);
-            e->bk[done].req = NULL;
+            st = igrad_comm_wait(e->comm, e->step.bk[done].req);
+            e->step.bk[done].req = NULL;
             b = igrad__now_ms();
             comm_ms += b - a;
             e->stats.comm_window_ms[1] = b;
             if (st != IGRAD_OK) {
-                st = keep_first(bucket_failed(e, done, st), smsg, sizeof smsg);
+                st = igrad__engine_keep_first(igrad__engine_bucket_failed(e, done, st), smsg,
+                                              sizeof smsg);
                 break;
             }
-            if (ust == IGRAD_OK) ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
+            if (ust == IGRAD_OK)
+                ust = igrad__engine_keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
             done++;
             a = igrad__now_ms();
             unpack_ms += a - b;
@@ -1609,21 +623,23 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
         igrad_status_t gs = igrad__comm_group_end(e->comm);
         comm_ms += igrad__now_ms() - a;
         if (gs != IGRAD_OK && st == IGRAD_OK)
-            st = keep_first(group_failed(e, "group end", gs), smsg, sizeof smsg);
+            st = igrad__engine_keep_first(igrad__engine_group_failed(e, "group end", gs), smsg,
+                                          sizeof smsg);
     }
     /* After a failure the remaining requests are still waited for: on a
      * comm broken by a timeout that only releases them. */
     while (done < issued) {
         a = igrad__now_ms();
-        igrad_status_t ws = igrad_comm_wait(e->comm, e->bk[done].req);
-        e->bk[done].req = NULL;
+        igrad_status_t ws = igrad_comm_wait(e->comm, e->step.bk[done].req);
+        e->step.bk[done].req = NULL;
         b = igrad__now_ms();
         comm_ms += b - a;
         e->stats.comm_window_ms[1] = b;
         if (ws != IGRAD_OK && st == IGRAD_OK)
-            st = keep_first(bucket_failed(e, done, ws), smsg, sizeof smsg);
+            st = igrad__engine_keep_first(igrad__engine_bucket_failed(e, done, ws), smsg,
+                                          sizeof smsg);
         if (st == IGRAD_OK && ust == IGRAD_OK) {
-            ust = keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
+            ust = igrad__engine_keep_first(unpack_bucket(e, done, grads), umsg, sizeof umsg);
             unpack_ms += igrad__now_ms() - b;
         }
         done++;
@@ -1647,14 +663,14 @@ igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_sync"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_sync: step %lld is open (call igrad_engine_end first)",
-                  (long long)e->cur_step);
+                  (long long)e->step.cur_step);
     if (igrad__engine_warmup_step(e, step))
         return igrad__engine_warmup_done(e, igrad_engine_sync(e->warmup, step, grads));
     double saved = igrad_comm_timeout(e->comm);
-    igrad_comm_set_timeout(e->comm, e->cfg.timeout_s);
-    e->step_sar = e->auto_sar; /* only this entry point runs the sparse all-reduce */
+    igrad_comm_set_timeout(e->comm, e->plan.cfg.timeout_s);
+    e->step.step_sar = e->plan.auto_sar; /* only this entry point runs the sparse all-reduce */
     igrad_status_t st = sync_step(e, step, grads);
-    e->step_sar = 0;
+    e->step.step_sar = 0;
     igrad_comm_set_timeout(e->comm, saved);
     return st;
 }
@@ -1662,132 +678,3 @@ igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *
 /* ------------------------------------------------------------------------ */
 /* Accessors                                                                */
 /* ------------------------------------------------------------------------ */
-
-igrad_status_t igrad_engine_last_stats(const igrad_engine_t *e, igrad_step_stats_t *out)
-{
-    IGRAD_FAIL_IF(!e || !out, IGRAD_E_INVALID, "igrad_engine_last_stats: NULL argument");
-    *out = e->stats;
-    return IGRAD_OK;
-}
-
-igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *e, size_t t,
-                                        igrad_tensor_plan_t *out)
-{
-    IGRAD_FAIL_IF(!e || !out, IGRAD_E_INVALID, "igrad_engine_tensor_plan: NULL argument");
-    IGRAD_FAIL_IF(t >= e->ntensors, IGRAD_E_INVALID,
-                  "igrad_engine_tensor_plan: tensor %zu out of range (%zu tensors)", t,
-                  e->ntensors);
-    size_t sub = 0;
-    if (e->hier) {
-        const igrad_engine_t *owner = igrad__hier_owner(e, t, 0, &sub);
-        return igrad_engine_tensor_plan(owner, sub, out);
-    }
-    const igrad__engine_tensor_t *tp = &e->t[t];
-    memset(out, 0, sizeof *out);
-    out->every_step = tp->phase < 0;
-    out->important = tp->important;
-    out->component = tp->comp;
-    out->phase = tp->phase;
-    out->count = tp->spec[0][0].count;
-    out->release_count = tp->phase >= 0 ? tp->spec[1][0].count : 0;
-    out->row_wise = tp->spec[0][0].row_wise;
-    out->index_nbytes = tp->idx_nbytes[0][0];
-    out->step_nbytes = tensor_nbytes(e, tp, 0, 0);
-    out->release_nbytes = tp->phase >= 0 ? tensor_nbytes(e, tp, 1, 0) : 0;
-    return IGRAD_OK;
-}
-
-int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
-{
-    if (!e) return -1;
-    if (e->hier) { /* this rank's shard */
-        size_t sub = 0;
-        const igrad_engine_t *own = NULL;
-        for (size_t t = 0; t < e->ntensors && !own; t++) own = igrad__hier_owner(e, t, 1, &sub);
-        return own ? igrad_engine_predict_payload(own, step) : -1;
-    }
-    if (igrad__engine_warmup_step(e, step)) return igrad_engine_predict_payload(e->warmup, step);
-    int par = igrad__step_parity(e, step);
-    int64_t total = 0;
-    for (size_t t = 0; t < e->ntensors; t++) {
-        const igrad__engine_tensor_t *tp = &e->t[t];
-        if (!igrad__schedule_sent(tp->phase, e->cfg.release_period, step)) continue;
-        total += tensor_nbytes(e, tp, tp->phase >= 0, par);
-    }
-    return total;
-}
-
-const float *igrad_engine_residual(const igrad_engine_t *e, size_t t)
-{
-    if (!e || t >= e->ntensors) return NULL;
-    size_t sub = 0;
-    if (e->hier) {
-        const igrad_engine_t *owner = igrad__hier_owner(e, t, 1, &sub);
-        return igrad_engine_residual(owner, sub);
-    }
-    return e->t[t].residual;
-}
-
-const float *igrad_engine_velocity(const igrad_engine_t *e, size_t t)
-{
-    if (!e || t >= e->ntensors) return NULL;
-    size_t sub = 0;
-    if (e->hier) {
-        const igrad_engine_t *owner = igrad__hier_owner(e, t, 1, &sub);
-        return igrad_engine_velocity(owner, sub);
-    }
-    return e->t[t].velocity;
-}
-
-igrad_status_t igrad_engine_set_trace(igrad_engine_t *e, igrad_trace_t *trace)
-{
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_set_trace: engine is NULL");
-    if (e->hier) return igrad__hier_refuse("igrad_engine_set_trace");
-    if (trace) {
-        uint64_t th = igrad_trace_layout_hash(trace);
-        IGRAD_FAIL_IF(igrad_trace_component_count(trace) != e->ncomp ||
-                          (th != 0 && th != e->items[IGRAD__ITEM_LAYOUT]),
-                      IGRAD_E_MISMATCH,
-                      "igrad_engine_set_trace: the trace was made for another layout (%zu "
-                      "components, layout 0x%016llx; the engine has %zu, 0x%016llx)",
-                      igrad_trace_component_count(trace), (unsigned long long)th, e->ncomp,
-                      (unsigned long long)e->items[IGRAD__ITEM_LAYOUT]);
-        IGRAD_CHECK(igrad_trace_set_sparsifier(trace, e->sp, e->cfg.density));
-    }
-    e->trace = trace;
-    return IGRAD_OK;
-}
-
-igrad_status_t igrad_engine_config(const igrad_engine_t *e, igrad_config_t *out)
-{
-    IGRAD_FAIL_IF(!e || !out, IGRAD_E_INVALID, "igrad_engine_config: NULL argument");
-    *out = e->cfg;
-    return IGRAD_OK;
-}
-
-int64_t igrad_engine_step(const igrad_engine_t *e) { return e ? e->last_step : -1; }
-
-size_t igrad_engine_workspace_nbytes(const igrad_engine_t *e)
-{
-    if (!e) return 0;
-    if (e->hier) return igrad__hier_workspace_nbytes(e);
-    size_t T = e->ntensors, mb = e->max_blocks, nb = (size_t)e->nb_max;
-    size_t n = sizeof *e + T * (sizeof *e->t + sizeof *e->tensor_hash + sizeof *e->stage_off +
-                                2 + sizeof *e->work + sizeof *e->tstatus + 3 * sizeof(double));
-    n += (size_t)(e->residual_count + e->velocity_count) * sizeof(float);
-    n += igrad_engine_workspace_nbytes(e->warmup);
-    n += e->max_entries * (sizeof(uint32_t) + sizeof(float));
-    n += mb * (sizeof *e->blocks + sizeof *e->binfo + sizeof *e->bucket_of + sizeof *e->order);
-    n += nb * (sizeof *e->start + sizeof *e->loads + sizeof *e->bk + sizeof *e->desc);
-    n += e->pack_scratch_nbytes + e->send_arena_nbytes + e->recv_arena_nbytes;
-    n += e->map.count * (sizeof(uint64_t) + sizeof(int));
-    n += e->hist.count * (sizeof(uint64_t) + sizeof(int64_t) + 2 * sizeof(double));
-    for (int i = 0; i < e->nthreads; i++) n += igrad_select_ws_nbytes(e->ws[i]);
-    if (e->sar) /* the sparse all-reduce's workspaces, as large as they have grown */
-        for (int j = 0; j < e->nb_max; j++) {
-            n += sizeof e->sar[j];
-            for (size_t b = 0; b < sizeof e->sar[j].cap / sizeof e->sar[j].cap[0]; b++)
-                n += e->sar[j].cap[b];
-        }
-    return n;
-}

@@ -40,7 +40,6 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_PACK] = {"config.pack", IGRAD__ITEM_PACK, 1},
     [IGRAD__ITEM_CFG_BUCKETS] = {"config.buckets", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_BLOCK_ENTRIES] = {"config.block_entries", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_RISK_LAMBDA] = {"config.risk_lambda", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_VERIFY_EVERY] = {"config.verify_every", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_CFG_VALUE_DTYPE] = {"config.value_dtype", IGRAD__ITEM_DTYPE, 1},
     [IGRAD__ITEM_CFG_INDEX_DTYPE] = {"config.index_dtype", IGRAD__ITEM_DTYPE, 1},
@@ -49,15 +48,12 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_PROFILE_STEPS] = {"config.profile_steps", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_PROFILE_ALPHA] = {"config.profile_alpha", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_PROFILE_PARTITION] = {"config.profile_partition", IGRAD__ITEM_HASH, 1},
-    [IGRAD__ITEM_CFG_GATE_OTHER] = {"config.gate_other", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_PLAN] = {"plan", IGRAD__ITEM_HASH, 1},
     [IGRAD__ITEM_STEP] = {"step", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_CALLS] = {"engine step count", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_HISTORY] = {"risk size history", IGRAD__ITEM_HASH, 0},
     [IGRAD__ITEM_ONLINE] = {"online profiling steps recorded", IGRAD__ITEM_I64, 0},
     [IGRAD__ITEM_CFG_MOMENTUM] = {"config.momentum", IGRAD__ITEM_F64, 1},
-    [IGRAD__ITEM_CFG_MOMENTUM_MASKING] = {"config.momentum_masking", IGRAD__ITEM_I64, 1},
-    [IGRAD__ITEM_CFG_RESIDUAL_DECAY] = {"config.residual_decay", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_START_ITER] = {"config.start_iter", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_TARGET_RATIO] = {"config.target_ratio", IGRAD__ITEM_F64, 1},
     [IGRAD__ITEM_CFG_REPROFILE_EVERY] = {"config.reprofile_every", IGRAD__ITEM_I64, 1},
@@ -134,12 +130,12 @@ void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes)
 void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_t profile_hash,
                                 uint64_t plan_hash)
 {
-    const igrad_config_t *c = &e->cfg;
+    const igrad_config_t *c = &e->plan.cfg;
     uint64_t *v = e->items;
     v[IGRAD__ITEM_VERSION] = (uint64_t)IGRAD_VERSION_NUMBER;
-    v[IGRAD__ITEM_TENSORS] = (uint64_t)e->ntensors;
+    v[IGRAD__ITEM_TENSORS] = (uint64_t)e->plan.ntensors;
     v[IGRAD__ITEM_LAYOUT] = layout_hash;
-    v[IGRAD__ITEM_COMPONENTS] = (uint64_t)e->ncomp;
+    v[IGRAD__ITEM_COMPONENTS] = (uint64_t)e->plan.ncomp;
     v[IGRAD__ITEM_PROFILE] = profile_hash;
     v[IGRAD__ITEM_CFG_METHOD] = (uint64_t)(int64_t)c->method;
     v[IGRAD__ITEM_CFG_SPARSIFIER] = (uint64_t)(int64_t)c->sparsifier;
@@ -152,7 +148,6 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_PACK] = (uint64_t)(int64_t)c->pack;
     v[IGRAD__ITEM_CFG_BUCKETS] = (uint64_t)(int64_t)c->buckets;
     v[IGRAD__ITEM_CFG_BLOCK_ENTRIES] = (uint64_t)c->block_entries;
-    v[IGRAD__ITEM_CFG_RISK_LAMBDA] = f64_bits(c->risk_lambda);
     v[IGRAD__ITEM_CFG_VERIFY_EVERY] = (uint64_t)c->verify_every;
     /* grad_dtype folded in (F32 is 0: the item, and state files, unchanged) */
     v[IGRAD__ITEM_CFG_VALUE_DTYPE] =
@@ -160,7 +155,6 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_INDEX_DTYPE] = (uint64_t)(int64_t)c->index_dtype;
     v[IGRAD__ITEM_CFG_COLLECTIVE] = (uint64_t)(int64_t)c->collective;
     v[IGRAD__ITEM_CFG_TIMEOUT] = f64_bits(c->timeout_s);
-    v[IGRAD__ITEM_CFG_GATE_OTHER] = (uint64_t)(int64_t)c->gate_other;
     v[IGRAD__ITEM_PLAN] = plan_hash;
     /* online profiling */
     v[IGRAD__ITEM_CFG_PROFILE_STEPS] = (uint64_t)c->profile_steps;
@@ -168,8 +162,6 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_PROFILE_PARTITION] =
         igrad__hash_str(IGRAD__HASH_SEED, c->profile_partition ? c->profile_partition : "knee");
     v[IGRAD__ITEM_CFG_MOMENTUM] = f64_bits(c->momentum);
-    v[IGRAD__ITEM_CFG_MOMENTUM_MASKING] = (uint64_t)(int64_t)c->momentum_masking;
-    v[IGRAD__ITEM_CFG_RESIDUAL_DECAY] = f64_bits(c->residual_decay);
     v[IGRAD__ITEM_CFG_START_ITER] = (uint64_t)c->start_iter;
     v[IGRAD__ITEM_CFG_TARGET_RATIO] = f64_bits(c->target_ratio);
     v[IGRAD__ITEM_CFG_REPROFILE_EVERY] = (uint64_t)c->reprofile_every;
@@ -186,7 +178,7 @@ void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)
 {
     e->items[IGRAD__ITEM_STEP] = (uint64_t)step;
     e->items[IGRAD__ITEM_CALLS] = (uint64_t)e->calls;
-    e->items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->hist);
+    e->items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->plan.hist);
     e->items[IGRAD__ITEM_ONLINE] = (uint64_t)igrad__online_item(e);
 }
 
@@ -252,7 +244,7 @@ static igrad_status_t detail_alloc(igrad_comm_t *comm, int nranks, uint64_t *buf
 static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
                                     uint64_t *buf, const char *context)
 {
-    size_t T = e->ntensors;
+    size_t T = e->plan.ntensors;
     uint64_t *all = NULL;
     int short_rank = -1;
     IGRAD_CHECK(detail_alloc(comm, nranks, buf, (size_t)nranks * T * sizeof *all,
@@ -262,7 +254,7 @@ static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int n
                            "%s: layout differs between ranks (rank %d ran out of memory "
                            "naming the tensor)",
                            context, short_rank);
-    igrad_status_t st = igrad_comm_allgather(comm, e->tensor_hash, T * sizeof *all, all);
+    igrad_status_t st = igrad_comm_allgather(comm, e->plan.tensor_hash, T * sizeof *all, all);
     if (st != IGRAD_OK) {
         if (st != IGRAD_E_TIMEOUT) free(all); /* else MPI may still write it */
         return st;
@@ -274,7 +266,7 @@ static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int n
                 return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
                                    "%s: layout differs at tensor %s (index %zu): rank 0 and "
                                    "rank %d have a different name, dtype or shape there",
-                                   context, e->t[t].name, t, r);
+                                   context, e->plan.t[t].name, t, r);
             }
     /* Same tensors: then the name rules differ (a layout with a name map
      * hashes its (layer, kind) assignment). Name the first tensor. */
@@ -287,9 +279,9 @@ static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int n
                            context);
     }
     for (size_t t = 0; t < T; t++) {
-        int c = e->t[t].comp;
-        int layer = c < 0 ? -1 : e->comp_layer[c];
-        int kind = c < 0 ? (int)IGRAD_KIND_OTHER : (int)e->comp_kind[c];
+        int c = e->plan.t[t].comp;
+        int layer = c < 0 ? -1 : e->plan.comp_layer[c];
+        int kind = c < 0 ? (int)IGRAD_KIND_OTHER : (int)e->plan.comp_kind[c];
         mine[t] = ((uint64_t)(uint32_t)(layer + 1) << 8) | (uint64_t)kind;
     }
     st = igrad_comm_allgather(comm, mine, T * sizeof *mine, all);
@@ -308,7 +300,7 @@ static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int n
                     "%s: layout differs at tensor %s (index %zu): rank 0 maps it to (layer "
                     "%d, %s), rank %d to (layer %d, %s): the ranks' name rules (--map, "
                     "name_map=) differ",
-                    context, e->t[t].name, t, (int)(a >> 8) - 1,
+                    context, e->plan.t[t].name, t, (int)(a >> 8) - 1,
                     igrad_kind_name((igrad_kind_t)(a & 0xff)), r, (int)(b >> 8) - 1,
                     igrad_kind_name((igrad_kind_t)(b & 0xff)));
             }
@@ -324,7 +316,7 @@ static igrad_status_t layout_detail(igrad_engine_t *e, igrad_comm_t *comm, int n
 static igrad_status_t profile_detail(igrad_engine_t *e, igrad_comm_t *comm, int nranks,
                                      uint64_t *buf, const char *context)
 {
-    size_t C = e->ncomp;
+    size_t C = e->plan.ncomp;
     unsigned char *all = NULL;
     int short_rank = -1;
     IGRAD_CHECK(detail_alloc(comm, nranks, buf, (size_t)nranks * C, (void **)&all,
@@ -334,7 +326,7 @@ static igrad_status_t profile_detail(igrad_engine_t *e, igrad_comm_t *comm, int 
                            "%s: profile differs between ranks (rank %d ran out of memory "
                            "naming the component)",
                            context, short_rank);
-    igrad_status_t st = igrad_comm_allgather(comm, e->comp_important, C, all);
+    igrad_status_t st = igrad_comm_allgather(comm, e->plan.comp_important, C, all);
     if (st != IGRAD_OK) {
         if (st != IGRAD_E_TIMEOUT) free(all); /* else MPI may still write it */
         return st;
@@ -347,7 +339,8 @@ static igrad_status_t profile_detail(igrad_engine_t *e, igrad_comm_t *comm, int 
                 return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
                                    "%s: profile differs at component (%d, %s): rank 0 has it "
                                    "%s, rank %d %s",
-                                   context, e->comp_layer[c], igrad_kind_name(e->comp_kind[c]),
+                                   context, e->plan.comp_layer[c],
+                                   igrad_kind_name(e->plan.comp_kind[c]),
                                    imp0 ? "important" : "low-importance", r,
                                    imp0 ? "low-importance" : "important");
             }
@@ -387,10 +380,10 @@ static igrad_status_t agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks, u
         const uint64_t *w = buf + (size_t)failed * IGRAD__AGREE_WORDS;
         igrad_status_t fs = (igrad_status_t)w[0];
         int64_t det = (int64_t)w[1];
-        if (e && e->t && det >= 0 && (size_t)det < e->ntensors)
+        if (e && e->plan.t && det >= 0 && (size_t)det < e->plan.ntensors)
             return igrad__fail(fs, __FILE__, __LINE__,
                                "%s failed on rank %d (%s) at tensor %s; every rank fails it",
-                               context, failed, igrad_status_str(fs), e->t[det].name);
+                               context, failed, igrad_status_str(fs), e->plan.t[det].name);
         return igrad__fail(fs, __FILE__, __LINE__, "%s failed on rank %d (%s); every rank fails it",
                            context, failed, igrad_status_str(fs));
     }
@@ -426,7 +419,7 @@ igrad_status_t igrad__engine_agree(igrad_engine_t *e, igrad_comm_t *comm, int nr
                                    int check_items, const char *context)
 {
     double saved = igrad_comm_timeout(comm);
-    if (e) igrad_comm_set_timeout(comm, e->cfg.timeout_s);
+    if (e) igrad_comm_set_timeout(comm, e->plan.cfg.timeout_s);
     int comm_failed = 0;
     igrad_status_t st = agree(e, comm, nranks, buf, status, detail, local_msg, items,
                               check_items, context, &comm_failed);

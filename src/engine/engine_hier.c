@@ -344,9 +344,9 @@ static igrad_status_t hier_plans(igrad__hier_t *h, const igrad_layout_t *layout,
                               : igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
                                             "igrad_engine_create: out of memory");
         if (p) {
-            p->plan_only = 1;
+            p->plan.plan_only = 1;
             p->shard = 1;
-            p->nranks = h->N;
+            p->plan.nranks = h->N;
             st = igrad__engine_build(p, sl, profile, &sc, NULL);
         }
         igrad_layout_free(sl);
@@ -387,8 +387,8 @@ static igrad_status_t top_build(igrad_engine_t **out, const igrad_layout_t *layo
     igrad_engine_t *e = calloc(1, sizeof *e);
     IGRAD_FAIL_IF(!e, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     *out = e;
-    e->plan_only = 1;
-    e->nranks = P;
+    e->plan.plan_only = 1;
+    e->plan.nranks = P;
     IGRAD_CHECK(igrad__engine_build(e, layout, profile, config, NULL));
     IGRAD_FAIL_IF(config->profile_steps > 0, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.topology hier needs its profile at create "
@@ -417,10 +417,10 @@ static igrad_status_t world_verdict(igrad_engine_t *e, igrad_status_t st, const 
     uint64_t mine = (uint64_t)st;
     igrad_status_t xs = igrad_comm_allgather(e->comm, &mine, sizeof mine, h->status_buf);
     if (xs != IGRAD_OK) return igrad__engine_break(e, xs);
-    for (int r = 0; r < e->nranks; r++) {
+    for (int r = 0; r < e->plan.nranks; r++) {
         igrad_status_t s = (igrad_status_t)h->status_buf[r];
         if (s == IGRAD_OK) continue;
-        if (r == e->rank) return igrad__fail(s, __FILE__, __LINE__, "%s", msg);
+        if (r == e->plan.rank) return igrad__fail(s, __FILE__, __LINE__, "%s", msg);
         return igrad__fail(s, __FILE__, __LINE__, "%s failed on rank %d (%s); every rank fails it",
                            context, r, igrad_status_str(s));
     }
@@ -447,8 +447,8 @@ igrad_status_t igrad__hier_agree_world(igrad_engine_t *shard, int64_t step, igra
                 return igrad__fail(s, __FILE__, __LINE__, "%s", msg); /* its own message */
             uint64_t t = w->buf[3 * r + 1];
             char where[300] = "";
-            if (pass == 0 && t < w->top->ntensors)
-                snprintf(where, sizeof where, " at tensor %s", w->top->t[t].name);
+            if (pass == 0 && t < w->top->plan.ntensors)
+                snprintf(where, sizeof where, " at tensor %s", w->top->plan.t[t].name);
             return igrad__fail(s, __FILE__, __LINE__,
                                "step %lld failed on rank %d (%s)%s; every rank fails it",
                                (long long)step, r, igrad_status_str(s), where);
@@ -465,7 +465,7 @@ static igrad_status_t hier_connect(igrad_engine_t *e, const igrad_layout_t *layo
                                    const igrad_profile_t *profile)
 {
     igrad__hier_t *h = e->hier;
-    int P = e->nranks, rank = e->rank, L = e->cfg.ranks_per_node;
+    int P = e->plan.nranks, rank = e->plan.rank, L = e->plan.cfg.ranks_per_node;
     igrad_status_t st;
     if (L > 0) st = igrad__comm_split(e->comm, rank / L, rank, &h->node_comm);
     else st = igrad__comm_split(e->comm, IGRAD__SPLIT_NODE, rank, &h->node_comm);
@@ -487,8 +487,8 @@ static igrad_status_t hier_connect(igrad_engine_t *e, const igrad_layout_t *layo
                              rank, (long long)h->L, r, (long long)all[2 * r], P);
     free(all);
     IGRAD_CHECK(st);
-    e->node_ranks = h->L;
-    IGRAD_CHECK(hier_plans(h, layout, profile, &e->cfg));
+    e->plan.node_ranks = h->L;
+    IGRAD_CHECK(hier_plans(h, layout, profile, &e->plan.cfg));
 
     size_t NP = h->npieces;
     int64_t n = 0;
@@ -563,7 +563,7 @@ igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_prof
         return ag;
     }
     e->comm = comm;
-    e->rank = igrad_comm_rank(comm);
+    e->plan.rank = igrad_comm_rank(comm);
     e->agree_buf = abuf;
     e->hier->status_buf = sbuf;
     st = hier_connect(e, layout, profile);
@@ -574,7 +574,7 @@ igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_prof
          * world's verdict (a shard that failed fails every rank) */
         igrad__hier_t *h = e->hier;
         igrad_layout_t *sl = NULL;
-        igrad_config_t sc = shard_config(&e->cfg);
+        igrad_config_t sc = shard_config(&e->plan.cfg);
         igrad_status_t ls = shard_layout(layout, h, h->local, &sl);
         if (ls == IGRAD_OK)
             ls = igrad__engine_create_shard(sl, profile, &sc, h->inter_comm, P, dp, stream,
@@ -613,7 +613,7 @@ igrad_status_t igrad__hier_create_plan(const igrad_layout_t *layout,
     if (st == IGRAD_OK) {
         e->hier->L = config->ranks_per_node;
         e->hier->N = nranks / config->ranks_per_node;
-        e->node_ranks = e->hier->L;
+        e->plan.node_ranks = e->hier->L;
         st = hier_plans(e->hier, layout, profile, config);
     }
     if (st != IGRAD_OK) {
@@ -644,7 +644,7 @@ static igrad_status_t wait_all(igrad__hier_t *h, size_t n, igrad_status_t st)
 static double intra_nbytes(const igrad_engine_t *e)
 {
     int L = e->hier->L;
-    return 2.0 * (double)(L - 1) / (double)L * 4.0 * (double)e->nparams;
+    return 2.0 * (double)(L - 1) / (double)L * 4.0 * (double)e->plan.nparams;
 }
 
 /* Per piece (a whole tensor, or rows of a split one: contiguous in the
@@ -654,7 +654,7 @@ static double intra_nbytes(const igrad_engine_t *e)
 static igrad_status_t node_reduce(igrad_engine_t *e, float *const *grads)
 {
     igrad__hier_t *h = e->hier;
-    void *stream = h->inner->dp_stream;
+    void *stream = h->inner->mem.dp_stream;
     igrad_status_t st = igrad__comm_group_start(h->node_comm);
     size_t p = 0;
     for (size_t k = 0; p < h->npieces && st == IGRAD_OK; p++) {
@@ -671,7 +671,7 @@ static igrad_status_t node_reduce(igrad_engine_t *e, float *const *grads)
 static igrad_status_t node_bcast(igrad_engine_t *e, float *const *grads)
 {
     igrad__hier_t *h = e->hier;
-    void *stream = h->inner->dp_stream;
+    void *stream = h->inner->mem.dp_stream;
     igrad_status_t st = igrad__comm_group_start(h->node_comm);
     size_t p = 0;
     for (size_t k = 0; p < h->npieces && st == IGRAD_OK; p++) {
@@ -684,7 +684,7 @@ static igrad_status_t node_bcast(igrad_engine_t *e, float *const *grads)
     st = wait_all(h, p, st != IGRAD_OK ? st : ge);
     for (size_t k = 0; k < h->nown && st == IGRAD_OK; k++) {
         const igrad__piece_t *pc = &h->pieces[h->own[k]];
-        st = h->dp->copy(h->inner, grads[pc->t] + pc->off, h->shard[k],
+        st = h->dp->copy(IGRAD__PARTS(h->inner), grads[pc->t] + pc->off, h->shard[k],
                          (size_t)pc->n * sizeof(float));
     }
     return st;
@@ -701,7 +701,7 @@ static void hier_stats(igrad_engine_t *e, double t0, double intra_ms)
     s.wire_nbytes = s.inter_wire_nbytes + s.intra_wire_nbytes;
     s.comm_ms += intra_ms;
     s.dataplane_nbytes += h->own_entries * (int64_t)sizeof(float); /* the shard buffer */
-    s.dataplane_nbytes_per_param = (double)s.dataplane_nbytes / (double)e->nparams;
+    s.dataplane_nbytes_per_param = (double)s.dataplane_nbytes / (double)e->plan.nparams;
     s.total_ms = igrad__now_ms() - t0;
     e->stats = s;
 }
@@ -712,8 +712,8 @@ igrad_status_t igrad__hier_sync(igrad_engine_t *e, int64_t step, float *const *g
     igrad__hier_t *h = e->hier;
     double t0 = igrad__engine_step_reset(e, step);
     double saved_w = igrad_comm_timeout(e->comm), saved_n = igrad_comm_timeout(h->node_comm);
-    igrad_comm_set_timeout(e->comm, e->cfg.timeout_s);
-    igrad_comm_set_timeout(h->node_comm, e->cfg.timeout_s);
+    igrad_comm_set_timeout(e->comm, e->plan.cfg.timeout_s);
+    igrad_comm_set_timeout(h->node_comm, e->plan.cfg.timeout_s);
 
     int64_t bad = -1;
     igrad_status_t st = IGRAD_OK;
@@ -776,7 +776,7 @@ size_t igrad__hier_workspace_nbytes(const igrad_engine_t *e)
 {
     const igrad__hier_t *h = e->hier;
     size_t n = sizeof *e + sizeof *h + h->npieces * (sizeof *h->pieces + sizeof *h->reqs) +
-               (e->ntensors + 1) * sizeof *h->first;
+               (e->plan.ntensors + 1) * sizeof *h->first;
     n += igrad_engine_workspace_nbytes(h->inner);
     for (int l = 0; l < h->L && h->plans; l++) n += igrad_engine_workspace_nbytes(h->plans[l]);
     return n + (size_t)h->own_entries * sizeof(float);
@@ -795,7 +795,7 @@ igrad_status_t igrad__hier_load_state(igrad_engine_t *e, const char *path)
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_load_state"));
     igrad__hier_t *h = e->hier;
     double saved = igrad_comm_timeout(e->comm);
-    igrad_comm_set_timeout(e->comm, e->cfg.timeout_s);
+    igrad_comm_set_timeout(e->comm, e->plan.cfg.timeout_s);
     igrad_status_t st = igrad_engine_load_state(h->inner, path);
     if (st != IGRAD_OK && h->inner->broken != IGRAD_OK) {
         igrad_comm_set_timeout(e->comm, saved);
@@ -807,15 +807,15 @@ igrad_status_t igrad__hier_load_state(igrad_engine_t *e, const char *path)
         e->last_step = h->inner->last_step;
         e->calls = h->inner->calls;
         int64_t mine[2] = {e->last_step, e->calls};
-        int64_t *all = calloc((size_t)e->nranks * 2, sizeof *all);
+        int64_t *all = calloc((size_t)e->plan.nranks * 2, sizeof *all);
         st = all ? igrad_comm_allgather(e->comm, mine, sizeof mine, all)
                  : igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "load state: out of memory");
-        for (int r = 0; r < e->nranks && st == IGRAD_OK; r++)
+        for (int r = 0; r < e->plan.nranks && st == IGRAD_OK; r++)
             if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1])
                 st = igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
                                  "load state: the files are of different steps: rank %d's "
                                  "is at step %lld (%lld calls), rank %d's at %lld (%lld)",
-                                 e->rank, (long long)mine[0], (long long)mine[1], r,
+                                 e->plan.rank, (long long)mine[0], (long long)mine[1], r,
                                  (long long)all[2 * r], (long long)all[2 * r + 1]);
         free(all);
         if (st != IGRAD_OK) st = igrad__engine_break(e, st);
@@ -834,7 +834,7 @@ igrad_status_t igrad__hier_plan_step(igrad_engine_t *e, int64_t step, igrad_step
 {
     igrad__hier_t *h = e->hier;
     int nload = 0;
-    for (int l = 0; l < h->L; l++) nload += h->plans[l]->nb_max;
+    for (int l = 0; l < h->L; l++) nload += h->plans[l]->plan.nb_max;
     if (!h->loads) {
         h->loads = calloc((size_t)(nload > 0 ? nload : 1), sizeof *h->loads);
         IGRAD_FAIL_IF(!h->loads, IGRAD_E_NOMEM, "igrad_engine_plan_step: out of memory");

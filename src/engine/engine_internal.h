@@ -1,8 +1,10 @@
 /*
- * engine_internal.h — what engine.c (plan, step), engine_agree.c
- * (agreement), engine_state.c (save/load of a rank's state), the bucket
- * routes (route.c) and the data plane (dp*.c) share: the engine's layout
- * in memory and the agreement items, the fixed list of values every rank
+ * engine_internal.h — what the engine's files (engine.c: create and
+ * step; engine_agree.c: agreement; engine_state.c: save/load of a rank's
+ * state; engine_stream.c, engine_online.c, engine_hier.c) share: the
+ * engine, made of its plan (plan/plan.h), step (plan/step.h) and
+ * data-plane memory (dp/dp.h) parts plus what only the engine keeps, and
+ * the agreement items, the fixed list of values every rank
  * must have in common (layout, profile, config fields, plan), which the
  * cross-rank check and the state file both compare one by one so that a
  * difference is reported by name.
@@ -14,7 +16,10 @@
 #define IGRAD_ENGINE_INTERNAL_H
 
 #include "core/internal.h"
+#include "dp/dp.h"
 #include "plan/pack.h"
+#include "plan/plan.h"
+#include "plan/step.h"
 
 /* ---- agreement items ---------------------------------------------------- */
 
@@ -52,14 +57,12 @@ enum {
     IGRAD__ITEM_CFG_PACK,
     IGRAD__ITEM_CFG_BUCKETS,
     IGRAD__ITEM_CFG_BLOCK_ENTRIES,
-    IGRAD__ITEM_CFG_RISK_LAMBDA,
     IGRAD__ITEM_CFG_VERIFY_EVERY, /* ranks only: results do not depend on it */
     IGRAD__ITEM_CFG_VALUE_DTYPE,
     IGRAD__ITEM_CFG_INDEX_DTYPE,
     IGRAD__ITEM_CFG_COLLECTIVE,
     IGRAD__ITEM_CFG_TIMEOUT,      /* ranks only: a stopped rank must not outwait
                                      the others' limit */
-    IGRAD__ITEM_CFG_GATE_OTHER,
     IGRAD__ITEM_PLAN,       /* phases, budgets, block cuts, direct map */
     /* The dynamic items: compared at every exchange, not only every
      * verify_every calls, since ranks out of step would otherwise unpack
@@ -79,8 +82,6 @@ enum {
      * §7) stay put. Being constant, comparing them at every exchange costs
      * nothing. */
     IGRAD__ITEM_CFG_MOMENTUM,
-    IGRAD__ITEM_CFG_MOMENTUM_MASKING,
-    IGRAD__ITEM_CFG_RESIDUAL_DECAY,
     IGRAD__ITEM_CFG_START_ITER,
     IGRAD__ITEM_CFG_TARGET_RATIO,
     IGRAD__ITEM_CFG_REPROFILE_EVERY, /* periodic re-profiling (engine_online.c) */
@@ -95,11 +96,6 @@ enum {
 };
 #define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP
 
-/* Bounds of config.link_latency_ns and link_bandwidth_mbps (validated), so
- * that auto's integer costs (route.c) cannot overflow. */
-#define IGRAD__LINK_MAX_LATENCY_NS 1000000000LL
-#define IGRAD__LINK_MAX_BANDWIDTH_MBPS 1000000000LL
-
 typedef struct igrad__item_desc {
     const char *name;          /* "config.density", "layout", ... */
     igrad__item_type_t type;
@@ -113,152 +109,31 @@ void igrad__item_format(int i, uint64_t value, char *buf, size_t nbytes);
 
 /* ---- the engine ----------------------------------------------------------- */
 
-struct igrad__route;  /* route.h */
-struct igrad__dp_ops; /* dp.h */
-
-/* One tensor's plan. Index [rel][par]: rel = 1 at a release step, par = 1
- * on odd steps (only differs from even with interleave). */
-typedef struct igrad__engine_tensor {
-    const char *name;                   /* in engine->names */
-    int ndim;
-    int64_t shape[IGRAD_MAX_DIMS];
-    int64_t n;                          /* entries */
-    int comp;                           /* component index, -1 for OTHER */
-    int important;                      /* component important (OTHER: 1) */
-    int phase;                          /* IGRAD__PHASE_EVERY or [0, R) */
-    igrad_select_spec_t spec[2][2];
-    int idx_nbytes[2][2];               /* index bytes per entry on the wire */
-    int64_t blk_entries[2][2];          /* block size (whole rows if row-wise) */
-    int64_t nblocks[2][2];
-    float *residual;                    /* n floats (NULL for dense) */
-    float *velocity;                    /* n floats (NULL unless cfg.momentum > 0) */
-} igrad__engine_tensor_t;
-
-/* One block of a step: a run of a tensor's selected entries. */
-typedef struct igrad__engine_block {
-    uint32_t tensor;
-    int idx_nbytes;          /* 0 (dense method), 2 or 4 */
-    int row_wise;
-    int seg_owner;           /* reduce: this block opens its dense segment */
-    int64_t first, count;    /* entries [first, first+count) of the selection */
-    int64_t row0;            /* row-wise: first row */
-    int64_t seg_begin;       /* dense segment: tensor entries [seg_begin, +seg_count) */
-    int64_t seg_count;
-    size_t val_off, idx_off; /* gather: offsets in a rank's bytes of the bucket */
-    size_t dense_off;        /* reduce: offset (floats) of the segment in the bucket */
-} igrad__engine_block_t;
-
-/* One bucket of a step. */
-typedef struct igrad__engine_bucket {
-    const struct igrad__route *route; /* its collective (route.h) */
-    igrad_bucket_kind_t kind;         /* route->kind */
-    int index;
-    size_t first, nblocks;   /* its blocks: order[first .. first + nblocks) */
-    int64_t entries;
-    size_t send_off, send_nbytes;  /* in send_arena (gather) */
-    size_t recv_off, recv_nbytes;  /* in recv_arena */
-    size_t dense_count;            /* reduce: floats; sparse all-reduce: its index space */
-    double wire_counted;           /* sparse all-reduce: the bytes its exchanges moved
-                                      for this rank, < 0 until it ran (route.c) */
-    igrad_comm_request_t *req;
-} igrad__engine_bucket_t;
-
 enum {
     IGRAD__ENGINE_IDLE = 0,
     IGRAD__ENGINE_BEGUN = 1,
     IGRAD__ENGINE_STREAM = 2 /* a streamed step is open (engine_stream.c) */
 };
 
+/* An engine: its plan (plan/plan.h), its step (plan/step.h) and its
+ * data-plane memory (dp/dp.h), which the data-plane stages take, and what
+ * only the engine keeps: the comm, agreement, statistics, state. */
 struct igrad_engine {
-    igrad_config_t cfg;                 /* copy, size = sizeof */
-    const struct igrad__dp_ops *dp;     /* data plane: every access to gradient,
-                                           residual, velocity and bucket memory */
-    void *dp_stream;                    /* the data plane's queue (a CUDA stream;
-                                           NULL: its default; host: unused) */
-    void *dp_state;                     /* the data plane's own per-engine state
-                                           (CUDA: device scratch), NULL until used */
+    igrad__plan_t plan;
+    igrad__step_t step;
+    igrad__dp_mem_t mem;
     igrad_comm_t *comm;                 /* borrowed; NULL for a plan-only engine */
-    int rank, nranks;
-    int auto_sar;                       /* collective auto may take the sparse
-                                           all-reduce (config.auto_sparse_reduce and
-                                           the engine can run it, route.c) */
-    int step_sar;                       /* ... in this step: auto_sar under
-                                           igrad_engine_sync (and plan-only steps),
-                                           0 for begin/open */
-    int plan_only;                      /* igrad_engine_create_plan: nranks set by
-                                           the caller, no comm, no data-plane
-                                           memory; it only plans steps */
     igrad_trace_t *trace;               /* borrowed, may be NULL */
-    igrad_sparsifier_t sp;              /* effective sparsifier */
-    int deferral;                       /* iad / ig */
-    int per_tensor_buckets;             /* iad */
-    int nb_max;                         /* bucket slots: B, or tensors for iad */
-    int nthreads;
-    int value_nbytes;                   /* sparse wire: 4 (F32) or 2 (BF16, F16) */
-
-    size_t ntensors;
-    igrad__engine_tensor_t *t;
-    int64_t nparams;                    /* entries of every tensor */
-    char *names;                        /* all names, NUL-separated */
-    uint64_t *tensor_hash;              /* (ntensors) for mismatch messages */
-    size_t ncomp;
-    int *comp_layer;                    /* (ncomp) */
-    igrad_kind_t *comp_kind;            /* (ncomp) */
-    int64_t *comp_count;                /* (ncomp) */
-    unsigned char *comp_important;      /* (ncomp) */
-    int *comp_phase;                    /* (ncomp) */
 
     uint64_t items[IGRAD__NITEMS];      /* static items (step/calls/history
                                            filled when exchanged) */
-    igrad__pack_map_t map;              /* direct policy */
-    igrad__pack_history_t hist;         /* risk policy */
-
-    float *residual_mem;                /* all residuals, layout order */
-    int64_t residual_count;
-    float *velocity_mem;                /* all velocities (momentum > 0), layout order */
-    int64_t velocity_count;             /* residual_count, or 0 without momentum */
     igrad_engine_t *warmup;             /* method dense engine for steps below
                                            cfg.start_iter (NULL if none) */
     int warm_open;                      /* begin of a warm-up step is open */
-
-    /* per-step scratch, sized at create for the largest step */
-    size_t max_entries, max_blocks;
-    uint32_t *stage_idx;                /* selections, concatenated */
-    float *stage_val;
-    int64_t *stage_off;                 /* (ntensors) offset of t's selection */
-    unsigned char *sent;                /* (ntensors) sent this step */
-    unsigned char *rel;                 /* (ntensors) released this step */
-    uint32_t *work;                     /* (ntensors) sent tensors, largest first */
-    int64_t *tstatus;                   /* (ntensors) per-tensor results */
-    double *tsumsq;                     /* (ntensors) selection sum of squares */
-    double *tnorm;                      /* (ntensors) residual sum of squares */
-    double *tdropped;                   /* (ntensors) dropped sum of squares */
-    igrad__pack_block_t *blocks;        /* (max_blocks) */
-    igrad__engine_block_t *binfo;       /* (max_blocks) */
-    int *bucket_of;                     /* (max_blocks) */
-    size_t *order;                      /* (max_blocks) */
-    size_t *start;                      /* (nb_max + 1) */
-    int64_t *loads;                     /* (nb_max) */
-    igrad__engine_bucket_t *bk;         /* (nb_max) */
-    igrad_bucket_t *desc;               /* (nb_max) */
-    struct igrad__sar *sar;             /* (nb_max) collective sparse_reduce: the sparse
-                                           all-reduce's workspace per bucket slot, whose
-                                           result and remainder unpack reads; else NULL */
-    void *pack_scratch;
-    size_t pack_scratch_nbytes;
-    unsigned char *send_arena;
-    size_t send_arena_nbytes;
-    unsigned char *recv_arena;
-    size_t recv_arena_nbytes;
     uint64_t *agree_buf;                /* nranks * (2 + IGRAD__NITEMS) */
-    igrad_select_ws_t **ws;             /* (nthreads) */
 
     /* the step in progress / last step */
     int state;
-    int64_t cur_step;
-    size_t nblk;                        /* blocks this step */
-    size_t nbk;                         /* non-empty buckets this step */
-    int nplanned;                       /* planned buckets (bucket_count) */
     int64_t last_step;
     int64_t calls;                      /* begin calls that reached the agreement */
     igrad_step_stats_t stats;
@@ -279,12 +154,6 @@ struct igrad_engine {
      * created at the first open, NULL before. */
     struct igrad__stream *stream;
 
-    /* Levels. node_ranks: ranks per node for the statistics' intra/inter
-     * split (1..nranks). avg_ranks: the gradients are averaged over this
-     * many ranks (nranks; a shard engine of the two-level sync: the whole
-     * world's, since what it exchanges are node sums). */
-    int64_t node_ranks;
-    int64_t avg_ranks;
     /* Two-level sync (engine_hier.c). On the engine the caller holds (a
      * plan-only engine of the whole layout over all P ranks, which runs the
      * world's agreement): the shards, comms and buffers; NULL otherwise. */
@@ -320,7 +189,7 @@ void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step);
 #define IGRAD__AGREE_WORDS (3 + IGRAD__NITEMS)
 
 /* Exchanges (status, detail, items) with every rank and decides
- * (the exchange runs under e->cfg.timeout_s when e is given; if it fails or
+ * (the exchange runs under e->plan.cfg.timeout_s when e is given; if it fails or
  * times out, e is marked broken: the comm can no longer be trusted):
  *  - some rank failed (status != OK): returns the first failing rank's
  *    status; that rank keeps its own message (local_msg), the others get
@@ -350,13 +219,39 @@ void igrad__engine_plan_only_done(igrad_engine_t *e, igrad_engine_t **out);
 /* Odd steps select with spec[.][1] when interleaving. */
 static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)
 {
-    return e->cfg.interleave && step % 2 != 0;
+    return igrad__plan_parity(&e->plan, step);
 }
+
+/* What the route table (route.h) needs of the engine's data plane, and
+ * where its collectives run. */
+static inline igrad__route_dp_t igrad__engine_route_dp(const igrad_engine_t *e)
+{
+    const igrad__dp_ops_t *dp = e->mem.dp;
+    igrad__route_dp_t r = {dp->name, dp->space, {0}, dp->sar != NULL};
+    for (int w = 0; w < IGRAD__NWIRES; w++) r.wire[w] = dp->pack[w] && dp->unpack[w];
+    return r;
+}
+
+static inline igrad__route_io_t igrad__engine_route_io(const igrad_engine_t *e)
+{
+    igrad__route_io_t io = {e->comm, e->mem.dp->space, e->mem.dp_stream, e->mem.dp->sar,
+                            e->mem.send_arena};
+    return io;
+}
+
+/* The step's blocks and buckets (plan/plan_step.c) in this engine's arenas. */
+static inline igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history)
+{
+    return igrad__plan_step(&e->plan, &e->step, update_history, e->mem.send_arena,
+                            e->mem.send_arena_nbytes, e->mem.recv_arena,
+                            e->mem.recv_arena_nbytes);
+}
+
+/* The three parts the data-plane stages take (dp.h). */
+#define IGRAD__PARTS(e) &(e)->plan, &(e)->step, &(e)->mem
 
 /* ---- engine.c / engine_online.c ----------------------------------------- */
 
-#define IGRAD__ONLINE_MAX_STEPS 100000      /* config.profile_steps */
-#define IGRAD__ONLINE_PARTITION_NBYTES 64   /* config.profile_partition, NUL included */
 
 /* igrad_engine_create on data plane `dp` with queue `stream` (the CPU one
  * and NULL for igrad_engine_create; igrad_engine_create_cuda for the
@@ -378,7 +273,7 @@ igrad_status_t igrad__engine_create_shard(const igrad_layout_t *layout,
 /* Everything igrad_engine_create does before the agreement: plan, buffers,
  * residuals (zeroed), workspaces, static items, for `profile` (NULL with
  * iad/ig only when config->profile_steps > 0: every component important).
- * Local; `e` is zeroed memory (but for e->dp and e->dp_stream, which may be
+ * Local; `e` is zeroed memory (but for e->mem.dp and e->mem.dp_stream, which may be
  * set: NULL dp is the CPU one), freed with igrad_engine_free on failure. */
 igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layout,
                                    const igrad_profile_t *profile,
@@ -401,26 +296,32 @@ void igrad__online_record(igrad_engine_t *e);
 
 /* The step's local failures as the whole step reports them: the first
  * NULL gradient (IGRAD_E_INVALID), and after the check stage the first
- * tensor whose e->tnorm is not finite (IGRAD_E_NONFINITE with its first
+ * tensor whose e->step.tnorm is not finite (IGRAD_E_NONFINITE with its first
  * bad index). *bad_tensor is the tensor, -1 when OK. */
 igrad_status_t igrad__engine_null_grads(igrad_engine_t *e, int64_t step, float *const *grads,
                                         int64_t *bad_tensor);
 igrad_status_t igrad__engine_nonfinite(igrad_engine_t *e, int64_t step, float *const *grads,
                                        int64_t *bad_tensor);
+/* engine_fail.c: a collective of bucket j failed or timed out (says
+ * which, at which step); the step's group start or end (`what`) failed;
+ * keep_first keeps the message of a step's first failure in buf. Each
+ * returns st. */
+igrad_status_t igrad__engine_bucket_failed(const igrad_engine_t *e, size_t j, igrad_status_t st);
+igrad_status_t igrad__engine_group_failed(const igrad_engine_t *e, const char *what,
+                                          igrad_status_t st);
+igrad_status_t igrad__engine_keep_first(igrad_status_t st, char *buf, size_t nbytes);
 /* The step's agreement: this rank's status `st` (its message is
  * igrad_last_error(); `bad` the tensor or -1), the dynamic items and, every
  * verify_every calls, all items (igrad__engine_agree); counts the call. */
 igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_status_t st,
                                         int64_t bad);
-/* Blocks and buckets of the step from e->sent/e->rel (update_history: the
+/* Blocks and buckets of the step from e->step.sent/e->step.rel (update_history: the
  * risk policy's history learns them). */
 /* The start of a step: statistics cleared (bucket_loads kept), step
  * number and clock set; returns the clock in ms (engine.c). */
 double igrad__engine_step_reset(igrad_engine_t *e, int64_t step);
-/* The gate of step (e->sent, e->rel), each sent tensor's offset in the
+/* The gate of step (e->step.sent, e->step.rel), each sent tensor's offset in the
  * staged selection, the per-tensor results reset (engine.c). */
-void igrad__engine_gate_step(igrad_engine_t *e, int64_t step);
-igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history);
 /* Statistics, online record and trace of a step whose result is in grads;
  * the engine is idle after it. */
 igrad_status_t igrad__engine_finish_step(igrad_engine_t *e);

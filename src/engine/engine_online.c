@@ -62,17 +62,17 @@ igrad_status_t igrad__online_init(igrad_engine_t *e, const igrad_layout_t *layou
     igrad__online_t *on = calloc(1, sizeof *on);
     IGRAD_FAIL_IF(!on, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     e->online = on;
-    const char *part = e->cfg.profile_partition ? e->cfg.profile_partition : "knee";
+    const char *part = e->plan.cfg.profile_partition ? e->plan.cfg.profile_partition : "knee";
     snprintf(on->partition, sizeof on->partition, "%s", part);
-    e->cfg.profile_partition = on->partition; /* the engine's own copy */
+    e->plan.cfg.profile_partition = on->partition; /* the engine's own copy */
     IGRAD_CHECK(copy_layout_obj(layout, &on->layout));
-    on->W = e->cfg.profile_steps;
-    on->Wr = e->cfg.reprofile_every;
+    on->W = e->plan.cfg.profile_steps;
+    on->Wr = e->plan.cfg.reprofile_every;
     on->switch_step = -1;
     if (profile || on->W == 0) return IGRAD_OK;
     on->active = 1;
     on->cap = (size_t)(on->W > on->Wr ? on->W : on->Wr);
-    size_t T = e->ntensors, W = on->cap, P = (size_t)e->nranks;
+    size_t T = e->plan.ntensors, W = on->cap, P = (size_t)e->plan.nranks;
     on->steps = calloc(W, sizeof *on->steps);
     on->sumsq = calloc(W * T, sizeof *on->sumsq);
     on->count = calloc(W * T, sizeof *on->count);
@@ -141,31 +141,32 @@ int64_t igrad__online_item(const igrad_engine_t *e)
 static void update_held(igrad_engine_t *e, int par)
 {
     igrad__online_t *on = e->online;
-    for (size_t t = 0; t < e->ntensors; t++) {
-        if (!e->sent[t]) continue;
-        int64_t span = on->last_sel[t] >= 0 ? e->cur_step - on->last_sel[t] : 1;
-        on->held[t] = e->tsumsq[t] / (double)(span > 1 ? span : 1);
-        on->held_count[t] = e->t[t].spec[e->rel[t]][par].count;
-        on->last_sel[t] = e->cur_step;
+    for (size_t t = 0; t < e->plan.ntensors; t++) {
+        if (!e->step.sent[t]) continue;
+        int64_t span = on->last_sel[t] >= 0 ? e->step.cur_step - on->last_sel[t] : 1;
+        on->held[t] = e->step.tsumsq[t] / (double)(span > 1 ? span : 1);
+        on->held_count[t] = e->plan.t[t].spec[e->step.rel[t]][par].count;
+        on->last_sel[t] = e->step.cur_step;
     }
 }
 
 void igrad__online_record(igrad_engine_t *e)
 {
     igrad__online_t *on = e->online;
-    int par = e->cfg.interleave ? (int)(e->cur_step & 1) : 0;
+    int par = e->plan.cfg.interleave ? (int)(e->step.cur_step & 1) : 0;
     if (on->reprof) update_held(e, par);
     size_t len = (size_t)(on->active ? on->W : on->Wr);
     if (!(on->active || on->reprof) || on->nrec >= len) return;
-    size_t T = e->ntensors, s = on->nrec;
-    on->steps[s] = e->cur_step;
+    size_t T = e->plan.ntensors, s = on->nrec;
+    on->steps[s] = e->step.cur_step;
     for (size_t t = 0; t < T; t++) {
         if (on->reprof) {
             on->sumsq[s * T + t] = on->last_sel[t] >= 0 ? on->held[t] : 0.0;
             on->count[s * T + t] = on->last_sel[t] >= 0 ? on->held_count[t] : 0;
         } else {
-            on->sumsq[s * T + t] = e->sent[t] ? e->tsumsq[t] : 0.0;
-            on->count[s * T + t] = e->sent[t] ? e->t[t].spec[e->rel[t]][par].count : 0;
+            on->sumsq[s * T + t] = e->step.sent[t] ? e->step.tsumsq[t] : 0.0;
+            on->count[s * T + t] =
+                e->step.sent[t] ? e->plan.t[t].spec[e->step.rel[t]][par].count : 0;
         }
     }
     on->nrec++;
@@ -189,7 +190,7 @@ igrad_status_t igrad__online_prepare(const igrad_engine_t *e, igrad_profile_t *p
                                      int fixed_classes, igrad_engine_t **out)
 {
     *out = NULL;
-    igrad_config_t cfg = e->cfg;
+    igrad_config_t cfg = e->plan.cfg;
     if (cfg.target_ratio > 0.0) {
         /* A pure function of the profile's scores and the config, the same
          * on every rank; the agreement below compares its result (the
@@ -207,8 +208,8 @@ igrad_status_t igrad__online_prepare(const igrad_engine_t *e, igrad_profile_t *p
     }
     igrad_engine_t *n = calloc(1, sizeof *n);
     IGRAD_FAIL_IF(!n, IGRAD_E_NOMEM, "re-plan: out of memory");
-    n->dp = e->dp; /* the same data plane and queue */
-    n->dp_stream = e->dp_stream;
+    n->mem.dp = e->mem.dp; /* the same data plane and queue */
+    n->mem.dp_stream = e->mem.dp_stream;
     igrad_status_t st = igrad__engine_build(n, e->online->layout, profile, &cfg, e->comm);
     if (st != IGRAD_OK) {
         igrad_engine_free(n);
@@ -226,21 +227,17 @@ void igrad__online_commit(igrad_engine_t *e, igrad_engine_t *n, igrad_profile_t 
     /* What belongs to the run, not to the plan, moves to n. The residuals
      * move by pointer (same layout, same offsets): no copy, and n's own
      * calloc'd block, never touched, costs no memory until it is freed. */
-    float *mine = n->residual_mem;
-    n->residual_mem = e->residual_mem;
-    e->residual_mem = mine;
-    int64_t off = 0;
-    for (size_t i = 0; i < n->ntensors && n->residual_mem; i++) {
-        n->t[i].residual = n->residual_mem + off;
-        off += n->t[i].n;
-    }
+    float *mine = n->mem.residual_mem;
+    n->mem.residual_mem = e->mem.residual_mem;
+    e->mem.residual_mem = mine;
+    igrad__dp_mem_point(&n->mem, &n->plan);
     n->trace = e->trace;
     n->calls = e->calls;
     n->last_step = e->last_step;
-    n->cur_step = e->cur_step;
+    n->step.cur_step = e->step.cur_step;
     n->t_start = e->t_start;
     n->stats = e->stats;
-    n->stats.bucket_loads = n->loads;
+    n->stats.bucket_loads = n->step.loads;
     n->agree_buf = e->agree_buf;
     e->agree_buf = NULL;
     igrad__online_t *on = e->online;
@@ -248,7 +245,7 @@ void igrad__online_commit(igrad_engine_t *e, igrad_engine_t *n, igrad_profile_t 
     n->online = on;
     if (on->Wr > 0) {
         if (on->active && on->nrec > 0) { /* every tensor was selected at the last record */
-            size_t T = n->ntensors, s = on->nrec - 1;
+            size_t T = n->plan.ntensors, s = on->nrec - 1;
             for (size_t t = 0; t < T; t++) {
                 on->held[t] = on->sumsq[s * T + t];
                 on->held_count[t] = on->count[s * T + t];
@@ -265,7 +262,7 @@ void igrad__online_commit(igrad_engine_t *e, igrad_engine_t *n, igrad_profile_t 
     on->profile = profile;
     on->switch_step = e->last_step + 1;
     on->replans++;
-    n->cfg.profile_partition = on->partition;
+    n->plan.cfg.profile_partition = on->partition;
 
     igrad_engine_t tmp = *e;
     *e = *n;
@@ -283,7 +280,7 @@ static igrad_status_t replan(igrad_engine_t *e, igrad_profile_t *profile, igrad_
     if (st == IGRAD_OK) st = igrad__online_prepare(e, profile, 0, &n);
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
-    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg,
+    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->plan.nranks, e->agree_buf, st, -1, msg,
                                             n ? n->items : e->items, 1, context);
     if (ag != IGRAD_OK) {
         igrad_engine_free(n);
@@ -301,8 +298,8 @@ static igrad_status_t replan(igrad_engine_t *e, igrad_profile_t *profile, igrad_
 static igrad_status_t build_profile(const igrad_engine_t *e, igrad_profile_t **out)
 {
     const igrad__online_t *on = e->online;
-    size_t T = e->ntensors, W = on->cap, words = window_words(on, T);
-    size_t P = (size_t)e->nranks;
+    size_t T = e->plan.ntensors, W = on->cap, words = window_words(on, T);
+    size_t P = (size_t)e->plan.nranks;
     for (size_t r = 0; r < P; r++) {
         const uint64_t *w = on->recv + r * words;
         if (w[0] != IGRAD_OK)
@@ -319,7 +316,7 @@ static igrad_status_t build_profile(const igrad_engine_t *e, igrad_profile_t **o
     igrad_profile_t *p = NULL;
     igrad_status_t st = IGRAD_OK;
     IGRAD_CHECK_GOTO(igrad_trace_create(on->layout, &tr));
-    IGRAD_CHECK_GOTO(igrad_trace_set_sparsifier(tr, e->sp, e->cfg.density));
+    IGRAD_CHECK_GOTO(igrad_trace_set_sparsifier(tr, e->plan.sp, e->plan.cfg.density));
     for (size_t s = 0; s < on->nrec; s++) {
         int64_t step;
         memcpy(&step, on->recv + 2 + s, 8);
@@ -332,12 +329,12 @@ static igrad_status_t build_profile(const igrad_engine_t *e, igrad_profile_t **o
                 memcpy(&v, on->recv + r * words + 2 + W + s * T + t, 8);
                 sum += v;
             }
-            if (cnt > 0 && e->t[t].comp >= 0)
+            if (cnt > 0 && e->plan.t[t].comp >= 0)
                 IGRAD_CHECK_GOTO(igrad_trace_record(tr, step, t, sum, cnt));
         }
     }
     igrad_profile_options_t opts = IGRAD_PROFILE_OPTIONS_INIT;
-    opts.alpha = e->cfg.profile_alpha;
+    opts.alpha = e->plan.cfg.profile_alpha;
     opts.method = on->partition;
     IGRAD_CHECK_GOTO(igrad_profile_build(tr, &opts, &p));
     *out = p;
@@ -353,7 +350,7 @@ cleanup:
 static igrad_status_t exchange_window(igrad_engine_t *e, int64_t step, const char *what)
 {
     igrad__online_t *on = e->online;
-    size_t T = e->ntensors, W = on->cap, words = window_words(on, T);
+    size_t T = e->plan.ntensors, W = on->cap, words = window_words(on, T);
     uint64_t *w = on->send;
     memset(w, 0, words * 8);
     w[0] = IGRAD_OK;
@@ -362,7 +359,7 @@ static igrad_status_t exchange_window(igrad_engine_t *e, int64_t step, const cha
     memcpy(w + 2 + W, on->sumsq, on->nrec * T * 8);
     memcpy(w + 2 + W + W * T, on->count, on->nrec * T * 8);
     double saved = igrad_comm_timeout(e->comm);
-    igrad_comm_set_timeout(e->comm, e->cfg.timeout_s);
+    igrad_comm_set_timeout(e->comm, e->plan.cfg.timeout_s);
     igrad_status_t st = igrad_comm_allgather(e->comm, on->send, words * 8, on->recv);
     igrad_comm_set_timeout(e->comm, saved);
     if (st == IGRAD_OK) return IGRAD_OK;
@@ -392,13 +389,6 @@ static igrad_status_t switch_plan(igrad_engine_t *e, int64_t step)
     return IGRAD_OK;
 }
 
-/* Whether profile entry i is under the gate (the others are planned as
- * important whatever their class). */
-static int entry_gated(const igrad_engine_t *e, const igrad_profile_entry_t *en)
-{
-    return !igrad__kind_is_outer(en->kind) || e->cfg.gate_other;
-}
-
 /* The hysteresis step of a re-profile over the gated entries of the new
  * profile p against the current profile's classes: tau is p's (or, with
  * target_ratio, the threshold igrad_target_fit chooses on p's scores).
@@ -415,9 +405,9 @@ static igrad_status_t classify(const igrad_engine_t *e, const igrad_profile_t *p
                   "re-profile: the new profile has %zu components, the current one %zu", n,
                   cur ? igrad_profile_count(cur) : 0);
     *tau = igrad_profile_threshold(p);
-    if (e->cfg.target_ratio > 0.0) {
+    if (e->plan.cfg.target_ratio > 0.0) {
         igrad_target_fit_t fit;
-        IGRAD_CHECK(igrad_target_fit(on->layout, p, &e->cfg, e->cfg.target_ratio,
+        IGRAD_CHECK(igrad_target_fit(on->layout, p, &e->plan.cfg, e->plan.cfg.target_ratio,
                                      IGRAD_TARGET_MIN_KEEP, &fit));
         *tau = fit.tau;
     }
@@ -439,13 +429,12 @@ static igrad_status_t classify(const igrad_engine_t *e, const igrad_profile_t *p
                         i, a.layer, igrad_kind_name(a.kind), b.layer, igrad_kind_name(b.kind));
         important[i] = (unsigned char)b.important;
         pending[i] = 0;
-        if (!entry_gated(e, &a)) continue;
         score[m] = a.score;
         was[m] = (unsigned char)b.important;
         pend[m] = on->pending[i];
         idx[m++] = i;
     }
-    *flips = igrad__hysteresis_update(m, score, *tau, e->cfg.reprofile_margin, was, pend, now);
+    *flips = igrad__hysteresis_update(m, score, *tau, e->plan.cfg.reprofile_margin, was, pend, now);
     for (size_t k = 0; k < m; k++) {
         important[idx[k]] = now[k];
         pending[idx[k]] = pend[k];
@@ -486,7 +475,7 @@ static igrad_status_t reprofile(igrad_engine_t *e, int64_t step)
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
     char context[64];
     snprintf(context, sizeof context, "step %lld: re-profile", (long long)step);
-    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg,
+    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->plan.nranks, e->agree_buf, st, -1, msg,
                                             n ? n->items : e->items, 1, context);
     if (ag == IGRAD_OK) {
         memcpy(on->pending, pend, on->npend);
@@ -515,7 +504,7 @@ igrad_status_t igrad__online_before_step(igrad_engine_t *e, int64_t step)
 {
     igrad__online_t *on = e->online;
     if (on->active && on->nrec >= (size_t)on->W) return switch_plan(e, step);
-    int64_t R = e->cfg.release_period, ph = ((step % R) + R) % R;
+    int64_t R = e->plan.cfg.release_period, ph = ((step % R) + R) % R;
     if (on->reprof && on->nrec >= (size_t)on->Wr && ph == 0) return reprofile(e, step);
     return IGRAD_OK;
 }
@@ -529,13 +518,14 @@ igrad_status_t igrad_engine_set_profile(igrad_engine_t *e, const igrad_profile_t
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_set_profile"));
     igrad_status_t st = IGRAD_OK;
     igrad_profile_t *copy = NULL;
-    if (!e->deferral)
+    if (!e->plan.deferral)
         st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
                          "igrad_engine_set_profile: method %s uses no profile (iad, ig)",
-                         igrad_method_name(e->cfg.method));
+                         igrad_method_name(e->plan.cfg.method));
     else if (e->state != IGRAD__ENGINE_IDLE)
-        st = igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
-                         "igrad_engine_set_profile: step %lld is open", (long long)e->cur_step);
+        st =
+            igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
+                        "igrad_engine_set_profile: step %lld is open", (long long)e->step.cur_step);
     else if (!profile)
         st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
                          "igrad_engine_set_profile: profile is NULL");

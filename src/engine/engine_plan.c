@@ -38,9 +38,9 @@ igrad_status_t igrad_engine_create_plan(const igrad_layout_t *layout,
                   (long long)config->start_iter);
     igrad_engine_t *e = calloc(1, sizeof *e);
     IGRAD_FAIL_IF(!e, IGRAD_E_NOMEM, "igrad_engine_create_plan: out of memory");
-    e->plan_only = 1;
-    e->rank = 0;
-    e->nranks = nranks;
+    e->plan.plan_only = 1;
+    e->plan.rank = 0;
+    e->plan.nranks = nranks;
     igrad_status_t st = igrad__engine_build(e, layout, profile, config, NULL);
     if (st != IGRAD_OK) {
         igrad_engine_free(e);
@@ -68,21 +68,37 @@ igrad_status_t igrad_engine_plan_step(igrad_engine_t *e, int64_t step,
     IGRAD_FAIL_IF(!e || !stats || !nbuckets || (capacity > 0 && !buckets), IGRAD_E_INVALID,
                   "igrad_engine_plan_step: NULL argument");
     if (e->hier) return igrad__hier_plan_step(e, step, stats, buckets, capacity, nbuckets);
-    IGRAD_FAIL_IF(!e->plan_only, IGRAD_E_STATE,
+    IGRAD_FAIL_IF(!e->plan.plan_only, IGRAD_E_STATE,
                   "igrad_engine_plan_step: the engine is not plan-only (make it with "
                   "igrad_engine_create_plan; a running engine plans in its steps)");
     IGRAD_CHECK(igrad__engine_plan_only_step(e, step));
     *stats = e->stats;
-    *nbuckets = e->nbk;
-    for (size_t j = 0; j < e->nbk && j < capacity; j++) {
-        const igrad__engine_bucket_t *bk = &e->bk[j];
+    *nbuckets = e->step.nbk;
+    for (size_t j = 0; j < e->step.nbk && j < capacity; j++) {
+        const igrad__step_bucket_t *bk = &e->step.bk[j];
         igrad_planned_bucket_t *b = &buckets[j];
         b->kind = bk->kind;
         b->index = bk->index;
         b->payload_nbytes = bk->route->payload(bk);
-        b->wire_nbytes = bk->route->wire_nbytes(bk, (double)e->nranks);
+        b->wire_nbytes = bk->route->wire_nbytes(bk, (double)e->plan.nranks);
         b->dense_count = (int64_t)bk->dense_count;
         b->local_rank = 0;
     }
+    return IGRAD_OK;
+}
+
+igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step)
+{
+    igrad__engine_step_reset(e, step);
+    igrad__plan_gate(&e->plan, &e->step, step);
+    e->step.step_sar = e->plan.auto_sar; /* a plan-only engine models igrad_engine_sync */
+    igrad_status_t st =
+        igrad__engine_plan_step(e, 1);
+    e->step.step_sar = 0;
+    IGRAD_CHECK(st);
+    /* the step's statistics as a run has them: nothing was selected (norms
+     * 0), no online window records (profile_steps is 0), no trace is set */
+    IGRAD_CHECK(igrad__engine_finish_step(e));
+    e->stats.total_ms = 0.0;
     return IGRAD_OK;
 }

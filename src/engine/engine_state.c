@@ -35,14 +35,16 @@
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 6u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
+#define STATE_VERSION 7u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
                             online profiling, remedies), the velocity section and
                             the online profiling section; 4: 38 items
                             (reprofile_every, reprofile_margin) and the
                             re-profiling section after the online profile; 5: 41
                             items (topology, ranks_per_node, dense_below); 6: 44
                             items (link_latency_ns, link_bandwidth_mbps,
-                            auto_sparse_reduce) */
+                            auto_sparse_reduce); 7: 40 items (risk_lambda,
+                            gate_other, momentum_masking, residual_decay
+                            removed, the later items renumbered) */
 /* online section modes */
 #define ONLINE_NONE 0u      /* no online state (or the create-time profile) */
 #define ONLINE_WINDOW 1u    /* recording: the window's records follow */
@@ -111,7 +113,7 @@ static igrad_status_t put_dp_floats(writer_t *w, const igrad_engine_t *e, const 
     const size_t per = CHUNK_NBYTES / sizeof(float);
     for (size_t i = 0; i < n && !w->err; i += per) {
         size_t k = n - i < per ? n - i : per;
-        IGRAD_CHECK(e->dp->copy_out(e, buf, src + i, k * sizeof(float)));
+        IGRAD_CHECK(e->mem.dp->copy_out(IGRAD__PARTS(e), buf, src + i, k * sizeof(float)));
         put_floats(w, buf, k);
     }
     return IGRAD_OK;
@@ -123,7 +125,7 @@ static igrad_status_t put_dp_floats(writer_t *w, const igrad_engine_t *e, const 
 static void put_reprofile(writer_t *w, const igrad_engine_t *e)
 {
     const igrad__online_t *on = e->online;
-    size_t T = e->ntensors, Wr = (size_t)on->Wr;
+    size_t T = e->plan.ntensors, Wr = (size_t)on->Wr;
     put_u64(w, (uint64_t)on->fixed);
     put_u64(w, (uint64_t)on->reprofiles);
     put_u64(w, (uint64_t)on->reprofile_replans);
@@ -150,17 +152,17 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
     IGRAD_CHECK(igrad__engine_usable(engine, "igrad_engine_save_state"));
     IGRAD_FAIL_IF(engine->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_save_state: step %lld is open (call igrad_engine_end first)",
-                  (long long)engine->cur_step);
+                  (long long)engine->step.cur_step);
     const igrad_engine_t *e = engine;
     uint64_t items[IGRAD__NITEMS];
     memcpy(items, e->items, sizeof items);
     items[IGRAD__ITEM_STEP] = (uint64_t)e->last_step;
     items[IGRAD__ITEM_CALLS] = (uint64_t)e->calls;
-    items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->hist);
+    items[IGRAD__ITEM_HISTORY] = igrad__pack_history_hash(IGRAD__HASH_SEED, &e->plan.hist);
     items[IGRAD__ITEM_ONLINE] = (uint64_t)igrad__online_item(e);
 
     float *chunk = NULL; /* the residuals' and velocities' way out */
-    if (e->residual_count || e->velocity_count) {
+    if (e->mem.residual_count || e->mem.velocity_count) {
         chunk = malloc(CHUNK_NBYTES);
         IGRAD_FAIL_IF(!chunk, IGRAD_E_NOMEM, "%s: out of memory", path);
     }
@@ -173,28 +175,29 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
     writer_t w = {af.fp, IGRAD__HASH_SEED, 0};
     char magic[8] = STATE_MAGIC;
     put(&w, magic, 8);
-    put_u32_pair(&w, STATE_VERSION, (uint32_t)e->rank);
-    put_u32_pair(&w, (uint32_t)e->nranks, (uint32_t)IGRAD__NITEMS);
+    put_u32_pair(&w, STATE_VERSION, (uint32_t)e->plan.rank);
+    put_u32_pair(&w, (uint32_t)e->plan.nranks, (uint32_t)IGRAD__NITEMS);
     put(&w, items, sizeof items);
     put_u64(&w, (uint64_t)e->last_step);
     put_u64(&w, (uint64_t)e->calls);
-    put_u64(&w, (uint64_t)e->ntensors);
-    put_u64(&w, (uint64_t)e->residual_count);
-    st = put_dp_floats(&w, e, e->residual_mem, (size_t)e->residual_count, chunk);
-    put_u64(&w, (uint64_t)e->velocity_count);
-    if (st == IGRAD_OK) st = put_dp_floats(&w, e, e->velocity_mem, (size_t)e->velocity_count, chunk);
+    put_u64(&w, (uint64_t)e->plan.ntensors);
+    put_u64(&w, (uint64_t)e->mem.residual_count);
+    st = put_dp_floats(&w, e, e->mem.residual_mem, (size_t)e->mem.residual_count, chunk);
+    put_u64(&w, (uint64_t)e->mem.velocity_count);
+    if (st == IGRAD_OK)
+        st = put_dp_floats(&w, e, e->mem.velocity_mem, (size_t)e->mem.velocity_count, chunk);
     free(chunk);
     if (st != IGRAD_OK) {
         igrad__atomic_abort(&af);
         return st;
     }
-    size_t hc = e->hist.count;
+    size_t hc = e->plan.hist.count;
     put_u64(&w, (uint64_t)hc);
     if (hc) {
-        put(&w, e->hist.key, hc * sizeof *e->hist.key);
-        put(&w, e->hist.n, hc * sizeof *e->hist.n);
-        put(&w, e->hist.mean, hc * sizeof *e->hist.mean);
-        put(&w, e->hist.m2, hc * sizeof *e->hist.m2);
+        put(&w, e->plan.hist.key, hc * sizeof *e->plan.hist.key);
+        put(&w, e->plan.hist.n, hc * sizeof *e->plan.hist.n);
+        put(&w, e->plan.hist.mean, hc * sizeof *e->plan.hist.mean);
+        put(&w, e->plan.hist.m2, hc * sizeof *e->plan.hist.m2);
     }
     /* online profiling: the window being recorded, or the profile the plan
      * was built from (the items alone could not rebuild it) */
@@ -205,7 +208,7 @@ igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char 
                                   : ONLINE_NONE;
     put_u64(&w, mode);
     if (mode == ONLINE_WINDOW) {
-        size_t WT = (size_t)on->W * e->ntensors;
+        size_t WT = (size_t)on->W * e->plan.ntensors;
         put_u64(&w, (uint64_t)on->nrec);
         put(&w, on->steps, (size_t)on->W * 8);
         put(&w, on->sumsq, WT * 8);
@@ -255,21 +258,21 @@ static uint64_t residual_section_nbytes(uint64_t count)
 /* Everything but the online section. */
 static uint64_t base_nbytes(const igrad_engine_t *e)
 {
-    return HEADER_NBYTES + residual_section_nbytes((uint64_t)e->residual_count) + 8 +
-           residual_section_nbytes((uint64_t)e->velocity_count) + 8 +
-           32 * (uint64_t)e->hist.count + 8;
+    return HEADER_NBYTES + residual_section_nbytes((uint64_t)e->mem.residual_count) + 8 +
+           residual_section_nbytes((uint64_t)e->mem.velocity_count) + 8 +
+           32 * (uint64_t)e->plan.hist.count + 8;
 }
 
 static uint64_t window_nbytes(const igrad_engine_t *e)
 {
     uint64_t W = e->online ? (uint64_t)e->online->W : 0;
-    return 8 + 8 * W + 16 * W * (uint64_t)e->ntensors;
+    return 8 + 8 * W + 16 * W * (uint64_t)e->plan.ntensors;
 }
 
 /* The re-profiling section, from the engine's config (0 when off). */
 static uint64_t reprofile_nbytes(const igrad_engine_t *e)
 {
-    uint64_t Wr = (uint64_t)e->cfg.reprofile_every, T = e->ntensors;
+    uint64_t Wr = (uint64_t)e->plan.cfg.reprofile_every, T = e->plan.ntensors;
     if (!e->online || Wr == 0) return 0;
     uint64_t npend = igrad_layout_component_count(e->online->layout);
     return 40 + 8 * Wr + 16 * Wr * T + 24 * T + ((npend + 7) & ~(uint64_t)7);
@@ -375,16 +378,14 @@ static igrad_status_t parse_header(const igrad_engine_t *e, cursor_t *c, state_v
                            "%s: %s differs: the state file has %s, this engine %s", c->name,
                            igrad__items[i].name, a, b);
     }
-    IGRAD_FAIL_IF(v->size != (uint32_t)e->nranks || v->rank != (uint32_t)e->rank,
-                  IGRAD_E_MISMATCH, "%s: state of rank %u of %u, loaded on rank %d of %d",
-                  c->name, v->rank, v->size, e->rank, e->nranks);
-    IGRAD_FAIL_IF(v->ntensors != e->ntensors ||
-                      v->residual_count != (uint64_t)e->residual_count,
-                  IGRAD_E_FORMAT,
-                  "%s: %llu tensors with %llu residual entries, the engine has %zu with %lld",
-                  c->name, (unsigned long long)v->ntensors,
-                  (unsigned long long)v->residual_count, e->ntensors,
-                  (long long)e->residual_count);
+    IGRAD_FAIL_IF(v->size != (uint32_t)e->plan.nranks || v->rank != (uint32_t)e->plan.rank,
+                  IGRAD_E_MISMATCH, "%s: state of rank %u of %u, loaded on rank %d of %d", c->name,
+                  v->rank, v->size, e->plan.rank, e->plan.nranks);
+    IGRAD_FAIL_IF(
+        v->ntensors != e->plan.ntensors || v->residual_count != (uint64_t)e->mem.residual_count,
+        IGRAD_E_FORMAT, "%s: %llu tensors with %llu residual entries, the engine has %zu with %lld",
+        c->name, (unsigned long long)v->ntensors, (unsigned long long)v->residual_count,
+        e->plan.ntensors, (long long)e->mem.residual_count);
     return IGRAD_OK;
 }
 
@@ -416,9 +417,9 @@ static igrad_status_t check_duplicates(const cursor_t *c, const state_view_t *v)
 static igrad_status_t parse_history(const igrad_engine_t *e, cursor_t *c, state_view_t *v)
 {
     IGRAD_CHECK(take_u64(c, &v->hist_count, "the history count"));
-    IGRAD_FAIL_IF(v->hist_count != e->hist.count, IGRAD_E_MISMATCH,
+    IGRAD_FAIL_IF(v->hist_count != e->plan.hist.count, IGRAD_E_MISMATCH,
                   "%s: risk history of %llu blocks, this engine has %zu", c->name,
-                  (unsigned long long)v->hist_count, e->hist.count);
+                  (unsigned long long)v->hist_count, e->plan.hist.count);
     size_t hc = (size_t)v->hist_count;
     IGRAD_CHECK(need(c, 32 * (uint64_t)hc, "the history"));
     v->hist.count = hc;
@@ -430,7 +431,7 @@ static igrad_status_t parse_history(const igrad_engine_t *e, cursor_t *c, state_
         IGRAD_FAIL_IF(!v->hist.key || !v->hist.n || !v->hist.mean || !v->hist.m2,
                       IGRAD_E_NOMEM, "%s: out of memory for the risk history", c->name);
         IGRAD_CHECK(take(c, v->hist.key, hc * 8, "the history keys"));
-        IGRAD_FAIL_IF(memcmp(v->hist.key, e->hist.key, hc * 8) != 0, IGRAD_E_MISMATCH,
+        IGRAD_FAIL_IF(memcmp(v->hist.key, e->plan.hist.key, hc * 8) != 0, IGRAD_E_MISMATCH,
                       "%s: the risk history has other blocks than this engine", c->name);
         IGRAD_CHECK(take(c, v->hist.n, hc * 8, "the history"));
         IGRAD_CHECK(take(c, v->hist.mean, hc * 8, "the history"));
@@ -464,9 +465,9 @@ static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char 
     IGRAD_CHECK(need(&c, rbytes + 8, "the velocity count"));
     uint64_t vcount;
     memcpy(&vcount, bytes + c.pos + rbytes, 8);
-    IGRAD_FAIL_IF(vcount != (uint64_t)e->velocity_count, IGRAD_E_FORMAT,
+    IGRAD_FAIL_IF(vcount != (uint64_t)e->mem.velocity_count, IGRAD_E_FORMAT,
                   "%s: %llu velocity entries, the engine has %lld", name,
-                  (unsigned long long)vcount, (long long)e->velocity_count);
+                  (unsigned long long)vcount, (long long)e->mem.velocity_count);
     uint64_t vbytes = residual_section_nbytes(vcount);
     IGRAD_CHECK(need(&c, rbytes + 8 + vbytes, "the velocities"));
     IGRAD_CHECK(need(&c, rbytes + 8 + vbytes + 8, "the history count"));
@@ -530,11 +531,11 @@ static igrad_status_t locate_online(const igrad_engine_t *e, const unsigned char
     ov->nbytes = 8;
     if (nbytes < HEADER_NBYTES) return IGRAD_OK;
     uint64_t rc = rd64(bytes + HEADER_NBYTES - 8);
-    if (rc != (uint64_t)e->residual_count) return IGRAD_OK;
+    if (rc != (uint64_t)e->mem.residual_count) return IGRAD_OK;
     uint64_t off = HEADER_NBYTES + residual_section_nbytes(rc);
     if (off + 8 > nbytes) return IGRAD_OK;
     uint64_t vc = rd64(bytes + off); /* the velocity section */
-    if (vc != (uint64_t)e->velocity_count) return IGRAD_OK;
+    if (vc != (uint64_t)e->mem.velocity_count) return IGRAD_OK;
     off += 8 + residual_section_nbytes(vc);
     if (off + 8 > nbytes) return IGRAD_OK;
     uint64_t hc = rd64(bytes + off);
@@ -543,9 +544,9 @@ static igrad_status_t locate_online(const igrad_engine_t *e, const unsigned char
     if (off + 8 > nbytes) return IGRAD_OK;
     uint64_t mode = rd64(bytes + off);
     if (mode == ONLINE_WINDOW) {
-        int64_t W = e->cfg.profile_steps;
+        int64_t W = e->plan.cfg.profile_steps;
         ov->mode = mode;
-        ov->nbytes = 8 + 8 + 8 * (uint64_t)W + 16 * (uint64_t)W * e->ntensors;
+        ov->nbytes = 8 + 8 + 8 * (uint64_t)W + 16 * (uint64_t)W * e->plan.ntensors;
         if (off + 16 <= nbytes) ov->nrec = rd64(bytes + off + 8);
         ov->win_off = (size_t)off + 16;
         return IGRAD_OK;
@@ -557,8 +558,8 @@ static igrad_status_t locate_online(const igrad_engine_t *e, const unsigned char
         return IGRAD_OK;
     }
     IGRAD_FAIL_IF(!e->online, IGRAD_E_MISMATCH,
-                  "%s: the state file holds a re-planned profile, but method %s uses none",
-                  name, igrad_method_name(e->cfg.method));
+                  "%s: the state file holds a re-planned profile, but method %s uses none", name,
+                  igrad_method_name(e->plan.cfg.method));
     IGRAD_FAIL_IF(off + 32 > nbytes, IGRAD_E_FORMAT,
                   "%s: truncated state file (inside the online profiling section)", name);
     ov->mode = mode;
@@ -596,7 +597,7 @@ static igrad_status_t locate_online(const igrad_engine_t *e, const unsigned char
 static igrad_status_t check_window(const igrad_engine_t *e, const unsigned char *bytes,
                                    const online_view_t *ov, const char *name)
 {
-    int64_t W = e->cfg.profile_steps;
+    int64_t W = e->plan.cfg.profile_steps;
     IGRAD_FAIL_IF(ov->nrec > (uint64_t)W, IGRAD_E_FORMAT,
                   "%s: the online window has %llu records of %lld: corrupt state file", name,
                   (unsigned long long)ov->nrec, (long long)W);
@@ -605,7 +606,7 @@ static igrad_status_t check_window(const igrad_engine_t *e, const unsigned char 
         IGRAD_FAIL_IF((int64_t)rd64(p + 8 * s) <= (int64_t)rd64(p + 8 * (s - 1)), IGRAD_E_FORMAT,
                       "%s: the online window's steps do not increase: corrupt state file",
                       name);
-    size_t T = e->ntensors;
+    size_t T = e->plan.ntensors;
     const unsigned char *sq = p + 8 * (size_t)W, *cnt = sq + 8 * (size_t)W * T;
     for (size_t k = 0; k < (size_t)ov->nrec * T; k++) {
         double v;
@@ -624,7 +625,7 @@ static igrad_status_t check_reprofile(const igrad_engine_t *e, const unsigned ch
                                       const online_view_t *ov, const char *name)
 {
     const unsigned char *p = bytes + ov->rep_off;
-    size_t T = e->ntensors, Wr = (size_t)e->cfg.reprofile_every;
+    size_t T = e->plan.ntensors, Wr = (size_t)e->plan.cfg.reprofile_every;
     size_t npend = igrad_layout_component_count(e->online->layout);
     IGRAD_FAIL_IF(ov->fixed > 1 || (int64_t)rd64(p + 8) < 0 || (int64_t)rd64(p + 16) < 0 ||
                       rd64(p + 16) > rd64(p + 8) || (int64_t)rd64(p + 24) < 0 ||
@@ -669,7 +670,7 @@ static void apply_reprofile(igrad_engine_t *e, const unsigned char *bytes,
 {
     igrad__online_t *on = e->online;
     const unsigned char *p = bytes + ov->rep_off;
-    size_t T = e->ntensors, Wr = (size_t)on->Wr;
+    size_t T = e->plan.ntensors, Wr = (size_t)on->Wr;
     on->fixed = (int)ov->fixed;
     on->reprofiles = (int64_t)rd64(p + 8);
     on->reprofile_replans = (int64_t)rd64(p + 16);
@@ -739,7 +740,7 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
     items[IGRAD__ITEM_CALLS] = st == IGRAD_OK ? (uint64_t)v.calls : 0;
     items[IGRAD__ITEM_HISTORY] = st == IGRAD_OK ? v.items[IGRAD__ITEM_HISTORY] : 0;
     items[IGRAD__ITEM_ONLINE] = ov.mode == ONLINE_WINDOW || ov.rep_off ? ov.nrec : (uint64_t)-1;
-    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg,
+    igrad_status_t ag = igrad__engine_agree(e, e->comm, e->plan.nranks, e->agree_buf, st, -1, msg,
                                             items, 1, "load state");
     if (ag != IGRAD_OK) {
         view_free(&v);
@@ -757,22 +758,24 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
     }
     if (ov.mode == ONLINE_WINDOW) {
         igrad__online_t *on = e->online;
-        size_t W = (size_t)on->W, WT = W * e->ntensors;
+        size_t W = (size_t)on->W, WT = W * e->plan.ntensors;
         const unsigned char *p = bytes + ov.win_off;
         on->nrec = (size_t)ov.nrec;
         memcpy(on->steps, p, W * 8);
         memcpy(on->sumsq, p + W * 8, WT * 8);
         memcpy(on->count, p + W * 8 + WT * 8, WT * 8);
     }
-    if (e->residual_count)
-        e->dp->copy_in(e->residual_mem, bytes + v.residual_off, 4 * (size_t)e->residual_count);
-    if (e->velocity_count)
-        e->dp->copy_in(e->velocity_mem, bytes + v.velocity_off, 4 * (size_t)e->velocity_count);
+    if (e->mem.residual_count)
+        e->mem.dp->copy_in(e->mem.residual_mem, bytes + v.residual_off,
+                           4 * (size_t)e->mem.residual_count);
+    if (e->mem.velocity_count)
+        e->mem.dp->copy_in(e->mem.velocity_mem, bytes + v.velocity_off,
+                           4 * (size_t)e->mem.velocity_count);
     size_t hc = v.hist.count;
     if (hc) {
-        memcpy(e->hist.n, v.hist.n, hc * sizeof *v.hist.n);
-        memcpy(e->hist.mean, v.hist.mean, hc * sizeof *v.hist.mean);
-        memcpy(e->hist.m2, v.hist.m2, hc * sizeof *v.hist.m2);
+        memcpy(e->plan.hist.n, v.hist.n, hc * sizeof *v.hist.n);
+        memcpy(e->plan.hist.mean, v.hist.mean, hc * sizeof *v.hist.mean);
+        memcpy(e->plan.hist.m2, v.hist.m2, hc * sizeof *v.hist.m2);
     }
     e->last_step = v.step;
     e->calls = v.calls;
@@ -833,7 +836,7 @@ igrad_status_t igrad_engine_load_state(igrad_engine_t *engine, const char *path)
                                 "igrad_engine_load_state: path is NULL");
     else if (e->state != IGRAD__ENGINE_IDLE)
         st = igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
-                         "igrad_engine_load_state: step %lld is open", (long long)e->cur_step);
+                         "igrad_engine_load_state: step %lld is open", (long long)e->step.cur_step);
     else st = read_once(e, path, &bytes, &nbytes);
     if (st != IGRAD_OK) {
         /* Still collective: the other ranks wait in the agreement. */
@@ -842,7 +845,7 @@ igrad_status_t igrad_engine_load_state(igrad_engine_t *engine, const char *path)
         uint64_t items[IGRAD__NITEMS];
         memcpy(items, e->items, sizeof items);
         items[IGRAD__ITEM_STEP] = items[IGRAD__ITEM_CALLS] = items[IGRAD__ITEM_HISTORY] = 0;
-        return igrad__engine_agree(e, e->comm, e->nranks, e->agree_buf, st, -1, msg, items, 1,
+        return igrad__engine_agree(e, e->comm, e->plan.nranks, e->agree_buf, st, -1, msg, items, 1,
                                    "load state");
     }
     st = igrad__engine_state_load_bytes(e, bytes, nbytes, path);

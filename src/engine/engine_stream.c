@@ -49,9 +49,11 @@ void igrad__stream_free(igrad_engine_t *e)
     free(s->tnblk);
     free(s->compact);
     free(s->missing);
-    if (e->dp) {
-        e->dp->free(s->scratch);
-        e->dp->free(s->zeros);
+    if (e->mem.dp) {
+        e->mem.dp->free(e->mem.stream_scratch);
+        e->mem.stream_scratch = NULL;
+        e->mem.stream_scratch_count = 0;
+        e->mem.dp->free(s->zeros);
     }
     free(s);
     e->stream = NULL;
@@ -61,7 +63,7 @@ int64_t igrad__stream_nbytes(const igrad_engine_t *e)
 {
     const igrad__stream_t *s = e->stream;
     if (!s) return 0;
-    size_t n = (size_t)e->nthreads * s->scratch_count + s->zeros_count;
+    size_t n = (size_t)e->plan.nthreads * e->mem.stream_scratch_count + s->zeros_count;
     return (int64_t)(n * sizeof(float));
 }
 
@@ -69,7 +71,7 @@ int64_t igrad__stream_nbytes(const igrad_engine_t *e)
 static igrad_status_t stream_create(igrad_engine_t *e)
 {
     if (e->stream) return IGRAD_OK;
-    size_t T = e->ntensors, nb = (size_t)e->nb_max;
+    size_t T = e->plan.ntensors, nb = (size_t)e->plan.nb_max;
     igrad__stream_t *s = calloc(1, sizeof *s);
     IGRAD_FAIL_IF(!s, IGRAD_E_NOMEM, "igrad_engine_open: out of memory");
     e->stream = s;
@@ -83,16 +85,17 @@ static igrad_status_t stream_create(igrad_engine_t *e)
     IGRAD_FAIL_IF(!s->grads || !s->pack_grads || !s->given || !s->tblock0 || !s->tnblk ||
                       !s->compact || !s->missing,
                   IGRAD_E_NOMEM, "igrad_engine_open: out of memory");
-    if (e->sp != IGRAD_SPARSIFIER_NONE) {
+    if (e->plan.sp != IGRAD_SPARSIFIER_NONE) {
         int64_t most = 0;
         for (size_t t = 0; t < T; t++)
-            if (e->t[t].n > most) most = e->t[t].n;
-        s->scratch_count = (size_t)most * (e->velocity_count > 0 ? 2 : 1);
-        s->scratch = e->dp->alloc((size_t)e->nthreads * s->scratch_count * sizeof(float), 0);
-        IGRAD_FAIL_IF(!s->scratch, IGRAD_E_NOMEM,
+            if (e->plan.t[t].n > most) most = e->plan.t[t].n;
+        e->mem.stream_scratch_count = (size_t)most * (e->mem.velocity_count > 0 ? 2 : 1);
+        e->mem.stream_scratch = e->mem.dp->alloc(
+            (size_t)e->plan.nthreads * e->mem.stream_scratch_count * sizeof(float), 0);
+        IGRAD_FAIL_IF(!e->mem.stream_scratch, IGRAD_E_NOMEM,
                       "igrad_engine_open: out of memory for the streamed selection's scratch "
                       "(%d x %zu floats)",
-                      e->nthreads, s->scratch_count);
+                      e->plan.nthreads, e->mem.stream_scratch_count);
     }
     return IGRAD_OK;
 }
@@ -101,20 +104,20 @@ static igrad_status_t stream_create(igrad_engine_t *e)
 static void stream_plan(igrad_engine_t *e)
 {
     igrad__stream_t *s = e->stream;
-    size_t T = e->ntensors;
+    size_t T = e->plan.ntensors;
     memset(s->given, 0, T);
     memset(s->grads, 0, T * sizeof *s->grads);
     memset(s->pack_grads, 0, T * sizeof *s->pack_grads);
     memset(s->tnblk, 0, T * sizeof *s->tnblk);
     s->ngiven = 0;
     s->next = 0;
-    for (int j = 0; j < e->nb_max; j++) s->compact[j] = -1;
-    for (size_t j = 0; j < e->nbk; j++) {
-        s->compact[e->bk[j].index] = (int)j;
-        s->missing[j] = e->bk[j].nblocks;
+    for (int j = 0; j < e->plan.nb_max; j++) s->compact[j] = -1;
+    for (size_t j = 0; j < e->step.nbk; j++) {
+        s->compact[e->step.bk[j].index] = (int)j;
+        s->missing[j] = e->step.bk[j].nblocks;
     }
-    for (size_t i = e->nblk; i-- > 0;) { /* a tensor's blocks are consecutive */
-        uint32_t t = e->binfo[i].tensor;
+    for (size_t i = e->step.nblk; i-- > 0;) { /* a tensor's blocks are consecutive */
+        uint32_t t = e->step.binfo[i].tensor;
         s->tblock0[t] = i;
         s->tnblk[t]++;
     }
@@ -125,23 +128,24 @@ igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
     IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_open: engine is NULL");
     if (e->hier) return igrad__hier_refuse("igrad_engine_open");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_open"));
-    IGRAD_CHECK(igrad__route_check_caller(e, "igrad_engine_open"));
+    IGRAD_CHECK(igrad__route_check_caller(&e->plan.cfg, e->plan.sp == IGRAD_SPARSIFIER_NONE,
+                                          "igrad_engine_open"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_open: step %lld is still open (close or end it first)",
-                  (long long)e->cur_step);
-    IGRAD_FAIL_IF(e->cfg.grad_dtype != IGRAD_DTYPE_F32, IGRAD_E_UNSUPPORTED,
+                  (long long)e->step.cur_step);
+    IGRAD_FAIL_IF(e->plan.cfg.grad_dtype != IGRAD_DTYPE_F32, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_open: config.grad_dtype is %s, but the streamed step reads "
                   "F32 gradients only (use igrad_engine_sync, or F32 gradients)",
-                  igrad_dtype_name(e->cfg.grad_dtype));
-    IGRAD_FAIL_IF(!e->dp->stream_ready || !e->dp->stream_commit, IGRAD_E_UNSUPPORTED,
+                  igrad_dtype_name(e->plan.cfg.grad_dtype));
+    IGRAD_FAIL_IF(!e->mem.dp->stream_ready || !e->mem.dp->stream_commit, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_open: the %s data plane has no streamed step (use "
                   "igrad_engine_begin/end or igrad_engine_sync)",
-                  e->dp->name);
+                  e->mem.dp->name);
     if (igrad__engine_warmup_step(e, step)) {
         IGRAD_CHECK(igrad__engine_warmup_done(e, igrad_engine_open(e->warmup, step)));
         e->state = IGRAD__ENGINE_STREAM;
         e->warm_open = 1;
-        e->cur_step = step;
+        e->step.cur_step = step;
         return IGRAD_OK;
     }
     double t0 = igrad__engine_step_reset(e, step);
@@ -151,7 +155,7 @@ igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
     IGRAD_CHECK(stream_create(e));
     igrad__engine_stats_memory(e, &e->stats);
 
-    igrad__engine_gate_step(e, step);
+    igrad__plan_gate(&e->plan, &e->step, step);
     /* The history learns this step's blocks at close, if the step counts. */
     igrad_status_t st = igrad__engine_plan_step(e, 0);
     if (st != IGRAD_OK) return igrad__engine_break(e, st); /* the others go on */
@@ -166,7 +170,7 @@ igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
 static igrad_status_t check_tensors(igrad_engine_t *e, const size_t *tensors, size_t n)
 {
     igrad__stream_t *s = e->stream;
-    size_t T = e->ntensors;
+    size_t T = e->plan.ntensors;
     igrad_status_t st = IGRAD_OK;
     size_t i = 0;
     for (; i < n; i++) {
@@ -175,14 +179,14 @@ static igrad_status_t check_tensors(igrad_engine_t *e, const size_t *tensors, si
             st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
                              "igrad_engine_ready: step %lld: tensors[%zu] is %zu, but the "
                              "layout has %zu tensors",
-                             (long long)e->cur_step, i, t, T);
+                             (long long)e->step.cur_step, i, t, T);
             break;
         }
         if (s->given[t]) {
             st = igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
                              "igrad_engine_ready: step %lld: tensor %zu (%s) was already given "
                              "at this step",
-                             (long long)e->cur_step, t, e->t[t].name);
+                             (long long)e->step.cur_step, t, e->plan.t[t].name);
             break;
         }
         s->given[t] = 2; /* in this call */
@@ -198,8 +202,8 @@ static igrad_status_t check_open(const igrad_engine_t *e, int64_t step, const ch
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_STREAM, IGRAD_E_STATE,
                   "%s: step %lld: no streamed step is open (call igrad_engine_open first)",
                   fn, (long long)step);
-    IGRAD_FAIL_IF(step != e->cur_step, IGRAD_E_STATE, "%s: step %lld, but step %lld is open",
-                  fn, (long long)step, (long long)e->cur_step);
+    IGRAD_FAIL_IF(step != e->step.cur_step, IGRAD_E_STATE, "%s: step %lld, but step %lld is open",
+                  fn, (long long)step, (long long)e->step.cur_step);
     return IGRAD_OK;
 }
 
@@ -210,13 +214,13 @@ static igrad_status_t zeros_for(igrad_engine_t *e, size_t t, float **out)
     igrad__stream_t *s = e->stream;
     if (!s->zeros) {
         int64_t most = 0;
-        for (size_t k = 0; k < e->ntensors; k++)
-            if (e->t[k].n > most) most = e->t[k].n;
-        s->zeros = e->dp->alloc((size_t)most * sizeof(float), 1);
+        for (size_t k = 0; k < e->plan.ntensors; k++)
+            if (e->plan.t[k].n > most) most = e->plan.t[k].n;
+        s->zeros = e->mem.dp->alloc((size_t)most * sizeof(float), 1);
         IGRAD_FAIL_IF(!s->zeros, IGRAD_E_NOMEM,
                       "igrad_engine_ready: step %lld: out of memory for the zeros packed in "
                       "place of the NULL gradient of %s",
-                      (long long)e->cur_step, e->t[t].name);
+                      (long long)e->step.cur_step, e->plan.t[t].name);
         s->zeros_count = (size_t)most;
     }
     *out = s->zeros;
@@ -243,7 +247,7 @@ igrad_status_t igrad_engine_ready(igrad_engine_t *e, int64_t step, const size_t 
     IGRAD_CHECK(check_tensors(e, tensors, n));
 
     igrad__stream_t *s = e->stream;
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+    int dense = e->plan.sp == IGRAD_SPARSIFIER_NONE;
     for (size_t i = 0; i < n; i++) {
         size_t t = tensors[i];
         s->given[t] = 1;
@@ -256,22 +260,22 @@ igrad_status_t igrad_engine_ready(igrad_engine_t *e, int64_t step, const size_t 
     }
     s->ngiven += n;
     double t0 = igrad__now_ms();
-    e->dp->stream_ready(e, s->grads, tensors, n);
+    e->mem.dp->stream_ready(IGRAD__PARTS(e), s->grads, tensors, n);
     double t1 = igrad__now_ms();
     e->stats.select_ms += t1 - t0;
 
     for (size_t i = 0; i < n; i++) {
         size_t t = tensors[i];
         for (size_t b = s->tblock0[t]; b < s->tblock0[t] + s->tnblk[t]; b++)
-            s->missing[s->compact[e->bucket_of[b]]]--;
+            s->missing[s->compact[e->step.bucket_of[b]]]--;
     }
     size_t first = s->next;
-    while (s->next < e->nbk && s->missing[s->next] == 0) {
+    while (s->next < e->step.nbk && s->missing[s->next] == 0) {
         size_t j = s->next++;
-        e->dp->pack[e->bk[j].route->wire](e, j, s->pack_grads);
+        e->mem.dp->pack[e->step.bk[j].route->wire](IGRAD__PARTS(e), j, s->pack_grads);
     }
     e->stats.pack_ms += igrad__now_ms() - t1;
-    *buckets = e->desc + first;
+    *buckets = e->step.desc + first;
     *nbuckets = s->next - first;
     return IGRAD_OK;
 }
@@ -282,9 +286,9 @@ igrad_status_t igrad_engine_ready(igrad_engine_t *e, int64_t step, const size_t 
 static igrad_status_t local_failure(igrad_engine_t *e, int64_t *bad)
 {
     float *const *grads = e->stream->grads;
-    IGRAD_CHECK(igrad__engine_null_grads(e, e->cur_step, grads, bad));
+    IGRAD_CHECK(igrad__engine_null_grads(e, e->step.cur_step, grads, bad));
     /* a failed selection too (tstatus), as the fused check reports it */
-    return igrad__engine_nonfinite(e, e->cur_step, grads, bad);
+    return igrad__engine_nonfinite(e, e->step.cur_step, grads, bad);
 }
 
 igrad_status_t igrad_engine_close(igrad_engine_t *e, int64_t step)
@@ -302,14 +306,14 @@ igrad_status_t igrad_engine_close(igrad_engine_t *e, int64_t step)
         return igrad__engine_warmup_done(e, st);
     }
     igrad__stream_t *s = e->stream;
-    if (s->ngiven < e->ntensors) {
+    if (s->ngiven < e->plan.ntensors) {
         size_t t = 0;
         while (s->given[t]) t++;
         return igrad__fail(IGRAD_E_STATE, __FILE__, __LINE__,
                            "igrad_engine_close: step %lld: %zu of %zu tensors were not given "
                            "to igrad_engine_ready (the first is %s); the step stays open",
-                           (long long)step, e->ntensors - s->ngiven, e->ntensors,
-                           e->t[t].name);
+                           (long long)step, e->plan.ntensors - s->ngiven, e->plan.ntensors,
+                           e->plan.t[t].name);
     }
 
     double t0 = igrad__now_ms();
@@ -327,16 +331,18 @@ igrad_status_t igrad_engine_close(igrad_engine_t *e, int64_t step)
 
     /* From here on the step counts on every rank. */
     e->state = IGRAD__ENGINE_IDLE; /* a failure below breaks the engine */
-    if (e->hist.count) {
-        st = igrad__pack_history_update(&e->hist, e->blocks, e->nblk);
+    if (e->plan.hist.count) {
+        st = igrad__pack_history_update(&e->plan.hist, e->step.blocks, e->step.nblk);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);
     }
-    if (e->sp != IGRAD_SPARSIFIER_NONE) e->dp->stream_commit(e, s->grads);
-    else e->dp->zero(e, s->grads);
+    if (e->plan.sp != IGRAD_SPARSIFIER_NONE)
+        e->mem.dp->stream_commit(IGRAD__PARTS(e), s->grads);
+    else
+        e->mem.dp->zero(IGRAD__PARTS(e), s->grads);
     double t2 = igrad__now_ms();
     e->stats.select_ms += t2 - t1;
-    for (size_t j = 0; j < e->nbk; j++) {
-        st = e->dp->unpack[e->bk[j].route->wire](e, j, s->grads);
+    for (size_t j = 0; j < e->step.nbk; j++) {
+        st = e->mem.dp->unpack[e->step.bk[j].route->wire](IGRAD__PARTS(e), j, s->grads);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);
     }
     e->stats.unpack_ms = igrad__now_ms() - t2;

@@ -19,12 +19,11 @@ typedef struct igrad__stream {
     unsigned char *given;    /* (ntensors) given to ready at this step */
     size_t ngiven;
     size_t *tblock0, *tnblk; /* (ntensors) the tensor's blocks this step:
-                                e->binfo[tblock0 .. + tnblk) */
-    int *compact;            /* (nb_max) planned bucket -> index in e->bk, -1 empty */
-    size_t *missing;         /* (nb_max) per e->bk: blocks whose tensor is not given */
-    size_t next;             /* next bucket of e->bk to hand out (issue order) */
-    float *scratch;          /* data plane memory: nthreads x scratch_count floats */
-    size_t scratch_count;    /* per thread: the largest tensor (twice with momentum) */
+                                e->step.binfo[tblock0 .. + tnblk) */
+    int *compact;            /* (nb_max) planned bucket -> index in e->step.bk, -1 empty */
+    size_t *missing;         /* (nb_max) per e->step.bk: blocks whose tensor is not given */
+    size_t next;             /* next bucket of e->step.bk to hand out (issue order) */
+    /* the selection scratch: e->mem.stream_scratch (dp.h) */
     float *zeros;            /* method dense, a NULL gradient: zeros to pack (lazy) */
     size_t zeros_count;
 } igrad__stream_t;

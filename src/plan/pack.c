@@ -8,38 +8,13 @@
  * buffers and collectives (engine.c, comm*.c).
  */
 #include "plan/pack.h"
+#include "core/names.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------------ */
-/* Names                                                                    */
-/* ------------------------------------------------------------------------ */
-
-static const char *const policy_names[] = {"direct", "sequential", "greedy", "risk",
-                                           "contiguous"};
-#define NPOLICIES ((int)(sizeof policy_names / sizeof policy_names[0]))
-
-const char *igrad_pack_policy_name(igrad_pack_policy_t policy)
-{
-    if ((int)policy < 0 || (int)policy >= NPOLICIES) return "unknown";
-    return policy_names[policy];
-}
-
-igrad_status_t igrad_pack_policy_from_name(const char *name, igrad_pack_policy_t *policy)
-{
-    IGRAD_FAIL_IF(!name || !policy, IGRAD_E_INVALID, "packing policy name: NULL argument");
-    for (int p = 0; p < NPOLICIES; p++) {
-        if (igrad__name_equal(name, policy_names[p])) {
-            *policy = (igrad_pack_policy_t)p;
-            return IGRAD_OK;
-        }
-    }
-    return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
-                       "unknown packing policy \"%s\" (expected direct, sequential, "
-                       "greedy, risk or contiguous)", name);
-}
+#define NPOLICIES igrad__pack_names.count
 
 /* ------------------------------------------------------------------------ */
 /* Blocks                                                                   */
@@ -333,10 +308,6 @@ igrad_status_t igrad__pack_plan(const igrad__pack_config_t *cfg,
                   "pack: unknown policy %d", (int)cfg->policy);
     IGRAD_FAIL_IF(nblocks > 0 && (!blocks || !bucket), IGRAD_E_INVALID,
                   "pack: NULL block or bucket array");
-    IGRAD_FAIL_IF(cfg->policy == IGRAD_PACK_RISK &&
-                      !(cfg->risk_lambda >= 0.0 && isfinite(cfg->risk_lambda)),
-                  IGRAD_E_INVALID, "pack: risk lambda %g is not a finite value >= 0",
-                  cfg->risk_lambda);
     IGRAD_FAIL_IF(cfg->policy == IGRAD_PACK_DIRECT &&
                       (!cfg->map || cfg->map->nbuckets != nb),
                   IGRAD_E_INVALID, "pack: direct policy needs a map built for %d buckets",
@@ -388,7 +359,8 @@ igrad_status_t igrad__pack_plan(const igrad__pack_config_t *cfg,
         fill_recs(s.rec, blocks, nblocks);
         for (size_t i = 0; i < nblocks; i++)
             s.rec[i].cost = igrad__pack_history_cost(cfg->history, blocks[i].key,
-                                                     blocks[i].nbytes, cfg->risk_lambda);
+                                                     blocks[i].nbytes,
+                                                     IGRAD__PACK_RISK_LAMBDA);
         plan_lpt(nblocks, nb, &s, bucket);
         break;
     case IGRAD_PACK_CONTIGUOUS:
@@ -444,7 +416,7 @@ igrad_status_t igrad__pack_map_build(const igrad__pack_block_t *full, size_t nfu
     IGRAD_FAIL_GOTO(!bucket || !rec || !map->key || !map->bucket, IGRAD_E_NOMEM,
                     "pack map: out of memory for %zu blocks", nfull);
 
-    igrad__pack_config_t cfg = {IGRAD_PACK_SEQUENTIAL, nbuckets, 0.0, NULL, NULL};
+    igrad__pack_config_t cfg = {IGRAD_PACK_SEQUENTIAL, nbuckets, NULL, NULL};
     IGRAD_CHECK_GOTO(igrad__pack_plan(&cfg, full, nfull, NULL, 0, bucket, NULL));
 
     /* store by key: sort (key, position) records */

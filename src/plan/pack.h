@@ -132,6 +132,10 @@ int64_t igrad__pack_history_find(const igrad__pack_history_t *hist, uint64_t key
  * does not happen). */
 igrad_status_t igrad__pack_history_update(igrad__pack_history_t *hist,
                                           const igrad__pack_block_t *blocks, size_t nblocks);
+/* The risk policy's weight of the spread: a block costs mean + 1.0 * std
+ * of its observed sizes (the one value the policy was measured with). */
+#define IGRAD__PACK_RISK_LAMBDA 1.0
+
 /* The risk cost of a block: mean + lambda * std (population std,
  * sqrt(m2 / n)) of its history, or `nbytes` when the key has no
  * observation (or hist is NULL). */
@@ -144,7 +148,6 @@ uint64_t igrad__pack_history_hash(uint64_t h, const igrad__pack_history_t *hist)
 typedef struct igrad__pack_config {
     igrad_pack_policy_t policy;
     int nbuckets;                         /* B, 1..IGRAD__PACK_MAX_BUCKETS */
-    double risk_lambda;                   /* risk: >= 0 (IGRAD_DEFAULT_RISK_LAMBDA) */
     const igrad__pack_history_t *history; /* risk: NULL = no history (= greedy) */
     const igrad__pack_map_t *map;         /* direct: required, built for nbuckets */
 } igrad__pack_config_t;
@@ -180,7 +183,7 @@ size_t igrad__pack_scratch_nbytes(size_t max_blocks, int nbuckets);
  * 8-byte aligned; NULL makes the call allocate (not for per-step use).
  * O(n log n) (contiguous: O(n log total_bytes)); no allocation with scratch.
  * @return IGRAD_E_INVALID (bad policy or nbuckets, negative nbytes, total
- * too large, small scratch, direct without a map for nbuckets, bad lambda)
+ * too large, small scratch, direct without a map for nbuckets)
  * or IGRAD_E_NOMEM (only with scratch NULL). */
 igrad_status_t igrad__pack_plan(const igrad__pack_config_t *cfg,
                                 const igrad__pack_block_t *blocks, size_t nblocks,

@@ -10,7 +10,6 @@
 #include "plan/route.h"
 
 #include "comm/comm_internal.h"
-#include "dp/dp.h"
 #include "comm/sparse_allreduce.h"
 
 #include <stddef.h>
@@ -46,18 +45,18 @@ static void gather_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_
 }
 
 /* [values of every block][32-bit indices][16-bit indices] (formats.md §8) */
-static void gather_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *send_off,
-                          size_t *recv_off)
+static void gather_layout(igrad__step_t *s, int nranks, int value_nbytes, igrad__step_bucket_t *bk,
+                          size_t *send_off, size_t *recv_off)
 {
     size_t v = 0;
     for (size_t q = 0; q < bk->nblocks; q++) {
-        igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        igrad__step_block_t *bi = &s->binfo[s->order[bk->first + q]];
         bi->val_off = v;
-        v += (size_t)bi->count * (size_t)e->value_nbytes;
+        v += (size_t)bi->count * (size_t)value_nbytes;
     }
     for (int width = 4; width >= 2; width -= 2)
         for (size_t q = 0; q < bk->nblocks; q++) {
-            igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            igrad__step_block_t *bi = &s->binfo[s->order[bk->first + q]];
             if (bi->idx_nbytes != width) continue;
             bi->idx_off = v;
             v += (size_t)bi->count * (size_t)width;
@@ -66,34 +65,35 @@ static void gather_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t 
     bk->send_nbytes = v;
     *send_off = align8(*send_off + v);
     bk->recv_off = *recv_off;
-    bk->recv_nbytes = (size_t)e->nranks * v;
+    bk->recv_nbytes = (size_t)nranks * v;
     *recv_off = align8(*recv_off + bk->recv_nbytes);
 }
 
-static void gather_describe(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+static void gather_describe(unsigned char *send_arena, const igrad__step_bucket_t *bk,
                             igrad_bucket_t *d)
 {
-    d->send = e->send_arena + bk->send_off;
+    d->send = send_arena + bk->send_off;
     d->send_nbytes = bk->send_nbytes;
     d->dtype = IGRAD_DTYPE_U8;
     d->count = bk->send_nbytes;
 }
 
-static int64_t gather_payload(const igrad__engine_bucket_t *bk)
+static int64_t gather_payload(const igrad__step_bucket_t *bk)
 {
     return (int64_t)bk->send_nbytes;
 }
 
-static double gather_wire(const igrad__engine_bucket_t *bk, double P)
+static double gather_wire(const igrad__step_bucket_t *bk, double P)
 {
     return (P - 1.0) * (double)bk->send_nbytes;
 }
 
-static igrad_status_t gather_issue(igrad_engine_t *e, size_t j, igrad_comm_request_t **req)
+static igrad_status_t gather_issue(const igrad__route_io_t *io, igrad__step_t *s, size_t j,
+                                   igrad_comm_request_t **req)
 {
-    const igrad_bucket_t *d = &e->desc[j];
-    return igrad__comm_iallgather(e->comm, d->send, d->send_nbytes, d->recv, e->dp->space,
-                                  e->dp_stream, req);
+    const igrad_bucket_t *d = &s->desc[j];
+    return igrad__comm_iallgather(io->comm, d->send, d->send_nbytes, d->recv, io->space, io->stream,
+                                  req);
 }
 
 /* ---- reduce: one in-place SUM all-reduce of dense segments -------------- */
@@ -118,41 +118,44 @@ static void reduce_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_
     *recv = forced ? (size_t)dmax * sizeof(float) + slack : 0;
 }
 
-static void reduce_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *send_off,
-                          size_t *recv_off)
+static void reduce_layout(igrad__step_t *s, int nranks, int value_nbytes, igrad__step_bucket_t *bk,
+                          size_t *send_off, size_t *recv_off)
 {
-    (void)e;
+    (void)s;
+    (void)nranks;
+    (void)value_nbytes;
     (void)send_off;
     bk->recv_off = *recv_off;
     bk->recv_nbytes = bk->dense_count * sizeof(float);
     *recv_off = align8(*recv_off + bk->recv_nbytes);
 }
 
-static void reduce_describe(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+static void reduce_describe(unsigned char *send_arena, const igrad__step_bucket_t *bk,
                             igrad_bucket_t *d)
 {
-    (void)e;
+    (void)send_arena;
     d->send = d->recv;
     d->send_nbytes = bk->recv_nbytes;
     d->dtype = IGRAD_DTYPE_F32;
     d->count = bk->dense_count;
 }
 
-static int64_t reduce_payload(const igrad__engine_bucket_t *bk)
+static int64_t reduce_payload(const igrad__step_bucket_t *bk)
 {
     return (int64_t)bk->recv_nbytes;
 }
 
-static double reduce_wire(const igrad__engine_bucket_t *bk, double P)
+static double reduce_wire(const igrad__step_bucket_t *bk, double P)
 {
     return 2.0 * (P - 1.0) / P * (double)bk->recv_nbytes;
 }
 
-static igrad_status_t reduce_issue(igrad_engine_t *e, size_t j, igrad_comm_request_t **req)
+static igrad_status_t reduce_issue(const igrad__route_io_t *io, igrad__step_t *s, size_t j,
+                                   igrad_comm_request_t **req)
 {
-    const igrad_bucket_t *d = &e->desc[j];
-    return igrad__comm_iallreduce(e->comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
-                                  IGRAD_REDUCE_SUM, e->dp->space, e->dp_stream, req);
+    const igrad_bucket_t *d = &s->desc[j];
+    return igrad__comm_iallreduce(io->comm, d->recv, d->recv, d->count, IGRAD_DTYPE_F32,
+                                  IGRAD_REDUCE_SUM, io->space, io->stream, req);
 }
 
 /* ---- sparse all-reduce: split, reduce and re-sparsify, all-gather ------- */
@@ -173,7 +176,7 @@ static igrad__cost_t sar_cost(const igrad__route_bucket_t *b, const igrad__route
 /* The send arena holds its entries, 8 bytes each: at most twice the gather
  * bytes (>= 4 bytes per entry), forced or under auto (where the table's
  * maximum takes it). Nothing in the recv arena: the result and the
- * remainder stay in the bucket slot's workspace (e->sar) until unpack. */
+ * remainder stay in the bucket slot's workspace (step->sar) until unpack. */
 static void sar_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
                       size_t *send, size_t *recv)
 {
@@ -184,10 +187,12 @@ static void sar_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t s
     *recv = 0;
 }
 
-static void sar_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *send_off,
-                       size_t *recv_off)
+static void sar_layout(igrad__step_t *s, int nranks, int value_nbytes, igrad__step_bucket_t *bk,
+                       size_t *send_off, size_t *recv_off)
 {
-    (void)e;
+    (void)s;
+    (void)nranks;
+    (void)value_nbytes;
     bk->send_off = *send_off;
     bk->send_nbytes = (size_t)bk->entries * sizeof(igrad__sar_entry_t);
     *send_off = align8(*send_off + bk->send_nbytes);
@@ -201,7 +206,7 @@ static void sar_layout(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *se
  * blocks received). A bucket that did not run (a plan-only engine) gets
  * the balanced model of the same counts: the entries outside a rank's own
  * range are k(P-1)/P when the indices are spread evenly. */
-static double sar_wire(const igrad__engine_bucket_t *bk, double P)
+static double sar_wire(const igrad__step_bucket_t *bk, double P)
 {
     if (bk->wire_counted >= 0.0) return bk->wire_counted;
     if (P <= 1.0) return 0.0;
@@ -211,17 +216,18 @@ static double sar_wire(const igrad__engine_bucket_t *bk, double P)
 }
 
 /* Blocking: the module runs its exchanges here and the request is done. */
-static igrad_status_t sar_issue(igrad_engine_t *e, size_t j, igrad_comm_request_t **req)
+static igrad_status_t sar_issue(const igrad__route_io_t *io, igrad__step_t *s, size_t j,
+                                igrad_comm_request_t **req)
 {
-    igrad__engine_bucket_t *bk = &e->bk[j];
-    igrad__sar_t *w = &e->sar[j];
+    igrad__step_bucket_t *bk = &s->bk[j];
+    igrad__sar_t *w = &s->sar[j];
     const igrad__sar_entry_t *in =
-        (const igrad__sar_entry_t *)(const void *)(e->send_arena + bk->send_off);
-    IGRAD_CHECK(igrad__sar_allreduce_on(w, e->dp->sar, e->dp_stream, e->comm,
+        (const igrad__sar_entry_t *)(const void *)(io->send_arena + bk->send_off);
+    IGRAD_CHECK(igrad__sar_allreduce_on(w, io->sar_ops, io->stream, io->comm,
                                         (uint64_t)bk->dense_count, (size_t)bk->entries, in));
     bk->wire_counted =
         (double)(w->bytes.split_sent + w->bytes.status_recv + w->bytes.gather_recv);
-    return igrad__comm_request_done(e->comm, "sparse all-reduce", req);
+    return igrad__comm_request_done(io->comm, "sparse all-reduce", req);
 }
 
 /* ---- the table ------------------------------------------------------------ */
@@ -294,55 +300,55 @@ void igrad__route_arenas(igrad_collective_t collective, int dense, int sar, int6
     }
 }
 
-igrad_status_t igrad__route_check_engine(const igrad_engine_t *e)
+igrad_status_t igrad__route_check_engine(const igrad_config_t *c, int dense,
+                                         const igrad__route_dp_t *dp, const igrad_comm_t *comm)
 {
-    const igrad__route_t *f = forced_route(e->cfg.collective, e->sp == IGRAD_SPARSIFIER_NONE);
+    const igrad__route_t *f = forced_route(c->collective, dense);
     if (!f) return IGRAD_OK;
-    IGRAD_FAIL_IF(!e->dp->pack[f->wire] || !e->dp->unpack[f->wire] ||
-                      (f->wire == IGRAD__WIRE_SAR && !e->dp->sar),
+    IGRAD_FAIL_IF(!dp->wire[f->wire] || (f->wire == IGRAD__WIRE_SAR && !dp->sar),
                   IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.collective %s, but the '%s' data plane has no "
                   "%s route (use another collective, or the CPU data plane)",
-                  igrad_collective_name(e->cfg.collective), e->dp->name, f->name);
+                  igrad_collective_name(c->collective), dp->name, f->name);
     if (f->wire != IGRAD__WIRE_SAR) return IGRAD_OK;
-    IGRAD_FAIL_IF(!e->comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
+    IGRAD_FAIL_IF(!comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.collective sparse_reduce needs a communicator "
                   "with a variable all-to-all (self, MPI, NCCL, self_cuda, custom with "
                   "ops->alltoallv); '%s' has none",
-                  e->comm->backend);
-    IGRAD_FAIL_IF(!(e->comm->spaces & IGRAD__MEM_BIT(e->dp->space)), IGRAD_E_UNSUPPORTED,
+                  comm->backend);
+    IGRAD_FAIL_IF(!(comm->spaces & IGRAD__MEM_BIT(dp->space)), IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.collective sparse_reduce runs on the '%s' data "
                   "plane's %s memory, which communicator '%s' does not take",
-                  e->dp->name, igrad__mem_space_name(e->dp->space), e->comm->backend);
-    IGRAD_FAIL_IF(e->cfg.grad_dtype != IGRAD_DTYPE_F32, IGRAD_E_UNSUPPORTED,
+                  dp->name, igrad__mem_space_name(dp->space), comm->backend);
+    IGRAD_FAIL_IF(c->grad_dtype != IGRAD_DTYPE_F32, IGRAD_E_UNSUPPORTED,
                   "igrad_engine_create: config.collective sparse_reduce takes F32 gradients "
                   "only (config.grad_dtype is %s)",
-                  igrad_dtype_name(e->cfg.grad_dtype));
+                  igrad_dtype_name(c->grad_dtype));
     return IGRAD_OK;
 }
 
-igrad_status_t igrad__route_check_caller(const igrad_engine_t *e, const char *what)
+igrad_status_t igrad__route_check_caller(const igrad_config_t *c, int dense, const char *what)
 {
-    const igrad__route_t *f = forced_route(e->cfg.collective, e->sp == IGRAD_SPARSIFIER_NONE);
+    const igrad__route_t *f = forced_route(c->collective, dense);
     IGRAD_FAIL_IF(f && !f->caller_runs, IGRAD_E_UNSUPPORTED,
                   "%s: collective %s needs igrad_engine_sync (the %s is the engine's own "
                   "exchanges, which a caller's collective cannot run)",
-                  what, igrad_collective_name(e->cfg.collective), f->name);
+                  what, igrad_collective_name(c->collective), f->name);
     return IGRAD_OK;
 }
 
-int igrad__route_auto_sar(const igrad_engine_t *e)
+int igrad__route_auto_sar(const igrad_config_t *c, int dense, int plan_only,
+                          const igrad__route_dp_t *dp, const igrad_comm_t *comm)
 {
-    const igrad_config_t *c = &e->cfg;
     if (!c->auto_sparse_reduce || c->collective != IGRAD_COLLECTIVE_AUTO) return 0;
-    if (e->sp == IGRAD_SPARSIFIER_NONE || c->grad_dtype != IGRAD_DTYPE_F32) return 0;
-    if (e->plan_only) return 1; /* the CPU data plane over MPI, as igrad plan models */
-    return e->dp->pack[IGRAD__WIRE_SAR] && e->dp->unpack[IGRAD__WIRE_SAR] && e->dp->sar &&
-           e->comm && e->comm->vt->alltoallv && (e->comm->spaces & IGRAD__MEM_BIT(e->dp->space));
+    if (dense || c->grad_dtype != IGRAD_DTYPE_F32) return 0;
+    if (plan_only) return 1; /* the CPU data plane over MPI, as igrad plan models */
+    return dp->wire[IGRAD__WIRE_SAR] && dp->sar && comm && comm->vt->alltoallv &&
+           (comm->spaces & IGRAD__MEM_BIT(dp->space));
 }
 
-igrad__route_link_t igrad__route_link_of(const igrad_engine_t *e)
+igrad__route_link_t igrad__route_link_of(const igrad_config_t *c, int sar)
 {
-    igrad__route_link_t l = {e->cfg.link_latency_ns, e->cfg.link_bandwidth_mbps, e->step_sar};
+    igrad__route_link_t l = {c->link_latency_ns, c->link_bandwidth_mbps, sar};
     return l;
 }

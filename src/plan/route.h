@@ -17,7 +17,9 @@
 #ifndef IGRAD_ROUTE_H
 #define IGRAD_ROUTE_H
 
-#include "engine/engine_internal.h"
+#include "plan/step.h"
+
+struct igrad__sar_ops; /* comm/sparse_allreduce.h */
 
 /* How a bucket's bytes are laid out; the data plane has a pack and an
  * unpack for each. */
@@ -36,6 +38,30 @@ typedef enum igrad__wire {
 typedef struct igrad__route_bucket {
     int64_t P, s, d, k;
 } igrad__route_bucket_t;
+
+/* What a route needs to know of the data plane (dp.h) and the comm that
+ * run it: plain values, filled by the engine. */
+typedef struct igrad__route_dp {
+    const char *name;                  /* the data plane's, for messages */
+    igrad__mem_space_t space;          /* its memory */
+    unsigned char wire[IGRAD__NWIRES]; /* it packs and unpacks this wire */
+    int sar;                           /* it has the sparse all-reduce's data steps */
+} igrad__route_dp_t;
+
+/* Where a route's collective runs: the comm, the data plane's memory
+ * space, queue and sparse all-reduce steps, the send arena. */
+typedef struct igrad__route_io {
+    igrad_comm_t *comm;
+    igrad__mem_space_t space;
+    void *stream;
+    const struct igrad__sar_ops *sar_ops;
+    unsigned char *send_arena;
+} igrad__route_io_t;
+
+/* Bounds of config.link_latency_ns and link_bandwidth_mbps (validated), so
+ * that auto's integer costs (route.c) cannot overflow. */
+#define IGRAD__LINK_MAX_LATENCY_NS 1000000000LL
+#define IGRAD__LINK_MAX_BANDWIDTH_MBPS 1000000000LL
 
 /* The link: config.link_latency_ns (α) and link_bandwidth_mbps (B, so β =
  * 8000/B ns per byte); `sar`: the sparse all-reduce is priced too. */
@@ -72,25 +98,27 @@ typedef struct igrad__route {
      * `forced`, else next to the others under auto. */
     void (*arena)(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack, size_t *send,
                   size_t *recv);
-    /* Lays bucket bk out at the running arena offsets (its blocks'
-     * dense_off are set): block offsets, send/recv bytes; advances them. */
-    void (*layout)(igrad_engine_t *e, igrad__engine_bucket_t *bk, size_t *send_off,
-                   size_t *recv_off);
-    /* The caller's view of the bucket (igrad_engine_begin). */
-    void (*describe)(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
+    /* Lays bucket bk of step s out at the running arena offsets (its
+     * blocks' dense_off are set): block offsets, send/recv bytes for
+     * `nranks` ranks and `value_nbytes` per sparse value; advances them. */
+    void (*layout)(igrad__step_t *s, int nranks, int value_nbytes, igrad__step_bucket_t *bk,
+                   size_t *send_off, size_t *recv_off);
+    /* The caller's view of the bucket (igrad_engine_begin); d->recv is set. */
+    void (*describe)(unsigned char *send_arena, const igrad__step_bucket_t *bk,
                      igrad_bucket_t *d);
     /* Statistics: offsetof the igrad_step_stats_t counter of its buckets
      * (an int), the bytes this rank contributes (payload) and the
      * modelled wire bytes. */
     size_t stats_count;
-    int64_t (*payload)(const igrad__engine_bucket_t *bk);
-    double (*wire_nbytes)(const igrad__engine_bucket_t *bk, double P);
-    /* Issues the collective of the step's bucket j (e->bk[j], described in
-     * e->desc[j]) on e->comm, its buffers in the data plane's memory space,
-     * on e->dp_stream (NULL: the comm's default); completing it is
-     * igrad_comm_wait / igrad_comm_test on the request for every route (a
-     * blocking route returns a request that is already done). */
-    igrad_status_t (*issue)(igrad_engine_t *e, size_t j, igrad_comm_request_t **req);
+    int64_t (*payload)(const igrad__step_bucket_t *bk);
+    double (*wire_nbytes)(const igrad__step_bucket_t *bk, double P);
+    /* Issues the collective of step s's bucket j (s->bk[j], described in
+     * s->desc[j]) on io->comm, its buffers in io->space, on io->stream
+     * (NULL: the comm's default); completing it is igrad_comm_wait /
+     * igrad_comm_test on the request for every route (a blocking route
+     * returns a request that is already done). */
+    igrad_status_t (*issue)(const igrad__route_io_t *io, igrad__step_t *s, size_t j,
+                            igrad_comm_request_t **req);
 } igrad__route_t;
 
 /* The route of a bucket kind; NULL for a kind the table does not know. */
@@ -105,25 +133,28 @@ const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int den
                                           const igrad__route_bucket_t *b,
                                           const igrad__route_link_t *l);
 
-/* Whether auto may take the sparse all-reduce in engine e (at create,
- * after igrad__route_check_engine): config.auto_sparse_reduce, collective
- * auto, a sparse method, F32 gradients and, unless plan-only, the data
- * plane's SAR wire and a comm with alltoallv. A plan-only engine answers
- * for the CPU data plane over MPI (what igrad plan models). */
-int igrad__route_auto_sar(const igrad_engine_t *e);
+/* Whether auto may take the sparse all-reduce in an engine of config c
+ * (at create, after igrad__route_check_engine): config.auto_sparse_reduce,
+ * collective auto, a sparse method (`dense` 0), F32 gradients and, unless
+ * plan-only, the data plane's SAR wire and a comm with alltoallv. A
+ * plan-only engine answers for the CPU data plane over MPI (what igrad
+ * plan models). */
+int igrad__route_auto_sar(const igrad_config_t *c, int dense, int plan_only,
+                          const igrad__route_dp_t *dp, const igrad_comm_t *comm);
 
-/* The link of engine e's config (l->sar from e->step_sar). */
-igrad__route_link_t igrad__route_link_of(const igrad_engine_t *e);
+/* The link of config c (l->sar: `sar`, the step's step_sar). */
+igrad__route_link_t igrad__route_link_of(const igrad_config_t *c, int sar);
 
 /* What an engine needs for the route its config forces (at create,
  * before the agreement, so that every rank fails alike): the data plane's
  * pack and unpack of its wire and, for the sparse all-reduce, a comm with
  * alltoallv and F32 gradients. IGRAD_E_UNSUPPORTED naming what is missing. */
-igrad_status_t igrad__route_check_engine(const igrad_engine_t *e);
+igrad_status_t igrad__route_check_engine(const igrad_config_t *c, int dense,
+                                         const igrad__route_dp_t *dp, const igrad_comm_t *comm);
 
 /* IGRAD_E_UNSUPPORTED from `what` (igrad_engine_begin, igrad_engine_open)
  * when the config forces a route that a caller cannot run. */
-igrad_status_t igrad__route_check_caller(const igrad_engine_t *e, const char *what);
+igrad_status_t igrad__route_check_caller(const igrad_config_t *c, int dense, const char *what);
 
 /* Arena bytes for the largest step: the routes a config can choose (under
  * auto the opt-in ones only with `sar`), the largest room of each arena

@@ -12,30 +12,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-const char *igrad_schedule_name(igrad_schedule_t schedule)
-{
-    switch (schedule) {
-    case IGRAD_SCHEDULE_ALIGNED: return "aligned";
-    case IGRAD_SCHEDULE_STAGGERED: return "staggered";
-    }
-    return "unknown";
-}
-
-igrad_status_t igrad_schedule_from_name(const char *name, igrad_schedule_t *schedule)
-{
-    IGRAD_FAIL_IF(!name || !schedule, IGRAD_E_INVALID, "schedule name: NULL argument");
-    if (igrad__name_equal(name, "aligned")) {
-        *schedule = IGRAD_SCHEDULE_ALIGNED;
-        return IGRAD_OK;
-    }
-    if (igrad__name_equal(name, "staggered")) {
-        *schedule = IGRAD_SCHEDULE_STAGGERED;
-        return IGRAD_OK;
-    }
-    return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
-                       "unknown schedule \"%s\" (expected aligned or staggered)", name);
-}
-
 igrad_status_t igrad__schedule_check(int period, double keep)
 {
     IGRAD_FAIL_IF(period < 1 || period > IGRAD__SCHEDULE_MAX_PERIOD, IGRAD_E_INVALID,

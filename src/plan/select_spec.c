@@ -11,31 +11,6 @@
 #include <math.h>
 #include <string.h>
 
-const char *igrad_sparsifier_name(igrad_sparsifier_t sp)
-{
-    switch (sp) {
-    case IGRAD_SPARSIFIER_NONE: return "none";
-    case IGRAD_SPARSIFIER_TOPK: return "topk";
-    case IGRAD_SPARSIFIER_ADTOPK: return "adtopk";
-    }
-    return "unknown";
-}
-
-igrad_status_t igrad_sparsifier_from_name(const char *name, igrad_sparsifier_t *sp)
-{
-    IGRAD_FAIL_IF(!name || !sp, IGRAD_E_INVALID, "igrad_sparsifier_from_name: NULL argument");
-    static const igrad_sparsifier_t all[] = {IGRAD_SPARSIFIER_NONE, IGRAD_SPARSIFIER_TOPK,
-                                             IGRAD_SPARSIFIER_ADTOPK};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (igrad__name_equal(name, igrad_sparsifier_name(all[i]))) {
-            *sp = all[i];
-            return IGRAD_OK;
-        }
-    }
-    return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
-                       "unknown sparsifier '%s' (none, topk, adtopk)", name);
-}
-
 /* ceil(x) clamped to [1, n]; x may be NaN or huge. The product is taken in
  * double exactly as written (no epsilon), so any other implementation that
  * evaluates ceil(density * n) in double agrees with it. */

@@ -74,7 +74,6 @@ typedef struct fit_ctx {
 /* Whether component ci is under the gate, and its score. */
 static int gated(const fit_ctx_t *x, const igrad_component_info_t *ci, double *score)
 {
-    if (igrad__kind_is_outer(ci->kind) && !x->cfg->gate_other) return 0;
     size_t n = igrad_profile_count(x->profile);
     for (size_t i = 0; i < n; i++) {
         igrad_profile_entry_t e;

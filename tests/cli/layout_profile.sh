@@ -81,7 +81,7 @@ for l in 0 1; do
 done >"$tmp/names.txt"
 "$igrad" profile --trace "$tmp/trace.csv" --target-ratio 0.5 --layout "$tmp/names.txt" \
   --out "$tmp/t.json" >"$tmp/t.txt"
-check "--target-ratio prints the choice" grep -q "^target ratio 0.5 (R 4, gate_other on): .* kappa" "$tmp/t.txt"
+check "--target-ratio prints the choice" grep -q "^target ratio 0.5 (R 4): .* kappa" "$tmp/t.txt"
 check "--target-ratio JSON: threshold, set and kappa of the fit" python3 - "$tmp/t.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

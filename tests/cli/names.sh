@@ -92,7 +92,7 @@ check "... not the model of the trace, naming the hashes" \
 "$igrad" profile --trace "$tmp/mapped.csv" --target-ratio 0.5 --layout "$tmp/runt/checkpoint" \
   --map "$tmp/train.map" >"$tmp/pmap.txt"
 check "profile --map: the layout is the trace's and the target is fitted" \
-  grep -q "^target ratio 0.5 (R 4, gate_other on): " "$tmp/pmap.txt"
+  grep -q "^target ratio 0.5 (R 4): " "$tmp/pmap.txt"
 check "profile --map with a bad file fails naming it" \
   bash -c "test $rc3 -ne 0 && grep -q 'bad.map:1' '$tmp/perr3.txt'"
 check "profile --map without --layout is a usage error" test "$rc2" -eq 2

@@ -3,7 +3,7 @@
 # missing data, an unreadable file (as root: run as nobody via setpriv),
 # an empty corpus, a sequence longer than the data, a checkpoint whose
 # config.json does not match its tensors, a truncated model.safetensors,
-# iad without a profile, --gate-other with a bad value, --target-ratio with
+# iad without a profile, the removed --gate-other, --target-ratio with
 # dense, --trace with dense, a batch that 2 MPI ranks
 # cannot split, missing data on 2 MPI ranks. Each must exit non-zero with a
 # message naming the problem, and leave no checkpoint and no temporary
@@ -103,8 +103,8 @@ expect_error truncated "truncated" "$tmp/o6" -- \
 expect_error iad_no_profile "needs --profile" "$tmp/o7" -- \
   "$IGRAD" train --method iad --data "$tmp/corpus" --out "$tmp/o7" "${common[@]}"
 
-expect_error gate_other_bad "--gate-other is 'maybe' (on or off)" "$tmp/o7g" -- \
-  "$IGRAD" train --gate-other maybe --data "$tmp/corpus" --out "$tmp/o7g" "${common[@]}"
+expect_error gate_other_removed "--gate-other" "$tmp/o7g" -- \
+  "$IGRAD" train --gate-other off --data "$tmp/corpus" --out "$tmp/o7g" "${common[@]}"
 expect_error target_ratio_dense "--target-ratio needs --method ig (not dense)" "$tmp/o7t" -- \
   "$IGRAD" train --target-ratio 0.25 --data "$tmp/corpus" --out "$tmp/o7t" "${common[@]}"
 

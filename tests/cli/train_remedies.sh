@@ -3,8 +3,9 @@
 # through the CLI: --beta1 auto resolves to 0.9 for dense and 0 for sparse
 # methods (summary.json says so, with beta1_source), given values are kept,
 # the remedy options reach summary.json, bad values and remedies with
-# method dense are refused by name, and a 2-rank run with momentum,
-# residual decay and a dense warm-up stopped and resumed (velocities in the
+# method dense are refused by name, removed options (--residual-decay,
+# --momentum-masking) are unknown, and a 2-rank run with momentum and a
+# dense warm-up stopped and resumed (velocities in the
 # engine state) ends with the same parameters as an uninterrupted one.
 # --ef-on: grad (the default) is bit for bit the run without the flag,
 # update keeps beta1 auto at 0 (sparse), summary.json records it, and a bad
@@ -49,9 +50,9 @@ run() { local name=$1; shift; "$IGRAD" train "${common[@]}" --steps 3 "$@" --out
 run dense --method dense
 summary_is dense 'c["beta1"] == 0.9 and c["beta1_source"] == "auto" and y["momentum"] == 0'
 run sparse --method adtopk_sync
-summary_is sparse 'c["beta1"] == 0 and c["beta1_source"] == "auto" and y["residual_decay"] == 1 and y["start_iter"] == 0'
-run given --method topk_sync --beta1 0.5 --momentum 0.9 --momentum-masking off --residual-decay 0.8 --start-iter 1
-summary_is given 'c["beta1"] == 0.5 and c["beta1_source"] == "given" and y["momentum"] == 0.9 and y["momentum_masking"] == "off" and y["residual_decay"] == 0.8 and y["start_iter"] == 1'
+summary_is sparse 'c["beta1"] == 0 and c["beta1_source"] == "auto" and y["momentum"] == 0 and y["start_iter"] == 0'
+run given --method topk_sync --beta1 0.5 --momentum 0.9 --start-iter 1
+summary_is given 'c["beta1"] == 0.5 and c["beta1_source"] == "given" and y["momentum"] == 0.9 and y["start_iter"] == 1 and "residual_decay" not in y and "momentum_masking" not in y'
 echo "ok: auto and given values in summary.json"
 
 # --ef-on grad = no flag, bit for bit (parameters and the per-step losses).
@@ -92,15 +93,15 @@ expect_error() {
 }
 expect_error dense_momentum "--momentum" --method dense --momentum 0.9
 expect_error momentum_range "config.momentum" --method adtopk_sync --momentum 1
-expect_error decay_range "config.residual_decay" --method adtopk_sync --residual-decay 0
-expect_error masking_word "--momentum-masking" --method adtopk_sync --momentum-masking maybe
+expect_error decay_removed "--residual-decay" --method adtopk_sync --residual-decay 0.9
+expect_error masking_removed "--momentum-masking" --method adtopk_sync --momentum-masking off
 expect_error ef_word "--ef-on" --method adtopk_sync --ef-on params
 
 # Stopped and resumed = uninterrupted, on 2 ranks.
 if command -v mpirun >/dev/null; then
   mpi=(mpirun --oversubscribe --bind-to none -np 2)
   [ "$(id -u)" -ne 0 ] || mpi+=(--allow-run-as-root)
-  rem=(--method adtopk_sync --momentum 0.9 --residual-decay 0.9 --start-iter 2 --steps 6)
+  rem=(--method adtopk_sync --momentum 0.9 --start-iter 2 --steps 6)
   "${mpi[@]}" "$IGRAD" train "${common[@]}" "${rem[@]}" --out "$tmp/whole" >"$tmp/whole.log" 2>&1 \
     || fail "whole: $(tail -n 3 "$tmp/whole.log")"
   "${mpi[@]}" "$IGRAD" train "${common[@]}" "${rem[@]}" --stop-at 3 --out "$tmp/split" >"$tmp/split.log" 2>&1 \

@@ -95,8 +95,8 @@ FILES["frontier"] = {
     "png": ["frontier.png"],
 }
 # Rows each results table must hold in smoke mode (one seed).
-ROWS = {("rq2_partition_ablation", "results.csv"): 9,    # 2 references + 6 partitions + gate off
-        ("rq3_release_frequency", "results.csv"): 15,    # adtopk_sync + 4 remedies + 5 R x 2
+ROWS = {("rq2_partition_ablation", "results.csv"): 8,    # 2 references + 6 partitions
+        ("rq3_release_frequency", "results.csv"): 14,    # adtopk_sync + 3 remedies + 5 R x 2
         ("rq4_packing_ablation", "results.csv"): 6,      # iad + 5 policies
         ("rq5_adtopk_e2e", "results.csv"): 5,            # 5 methods
         ("rq5_adtopk_e2e", "task.csv"): 5,               # 5 methods on the task

@@ -19,7 +19,7 @@
 #define SIMD
 #endif
 
-/* The CPU backend's per-engine state (e->dp_state, dp_cpu_mem.c): the
+/* The CPU backend's per-engine state (mem->dp_state, dp_cpu_mem.c): the
  * row bounds of the few-per-row selection path (select_internal.h), kept
  * from the check, where selection pass 1 runs, to select_into, where pass
  * 2 uses them. Offsets per tensor, room for its largest row-wise spec. */
@@ -33,54 +33,53 @@ typedef struct igrad__dp_cpu_state {
     float **alias;  /* (ntensors) */
 } igrad__dp_cpu_state_t;
 
-/* e->dp_state, made on first use; NULL when out of memory. */
-igrad__dp_cpu_state_t *igrad__dp_cpu_state(igrad_engine_t *e);
-void igrad__dp_cpu_release(igrad_engine_t *e);
+/* mem->dp_state, made on first use; NULL when out of memory. */
+igrad__dp_cpu_state_t *igrad__dp_cpu_state(IGRAD__DP_ARGS);
+void igrad__dp_cpu_release(IGRAD__DP_ARGS);
 
 /* Tensor t's gradient as F32: grads[t] itself, or with 16-bit gradients
  * its upcast into thread tid's copy (cs from igrad__dp_cpu_state). */
-float *igrad__dp_cpu_grad(const igrad_engine_t *e, const igrad__dp_cpu_state_t *cs,
-                          float *const *grads, size_t t, int tid);
+float *igrad__dp_cpu_grad(IGRAD__DP_CARGS, const igrad__dp_cpu_state_t *cs, float *const *grads,
+                          size_t t, int tid);
 /* Zeroes tensor t's gradient in its own dtype. */
-void igrad__dp_cpu_zero_grad(const igrad_engine_t *e, float *const *grads, size_t t);
+void igrad__dp_cpu_zero_grad(IGRAD__DP_CARGS, float *const *grads, size_t t);
 
 /* Does tensor t's selection start in the check (its pass 1 fused with the
  * finiteness check) and finish in select_into? Sent tensors of a sparse
  * method without momentum (whose selection reads m*u + g, which is formed
  * only after the ranks agreed). */
-int igrad__dp_cpu_fused(const igrad_engine_t *e, size_t t);
+int igrad__dp_cpu_fused(IGRAD__DP_CARGS, size_t t);
 
 /* dp_cpu_check.c */
-void igrad__dp_cpu_check(igrad_engine_t *e, float *const *grads);
+void igrad__dp_cpu_check(IGRAD__DP_ARGS, float *const *grads);
 /* The check's sum of a^2 in double, a = (m*u + g) + e (u given), g + e,
  * or g (e NULL, the dense method); the streamed step sums the same way. */
 double igrad__dp_cpu_sumsq(const float *g, const float *u, const float *e, float m, int64_t n);
-int64_t igrad__dp_cpu_first_bad(const igrad_engine_t *e, float *const *grads, size_t t,
-                                float *g, float *u, float *r);
+int64_t igrad__dp_cpu_first_bad(IGRAD__DP_CARGS, float *const *grads, size_t t, float *g, float *u,
+                                float *r);
 /* dp_cpu_select.c */
-void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero);
+void igrad__dp_cpu_select_into(IGRAD__DP_ARGS, float *const *grads, int zero);
 /* A tensor not sent: accumulated or dropped, g zeroed with `zero`
  * (dp_cpu_select.c; the streamed step's commit too). */
-void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *g, int zero);
+void igrad__dp_cpu_accumulate(IGRAD__DP_ARGS, size_t t, float *g, int zero);
 /* dp_cpu_pack.c */
-void igrad__dp_cpu_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
-void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads);
-void igrad__dp_cpu_pack_sar(igrad_engine_t *e, size_t j, float *const *grads);
+void igrad__dp_cpu_pack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads);
+void igrad__dp_cpu_pack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads);
+void igrad__dp_cpu_pack_sar(IGRAD__DP_ARGS, size_t j, float *const *grads);
 /* dp_cpu_unpack.c */
-igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
-igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads);
-igrad_status_t igrad__dp_cpu_unpack_sar(igrad_engine_t *e, size_t j, float *const *grads);
-igrad_status_t igrad__dp_cpu_unpack16(igrad_engine_t *e, float *const *grads);
+igrad_status_t igrad__dp_cpu_unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads);
+igrad_status_t igrad__dp_cpu_unpack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads);
+igrad_status_t igrad__dp_cpu_unpack_sar(IGRAD__DP_ARGS, size_t j, float *const *grads);
+igrad_status_t igrad__dp_cpu_unpack16(IGRAD__DP_ARGS, float *const *grads);
 /* dp_cpu_stream.c */
-void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const size_t *tensors,
+void igrad__dp_cpu_stream_ready(IGRAD__DP_ARGS, float *const *grads, const size_t *tensors,
                                 size_t n);
-void igrad__dp_cpu_stream_commit(igrad_engine_t *e, float *const *grads);
+void igrad__dp_cpu_stream_commit(IGRAD__DP_ARGS, float *const *grads);
 /* dp_cpu_mem.c */
 void *igrad__dp_cpu_alloc(size_t nbytes, int zeroed);
 void igrad__dp_cpu_free(void *p);
 void igrad__dp_cpu_copy_in(void *dst, const void *src, size_t nbytes);
-igrad_status_t igrad__dp_cpu_copy_out(const igrad_engine_t *e, void *dst, const void *src,
-                                      size_t nbytes);
-void igrad__dp_cpu_zero(igrad_engine_t *e, float *const *grads);
+igrad_status_t igrad__dp_cpu_copy_out(IGRAD__DP_CARGS, void *dst, const void *src, size_t nbytes);
+void igrad__dp_cpu_zero(IGRAD__DP_ARGS, float *const *grads);
 
 #endif /* IGRAD_DP_CPU_H */

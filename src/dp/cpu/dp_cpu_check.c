@@ -69,42 +69,41 @@ static int64_t first_nonfinite(const float *g, const float *u, float m, const fl
     return -1;
 }
 
-int igrad__dp_cpu_fused(const igrad_engine_t *e, size_t t)
+int igrad__dp_cpu_fused(IGRAD__DP_CARGS, size_t t)
 {
-    return e->sp != IGRAD_SPARSIFIER_NONE && e->sent[t] && !e->t[t].velocity;
+    return plan->sp != IGRAD_SPARSIFIER_NONE && step->sent[t] && !mem->velocity[t];
 }
 
 /* Selection pass 1 of sent tensor t, which is also its check: tnorm[t] =
  * sum of a^2, or NaN when some a is not finite (first_bad then says
  * where); other failures in tstatus[t]. */
-static void find_sent(igrad_engine_t *e, const igrad__dp_cpu_state_t *cs, const float *g,
-                      uint32_t t, igrad_select_ws_t *ws)
+static void find_sent(IGRAD__DP_ARGS, const igrad__dp_cpu_state_t *cs, const float *g, uint32_t t,
+                      igrad_select_ws_t *ws)
 {
-    const igrad__engine_tensor_t *tp = &e->t[t];
-    int par = igrad__step_parity(e, e->cur_step);
-    igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
-                             .value = e->stage_val + e->stage_off[t]};
+    const igrad__plan_tensor_t *tp = &plan->t[t];
+    int par = igrad__plan_parity(plan, step->cur_step);
+    igrad_selection_t sel = {.index = step->stage_idx + step->stage_off[t],
+                             .value = step->stage_val + step->stage_off[t]};
     double a2 = 0.0;
-    igrad_status_t st = igrad__select_find(g, tp->residual, &tp->spec[e->rel[t]][par],
-                                           tp->name, ws, &sel, cs->bound + cs->bound_off[t],
-                                           &a2);
-    e->tnorm[t] = st == IGRAD_OK ? a2 : NAN;
-    if (st != IGRAD_E_NONFINITE) e->tstatus[t] = st;
+    igrad_status_t st = igrad__select_find(g, mem->residual[t], &tp->spec[step->rel[t]][par],
+                                           tp->name, ws, &sel, cs->bound + cs->bound_off[t], &a2);
+    step->tnorm[t] = st == IGRAD_OK ? a2 : NAN;
+    if (st != IGRAD_E_NONFINITE) step->tstatus[t] = st;
 }
 
-void igrad__dp_cpu_check(igrad_engine_t *e, float *const *grads)
+void igrad__dp_cpu_check(IGRAD__DP_ARGS, float *const *grads)
 {
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
-    int64_t T = (int64_t)e->ntensors;
-    float m = (float)e->cfg.momentum;
-    int grad16 = e->cfg.grad_dtype != IGRAD_DTYPE_F32;
-    igrad__dp_cpu_state_t *cs = dense && !grad16 ? NULL : igrad__dp_cpu_state(e);
+    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
+    int64_t T = (int64_t)plan->ntensors;
+    float m = (float)plan->cfg.momentum;
+    int grad16 = plan->cfg.grad_dtype != IGRAD_DTYPE_F32;
+    igrad__dp_cpu_state_t *cs = dense && !grad16 ? NULL : igrad__dp_cpu_state(plan, step, mem);
     if ((!dense || grad16) && !cs) {
-        for (size_t t = 0; t < e->ntensors; t++) e->tstatus[t] = IGRAD_E_NOMEM;
+        for (size_t t = 0; t < plan->ntensors; t++) step->tstatus[t] = IGRAD_E_NOMEM;
         return;
     }
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
 #endif
     for (int64_t w = 0; w < T; w++) {
 #ifdef _OPENMP
@@ -112,40 +111,45 @@ void igrad__dp_cpu_check(igrad_engine_t *e, float *const *grads)
 #else
         int tid = 0;
 #endif
-        uint32_t t = e->work[w];
-        const igrad__engine_tensor_t *tp = &e->t[t];
-        const float *g = igrad__dp_cpu_grad(e, cs, grads, t, tid);
+        uint32_t t = step->work[w];
+        const igrad__plan_tensor_t *tp = &plan->t[t];
+        const float *g = igrad__dp_cpu_grad(plan, step, mem, cs, grads, t, tid);
         /* kept in tnorm until select_into turns it into the residual's */
-        if (igrad__dp_cpu_fused(e, t)) find_sent(e, cs, g, t, e->ws[tid]);
-        else e->tnorm[t] = igrad__dp_cpu_sumsq(g, tp->velocity,
-                                               dense ? NULL : tp->residual, m, tp->n);
+        if (igrad__dp_cpu_fused(plan, step, mem, t))
+            find_sent(plan, step, mem, cs, g, t, mem->ws[tid]);
+        else
+            step->tnorm[t] =
+                igrad__dp_cpu_sumsq(g, mem->velocity[t], dense ? NULL : mem->residual[t], m, tp->n);
     }
 }
 
-int64_t igrad__dp_cpu_first_bad(const igrad_engine_t *e, float *const *grads, size_t t,
-                                float *g, float *u, float *r)
+int64_t igrad__dp_cpu_first_bad(IGRAD__DP_CARGS, float *const *grads, size_t t, float *g, float *u,
+                                float *r)
 {
-    const igrad__engine_tensor_t *tp = &e->t[t];
-    const float *rv = e->sp == IGRAD_SPARSIFIER_NONE ? NULL : tp->residual;
-    float m = (float)e->cfg.momentum;
+    (void)step;
+    const igrad__plan_tensor_t *tp = &plan->t[t];
+    const float *rv = plan->sp == IGRAD_SPARSIFIER_NONE ? NULL : mem->residual[t];
+    float m = (float)plan->cfg.momentum;
     int64_t i = -1;
-    if (e->cfg.grad_dtype == IGRAD_DTYPE_F32) {
-        i = first_nonfinite(grads[t], tp->velocity, m, rv, tp->n);
+    if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32) {
+        i = first_nonfinite(grads[t], mem->velocity[t], m, rv, tp->n);
     } else { /* 16-bit gradients: upcast a chunk at a time */
         const uint16_t *h = (const uint16_t *)(const void *)grads[t];
         float buf[1024];
         for (int64_t i0 = 0; i < 0 && i0 < tp->n; i0 += 1024) {
             int64_t len = tp->n - i0 < 1024 ? tp->n - i0 : 1024;
-            igrad__from16_n(e->cfg.grad_dtype, h + i0, buf, len);
-            int64_t k = first_nonfinite(buf, tp->velocity ? tp->velocity + i0 : NULL, m,
+            igrad__from16_n(plan->cfg.grad_dtype, h + i0, buf, len);
+            int64_t k = first_nonfinite(buf, mem->velocity[t] ? mem->velocity[t] + i0 : NULL, m,
                                         rv ? rv + i0 : NULL, len);
             if (k >= 0) i = i0 + k;
         }
     }
     if (i < 0) i = 0; /* cannot happen: the sum saw a non-finite a */
-    if (e->cfg.grad_dtype == IGRAD_DTYPE_F32) *g = grads[t][i];
-    else igrad__from16_n(e->cfg.grad_dtype, (const uint16_t *)(const void *)grads[t] + i, g, 1);
-    *u = tp->velocity ? tp->velocity[i] : 0.0f;
+    if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32)
+        *g = grads[t][i];
+    else
+        igrad__from16_n(plan->cfg.grad_dtype, (const uint16_t *)(const void *)grads[t] + i, g, 1);
+    *u = mem->velocity[t] ? mem->velocity[t][i] : 0.0f;
     *r = rv ? rv[i] : 0.0f;
     return i;
 }

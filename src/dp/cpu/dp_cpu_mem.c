@@ -25,93 +25,99 @@ void igrad__dp_cpu_copy_in(void *dst, const void *src, size_t nbytes)
     if (nbytes) memcpy(dst, src, nbytes);
 }
 
-igrad_status_t igrad__dp_cpu_copy_out(const igrad_engine_t *e, void *dst, const void *src,
-                                      size_t nbytes)
+igrad_status_t igrad__dp_cpu_copy_out(IGRAD__DP_CARGS, void *dst, const void *src, size_t nbytes)
 {
-    (void)e;
+    (void)plan;
+    (void)step;
+    (void)mem;
     if (nbytes) memcpy(dst, src, nbytes);
     return IGRAD_OK;
 }
 
-igrad__dp_cpu_state_t *igrad__dp_cpu_state(igrad_engine_t *e)
+igrad__dp_cpu_state_t *igrad__dp_cpu_state(IGRAD__DP_ARGS)
 {
-    if (e->dp_state) return e->dp_state;
+    if (mem->dp_state) return mem->dp_state;
     igrad__dp_cpu_state_t *cs = calloc(1, sizeof *cs);
     if (!cs) return NULL;
-    cs->bound_off = malloc((e->ntensors ? e->ntensors : 1) * sizeof *cs->bound_off);
+    cs->bound_off = malloc((plan->ntensors ? plan->ntensors : 1) * sizeof *cs->bound_off);
     int64_t off = 0;
-    for (size_t t = 0; cs->bound_off && t < e->ntensors; t++) {
+    for (size_t t = 0; cs->bound_off && t < plan->ntensors; t++) {
         int64_t rows = 0;
         for (int rel = 0; rel < 2; rel++)
             for (int par = 0; par < 2; par++) {
-                const igrad_select_spec_t *sp = &e->t[t].spec[rel][par];
+                const igrad_select_spec_t *sp = &plan->t[t].spec[rel][par];
                 if (sp->row_wise && sp->rows > rows) rows = sp->rows;
             }
         cs->bound_off[t] = off;
         off += rows;
     }
     cs->bound = malloc((size_t)(off ? off : 1) * sizeof *cs->bound);
-    e->dp_state = cs;
+    mem->dp_state = cs;
     if (!cs->bound_off || !cs->bound) {
-        igrad__dp_cpu_release(e);
+        igrad__dp_cpu_release(plan, step, mem);
         return NULL;
     }
-    if (e->cfg.grad_dtype != IGRAD_DTYPE_F32) {
+    if (plan->cfg.grad_dtype != IGRAD_DTYPE_F32) {
         int64_t most = 1;
-        for (size_t t = 0; t < e->ntensors; t++)
-            if (e->t[t].n > most) most = e->t[t].n;
-        cs->g32 = calloc((size_t)e->nthreads, sizeof *cs->g32);
-        cs->alias = malloc((e->ntensors ? e->ntensors : 1) * sizeof *cs->alias);
+        for (size_t t = 0; t < plan->ntensors; t++)
+            if (plan->t[t].n > most) most = plan->t[t].n;
+        cs->g32 = calloc((size_t)plan->nthreads, sizeof *cs->g32);
+        cs->alias = malloc((plan->ntensors ? plan->ntensors : 1) * sizeof *cs->alias);
         int ok = cs->g32 && cs->alias;
-        for (int i = 0; ok && i < e->nthreads; i++)
+        for (int i = 0; ok && i < plan->nthreads; i++)
             ok = (cs->g32[i] = malloc((size_t)most * sizeof(float))) != NULL;
         if (!ok) {
-            igrad__dp_cpu_release(e);
+            igrad__dp_cpu_release(plan, step, mem);
             return NULL;
         }
-        for (size_t t = 0; t < e->ntensors; t++) cs->alias[t] = cs->g32[0];
+        for (size_t t = 0; t < plan->ntensors; t++) cs->alias[t] = cs->g32[0];
     }
     return cs;
 }
 
-void igrad__dp_cpu_release(igrad_engine_t *e)
+void igrad__dp_cpu_release(IGRAD__DP_ARGS)
 {
-    igrad__dp_cpu_state_t *cs = e->dp_state;
+    (void)step;
+    igrad__dp_cpu_state_t *cs = mem->dp_state;
     if (!cs) return;
     free(cs->bound);
     free(cs->bound_off);
-    for (int i = 0; cs->g32 && i < e->nthreads; i++) free(cs->g32[i]);
+    for (int i = 0; cs->g32 && i < plan->nthreads; i++) free(cs->g32[i]);
     free(cs->g32);
     free(cs->alias);
     free(cs);
-    e->dp_state = NULL;
+    mem->dp_state = NULL;
 }
 
-float *igrad__dp_cpu_grad(const igrad_engine_t *e, const igrad__dp_cpu_state_t *cs,
-                          float *const *grads, size_t t, int tid)
+float *igrad__dp_cpu_grad(IGRAD__DP_CARGS, const igrad__dp_cpu_state_t *cs, float *const *grads,
+                          size_t t, int tid)
 {
-    if (e->cfg.grad_dtype == IGRAD_DTYPE_F32) return grads[t];
-    igrad__from16_n(e->cfg.grad_dtype, (const uint16_t *)(const void *)grads[t], cs->g32[tid],
-                    e->t[t].n);
+    (void)step;
+    (void)mem;
+    if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32) return grads[t];
+    igrad__from16_n(plan->cfg.grad_dtype, (const uint16_t *)(const void *)grads[t], cs->g32[tid],
+                    plan->t[t].n);
     return cs->g32[tid];
 }
 
-void igrad__dp_cpu_zero_grad(const igrad_engine_t *e, float *const *grads, size_t t)
+void igrad__dp_cpu_zero_grad(IGRAD__DP_CARGS, float *const *grads, size_t t)
 {
-    size_t width = e->cfg.grad_dtype == IGRAD_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
-    memset(grads[t], 0, (size_t)e->t[t].n * width);
+    (void)step;
+    (void)mem;
+    size_t width = plan->cfg.grad_dtype == IGRAD_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    memset(grads[t], 0, (size_t)plan->t[t].n * width);
 }
 
 /* Zeroes the gradients that unpacking adds into (sparse methods: all). */
-void igrad__dp_cpu_zero(igrad_engine_t *e, float *const *grads)
+void igrad__dp_cpu_zero(IGRAD__DP_ARGS, float *const *grads)
 {
-    if (e->sp == IGRAD_SPARSIFIER_NONE) return;
-    int64_t T = (int64_t)e->ntensors;
+    if (plan->sp == IGRAD_SPARSIFIER_NONE) return;
+    int64_t T = (int64_t)plan->ntensors;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
 #endif
     for (int64_t w = 0; w < T; w++) {
-        igrad__dp_cpu_zero_grad(e, grads, e->work[w]);
+        igrad__dp_cpu_zero_grad(plan, step, mem, grads, step->work[w]);
     }
 }
 

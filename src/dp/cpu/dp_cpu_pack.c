@@ -19,28 +19,28 @@
 
 #include <string.h>
 
-void igrad__dp_cpu_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
+void igrad__dp_cpu_pack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
     (void)grads;
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    unsigned char *dst = e->send_arena + bk->send_off;
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    unsigned char *dst = mem->send_arena + bk->send_off;
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        int64_t src = e->stage_off[bi->tensor] + bi->first;
-        if (e->value_nbytes == 4) {
-            memcpy(dst + bi->val_off, e->stage_val + src, (size_t)bi->count * sizeof(float));
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
+        int64_t src = step->stage_off[bi->tensor] + bi->first;
+        if (plan->value_nbytes == 4) {
+            memcpy(dst + bi->val_off, step->stage_val + src, (size_t)bi->count * sizeof(float));
         } else {
-            const float *in = e->stage_val + src;
+            const float *in = step->stage_val + src;
             unsigned char *o = dst + bi->val_off;
             for (int64_t k = 0; k < bi->count; k++) {
-                uint16_t h = igrad__to16(e->cfg.value_dtype, in[k]);
+                uint16_t h = igrad__to16(plan->cfg.value_dtype, in[k]);
                 memcpy(o + 2 * k, &h, 2);
             }
         }
         if (bi->idx_nbytes == 4) {
-            memcpy(dst + bi->idx_off, e->stage_idx + src, (size_t)bi->count * 4);
+            memcpy(dst + bi->idx_off, step->stage_idx + src, (size_t)bi->count * 4);
         } else {
-            const uint32_t *in = e->stage_idx + src;
+            const uint32_t *in = step->stage_idx + src;
             unsigned char *o = dst + bi->idx_off;
             for (int64_t k = 0; k < bi->count; k++) {
                 uint16_t s = (uint16_t)in[k];
@@ -50,19 +50,19 @@ void igrad__dp_cpu_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
     }
 }
 
-void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads)
+void igrad__dp_cpu_pack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = igrad__step_parity(e, e->cur_step);
-    float *buf = (float *)(void *)(e->recv_arena + bk->recv_off);
-    if (e->sp == IGRAD_SPARSIFIER_NONE) {
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    int par = igrad__plan_parity(plan, step->cur_step);
+    float *buf = (float *)(void *)(mem->recv_arena + bk->recv_off);
+    if (plan->sp == IGRAD_SPARSIFIER_NONE) {
         for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-            if (e->cfg.grad_dtype == IGRAD_DTYPE_F32)
+            const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
+            if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32)
                 memcpy(buf + bi->dense_off, grads[bi->tensor] + bi->first,
                        (size_t)bi->count * sizeof(float));
             else /* 16-bit gradients: upcast (exact) */
-                igrad__from16_n(e->cfg.grad_dtype,
+                igrad__from16_n(plan->cfg.grad_dtype,
                                 (const uint16_t *)(const void *)grads[bi->tensor] + bi->first,
                                 buf + bi->dense_off, bi->count);
         }
@@ -70,14 +70,14 @@ void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads)
     }
     memset(buf, 0, bk->dense_count * sizeof(float));
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
-        int64_t src = e->stage_off[bi->tensor] + bi->first;
-        const uint32_t *idx = e->stage_idx + src;
-        const float *val = e->stage_val + src;
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
+        const igrad__plan_tensor_t *tp = &plan->t[bi->tensor];
+        int64_t src = step->stage_off[bi->tensor] + bi->first;
+        const uint32_t *idx = step->stage_idx + src;
+        const float *val = step->stage_val + src;
         float *d = buf + bi->dense_off;
         if (bi->row_wise) {
-            const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
+            const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
             int64_t rows = bi->count / sp->per_row;
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t k = 0; k < sp->per_row; k++)
@@ -88,22 +88,22 @@ void igrad__dp_cpu_pack_dense(igrad_engine_t *e, size_t j, float *const *grads)
     }
 }
 
-void igrad__dp_cpu_pack_sar(igrad_engine_t *e, size_t j, float *const *grads)
+void igrad__dp_cpu_pack_sar(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
     (void)grads;
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = igrad__step_parity(e, e->cur_step);
-    igrad__sar_entry_t *out = (igrad__sar_entry_t *)(void *)(e->send_arena + bk->send_off);
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    int par = igrad__plan_parity(plan, step->cur_step);
+    igrad__sar_entry_t *out = (igrad__sar_entry_t *)(void *)(mem->send_arena + bk->send_off);
     size_t n = 0;
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        int64_t src = e->stage_off[bi->tensor] + bi->first;
-        const uint32_t *idx = e->stage_idx + src;
-        const float *val = e->stage_val + src;
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
+        int64_t src = step->stage_off[bi->tensor] + bi->first;
+        const uint32_t *idx = step->stage_idx + src;
+        const float *val = step->stage_val + src;
         /* the module refuses an index space above 2^32 before it reads one */
         const uint32_t base = (uint32_t)bi->dense_off;
         if (bi->row_wise) {
-            const igrad_select_spec_t *sp = &e->t[bi->tensor].spec[e->rel[bi->tensor]][par];
+            const igrad_select_spec_t *sp = &plan->t[bi->tensor].spec[step->rel[bi->tensor]][par];
             int64_t rows = bi->count / sp->per_row;
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t k = 0; k < sp->per_row; k++, n++) {

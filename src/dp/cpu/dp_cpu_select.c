@@ -5,9 +5,9 @@
  * the others, one tensor per OpenMP task (so every selection inside is
  * single-threaded). A sent tensor without momentum had its selection pass
  * 1 in the check (dp_cpu_check.c); here pass 2 (igrad__select_apply)
- * writes its residual. With the remedies on (architecture.md §5.5a)
- * momentum correction (the whole selection here, on m*u + g), factor
- * masking and residual decay run here too. With `zero` each gradient is
+ * writes its residual. With momentum (architecture.md §5.5a) DGC's
+ * momentum correction (the whole selection here, on m*u + g) and its
+ * factor masking run here too. With `zero` each gradient is
  * zeroed in the pass that reads it. With 16-bit wire values
  * (config.value_dtype BF16 or F16) pass 2 rounds each sent value and
  * keeps its rounding error in the residual (architecture.md §5.2). 16-bit
@@ -44,14 +44,15 @@ static void mask_sent(float *restrict u, const igrad_select_spec_t *sp, const ui
 /* One sent tensor whose selection reads the velocity: u = m*u + g (g
  * zeroed in the same pass with `zero`), then the whole selection of u +
  * residual (16-bit values rounded in it), then factor masking. */
-static igrad_status_t select_velocity(const igrad_engine_t *e, igrad__engine_tensor_t *tp,
-                                      float *restrict g, const igrad_select_spec_t *sp,
-                                      igrad_select_ws_t *ws, igrad_selection_t *sel, int zero,
-                                      double *rounded)
+static igrad_status_t select_velocity(IGRAD__DP_CARGS, size_t t, float *restrict g,
+                                      const igrad_select_spec_t *sp, igrad_select_ws_t *ws,
+                                      igrad_selection_t *sel, int zero, double *rounded)
 {
-    float *restrict u = tp->velocity;
+    (void)step;
+    const igrad__plan_tensor_t *tp = &plan->t[t];
+    float *restrict u = mem->velocity[t];
     int64_t n = tp->n;
-    float m = (float)e->cfg.momentum;
+    float m = (float)plan->cfg.momentum;
     if (zero) {
         SIMD
         for (int64_t i = 0; i < n; i++) {
@@ -62,75 +63,82 @@ static igrad_status_t select_velocity(const igrad_engine_t *e, igrad__engine_ten
         SIMD
         for (int64_t i = 0; i < n; i++) u[i] = m * u[i] + g[i];
     }
-    IGRAD_CHECK(igrad__select_ef(u, tp->residual, sp, tp->name, ws, sel, 0, e->cfg.value_dtype,
-                                 rounded));
-    if (e->cfg.momentum_masking) mask_sent(u, sp, sel->index);
+    IGRAD_CHECK(igrad__select_ef(u, mem->residual[t], sp, tp->name, ws, sel, 0,
+                                 plan->cfg.value_dtype, rounded));
+    mask_sent(u, sp, sel->index);
     return IGRAD_OK;
 }
 
-/* A tensor not sent this step: g added into its residual (with the
- * remedies u = m*u + g, e = d*(u + e)) or, with residual "drop", dropped
- * with its velocity; with `zero` g is zeroed in the pass that reads it.
- * e->tnorm[t] holds the check's sum of a^2 and becomes the residual's
- * (e->tdropped[t] the dropped mass). Shared by select_into and the
- * streamed step's commit (dp_cpu_stream.c). */
-void igrad__dp_cpu_accumulate(igrad_engine_t *e, size_t t, float *restrict g, int zero)
+/* The error-feedback kernels of a tensor not sent, on plain arguments
+ * (n entries; g zeroed in the same pass with `zero`). */
+
+/* r = g + r */
+static void ef_add(float *restrict r, float *restrict g, int64_t n, int zero)
 {
-    igrad__engine_tensor_t *tp = &e->t[t];
-    float *restrict r = tp->residual;
-    int64_t n = tp->n;
-    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
-    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
-    double a2 = e->tnorm[t];
-    if (!drop && !remedies) {
-        if (zero) {
-            SIMD
-            for (int64_t i = 0; i < n; i++) {
-                r[i] = g[i] + r[i];
-                g[i] = 0.0f;
-            }
-        } else {
-            SIMD
-            for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
+    if (zero) {
+        SIMD
+        for (int64_t i = 0; i < n; i++) {
+            r[i] = g[i] + r[i];
+            g[i] = 0.0f;
         }
-    } else if (!drop) {
-        float *restrict u = tp->velocity;
-        if (u) {
-            SIMD
-            for (int64_t i = 0; i < n; i++) {
-                u[i] = m * u[i] + g[i];
-                r[i] = d * (u[i] + r[i]);
-            }
-        } else {
-            SIMD
-            for (int64_t i = 0; i < n; i++) r[i] = d * (g[i] + r[i]);
-        }
-        if (zero) memset(g, 0, (size_t)n * sizeof *g);
-        e->tnorm[t] = a2 * ((double)d * (double)d);
     } else {
-        /* the ablation drops the velocity with the residual */
-        if (tp->velocity) memset(tp->velocity, 0, (size_t)n * sizeof *tp->velocity);
-        memset(r, 0, (size_t)n * sizeof *r);
-        if (zero) memset(g, 0, (size_t)n * sizeof *g);
-        e->tdropped[t] = a2;
-        e->tnorm[t] = 0.0;
+        SIMD
+        for (int64_t i = 0; i < n; i++) r[i] = g[i] + r[i];
     }
 }
 
-void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
+/* DGC's momentum correction: u = m*u + g, r = u + r */
+static void ef_add_momentum(float *restrict r, float *restrict u, float *restrict g, float m,
+                            int64_t n, int zero)
 {
-    int64_t T = (int64_t)e->ntensors;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
-    float d = (float)e->cfg.residual_decay;
-    double d2 = (double)d * (double)d;
-    int par = igrad__step_parity(e, e->cur_step);
+    SIMD
+    for (int64_t i = 0; i < n; i++) {
+        u[i] = m * u[i] + g[i];
+        r[i] = u[i] + r[i];
+    }
+    if (zero) memset(g, 0, (size_t)n * sizeof *g);
+}
+
+/* The residual "drop" ablation: r = 0, and u = 0 with it (u may be NULL) */
+static void ef_drop(float *restrict r, float *restrict u, float *restrict g, int64_t n, int zero)
+{
+    if (u) memset(u, 0, (size_t)n * sizeof *u);
+    memset(r, 0, (size_t)n * sizeof *r);
+    if (zero) memset(g, 0, (size_t)n * sizeof *g);
+}
+
+/* A tensor not sent this step: g added into its residual (with momentum
+ * u = m*u + g, e = u + e) or, with residual "drop", dropped with its
+ * velocity; with `zero` g is zeroed in the pass that reads it. The kernel
+ * follows from the config and whether the tensor has a velocity.
+ * step->tnorm[t] holds the check's sum of a^2 and becomes the residual's
+ * (step->tdropped[t] the dropped mass). Shared by select_into and the
+ * streamed step's commit (dp_cpu_stream.c). */
+void igrad__dp_cpu_accumulate(IGRAD__DP_ARGS, size_t t, float *restrict g, int zero)
+{
+    float *r = mem->residual[t], *u = mem->velocity[t];
+    int64_t n = plan->t[t].n;
+    if (plan->cfg.residual == IGRAD_RESIDUAL_DROP) {
+        ef_drop(r, u, g, n, zero);
+        step->tdropped[t] = step->tnorm[t];
+        step->tnorm[t] = 0.0;
+    } else if (u) {
+        ef_add_momentum(r, u, g, (float)plan->cfg.momentum, n, zero);
+    } else {
+        ef_add(r, g, n, zero);
+    }
+}
+
+void igrad__dp_cpu_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
+{
+    int64_t T = (int64_t)plan->ntensors;
+    int par = igrad__plan_parity(plan, step->cur_step);
     /* 16-bit gradients: the kernels run on the thread's F32 copy (whose
      * zeroing is then wasted) and the gradient itself is zeroed after */
-    int zero16 = zero && e->cfg.grad_dtype != IGRAD_DTYPE_F32;
-    const igrad__dp_cpu_state_t *cs = e->dp_state;
+    int zero16 = zero && plan->cfg.grad_dtype != IGRAD_DTYPE_F32;
+    const igrad__dp_cpu_state_t *cs = mem->dp_state;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
 #endif
     for (int64_t w = 0; w < T; w++) {
 #ifdef _OPENMP
@@ -138,39 +146,35 @@ void igrad__dp_cpu_select_into(igrad_engine_t *e, float *const *grads, int zero)
 #else
         int tid = 0;
 #endif
-        uint32_t t = e->work[w];
-        igrad__engine_tensor_t *tp = &e->t[t];
-        float *restrict g = igrad__dp_cpu_grad(e, cs, grads, t, tid);
-        float *restrict r = tp->residual;
-        int64_t n = tp->n;
-        double a2 = e->tnorm[t]; /* sum of (g + e)^2 from the check */
-        if (e->sent[t]) {
-            igrad_selection_t sel = {.index = e->stage_idx + e->stage_off[t],
-                                     .value = e->stage_val + e->stage_off[t]};
-            const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
+        uint32_t t = step->work[w];
+        igrad__plan_tensor_t *tp = &plan->t[t];
+        float *restrict g = igrad__dp_cpu_grad(plan, step, mem, cs, grads, t, tid);
+        float *restrict r = mem->residual[t];
+        double a2 = step->tnorm[t]; /* sum of (g + e)^2 from the check */
+        if (step->sent[t]) {
+            igrad_selection_t sel = {.index = step->stage_idx + step->stage_off[t],
+                                     .value = step->stage_val + step->stage_off[t]};
+            const igrad_select_spec_t *sp = &tp->spec[step->rel[t]][par];
             double rounded = 0.0; /* sum of squares of rounding errors kept */
-            if (igrad__dp_cpu_fused(e, t)) { /* pass 1 ran in the check */
-                igrad__select_apply(g, r, sp, e->ws[tid], &sel, cs->bound + cs->bound_off[t],
-                                    zero, e->cfg.value_dtype, &rounded);
+            if (igrad__dp_cpu_fused(plan, step, mem, t)) { /* pass 1 ran in the check */
+                igrad__select_apply(g, r, sp, mem->ws[tid], &sel, cs->bound + cs->bound_off[t],
+                                    zero, plan->cfg.value_dtype, &rounded);
             } else {
-                e->tstatus[t] = select_velocity(e, tp, g, sp, e->ws[tid], &sel, zero, &rounded);
-                if (e->tstatus[t] != IGRAD_OK) {
-                    if (zero16) igrad__dp_cpu_zero_grad(e, grads, t);
+                step->tstatus[t] =
+                    select_velocity(plan, step, mem, t, g, sp, mem->ws[tid], &sel, zero, &rounded);
+                if (step->tstatus[t] != IGRAD_OK) {
+                    if (zero16) igrad__dp_cpu_zero_grad(plan, step, mem, grads, t);
                     continue;
                 }
             }
-            if (e->cfg.residual_decay < 1.0) {
-                SIMD
-                for (int64_t i = 0; i < n; i++) r[i] = d * r[i];
-            }
-            e->tsumsq[t] = sel.sumsq;
+            step->tsumsq[t] = sel.sumsq;
             /* the residual is a with the selected entries zeroed (plus their
-             * rounding errors, then decayed) */
+             * rounding errors) */
             double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
-            e->tnorm[t] = (kept + rounded) * (remedies ? d2 : 1.0);
+            step->tnorm[t] = kept + rounded;
         } else {
-            igrad__dp_cpu_accumulate(e, t, g, zero);
+            igrad__dp_cpu_accumulate(plan, step, mem, t, g, zero);
         }
-        if (zero16) igrad__dp_cpu_zero_grad(e, grads, t);
+        if (zero16) igrad__dp_cpu_zero_grad(plan, step, mem, grads, t);
     }
 }

@@ -8,13 +8,12 @@
  * untouched. stream_commit, once the ranks agreed that the step counts:
  * per tensor the residual and velocity that dp_cpu_select.c's select_into
  * would have written — sent: e = a with the selected entries 0 (16-bit
- * values: their rounding remainder a - q), masking, decay; not sent:
+ * values: their rounding remainder a - q), momentum masking; not sent:
  * accumulate or drop — recomputed from g, u, e and the staged selection,
  * zeroing g in the same pass. Same float operations in the same order as
  * select_into, so the result is bit-identical (tests/mpi_stream.c).
  */
 #include "dp/cpu/dp_cpu.h"
-#include "engine/engine_stream.h"
 #include "core/value16.h"
 
 #include <math.h>
@@ -61,17 +60,14 @@ static double round_staged(igrad_dtype_t dt, float *val, int64_t count)
     return s;
 }
 
-void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const size_t *tensors,
+void igrad__dp_cpu_stream_ready(IGRAD__DP_ARGS, float *const *grads, const size_t *tensors,
                                 size_t n)
 {
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
-    float m = (float)e->cfg.momentum;
-    double d2 = (double)(float)e->cfg.residual_decay * (double)(float)e->cfg.residual_decay;
-    int par = igrad__step_parity(e, e->cur_step);
-    igrad__stream_t *s = e->stream;
+    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
+    float m = (float)plan->cfg.momentum;
+    int par = igrad__plan_parity(plan, step->cur_step);
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
 #endif
     for (int64_t w = 0; w < (int64_t)n; w++) {
 #ifdef _OPENMP
@@ -80,52 +76,57 @@ void igrad__dp_cpu_stream_ready(igrad_engine_t *e, float *const *grads, const si
         int tid = 0;
 #endif
         size_t t = tensors[w];
-        igrad__engine_tensor_t *tp = &e->t[t];
+        igrad__plan_tensor_t *tp = &plan->t[t];
         const float *g = grads[t];
-        const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
-        igrad_selection_t sel = {.index = e->stage_idx ? e->stage_idx + e->stage_off[t] : NULL,
-                                 .value = e->stage_val ? e->stage_val + e->stage_off[t] : NULL};
-        double a2 = g ? igrad__dp_cpu_sumsq(g, tp->velocity, dense ? NULL : tp->residual, m, tp->n)
-                      : NAN;
-        e->tnorm[t] = a2; /* the check's; close turns it into the residual's */
-        if (dense || !e->sent[t]) continue;
+        const igrad_select_spec_t *sp = &tp->spec[step->rel[t]][par];
+        igrad_selection_t sel = {
+            .index = step->stage_idx ? step->stage_idx + step->stage_off[t] : NULL,
+            .value = step->stage_val ? step->stage_val + step->stage_off[t] : NULL};
+        double a2 =
+            g ? igrad__dp_cpu_sumsq(g, mem->velocity[t], dense ? NULL : mem->residual[t], m, tp->n)
+              : NAN;
+        step->tnorm[t] = a2; /* the check's; close turns it into the residual's */
+        if (dense || !step->sent[t]) continue;
         if (!isfinite(a2)) {
             placeholder(sp, sel.index, sel.value);
             continue;
         }
-        float *sr = s->scratch + (size_t)tid * s->scratch_count;
+        float *sr = mem->stream_scratch + (size_t)tid * mem->stream_scratch_count;
         float *su = sr + tp->n;
-        memcpy(sr, tp->residual, (size_t)tp->n * sizeof *sr);
+        memcpy(sr, mem->residual[t], (size_t)tp->n * sizeof *sr);
         const float *src = g;
-        if (tp->velocity) {
-            const float *u = tp->velocity;
+        if (mem->velocity[t]) {
+            const float *u = mem->velocity[t];
             SIMD
             for (int64_t i = 0; i < tp->n; i++) su[i] = m * u[i] + g[i];
             src = su;
         }
-        igrad_status_t st = igrad_select_ef(src, sr, sp, tp->name, e->ws[tid], &sel);
+        igrad_status_t st = igrad_select_ef(src, sr, sp, tp->name, mem->ws[tid], &sel);
         if (st != IGRAD_OK) {
-            e->tstatus[t] = st;
+            step->tstatus[t] = st;
             placeholder(sp, sel.index, sel.value);
             continue;
         }
         double rounded = 0.0;
-        if (e->cfg.value_dtype != IGRAD_DTYPE_F32)
-            rounded = round_staged(e->cfg.value_dtype, sel.value, sp->count);
-        e->tsumsq[t] = sel.sumsq;
+        if (plan->cfg.value_dtype != IGRAD_DTYPE_F32)
+            rounded = round_staged(plan->cfg.value_dtype, sel.value, sp->count);
+        step->tsumsq[t] = sel.sumsq;
         double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
-        e->tnorm[t] = (kept + rounded) * (remedies ? d2 : 1.0);
+        step->tnorm[t] = kept + rounded;
     }
 }
 
 /* A sent tensor: e = a (u = m*u + g first), the selected entries 0 or
- * their rounding remainder, masking, decay; g zeroed. */
-static void commit_sent(const igrad_engine_t *e, igrad__engine_tensor_t *tp, float *restrict g,
-                        const igrad_select_spec_t *sp, const uint32_t *idx, const float *val)
+ * their rounding remainder (and, with momentum, their velocity: DGC's
+ * masking); g zeroed. */
+static void commit_sent(IGRAD__DP_CARGS, size_t t, float *restrict g, const igrad_select_spec_t *sp,
+                        const uint32_t *idx, const float *val)
 {
-    float *restrict r = tp->residual, *restrict u = tp->velocity;
+    (void)step;
+    const igrad__plan_tensor_t *tp = &plan->t[t];
+    float *restrict r = mem->residual[t], *restrict u = mem->velocity[t];
     int64_t n = tp->n;
-    float m = (float)e->cfg.momentum;
+    float m = (float)plan->cfg.momentum;
     if (u) {
         SIMD
         for (int64_t i = 0; i < n; i++) {
@@ -140,35 +141,29 @@ static void commit_sent(const igrad_engine_t *e, igrad__engine_tensor_t *tp, flo
             g[i] = 0.0f;
         }
     }
-    int value16 = e->cfg.value_dtype != IGRAD_DTYPE_F32;
-    int mask = u && e->cfg.momentum_masking;
+    int value16 = plan->cfg.value_dtype != IGRAD_DTYPE_F32;
     for (int64_t k = 0; k < sp->count; k++) {
         int64_t i = sel_pos(sp, idx, k);
         /* r[i] holds a = the selected value; the fused pass zeroes it, then
          * adds the rounding remainder a - q (q the staged value) */
         r[i] = value16 ? 0.0f + (r[i] - val[k]) : 0.0f;
-        if (mask) u[i] = 0.0f;
-    }
-    if (e->cfg.residual_decay < 1.0) {
-        float d = (float)e->cfg.residual_decay;
-        SIMD
-        for (int64_t i = 0; i < n; i++) r[i] = d * r[i];
+        if (u) u[i] = 0.0f;
     }
 }
 
-void igrad__dp_cpu_stream_commit(igrad_engine_t *e, float *const *grads)
+void igrad__dp_cpu_stream_commit(IGRAD__DP_ARGS, float *const *grads)
 {
-    int par = igrad__step_parity(e, e->cur_step);
+    int par = igrad__plan_parity(plan, step->cur_step);
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->nthreads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
 #endif
-    for (int64_t w = 0; w < (int64_t)e->ntensors; w++) {
-        uint32_t t = e->work[w];
-        igrad__engine_tensor_t *tp = &e->t[t];
-        if (e->sent[t])
-            commit_sent(e, tp, grads[t], &tp->spec[e->rel[t]][par],
-                        e->stage_idx + e->stage_off[t], e->stage_val + e->stage_off[t]);
+    for (int64_t w = 0; w < (int64_t)plan->ntensors; w++) {
+        uint32_t t = step->work[w];
+        igrad__plan_tensor_t *tp = &plan->t[t];
+        if (step->sent[t])
+            commit_sent(plan, step, mem, t, grads[t], &tp->spec[step->rel[t]][par],
+                        step->stage_idx + step->stage_off[t], step->stage_val + step->stage_off[t]);
         else
-            igrad__dp_cpu_accumulate(e, t, grads[t], 1);
+            igrad__dp_cpu_accumulate(plan, step, mem, t, grads[t], 1);
     }
 }

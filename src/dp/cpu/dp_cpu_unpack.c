@@ -45,24 +45,25 @@ static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
     return s;
 }
 
-igrad_status_t igrad__dp_bad_index(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
-                                   const igrad__engine_block_t *bi, int r, int64_t k,
-                                   uint32_t v, int64_t bound)
+igrad_status_t igrad__dp_bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                   const igrad__step_block_t *bi, int r, int64_t k, uint32_t v,
+                                   int64_t bound)
 {
+    (void)mem;
     return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
                        "step %lld: bucket %d: rank %d sent index %lu for tensor %s (entry %lld "
                        "of a block of %lld), outside [0, %lld) %s; its bytes are bad (a "
                        "corrupt transport, or ranks out of step); nothing more is unpacked "
                        "and the engine is unusable",
-                       (long long)e->cur_step, bk->index, r, (unsigned long)v,
-                       e->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count,
+                       (long long)step->cur_step, bk->index, r, (unsigned long)v,
+                       plan->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count,
                        (long long)bound, bi->row_wise ? "(a column of its row)" : "");
 }
 
 /* The first received index of a block outside [0, bound), reported. */
-static igrad_status_t bad_index(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
-                                const igrad__engine_block_t *bi, int r,
-                                const unsigned char *ip, int64_t bound)
+static igrad_status_t bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                const igrad__step_block_t *bi, int r, const unsigned char *ip,
+                                int64_t bound)
 {
     int64_t k = 0;
     uint32_t v = 0;
@@ -70,42 +71,42 @@ static igrad_status_t bad_index(const igrad_engine_t *e, const igrad__engine_buc
         v = read_index(ip, bi->idx_nbytes, k);
         if ((int64_t)v >= bound) break;
     }
-    return igrad__dp_bad_index(e, bk, bi, r, k, v, bound);
+    return igrad__dp_bad_index(plan, step, mem, bk, bi, r, k, v, bound);
 }
 
 /* Sparse wire: adds every rank's entries, in rank order, times 1/P into
  * grads. Received indices are checked against their tensor (flat) or row
  * (row-wise) before use; on a bad one the gradients are partly written. */
-static igrad_status_t unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads,
-                                    int64_t only, int *hit)
+static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads, int64_t only,
+                                    int *hit)
 {
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = igrad__step_parity(e, e->cur_step);
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    int par = igrad__plan_parity(plan, step->cur_step);
     /* multiplying by 1/P: exact division for powers of two, and a loop
      * that vectorizes */
-    const float inv = 1.0f / (float)e->avg_ranks;
-    const int vw = e->value_nbytes;
-    const igrad_dtype_t vt = e->cfg.value_dtype;
-    for (int r = 0; r < e->nranks; r++) {
-        const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
+    const float inv = 1.0f / (float)plan->avg_ranks;
+    const int vw = plan->value_nbytes;
+    const igrad_dtype_t vt = plan->cfg.value_dtype;
+    for (int r = 0; r < plan->nranks; r++) {
+        const unsigned char *base = mem->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
         for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
             if (only >= 0 && bi->tensor != (size_t)only) continue;
             *hit = 1;
-            const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
+            const igrad__plan_tensor_t *tp = &plan->t[bi->tensor];
             float *g = grads[bi->tensor];
             const unsigned char *vp = base + bi->val_off, *ip = base + bi->idx_off;
             /* A rank's bytes start at r * send_nbytes, which need not be
              * 4-aligned: read through memcpy. */
             if (bi->row_wise) {
-                const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
+                const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
                 const uint32_t cols = (uint32_t)sp->cols;
                 int64_t rows = bi->count / sp->per_row, k = 0;
                 for (int64_t rr = 0; rr < rows; rr++) {
                     float *grow = g + (bi->row0 + rr) * sp->cols;
                     for (int64_t c = 0; c < sp->per_row; c++, k++) {
                         uint32_t i = read_index(ip, bi->idx_nbytes, k);
-                        if (i >= cols) return bad_index(e, bk, bi, r, ip, sp->cols);
+                        if (i >= cols) return bad_index(plan, step, mem, bk, bi, r, ip, sp->cols);
                         grow[i] += read_value(vp, vw, vt, k) * inv;
                     }
                 }
@@ -113,7 +114,7 @@ static igrad_status_t unpack_sparse(igrad_engine_t *e, size_t j, float *const *g
                 const uint64_t n = (uint64_t)tp->n;
                 for (int64_t k = 0; k < bi->count; k++) {
                     uint32_t i = read_index(ip, bi->idx_nbytes, k);
-                    if (i >= n) return bad_index(e, bk, bi, r, ip, tp->n);
+                    if (i >= n) return bad_index(plan, step, mem, bk, bi, r, ip, tp->n);
                     g[i] += read_value(vp, vw, vt, k) * inv;
                 }
             }
@@ -125,15 +126,15 @@ static igrad_status_t unpack_sparse(igrad_engine_t *e, size_t j, float *const *g
 /* Dense wire: the summed segments times 1/P added into grads (the dense
  * method assigns: its segments tile every tensor). Dense floats only: the
  * offsets and counts are this rank's own plan, nothing to check. */
-static igrad_status_t unpack_dense(igrad_engine_t *e, size_t j, float *const *grads,
-                                   int64_t only, int *hit)
+static igrad_status_t unpack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads, int64_t only,
+                                   int *hit)
 {
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    const float inv = 1.0f / (float)e->avg_ranks; /* as in the sparse wire */
-    const float *buf = (const float *)(const void *)(e->recv_arena + bk->recv_off);
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    const float inv = 1.0f / (float)plan->avg_ranks; /* as in the sparse wire */
+    const float *buf = (const float *)(const void *)(mem->recv_arena + bk->recv_off);
+    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
         if (!bi->seg_owner || (only >= 0 && bi->tensor != (size_t)only)) continue;
         *hit = 1;
         float *restrict g = grads[bi->tensor] + bi->seg_begin;
@@ -150,82 +151,85 @@ static igrad_status_t unpack_dense(igrad_engine_t *e, size_t j, float *const *gr
     return IGRAD_OK;
 }
 
-igrad_status_t igrad__dp_cpu_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
+igrad_status_t igrad__dp_cpu_unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
     int hit = 0;
-    return unpack_sparse(e, j, grads, -1, &hit);
+    return unpack_sparse(plan, step, mem, j, grads, -1, &hit);
 }
 
-igrad_status_t igrad__dp_cpu_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads)
+igrad_status_t igrad__dp_cpu_unpack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
     int hit = 0;
-    return unpack_dense(e, j, grads, -1, &hit);
+    return unpack_dense(plan, step, mem, j, grads, -1, &hit);
 }
 
 /* The block whose dense segment holds dense index x of bucket bk, and x's
  * element in its tensor: blocks are in dense order and a segment's sharers
  * have its offset, so the last block at or below x. IGRAD_E_COMM for an
  * index past the segments (the module checked its ranges already). */
-static igrad_status_t sar_element(const igrad_engine_t *e, const igrad__engine_bucket_t *bk,
-                                  uint32_t x, const igrad__engine_block_t **out,
-                                  int64_t *elem)
+static igrad_status_t sar_element(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk, uint32_t x,
+                                  const igrad__step_block_t **out, int64_t *elem)
 {
+    (void)plan;
+    (void)mem;
     size_t lo = 0, hi = bk->nblocks; /* the answer is in [lo, hi) */
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if (e->binfo[e->order[bk->first + mid]].dense_off <= x) lo = mid;
+        if (step->binfo[step->order[bk->first + mid]].dense_off <= x)
+            lo = mid;
         else hi = mid;
     }
-    const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + lo]];
+    const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + lo]];
     int64_t off = (int64_t)x - (int64_t)bi->dense_off;
     if (off < 0 || off >= bi->seg_count)
         return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
                            "step %lld: bucket %d: the sparse all-reduce returned index %lu, "
                            "outside the bucket's %zu dense entries (corrupt bytes); nothing "
                            "more is unpacked and the engine is unusable",
-                           (long long)e->cur_step, bk->index, (unsigned long)x,
-                           bk->dense_count);
+                           (long long)step->cur_step, bk->index, (unsigned long)x, bk->dense_count);
     *out = bi;
     *elem = bi->seg_begin + off;
     return IGRAD_OK;
 }
 
-igrad_status_t igrad__dp_cpu_unpack_sar(igrad_engine_t *e, size_t j, float *const *grads)
+igrad_status_t igrad__dp_cpu_unpack_sar(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    const igrad__sar_t *w = &e->sar[j];
-    const float inv = 1.0f / (float)e->avg_ranks; /* as in the sparse wire */
-    const igrad__engine_block_t *bi;
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    const igrad__sar_t *w = &step->sar[j];
+    const float inv = 1.0f / (float)plan->avg_ranks; /* as in the sparse wire */
+    const igrad__step_block_t *bi;
     int64_t i;
     for (size_t q = 0; q < w->result_count; q++) {
-        IGRAD_CHECK(sar_element(e, bk, w->result[q].index, &bi, &i));
+        IGRAD_CHECK(sar_element(plan, step, mem, bk, w->result[q].index, &bi, &i));
         grads[bi->tensor][i] += w->result[q].value * inv;
     }
-    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
+    int drop = plan->cfg.residual == IGRAD_RESIDUAL_DROP;
     for (size_t q = 0; q < w->remainder_count; q++) {
-        IGRAD_CHECK(sar_element(e, bk, w->remainder[q].index, &bi, &i));
+        IGRAD_CHECK(sar_element(plan, step, mem, bk, w->remainder[q].index, &bi, &i));
         double v = w->remainder[q].value;
         if (drop) { /* the ablation: what is not sent is discarded, and counted */
-            e->tdropped[bi->tensor] += v * v;
+            step->tdropped[bi->tensor] += v * v;
             continue;
         }
-        float *r = &e->t[bi->tensor].residual[i];
+        float *r = &mem->residual[bi->tensor][i];
         double old = *r;
         *r += w->remainder[q].value;
-        e->tnorm[bi->tensor] += (double)*r * (double)*r - old * old;
+        step->tnorm[bi->tensor] += (double)*r * (double)*r - old * old;
     }
     return IGRAD_OK;
 }
 
 /* Does a dense-wire bucket write into tensor t (a reduce bucket's segment,
  * or the dense method)? */
-static int dense_touches(const igrad_engine_t *e, size_t t)
+static int dense_touches(IGRAD__DP_CARGS, size_t t)
 {
-    for (size_t j = 0; j < e->nbk; j++) {
-        const igrad__engine_bucket_t *bk = &e->bk[j];
+    (void)plan;
+    (void)mem;
+    for (size_t j = 0; j < step->nbk; j++) {
+        const igrad__step_bucket_t *bk = &step->bk[j];
         if (bk->route->wire != IGRAD__WIRE_DENSE) continue;
         for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
             if (bi->seg_owner && bi->tensor == t) return 1;
         }
     }
@@ -235,20 +239,21 @@ static int dense_touches(const igrad_engine_t *e, size_t t)
 /* Over every entry the sparse buckets received for tensor t (indices
  * already checked by unpack_sparse): with g16, g16[i] = acc[i] rounded;
  * without, acc[i] = 0 (the copy clean again for the next tensor). */
-static void sweep_received(const igrad_engine_t *e, size_t t, float *acc, uint16_t *g16)
+static void sweep_received(IGRAD__DP_CARGS, size_t t, float *acc, uint16_t *g16)
 {
-    int par = igrad__step_parity(e, e->cur_step);
-    const igrad_dtype_t gt = e->cfg.grad_dtype;
-    for (size_t j = 0; j < e->nbk; j++) {
-        const igrad__engine_bucket_t *bk = &e->bk[j];
+    int par = igrad__plan_parity(plan, step->cur_step);
+    const igrad_dtype_t gt = plan->cfg.grad_dtype;
+    for (size_t j = 0; j < step->nbk; j++) {
+        const igrad__step_bucket_t *bk = &step->bk[j];
         if (bk->route->wire != IGRAD__WIRE_SPARSE) continue;
-        for (int r = 0; r < e->nranks; r++) {
-            const unsigned char *base = e->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
+        for (int r = 0; r < plan->nranks; r++) {
+            const unsigned char *base =
+                mem->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
             for (size_t q = 0; q < bk->nblocks; q++) {
-                const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+                const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
                 if (bi->tensor != t) continue;
                 const unsigned char *ip = base + bi->idx_off;
-                const igrad_select_spec_t *sp = &e->t[t].spec[e->rel[t]][par];
+                const igrad_select_spec_t *sp = &plan->t[t].spec[step->rel[t]][par];
                 int64_t per = bi->row_wise ? sp->per_row : bi->count;
                 for (int64_t k = 0; k < bi->count; k++) {
                     int64_t i = read_index(ip, bi->idx_nbytes, k);
@@ -270,33 +275,33 @@ static void sweep_received(const igrad_engine_t *e, size_t t, float *acc, uint16
  * rounded, and zeroed again in the copy; one a dense-wire bucket writes
  * is rounded whole (for the dense method from its upcast g). A tensor no
  * block touches keeps its g. */
-igrad_status_t igrad__dp_cpu_unpack16(igrad_engine_t *e, float *const *grads)
+igrad_status_t igrad__dp_cpu_unpack16(IGRAD__DP_ARGS, float *const *grads)
 {
-    const igrad__dp_cpu_state_t *cs = e->dp_state; /* made by the check */
+    const igrad__dp_cpu_state_t *cs = mem->dp_state; /* made by the check */
     float *acc = cs->g32[0];
     int64_t most = 0;
-    for (size_t t = 0; t < e->ntensors; t++)
-        if (e->t[t].n > most) most = e->t[t].n;
+    for (size_t t = 0; t < plan->ntensors; t++)
+        if (plan->t[t].n > most) most = plan->t[t].n;
     memset(acc, 0, (size_t)most * sizeof *acc);
-    int dense_method = e->sp == IGRAD_SPARSIFIER_NONE;
-    for (size_t t = 0; t < e->ntensors; t++) {
-        int hit = 0, whole = dense_method || dense_touches(e, t);
-        int64_t n = e->t[t].n;
+    int dense_method = plan->sp == IGRAD_SPARSIFIER_NONE;
+    for (size_t t = 0; t < plan->ntensors; t++) {
+        int hit = 0, whole = dense_method || dense_touches(plan, step, mem, t);
+        int64_t n = plan->t[t].n;
         uint16_t *g16 = (uint16_t *)(void *)grads[t];
-        if (dense_method) igrad__dp_cpu_grad(e, cs, grads, t, 0);
-        for (size_t j = 0; j < e->nbk; j++) {
-            igrad_status_t st = e->bk[j].route->wire == IGRAD__WIRE_SPARSE
-                                    ? unpack_sparse(e, j, cs->alias, (int64_t)t, &hit)
-                                    : unpack_dense(e, j, cs->alias, (int64_t)t, &hit);
+        if (dense_method) igrad__dp_cpu_grad(plan, step, mem, cs, grads, t, 0);
+        for (size_t j = 0; j < step->nbk; j++) {
+            igrad_status_t st = step->bk[j].route->wire == IGRAD__WIRE_SPARSE
+                                    ? unpack_sparse(plan, step, mem, j, cs->alias, (int64_t)t, &hit)
+                                    : unpack_dense(plan, step, mem, j, cs->alias, (int64_t)t, &hit);
             if (st != IGRAD_OK) return st;
         }
         if (!hit) continue;
         if (whole) {
-            igrad__to16_n(e->cfg.grad_dtype, acc, g16, n);
+            igrad__to16_n(plan->cfg.grad_dtype, acc, g16, n);
             memset(acc, 0, (size_t)n * sizeof *acc);
         } else {
-            sweep_received(e, t, acc, g16);
-            sweep_received(e, t, acc, NULL);
+            sweep_received(plan, step, mem, t, acc, g16);
+            sweep_received(plan, step, mem, t, acc, NULL);
         }
     }
     return IGRAD_OK;

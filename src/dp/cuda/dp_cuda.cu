@@ -6,7 +6,7 @@
  * few KiB plus 16 bytes per 4096 entries of the largest tensor), the
  * zero stage and the CUDA error messages. The stages live one per file
  * (dp_cuda_check.cu, dp_cuda_select.cu, dp_cuda_pack.cu). Every launch
- * and copy goes on the engine's stream (e->dp_stream).
+ * and copy goes on the engine's stream (mem->dp_stream).
  */
 #include "dp/cuda/dp_cuda.cuh"
 
@@ -54,27 +54,26 @@ static void cuda_copy_in(void *dst, const void *src, size_t nbytes)
 /* Device to host on the engine's stream, after the kernels queued there
  * (the residuals' last writers), and waited for: dst is the caller's to
  * read on return. */
-static igrad_status_t cuda_copy_out(const igrad_engine_t *e, void *dst, const void *src,
-                                    size_t nbytes)
+static igrad_status_t cuda_copy_out(IGRAD__DP_CARGS, void *dst, const void *src, size_t nbytes)
 {
     if (!nbytes) return IGRAD_OK;
-    const igrad__cuda_state_t *st = (const igrad__cuda_state_t *)e->dp_state;
+    const igrad__cuda_state_t *st = (const igrad__cuda_state_t *)mem->dp_state;
     cudaError_t err = st ? cudaSetDevice(st->device) : cudaSuccess;
-    cudaStream_t s = igrad__cuda_stream(e);
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
     if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);
     return err == cudaSuccess ? IGRAD_OK
                               : igrad__cuda_fail(err, "CUDA data plane: copying device memory out");
 }
 
-static igrad_status_t cuda_copy(const igrad_engine_t *e, void *dst, const void *src,
-                                size_t nbytes)
+static igrad_status_t cuda_copy(IGRAD__DP_CARGS, void *dst, const void *src, size_t nbytes)
 {
     if (!nbytes) return IGRAD_OK;
-    const igrad__cuda_state_t *st = (const igrad__cuda_state_t *)e->dp_state;
+    const igrad__cuda_state_t *st = (const igrad__cuda_state_t *)mem->dp_state;
     cudaError_t err = st ? cudaSetDevice(st->device) : cudaSuccess;
     if (err == cudaSuccess)
-        err = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, igrad__cuda_stream(e));
+        err = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice,
+                              igrad__cuda_stream(plan, step, mem));
     return err == cudaSuccess ? IGRAD_OK
                               : igrad__cuda_fail(err, "CUDA data plane: copying device memory");
 }
@@ -101,24 +100,27 @@ static void state_free(igrad__cuda_state_t *st)
     free(st);
 }
 
-static void cuda_release(igrad_engine_t *e)
+static void cuda_release(IGRAD__DP_ARGS)
 {
-    state_free((igrad__cuda_state_t *)e->dp_state);
-    e->dp_state = NULL;
+    (void)plan;
+    (void)step;
+    state_free((igrad__cuda_state_t *)mem->dp_state);
+    mem->dp_state = NULL;
 }
 
-igrad_status_t igrad__cuda_state_create(igrad_engine_t *e)
+igrad_status_t igrad__cuda_state_create(IGRAD__DP_ARGS)
 {
-    if (e->dp_state) return IGRAD_OK;
+    (void)step;
+    if (mem->dp_state) return IGRAD_OK;
     igrad__cuda_state_t *st = (igrad__cuda_state_t *)calloc(1, sizeof *st);
     IGRAD_FAIL_IF(!st, IGRAD_E_NOMEM, "CUDA data plane: out of memory for its state");
     cudaError_t err = cudaGetDevice(&st->device);
     int64_t most = 1;
-    for (size_t t = 0; t < e->ntensors; t++)
-        if (e->t[t].n > most) most = e->t[t].n;
-    st->ntensors = e->ntensors;
+    for (size_t t = 0; t < plan->ntensors; t++)
+        if (plan->t[t].n > most) most = plan->t[t].n;
+    st->ntensors = plan->ntensors;
     st->max_chunks = (size_t)((most + IGRAD__CUDA_CHUNK - 1) / IGRAD__CUDA_CHUNK);
-    size_t T = e->ntensors ? e->ntensors : 1;
+    size_t T = plan->ntensors ? plan->ntensors : 1;
     st->h_sums = (double *)calloc(T, sizeof *st->h_sums);
     if (!st->h_sums) {
         state_free(st);
@@ -136,25 +138,25 @@ igrad_status_t igrad__cuda_state_create(igrad_engine_t *e)
         state_free(st);
         return igrad__cuda_fail(err, "CUDA data plane: allocating its state");
     }
-    e->dp_state = st;
+    mem->dp_state = st;
     return IGRAD_OK;
 }
 
-igrad__cuda_state_t *igrad__cuda_state(igrad_engine_t *e)
+igrad__cuda_state_t *igrad__cuda_state(IGRAD__DP_ARGS)
 {
-    if (!e->dp_state && igrad__cuda_state_create(e) != IGRAD_OK) return NULL;
-    igrad__cuda_state_t *st = (igrad__cuda_state_t *)e->dp_state;
+    if (!mem->dp_state && igrad__cuda_state_create(plan, step, mem) != IGRAD_OK) return NULL;
+    igrad__cuda_state_t *st = (igrad__cuda_state_t *)mem->dp_state;
     cudaSetDevice(st->device);
     return st;
 }
 
 /* Zeroes the gradients that unpacking adds into (sparse methods: all). */
-static void cuda_zero(igrad_engine_t *e, float *const *grads)
+static void cuda_zero(IGRAD__DP_ARGS, float *const *grads)
 {
-    if (e->sp == IGRAD_SPARSIFIER_NONE) return;
-    cudaStream_t s = igrad__cuda_stream(e);
-    for (size_t t = 0; t < e->ntensors; t++)
-        cudaMemsetAsync(grads[t], 0, (size_t)e->t[t].n * sizeof(float), s);
+    if (plan->sp == IGRAD_SPARSIFIER_NONE) return;
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
+    for (size_t t = 0; t < plan->ntensors; t++)
+        cudaMemsetAsync(grads[t], 0, (size_t)plan->t[t].n * sizeof(float), s);
 }
 
 extern "C" const igrad__dp_ops_t igrad__dp_cuda = {

@@ -1,6 +1,6 @@
 /*
  * dp_cuda.cuh — what the CUDA data-plane files (dp_cuda*.cu) share: the
- * per-engine device state (e->dp_state: the small device arrays of the
+ * per-engine device state (mem->dp_state: the small device arrays of the
  * per-tensor results and the kernels' scratch, sized at create from the
  * plan, never O(parameters) on the host), the launch helpers, and the
  * stage functions the table row in dp_cuda.cu points at. The numeric
@@ -66,9 +66,9 @@ typedef struct igrad__cuda_state {
 } igrad__cuda_state_t;
 
 /* The engine's queue. */
-static inline cudaStream_t igrad__cuda_stream(const igrad_engine_t *e)
+static inline cudaStream_t igrad__cuda_stream(IGRAD__DP_CARGS)
 {
-    return (cudaStream_t)e->dp_stream;
+    return (cudaStream_t)mem->dp_stream;
 }
 
 /* Launch geometry of a grid-stride pass over n entries. */
@@ -136,23 +136,23 @@ static void igrad__cuda_sum_launch(F f, int64_t n, double *part, double *out, cu
 
 /* dp_cuda.cu */
 igrad_status_t igrad__cuda_fail(cudaError_t err, const char *what);
-igrad_status_t igrad__cuda_state_create(igrad_engine_t *e);
+igrad_status_t igrad__cuda_state_create(IGRAD__DP_ARGS);
 /* The engine's state (created on first use; NULL, the error recorded, when
  * that failed). Selects its device. */
-igrad__cuda_state_t *igrad__cuda_state(igrad_engine_t *e);
+igrad__cuda_state_t *igrad__cuda_state(IGRAD__DP_ARGS);
 
 /* dp_cuda_check.cu */
-void igrad__dp_cuda_check(igrad_engine_t *e, float *const *grads);
-int64_t igrad__dp_cuda_first_bad(const igrad_engine_t *e, float *const *grads, size_t t,
-                                 float *g, float *u, float *r);
+void igrad__dp_cuda_check(IGRAD__DP_ARGS, float *const *grads);
+int64_t igrad__dp_cuda_first_bad(IGRAD__DP_CARGS, float *const *grads, size_t t, float *g, float *u,
+                                 float *r);
 /* dp_cuda_select.cu */
-void igrad__dp_cuda_select_into(igrad_engine_t *e, float *const *grads, int zero);
+void igrad__dp_cuda_select_into(IGRAD__DP_ARGS, float *const *grads, int zero);
 /* dp_cuda_pack.cu */
-void igrad__dp_cuda_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
-void igrad__dp_cuda_pack_dense(igrad_engine_t *e, size_t j, float *const *grads);
-igrad_status_t igrad__dp_cuda_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads);
-igrad_status_t igrad__dp_cuda_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads);
-void igrad__dp_cuda_pack_sar(igrad_engine_t *e, size_t j, float *const *grads);
-igrad_status_t igrad__dp_cuda_unpack_sar(igrad_engine_t *e, size_t j, float *const *grads);
+void igrad__dp_cuda_pack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads);
+void igrad__dp_cuda_pack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads);
+igrad_status_t igrad__dp_cuda_unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads);
+igrad_status_t igrad__dp_cuda_unpack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads);
+void igrad__dp_cuda_pack_sar(IGRAD__DP_ARGS, size_t j, float *const *grads);
+igrad_status_t igrad__dp_cuda_unpack_sar(IGRAD__DP_ARGS, size_t j, float *const *grads);
 
 #endif /* IGRAD_DP_CUDA_CUH */

@@ -37,39 +37,40 @@ __global__ void first_bad_kernel(a_of f, int64_t n, unsigned long long *first)
 
 } // namespace
 
-void igrad__dp_cuda_check(igrad_engine_t *e, float *const *grads)
+void igrad__dp_cuda_check(IGRAD__DP_ARGS, float *const *grads)
 {
-    igrad__cuda_state_t *st = igrad__cuda_state(e);
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+    igrad__cuda_state_t *st = igrad__cuda_state(plan, step, mem);
+    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
     if (!st) { /* no state: every tensor reads as failed (NaN) */
-        for (size_t t = 0; t < e->ntensors; t++) e->tnorm[t] = NAN;
+        for (size_t t = 0; t < plan->ntensors; t++) step->tnorm[t] = NAN;
         return;
     }
-    cudaStream_t s = igrad__cuda_stream(e);
-    for (size_t t = 0; t < e->ntensors; t++) {
-        const igrad__engine_tensor_t *tp = &e->t[t];
-        a_of f = {grads[t], tp->velocity, dense ? NULL : tp->residual, (float)e->cfg.momentum};
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
+    for (size_t t = 0; t < plan->ntensors; t++) {
+        const igrad__plan_tensor_t *tp = &plan->t[t];
+        a_of f = {grads[t], mem->velocity[t], dense ? NULL : mem->residual[t],
+                  (float)plan->cfg.momentum};
         igrad__cuda_sum_launch(f, tp->n, st->d_part, st->d_tnorm + t, s);
     }
-    cudaError_t err = cudaMemcpyAsync(e->tnorm, st->d_tnorm, e->ntensors * sizeof(double),
+    cudaError_t err = cudaMemcpyAsync(step->tnorm, st->d_tnorm, plan->ntensors * sizeof(double),
                                       cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);
     if (err != cudaSuccess) {
         igrad__cuda_fail(err, "CUDA check");
-        for (size_t t = 0; t < e->ntensors; t++) e->tnorm[t] = NAN;
+        for (size_t t = 0; t < plan->ntensors; t++) step->tnorm[t] = NAN;
     }
 }
 
-int64_t igrad__dp_cuda_first_bad(const igrad_engine_t *e, float *const *grads, size_t t,
-                                 float *g, float *u, float *r)
+int64_t igrad__dp_cuda_first_bad(IGRAD__DP_CARGS, float *const *grads, size_t t, float *g, float *u,
+                                 float *r)
 {
-    const igrad__cuda_state_t *st = (const igrad__cuda_state_t *)e->dp_state;
-    const igrad__engine_tensor_t *tp = &e->t[t];
+    const igrad__cuda_state_t *st = (const igrad__cuda_state_t *)mem->dp_state;
+    const igrad__plan_tensor_t *tp = &plan->t[t];
     *g = *u = *r = NAN;
     if (!st) return 0;
-    cudaStream_t s = igrad__cuda_stream(e);
-    const float *rv = e->sp == IGRAD_SPARSIFIER_NONE ? NULL : tp->residual;
-    a_of f = {grads[t], tp->velocity, rv, (float)e->cfg.momentum};
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
+    const float *rv = plan->sp == IGRAD_SPARSIFIER_NONE ? NULL : mem->residual[t];
+    a_of f = {grads[t], mem->velocity[t], rv, (float)plan->cfg.momentum};
     unsigned long long first = ~0ull;
     cudaMemcpyAsync(st->d_first, &first, sizeof first, cudaMemcpyHostToDevice, s);
     first_bad_kernel<<<igrad__cuda_grid(tp->n), IGRAD__CUDA_THREADS, 0, s>>>(f, tp->n,
@@ -79,7 +80,7 @@ int64_t igrad__dp_cuda_first_bad(const igrad_engine_t *e, float *const *grads, s
     int64_t i = first == ~0ull ? 0 : (int64_t)first; /* none: cannot happen */
     cudaMemcpy(g, grads[t] + i, sizeof *g, cudaMemcpyDeviceToHost);
     *u = 0.0f;
-    if (tp->velocity) cudaMemcpy(u, tp->velocity + i, sizeof *u, cudaMemcpyDeviceToHost);
+    if (mem->velocity[t]) cudaMemcpy(u, mem->velocity[t] + i, sizeof *u, cudaMemcpyDeviceToHost);
     *r = 0.0f;
     if (rv) cudaMemcpy(r, rv + i, sizeof *r, cudaMemcpyDeviceToHost);
     return i;

@@ -5,6 +5,11 @@
  * the data plane and its queue differ from igrad_engine_create.
  */
 #include "dp/cuda/dp_cuda.cuh"
+/* The engine entry points: an engine-layer file (igrad__engine_create,
+ * the two-level engine), here because it is compiled with the device code. */
+extern "C" {
+#include "engine/engine_internal.h"
+}
 
 extern "C" {
 #include "igrad_cuda.h"
@@ -34,10 +39,13 @@ extern "C" igrad_status_t igrad_engine_create_cuda(const igrad_layout_t *layout,
                config->topology == IGRAD_TOPOLOGY_HIER;
     if (hier) /* the two-level engine: its shard engine and buffers on the device */
         IGRAD_CHECK(igrad__hier_create(layout, profile, config, comm, &igrad__dp_cuda, stream, &e));
-    else IGRAD_CHECK(igrad__engine_create(layout, profile, config, comm, &igrad__dp_cuda, stream, &e));
+    else
+        IGRAD_CHECK(
+            igrad__engine_create(layout, profile, config, comm, &igrad__dp_cuda, stream, &e));
     /* The device state now, so that running out of memory is said here;
      * the warm-up engine makes its own on first use. */
-    igrad_status_t st = igrad__cuda_state_create(hier ? igrad__hier_shard(e) : e);
+    igrad_engine_t *data = hier ? igrad__hier_shard(e) : e;
+    igrad_status_t st = igrad__cuda_state_create(IGRAD__PARTS(data));
     if (st != IGRAD_OK) {
         igrad_engine_free(e);
         return st;
@@ -52,12 +60,13 @@ extern "C" igrad_status_t igrad_engine_set_stream_cuda(igrad_engine_t *engine,
     IGRAD_FAIL_IF(!engine, IGRAD_E_INVALID, "igrad_engine_set_stream_cuda: engine is NULL");
     /* a two-level engine's data plane is its shard engine's */
     igrad_engine_t *data = engine->hier ? igrad__hier_shard(engine) : engine;
-    IGRAD_FAIL_IF(!data || data->dp != &igrad__dp_cuda, IGRAD_E_INVALID,
+    IGRAD_FAIL_IF(!data || data->mem.dp != &igrad__dp_cuda, IGRAD_E_INVALID,
                   "igrad_engine_set_stream_cuda: the engine's data plane is '%s', not cuda "
                   "(made by igrad_engine_create, not igrad_engine_create_cuda)",
-                  data && data->dp ? data->dp->name : "none");
+                  data && data->mem.dp ? data->mem.dp->name : "none");
     IGRAD_FAIL_IF(engine->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
-                  "igrad_engine_set_stream_cuda: step %lld is open", (long long)engine->cur_step);
-    for (igrad_engine_t *e = data; e; e = e->warmup) e->dp_stream = stream;
+                  "igrad_engine_set_stream_cuda: step %lld is open",
+                  (long long)engine->step.cur_step);
+    for (igrad_engine_t *e = data; e; e = e->warmup) e->mem.dp_stream = stream;
     return IGRAD_OK;
 }

@@ -105,35 +105,35 @@ igrad_status_t reserve(igrad__cuda_state_t *st, size_t nb, size_t P)
 
 } // namespace
 
-void igrad__dp_cuda_pack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
+void igrad__dp_cuda_pack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
     (void)grads;
-    cudaStream_t s = igrad__cuda_stream(e);
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    unsigned char *dst = e->send_arena + bk->send_off;
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    unsigned char *dst = mem->send_arena + bk->send_off;
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        int64_t src = e->stage_off[bi->tensor] + bi->first;
-        cudaMemcpyAsync(dst + bi->val_off, e->stage_val + src, (size_t)bi->count * sizeof(float),
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
+        int64_t src = step->stage_off[bi->tensor] + bi->first;
+        cudaMemcpyAsync(dst + bi->val_off, step->stage_val + src, (size_t)bi->count * sizeof(float),
                         cudaMemcpyDeviceToDevice, s);
         if (bi->idx_nbytes == 4)
-            cudaMemcpyAsync(dst + bi->idx_off, e->stage_idx + src, (size_t)bi->count * 4,
+            cudaMemcpyAsync(dst + bi->idx_off, step->stage_idx + src, (size_t)bi->count * 4,
                             cudaMemcpyDeviceToDevice, s);
         else
             narrow_kernel<<<igrad__cuda_grid(bi->count), IGRAD__CUDA_THREADS, 0, s>>>(
-                dst + bi->idx_off, e->stage_idx + src, bi->count);
+                dst + bi->idx_off, step->stage_idx + src, bi->count);
     }
 }
 
-void igrad__dp_cuda_pack_dense(igrad_engine_t *e, size_t j, float *const *grads)
+void igrad__dp_cuda_pack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
-    cudaStream_t s = igrad__cuda_stream(e);
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = igrad__step_parity(e, e->cur_step);
-    float *buf = (float *)(void *)(e->recv_arena + bk->recv_off);
-    if (e->sp == IGRAD_SPARSIFIER_NONE) {
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    int par = igrad__plan_parity(plan, step->cur_step);
+    float *buf = (float *)(void *)(mem->recv_arena + bk->recv_off);
+    if (plan->sp == IGRAD_SPARSIFIER_NONE) {
         for (size_t q = 0; q < bk->nblocks; q++) {
-            const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+            const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
             cudaMemcpyAsync(buf + bi->dense_off, grads[bi->tensor] + bi->first,
                             (size_t)bi->count * sizeof(float), cudaMemcpyDeviceToDevice, s);
         }
@@ -141,30 +141,30 @@ void igrad__dp_cuda_pack_dense(igrad_engine_t *e, size_t j, float *const *grads)
     }
     cudaMemsetAsync(buf, 0, bk->dense_count * sizeof(float), s);
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
-        int64_t src = e->stage_off[bi->tensor] + bi->first;
-        const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
+        const igrad__plan_tensor_t *tp = &plan->t[bi->tensor];
+        int64_t src = step->stage_off[bi->tensor] + bi->first;
+        const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
         scatter_kernel<<<igrad__cuda_grid(bi->count), IGRAD__CUDA_THREADS, 0, s>>>(
-            buf + bi->dense_off, e->stage_idx + src, e->stage_val + src, bi->count,
+            buf + bi->dense_off, step->stage_idx + src, step->stage_val + src, bi->count,
             bi->row_wise, sp->per_row, sp->cols);
     }
 }
 
-igrad_status_t igrad__dp_cuda_unpack_sparse(igrad_engine_t *e, size_t j, float *const *grads)
+igrad_status_t igrad__dp_cuda_unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
-    igrad__cuda_state_t *st = igrad__cuda_state(e);
+    igrad__cuda_state_t *st = igrad__cuda_state(plan, step, mem);
     IGRAD_FAIL_IF(!st, IGRAD_E_STATE, "CUDA unpack: the data plane has no state");
-    cudaStream_t s = igrad__cuda_stream(e);
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = igrad__step_parity(e, e->cur_step);
-    size_t nb = bk->nblocks, P = (size_t)e->nranks;
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    int par = igrad__plan_parity(plan, step->cur_step);
+    size_t nb = bk->nblocks, P = (size_t)plan->nranks;
     if (nb == 0) return IGRAD_OK;
     IGRAD_CHECK(reserve(st, nb, P));
     for (size_t q = 0; q < nb; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        const igrad__engine_tensor_t *tp = &e->t[bi->tensor];
-        const igrad_select_spec_t *sp = &tp->spec[e->rel[bi->tensor]][par];
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
+        const igrad__plan_tensor_t *tp = &plan->t[bi->tensor];
+        const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
         igrad__cuda_blk_t *b = &st->h_blk[q];
         b->g = grads[bi->tensor];
         b->val_off = bi->val_off;
@@ -177,7 +177,7 @@ igrad_status_t igrad__dp_cuda_unpack_sparse(igrad_engine_t *e, size_t j, float *
         b->width = bi->idx_nbytes;
         b->row_wise = bi->row_wise;
     }
-    const unsigned char *recv = e->recv_arena + bk->recv_off;
+    const unsigned char *recv = mem->recv_arena + bk->recv_off;
     cudaError_t err = cudaMemcpyAsync(st->d_blk, st->h_blk, nb * sizeof *st->h_blk,
                                       cudaMemcpyHostToDevice, s);
     if (err == cudaSuccess) err = cudaMemsetAsync(st->d_bad, 0xff, nb * P * sizeof(uint32_t), s);
@@ -197,10 +197,11 @@ igrad_status_t igrad__dp_cuda_unpack_sparse(igrad_engine_t *e, size_t j, float *
             unsigned char bytes[4] = {0, 0, 0, 0};
             cudaMemcpy(bytes, recv + r * bk->send_nbytes + b->idx_off + (size_t)b->width * k,
                        (size_t)b->width, cudaMemcpyDeviceToHost);
-            return igrad__dp_bad_index(e, bk, &e->binfo[e->order[bk->first + q]], (int)r, k,
+            return igrad__dp_bad_index(plan, step, mem, bk,
+                                       &step->binfo[step->order[bk->first + q]], (int)r, k,
                                        igrad__read_index(bytes, b->width, 0), b->bound);
         }
-    const float inv = 1.0f / (float)e->avg_ranks; /* as the CPU backend */
+    const float inv = 1.0f / (float)plan->avg_ranks; /* as the CPU backend */
     for (size_t r = 0; r < P; r++)
         add_kernel<<<(unsigned)nb, IGRAD__CUDA_THREADS, 0, s>>>(
             st->d_blk, recv + r * bk->send_nbytes, inv);
@@ -208,15 +209,15 @@ igrad_status_t igrad__dp_cuda_unpack_sparse(igrad_engine_t *e, size_t j, float *
     return err == cudaSuccess ? IGRAD_OK : igrad__cuda_fail(err, "CUDA unpack");
 }
 
-igrad_status_t igrad__dp_cuda_unpack_dense(igrad_engine_t *e, size_t j, float *const *grads)
+igrad_status_t igrad__dp_cuda_unpack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
-    cudaStream_t s = igrad__cuda_stream(e);
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    const float inv = 1.0f / (float)e->avg_ranks;
-    const float *buf = (const float *)(const void *)(e->recv_arena + bk->recv_off);
-    int dense = e->sp == IGRAD_SPARSIFIER_NONE;
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    const float inv = 1.0f / (float)plan->avg_ranks;
+    const float *buf = (const float *)(const void *)(mem->recv_arena + bk->recv_off);
+    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
         if (!bi->seg_owner) continue;
         dense_kernel<<<igrad__cuda_grid(bi->seg_count), IGRAD__CUDA_THREADS, 0, s>>>(
             grads[bi->tensor] + bi->seg_begin, buf + bi->dense_off, bi->seg_count, inv, dense);

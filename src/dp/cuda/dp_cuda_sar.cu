@@ -6,7 +6,7 @@
  *    the bucket index being the block's dense offset plus the entry's
  *    place in its segment (row-wise: row * cols + column).
  *  unpack: the reduced result (igrad__sar_cuda left it on the device, in
- *    e->sar[j]) times 1/P into the gradients, and this rank's remainder
+ *    step->sar[j]) times 1/P into the gradients, and this rank's remainder
  *    into its residuals (or, under residual = drop, only counted). One
  *    thread block per dense segment finds its entries in the two arrays
  *    (both ascending by index) by binary search; the segments tile the
@@ -116,51 +116,51 @@ igrad_status_t reserve_segments(igrad__cuda_state_t *st, size_t n)
 
 } // namespace
 
-void igrad__dp_cuda_pack_sar(igrad_engine_t *e, size_t j, float *const *grads)
+void igrad__dp_cuda_pack_sar(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
     (void)grads;
-    cudaStream_t s = igrad__cuda_stream(e);
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    int par = igrad__step_parity(e, e->cur_step);
-    igrad__sar_entry_t *out = (igrad__sar_entry_t *)(void *)(e->send_arena + bk->send_off);
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    int par = igrad__plan_parity(plan, step->cur_step);
+    igrad__sar_entry_t *out = (igrad__sar_entry_t *)(void *)(mem->send_arena + bk->send_off);
     size_t n = 0;
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
-        const igrad_select_spec_t *sp = &e->t[bi->tensor].spec[e->rel[bi->tensor]][par];
-        int64_t src = e->stage_off[bi->tensor] + bi->first;
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
+        const igrad_select_spec_t *sp = &plan->t[bi->tensor].spec[step->rel[bi->tensor]][par];
+        int64_t src = step->stage_off[bi->tensor] + bi->first;
         /* the module refuses an index space above 2^32 before it reads one */
         pack_kernel<<<igrad__cuda_grid(bi->count), IGRAD__CUDA_THREADS, 0, s>>>(
-            out + n, e->stage_idx + src, e->stage_val + src, bi->count,
+            out + n, step->stage_idx + src, step->stage_val + src, bi->count,
             (uint32_t)bi->dense_off, bi->row_wise, sp->per_row, sp->cols);
         n += (size_t)bi->count;
     }
 }
 
-igrad_status_t igrad__dp_cuda_unpack_sar(igrad_engine_t *e, size_t j, float *const *grads)
+igrad_status_t igrad__dp_cuda_unpack_sar(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
-    igrad__cuda_state_t *st = igrad__cuda_state(e);
+    igrad__cuda_state_t *st = igrad__cuda_state(plan, step, mem);
     IGRAD_FAIL_IF(!st, IGRAD_E_STATE, "CUDA unpack: the data plane has no state");
-    cudaStream_t s = igrad__cuda_stream(e);
-    const igrad__engine_bucket_t *bk = &e->bk[j];
-    const igrad__sar_t *w = &e->sar[j];
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
+    const igrad__step_bucket_t *bk = &step->bk[j];
+    const igrad__sar_t *w = &step->sar[j];
     size_t nseg = 0;
     for (size_t q = 0; q < bk->nblocks; q++)
-        nseg += e->binfo[e->order[bk->first + q]].seg_owner != 0;
+        nseg += step->binfo[step->order[bk->first + q]].seg_owner != 0;
     if (nseg == 0 || (w->result_count == 0 && w->remainder_count == 0)) return IGRAD_OK;
     IGRAD_CHECK(reserve_segments(st, nseg));
     size_t ns = 0;
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
         if (!bi->seg_owner) continue;
         igrad__cuda_seg_t *sg = &st->h_seg[ns++];
         sg->g = grads[bi->tensor];
-        sg->residual = e->t[bi->tensor].residual;
+        sg->residual = mem->residual[bi->tensor];
         sg->dense_off = bi->dense_off;
         sg->begin = bi->seg_begin;
         sg->count = bi->seg_count;
     }
-    const float inv = 1.0f / (float)e->avg_ranks; /* as in the sparse wire */
-    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
+    const float inv = 1.0f / (float)plan->avg_ranks; /* as in the sparse wire */
+    int drop = plan->cfg.residual == IGRAD_RESIDUAL_DROP;
     cudaError_t err = cudaMemcpyAsync(st->d_seg, st->h_seg, nseg * sizeof *st->h_seg,
                                       cudaMemcpyHostToDevice, s);
     if (err == cudaSuccess) {
@@ -176,10 +176,12 @@ igrad_status_t igrad__dp_cuda_unpack_sar(igrad_engine_t *e, size_t j, float *con
     if (err != cudaSuccess) return igrad__cuda_fail(err, "CUDA sparse all-reduce unpack");
     ns = 0;
     for (size_t q = 0; q < bk->nblocks; q++) {
-        const igrad__engine_block_t *bi = &e->binfo[e->order[bk->first + q]];
+        const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
         if (!bi->seg_owner) continue;
-        if (drop) e->tdropped[bi->tensor] += st->h_segsum[ns++];
-        else e->tnorm[bi->tensor] += st->h_segsum[ns++];
+        if (drop)
+            step->tdropped[bi->tensor] += st->h_segsum[ns++];
+        else
+            step->tnorm[bi->tensor] += st->h_segsum[ns++];
     }
     return IGRAD_OK;
 }

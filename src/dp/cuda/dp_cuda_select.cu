@@ -23,8 +23,8 @@
  *  - dense specs (count = n): values = a, residual 0.
  * Nothing is written before every entry has been read: the check stage
  * proved a finite (the engine stops the step otherwise). The per-tensor
- * sums of the selected values come back as one small array. The remedies
- * (momentum correction, factor masking, residual decay) are elementwise
+ * sums of the selected values come back as one small array. Momentum
+ * (DGC's correction and factor masking) runs as elementwise
  * kernels around the selection, in select.c's order.
  */
 #include "dp/cuda/dp_cuda.cuh"
@@ -266,26 +266,15 @@ __global__ void accumulate_kernel(float *g, float *r, int64_t n, int zero_g)
     }
 }
 
-/* not sent, remedies on: u = m*u + g, r = d*(u + r); without u r = d*(g + r) */
-__global__ void accumulate_decay_kernel(float *u, const float *g, float *r, int64_t n, float m,
-                                        float d)
+/* not sent, with momentum: u = m*u + g, r = u + r */
+__global__ void accumulate_momentum_kernel(float *u, const float *g, float *r, int64_t n,
+                                           float m)
 {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        if (u) {
-            u[i] = igrad__momentum(m, u[i], g[i]);
-            r[i] = igrad__fmul(d, igrad__fadd(u[i], r[i]));
-        } else {
-            r[i] = igrad__fmul(d, igrad__fadd(g[i], r[i]));
-        }
+        u[i] = igrad__momentum(m, u[i], g[i]);
+        r[i] = igrad__fadd(u[i], r[i]);
     }
-}
-
-__global__ void decay_kernel(float *r, int64_t n, float d)
-{
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        r[i] = igrad__fmul(d, r[i]);
 }
 
 /* momentum factor masking: the velocity of the sent entries cleared */
@@ -336,47 +325,44 @@ void select_one(igrad__cuda_state_t *st, float *x, float *r, const igrad_select_
 
 } // namespace
 
-void igrad__dp_cuda_select_into(igrad_engine_t *e, float *const *grads, int zero)
+void igrad__dp_cuda_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
 {
-    igrad__cuda_state_t *st = igrad__cuda_state(e);
+    igrad__cuda_state_t *st = igrad__cuda_state(plan, step, mem);
     if (!st) {
-        for (size_t t = 0; t < e->ntensors; t++) e->tstatus[t] = IGRAD_E_STATE;
+        for (size_t t = 0; t < plan->ntensors; t++) step->tstatus[t] = IGRAD_E_STATE;
         return;
     }
-    cudaStream_t s = igrad__cuda_stream(e);
+    cudaStream_t s = igrad__cuda_stream(plan, step, mem);
     const unsigned T = IGRAD__CUDA_THREADS;
-    int drop = e->cfg.residual == IGRAD_RESIDUAL_DROP;
-    int remedies = e->cfg.momentum > 0.0 || e->cfg.residual_decay < 1.0;
-    float m = (float)e->cfg.momentum, d = (float)e->cfg.residual_decay;
-    double d2 = (double)d * (double)d;
-    int par = igrad__step_parity(e, e->cur_step);
-    for (size_t t = 0; t < e->ntensors; t++) {
-        igrad__engine_tensor_t *tp = &e->t[t];
-        float *g = grads[t], *r = tp->residual, *u = tp->velocity;
+    int drop = plan->cfg.residual == IGRAD_RESIDUAL_DROP;
+    float m = (float)plan->cfg.momentum;
+    int par = igrad__plan_parity(plan, step->cur_step);
+    for (size_t t = 0; t < plan->ntensors; t++) {
+        igrad__plan_tensor_t *tp = &plan->t[t];
+        float *g = grads[t], *r = mem->residual[t], *u = mem->velocity[t];
         int64_t n = tp->n;
         unsigned grid = igrad__cuda_grid(n);
-        if (e->sent[t]) {
-            const igrad_select_spec_t *sp = &tp->spec[e->rel[t]][par];
-            uint32_t *idx = e->stage_idx + e->stage_off[t];
-            float *val = e->stage_val + e->stage_off[t];
-            if (remedies && u) {
+        if (step->sent[t]) {
+            const igrad_select_spec_t *sp = &tp->spec[step->rel[t]][par];
+            uint32_t *idx = step->stage_idx + step->stage_off[t];
+            float *val = step->stage_val + step->stage_off[t];
+            if (u) {
                 momentum_kernel<<<grid, T, 0, s>>>(u, g, n, m, zero);
                 select_one(st, u, r, sp, idx, val, 0, s);
             } else {
                 select_one(st, g, r, sp, idx, val, zero, s);
             }
-            if (remedies && u && e->cfg.momentum_masking) {
+            if (u) { /* DGC's factor masking */
                 if (sp->count == n) cudaMemsetAsync(u, 0, (size_t)n * sizeof *u, s);
                 else mask_kernel<<<igrad__cuda_grid(sp->count), T, 0, s>>>(
                          u, idx, sp->count, sp->row_wise, sp->per_row, sp->cols);
             }
-            if (remedies && e->cfg.residual_decay < 1.0) decay_kernel<<<grid, T, 0, s>>>(r, n, d);
             val_of f = {val};
             igrad__cuda_sum_launch(f, sp->count, st->d_part, st->d_tsumsq + t, s);
-        } else if (!drop && !remedies) {
+        } else if (!drop && !u) {
             accumulate_kernel<<<grid, T, 0, s>>>(g, r, n, zero);
         } else if (!drop) {
-            accumulate_decay_kernel<<<grid, T, 0, s>>>(u, g, r, n, m, d);
+            accumulate_momentum_kernel<<<grid, T, 0, s>>>(u, g, r, n, m);
             if (zero) cudaMemsetAsync(g, 0, (size_t)n * sizeof *g, s);
         } else {
             if (u) cudaMemsetAsync(u, 0, (size_t)n * sizeof *u, s);
@@ -388,25 +374,23 @@ void igrad__dp_cuda_select_into(igrad_engine_t *e, float *const *grads, int zero
     double *sums = st->h_sums;
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess)
-        err = cudaMemcpyAsync(sums, st->d_tsumsq, e->ntensors * sizeof(double),
+        err = cudaMemcpyAsync(sums, st->d_tsumsq, plan->ntensors * sizeof(double),
                               cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);
     if (err != cudaSuccess) igrad__cuda_fail(err, "CUDA selection");
-    for (size_t t = 0; t < e->ntensors; t++) {
-        double a2 = e->tnorm[t]; /* sum of a^2 from the check */
-        double sumsq = e->sent[t] ? sums[t] : 0.0;
-        e->tdropped[t] = 0.0;
+    for (size_t t = 0; t < plan->ntensors; t++) {
+        double a2 = step->tnorm[t]; /* sum of a^2 from the check */
+        double sumsq = step->sent[t] ? sums[t] : 0.0;
+        step->tdropped[t] = 0.0;
         if (err != cudaSuccess) {
-            e->tstatus[t] = e->sent[t] ? IGRAD_E_STATE : IGRAD_OK;
-        } else if (e->sent[t]) {
-            e->tsumsq[t] = sumsq;
-            /* the residual is a with the selected entries zeroed (then decayed) */
-            e->tnorm[t] = a2 - sumsq > 0.0 ? (a2 - sumsq) * (remedies ? d2 : 1.0) : 0.0;
-        } else if (!drop && remedies) {
-            e->tnorm[t] = a2 * d2;
+            step->tstatus[t] = step->sent[t] ? IGRAD_E_STATE : IGRAD_OK;
+        } else if (step->sent[t]) {
+            step->tsumsq[t] = sumsq;
+            /* the residual is a with the selected entries zeroed */
+            step->tnorm[t] = a2 - sumsq > 0.0 ? a2 - sumsq : 0.0;
         } else if (drop) {
-            e->tdropped[t] = a2;
-            e->tnorm[t] = 0.0;
+            step->tdropped[t] = a2;
+            step->tnorm[t] = 0.0;
         }
     }
 }
