@@ -32,7 +32,15 @@
 extern const igrad__plugin_mpi_t igrad__plugin_mpi __attribute__((weak));
 extern const igrad__plugin_cuda_t igrad__plugin_cuda __attribute__((weak));
 
-static char empty_dir[64];
+static char empty_dir[4096];
+
+/* A fresh directory under $TMPDIR (or /tmp) named <what>-XXXXXX. */
+static void temp_dir(char *dir, size_t cap, const char *what)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, cap, "%s/%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", what);
+    assert_non_null(mkdtemp(dir));
+}
 
 #if defined(IGRAD_TEST_FAKE_PLUGINS)
 static const char *fake_dir(void)
@@ -108,7 +116,7 @@ static void test_absent(void **state)
     assert_status(load("nosuch", &t), IGRAD_E_UNSUPPORTED);
     assert_null(t);
     assert_error_has("test_plugin: this igrad has no TESTING (it runs without TESTING): ");
-    char want[256];
+    char want[4400];
     snprintf(want, sizeof want,
              "libigrad_nosuch.so is neither in %s (IGRAD_PLUGIN_DIR) nor on the library "
              "search path (libigrad_nosuch.so: cannot open shared object file",
@@ -121,18 +129,18 @@ static void test_absent(void **state)
 static void test_not_a_library(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/igrad-plugin-XXXXXX", path[128];
-    assert_non_null(mkdtemp(dir));
+    char dir[4096], path[4200];
+    temp_dir(dir, sizeof dir, "igrad-plugin");
     snprintf(path, sizeof path, "%s/libigrad_broken.so", dir);
     write_file(path, "not a shared object\n");
     assert_int_equal(setenv("IGRAD_PLUGIN_DIR", dir, 1), 0);
     const igrad__plugin_head_t *t = NULL;
     assert_status(load("broken", &t), IGRAD_E_UNSUPPORTED);
-    char want[256];
+    char want[4400];
     snprintf(want, sizeof want, "%s could not be loaded: ", path);
     assert_error_has(want);
     /* a shared object without the table: a copy of libigrad.so */
-    char core[4200], other[128];
+    char core[4200], other[4200];
     const char *build = getenv("IGRAD_BUILD_DIR");
     snprintf(core, sizeof core, "%s/libigrad.so", build ? build : ".");
     snprintf(other, sizeof other, "%s/libigrad_notable.so", dir);
@@ -183,7 +191,9 @@ static void test_other_copy(void **state)
 
 int main(void)
 {
-    snprintf(empty_dir, sizeof empty_dir, "/tmp/igrad-plugin-empty-XXXXXX");
+    const char *tmp = getenv("TMPDIR");
+    snprintf(empty_dir, sizeof empty_dir, "%s/igrad-plugin-empty-XXXXXX",
+             tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(empty_dir)) {
         perror("mkdtemp");
         return 1;
