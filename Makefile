@@ -1,6 +1,9 @@
 # Thin wrapper over CMake/CTest. Every target bootstraps first, so on a
 # fresh Debian machine `make test` alone installs, builds and tests.
 #   make          build into build/ (build/igrad, build/libigrad.so)
+#   make lib      only what the Python package carries: build/libigrad.so and
+#                 its plugins (libigrad_mpi.so, libigrad_cuda.so where MPI /
+#                 CUDA are found); no CLI, trainer or tests
 #   make test     build + run every test (unit, MPI, fuzz, CLI, Python)
 #   make asan     same tests (Python ones too, ASan runtime preloaded) under
 #                 AddressSanitizer + UBSan + float-cast-overflow (build-asan/)
@@ -16,18 +19,24 @@ FUZZ_SECONDS ?= 60
 FUZZ_BUILD ?= build-fuzz
 FUZZ_TARGETS ?=
 
-.PHONY: all bootstrap build test asan fuzz bench demo experiments clean
+.PHONY: all bootstrap configure build lib test asan fuzz bench demo experiments clean
 
 all: build
 
 bootstrap:
 	@scripts/bootstrap --with-python
 
-build: bootstrap
+configure: bootstrap
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >$(BUILD).configure.log 2>&1 \
 	  || { cat $(BUILD).configure.log; exit 1; }
-	@grep -E -- "-- (cJSON|cmocka|OpenBLAS|OpenMP|MPI|CUDA|NCCL):" $(BUILD).configure.log | sed 's/^-- /  /'
+	@grep -E -- "-- (cJSON|cmocka|OpenBLAS|OpenMP|MPI|CUDA|NCCL|libigrad.so plugins):" \
+	  $(BUILD).configure.log | sed 's/^-- /  /'
+
+build: configure
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
+
+lib: configure
+	@cmake --build $(BUILD) --target lib -j $(JOBS) -- --no-print-directory
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -841,8 +841,10 @@ IGRAD_API igrad_status_t igrad_comm_create_self(igrad_comm_t **out);
  *  @param mpi_comm points to an MPI_Comm (passed by pointer so that igrad.h
  *  needs no mpi.h); NULL means MPI_COMM_WORLD.
  *  @return IGRAD_E_STATE if MPI is not initialized or already finalized,
- *  IGRAD_E_INVALID for MPI_COMM_NULL, IGRAD_E_UNSUPPORTED if the library
- *  was built without MPI. */
+ *  IGRAD_E_INVALID for MPI_COMM_NULL, IGRAD_E_UNSUPPORTED if the MPI
+ *  plugin libigrad_mpi.so cannot be loaded (a build without MPI, or no MPI
+ *  library on this machine; the message says which file and why):
+ *  libigrad.so itself links no MPI library and loads it on first use. */
 IGRAD_API igrad_status_t igrad_comm_create_mpi(const void *mpi_comm, igrad_comm_t **out);
 
 /** Creates a communicator whose collectives are the caller's callbacks.

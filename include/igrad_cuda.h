@@ -49,8 +49,16 @@
  * scalars per bucket. It is blocking, as on the CPU: its steps wait for
  * the stream.
  *
- * In a build without CUDA (or without NCCL for igrad_comm_create_nccl)
- * every function here returns IGRAD_E_UNSUPPORTED with a message.
+ * These functions are in libigrad.so, which links no CUDA or NCCL library:
+ * on first use they load the plugin libigrad_cuda.so (the CUDA data plane
+ * and the CUDA communicators; it needs libcudart, and libnccl when built
+ * with NCCL) from the directory of libigrad.so, or IGRAD_PLUGIN_DIR, or
+ * the library search path. Where it cannot be loaded (a build without
+ * CUDA, or a machine without the CUDA runtime) every function here returns
+ * IGRAD_E_UNSUPPORTED with a message naming the plugin and the dynamic
+ * linker's reason (e.g. "libcudart.so.13: cannot open shared object
+ * file"); igrad_comm_create_nccl does the same when the plugin was built
+ * without NCCL.
  */
 #ifndef IGRAD_CUDA_H
 #define IGRAD_CUDA_H
@@ -73,7 +81,8 @@ struct ncclComm;
  *  others are refused with IGRAD_E_UNSUPPORTED naming the communicator.
  *  Collective over comm, like igrad_engine_create.
  *  @return IGRAD_E_INVALID for a device outside [0, cudaGetDeviceCount),
- *  IGRAD_E_UNSUPPORTED without CUDA, IGRAD_E_NOMEM when device memory runs
+ *  IGRAD_E_UNSUPPORTED without CUDA (no libigrad_cuda.so, or no device),
+ *  IGRAD_E_NOMEM when device memory runs
  *  out, or igrad_engine_create's errors. */
 IGRAD_API igrad_status_t igrad_engine_create_cuda(const igrad_layout_t *layout,
                                                   const igrad_profile_t *profile,
@@ -105,7 +114,7 @@ IGRAD_API igrad_status_t igrad_comm_create_self_cuda(struct CUstream_st *stream,
  *  comm's ncclCommGetAsyncError; a timeout (igrad_comm_set_timeout) as
  *  IGRAD_E_TIMEOUT; the process is never aborted.
  *  @return IGRAD_E_INVALID for a NULL comm, IGRAD_E_UNSUPPORTED without
- *  NCCL. */
+ *  NCCL (no libigrad_cuda.so, or one built without NCCL). */
 IGRAD_API igrad_status_t igrad_comm_create_nccl(struct ncclComm *nccl_comm,
                                                 struct CUstream_st *stream,
                                                 igrad_comm_t **out);

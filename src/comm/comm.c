@@ -19,11 +19,14 @@
  * (igrad__comm_alltoallv) is checked here like the public collectives; a
  * backend may leave it NULL.
  *
- * The self backend lives in comm_self.c and the MPI backend in comm_mpi.c.
- * When the library is built without MPI, igrad_comm_create_mpi() is defined
- * here and reports IGRAD_E_UNSUPPORTED, so the API is the same everywhere.
+ * The self backend lives in comm_self.c. The MPI backend (comm_mpi.c) is
+ * the plugin libigrad_mpi.so: igrad_comm_create_mpi() here loads it on
+ * first use and reports IGRAD_E_UNSUPPORTED, naming the file and the
+ * dynamic linker's reason, where it cannot be loaded, so the API is the
+ * same everywhere.
  */
 #include "comm/comm_internal.h"
+#include "core/plugin.h"
 
 #include <float.h>
 #include <stddef.h>
@@ -797,12 +800,15 @@ igrad_status_t igrad_comm_create_custom(const igrad_comm_ops_t *ops, void *user,
     return st;
 }
 
-#ifndef IGRAD_HAVE_MPI
+/* The MPI communicator is in libigrad_mpi.so (comm_mpi.c), loaded on first
+ * use (core/plugin.h); a program linked with libigrad.a has it linked in. */
+extern const igrad__plugin_mpi_t igrad__plugin_mpi __attribute__((weak));
+
 igrad_status_t igrad_comm_create_mpi(const void *mpi_comm, igrad_comm_t **out)
 {
-    (void)mpi_comm;
     if (out) *out = NULL;
-    return igrad__fail(IGRAD_E_UNSUPPORTED, __FILE__, __LINE__,
-                       "igrad_comm_create_mpi: libigrad was built without MPI");
+    const igrad__plugin_head_t *t = NULL;
+    IGRAD_CHECK(igrad__plugin_load("mpi", "MPI", "igrad_comm_create_mpi",
+                                   &igrad__plugin_mpi ? &igrad__plugin_mpi.head : NULL, &t));
+    return ((const igrad__plugin_mpi_t *)t)->comm_create(mpi_comm, out);
 }
-#endif

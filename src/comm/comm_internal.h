@@ -216,6 +216,15 @@ igrad_status_t igrad__comm_alltoallv(igrad_comm_t *comm, const void *send,
 igrad_status_t igrad__comm_new(const igrad__comm_vtable_t *vt, const char *backend,
                                int rank, int size, void *impl, igrad_comm_t **out);
 
+/* The CUDA communicators of the plugin libigrad_cuda.so (core/plugin.h):
+ * igrad_comm_create_self_cuda and igrad_comm_create_nccl (igrad_cuda.h)
+ * once the plugin is loaded. */
+struct CUstream_st;
+struct ncclComm;
+igrad_status_t igrad__comm_self_cuda_create(struct CUstream_st *stream, igrad_comm_t **out);
+igrad_status_t igrad__comm_nccl_create(struct ncclComm *nccl_comm, struct CUstream_st *stream,
+                                       igrad_comm_t **out);
+
 /* Test hooks of the MPI backend, defined only when comm_mpi.c is built.
  * Declared unconditionally because IGRAD_HAVE_MPI reaches the library's
  * own objects, not the tests that link it (only MPI tests call these).

@@ -27,7 +27,9 @@
  *    ncclInProgress (a non-blocking communicator) is waited out the same
  *    way. Nothing here aborts the process or the NCCL communicator: that
  *    is the caller's call (ncclCommAbort) after an error.
- * Built only with CUDA and NCCL; argument checks live in comm.c.
+ * Part of the plugin libigrad_cuda.so when CUDA and NCCL are both found:
+ * igrad_comm_create_nccl reaches it through the plugin's table
+ * (core/plugin.h). Argument checks live in comm.c.
  */
 #define _POSIX_C_SOURCE 200112L /* gethostname */
 #include "comm/comm_internal.h"
@@ -510,7 +512,7 @@ static igrad_status_t nccl_wrap(ncclComm_t c, int owned, cudaStream_t stream, ig
     return st;
 }
 
-igrad_status_t igrad_comm_create_nccl(struct ncclComm *nccl_comm, struct CUstream_st *stream,
+igrad_status_t igrad__comm_nccl_create(struct ncclComm *nccl_comm, struct CUstream_st *stream,
                                       igrad_comm_t **out)
 {
     IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_comm_create_nccl: out is NULL");

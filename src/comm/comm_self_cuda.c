@@ -7,8 +7,9 @@
  * is complete for everything queued after it there: requests are done at
  * issue. It splits (into itself), reduces and broadcasts, so the two-level
  * sync runs on one GPU, and its alltoallv (blocking) is one copy waited
- * for on its stream. Built only with CUDA; argument checks live in
- * comm.c.
+ * for on its stream. Part of the plugin libigrad_cuda.so (built only with
+ * CUDA): igrad_comm_create_self_cuda reaches it through the plugin's table
+ * (core/plugin.h). Argument checks live in comm.c.
  */
 #include "comm/comm_internal.h"
 #include "igrad_cuda.h"
@@ -93,7 +94,7 @@ static igrad_status_t self_cuda_split(igrad_comm_t *comm, int color, int key, ig
 {
     const self_cuda_t *impl = comm->impl;
     (void)color, (void)key; /* one rank: its own group */
-    return igrad_comm_create_self_cuda(impl->stream, out);
+    return igrad__comm_self_cuda_create(impl->stream, out);
 }
 
 static igrad_status_t self_cuda_ireduce(igrad_comm_t *comm, const void *send, void *recv,
@@ -161,7 +162,7 @@ static const igrad__comm_vtable_t self_cuda_vtable = {
     .alltoallv = self_cuda_alltoallv,
 };
 
-igrad_status_t igrad_comm_create_self_cuda(struct CUstream_st *stream, igrad_comm_t **out)
+igrad_status_t igrad__comm_self_cuda_create(struct CUstream_st *stream, igrad_comm_t **out)
 {
     IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_comm_create_self_cuda: out is NULL");
     *out = NULL;

@@ -4,7 +4,8 @@
  * Error recording (IGRAD_FAIL_IF / IGRAD_CHECK and their goto-cleanup
  * variants), 64-bit hashing, whole-file reading and crash-safe file writing.
  * Functions here use the igrad__ prefix: visible across the library's files,
- * hidden from its users (the shared library exports only IGRAD_API).
+ * hidden from its users (the shared library exports IGRAD_API and the few
+ * that its plugins call: core/plugin.h).
  */
 #ifndef IGRAD_INTERNAL_H
 #define IGRAD_INTERNAL_H
