@@ -59,7 +59,7 @@ typedef struct igrad__plugin_mpi {
     igrad_status_t (*comm_create)(const void *mpi_comm, igrad_comm_t **out);
 } igrad__plugin_mpi_t;
 
-/* libigrad_cuda.so: igrad__plugin_cuda (dp/cuda/dp_cuda_engine.cu). The
+/* libigrad_cuda.so: igrad__plugin_cuda (engine/engine_cuda.cu). The
  * functions are igrad_cuda.h's, with its contracts. */
 typedef struct igrad__plugin_cuda {
     igrad__plugin_head_t head;

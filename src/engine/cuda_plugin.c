@@ -1,7 +1,7 @@
 /*
  * cuda_plugin.c — igrad_cuda.h's functions in libigrad.so: each loads the
  * plugin libigrad_cuda.so on first use (core/plugin.h) and calls its
- * table (dp/cuda/dp_cuda_engine.cu), so that libigrad.so links no CUDA or
+ * table (engine/engine_cuda.cu), so that libigrad.so links no CUDA or
  * NCCL library and the API is the same in every build. Where the plugin
  * cannot be loaded (not built, or its CUDA runtime missing) each returns
  * IGRAD_E_UNSUPPORTED naming the file and the dynamic linker's reason; a

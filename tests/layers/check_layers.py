@@ -8,7 +8,9 @@ above. Prints each offending include as FILE:LINE: LAYER includes HEADER
 unknown folder, or an include of a src/ header by a bare name, is an error
 too, so a new folder must be given its place here first.
 
-Usage: check_layers.py [SRC_DIR]   (default: src/ beside tests/)
+Usage: check_layers.py [--expect N] [SRC_DIR]   (default: src/ beside tests/)
+  --expect N: exit 0 only if exactly N includes offend (the check's own
+  test, on the fixture tree tests/layers/upward/).
 """
 import os
 import re
@@ -37,7 +39,12 @@ def layer_of(rel):
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "..", "src")
+    args = sys.argv[1:]
+    expect = None
+    if args[:1] == ["--expect"]:
+        expect = int(args[1])
+        args = args[2:]
+    src = args[0] if args else os.path.join(here, "..", "..", "src")
     bad, files = [], 0
     for root, _, names in os.walk(src):
         for name in sorted(names):
@@ -65,6 +72,8 @@ def main():
     for b in bad:
         print(b)
     print(f"check_layers: {files} files, {len(bad)} offending includes")
+    if expect is not None:
+        return 0 if len(bad) == expect and files > 0 else 1
     return 1 if bad else 0
 
 

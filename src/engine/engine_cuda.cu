@@ -1,5 +1,5 @@
 /*
- * dp_cuda_engine.cu — the table of the plugin libigrad_cuda.so
+ * engine_cuda.cu — the table of the plugin libigrad_cuda.so
  * (core/plugin.h), which igrad_cuda.h's entry points in libigrad.so call
  * once they have loaded it (engine/cuda_plugin.c): an engine on the CUDA
  * data plane (dp_cuda.cu's row of dp.h) for one device and stream,
@@ -8,8 +8,8 @@
  * its queue differ from igrad_engine_create.
  */
 #include "dp/cuda/dp_cuda.cuh"
-/* The engine entry points: an engine-layer file (igrad__engine_create,
- * the two-level engine), here because it is compiled with the device code. */
+/* An engine-layer file (it calls igrad__engine_create and the two-level
+ * engine), compiled with the device code into the CUDA plugin. */
 extern "C" {
 #include "engine/engine_internal.h"
 }
