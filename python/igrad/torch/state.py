@@ -457,12 +457,19 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
     # -- one step ------------------------------------------------------------
 
     def _dense_average(self, tensors):
+        """Averages `tensors` over the group in place, as DDP would (the
+        fallback of a skipped step). 16-bit floats on a CPU backend are
+        summed as a float32 copy and rounded back once: gloo cannot
+        all-reduce bfloat16 (torch 1.13: "Invalid scalar type"), and one
+        rounding of the float32 average is the more accurate result anyway."""
         coll = self._group_comm()
         if coll.size == 1:
             return
         for g in tensors:
             gd = g if coll.device.type == "cpu" or g.device == coll.device else g.to(
                 coll.device)
+            if gd.device.type == "cpu" and gd.dtype in (torch.bfloat16, torch.float16):
+                gd = gd.to(torch.float32)
             dist.all_reduce(gd, group=coll.group)
             gd.div_(coll.size)
             if gd is not g:
