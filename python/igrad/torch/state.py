@@ -5,6 +5,7 @@ device) and one synchronized step over a list of gradients
 synchronizers call. Checkpoints, statistics and DDP buckets are its
 bases' (igrad.torch.checkpoint, .stats, .hook).
 """
+import ctypes
 import dataclasses
 import operator
 import os
@@ -558,6 +559,42 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         if peer is not None:
             raise peer from e
         raise e
+
+    def _engine_floats(self, addr, count):
+        """A float32 tensor over `count` floats of the engine's memory at
+        `addr` (host, or the CUDA engine's device; no copy)."""
+        eng = self.engine
+        if eng.device is not None:
+            return _device.device_view(addr, count, torch.float32, self._data_device())
+        return torch.frombuffer((ctypes.c_float * count).from_address(addr),
+                                dtype=torch.float32)
+
+    def _step_frozen(self, step, grads, frozen):
+        """_step_tensors for a step where the layout tensors `frozen` have
+        no gradient on this rank (a parameter frozen mid-run:
+        requires_grad_(False), .grad = None). Each is given as zeros with
+        its error-feedback residual (and momentum velocity) held out: the
+        engine sees a = 0, so this rank contributes nothing for it and
+        releases nothing, and the residual is put back unchanged after the
+        step, for when the parameter thaws. The caller discards the frozen
+        tensors' results, so the parameter stays untouched."""
+        if not frozen:
+            return self._step_tensors(step, grads)
+        eng = self.engine
+        held = []
+        with torch.no_grad():
+            for t in frozen:
+                for addr in (eng.residual_address(t), eng.velocity_address(t)):
+                    if addr:
+                        buf = self._engine_floats(addr, self._counts[t])
+                        held.append((buf, buf.clone()))
+                        buf.zero_()
+        try:
+            return self._step_tensors(step, grads)
+        finally:
+            with torch.no_grad():
+                for buf, saved in held:
+                    buf.copy_(saved)
 
     def _step_tensors(self, step, grads, refused=None):
         """Synchronizes one step: grads[t] is tensor t's gradient (layout
