@@ -583,12 +583,10 @@ class Binding(unittest.TestCase):
         with self.assertRaises(igrad.MismatchError) as cm:
             sync.synchronize(0)
         self.assertIn("another model", str(cm.exception))
-        # ig without a profile
-        state = it.IgradState(method="ig")
-        sync = it.GradientSynchronizer(model.named_parameters(), state)
+        # ig without a profile: refused at construction, naming profile='auto'
         with self.assertRaises(igrad.InvalidArgumentError) as cm:
-            sync.synchronize(0)
-        self.assertIn("profile", str(cm.exception))
+            it.IgradState(method="ig")
+        self.assertIn("profile='auto'", str(cm.exception))
 
         # an unknown parameter name in a state_dict
         state = it.IgradState(model, method="topk_sync", density=0.125)

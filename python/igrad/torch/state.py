@@ -33,6 +33,17 @@ _DTYPE_OF = operator.attrgetter("dtype")
 AUTO_PROFILE_STEPS = 30
 
 
+def _group_text(group):
+    """A process group for a message: the default one, or its size and ranks."""
+    if group is dist.group.WORLD:
+        return "the default group"
+    try:
+        size = dist.get_world_size(group)
+        return "a group of %d rank(s), this one rank %d" % (size, dist.get_rank(group))
+    except RuntimeError:
+        return "a group this rank is not in"
+
+
 def _engine_syncs(config):
     """Whether a step runs whole through eng.sync (the engine's own
     collectives) rather than begin / the group's collectives / end: the
@@ -161,6 +172,11 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         if target_ratio is not None and not (0.0 < float(target_ratio) <= 1.0):
             raise L.InvalidArgumentError("target_ratio is %r (must be in (0, 1])"
                                          % (target_ratio,))
+        if str(cfg.method).lower() in ("ig", "iad") and profile is None:
+            raise L.InvalidArgumentError(
+                "method %r needs a profile: profile='auto' (profiled online during the first "
+                "profile_steps steps, no separate run), or a profile JSON's path or an "
+                "igrad.Profile (igrad profile, igrad.torch.Profiler)" % (cfg.method,))
         if auto:
             if str(cfg.method).lower() not in ("ig", "iad"):
                 raise L.InvalidArgumentError("profile='auto' profiles online for iad and ig; "
@@ -211,6 +227,28 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
             self.attach(model)
 
     @property
+    def last_error(self):
+        """The igrad exception (an IgradError: MismatchError, CommError, ...)
+        of the last step that failed inside DDP's comm hook, None when the
+        last step succeeded. DDP hands a hook's exception on as a plain
+        RuntimeError whose message starts with the igrad type's name, so
+        `except igrad.MismatchError` around backward() misses it; catch
+        RuntimeError and look here (or call raise_last_error())."""
+        return self._last_error
+
+    def raise_last_error(self):
+        """Raises last_error as its igrad type when the last step failed;
+        does nothing otherwise:
+
+            try:
+                loss.backward()
+            except RuntimeError:
+                state.raise_last_error()   # igrad's typed error, if it was igrad's
+                raise"""
+        if self._last_error is not None:
+            raise self._last_error
+
+    @property
     def start_iter(self):
         """The steps below it are the engine's dense warm-up (config
         start_iter)."""
@@ -230,6 +268,7 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         self._coll = None            # TorchComm or _SelfComm
         self._engine = None
         self._pending = []           # DDP buckets waiting for the last one
+        self._last_error = None      # last_error: the IgradError of the last failed step
         self._stream = None          # overlap: the streamed step in progress (a dict)
         self._pending_load = None    # state_dict to apply once the engine exists
         self._trace = None
@@ -242,6 +281,7 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         """Binds the state to a model's parameters (names from
         named_parameters(), "module." stripped). Needed again after
         unpickling, as the model is not part of the pickle."""
+        self._check_ddp_group(model)
         root, items = _trainable(model)
         if not items:
             raise L.InvalidArgumentError("the model has no parameter that requires grad")
@@ -265,6 +305,53 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
                 self._slots = None
         self._param_names = {p: n for n, p in named}
         self._index = {n: i for i, (n, _) in enumerate(named)}
+        try:
+            self._check_layers()
+        except L.IgradError:  # refused: the state stays unattached
+            self._named = self._meta = self._params = self._counts = self._dtypes = None
+            self._slots = self._param_names = self._index = self._layout = None
+            raise
+
+    def _check_layers(self):
+        """ig and iad plan per (layer, kind) component: a parameter that the
+        name rules map to no layer (OTHER, embeddings, the head) is sent
+        every step and never profiled. A model whose blocks the rules do not
+        recognise (stage0, stage1, ...) is all OTHER: warned about when most
+        parameters map to no layer, refused for ig when none maps (ig would
+        send everything every step, and profile='auto' would fail only after
+        profile_steps steps)."""
+        if not self._needs_profile():
+            return
+        layout = self.layout
+        rows = [layout.tensor(i) for i in range(len(layout))]
+        none = [r["name"] for r in rows if r["layer"] < 0]
+        if len(none) * 2 <= len(rows):
+            return
+        what = ("%d of %d parameters map to no layer (first: %s): the name rules do not "
+                "recognise the model's blocks, so they are OTHER, sent every step and never "
+                "profiled; give IgradState name_map= rules (pattern, kind, layer) for them "
+                "(docs/formats.md)" % (len(none), len(rows), ", ".join(none[:4])))
+        if len(none) == len(rows) and str(self.config["method"]).lower() == "ig":
+            raise L.InvalidArgumentError("method 'ig': no parameter maps to a layer; " + what)
+        warnings.warn("igrad: " + what, stacklevel=3)
+
+    def _check_ddp_group(self, model):
+        """A DDP model must synchronize over this state's process group:
+        the hook runs igrad's collectives over the state's group while DDP
+        hands it the buckets of its own, and ranks of different groups would
+        wait for each other until one dies."""
+        ddp_group = getattr(model, "process_group", None)
+        if (ddp_group is None or not isinstance(model, torch.nn.parallel.DistributedDataParallel)
+                or not (dist.is_available() and dist.is_initialized())):
+            return
+        mine = self.process_group if self.process_group is not None else dist.group.WORLD
+        if mine is not ddp_group:
+            raise L.MismatchError(
+                "IgradState's process_group (%s) is not the group this DDP model synchronizes "
+                "over (ddp.process_group, %s): igrad's collectives would run over another group "
+                "than DDP's buckets and the ranks would block; build the state with "
+                "process_group=ddp.process_group (None for the default group)"
+                % (_group_text(mine), _group_text(ddp_group)))
 
     def _group_comm(self):
         if self._coll is None:
