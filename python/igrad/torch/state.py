@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from .. import _lib as L
-from ..core import (OPTIONS, Config, Engine, Layout, Profile, _link_fields, make_config,
-                    target_fit)
+from ..core import (OPTIONS, Config, Engine, Layout, Profile, _link_fields,
+                    ig_default_target_ratio, make_config, target_fit)
 from . import device as _device
 from .checkpoint import CheckpointMixin
 from .comm import TorchComm, _SelfComm
@@ -93,7 +93,10 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
                     bandwidth_mbps). Of the options: start_iter: the first
                     start_iter steps are plain dense averages (warm-up, as
                     in PowerSGD; the engine runs them); target_ratio X in
-                    (0, 1] (0 = off): method "ig" chooses the important set
+                    (0, 1] (0 = off; method "ig" with profile="auto" and
+                    neither target_ratio nor release_keep given:
+                    igrad.ig_default_target_ratio(), 0.25, igrad train's
+                    --target-ratio default): method "ig" chooses the important set
                     and kappa from the profile's scores so that it sends at
                     most X x the sparsifier's *_sync payload (igrad.
                     target_fit, chosen when the engine is made, in
@@ -169,6 +172,11 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         self.config = dataclasses.asdict(cfg)
         auto = isinstance(profile, str) and profile == "auto"
         target_ratio = cfg.target_ratio or None
+        if (auto and str(cfg.method).lower() == "ig" and target_ratio is None
+                and "target_ratio" not in overrides and "release_keep" not in overrides):
+            # igrad train's --target-ratio default, from the library (0 given: off)
+            target_ratio = ig_default_target_ratio()
+            self.config["target_ratio"] = target_ratio
         if target_ratio is not None and not (0.0 < float(target_ratio) <= 1.0):
             raise L.InvalidArgumentError("target_ratio is %r (must be in (0, 1])"
                                          % (target_ratio,))
@@ -225,6 +233,29 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         self._reset_runtime()
         if model is not None:
             self.attach(model)
+
+    def check_optimizer(self, optimizer):
+        """Warns (once per state) when a sparse method is paired with an
+        Adam-style optimizer whose beta1 > 0: its first moment re-applies
+        the error-fed, released gradient entries step after step, which
+        igrad's sparse methods are not tuned for; `igrad train` uses
+        betas=(0.0, 0.95) for them (docs/results/remedies.md). Called by
+        UpdateSynchronizer and GradientSynchronizer(optimizer=...); with
+        DDP call it yourself."""
+        if optimizer is None or getattr(self, "_beta1_warned", False):
+            return
+        method = str(self.config["method"]).lower()
+        if method == "dense":
+            return
+        b1 = sorted({float(g["betas"][0]) for g in getattr(optimizer, "param_groups", ())
+                     if isinstance(g.get("betas"), (tuple, list)) and float(g["betas"][0]) > 0})
+        if b1:
+            self._beta1_warned = True
+            warnings.warn("igrad: method %r is sparse, and the optimizer %s has beta1 = %s: "
+                          "igrad's sparse methods want AdamW with betas=(0.0, 0.95) (the "
+                          "default of igrad train; docs/results/remedies.md)"
+                          % (method, type(optimizer).__name__, ", ".join("%g" % b for b in b1)),
+                          stacklevel=3)
 
     @property
     def last_error(self):

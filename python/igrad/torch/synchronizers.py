@@ -31,12 +31,15 @@ class GradientSynchronizer:
     `engine.step()`; save igrad's state per rank (state.save), since
     DeepSpeed writes checkpoints from rank 0 only."""
 
-    def __init__(self, named_parameters, state):
+    def __init__(self, named_parameters, state, optimizer=None):
         # named_parameters: model.named_parameters() (unstarted), the model
         # itself, or (name, parameter) pairs (then no check for replaced
-        # parameters: the module they live in is unknown).
+        # parameters: the module they live in is unknown). optimizer: only
+        # looked at (state.check_optimizer: a warning for Adam's beta1 > 0
+        # with a sparse method).
         self.state = state
         state.attach(named_parameters)
+        state.check_optimizer(optimizer)
 
     def synchronize(self, step=None):
         """Averages the gradients over the ranks with igrad; returns the
@@ -89,7 +92,7 @@ class UpdateSynchronizer:
                                          "which a loss scale does not scale: build the "
                                          "IgradState without grad_scaler")
         self.optimizer = optimizer
-        self.state = GradientSynchronizer(model, state).state
+        self.state = GradientSynchronizer(model, state, optimizer).state
 
     def step(self, step=None):
         """One local optimizer step whose update is synchronized and applied;
