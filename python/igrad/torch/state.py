@@ -147,7 +147,16 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
     (igrad_step_stats_t fields plus "collective_ms", the time of the
     torch.distributed collectives; "warmup": 1 on a start_iter step);
     `total_payload_nbytes` and `total_wire_nbytes` accumulate them;
-    `skipped_steps` counts skips."""
+    `skipped_steps` counts skips.
+
+    Errors: DDP hands an exception raised in its comm hook on as a plain
+    RuntimeError ("MismatchError: ..."); the igrad exception itself is
+    `last_error` (None once a step succeeds), raise_last_error() raises it
+    as its type. A DDP model is refused (MismatchError) when its
+    process_group is not the state's. Methods ig and iad need a profile
+    (InvalidArgumentError at construction), and ig a model whose names map
+    to layers (name_map=; see _check_layers). check_optimizer(opt) warns
+    once when a sparse method meets Adam's beta1 > 0."""
 
     def __init__(self, model=None, process_group=None, profile=None, config=None, *,
                  grad_scaler=None, nonfinite="allreduce", overlap=False, grads_in_place=True,
