@@ -1399,6 +1399,13 @@ IGRAD_API igrad_status_t igrad_config_validate(const igrad_config_t *config);
  *  not this library's (a binding made for another igrad.h). */
 IGRAD_API igrad_status_t igrad_config_default(igrad_config_t *out, size_t size);
 
+/** The target_ratio that method "ig" uses when its user gives none (0.25: at
+ *  most a quarter of its sparsifier's *_sync payload): `igrad train`'s
+ *  --target-ratio default and the Python binding's, read from here by both.
+ *  IGRAD_CONFIG_INIT keeps target_ratio 0 (off), as a plain config asks
+ *  for no target. */
+IGRAD_API double igrad_ig_default_target_ratio(void);
+
 /** One synchronization engine per rank. Not thread-safe: one thread calls
  *  it at a time (selection itself runs on `threads` OpenMP threads). */
 typedef struct igrad_engine igrad_engine_t;

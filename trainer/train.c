@@ -466,8 +466,12 @@ void train_options_resolve(train_options_t *o)
     if (isnan(o->momentum)) o->momentum = dense ? 0.0 : TRAIN_SPARSE_MOMENTUM;
     if (o->start_iter < 0) o->start_iter = dense ? 0 : TRAIN_SPARSE_START_ITER;
     if (isnan(o->target_ratio)) {
+        /* --target-ratio not given: ig aims at the library's default share of
+         * its sparsifier's *_sync payload (the method's promise; the Python
+         * binding reads the same getter), unless --release-keep is given
+         * (then the profile's set and that kappa). Other methods: 0. */
         int ig = o->method && igrad__name_equal(o->method, "ig");
-        o->target_ratio = ig && !o->release_keep_given ? TRAIN_IG_TARGET_RATIO : 0.0;
+        o->target_ratio = ig && !o->release_keep_given ? igrad_ig_default_target_ratio() : 0.0;
     }
 }
 

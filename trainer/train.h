@@ -182,10 +182,6 @@ void train_options_default(train_options_t *o);
 #define TRAIN_SPARSE_BETA1 0.0
 #define TRAIN_SPARSE_MOMENTUM 0.0
 #define TRAIN_SPARSE_START_ITER 0
-/* --target-ratio not given: ig aims at this share of its sparsifier's
- * *_sync payload (the method's promise), unless --release-keep is given
- * (then the profile's set and that kappa, as before). Other methods: 0. */
-#define TRAIN_IG_TARGET_RATIO 0.25
 void train_options_resolve(train_options_t *o);
 
 /* What a finished run measured (the same on every rank). */

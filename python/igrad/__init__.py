@@ -29,8 +29,9 @@ from ._lib import (CommError, CommTimeoutError, FileError, FormatError, IgradErr
                    InvalidArgumentError, MismatchError, NonFiniteError, OutOfMemoryError,
                    StateError, UnsupportedError, __version__, load_library)
 from .core import (Comm, Config, Engine, Layout, NameMap, Profile,  # noqa: F401
-                   SelectWorkspace, Trace, config_to_dict, link_config, link_presets,
-                   make_config, partition, select_spec, target_fit)
+                   SelectWorkspace, Trace, config_to_dict, ig_default_target_ratio,
+                   link_config, link_presets, make_config, partition, select_spec,
+                   target_fit)
 from .profile import build_profile  # noqa: F401
 
 __all__ = [
@@ -39,7 +40,8 @@ __all__ = [
     "UnsupportedError", "NonFiniteError", "MismatchError", "CommError", "StateError",
     "CommTimeoutError", "Config", "Layout", "NameMap", "Trace", "Profile", "Comm", "Engine",
     "SelectWorkspace", "make_config", "config_to_dict", "partition", "select_spec",
-    "build_profile", "target_fit", "link_config", "link_presets",
+    "build_profile", "target_fit", "ig_default_target_ratio", "link_config",
+    "link_presets",
 ]
 
 _LIB = load_library()  # fails at import (ImportError) when no usable library

@@ -443,6 +443,16 @@ class Profile(_Handle):
 TARGET_MIN_KEEP = 0.05  # IGRAD_TARGET_MIN_KEEP
 
 
+def ig_default_target_ratio():
+    """The target_ratio method "ig" uses when none is given (0.25): the
+    library's igrad_ig_default_target_ratio(), which `igrad train`'s
+    --target-ratio default reads too. IgradState(method="ig",
+    profile="auto") takes it when target_ratio is not given."""
+    fn = L.lib().dll.igrad_ig_default_target_ratio
+    fn.restype, fn.argtypes = ctypes.c_double, []
+    return float(fn())
+
+
 def target_fit(layout, profile, target_ratio, min_keep=TARGET_MIN_KEEP, **config):
     """igrad_target_fit: the important set (as a threshold tau) and kappa
     that make method ig send at most target_ratio x the sparsifier's

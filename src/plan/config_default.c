@@ -2,7 +2,9 @@
  * config_default.c — igrad_config_default: IGRAD_CONFIG_INIT as a function,
  * so that bindings which cannot expand a C macro (the Python package reads
  * it through ctypes) take every default of igrad_config_t from the one place
- * that defines it.
+ * that defines it; and igrad_ig_default_target_ratio, the payload target
+ * that method ig gets when its user gives none (the trainer's --target-ratio
+ * and the Python binding's IgradState).
  */
 #include "core/internal.h"
 
@@ -16,4 +18,9 @@ igrad_status_t igrad_config_default(igrad_config_t *out, size_t size)
     const igrad_config_t init = IGRAD_CONFIG_INIT;
     *out = init;
     return IGRAD_OK;
+}
+
+double igrad_ig_default_target_ratio(void)
+{
+    return 0.25;
 }

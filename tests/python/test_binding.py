@@ -409,7 +409,7 @@ class Binding(unittest.TestCase):
         self.assertIn("'fast' is neither a preset", str(cm.exception))
         with self.assertRaises(igrad.InvalidArgumentError) as cm:
             igrad.make_config(link="100,0")
-        self.assertIn("latency 0 us is outside", str(cm.exception))
+        self.assertIn("latency 0 us is outside", str(cm.exception))  # the range is named
         with self.assertRaises(igrad.InvalidArgumentError) as cm:
             igrad.make_config(link=5)
         self.assertIn("latency_ns, bandwidth_mbps", str(cm.exception))
@@ -583,12 +583,10 @@ class Binding(unittest.TestCase):
         with self.assertRaises(igrad.MismatchError) as cm:
             sync.synchronize(0)
         self.assertIn("another model", str(cm.exception))
-        # ig without a profile
-        state = it.IgradState(method="ig")
-        sync = it.GradientSynchronizer(model.named_parameters(), state)
+        # ig without a profile: refused at construction, naming profile='auto'
         with self.assertRaises(igrad.InvalidArgumentError) as cm:
-            sync.synchronize(0)
-        self.assertIn("profile", str(cm.exception))
+            it.IgradState(method="ig")
+        self.assertIn("profile='auto'", str(cm.exception))
 
         # an unknown parameter name in a state_dict
         state = it.IgradState(model, method="topk_sync", density=0.125)

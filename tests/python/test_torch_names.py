@@ -213,13 +213,13 @@ class NamesTest(unittest.TestCase):
         self.assertEqual(again.layout.hash, mapped.hash)
 
         with self.assertRaisesRegex(igrad.InvalidArgumentError, "kind Q needs a layer"):
-            it.IgradState(model, name_map=[("x", "Q", None)])
+            it.IgradState(model, method="adtopk_sync", name_map=[("x", "Q", None)])
         with self.assertRaisesRegex(igrad.InvalidArgumentError, "not a POSIX extended regex"):
-            it.IgradState(model, name_map=[("a(", "Q", 1)])
+            it.IgradState(model, method="adtopk_sync", name_map=[("a(", "Q", 1)])
         with self.assertRaisesRegex(igrad.InvalidArgumentError, "layer is 'row'"):
-            it.IgradState(model, name_map=[("x", "Q", "row")])
+            it.IgradState(model, method="adtopk_sync", name_map=[("x", "Q", "row")])
         with self.assertRaisesRegex(igrad.InvalidArgumentError, "unknown component kind"):
-            it.IgradState(model, name_map=[("x", "QQ", "block")])
+            it.IgradState(model, method="adtopk_sync", name_map=[("x", "QQ", "block")])
 
     def test_profile_of_unmapped_names_says_why(self):
         model = nn.Module()

@@ -10,7 +10,8 @@
     steps of local gradients = P * sum of averaged results + sum over
     ranks of residuals;
   - state_dict() inside the window and after the switch: the resumed run
-    equals the uninterrupted one bit for bit;
+    equals the uninterrupted one bit for bit (with ig's default payload
+    target, igrad.ig_default_target_ratio(), whose fit sets release_keep);
   - profile="auto" with target_ratio: at the switch the engine fits the
     important set and kappa to the built profile's scores (the same choice
     as igrad.target_fit on that profile), and the payload after the switch
@@ -71,7 +72,8 @@ def _train(ddp, opt, rank, steps):
 
 
 def w_switch(rank, world):
-    model, ddp, state = make_ddp(**KW)
+    # target_ratio=0: the partition's own important set (no payload target)
+    model, ddp, state = make_ddp(**dict(KW, target_ratio=0))
     names = [n for n, _ in model.named_parameters()]
     local = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
     applied = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}

@@ -90,6 +90,8 @@ class CheckpointMixin:
         for k, v in cfg.items():
             if k in ("threads", "verify_every", "timeout_s"):  # results do not depend on them
                 continue
+            if k == "release_keep" and getattr(self, "target_ratio", None) is not None:
+                continue  # chosen by the target_ratio fit (kept in the engine's state)
             if k in mine and str(mine[k]).lower() != str(v).lower():
                 raise L.MismatchError("state_dict config.%s is %r, this state has %r"
                                       % (k, v, mine[k]))

@@ -14,7 +14,17 @@ def hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: `ddp.register_comm_hook(state, hook)` with an
     IgradState built for the same model. Returns a future per bucket; all of
     a step's futures complete when its last bucket has been synchronized
-    (see the module docstring)."""
+    (see the module docstring). Without DDP (a list of gradients, a manual
+    loop) use igrad.torch.GradientSynchronizer."""
+    if not (callable(getattr(bucket, "is_last", None))
+            and callable(getattr(bucket, "buffer", None))
+            and callable(getattr(bucket, "parameters", None))):
+        raise TypeError(
+            "igrad.torch.hook(state, bucket) is DDP's communication hook: bucket must be the "
+            "torch.distributed.GradBucket that DDP passes (ddp.register_comm_hook(state, "
+            "igrad.torch.hook)), not %s; to synchronize gradients without DDP use "
+            "igrad.torch.GradientSynchronizer(model, state).synchronize()"
+            % type(bucket).__name__)
     return state._on_bucket(bucket)
 
 
@@ -40,8 +50,17 @@ class DdpHookMixin:
         return names
 
     def _on_bucket(self, bucket):
-        if getattr(self, "overlap", False):
-            return self._stream_bucket(bucket)
+        try:
+            fut = (self._stream_bucket(bucket) if getattr(self, "overlap", False)
+                   else self._last_bucket(bucket))
+        except L.IgradError as e:
+            self._last_error = e  # DDP re-raises it as a plain RuntimeError
+            raise
+        if bucket.is_last():
+            self._last_error = None
+        return fut
+
+    def _last_bucket(self, bucket):
         fut = torch.futures.Future()
         self._pending.append((bucket, fut))
         if not bucket.is_last():

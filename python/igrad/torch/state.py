@@ -5,6 +5,7 @@ device) and one synchronized step over a list of gradients
 synchronizers call. Checkpoints, statistics and DDP buckets are its
 bases' (igrad.torch.checkpoint, .stats, .hook).
 """
+import ctypes
 import dataclasses
 import operator
 import os
@@ -16,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from .. import _lib as L
-from ..core import (OPTIONS, Config, Engine, Layout, Profile, _link_fields, make_config,
-                    target_fit)
+from ..core import (OPTIONS, Config, Engine, Layout, Profile, _link_fields,
+                    ig_default_target_ratio, make_config, target_fit)
 from . import device as _device
 from .checkpoint import CheckpointMixin
 from .comm import TorchComm, _SelfComm
@@ -30,6 +31,17 @@ _DTYPE_OF = operator.attrgetter("dtype")
 # The window of IgradState(profile="auto") when config.profile_steps is 0
 # (off in the library): the 30 steps of `igrad train --profile-steps`.
 AUTO_PROFILE_STEPS = 30
+
+
+def _group_text(group):
+    """A process group for a message: the default one, or its size and ranks."""
+    if group is dist.group.WORLD:
+        return "the default group"
+    try:
+        size = dist.get_world_size(group)
+        return "a group of %d rank(s), this one rank %d" % (size, dist.get_rank(group))
+    except RuntimeError:
+        return "a group this rank is not in"
 
 
 def _engine_syncs(config):
@@ -81,7 +93,10 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
                     bandwidth_mbps). Of the options: start_iter: the first
                     start_iter steps are plain dense averages (warm-up, as
                     in PowerSGD; the engine runs them); target_ratio X in
-                    (0, 1] (0 = off): method "ig" chooses the important set
+                    (0, 1] (0 = off; method "ig" with profile="auto" and
+                    neither target_ratio nor release_keep given:
+                    igrad.ig_default_target_ratio(), 0.25, igrad train's
+                    --target-ratio default): method "ig" chooses the important set
                     and kappa from the profile's scores so that it sends at
                     most X x the sparsifier's *_sync payload (igrad.
                     target_fit, chosen when the engine is made, in
@@ -132,7 +147,16 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
     (igrad_step_stats_t fields plus "collective_ms", the time of the
     torch.distributed collectives; "warmup": 1 on a start_iter step);
     `total_payload_nbytes` and `total_wire_nbytes` accumulate them;
-    `skipped_steps` counts skips."""
+    `skipped_steps` counts skips.
+
+    Errors: DDP hands an exception raised in its comm hook on as a plain
+    RuntimeError ("MismatchError: ..."); the igrad exception itself is
+    `last_error` (None once a step succeeds), raise_last_error() raises it
+    as its type. A DDP model is refused (MismatchError) when its
+    process_group is not the state's. Methods ig and iad need a profile
+    (InvalidArgumentError at construction), and ig a model whose names map
+    to layers (name_map=; see _check_layers). check_optimizer(opt) warns
+    once when a sparse method meets Adam's beta1 > 0."""
 
     def __init__(self, model=None, process_group=None, profile=None, config=None, *,
                  grad_scaler=None, nonfinite="allreduce", overlap=False, grads_in_place=True,
@@ -157,9 +181,19 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         self.config = dataclasses.asdict(cfg)
         auto = isinstance(profile, str) and profile == "auto"
         target_ratio = cfg.target_ratio or None
+        if (auto and str(cfg.method).lower() == "ig" and target_ratio is None
+                and "target_ratio" not in overrides and "release_keep" not in overrides):
+            # igrad train's --target-ratio default, from the library (0 given: off)
+            target_ratio = ig_default_target_ratio()
+            self.config["target_ratio"] = target_ratio
         if target_ratio is not None and not (0.0 < float(target_ratio) <= 1.0):
             raise L.InvalidArgumentError("target_ratio is %r (must be in (0, 1])"
                                          % (target_ratio,))
+        if str(cfg.method).lower() in ("ig", "iad") and profile is None:
+            raise L.InvalidArgumentError(
+                "method %r needs a profile: profile='auto' (profiled online during the first "
+                "profile_steps steps, no separate run), or a profile JSON's path or an "
+                "igrad.Profile (igrad profile, igrad.torch.Profiler)" % (cfg.method,))
         if auto:
             if str(cfg.method).lower() not in ("ig", "iad"):
                 raise L.InvalidArgumentError("profile='auto' profiles online for iad and ig; "
@@ -209,6 +243,51 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         if model is not None:
             self.attach(model)
 
+    def check_optimizer(self, optimizer):
+        """Warns (once per state) when a sparse method is paired with an
+        Adam-style optimizer whose beta1 > 0: its first moment re-applies
+        the error-fed, released gradient entries step after step, which
+        igrad's sparse methods are not tuned for; `igrad train` uses
+        betas=(0.0, 0.95) for them (docs/results/remedies.md). Called by
+        UpdateSynchronizer and GradientSynchronizer(optimizer=...); with
+        DDP call it yourself."""
+        if optimizer is None or getattr(self, "_beta1_warned", False):
+            return
+        method = str(self.config["method"]).lower()
+        if method == "dense":
+            return
+        b1 = sorted({float(g["betas"][0]) for g in getattr(optimizer, "param_groups", ())
+                     if isinstance(g.get("betas"), (tuple, list)) and float(g["betas"][0]) > 0})
+        if b1:
+            self._beta1_warned = True
+            warnings.warn("igrad: method %r is sparse, and the optimizer %s has beta1 = %s: "
+                          "igrad's sparse methods want AdamW with betas=(0.0, 0.95) (the "
+                          "default of igrad train; docs/results/remedies.md)"
+                          % (method, type(optimizer).__name__, ", ".join("%g" % b for b in b1)),
+                          stacklevel=3)
+
+    @property
+    def last_error(self):
+        """The igrad exception (an IgradError: MismatchError, CommError, ...)
+        of the last step that failed inside DDP's comm hook, None when the
+        last step succeeded. DDP hands a hook's exception on as a plain
+        RuntimeError whose message starts with the igrad type's name, so
+        `except igrad.MismatchError` around backward() misses it; catch
+        RuntimeError and look here (or call raise_last_error())."""
+        return self._last_error
+
+    def raise_last_error(self):
+        """Raises last_error as its igrad type when the last step failed;
+        does nothing otherwise:
+
+            try:
+                loss.backward()
+            except RuntimeError:
+                state.raise_last_error()   # igrad's typed error, if it was igrad's
+                raise"""
+        if self._last_error is not None:
+            raise self._last_error
+
     @property
     def start_iter(self):
         """The steps below it are the engine's dense warm-up (config
@@ -229,6 +308,7 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         self._coll = None            # TorchComm or _SelfComm
         self._engine = None
         self._pending = []           # DDP buckets waiting for the last one
+        self._last_error = None      # last_error: the IgradError of the last failed step
         self._stream = None          # overlap: the streamed step in progress (a dict)
         self._pending_load = None    # state_dict to apply once the engine exists
         self._trace = None
@@ -241,6 +321,7 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         """Binds the state to a model's parameters (names from
         named_parameters(), "module." stripped). Needed again after
         unpickling, as the model is not part of the pickle."""
+        self._check_ddp_group(model)
         root, items = _trainable(model)
         if not items:
             raise L.InvalidArgumentError("the model has no parameter that requires grad")
@@ -264,6 +345,53 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
                 self._slots = None
         self._param_names = {p: n for n, p in named}
         self._index = {n: i for i, (n, _) in enumerate(named)}
+        try:
+            self._check_layers()
+        except L.IgradError:  # refused: the state stays unattached
+            self._named = self._meta = self._params = self._counts = self._dtypes = None
+            self._slots = self._param_names = self._index = self._layout = None
+            raise
+
+    def _check_layers(self):
+        """ig and iad plan per (layer, kind) component: a parameter that the
+        name rules map to no layer (OTHER, embeddings, the head) is sent
+        every step and never profiled. A model whose blocks the rules do not
+        recognise (stage0, stage1, ...) is all OTHER: warned about when most
+        parameters map to no layer, refused for ig when none maps (ig would
+        send everything every step, and profile='auto' would fail only after
+        profile_steps steps)."""
+        if not self._needs_profile():
+            return
+        layout = self.layout
+        rows = [layout.tensor(i) for i in range(len(layout))]
+        none = [r["name"] for r in rows if r["layer"] < 0]
+        if len(none) * 2 <= len(rows):
+            return
+        what = ("%d of %d parameters map to no layer (first: %s): the name rules do not "
+                "recognise the model's blocks, so they are OTHER, sent every step and never "
+                "profiled; give IgradState name_map= rules (pattern, kind, layer) for them "
+                "(docs/formats.md)" % (len(none), len(rows), ", ".join(none[:4])))
+        if len(none) == len(rows) and str(self.config["method"]).lower() == "ig":
+            raise L.InvalidArgumentError("method 'ig': no parameter maps to a layer; " + what)
+        warnings.warn("igrad: " + what, stacklevel=3)
+
+    def _check_ddp_group(self, model):
+        """A DDP model must synchronize over this state's process group:
+        the hook runs igrad's collectives over the state's group while DDP
+        hands it the buckets of its own, and ranks of different groups would
+        wait for each other until one dies."""
+        ddp_group = getattr(model, "process_group", None)
+        if (ddp_group is None or not isinstance(model, torch.nn.parallel.DistributedDataParallel)
+                or not (dist.is_available() and dist.is_initialized())):
+            return
+        mine = self.process_group if self.process_group is not None else dist.group.WORLD
+        if mine is not ddp_group:
+            raise L.MismatchError(
+                "IgradState's process_group (%s) is not the group this DDP model synchronizes "
+                "over (ddp.process_group, %s): igrad's collectives would run over another group "
+                "than DDP's buckets and the ranks would block; build the state with "
+                "process_group=ddp.process_group (None for the default group)"
+                % (_group_text(mine), _group_text(ddp_group)))
 
     def _group_comm(self):
         if self._coll is None:
@@ -457,12 +585,19 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
     # -- one step ------------------------------------------------------------
 
     def _dense_average(self, tensors):
+        """Averages `tensors` over the group in place, as DDP would (the
+        fallback of a skipped step). 16-bit floats on a CPU backend are
+        summed as a float32 copy and rounded back once: gloo cannot
+        all-reduce bfloat16 (torch 1.13: "Invalid scalar type"), and one
+        rounding of the float32 average is the more accurate result anyway."""
         coll = self._group_comm()
         if coll.size == 1:
             return
         for g in tensors:
             gd = g if coll.device.type == "cpu" or g.device == coll.device else g.to(
                 coll.device)
+            if gd.device.type == "cpu" and gd.dtype in (torch.bfloat16, torch.float16):
+                gd = gd.to(torch.float32)
             dist.all_reduce(gd, group=coll.group)
             gd.div_(coll.size)
             if gd is not g:
@@ -551,6 +686,42 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
         if peer is not None:
             raise peer from e
         raise e
+
+    def _engine_floats(self, addr, count):
+        """A float32 tensor over `count` floats of the engine's memory at
+        `addr` (host, or the CUDA engine's device; no copy)."""
+        eng = self.engine
+        if eng.device is not None:
+            return _device.device_view(addr, count, torch.float32, self._data_device())
+        return torch.frombuffer((ctypes.c_float * count).from_address(addr),
+                                dtype=torch.float32)
+
+    def _step_frozen(self, step, grads, frozen):
+        """_step_tensors for a step where the layout tensors `frozen` have
+        no gradient on this rank (a parameter frozen mid-run:
+        requires_grad_(False), .grad = None). Each is given as zeros with
+        its error-feedback residual (and momentum velocity) held out: the
+        engine sees a = 0, so this rank contributes nothing for it and
+        releases nothing, and the residual is put back unchanged after the
+        step, for when the parameter thaws. The caller discards the frozen
+        tensors' results, so the parameter stays untouched."""
+        if not frozen:
+            return self._step_tensors(step, grads)
+        eng = self.engine
+        held = []
+        with torch.no_grad():
+            for t in frozen:
+                for addr in (eng.residual_address(t), eng.velocity_address(t)):
+                    if addr:
+                        buf = self._engine_floats(addr, self._counts[t])
+                        held.append((buf, buf.clone()))
+                        buf.zero_()
+        try:
+            return self._step_tensors(step, grads)
+        finally:
+            with torch.no_grad():
+                for buf, saved in held:
+                    buf.copy_(saved)
 
     def _step_tensors(self, step, grads, refused=None):
         """Synchronizes one step: grads[t] is tensor t's gradient (layout
