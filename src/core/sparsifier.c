@@ -6,6 +6,7 @@
 #include "core/sparsifier.h"
 
 #include <math.h>
+#include <stdio.h>
 
 int64_t igrad__ceil_clamped(double x, int64_t n)
 {
@@ -79,3 +80,16 @@ const igrad__sparsifier_t igrad__sparsifiers[IGRAD__NSPARSIFIERS] = {
     [IGRAD_SPARSIFIER_TOPK] = {"topk", 0, keep_flat, index_in_range},
     [IGRAD_SPARSIFIER_ADTOPK] = {"adtopk", 0, keep_rows, index_in_range},
 };
+
+const char *igrad__sparsifier_list_sparse(const char *sep, char *buf, size_t nbytes)
+{
+    size_t at = 0;
+    if (nbytes) buf[0] = '\0';
+    for (int i = 0; i < IGRAD__NSPARSIFIERS && at < nbytes; i++) {
+        if (igrad__sparsifiers[i].dense) continue;
+        int n = snprintf(buf + at, nbytes - at, "%s%s", at ? sep : "", igrad__sparsifiers[i].name);
+        if (n < 0) break;
+        at += (size_t)n;
+    }
+    return buf;
+}

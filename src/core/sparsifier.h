@@ -58,6 +58,11 @@ static inline int igrad__sparsifier_dense(igrad_sparsifier_t sp)
     return igrad__sparsifiers[sp].dense;
 }
 
+/* The names of the sparsifiers that select (not dense), joined by sep
+ * ("topk|adtopk"), into buf; returns buf. For the CLI's lists of what
+ * iad and ig accept. */
+const char *igrad__sparsifier_list_sparse(const char *sep, char *buf, size_t nbytes);
+
 /* ceil(x) clamped to [1, n] (x may be NaN or huge), in double exactly as
  * written, so every implementation that evaluates ceil(density * n) in
  * double agrees with it. */
