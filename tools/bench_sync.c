@@ -59,6 +59,7 @@
 
 #include "cli.h"
 #include "core/internal.h" /* igrad__create_private */
+#include "core/sparsifier.h"
 #include "bench_stats.h"
 #include "plan_cost.h"
 
@@ -264,8 +265,10 @@ static int parse_args(int argc, char **argv, options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--sparsifier", &v)) != 0) {
             if (r < 0) return -1;
             if (igrad_sparsifier_from_name(v, &o->sparsifier) != IGRAD_OK ||
-                o->sparsifier == IGRAD_SPARSIFIER_NONE) {
-                fprintf(stderr, "igrad: --sparsifier: '%s' (topk or adtopk)\n", v);
+                igrad__sparsifier_dense(o->sparsifier)) {
+                char sp[64];
+                fprintf(stderr, "igrad: --sparsifier: '%s' (%s)\n", v,
+                        igrad__sparsifier_list_sparse(", ", sp, sizeof sp));
                 return -1;
             }
             continue;

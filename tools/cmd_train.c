@@ -16,6 +16,7 @@
 
 #include "cli.h"
 #include "core/names.h"
+#include "core/sparsifier.h"
 #include "plan_cost.h"
 
 #ifdef IGRAD_HAVE_TRAINER
@@ -68,10 +69,10 @@ static void usage(FILE *fp)
 "                              $OMP_NUM_THREADS, else cores / ranks on this node)\n"
 "synchronization:\n");
     /* the kinds from the library's name tables (core/names.h) */
-    char m[128], sc[64], rs[64], pk[128], tp[64];
+    char m[128], sp[64], sc[64], rs[64], pk[128], tp[64];
     fprintf(fp,
 "  --method %s   (default dense)\n"
-"  --sparsifier topk|adtopk    for iad/ig (default adtopk)\n"
+"  --sparsifier %-14s for iad/ig (default adtopk)\n"
 "  --density RHO (0.01)  --release-period R (4)  --release-keep KAPPA (0.25)\n"
 "  --schedule %s  --residual %s  --buckets B (4)\n"
 "  --pack %s  --verify-every N (100)\n"
@@ -138,6 +139,7 @@ static void usage(FILE *fp)
 "Every rank must get the same options, except --threads, --progress, --log-every,\n"
 "--trace and --overwrite (a difference fails every rank, naming the option).\n",
             igrad__names_list(&igrad__method_names, "|", m, sizeof m),
+            igrad__sparsifier_list_sparse("|", sp, sizeof sp),
             igrad__names_list(&igrad__schedule_names, "|", sc, sizeof sc),
             igrad__names_list(&igrad__residual_names, "|", rs, sizeof rs),
             igrad__names_list(&igrad__pack_names, "|", pk, sizeof pk),

@@ -3,27 +3,36 @@
  * igrad_<enum>_name / igrad_<enum>_from_name built on them.
  */
 #include "core/names.h"
+#include "core/sparsifier.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #define TABLE(id, what, ...)                                                                   \
     static const char *const id##_list[] = {__VA_ARGS__};                                     \
-    const igrad__names_t igrad__##id##_names = {what, id##_list,                               \
-                                                (int)(sizeof id##_list / sizeof id##_list[0])}
+    const igrad__names_t igrad__##id##_names = {                                               \
+        what, id##_list, (int)(sizeof id##_list / sizeof id##_list[0]), sizeof id##_list[0]}
 
 /* Indexed by the enum's values (igrad.h). */
 TABLE(method, "method", "dense", "topk_sync", "adtopk_sync", "iad", "ig");
-TABLE(sparsifier, "sparsifier", "none", "topk", "adtopk");
 TABLE(schedule, "schedule", "aligned", "staggered");
 TABLE(residual, "residual policy", "on", "drop");
 TABLE(pack, "packing policy", "direct", "sequential", "greedy", "risk", "contiguous");
 TABLE(collective, "collective", "auto", "gather", "reduce", "sparse_reduce");
 TABLE(topology, "topology", "flat", "hier");
 
+/* The sparsifiers' names are their rows' (sparsifier.c). */
+const igrad__names_t igrad__sparsifier_names = {"sparsifier", &igrad__sparsifiers[0].name,
+                                                IGRAD__NSPARSIFIERS, sizeof igrad__sparsifiers[0]};
+
+static const char *name_at(const igrad__names_t *t, int v)
+{
+    return *(const char *const *)(const void *)((const char *)t->names + (size_t)v * t->stride);
+}
+
 const char *igrad__names_of(const igrad__names_t *t, int v)
 {
-    return v >= 0 && v < t->count ? t->names[v] : "unknown";
+    return v >= 0 && v < t->count ? name_at(t, v) : "unknown";
 }
 
 const char *igrad__names_list(const igrad__names_t *t, const char *sep, char *buf,
@@ -32,7 +41,7 @@ const char *igrad__names_list(const igrad__names_t *t, const char *sep, char *bu
     size_t at = 0;
     if (nbytes) buf[0] = '\0';
     for (int i = 0; i < t->count && at < nbytes; i++) {
-        int n = snprintf(buf + at, nbytes - at, "%s%s", i ? sep : "", t->names[i]);
+        int n = snprintf(buf + at, nbytes - at, "%s%s", i ? sep : "", name_at(t, i));
         if (n < 0) break;
         at += (size_t)n;
     }
@@ -43,7 +52,7 @@ igrad_status_t igrad__names_parse(const igrad__names_t *t, const char *name, int
 {
     IGRAD_FAIL_IF(!name || !v, IGRAD_E_INVALID, "%s name: NULL argument", t->what);
     for (int i = 0; i < t->count; i++) {
-        if (igrad__name_equal(name, t->names[i])) {
+        if (igrad__name_equal(name, name_at(t, i))) {
             *v = i;
             return IGRAD_OK;
         }

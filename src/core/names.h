@@ -3,7 +3,8 @@
  * place: igrad_<enum>_name() and igrad_<enum>_from_name() (igrad.h) are
  * lookups in these tables, and the CLI prints the choices from them
  * (igrad__names_list) rather than listing kinds itself. A new method,
- * sparsifier, policy or collective is one more name in its table.
+ * policy or collective is one more name in its table; the sparsifiers'
+ * names are the rows of their table (core/sparsifier.c).
  *
  * Not here: the component kinds and dtypes (model/component.c,
  * model/layout.c: they have aliases and sizes).
@@ -13,11 +14,15 @@
 
 #include "core/internal.h"
 
-/* An enum's names, indexed by value (values 0 .. count-1). */
+/* An enum's names, indexed by value (values 0 .. count-1): value v's name
+ * is the const char * `stride` bytes * v after `names`, so that a table
+ * of rows whose first member is the name (the sparsifier table,
+ * sparsifier.h) is its own name table. */
 typedef struct igrad__names {
     const char *what;          /* "method", "collective": for messages */
     const char *const *names;
     int count;
+    size_t stride;             /* bytes from one name to the next */
 } igrad__names_t;
 
 extern const igrad__names_t igrad__method_names;

@@ -6,6 +6,7 @@
  * velocity pointed at its share.
  */
 #include "dp/dp.h"
+#include "core/sparsifier.h"
 
 #include <stdlib.h>
 
@@ -23,7 +24,7 @@ igrad_status_t igrad__dp_mem_alloc(igrad__dp_mem_t *mem, const igrad__plan_t *pl
                                    igrad__step_t *step)
 {
     const igrad_config_t *c = &plan->cfg;
-    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
+    int dense = igrad__sparsifier_dense(plan->sp);
     size_t T = plan->ntensors;
     if (plan->max_entries) {
         step->stage_idx = mem->dp->alloc(plan->max_entries * sizeof *step->stage_idx, 0);

@@ -4,6 +4,7 @@
  * ranges are their name tables' (core/names.h).
  */
 #include "core/names.h"
+#include "core/sparsifier.h"
 #include "plan/plan.h"
 #include "plan/route.h"
 #include "plan/schedule.h"
@@ -29,10 +30,10 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
     IGRAD_FAIL_IF((int)c->method < 0 || (int)c->method >= igrad__method_names.count,
                   IGRAD_E_INVALID, "config.method is %d (dense, topk_sync, adtopk_sync, iad, ig)",
                   (int)c->method);
-    IGRAD_FAIL_IF((int)c->sparsifier < 0 || (int)c->sparsifier > IGRAD_SPARSIFIER_ADTOPK,
+    IGRAD_FAIL_IF((int)c->sparsifier < 0 || (int)c->sparsifier >= igrad__sparsifier_names.count,
                   IGRAD_E_INVALID, "config.sparsifier is %d (none, topk, adtopk)",
                   (int)c->sparsifier);
-    IGRAD_FAIL_IF(method_defers(c->method) && c->sparsifier == IGRAD_SPARSIFIER_NONE,
+    IGRAD_FAIL_IF(method_defers(c->method) && igrad__sparsifier_dense(c->sparsifier),
                   IGRAD_E_INVALID,
                   "config.sparsifier is none, but method %s needs topk or adtopk "
                   "(method dense sends everything)",

@@ -7,6 +7,7 @@
  * order. Pure functions of layout, profile and config.
  */
 #include "plan/plan.h"
+#include "core/sparsifier.h"
 #include "plan/schedule.h"
 #include "plan/route.h"
 #include "profile/profile_internal.h"
@@ -17,13 +18,11 @@
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Wire index bytes of one selection spec. */
+/* Wire index bytes of one selection spec: the plan's sparsifier's (a
+ * tensor below dense_below, whose spec is dense, keeps its indices). */
 static int index_nbytes(const igrad__plan_t *p, const igrad_select_spec_t *sp)
 {
-    if (p->sp == IGRAD_SPARSIFIER_NONE) return 0;
-    int64_t range = sp->row_wise ? sp->cols : sp->n; /* indices are < range */
-    if (p->cfg.index_dtype == IGRAD_DTYPE_U16 && range <= 65536) return 2;
-    return 4;
+    return igrad__sparsifiers[p->sp].index_nbytes(sp, p->cfg.index_dtype);
 }
 
 /* Checks that a profile describes the layout's components. The profile may
@@ -152,7 +151,7 @@ igrad_status_t igrad__plan_tensors(igrad__plan_t *p)
                 igrad_select_spec_t *sp = &tp->spec[rel][par];
                 /* below config.dense_below: every entry, whenever it is sent */
                 igrad_sparsifier_t tsp =
-                    p->sp != IGRAD_SPARSIFIER_NONE && tp->n < c->dense_below
+                    !igrad__sparsifier_dense(p->sp) && tp->n < c->dense_below
                         ? IGRAD_SPARSIFIER_NONE
                         : p->sp;
                 IGRAD_CHECK(igrad_select_spec(tsp, c->density, rel ? rscale : 1.0,
@@ -185,7 +184,7 @@ static int64_t tensor_dense_cap(const igrad__plan_t *p, const igrad__plan_tensor
 {
     const igrad_select_spec_t *sp = &tp->spec[rel][par];
     int64_t nb = tp->nblocks[rel][par];
-    if (p->sp == IGRAD_SPARSIFIER_NONE || sp->row_wise || nb <= 1 ||
+    if (igrad__sparsifier_dense(p->sp) || sp->row_wise || nb <= 1 ||
         p->per_tensor_buckets)
         return tp->n;
     /* flat blocks of one tensor in k buckets carry the whole tensor k times */
@@ -374,7 +373,7 @@ igrad_status_t igrad__plan_build(igrad__plan_t *p, const igrad_layout_t *layout,
                                  const igrad_profile_t *profile, int shard)
 {
     const igrad_config_t *c = &p->cfg;
-    int dense = p->sp == IGRAD_SPARSIFIER_NONE;
+    int dense = igrad__sparsifier_dense(p->sp);
     p->deferral = method_defers(c->method);
     p->per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
     IGRAD_FAIL_IF(p->deferral && !profile && c->profile_steps == 0, IGRAD_E_INVALID,

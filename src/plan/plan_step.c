@@ -6,6 +6,7 @@
  * and the step number (and, for the risk policy, its history).
  */
 #include "plan/plan.h"
+#include "core/sparsifier.h"
 #include "plan/route.h"
 #include "plan/schedule.h"
 #include "plan/step.h"
@@ -46,7 +47,7 @@ igrad_status_t igrad__plan_step(igrad__plan_t *p, igrad__step_t *s, int update_h
                                 unsigned char *recv_arena, size_t recv_cap)
 {
     int par = igrad__plan_parity(p, s->cur_step);
-    int dense = p->sp == IGRAD_SPARSIFIER_NONE;
+    int dense = igrad__sparsifier_dense(p->sp);
     size_t T = p->ntensors, m = 0;
     int nsent = 0;
     for (size_t k = T; k-- > 0;) {

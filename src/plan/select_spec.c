@@ -1,41 +1,22 @@
 /*
- * select_spec.c — the control-plane half of selection: sparsifier names,
- * igrad_budget (k = ceil(density * n) in [1, n]) and igrad_select_spec
+ * select_spec.c — the control-plane half of selection: igrad_select_spec
  * (how many entries a tensor keeps, flat or per row, at a step), the
- * arithmetic every rank must agree on. No gradient memory here; the
- * selection itself is select.c.
+ * arithmetic every rank must agree on. It checks the arguments and asks
+ * the sparsifier's row (core/sparsifier.c: names, igrad_budget, the keep
+ * functions). No gradient memory here; the selection itself is select.c.
  */
-#include "core/internal.h"
+#include "core/sparsifier.h"
 
 #include <float.h>
-#include <math.h>
 #include <string.h>
-
-/* ceil(x) clamped to [1, n]; x may be NaN or huge. The product is taken in
- * double exactly as written (no epsilon), so any other implementation that
- * evaluates ceil(density * n) in double agrees with it. */
-static int64_t ceil_clamped(double x, int64_t n)
-{
-    double c = ceil(x);
-    if (!(c >= 1.0)) return 1;
-    if (c >= (double)n) return n;
-    return (int64_t)c;
-}
-
-int64_t igrad_budget(int64_t n, double density)
-{
-    if (n <= 0) return 0;
-    return ceil_clamped(density * (double)n, n);
-}
 
 igrad_status_t igrad_select_spec(igrad_sparsifier_t sp, double density, double scale,
                                  int interleave, int64_t step, int ndim,
                                  const int64_t *shape, igrad_select_spec_t *out)
 {
     IGRAD_FAIL_IF(!out, IGRAD_E_INVALID, "igrad_select_spec: out is NULL");
-    IGRAD_FAIL_IF(sp != IGRAD_SPARSIFIER_NONE && sp != IGRAD_SPARSIFIER_TOPK &&
-                      sp != IGRAD_SPARSIFIER_ADTOPK,
-                  IGRAD_E_INVALID, "igrad_select_spec: unknown sparsifier %d", (int)sp);
+    const igrad__sparsifier_t *row = igrad__sparsifier(sp);
+    IGRAD_FAIL_IF(!row, IGRAD_E_INVALID, "igrad_select_spec: unknown sparsifier %d", (int)sp);
     IGRAD_FAIL_IF(!(density > 0.0 && density <= 1.0), IGRAD_E_INVALID,
                   "igrad_select_spec: density %g outside (0, 1]", density);
     IGRAD_FAIL_IF(!(scale > 0.0 && scale <= DBL_MAX), IGRAD_E_INVALID,
@@ -60,24 +41,6 @@ igrad_status_t igrad_select_spec(igrad_sparsifier_t sp, double density, double s
     out->n = n;
     out->rows = 1;
     out->cols = n;
-    if (sp == IGRAD_SPARSIFIER_NONE) {
-        out->count = out->per_row = n;
-        return IGRAD_OK;
-    }
-    if (sp == IGRAD_SPARSIFIER_ADTOPK && ndim >= 2) {
-        int64_t rows = shape[0], cols = n / rows;
-        int64_t per_row = ceil_clamped(scale * (double)igrad_budget(cols, density), cols);
-        if (interleave && step % 2 != 0) {
-            out->count = out->per_row = rows * per_row;
-        } else {
-            out->row_wise = 1;
-            out->rows = rows;
-            out->cols = cols;
-            out->per_row = per_row;
-            out->count = rows * per_row;
-        }
-        return IGRAD_OK;
-    }
-    out->count = out->per_row = ceil_clamped(scale * (double)igrad_budget(n, density), n);
+    row->keep(density, scale, interleave, step, ndim, shape, out);
     return IGRAD_OK;
 }

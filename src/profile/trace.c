@@ -21,6 +21,7 @@
  *     names mapped to igrad's kinds; one run per file).
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r */
+#include "core/sparsifier.h"
 #include "profile/profile_internal.h"
 
 #include <ctype.h>
@@ -167,9 +168,8 @@ igrad_status_t igrad_trace_set_sparsifier(igrad_trace_t *trace, igrad_sparsifier
                                           double density)
 {
     IGRAD_FAIL_IF(!trace, IGRAD_E_INVALID, "igrad_trace_set_sparsifier: trace is NULL");
-    IGRAD_FAIL_IF(sp != IGRAD_SPARSIFIER_NONE && sp != IGRAD_SPARSIFIER_TOPK &&
-                      sp != IGRAD_SPARSIFIER_ADTOPK,
-                  IGRAD_E_INVALID, "igrad_trace_set_sparsifier: unknown sparsifier %d", (int)sp);
+    IGRAD_FAIL_IF(!igrad__sparsifier(sp), IGRAD_E_INVALID,
+                  "igrad_trace_set_sparsifier: unknown sparsifier %d", (int)sp);
     IGRAD_FAIL_IF(!(density > 0.0 && density <= 1.0), IGRAD_E_INVALID,
                   "igrad_trace_set_sparsifier: density %g is outside (0, 1]", density);
     snprintf(trace->sparsifier, sizeof trace->sparsifier, "%s", igrad_sparsifier_name(sp));

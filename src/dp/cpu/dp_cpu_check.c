@@ -14,6 +14,7 @@
  * F32 copy (igrad__dp_cpu_grad), the same kernels then run on it.
  */
 #include "dp/cpu/dp_cpu.h"
+#include "core/sparsifier.h"
 #include "dp/cpu/select_internal.h"
 #include "core/value16.h"
 
@@ -71,7 +72,7 @@ static int64_t first_nonfinite(const float *g, const float *u, float m, const fl
 
 int igrad__dp_cpu_fused(IGRAD__DP_CARGS, size_t t)
 {
-    return plan->sp != IGRAD_SPARSIFIER_NONE && step->sent[t] && !mem->velocity[t];
+    return !igrad__sparsifier_dense(plan->sp) && step->sent[t] && !mem->velocity[t];
 }
 
 /* Selection pass 1 of sent tensor t, which is also its check: tnorm[t] =
@@ -93,7 +94,7 @@ static void find_sent(IGRAD__DP_ARGS, const igrad__dp_cpu_state_t *cs, const flo
 
 void igrad__dp_cpu_check(IGRAD__DP_ARGS, float *const *grads)
 {
-    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
+    int dense = igrad__sparsifier_dense(plan->sp);
     int64_t T = (int64_t)plan->ntensors;
     float m = (float)plan->cfg.momentum;
     int grad16 = plan->cfg.grad_dtype != IGRAD_DTYPE_F32;
@@ -128,7 +129,7 @@ int64_t igrad__dp_cpu_first_bad(IGRAD__DP_CARGS, float *const *grads, size_t t, 
 {
     (void)step;
     const igrad__plan_tensor_t *tp = &plan->t[t];
-    const float *rv = plan->sp == IGRAD_SPARSIFIER_NONE ? NULL : mem->residual[t];
+    const float *rv = igrad__sparsifier_dense(plan->sp) ? NULL : mem->residual[t];
     float m = (float)plan->cfg.momentum;
     int64_t i = -1;
     if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32) {

@@ -7,6 +7,7 @@
  * on the engine's threads).
  */
 #include "dp/cpu/dp_cpu.h"
+#include "core/sparsifier.h"
 #include "core/value16.h"
 
 #include <stdlib.h>
@@ -111,7 +112,7 @@ void igrad__dp_cpu_zero_grad(IGRAD__DP_CARGS, float *const *grads, size_t t)
 /* Zeroes the gradients that unpacking adds into (sparse methods: all). */
 void igrad__dp_cpu_zero(IGRAD__DP_ARGS, float *const *grads)
 {
-    if (plan->sp == IGRAD_SPARSIFIER_NONE) return;
+    if (igrad__sparsifier_dense(plan->sp)) return;
     int64_t T = (int64_t)plan->ntensors;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)

@@ -14,6 +14,7 @@
  * one, as the dense wire carries it.
  */
 #include "dp/cpu/dp_cpu.h"
+#include "core/sparsifier.h"
 #include "comm/sparse_allreduce.h"
 #include "core/value16.h"
 
@@ -55,7 +56,7 @@ void igrad__dp_cpu_pack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads)
     const igrad__step_bucket_t *bk = &step->bk[j];
     int par = igrad__plan_parity(plan, step->cur_step);
     float *buf = (float *)(void *)(mem->recv_arena + bk->recv_off);
-    if (plan->sp == IGRAD_SPARSIFIER_NONE) {
+    if (igrad__sparsifier_dense(plan->sp)) {
         for (size_t q = 0; q < bk->nblocks; q++) {
             const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
             if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32)

@@ -14,6 +14,7 @@
  * select_into, so the result is bit-identical (tests/mpi_stream.c).
  */
 #include "dp/cpu/dp_cpu.h"
+#include "core/sparsifier.h"
 #include "core/value16.h"
 
 #include <math.h>
@@ -63,7 +64,7 @@ static double round_staged(igrad_dtype_t dt, float *val, int64_t count)
 void igrad__dp_cpu_stream_ready(IGRAD__DP_ARGS, float *const *grads, const size_t *tensors,
                                 size_t n)
 {
-    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
+    int dense = igrad__sparsifier_dense(plan->sp);
     float m = (float)plan->cfg.momentum;
     int par = igrad__plan_parity(plan, step->cur_step);
 #ifdef _OPENMP

@@ -15,6 +15,7 @@
  * into its residuals there, so that nothing is lost.
  */
 #include "dp/cpu/dp_cpu.h"
+#include "core/sparsifier.h"
 #include "comm/sparse_allreduce.h"
 #include "core/value16.h"
 
@@ -132,7 +133,7 @@ static igrad_status_t unpack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads
     const igrad__step_bucket_t *bk = &step->bk[j];
     const float inv = 1.0f / (float)plan->avg_ranks; /* as in the sparse wire */
     const float *buf = (const float *)(const void *)(mem->recv_arena + bk->recv_off);
-    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
+    int dense = igrad__sparsifier_dense(plan->sp);
     for (size_t q = 0; q < bk->nblocks; q++) {
         const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
         if (!bi->seg_owner || (only >= 0 && bi->tensor != (size_t)only)) continue;
@@ -283,7 +284,7 @@ igrad_status_t igrad__dp_cpu_unpack16(IGRAD__DP_ARGS, float *const *grads)
     for (size_t t = 0; t < plan->ntensors; t++)
         if (plan->t[t].n > most) most = plan->t[t].n;
     memset(acc, 0, (size_t)most * sizeof *acc);
-    int dense_method = plan->sp == IGRAD_SPARSIFIER_NONE;
+    int dense_method = igrad__sparsifier_dense(plan->sp);
     for (size_t t = 0; t < plan->ntensors; t++) {
         int hit = 0, whole = dense_method || dense_touches(plan, step, mem, t);
         int64_t n = plan->t[t].n;

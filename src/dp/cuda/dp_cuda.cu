@@ -9,6 +9,7 @@
  * and copy goes on the engine's stream (mem->dp_stream).
  */
 #include "dp/cuda/dp_cuda.cuh"
+#include "core/sparsifier.h"
 
 extern "C" {
 #include "comm/sparse_allreduce.h"
@@ -153,7 +154,7 @@ igrad__cuda_state_t *igrad__cuda_state(IGRAD__DP_ARGS)
 /* Zeroes the gradients that unpacking adds into (sparse methods: all). */
 static void cuda_zero(IGRAD__DP_ARGS, float *const *grads)
 {
-    if (plan->sp == IGRAD_SPARSIFIER_NONE) return;
+    if (igrad__sparsifier_dense(plan->sp)) return;
     cudaStream_t s = igrad__cuda_stream(plan, step, mem);
     for (size_t t = 0; t < plan->ntensors; t++)
         cudaMemsetAsync(grads[t], 0, (size_t)plan->t[t].n * sizeof(float), s);

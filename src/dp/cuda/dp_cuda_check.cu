@@ -9,6 +9,7 @@
  * array. After a non-finite sum, where the first bad entry is.
  */
 #include "dp/cuda/dp_cuda.cuh"
+#include "core/sparsifier.h"
 
 #include <math.h>
 
@@ -40,7 +41,7 @@ __global__ void first_bad_kernel(a_of f, int64_t n, unsigned long long *first)
 void igrad__dp_cuda_check(IGRAD__DP_ARGS, float *const *grads)
 {
     igrad__cuda_state_t *st = igrad__cuda_state(plan, step, mem);
-    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
+    int dense = igrad__sparsifier_dense(plan->sp);
     if (!st) { /* no state: every tensor reads as failed (NaN) */
         for (size_t t = 0; t < plan->ntensors; t++) step->tnorm[t] = NAN;
         return;
@@ -69,7 +70,7 @@ int64_t igrad__dp_cuda_first_bad(IGRAD__DP_CARGS, float *const *grads, size_t t,
     *g = *u = *r = NAN;
     if (!st) return 0;
     cudaStream_t s = igrad__cuda_stream(plan, step, mem);
-    const float *rv = plan->sp == IGRAD_SPARSIFIER_NONE ? NULL : mem->residual[t];
+    const float *rv = igrad__sparsifier_dense(plan->sp) ? NULL : mem->residual[t];
     a_of f = {grads[t], mem->velocity[t], rv, (float)plan->cfg.momentum};
     unsigned long long first = ~0ull;
     cudaMemcpyAsync(st->d_first, &first, sizeof first, cudaMemcpyHostToDevice, s);

@@ -19,6 +19,7 @@
  * The block descriptions travel to the device per bucket (O(blocks)).
  */
 #include "dp/cuda/dp_cuda.cuh"
+#include "core/sparsifier.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -131,7 +132,7 @@ void igrad__dp_cuda_pack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads)
     const igrad__step_bucket_t *bk = &step->bk[j];
     int par = igrad__plan_parity(plan, step->cur_step);
     float *buf = (float *)(void *)(mem->recv_arena + bk->recv_off);
-    if (plan->sp == IGRAD_SPARSIFIER_NONE) {
+    if (igrad__sparsifier_dense(plan->sp)) {
         for (size_t q = 0; q < bk->nblocks; q++) {
             const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
             cudaMemcpyAsync(buf + bi->dense_off, grads[bi->tensor] + bi->first,
@@ -215,7 +216,7 @@ igrad_status_t igrad__dp_cuda_unpack_dense(IGRAD__DP_ARGS, size_t j, float *cons
     const igrad__step_bucket_t *bk = &step->bk[j];
     const float inv = 1.0f / (float)plan->avg_ranks;
     const float *buf = (const float *)(const void *)(mem->recv_arena + bk->recv_off);
-    int dense = plan->sp == IGRAD_SPARSIFIER_NONE;
+    int dense = igrad__sparsifier_dense(plan->sp);
     for (size_t q = 0; q < bk->nblocks; q++) {
         const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
         if (!bi->seg_owner) continue;
