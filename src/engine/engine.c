@@ -137,10 +137,8 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     return IGRAD_OK;
 }
 
-void igrad_engine_free(igrad_engine_t *e)
+void igrad__flat_free(igrad_engine_t *e)
 {
-    if (!e) return;
-    igrad__hier_free(e->hier);
     igrad_engine_free(e->warmup);
     if (e->mem.ws)
         for (int i = 0; i < e->plan.nthreads; i++) igrad_select_ws_free(e->mem.ws[i]);
@@ -207,7 +205,7 @@ static igrad_status_t create_engine(const igrad_layout_t *layout, const igrad_pr
     IGRAD_FAIL_IF(!abuf, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
 
     igrad_status_t st;
-    igrad_engine_t *e = calloc(1, sizeof *e);
+    igrad_engine_t *e = igrad__engine_alloc(&igrad__engine_flat);
     if (e) {
         e->mem.dp = dp;
         e->mem.dp_stream = stream;
@@ -345,8 +343,7 @@ igrad_status_t igrad__engine_agree_step(igrad_engine_t *e, int64_t step, igrad_s
     igrad_status_t ag = igrad__engine_agree(e, e->comm, e->plan.nranks, e->agree_buf, st, bad, msg,
                                             e->items, check, context);
     e->calls++;
-    if (e->world) ag = igrad__hier_agree_world(e, step, st, bad, ag);
-    return ag;
+    return e->after_agree(e, step, st, bad, ag);
 }
 
 /* The start of a step: its statistics cleared (the bucket_loads array
@@ -485,11 +482,9 @@ igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st)
     return st;
 }
 
-igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const *grads,
-                                  const igrad_bucket_t **buckets, size_t *nbuckets)
+igrad_status_t igrad__flat_begin(igrad_engine_t *e, int64_t step, float *const *grads,
+                                 const igrad_bucket_t **buckets, size_t *nbuckets)
 {
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_begin: engine is NULL");
-    if (e->hier) return igrad__hier_refuse("igrad_engine_begin");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_begin"));
     IGRAD_CHECK(igrad__route_check_caller(&e->plan.cfg, e->plan.sp == IGRAD_SPARSIFIER_NONE,
                                           "igrad_engine_begin"));
@@ -518,10 +513,8 @@ igrad_status_t igrad_engine_begin(igrad_engine_t *e, int64_t step, float *const 
     return IGRAD_OK;
 }
 
-igrad_status_t igrad_engine_end(igrad_engine_t *e, int64_t step, float *const *grads)
+igrad_status_t igrad__flat_end(igrad_engine_t *e, int64_t step, float *const *grads)
 {
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_end: engine is NULL");
-    if (e->hier) return igrad__hier_refuse("igrad_engine_end");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_end"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_BEGUN, IGRAD_E_STATE,
                   "igrad_engine_end: no step is open (call igrad_engine_begin first)");
@@ -656,10 +649,8 @@ static igrad_status_t sync_step(igrad_engine_t *e, int64_t step, float *const *g
     return igrad__engine_finish_step(e);
 }
 
-igrad_status_t igrad_engine_sync(igrad_engine_t *e, int64_t step, float *const *grads)
+igrad_status_t igrad__flat_sync(igrad_engine_t *e, int64_t step, float *const *grads)
 {
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_sync: engine is NULL");
-    if (e->hier) return igrad__hier_sync(e, step, grads);
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_sync"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_sync: step %lld is open (call igrad_engine_end first)",

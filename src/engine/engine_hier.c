@@ -16,7 +16,7 @@
  * whose comm is the N ranks with the same local rank, one per node — on
  * those node sums: error feedback, gate, selection, packing and the sparse
  * exchange, averaged over all P ranks; its step's outcome is agreed over
- * the world too (igrad__hier_agree_world), so a NaN in one shard skips the
+ * the world too (agree_world, its after_agree hook), so a NaN in one shard skips the
  * step on every rank; (4) broadcasts each owner's result inside the node.
  * Residuals live with the owner and hold node sums; per shard and owner,
  * Σ_steps (node sum) = Σ_steps sent + residual.
@@ -77,7 +77,8 @@ typedef struct igrad__hier {
     int64_t *loads;             /* plan-only: every shard's bucket loads */
 } igrad__hier_t;
 
-igrad_status_t igrad__hier_refuse(const char *what)
+/* IGRAD_E_UNSUPPORTED for an entry point the two-level sync does not have. */
+static igrad_status_t refuse(const char *what)
 {
     return igrad__fail(IGRAD_E_UNSUPPORTED, __FILE__, __LINE__,
                        "%s: a two-level engine (config.topology hier) runs whole steps with "
@@ -339,7 +340,7 @@ static igrad_status_t hier_plans(igrad__hier_t *h, const igrad_layout_t *layout,
     for (int l = 0; l < h->L; l++) {
         igrad_layout_t *sl = NULL;
         IGRAD_CHECK(shard_layout(layout, h, l, &sl));
-        igrad_engine_t *p = calloc(1, sizeof *p);
+        igrad_engine_t *p = igrad__engine_alloc(&igrad__engine_flat);
         igrad_status_t st = p ? IGRAD_OK
                               : igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
                                             "igrad_engine_create: out of memory");
@@ -356,7 +357,7 @@ static igrad_status_t hier_plans(igrad__hier_t *h, const igrad_layout_t *layout,
     return IGRAD_OK;
 }
 
-void igrad__hier_free(igrad__hier_t *h)
+static void hier_free(igrad__hier_t *h)
 {
     if (!h) return;
     igrad_engine_free(h->inner);
@@ -384,7 +385,7 @@ static igrad_status_t top_build(igrad_engine_t **out, const igrad_layout_t *layo
                                 const igrad_profile_t *profile, const igrad_config_t *config,
                                 int P)
 {
-    igrad_engine_t *e = calloc(1, sizeof *e);
+    igrad_engine_t *e = igrad__engine_alloc(&igrad__engine_hier);
     IGRAD_FAIL_IF(!e, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     *out = e;
     e->plan.plan_only = 1;
@@ -427,7 +428,10 @@ static igrad_status_t world_verdict(igrad_engine_t *e, igrad_status_t st, const 
     return IGRAD_OK;
 }
 
-igrad_status_t igrad__hier_agree_world(igrad_engine_t *shard, int64_t step, igrad_status_t st,
+/* The world's verdict on a shard engine's step agreement (its after_agree
+ * hook): `st`/`bad` this rank's own result, `ag` the shard's agreed one;
+ * every rank of the world returns the same status. */
+static igrad_status_t agree_world(igrad_engine_t *shard, int64_t step, igrad_status_t st,
                                        int64_t bad, igrad_status_t ag)
 {
     igrad__world_link_t *w = shard->world;
@@ -580,10 +584,7 @@ igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_prof
             ls = igrad__engine_create_shard(sl, profile, &sc, h->inter_comm, P, dp, stream,
                                             &h->inner);
         igrad_layout_free(sl);
-        if (ls == IGRAD_OK) {
-            h->inner->world = &h->link;
-            if (h->inner->warmup) h->inner->warmup->world = &h->link;
-        }
+        if (ls == IGRAD_OK) igrad__engine_link_world(h->inner, agree_world, &h->link);
         st = world_verdict(e, ls, "engine create");
     }
     igrad_comm_set_timeout(comm, saved);
@@ -706,7 +707,7 @@ static void hier_stats(igrad_engine_t *e, double t0, double intra_ms)
     e->stats = s;
 }
 
-igrad_status_t igrad__hier_sync(igrad_engine_t *e, int64_t step, float *const *grads)
+static igrad_status_t hier_sync(igrad_engine_t *e, int64_t step, float *const *grads)
 {
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_sync"));
     igrad__hier_t *h = e->hier;
@@ -760,8 +761,7 @@ done:
 
 /* A split tensor: the plan of its first piece (rows from 0, local rank
  * 0's); no rank holds its residual whole (NULL). */
-const igrad_engine_t *igrad__hier_owner(const igrad_engine_t *e, size_t t, int real,
-                                        size_t *sub)
+static const igrad_engine_t *owner_of(const igrad_engine_t *e, size_t t, int real, size_t *sub)
 {
     const igrad__hier_t *h = e->hier;
     const igrad__piece_t *pc = &h->pieces[h->first[t]];
@@ -772,7 +772,7 @@ const igrad_engine_t *igrad__hier_owner(const igrad_engine_t *e, size_t t, int r
 
 igrad_engine_t *igrad__hier_shard(igrad_engine_t *e) { return e->hier->inner; }
 
-size_t igrad__hier_workspace_nbytes(const igrad_engine_t *e)
+static size_t hier_workspace_nbytes(const igrad_engine_t *e)
 {
     const igrad__hier_t *h = e->hier;
     size_t n = sizeof *e + sizeof *h + h->npieces * (sizeof *h->pieces + sizeof *h->reqs) +
@@ -782,7 +782,7 @@ size_t igrad__hier_workspace_nbytes(const igrad_engine_t *e)
     return n + (size_t)h->own_entries * sizeof(float);
 }
 
-igrad_status_t igrad__hier_save_state(const igrad_engine_t *e, const char *path)
+static igrad_status_t hier_save_state(const igrad_engine_t *e, const char *path)
 {
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_save_state"));
     return igrad_engine_save_state(e->hier->inner, path);
@@ -790,7 +790,7 @@ igrad_status_t igrad__hier_save_state(const igrad_engine_t *e, const char *path)
 
 /* Collective: the shard's own load (agreed among the N owners of the
  * shard), then the world's verdict and its step. */
-igrad_status_t igrad__hier_load_state(igrad_engine_t *e, const char *path)
+static igrad_status_t hier_load_state(igrad_engine_t *e, const char *path)
 {
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_load_state"));
     igrad__hier_t *h = e->hier;
@@ -828,9 +828,9 @@ igrad_status_t igrad__hier_load_state(igrad_engine_t *e, const char *path)
  * l's first, then l + 1's); payload and inter-node bytes of the busiest
  * shard (the rank that bounds the step; each rank's own are its shard's
  * buckets), intra-node bytes per rank, counts as the node's totals. */
-igrad_status_t igrad__hier_plan_step(igrad_engine_t *e, int64_t step, igrad_step_stats_t *stats,
-                                     igrad_planned_bucket_t *buckets, size_t capacity,
-                                     size_t *nbuckets)
+static igrad_status_t hier_plan_step(igrad_engine_t *e, int64_t step,
+                                     igrad_step_stats_t *stats, igrad_planned_bucket_t *buckets,
+                                     size_t capacity, size_t *nbuckets)
 {
     igrad__hier_t *h = e->hier;
     int nload = 0;
@@ -881,6 +881,117 @@ igrad_status_t igrad__hier_plan_step(igrad_engine_t *e, int64_t step, igrad_step
     *nbuckets = nb;
     return IGRAD_OK;
 }
+
+/* ---- the hier row of the engine table --------------------------------------- */
+
+/* The shard engine that holds tensor t (this rank's for a real engine, NULL
+ * when another rank of the node owns t; a plan-only one: the owner's plan),
+ * asked through the public API. */
+static igrad_status_t hier_tensor_plan(const igrad_engine_t *e, size_t t,
+                                       igrad_tensor_plan_t *out)
+{
+    size_t sub = 0;
+    const igrad_engine_t *owner = owner_of(e, t, 0, &sub);
+    return igrad_engine_tensor_plan(owner, sub, out);
+}
+
+static const float *hier_residual(const igrad_engine_t *e, size_t t)
+{
+    size_t sub = 0;
+    const igrad_engine_t *owner = owner_of(e, t, 1, &sub);
+    return igrad_engine_residual(owner, sub);
+}
+
+static const float *hier_velocity(const igrad_engine_t *e, size_t t)
+{
+    size_t sub = 0;
+    const igrad_engine_t *owner = owner_of(e, t, 1, &sub);
+    return igrad_engine_velocity(owner, sub);
+}
+
+/* This rank's shard's. */
+static int64_t hier_predict_payload(const igrad_engine_t *e, int64_t step)
+{
+    size_t sub = 0;
+    const igrad_engine_t *own = NULL;
+    for (size_t t = 0; t < e->plan.ntensors && !own; t++) own = owner_of(e, t, 1, &sub);
+    return own ? igrad_engine_predict_payload(own, step) : -1;
+}
+
+/* The shards and comms, then the engine the caller holds (a flat plan-only
+ * engine of the whole layout) as the flat row frees it. */
+static void hier_engine_free(igrad_engine_t *e)
+{
+    hier_free(e->hier);
+    e->hier = NULL;
+    igrad__engine_flat.free(e);
+}
+
+static igrad_status_t hier_begin(igrad_engine_t *e, int64_t step, float *const *grads,
+                                 const igrad_bucket_t **buckets, size_t *nbuckets)
+{
+    (void)e, (void)step, (void)grads, (void)buckets, (void)nbuckets;
+    return refuse("igrad_engine_begin");
+}
+
+static igrad_status_t hier_end(igrad_engine_t *e, int64_t step, float *const *grads)
+{
+    (void)e, (void)step, (void)grads;
+    return refuse("igrad_engine_end");
+}
+
+static igrad_status_t hier_open(igrad_engine_t *e, int64_t step)
+{
+    (void)e, (void)step;
+    return refuse("igrad_engine_open");
+}
+
+static igrad_status_t hier_ready(igrad_engine_t *e, int64_t step, const size_t *tensors,
+                                 size_t n, float *const *grads, const igrad_bucket_t **buckets,
+                                 size_t *nbuckets)
+{
+    (void)e, (void)step, (void)tensors, (void)n, (void)grads, (void)buckets, (void)nbuckets;
+    return refuse("igrad_engine_ready");
+}
+
+static igrad_status_t hier_close(igrad_engine_t *e, int64_t step)
+{
+    (void)e, (void)step;
+    return refuse("igrad_engine_close");
+}
+
+static igrad_status_t hier_set_profile(igrad_engine_t *e, const igrad_profile_t *profile)
+{
+    (void)e, (void)profile;
+    return refuse("igrad_engine_set_profile");
+}
+
+static igrad_status_t hier_set_trace(igrad_engine_t *e, igrad_trace_t *trace)
+{
+    (void)e, (void)trace;
+    return refuse("igrad_engine_set_trace");
+}
+
+const igrad__engine_ops_t igrad__engine_hier = {
+    .name = "hier",
+    .free = hier_engine_free,
+    .sync = hier_sync,
+    .begin = hier_begin,
+    .end = hier_end,
+    .open = hier_open,
+    .ready = hier_ready,
+    .close = hier_close,
+    .save_state = hier_save_state,
+    .load_state = hier_load_state,
+    .set_profile = hier_set_profile,
+    .set_trace = hier_set_trace,
+    .plan_step = hier_plan_step,
+    .tensor_plan = hier_tensor_plan,
+    .residual = hier_residual,
+    .velocity = hier_velocity,
+    .predict_payload = hier_predict_payload,
+    .workspace_nbytes = hier_workspace_nbytes,
+};
 
 /* For tests (tests/mpi_hier.c): piece p of a two-level engine (real or
  * plan-only) in layout order: its tensor, rows and owner, its planned

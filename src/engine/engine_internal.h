@@ -119,6 +119,9 @@ enum {
  * data-plane memory (dp/dp.h), which the data-plane stages take, and what
  * only the engine keeps: the comm, agreement, statistics, state. */
 struct igrad_engine {
+    /* The engine table's row (flat or hier): every public entry point
+     * dispatches through it once. */
+    const struct igrad__engine_ops *ops;
     igrad__plan_t plan;
     igrad__step_t step;
     igrad__dp_mem_t mem;
@@ -158,9 +161,14 @@ struct igrad_engine {
      * plan-only engine of the whole layout over all P ranks, which runs the
      * world's agreement): the shards, comms and buffers; NULL otherwise. */
     struct igrad__hier *hier;
-    /* On a shard engine: the world's comm, over which every step's outcome
-     * is agreed after the shard's own agreement (igrad__hier_agree_world);
-     * its profile may cover components of the other shards. */
+    /* After the engine's own step agreement (igrad__engine_agree_step):
+     * `ag` the agreed status, `st`/`bad` this rank's own; returns the step's
+     * final status. The flat row's keeps `ag`; on a shard engine of the
+     * two-level sync, engine_hier.c sets one that agrees the outcome over
+     * the world's comm too (its context in `world`). Set through
+     * igrad__engine_link_world. */
+    igrad_status_t (*after_agree)(igrad_engine_t *e, int64_t step, igrad_status_t st,
+                                  int64_t bad, igrad_status_t ag);
     struct igrad__world_link *world;
     int shard;
 };
@@ -332,6 +340,81 @@ int igrad__engine_warmup_step(const igrad_engine_t *e, int64_t step);
 void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s);
 igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st);
 
+/* ---- the engine table (engine_api.c) ---------------------------------------
+ *
+ * One row per topology, like the route table (plan/route.h): the public
+ * entry points (engine_api.c) check their arguments and call the row of
+ * the engine they are given. The flat row (igrad__engine_flat: engine.c,
+ * engine_stream.c, engine_state.c, engine_online.c, engine_plan.c,
+ * engine_stats.c) runs one engine over one comm; the hier row
+ * (igrad__engine_hier, engine_hier.c) owns flat shard engines and calls
+ * them through the public API. An entry point a row does not have
+ * returns IGRAD_E_UNSUPPORTED naming it. */
+typedef struct igrad__engine_ops {
+    const char *name; /* "flat", "hier" */
+    void (*free)(igrad_engine_t *e);
+    igrad_status_t (*sync)(igrad_engine_t *e, int64_t step, float *const *grads);
+    igrad_status_t (*begin)(igrad_engine_t *e, int64_t step, float *const *grads,
+                            const igrad_bucket_t **buckets, size_t *nbuckets);
+    igrad_status_t (*end)(igrad_engine_t *e, int64_t step, float *const *grads);
+    igrad_status_t (*open)(igrad_engine_t *e, int64_t step);
+    igrad_status_t (*ready)(igrad_engine_t *e, int64_t step, const size_t *tensors, size_t n,
+                            float *const *grads, const igrad_bucket_t **buckets,
+                            size_t *nbuckets);
+    igrad_status_t (*close)(igrad_engine_t *e, int64_t step);
+    igrad_status_t (*save_state)(const igrad_engine_t *e, const char *path);
+    igrad_status_t (*load_state)(igrad_engine_t *e, const char *path);
+    igrad_status_t (*set_profile)(igrad_engine_t *e, const igrad_profile_t *profile);
+    igrad_status_t (*set_trace)(igrad_engine_t *e, igrad_trace_t *trace);
+    igrad_status_t (*plan_step)(igrad_engine_t *e, int64_t step, igrad_step_stats_t *stats,
+                                igrad_planned_bucket_t *buckets, size_t capacity,
+                                size_t *nbuckets);
+    /* t < ntensors (checked by the caller) */
+    igrad_status_t (*tensor_plan)(const igrad_engine_t *e, size_t t, igrad_tensor_plan_t *out);
+    const float *(*residual)(const igrad_engine_t *e, size_t t);
+    const float *(*velocity)(const igrad_engine_t *e, size_t t);
+    int64_t (*predict_payload)(const igrad_engine_t *e, int64_t step);
+    size_t (*workspace_nbytes)(const igrad_engine_t *e);
+} igrad__engine_ops_t;
+
+extern const igrad__engine_ops_t igrad__engine_flat;
+extern const igrad__engine_ops_t igrad__engine_hier;
+
+/* A zeroed engine of row `ops` (NULL: out of memory), its after_agree the
+ * flat one. */
+igrad_engine_t *igrad__engine_alloc(const igrad__engine_ops_t *ops);
+/* Sets e's after_agree hook and its context (and its warm-up engine's). */
+void igrad__engine_link_world(igrad_engine_t *e,
+                              igrad_status_t (*after_agree)(igrad_engine_t *, int64_t,
+                                                            igrad_status_t, int64_t,
+                                                            igrad_status_t),
+                              struct igrad__world_link *world);
+
+/* The flat row's entries (their public names without igrad_engine_). */
+void igrad__flat_free(igrad_engine_t *e);
+igrad_status_t igrad__flat_sync(igrad_engine_t *e, int64_t step, float *const *grads);
+igrad_status_t igrad__flat_begin(igrad_engine_t *e, int64_t step, float *const *grads,
+                                 const igrad_bucket_t **buckets, size_t *nbuckets);
+igrad_status_t igrad__flat_end(igrad_engine_t *e, int64_t step, float *const *grads);
+igrad_status_t igrad__flat_open(igrad_engine_t *e, int64_t step);
+igrad_status_t igrad__flat_ready(igrad_engine_t *e, int64_t step, const size_t *tensors,
+                                 size_t n, float *const *grads, const igrad_bucket_t **buckets,
+                                 size_t *nbuckets);
+igrad_status_t igrad__flat_close(igrad_engine_t *e, int64_t step);
+igrad_status_t igrad__flat_save_state(const igrad_engine_t *e, const char *path);
+igrad_status_t igrad__flat_load_state(igrad_engine_t *e, const char *path);
+igrad_status_t igrad__flat_set_profile(igrad_engine_t *e, const igrad_profile_t *profile);
+igrad_status_t igrad__flat_set_trace(igrad_engine_t *e, igrad_trace_t *trace);
+igrad_status_t igrad__flat_plan_step(igrad_engine_t *e, int64_t step, igrad_step_stats_t *stats,
+                                     igrad_planned_bucket_t *buckets, size_t capacity,
+                                     size_t *nbuckets);
+igrad_status_t igrad__flat_tensor_plan(const igrad_engine_t *e, size_t t,
+                                       igrad_tensor_plan_t *out);
+const float *igrad__flat_residual(const igrad_engine_t *e, size_t t);
+const float *igrad__flat_velocity(const igrad_engine_t *e, size_t t);
+int64_t igrad__flat_predict_payload(const igrad_engine_t *e, int64_t step);
+size_t igrad__flat_workspace_nbytes(const igrad_engine_t *e);
+
 /* ---- engine_hier.c: the two-level sync (config.topology = hier) ---------- */
 
 /* A two-level engine whose shard engine and shard buffers are on data
@@ -348,25 +431,5 @@ igrad_status_t igrad__hier_create_plan(const igrad_layout_t *layout,
                                        const igrad_profile_t *profile,
                                        const igrad_config_t *config, int nranks,
                                        igrad_engine_t **out);
-void igrad__hier_free(struct igrad__hier *h);
-igrad_status_t igrad__hier_sync(igrad_engine_t *e, int64_t step, float *const *grads);
-igrad_status_t igrad__hier_plan_step(igrad_engine_t *e, int64_t step, igrad_step_stats_t *stats,
-                                     igrad_planned_bucket_t *buckets, size_t capacity,
-                                     size_t *nbuckets);
-/* The shard engine that holds tensor t (this rank's for a real engine, NULL
- * when another rank of the node owns t; a plan-only one: the owner's plan)
- * and t's index there. */
-const igrad_engine_t *igrad__hier_owner(const igrad_engine_t *e, size_t t, int real,
-                                        size_t *sub);
-/* The world's verdict on a shard engine's step agreement: `st`/`bad` this
- * rank's own result, `ag` the shard's agreed one; every rank of the world
- * returns the same status. */
-igrad_status_t igrad__hier_agree_world(igrad_engine_t *shard, int64_t step, igrad_status_t st,
-                                       int64_t bad, igrad_status_t ag);
-igrad_status_t igrad__hier_save_state(const igrad_engine_t *e, const char *path);
-igrad_status_t igrad__hier_load_state(igrad_engine_t *e, const char *path);
-size_t igrad__hier_workspace_nbytes(const igrad_engine_t *e);
-/* IGRAD_E_UNSUPPORTED for an entry point the two-level sync does not have. */
-igrad_status_t igrad__hier_refuse(const char *what);
 
 #endif /* IGRAD_ENGINE_INTERNAL_H */

@@ -206,7 +206,7 @@ igrad_status_t igrad__online_prepare(const igrad_engine_t *e, igrad_profile_t *p
         }
         cfg.release_keep = fit.release_keep;
     }
-    igrad_engine_t *n = calloc(1, sizeof *n);
+    igrad_engine_t *n = igrad__engine_alloc(&igrad__engine_flat);
     IGRAD_FAIL_IF(!n, IGRAD_E_NOMEM, "re-plan: out of memory");
     n->mem.dp = e->mem.dp; /* the same data plane and queue */
     n->mem.dp_stream = e->mem.dp_stream;
@@ -511,10 +511,8 @@ igrad_status_t igrad__online_before_step(igrad_engine_t *e, int64_t step)
 
 /* ---- public --------------------------------------------------------------- */
 
-igrad_status_t igrad_engine_set_profile(igrad_engine_t *e, const igrad_profile_t *profile)
+igrad_status_t igrad__flat_set_profile(igrad_engine_t *e, const igrad_profile_t *profile)
 {
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_set_profile: engine is NULL");
-    if (e->hier) return igrad__hier_refuse("igrad_engine_set_profile");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_set_profile"));
     igrad_status_t st = IGRAD_OK;
     igrad_profile_t *copy = NULL;

@@ -36,7 +36,7 @@ igrad_status_t igrad_engine_create_plan(const igrad_layout_t *layout,
                   "igrad_engine_create_plan: config.start_iter is %lld: the dense warm-up "
                   "is not planned (plan method dense for those steps, start_iter 0)",
                   (long long)config->start_iter);
-    igrad_engine_t *e = calloc(1, sizeof *e);
+    igrad_engine_t *e = igrad__engine_alloc(&igrad__engine_flat);
     IGRAD_FAIL_IF(!e, IGRAD_E_NOMEM, "igrad_engine_create_plan: out of memory");
     e->plan.plan_only = 1;
     e->plan.rank = 0;
@@ -60,14 +60,10 @@ void igrad__engine_plan_only_done(igrad_engine_t *e, igrad_engine_t **out)
     *out = e;
 }
 
-igrad_status_t igrad_engine_plan_step(igrad_engine_t *e, int64_t step,
-                                      igrad_step_stats_t *stats,
-                                      igrad_planned_bucket_t *buckets, size_t capacity,
-                                      size_t *nbuckets)
+igrad_status_t igrad__flat_plan_step(igrad_engine_t *e, int64_t step, igrad_step_stats_t *stats,
+                                     igrad_planned_bucket_t *buckets, size_t capacity,
+                                     size_t *nbuckets)
 {
-    IGRAD_FAIL_IF(!e || !stats || !nbuckets || (capacity > 0 && !buckets), IGRAD_E_INVALID,
-                  "igrad_engine_plan_step: NULL argument");
-    if (e->hier) return igrad__hier_plan_step(e, step, stats, buckets, capacity, nbuckets);
     IGRAD_FAIL_IF(!e->plan.plan_only, IGRAD_E_STATE,
                   "igrad_engine_plan_step: the engine is not plan-only (make it with "
                   "igrad_engine_create_plan; a running engine plans in its steps)");

@@ -145,10 +145,8 @@ static void put_reprofile(writer_t *w, const igrad_engine_t *e)
     }
 }
 
-igrad_status_t igrad_engine_save_state(const igrad_engine_t *engine, const char *path)
+igrad_status_t igrad__flat_save_state(const igrad_engine_t *engine, const char *path)
 {
-    IGRAD_FAIL_IF(!engine || !path, IGRAD_E_INVALID, "igrad_engine_save_state: NULL argument");
-    if (engine->hier) return igrad__hier_save_state(engine, path);
     IGRAD_CHECK(igrad__engine_usable(engine, "igrad_engine_save_state"));
     IGRAD_FAIL_IF(engine->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_save_state: step %lld is open (call igrad_engine_end first)",
@@ -827,10 +825,8 @@ static igrad_status_t read_once(const igrad_engine_t *e, const char *path, unsig
     return IGRAD_OK;
 }
 
-igrad_status_t igrad_engine_load_state(igrad_engine_t *engine, const char *path)
+igrad_status_t igrad__flat_load_state(igrad_engine_t *engine, const char *path)
 {
-    IGRAD_FAIL_IF(!engine, IGRAD_E_INVALID, "igrad_engine_load_state: engine is NULL");
-    if (engine->hier) return igrad__hier_load_state(engine, path);
     IGRAD_CHECK(igrad__engine_usable(engine, "igrad_engine_load_state"));
     igrad_engine_t *e = engine;
     unsigned char *bytes = NULL;

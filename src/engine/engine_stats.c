@@ -48,18 +48,9 @@ igrad_status_t igrad_engine_last_stats(const igrad_engine_t *e, igrad_step_stats
     return IGRAD_OK;
 }
 
-igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *e, size_t t,
-                                        igrad_tensor_plan_t *out)
+igrad_status_t igrad__flat_tensor_plan(const igrad_engine_t *e, size_t t,
+                                       igrad_tensor_plan_t *out)
 {
-    IGRAD_FAIL_IF(!e || !out, IGRAD_E_INVALID, "igrad_engine_tensor_plan: NULL argument");
-    IGRAD_FAIL_IF(t >= e->plan.ntensors, IGRAD_E_INVALID,
-                  "igrad_engine_tensor_plan: tensor %zu out of range (%zu tensors)", t,
-                  e->plan.ntensors);
-    size_t sub = 0;
-    if (e->hier) {
-        const igrad_engine_t *owner = igrad__hier_owner(e, t, 0, &sub);
-        return igrad_engine_tensor_plan(owner, sub, out);
-    }
     const igrad__plan_tensor_t *tp = &e->plan.t[t];
     memset(out, 0, sizeof *out);
     out->every_step = tp->phase < 0;
@@ -75,16 +66,8 @@ igrad_status_t igrad_engine_tensor_plan(const igrad_engine_t *e, size_t t,
     return IGRAD_OK;
 }
 
-int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
+int64_t igrad__flat_predict_payload(const igrad_engine_t *e, int64_t step)
 {
-    if (!e) return -1;
-    if (e->hier) { /* this rank's shard */
-        size_t sub = 0;
-        const igrad_engine_t *own = NULL;
-        for (size_t t = 0; t < e->plan.ntensors && !own; t++)
-            own = igrad__hier_owner(e, t, 1, &sub);
-        return own ? igrad_engine_predict_payload(own, step) : -1;
-    }
     if (igrad__engine_warmup_step(e, step)) return igrad_engine_predict_payload(e->warmup, step);
     int par = igrad__step_parity(e, step);
     int64_t total = 0;
@@ -96,32 +79,18 @@ int64_t igrad_engine_predict_payload(const igrad_engine_t *e, int64_t step)
     return total;
 }
 
-const float *igrad_engine_residual(const igrad_engine_t *e, size_t t)
+const float *igrad__flat_residual(const igrad_engine_t *e, size_t t)
 {
-    if (!e || t >= e->plan.ntensors) return NULL;
-    size_t sub = 0;
-    if (e->hier) {
-        const igrad_engine_t *owner = igrad__hier_owner(e, t, 1, &sub);
-        return igrad_engine_residual(owner, sub);
-    }
     return e->mem.residual ? e->mem.residual[t] : NULL;
 }
 
-const float *igrad_engine_velocity(const igrad_engine_t *e, size_t t)
+const float *igrad__flat_velocity(const igrad_engine_t *e, size_t t)
 {
-    if (!e || t >= e->plan.ntensors) return NULL;
-    size_t sub = 0;
-    if (e->hier) {
-        const igrad_engine_t *owner = igrad__hier_owner(e, t, 1, &sub);
-        return igrad_engine_velocity(owner, sub);
-    }
     return e->mem.velocity ? e->mem.velocity[t] : NULL;
 }
 
-igrad_status_t igrad_engine_set_trace(igrad_engine_t *e, igrad_trace_t *trace)
+igrad_status_t igrad__flat_set_trace(igrad_engine_t *e, igrad_trace_t *trace)
 {
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_set_trace: engine is NULL");
-    if (e->hier) return igrad__hier_refuse("igrad_engine_set_trace");
     if (trace) {
         uint64_t th = igrad_trace_layout_hash(trace);
         IGRAD_FAIL_IF(igrad_trace_component_count(trace) != e->plan.ncomp ||
@@ -146,10 +115,8 @@ igrad_status_t igrad_engine_config(const igrad_engine_t *e, igrad_config_t *out)
 
 int64_t igrad_engine_step(const igrad_engine_t *e) { return e ? e->last_step : -1; }
 
-size_t igrad_engine_workspace_nbytes(const igrad_engine_t *e)
+size_t igrad__flat_workspace_nbytes(const igrad_engine_t *e)
 {
-    if (!e) return 0;
-    if (e->hier) return igrad__hier_workspace_nbytes(e);
     size_t T = e->plan.ntensors, mb = e->plan.max_blocks, nb = (size_t)e->plan.nb_max;
     size_t n = sizeof *e +
                T * (sizeof *e->plan.t + sizeof *e->plan.tensor_hash + sizeof *e->step.stage_off +

@@ -123,10 +123,8 @@ static void stream_plan(igrad_engine_t *e)
     }
 }
 
-igrad_status_t igrad_engine_open(igrad_engine_t *e, int64_t step)
+igrad_status_t igrad__flat_open(igrad_engine_t *e, int64_t step)
 {
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_open: engine is NULL");
-    if (e->hier) return igrad__hier_refuse("igrad_engine_open");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_open"));
     IGRAD_CHECK(igrad__route_check_caller(&e->plan.cfg, e->plan.sp == IGRAD_SPARSIFIER_NONE,
                                           "igrad_engine_open"));
@@ -227,12 +225,10 @@ static igrad_status_t zeros_for(igrad_engine_t *e, size_t t, float **out)
     return IGRAD_OK;
 }
 
-igrad_status_t igrad_engine_ready(igrad_engine_t *e, int64_t step, const size_t *tensors,
-                                  size_t n, float *const *grads, const igrad_bucket_t **buckets,
-                                  size_t *nbuckets)
+igrad_status_t igrad__flat_ready(igrad_engine_t *e, int64_t step, const size_t *tensors,
+                                 size_t n, float *const *grads, const igrad_bucket_t **buckets,
+                                 size_t *nbuckets)
 {
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_ready: engine is NULL");
-    if (e->hier) return igrad__hier_refuse("igrad_engine_ready");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_ready"));
     IGRAD_FAIL_IF(!buckets || !nbuckets, IGRAD_E_INVALID,
                   "igrad_engine_ready: buckets or nbuckets is NULL");
@@ -291,10 +287,8 @@ static igrad_status_t local_failure(igrad_engine_t *e, int64_t *bad)
     return igrad__engine_nonfinite(e, e->step.cur_step, grads, bad);
 }
 
-igrad_status_t igrad_engine_close(igrad_engine_t *e, int64_t step)
+igrad_status_t igrad__flat_close(igrad_engine_t *e, int64_t step)
 {
-    IGRAD_FAIL_IF(!e, IGRAD_E_INVALID, "igrad_engine_close: engine is NULL");
-    if (e->hier) return igrad__hier_refuse("igrad_engine_close");
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_close"));
     IGRAD_CHECK(check_open(e, step, "igrad_engine_close"));
     if (e->warm_open) {
