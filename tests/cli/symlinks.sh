@@ -9,24 +9,8 @@
 # regular file.
 #
 # Usage: symlinks.sh path/to/igrad   (CTest passes the built binary)
-set -u
-IGRAD=${1:?usage: symlinks.sh path/to/igrad}
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/igrad-symlinks.XXXXXX")
-fails=0
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-
-mkdir -p "$tmp/corpus" "$tmp/out"
-words=(the cat sat on a mat and dog ran to red house in sun was big)
-seed=1
-for d in 0 1 2 3; do
-  line=""
-  for w in $(seq 1 300); do
-    seed=$(( (seed * 1103515245 + 12345) % 2147483648 ))
-    line+="${words[$(( (seed / 65536) % 16 ))]} "
-  done
-  echo "$line" > "$tmp/corpus/doc$d.txt"
-done
+source "$(dirname "$0")/fault_lib.bash" # IGRAD, tmp, corpus, common, fail, finish
+mkdir -p "$tmp/out"
 echo precious > "$tmp/victim"
 
 # plant DIR PID NAME...: links at each NAME and NAME.tmp.PID to the victim
@@ -59,9 +43,8 @@ check() {
 # subshell plants under its own PID, then exec's igrad, which keeps it.
 (
   plant "$tmp/out" "$BASHPID" summary.json metrics.csv eval.csv trace.csv
-  exec "$IGRAD" train --data "$tmp/corpus" --out "$tmp/out" --method topk_sync \
-    --trace "$tmp/out/trace.csv" --seq-len 32 --batch 4 --steps 3 --eval-every 0 \
-    --threads 1 --progress quiet
+  exec "$IGRAD" train "${common[@]}" --out "$tmp/out" --method topk_sync \
+    --trace "$tmp/out/trace.csv" --steps 3
 ) >"$tmp/train.log" 2>&1 || fail "train: exit code $?: $(cat "$tmp/train.log")"
 check train "$tmp/out/summary.json" "$tmp/out/metrics.csv" "$tmp/out/eval.csv" \
   "$tmp/out/trace.csv"
@@ -77,21 +60,15 @@ check profile "$tmp/out/profile.json"
 
 # A resumed run rewrites metrics.csv and eval.csv up to its step, then
 # appends (a link put at the file between the two is refused, O_NOFOLLOW).
-"$IGRAD" train --data "$tmp/corpus" --out "$tmp/out2" --method topk_sync --seq-len 32 \
-  --batch 4 --steps 2 --eval-every 0 --threads 1 --progress quiet >/dev/null 2>&1 \
+"$IGRAD" train "${common[@]}" --out "$tmp/out2" --method topk_sync --steps 2 >/dev/null 2>&1 \
   || fail "train out2: exit code $?"
 if [ -f "$tmp/out2/metrics.csv" ]; then
   (
     plant "$tmp/out2" "$BASHPID" summary.json
     plant_tmp "$tmp/out2" "$BASHPID" metrics.csv eval.csv
-    exec "$IGRAD" train --data "$tmp/corpus" --out "$tmp/out2" --method topk_sync \
-      --seq-len 32 --batch 4 --steps 4 --eval-every 0 --threads 1 --progress quiet --resume
+    exec "$IGRAD" train "${common[@]}" --out "$tmp/out2" --method topk_sync --steps 4 --resume
   ) >"$tmp/resume.log" 2>&1 || fail "resume: exit code $?: $(cat "$tmp/resume.log")"
   check resume "$tmp/out2/summary.json" "$tmp/out2/metrics.csv"
 fi
 
-if [ "$fails" -ne 0 ]; then
-  echo "symlinks: $fails failure(s)" >&2
-  exit 1
-fi
-echo "symlinks: every planted link left alone"
+finish symlinks
