@@ -24,14 +24,14 @@
  * igrad__mem_space_t of internal.h that the communicators also take);
  * copy_out is how the host reads it (engine_state.c saves residuals and
  * velocities through it, a bounded chunk at a time).
- * 16-bit wire values (cfg.value_dtype BF16/F16, plan->value_nbytes 2): the
+ * 16-bit wire values (kargs.value_dtype BF16/F16, value_nbytes 2): the
  * gradients stay float; select_into rounds every staged value to the
  * 16-bit dtype (igrad__round16, value16.h: a value that would be Inf
  * clamped to the largest finite one) and adds the rounding error to that
  * entry's residual; the sparse pack writes the 2-byte codes, the sparse unpack
  * decodes them; the dense wire stays F32. A backend that does not do this
  * must refuse value_dtype != F32.
- * 16-bit gradients (cfg.grad_dtype BF16/F16): grads[t] points at
+ * 16-bit gradients (kargs.grad_dtype BF16/F16): grads[t] points at
  * uint16_t codes (cast to float *); every stage reads them upcast to F32
  * (exact), the residuals and velocities stay F32, unpack defers to
  * unpack16 and zero writes 16-bit zeros. A backend without unpack16 gets
@@ -58,7 +58,7 @@ typedef struct igrad__dp_mem {
     void *dp_state;                     /* the backend's own per-engine state
                                            (CUDA: device scratch), NULL until used */
     float **residual;                   /* (ntensors) n floats each, NULL for dense */
-    float **velocity;                   /* (ntensors) NULL unless cfg.momentum > 0 */
+    float **velocity;                   /* (ntensors) NULL unless kargs.momentum > 0 */
     float *residual_mem;                /* all residuals, layout order */
     int64_t residual_count;
     float *velocity_mem;                /* all velocities (momentum > 0), layout order */

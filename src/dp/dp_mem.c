@@ -23,7 +23,6 @@ void igrad__dp_mem_point(igrad__dp_mem_t *mem, const igrad__plan_t *plan)
 igrad_status_t igrad__dp_mem_alloc(igrad__dp_mem_t *mem, const igrad__plan_t *plan,
                                    igrad__step_t *step)
 {
-    const igrad_config_t *c = &plan->cfg;
     int dense = igrad__sparsifier_dense(plan->sp);
     size_t T = plan->ntensors;
     if (plan->max_entries) {
@@ -51,7 +50,7 @@ igrad_status_t igrad__dp_mem_alloc(igrad__dp_mem_t *mem, const igrad__plan_t *pl
         IGRAD_FAIL_IF(!mem->residual_mem, IGRAD_E_NOMEM,
                       "igrad_engine_create: out of memory for %lld residual entries",
                       (long long)total);
-        if (c->momentum > 0.0) {
+        if (plan->kargs.momentum > 0.0f) {
             mem->velocity_count = total;
             mem->velocity_mem = mem->dp->alloc((size_t)total * sizeof(float), 1);
             IGRAD_FAIL_IF(!mem->velocity_mem, IGRAD_E_NOMEM,

@@ -36,8 +36,19 @@ typedef struct igrad__plan_tensor {
     int64_t nblocks[2][2];
 } igrad__plan_tensor_t;
 
+/* The few config values the data plane's kernels take, as plain values
+ * (igrad__plan_build fills them once): no stage reads the config. */
+typedef struct igrad__kernel_args {
+    float momentum;                     /* DGC's m, as the kernels take it (0: no
+                                           velocity; velocity[t] NULL then) */
+    igrad_dtype_t grad_dtype;           /* of the gradients in memory */
+    igrad_dtype_t value_dtype;          /* of the sparse wire's values */
+    int residual_drop;                  /* residual "drop": a tensor not sent is dropped */
+} igrad__kernel_args_t;
+
 typedef struct igrad__plan {
     igrad_config_t cfg;                 /* copy, size = sizeof */
+    igrad__kernel_args_t kargs;         /* from cfg, for the data plane */
     igrad_sparsifier_t sp;              /* effective sparsifier */
     int deferral;                       /* iad / ig */
     int per_tensor_buckets;             /* iad */
@@ -89,7 +100,7 @@ static inline int igrad__plan_parity(const igrad__plan_t *p, int64_t step)
 /* The plan of p->cfg (set, validated; p->sp, value_nbytes, nranks too)
  * for `layout` and `profile` (NULL: every component important; with
  * `shard`, a profile that may cover more components than the layout):
- * per-tensor plans, phases, the direct policy's map and the risk
+ * the kernel arguments, per-tensor plans, phases, the direct policy's map and the risk
  * policy's history keys, the largest step. */
 igrad_status_t igrad__plan_build(igrad__plan_t *p, const igrad_layout_t *layout,
                                  const igrad_profile_t *profile, int shard);

@@ -374,6 +374,10 @@ igrad_status_t igrad__plan_build(igrad__plan_t *p, const igrad_layout_t *layout,
 {
     const igrad_config_t *c = &p->cfg;
     int dense = igrad__sparsifier_dense(p->sp);
+    p->kargs = (igrad__kernel_args_t){.momentum = (float)c->momentum,
+                                      .grad_dtype = c->grad_dtype,
+                                      .value_dtype = c->value_dtype,
+                                      .residual_drop = c->residual == IGRAD_RESIDUAL_DROP};
     p->deferral = method_defers(c->method);
     p->per_tensor_buckets = c->method == IGRAD_METHOD_IAD;
     IGRAD_FAIL_IF(p->deferral && !profile && c->profile_steps == 0, IGRAD_E_INVALID,

@@ -26,7 +26,7 @@
 typedef struct igrad__dp_cpu_state {
     int32_t *bound;
     int64_t *bound_off; /* (ntensors) */
-    /* 16-bit gradients (cfg.grad_dtype) only, else NULL: per thread an F32
+    /* 16-bit gradients (plan->kargs.grad_dtype) only, else NULL: per thread an F32
      * copy of the tensor it works on (room for the largest), and for
      * unpack16 a grads array whose every entry is g32[0]. */
     float **g32;    /* (nthreads) */

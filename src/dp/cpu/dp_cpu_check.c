@@ -96,8 +96,8 @@ void igrad__dp_cpu_check(IGRAD__DP_ARGS, float *const *grads)
 {
     int dense = igrad__sparsifier_dense(plan->sp);
     int64_t T = (int64_t)plan->ntensors;
-    float m = (float)plan->cfg.momentum;
-    int grad16 = plan->cfg.grad_dtype != IGRAD_DTYPE_F32;
+    float m = plan->kargs.momentum;
+    int grad16 = plan->kargs.grad_dtype != IGRAD_DTYPE_F32;
     igrad__dp_cpu_state_t *cs = dense && !grad16 ? NULL : igrad__dp_cpu_state(plan, step, mem);
     if ((!dense || grad16) && !cs) {
         for (size_t t = 0; t < plan->ntensors; t++) step->tstatus[t] = IGRAD_E_NOMEM;
@@ -130,26 +130,26 @@ int64_t igrad__dp_cpu_first_bad(IGRAD__DP_CARGS, float *const *grads, size_t t, 
     (void)step;
     const igrad__plan_tensor_t *tp = &plan->t[t];
     const float *rv = igrad__sparsifier_dense(plan->sp) ? NULL : mem->residual[t];
-    float m = (float)plan->cfg.momentum;
+    float m = plan->kargs.momentum;
     int64_t i = -1;
-    if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32) {
+    if (plan->kargs.grad_dtype == IGRAD_DTYPE_F32) {
         i = first_nonfinite(grads[t], mem->velocity[t], m, rv, tp->n);
     } else { /* 16-bit gradients: upcast a chunk at a time */
         const uint16_t *h = (const uint16_t *)(const void *)grads[t];
         float buf[1024];
         for (int64_t i0 = 0; i < 0 && i0 < tp->n; i0 += 1024) {
             int64_t len = tp->n - i0 < 1024 ? tp->n - i0 : 1024;
-            igrad__from16_n(plan->cfg.grad_dtype, h + i0, buf, len);
+            igrad__from16_n(plan->kargs.grad_dtype, h + i0, buf, len);
             int64_t k = first_nonfinite(buf, mem->velocity[t] ? mem->velocity[t] + i0 : NULL, m,
                                         rv ? rv + i0 : NULL, len);
             if (k >= 0) i = i0 + k;
         }
     }
     if (i < 0) i = 0; /* cannot happen: the sum saw a non-finite a */
-    if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32)
+    if (plan->kargs.grad_dtype == IGRAD_DTYPE_F32)
         *g = grads[t][i];
     else
-        igrad__from16_n(plan->cfg.grad_dtype, (const uint16_t *)(const void *)grads[t] + i, g, 1);
+        igrad__from16_n(plan->kargs.grad_dtype, (const uint16_t *)(const void *)grads[t] + i, g, 1);
     *u = mem->velocity[t] ? mem->velocity[t][i] : 0.0f;
     *r = rv ? rv[i] : 0.0f;
     return i;

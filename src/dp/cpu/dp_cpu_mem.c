@@ -58,7 +58,7 @@ igrad__dp_cpu_state_t *igrad__dp_cpu_state(IGRAD__DP_ARGS)
         igrad__dp_cpu_release(plan, step, mem);
         return NULL;
     }
-    if (plan->cfg.grad_dtype != IGRAD_DTYPE_F32) {
+    if (plan->kargs.grad_dtype != IGRAD_DTYPE_F32) {
         int64_t most = 1;
         for (size_t t = 0; t < plan->ntensors; t++)
             if (plan->t[t].n > most) most = plan->t[t].n;
@@ -95,8 +95,8 @@ float *igrad__dp_cpu_grad(IGRAD__DP_CARGS, const igrad__dp_cpu_state_t *cs, floa
 {
     (void)step;
     (void)mem;
-    if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32) return grads[t];
-    igrad__from16_n(plan->cfg.grad_dtype, (const uint16_t *)(const void *)grads[t], cs->g32[tid],
+    if (plan->kargs.grad_dtype == IGRAD_DTYPE_F32) return grads[t];
+    igrad__from16_n(plan->kargs.grad_dtype, (const uint16_t *)(const void *)grads[t], cs->g32[tid],
                     plan->t[t].n);
     return cs->g32[tid];
 }
@@ -105,7 +105,7 @@ void igrad__dp_cpu_zero_grad(IGRAD__DP_CARGS, float *const *grads, size_t t)
 {
     (void)step;
     (void)mem;
-    size_t width = plan->cfg.grad_dtype == IGRAD_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    size_t width = plan->kargs.grad_dtype == IGRAD_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
     memset(grads[t], 0, (size_t)plan->t[t].n * width);
 }
 

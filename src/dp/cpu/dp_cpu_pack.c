@@ -20,6 +20,39 @@
 
 #include <string.h>
 
+/* n values as 16-bit codes of dt into o (2 bytes each, any alignment) */
+static void put_values16(unsigned char *o, const float *in, int64_t n, igrad_dtype_t dt)
+{
+    for (int64_t k = 0; k < n; k++) {
+        uint16_t h = igrad__to16(dt, in[k]);
+        memcpy(o + 2 * k, &h, 2);
+    }
+}
+
+/* n indices narrowed to 16 bits into o (each < 2^16: the plan's width) */
+static void put_index16(unsigned char *o, const uint32_t *in, int64_t n)
+{
+    for (int64_t k = 0; k < n; k++) {
+        uint16_t s = (uint16_t)in[k];
+        memcpy(o + 2 * k, &s, 2);
+    }
+}
+
+/* count selected (idx, val) into the zeroed dense segment d: flat, or
+ * row-wise per_row of each cols-wide row (per_row 0: flat) */
+static void scatter(float *d, const uint32_t *idx, const float *val, int64_t count,
+                    int64_t per_row, int64_t cols)
+{
+    if (per_row) {
+        int64_t rows = count / per_row;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t k = 0; k < per_row; k++)
+                d[r * cols + idx[r * per_row + k]] = val[r * per_row + k];
+    } else {
+        for (int64_t k = 0; k < count; k++) d[idx[k]] = val[k];
+    }
+}
+
 void igrad__dp_cpu_pack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads)
 {
     (void)grads;
@@ -28,26 +61,15 @@ void igrad__dp_cpu_pack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads)
     for (size_t q = 0; q < bk->nblocks; q++) {
         const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
         int64_t src = step->stage_off[bi->tensor] + bi->first;
-        if (plan->value_nbytes == 4) {
+        if (plan->value_nbytes == 4)
             memcpy(dst + bi->val_off, step->stage_val + src, (size_t)bi->count * sizeof(float));
-        } else {
-            const float *in = step->stage_val + src;
-            unsigned char *o = dst + bi->val_off;
-            for (int64_t k = 0; k < bi->count; k++) {
-                uint16_t h = igrad__to16(plan->cfg.value_dtype, in[k]);
-                memcpy(o + 2 * k, &h, 2);
-            }
-        }
-        if (bi->idx_nbytes == 4) {
+        else
+            put_values16(dst + bi->val_off, step->stage_val + src, bi->count,
+                         plan->kargs.value_dtype);
+        if (bi->idx_nbytes == 4)
             memcpy(dst + bi->idx_off, step->stage_idx + src, (size_t)bi->count * 4);
-        } else {
-            const uint32_t *in = step->stage_idx + src;
-            unsigned char *o = dst + bi->idx_off;
-            for (int64_t k = 0; k < bi->count; k++) {
-                uint16_t s = (uint16_t)in[k];
-                memcpy(o + 2 * k, &s, 2);
-            }
-        }
+        else
+            put_index16(dst + bi->idx_off, step->stage_idx + src, bi->count);
     }
 }
 
@@ -59,11 +81,11 @@ void igrad__dp_cpu_pack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads)
     if (igrad__sparsifier_dense(plan->sp)) {
         for (size_t q = 0; q < bk->nblocks; q++) {
             const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
-            if (plan->cfg.grad_dtype == IGRAD_DTYPE_F32)
+            if (plan->kargs.grad_dtype == IGRAD_DTYPE_F32)
                 memcpy(buf + bi->dense_off, grads[bi->tensor] + bi->first,
                        (size_t)bi->count * sizeof(float));
             else /* 16-bit gradients: upcast (exact) */
-                igrad__from16_n(plan->cfg.grad_dtype,
+                igrad__from16_n(plan->kargs.grad_dtype,
                                 (const uint16_t *)(const void *)grads[bi->tensor] + bi->first,
                                 buf + bi->dense_off, bi->count);
         }
@@ -72,20 +94,10 @@ void igrad__dp_cpu_pack_dense(IGRAD__DP_ARGS, size_t j, float *const *grads)
     memset(buf, 0, bk->dense_count * sizeof(float));
     for (size_t q = 0; q < bk->nblocks; q++) {
         const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
-        const igrad__plan_tensor_t *tp = &plan->t[bi->tensor];
+        const igrad_select_spec_t *sp = &plan->t[bi->tensor].spec[step->rel[bi->tensor]][par];
         int64_t src = step->stage_off[bi->tensor] + bi->first;
-        const uint32_t *idx = step->stage_idx + src;
-        const float *val = step->stage_val + src;
-        float *d = buf + bi->dense_off;
-        if (bi->row_wise) {
-            const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
-            int64_t rows = bi->count / sp->per_row;
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t k = 0; k < sp->per_row; k++)
-                    d[r * sp->cols + idx[r * sp->per_row + k]] = val[r * sp->per_row + k];
-        } else {
-            for (int64_t k = 0; k < bi->count; k++) d[idx[k]] = val[k];
-        }
+        scatter(buf + bi->dense_off, step->stage_idx + src, step->stage_val + src, bi->count,
+                bi->row_wise ? sp->per_row : 0, sp->cols);
     }
 }
 

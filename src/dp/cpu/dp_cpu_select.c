@@ -41,18 +41,9 @@ static void mask_sent(float *restrict u, const igrad_select_spec_t *sp, const ui
     }
 }
 
-/* One sent tensor whose selection reads the velocity: u = m*u + g (g
- * zeroed in the same pass with `zero`), then the whole selection of u +
- * residual (16-bit values rounded in it), then factor masking. */
-static igrad_status_t select_velocity(IGRAD__DP_CARGS, size_t t, float *restrict g,
-                                      const igrad_select_spec_t *sp, igrad_select_ws_t *ws,
-                                      igrad_selection_t *sel, int zero, double *rounded)
+/* u = m*u + g over n entries (g zeroed in the same pass with `zero`) */
+static void momentum_step(float *restrict u, float *restrict g, float m, int64_t n, int zero)
 {
-    (void)step;
-    const igrad__plan_tensor_t *tp = &plan->t[t];
-    float *restrict u = mem->velocity[t];
-    int64_t n = tp->n;
-    float m = (float)plan->cfg.momentum;
     if (zero) {
         SIMD
         for (int64_t i = 0; i < n; i++) {
@@ -63,8 +54,18 @@ static igrad_status_t select_velocity(IGRAD__DP_CARGS, size_t t, float *restrict
         SIMD
         for (int64_t i = 0; i < n; i++) u[i] = m * u[i] + g[i];
     }
-    IGRAD_CHECK(igrad__select_ef(u, mem->residual[t], sp, tp->name, ws, sel, 0,
-                                 plan->cfg.value_dtype, rounded));
+}
+
+/* One sent tensor whose selection reads the velocity u: u = m*u + g,
+ * then the whole selection of u + residual r (values rounded to the
+ * 16-bit dtype vt unless F32), then factor masking. */
+static igrad_status_t select_velocity(float *restrict u, float *restrict r, float *restrict g,
+                                      float m, igrad_dtype_t vt, const igrad_select_spec_t *sp,
+                                      const char *name, igrad_select_ws_t *ws,
+                                      igrad_selection_t *sel, int zero, double *rounded)
+{
+    momentum_step(u, g, m, sp->n, zero);
+    IGRAD_CHECK(igrad__select_ef(u, r, sp, name, ws, sel, 0, vt, rounded));
     mask_sent(u, sp, sel->index);
     return IGRAD_OK;
 }
@@ -118,12 +119,12 @@ void igrad__dp_cpu_accumulate(IGRAD__DP_ARGS, size_t t, float *restrict g, int z
 {
     float *r = mem->residual[t], *u = mem->velocity[t];
     int64_t n = plan->t[t].n;
-    if (plan->cfg.residual == IGRAD_RESIDUAL_DROP) {
+    if (plan->kargs.residual_drop) {
         ef_drop(r, u, g, n, zero);
         step->tdropped[t] = step->tnorm[t];
         step->tnorm[t] = 0.0;
     } else if (u) {
-        ef_add_momentum(r, u, g, (float)plan->cfg.momentum, n, zero);
+        ef_add_momentum(r, u, g, plan->kargs.momentum, n, zero);
     } else {
         ef_add(r, g, n, zero);
     }
@@ -135,7 +136,7 @@ void igrad__dp_cpu_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
     int par = igrad__plan_parity(plan, step->cur_step);
     /* 16-bit gradients: the kernels run on the thread's F32 copy (whose
      * zeroing is then wasted) and the gradient itself is zeroed after */
-    int zero16 = zero && plan->cfg.grad_dtype != IGRAD_DTYPE_F32;
+    int zero16 = zero && plan->kargs.grad_dtype != IGRAD_DTYPE_F32;
     const igrad__dp_cpu_state_t *cs = mem->dp_state;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
@@ -158,10 +159,11 @@ void igrad__dp_cpu_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
             double rounded = 0.0; /* sum of squares of rounding errors kept */
             if (igrad__dp_cpu_fused(plan, step, mem, t)) { /* pass 1 ran in the check */
                 igrad__select_apply(g, r, sp, mem->ws[tid], &sel, cs->bound + cs->bound_off[t],
-                                    zero, plan->cfg.value_dtype, &rounded);
+                                    zero, plan->kargs.value_dtype, &rounded);
             } else {
-                step->tstatus[t] =
-                    select_velocity(plan, step, mem, t, g, sp, mem->ws[tid], &sel, zero, &rounded);
+                step->tstatus[t] = select_velocity(mem->velocity[t], r, g, plan->kargs.momentum,
+                                                   plan->kargs.value_dtype, sp, tp->name,
+                                                   mem->ws[tid], &sel, zero, &rounded);
                 if (step->tstatus[t] != IGRAD_OK) {
                     if (zero16) igrad__dp_cpu_zero_grad(plan, step, mem, grads, t);
                     continue;

@@ -46,14 +46,13 @@ static void placeholder(const igrad_select_spec_t *sp, uint32_t *idx, float *val
 
 /* 16-bit wire values: each staged v becomes round16(v) (a finite value
  * that would round to Inf clamped to the largest finite one), as
- * dp_cpu_select.c's round_sent does; returns the sum of (v - q)^2, the
+ * select.c's pass 2 does (igrad__round16); returns the sum of (v - q)^2, the
  * part the residual keeps. */
 static double round_staged(igrad_dtype_t dt, float *val, int64_t count)
 {
     double s = 0.0;
     for (int64_t k = 0; k < count; k++) {
-        float q = igrad__from16(dt, igrad__to16(dt, val[k]));
-        if (isinf(q)) q = val[k] > 0.0f ? igrad__max16(dt) : -igrad__max16(dt);
+        float q = igrad__round16(dt, val[k]);
         float d = val[k] - q;
         val[k] = q;
         s += (double)d * (double)d;
@@ -61,11 +60,19 @@ static double round_staged(igrad_dtype_t dt, float *val, int64_t count)
     return s;
 }
 
+/* su = m*u + g over n entries (u, g untouched) */
+static void momentum_into(float *restrict su, const float *restrict u, const float *restrict g,
+                          float m, int64_t n)
+{
+    SIMD
+    for (int64_t i = 0; i < n; i++) su[i] = m * u[i] + g[i];
+}
+
 void igrad__dp_cpu_stream_ready(IGRAD__DP_ARGS, float *const *grads, const size_t *tensors,
                                 size_t n)
 {
     int dense = igrad__sparsifier_dense(plan->sp);
-    float m = (float)plan->cfg.momentum;
+    float m = plan->kargs.momentum;
     int par = igrad__plan_parity(plan, step->cur_step);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
@@ -97,9 +104,7 @@ void igrad__dp_cpu_stream_ready(IGRAD__DP_ARGS, float *const *grads, const size_
         memcpy(sr, mem->residual[t], (size_t)tp->n * sizeof *sr);
         const float *src = g;
         if (mem->velocity[t]) {
-            const float *u = mem->velocity[t];
-            SIMD
-            for (int64_t i = 0; i < tp->n; i++) su[i] = m * u[i] + g[i];
+            momentum_into(su, mem->velocity[t], g, m, tp->n);
             src = su;
         }
         igrad_status_t st = igrad_select_ef(src, sr, sp, tp->name, mem->ws[tid], &sel);
@@ -109,25 +114,22 @@ void igrad__dp_cpu_stream_ready(IGRAD__DP_ARGS, float *const *grads, const size_
             continue;
         }
         double rounded = 0.0;
-        if (plan->cfg.value_dtype != IGRAD_DTYPE_F32)
-            rounded = round_staged(plan->cfg.value_dtype, sel.value, sp->count);
+        if (plan->kargs.value_dtype != IGRAD_DTYPE_F32)
+            rounded = round_staged(plan->kargs.value_dtype, sel.value, sp->count);
         step->tsumsq[t] = sel.sumsq;
         double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
         step->tnorm[t] = kept + rounded;
     }
 }
 
-/* A sent tensor: e = a (u = m*u + g first), the selected entries 0 or
- * their rounding remainder (and, with momentum, their velocity: DGC's
- * masking); g zeroed. */
-static void commit_sent(IGRAD__DP_CARGS, size_t t, float *restrict g, const igrad_select_spec_t *sp,
-                        const uint32_t *idx, const float *val)
+/* A sent tensor of n entries: e = a (u = m*u + g first; u NULL without
+ * momentum), the selected entries (sp, idx, val: the staged selection) 0
+ * or, with 16-bit values (value16), their rounding remainder (and, with
+ * momentum, their velocity: DGC's masking); g zeroed. */
+static void commit_sent(float *restrict r, float *restrict u, float *restrict g, float m,
+                        int64_t n, const igrad_select_spec_t *sp, const uint32_t *idx,
+                        const float *val, int value16)
 {
-    (void)step;
-    const igrad__plan_tensor_t *tp = &plan->t[t];
-    float *restrict r = mem->residual[t], *restrict u = mem->velocity[t];
-    int64_t n = tp->n;
-    float m = (float)plan->cfg.momentum;
     if (u) {
         SIMD
         for (int64_t i = 0; i < n; i++) {
@@ -142,7 +144,6 @@ static void commit_sent(IGRAD__DP_CARGS, size_t t, float *restrict g, const igra
             g[i] = 0.0f;
         }
     }
-    int value16 = plan->cfg.value_dtype != IGRAD_DTYPE_F32;
     for (int64_t k = 0; k < sp->count; k++) {
         int64_t i = sel_pos(sp, idx, k);
         /* r[i] holds a = the selected value; the fused pass zeroes it, then
@@ -155,6 +156,8 @@ static void commit_sent(IGRAD__DP_CARGS, size_t t, float *restrict g, const igra
 void igrad__dp_cpu_stream_commit(IGRAD__DP_ARGS, float *const *grads)
 {
     int par = igrad__plan_parity(plan, step->cur_step);
+    float m = plan->kargs.momentum;
+    int value16 = plan->kargs.value_dtype != IGRAD_DTYPE_F32;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
 #endif
@@ -162,8 +165,9 @@ void igrad__dp_cpu_stream_commit(IGRAD__DP_ARGS, float *const *grads)
         uint32_t t = step->work[w];
         igrad__plan_tensor_t *tp = &plan->t[t];
         if (step->sent[t])
-            commit_sent(plan, step, mem, t, grads[t], &tp->spec[step->rel[t]][par],
-                        step->stage_idx + step->stage_off[t], step->stage_val + step->stage_off[t]);
+            commit_sent(mem->residual[t], mem->velocity[t], grads[t], m, tp->n,
+                        &tp->spec[step->rel[t]][par], step->stage_idx + step->stage_off[t],
+                        step->stage_val + step->stage_off[t], value16);
         else
             igrad__dp_cpu_accumulate(plan, step, mem, t, grads[t], 1);
     }

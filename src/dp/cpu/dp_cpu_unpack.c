@@ -75,6 +75,20 @@ static igrad_status_t bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
     return igrad__dp_bad_index(plan, step, mem, bk, bi, r, k, v, bound);
 }
 
+/* count received entries (indices of width iw at ip, values of width vw
+ * at vp: F32 or the 16-bit codes of vt) added times inv into g, each
+ * index checked against bound first: -1, or the first bad entry. */
+static int64_t add_entries(float *g, const unsigned char *ip, int iw, const unsigned char *vp,
+                           int vw, igrad_dtype_t vt, int64_t count, uint64_t bound, float inv)
+{
+    for (int64_t k = 0; k < count; k++) {
+        uint32_t i = read_index(ip, iw, k);
+        if (i >= bound) return k;
+        g[i] += read_value(vp, vw, vt, k) * inv;
+    }
+    return -1;
+}
+
 /* Sparse wire: adds every rank's entries, in rank order, times 1/P into
  * grads. Received indices are checked against their tensor (flat) or row
  * (row-wise) before use; on a bad one the gradients are partly written. */
@@ -87,7 +101,7 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
      * that vectorizes */
     const float inv = 1.0f / (float)plan->avg_ranks;
     const int vw = plan->value_nbytes;
-    const igrad_dtype_t vt = plan->cfg.value_dtype;
+    const igrad_dtype_t vt = plan->kargs.value_dtype;
     for (int r = 0; r < plan->nranks; r++) {
         const unsigned char *base = mem->recv_arena + bk->recv_off + (size_t)r * bk->send_nbytes;
         for (size_t q = 0; q < bk->nblocks; q++) {
@@ -99,25 +113,17 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
             const unsigned char *vp = base + bi->val_off, *ip = base + bi->idx_off;
             /* A rank's bytes start at r * send_nbytes, which need not be
              * 4-aligned: read through memcpy. */
+            const int iw = bi->idx_nbytes;
             if (bi->row_wise) {
                 const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
-                const uint32_t cols = (uint32_t)sp->cols;
-                int64_t rows = bi->count / sp->per_row, k = 0;
-                for (int64_t rr = 0; rr < rows; rr++) {
-                    float *grow = g + (bi->row0 + rr) * sp->cols;
-                    for (int64_t c = 0; c < sp->per_row; c++, k++) {
-                        uint32_t i = read_index(ip, bi->idx_nbytes, k);
-                        if (i >= cols) return bad_index(plan, step, mem, bk, bi, r, ip, sp->cols);
-                        grow[i] += read_value(vp, vw, vt, k) * inv;
-                    }
-                }
+                int64_t rows = bi->count / sp->per_row, per = sp->per_row;
+                for (int64_t rr = 0; rr < rows; rr++)
+                    if (add_entries(g + (bi->row0 + rr) * sp->cols, ip + rr * per * iw, iw,
+                                    vp + rr * per * vw, vw, vt, per, (uint64_t)sp->cols, inv) >= 0)
+                        return bad_index(plan, step, mem, bk, bi, r, ip, sp->cols);
             } else {
-                const uint64_t n = (uint64_t)tp->n;
-                for (int64_t k = 0; k < bi->count; k++) {
-                    uint32_t i = read_index(ip, bi->idx_nbytes, k);
-                    if (i >= n) return bad_index(plan, step, mem, bk, bi, r, ip, tp->n);
-                    g[i] += read_value(vp, vw, vt, k) * inv;
-                }
+                if (add_entries(g, ip, iw, vp, vw, vt, bi->count, (uint64_t)tp->n, inv) >= 0)
+                    return bad_index(plan, step, mem, bk, bi, r, ip, tp->n);
             }
         }
     }
@@ -204,7 +210,7 @@ igrad_status_t igrad__dp_cpu_unpack_sar(IGRAD__DP_ARGS, size_t j, float *const *
         IGRAD_CHECK(sar_element(plan, step, mem, bk, w->result[q].index, &bi, &i));
         grads[bi->tensor][i] += w->result[q].value * inv;
     }
-    int drop = plan->cfg.residual == IGRAD_RESIDUAL_DROP;
+    int drop = plan->kargs.residual_drop;
     for (size_t q = 0; q < w->remainder_count; q++) {
         IGRAD_CHECK(sar_element(plan, step, mem, bk, w->remainder[q].index, &bi, &i));
         double v = w->remainder[q].value;
@@ -243,7 +249,7 @@ static int dense_touches(IGRAD__DP_CARGS, size_t t)
 static void sweep_received(IGRAD__DP_CARGS, size_t t, float *acc, uint16_t *g16)
 {
     int par = igrad__plan_parity(plan, step->cur_step);
-    const igrad_dtype_t gt = plan->cfg.grad_dtype;
+    const igrad_dtype_t gt = plan->kargs.grad_dtype;
     for (size_t j = 0; j < step->nbk; j++) {
         const igrad__step_bucket_t *bk = &step->bk[j];
         if (bk->route->wire != IGRAD__WIRE_SPARSE) continue;
@@ -298,7 +304,7 @@ igrad_status_t igrad__dp_cpu_unpack16(IGRAD__DP_ARGS, float *const *grads)
         }
         if (!hit) continue;
         if (whole) {
-            igrad__to16_n(plan->cfg.grad_dtype, acc, g16, n);
+            igrad__to16_n(plan->kargs.grad_dtype, acc, g16, n);
             memset(acc, 0, (size_t)n * sizeof *acc);
         } else {
             sweep_received(plan, step, mem, t, acc, g16);

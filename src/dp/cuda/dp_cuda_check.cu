@@ -50,7 +50,7 @@ void igrad__dp_cuda_check(IGRAD__DP_ARGS, float *const *grads)
     for (size_t t = 0; t < plan->ntensors; t++) {
         const igrad__plan_tensor_t *tp = &plan->t[t];
         a_of f = {grads[t], mem->velocity[t], dense ? NULL : mem->residual[t],
-                  (float)plan->cfg.momentum};
+                  plan->kargs.momentum};
         igrad__cuda_sum_launch(f, tp->n, st->d_part, st->d_tnorm + t, s);
     }
     cudaError_t err = cudaMemcpyAsync(step->tnorm, st->d_tnorm, plan->ntensors * sizeof(double),
@@ -71,7 +71,7 @@ int64_t igrad__dp_cuda_first_bad(IGRAD__DP_CARGS, float *const *grads, size_t t,
     if (!st) return 0;
     cudaStream_t s = igrad__cuda_stream(plan, step, mem);
     const float *rv = igrad__sparsifier_dense(plan->sp) ? NULL : mem->residual[t];
-    a_of f = {grads[t], mem->velocity[t], rv, (float)plan->cfg.momentum};
+    a_of f = {grads[t], mem->velocity[t], rv, plan->kargs.momentum};
     unsigned long long first = ~0ull;
     cudaMemcpyAsync(st->d_first, &first, sizeof first, cudaMemcpyHostToDevice, s);
     first_bad_kernel<<<igrad__cuda_grid(tp->n), IGRAD__CUDA_THREADS, 0, s>>>(f, tp->n,

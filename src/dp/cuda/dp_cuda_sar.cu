@@ -160,7 +160,7 @@ igrad_status_t igrad__dp_cuda_unpack_sar(IGRAD__DP_ARGS, size_t j, float *const 
         sg->count = bi->seg_count;
     }
     const float inv = 1.0f / (float)plan->avg_ranks; /* as in the sparse wire */
-    int drop = plan->cfg.residual == IGRAD_RESIDUAL_DROP;
+    int drop = plan->kargs.residual_drop;
     cudaError_t err = cudaMemcpyAsync(st->d_seg, st->h_seg, nseg * sizeof *st->h_seg,
                                       cudaMemcpyHostToDevice, s);
     if (err == cudaSuccess) {

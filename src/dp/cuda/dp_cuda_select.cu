@@ -334,8 +334,8 @@ void igrad__dp_cuda_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
     }
     cudaStream_t s = igrad__cuda_stream(plan, step, mem);
     const unsigned T = IGRAD__CUDA_THREADS;
-    int drop = plan->cfg.residual == IGRAD_RESIDUAL_DROP;
-    float m = (float)plan->cfg.momentum;
+    int drop = plan->kargs.residual_drop;
+    float m = plan->kargs.momentum;
     int par = igrad__plan_parity(plan, step->cur_step);
     for (size_t t = 0; t < plan->ntensors; t++) {
         igrad__plan_tensor_t *tp = &plan->t[t];
