@@ -156,6 +156,10 @@ typedef struct igrad__dp_ops {
      * bounds check leaves for select_into; CUDA, device scratch); NULL
      * when the backend keeps none. Called by igrad_engine_free. */
     void (*release)(IGRAD__DP_ARGS);
+    /* Makes mem->dp_state now rather than on first use, so that running
+     * out of its memory is said at create (CUDA: device scratch); NULL
+     * when the backend makes it lazily. IGRAD_OK, or a recorded error. */
+    igrad_status_t (*prepare)(IGRAD__DP_ARGS);
 
     /* Streamed steps (engine_stream.c); NULL in a backend without them,
      * whose engines refuse igrad_engine_open. stream_ready: for the n

@@ -40,6 +40,7 @@ const igrad__engine_ops_t igrad__engine_flat = {
     .velocity = igrad__flat_velocity,
     .predict_payload = igrad__flat_predict_payload,
     .workspace_nbytes = igrad__flat_workspace_nbytes,
+    .set_stream = igrad__flat_set_stream,
 };
 
 igrad_engine_t *igrad__engine_alloc(const igrad__engine_ops_t *ops)

@@ -3,9 +3,10 @@
  * (core/plugin.h), which igrad_cuda.h's entry points in libigrad.so call
  * once they have loaded it (engine/cuda_plugin.c): an engine on the CUDA
  * data plane (dp_cuda.cu's row of dp.h) for one device and stream,
- * changing its stream, and the CUDA communicators (comm_self_cuda.c,
- * comm_nccl.c). The engine itself is engine.c's; only the data plane and
- * its queue differ from igrad_engine_create.
+ * changing its stream (the engine table's set_stream), and the CUDA
+ * communicators (comm_self_cuda.c, comm_nccl.c). The engine itself is
+ * engine.c's; only the data plane and its queue differ from
+ * igrad_engine_create.
  */
 #include "dp/cuda/dp_cuda.cuh"
 /* An engine-layer file (it calls igrad__engine_create and the two-level
@@ -39,18 +40,16 @@ static igrad_status_t cuda_engine_create(const igrad_layout_t *layout,
                   "igrad_engine_create_cuda: device %d outside [0, %d)", device, count);
     err = cudaSetDevice(device);
     if (err != cudaSuccess) return igrad__cuda_fail(err, "igrad_engine_create_cuda: cudaSetDevice");
-    igrad_engine_t *e = NULL;
     int hier = config && config->size >= sizeof *config &&
                config->topology == IGRAD_TOPOLOGY_HIER;
-    if (hier) /* the two-level engine: its shard engine and buffers on the device */
-        IGRAD_CHECK(igrad__hier_create(layout, profile, config, comm, &igrad__dp_cuda, stream, &e));
-    else
-        IGRAD_CHECK(
-            igrad__engine_create(layout, profile, config, comm, &igrad__dp_cuda, stream, &e));
+    if (hier) /* the two-level engine: its shard engine (whose device state it
+                 makes at create) and buffers on the device */
+        return igrad__hier_create(layout, profile, config, comm, &igrad__dp_cuda, stream, out);
+    igrad_engine_t *e = NULL;
+    IGRAD_CHECK(igrad__engine_create(layout, profile, config, comm, &igrad__dp_cuda, stream, &e));
     /* The device state now, so that running out of memory is said here;
      * the warm-up engine makes its own on first use. */
-    igrad_engine_t *data = hier ? igrad__hier_shard(e) : e;
-    igrad_status_t st = igrad__cuda_state_create(IGRAD__PARTS(data));
+    igrad_status_t st = igrad__flat_prepare(e);
     if (st != IGRAD_OK) {
         igrad_engine_free(e);
         return st;
@@ -63,17 +62,8 @@ static igrad_status_t cuda_engine_set_stream(igrad_engine_t *engine,
                                              struct CUstream_st *stream)
 {
     IGRAD_FAIL_IF(!engine, IGRAD_E_INVALID, "igrad_engine_set_stream_cuda: engine is NULL");
-    /* a two-level engine's data plane is its shard engine's */
-    igrad_engine_t *data = engine->hier ? igrad__hier_shard(engine) : engine;
-    IGRAD_FAIL_IF(!data || data->mem.dp != &igrad__dp_cuda, IGRAD_E_INVALID,
-                  "igrad_engine_set_stream_cuda: the engine's data plane is '%s', not cuda "
-                  "(made by igrad_engine_create, not igrad_engine_create_cuda)",
-                  data && data->mem.dp ? data->mem.dp->name : "none");
-    IGRAD_FAIL_IF(engine->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
-                  "igrad_engine_set_stream_cuda: step %lld is open",
-                  (long long)engine->step.cur_step);
-    for (igrad_engine_t *e = data; e; e = e->warmup) e->mem.dp_stream = stream;
-    return IGRAD_OK;
+    /* the engine's row: flat sets its own (and its warm-up's), hier its shard's */
+    return engine->ops->set_stream(engine, &igrad__dp_cuda, stream);
 }
 
 /* The plugin's one exported symbol. */

@@ -21,6 +21,11 @@
  * Residuals live with the owner and hold node sums; per shard and owner,
  * Σ_steps (node sum) = Σ_steps sent + residual.
  *
+ * The shard engines are flat engines that this file reaches only through
+ * the public entry points and the flat row's small API for it
+ * (engine_shard.c: failure, progress, copy, bucket slots, prepare,
+ * set_stream), never through their fields.
+ *
  * Not here: what a shard engine does (engine.c and the rest, unchanged),
  * the comm ops (comm.c: split, ireduce, ibcast), the time model of the
  * route (tools/plan_cost.c).
@@ -55,6 +60,8 @@ typedef struct igrad__piece {
 
 typedef struct igrad__hier {
     const igrad__dp_ops_t *dp;  /* of the shard engine and buffers (NULL: plan-only) */
+    void *stream;               /* the data plane's queue: the shard engine's and the
+                                   node collectives' (igrad_engine_set_stream_cuda) */
     int L, N;                   /* ranks per node, nodes */
     int local, node;            /* this rank's place (0, 0 when plan-only) */
     igrad_comm_t *node_comm;    /* owned: the L ranks of this node */
@@ -340,18 +347,8 @@ static igrad_status_t hier_plans(igrad__hier_t *h, const igrad_layout_t *layout,
     for (int l = 0; l < h->L; l++) {
         igrad_layout_t *sl = NULL;
         IGRAD_CHECK(shard_layout(layout, h, l, &sl));
-        igrad_engine_t *p = igrad__engine_alloc(&igrad__engine_flat);
-        igrad_status_t st = p ? IGRAD_OK
-                              : igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
-                                            "igrad_engine_create: out of memory");
-        if (p) {
-            p->plan.plan_only = 1;
-            p->shard = 1;
-            p->plan.nranks = h->N;
-            st = igrad__engine_build(p, sl, profile, &sc, NULL);
-        }
+        igrad_status_t st = igrad__flat_create_shard_plan(sl, profile, &sc, h->N, &h->plans[l]);
         igrad_layout_free(sl);
-        h->plans[l] = p;
         IGRAD_CHECK(st);
     }
     return IGRAD_OK;
@@ -434,7 +431,7 @@ static igrad_status_t world_verdict(igrad_engine_t *e, igrad_status_t st, const 
 static igrad_status_t agree_world(igrad_engine_t *shard, int64_t step, igrad_status_t st,
                                        int64_t bad, igrad_status_t ag)
 {
-    igrad__world_link_t *w = shard->world;
+    igrad__world_link_t *w = igrad__flat_world(shard);
     char msg[1024] = "";
     if (ag != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
     int P = igrad_comm_size(w->comm), me = igrad_comm_rank(w->comm);
@@ -542,7 +539,10 @@ igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_prof
     }
     igrad_engine_t *e = NULL;
     igrad_status_t st = top_build(&e, layout, profile, config, P);
-    if (st == IGRAD_OK) e->hier->dp = dp;
+    if (st == IGRAD_OK) {
+        e->hier->dp = dp;
+        e->hier->stream = stream;
+    }
     if (st == IGRAD_OK && !igrad__comm_can_split(comm))
         st = igrad__fail(IGRAD_E_UNSUPPORTED, __FILE__, __LINE__,
                          "igrad_engine_create: config.topology hier needs a communicator that "
@@ -585,6 +585,7 @@ igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_prof
                                             &h->inner);
         igrad_layout_free(sl);
         if (ls == IGRAD_OK) igrad__engine_link_world(h->inner, agree_world, &h->link);
+        if (ls == IGRAD_OK) ls = igrad__flat_prepare(h->inner);
         st = world_verdict(e, ls, "engine create");
     }
     igrad_comm_set_timeout(comm, saved);
@@ -655,7 +656,7 @@ static double intra_nbytes(const igrad_engine_t *e)
 static igrad_status_t node_reduce(igrad_engine_t *e, float *const *grads)
 {
     igrad__hier_t *h = e->hier;
-    void *stream = h->inner->mem.dp_stream;
+    void *stream = h->stream;
     igrad_status_t st = igrad__comm_group_start(h->node_comm);
     size_t p = 0;
     for (size_t k = 0; p < h->npieces && st == IGRAD_OK; p++) {
@@ -672,7 +673,7 @@ static igrad_status_t node_reduce(igrad_engine_t *e, float *const *grads)
 static igrad_status_t node_bcast(igrad_engine_t *e, float *const *grads)
 {
     igrad__hier_t *h = e->hier;
-    void *stream = h->inner->mem.dp_stream;
+    void *stream = h->stream;
     igrad_status_t st = igrad__comm_group_start(h->node_comm);
     size_t p = 0;
     for (size_t k = 0; p < h->npieces && st == IGRAD_OK; p++) {
@@ -685,8 +686,8 @@ static igrad_status_t node_bcast(igrad_engine_t *e, float *const *grads)
     st = wait_all(h, p, st != IGRAD_OK ? st : ge);
     for (size_t k = 0; k < h->nown && st == IGRAD_OK; k++) {
         const igrad__piece_t *pc = &h->pieces[h->own[k]];
-        st = h->dp->copy(IGRAD__PARTS(h->inner), grads[pc->t] + pc->off, h->shard[k],
-                         (size_t)pc->n * sizeof(float));
+        st = igrad__flat_copy(h->inner, grads[pc->t] + pc->off, h->shard[k],
+                              (size_t)pc->n * sizeof(float));
     }
     return st;
 }
@@ -740,8 +741,8 @@ static igrad_status_t hier_sync(igrad_engine_t *e, int64_t step, float *const *g
     st = igrad_engine_sync(h->inner, step, h->shard);
     double t3 = igrad__now_ms();
     if (st == IGRAD_OK) st = node_bcast(e, grads);
-    if (st != IGRAD_OK && (h->inner->broken != IGRAD_OK || st == IGRAD_E_COMM ||
-                           st == IGRAD_E_TIMEOUT)) {
+    if (st != IGRAD_OK && (igrad__flat_failure(h->inner, NULL) != IGRAD_OK ||
+                           st == IGRAD_E_COMM || st == IGRAD_E_TIMEOUT)) {
         /* after the ranks agreed: out of step with the others */
         st = igrad__engine_break(e, st);
         goto done;
@@ -770,8 +771,6 @@ static const igrad_engine_t *owner_of(const igrad_engine_t *e, size_t t, int rea
     return h->inner && !pc->split && pc->owner == h->local ? h->inner : NULL;
 }
 
-igrad_engine_t *igrad__hier_shard(igrad_engine_t *e) { return e->hier->inner; }
-
 static size_t hier_workspace_nbytes(const igrad_engine_t *e)
 {
     const igrad__hier_t *h = e->hier;
@@ -797,15 +796,14 @@ static igrad_status_t hier_load_state(igrad_engine_t *e, const char *path)
     double saved = igrad_comm_timeout(e->comm);
     igrad_comm_set_timeout(e->comm, e->plan.cfg.timeout_s);
     igrad_status_t st = igrad_engine_load_state(h->inner, path);
-    if (st != IGRAD_OK && h->inner->broken != IGRAD_OK) {
+    if (st != IGRAD_OK && igrad__flat_failure(h->inner, NULL) != IGRAD_OK) {
         igrad_comm_set_timeout(e->comm, saved);
         return igrad__engine_break(e, st);
     }
     st = world_verdict(e, st, "load state");
     if (st == IGRAD_OK) {
         /* the world's step: the same on every rank, or a named mismatch */
-        e->last_step = h->inner->last_step;
-        e->calls = h->inner->calls;
+        igrad__flat_progress(h->inner, &e->last_step, &e->calls);
         int64_t mine[2] = {e->last_step, e->calls};
         int64_t *all = calloc((size_t)e->plan.nranks * 2, sizeof *all);
         st = all ? igrad_comm_allgather(e->comm, mine, sizeof mine, all)
@@ -834,7 +832,7 @@ static igrad_status_t hier_plan_step(igrad_engine_t *e, int64_t step,
 {
     igrad__hier_t *h = e->hier;
     int nload = 0;
-    for (int l = 0; l < h->L; l++) nload += h->plans[l]->plan.nb_max;
+    for (int l = 0; l < h->L; l++) nload += igrad__flat_bucket_slots(h->plans[l]);
     if (!h->loads) {
         h->loads = calloc((size_t)(nload > 0 ? nload : 1), sizeof *h->loads);
         IGRAD_FAIL_IF(!h->loads, IGRAD_E_NOMEM, "igrad_engine_plan_step: out of memory");
@@ -972,6 +970,20 @@ static igrad_status_t hier_set_trace(igrad_engine_t *e, igrad_trace_t *trace)
     return refuse("igrad_engine_set_trace");
 }
 
+/* Forwarded to this rank's shard engine (none in a plan-only engine: its
+ * data plane is "none"); the node collectives take the same queue. */
+static igrad_status_t hier_set_stream(igrad_engine_t *e, const igrad__dp_ops_t *dp, void *stream)
+{
+    igrad__hier_t *h = e->hier;
+    IGRAD_FAIL_IF(!h->inner, IGRAD_E_INVALID,
+                  "igrad_engine_set_stream_%s: the engine's data plane is 'none', not %s "
+                  "(made by igrad_engine_create, not igrad_engine_create_%s)",
+                  dp->name, dp->name, dp->name);
+    IGRAD_CHECK(igrad__flat_set_stream(h->inner, dp, stream));
+    h->stream = stream;
+    return IGRAD_OK;
+}
+
 const igrad__engine_ops_t igrad__engine_hier = {
     .name = "hier",
     .free = hier_engine_free,
@@ -991,6 +1003,7 @@ const igrad__engine_ops_t igrad__engine_hier = {
     .velocity = hier_velocity,
     .predict_payload = hier_predict_payload,
     .workspace_nbytes = hier_workspace_nbytes,
+    .set_stream = hier_set_stream,
 };
 
 /* For tests (tests/mpi_hier.c): piece p of a two-level engine (real or

@@ -375,6 +375,10 @@ typedef struct igrad__engine_ops {
     const float *(*velocity)(const igrad_engine_t *e, size_t t);
     int64_t (*predict_payload)(const igrad_engine_t *e, int64_t step);
     size_t (*workspace_nbytes)(const igrad_engine_t *e);
+    /* igrad_engine_set_stream_<dp>: the queue of the engine's data plane
+     * `dp` (hier: its shard engine's and node collectives'). */
+    igrad_status_t (*set_stream)(igrad_engine_t *e, const struct igrad__dp_ops *dp,
+                                 void *stream);
 } igrad__engine_ops_t;
 
 extern const igrad__engine_ops_t igrad__engine_flat;
@@ -414,18 +418,37 @@ const float *igrad__flat_residual(const igrad_engine_t *e, size_t t);
 const float *igrad__flat_velocity(const igrad_engine_t *e, size_t t);
 int64_t igrad__flat_predict_payload(const igrad_engine_t *e, int64_t step);
 size_t igrad__flat_workspace_nbytes(const igrad_engine_t *e);
+igrad_status_t igrad__flat_set_stream(igrad_engine_t *e, const struct igrad__dp_ops *dp,
+                                      void *stream);
+
+/* engine_shard.c: what else the hier row asks of its flat shard engines
+ * (it reads none of their fields). create_shard_plan: a plan-only shard
+ * engine for nranks ranks. failure: the engine's broken status (IGRAD_OK
+ * while usable) and, with msg, its first error. progress: the last step
+ * it completed and its begin calls. copy: nbytes within its data plane's
+ * memory, queued after its work (dp.h copy). bucket_slots: its plan's
+ * bucket slots. prepare: its data plane's state made now (dp.h prepare).
+ * world: the context of its after_agree hook. */
+igrad_status_t igrad__flat_create_shard_plan(const igrad_layout_t *layout,
+                                             const igrad_profile_t *profile,
+                                             const igrad_config_t *config, int nranks,
+                                             igrad_engine_t **out);
+igrad_status_t igrad__flat_failure(const igrad_engine_t *e, const char **msg);
+void igrad__flat_progress(const igrad_engine_t *e, int64_t *last_step, int64_t *calls);
+igrad_status_t igrad__flat_copy(igrad_engine_t *e, void *dst, const void *src, size_t nbytes);
+int igrad__flat_bucket_slots(const igrad_engine_t *e);
+igrad_status_t igrad__flat_prepare(igrad_engine_t *e);
+struct igrad__world_link *igrad__flat_world(const igrad_engine_t *e);
 
 /* ---- engine_hier.c: the two-level sync (config.topology = hier) ---------- */
 
 /* A two-level engine whose shard engine and shard buffers are on data
- * plane `dp` (igrad__dp_cpu or igrad__dp_cuda) and `stream`. */
+ * plane `dp` (igrad__dp_cpu or igrad__dp_cuda) and `stream`; the shard's
+ * data-plane state is made at create (dp.h prepare). */
 igrad_status_t igrad__hier_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
                                   const igrad_config_t *config, igrad_comm_t *comm,
                                   const struct igrad__dp_ops *dp, void *stream,
                                   igrad_engine_t **out);
-/* This rank's shard engine (NULL for a plan-only engine): where the data
- * plane's state and stream of a two-level engine live. */
-igrad_engine_t *igrad__hier_shard(igrad_engine_t *e);
 /* igrad_engine_create_plan of a hier config: the L shard plans for N = P/L. */
 igrad_status_t igrad__hier_create_plan(const igrad_layout_t *layout,
                                        const igrad_profile_t *profile,

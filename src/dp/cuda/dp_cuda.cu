@@ -178,4 +178,5 @@ extern "C" const igrad__dp_ops_t igrad__dp_cuda = {
     /* .unpack16 = */ NULL, /* F32 gradients only: create refuses grad_dtype 16-bit */
     /* .zero = */ cuda_zero,
     /* .release = */ cuda_release,
+    /* .prepare = */ igrad__cuda_state_create,
 };
