@@ -507,6 +507,20 @@ static void test_refusals(cudaStream_t s)
           "a streamed step on a device engine: %s", igrad_last_error());
     OK(igrad_engine_set_stream_cuda(e, NULL));
     igrad_engine_free(e);
+    /* a two-level engine forwards the stream to its shard engine (the
+     * engine table's set_stream): refused on the CPU one, taken on the
+     * device one */
+    igrad_config_t hc = c;
+    hc.topology = IGRAD_TOPOLOGY_HIER;
+    OK(igrad_engine_create(L, NULL, &hc, host, &e));
+    CHECK(igrad_engine_set_stream_cuda(e, s) == IGRAD_E_INVALID &&
+              strstr(igrad_last_error(), "'cpu', not cuda"),
+          "a CPU two-level engine took a stream: %s", igrad_last_error());
+    igrad_engine_free(e);
+    OK(igrad_engine_create_cuda(L, NULL, &hc, dev, 0, s, &e));
+    OK(igrad_engine_set_stream_cuda(e, NULL));
+    OK(igrad_engine_set_stream_cuda(e, s));
+    igrad_engine_free(e);
     igrad_comm_free(dev);
     igrad_comm_free(host);
     igrad_layout_free(L);
