@@ -47,8 +47,7 @@ static igrad_status_t cuda_engine_create(const igrad_layout_t *layout,
     else
         IGRAD_CHECK(
             igrad__engine_create(layout, profile, config, comm, &igrad__dp_cuda, stream, &e));
-    /* The device state now, so that running out of memory is said here;
-     * the warm-up engine makes its own on first use. */
+    /* The device state now, so that running out of memory is said here. */
     igrad_engine_t *data = hier ? igrad__hier_shard(e) : e;
     igrad_status_t st = igrad__cuda_state_create(IGRAD__PARTS(data));
     if (st != IGRAD_OK) {
@@ -72,7 +71,7 @@ static igrad_status_t cuda_engine_set_stream(igrad_engine_t *engine,
     IGRAD_FAIL_IF(engine->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_set_stream_cuda: step %lld is open",
                   (long long)engine->step.cur_step);
-    for (igrad_engine_t *e = data; e; e = e->warmup) e->mem.dp_stream = stream;
+    data->mem.dp_stream = stream;
     return IGRAD_OK;
 }
 
