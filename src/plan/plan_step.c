@@ -201,7 +201,8 @@ igrad_status_t igrad__step_alloc(igrad__step_t *s, const igrad__plan_t *p,
     }
     igrad__plan_sort_work(p, s->work);
     if (!p->per_tensor_buckets || (w && !w->per_tensor_buckets)) {
-        s->pack_scratch_nbytes = igrad__pack_scratch_nbytes(mb, p->cfg.buckets);
+        int nbk = w && w->cfg.buckets > p->cfg.buckets ? w->cfg.buckets : p->cfg.buckets;
+        s->pack_scratch_nbytes = igrad__pack_scratch_nbytes(mb, nbk);
         s->pack_scratch = malloc(s->pack_scratch_nbytes);
         IGRAD_FAIL_IF(!s->pack_scratch, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     }
