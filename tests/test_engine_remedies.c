@@ -338,7 +338,13 @@ static void test_start_iter(void **state)
     assert_ok(igrad_engine_create(L, P, &plain, comm, &ref));
     grads_t G = grads_new(L), H = grads_new(L);
     int64_t total = igrad_layout_total_count(L);
+    char dir[] = "/tmp/igrad_warm_XXXXXX", path[64], early[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/state.bin", dir);
+    snprintf(early, sizeof early, "%s/early.bin", dir);
+    int64_t warm_bytes = 0;
     for (int64_t s = 0; s < 3; s++) {
+        if (s == 2) assert_ok(igrad_engine_save_state(warm, early));
         fill(&G, 9, s);
         copy_bufs(&H, &G);
         /* two-phase on the first, sync on the others */
@@ -361,6 +367,8 @@ static void test_start_iter(void **state)
         assert_ok(igrad_engine_last_stats(warm, &st));
         assert_int_equal(st.payload_nbytes, total * 4);
         assert_int_equal(igrad_engine_predict_payload(warm, s), total * 4);
+        if (s == 0) warm_bytes = st.dataplane_nbytes;
+        assert_int_equal(st.dataplane_nbytes, warm_bytes);
         assert_int_equal(igrad_engine_step(warm), s);
     }
     assert_true(igrad_engine_predict_payload(warm, 3) < total * 4);
@@ -368,9 +376,6 @@ static void test_start_iter(void **state)
     /* the warm-up's dense all-reduce room is counted, and freed after it */
     size_t during = igrad_engine_workspace_nbytes(warm);
     assert_true(during >= igrad_engine_workspace_nbytes(ref) + (size_t)total * sizeof(float) / 2);
-    char dir[] = "/tmp/igrad_warm_XXXXXX", path[64];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/state.bin", dir);
     for (int64_t s = 3; s < 12; s++) {
         fill(&G, 9, s);
         copy_bufs(&H, &G);
@@ -396,7 +401,18 @@ static void test_start_iter(void **state)
                         "velocity", s, t);
         }
     }
+    /* a state of the warm-up loaded after it: dense again (the room regrown) */
+    assert_ok(igrad_engine_load_state(warm, early));
+    fill(&G, 9, 2);
+    copy_bufs(&H, &G);
+    assert_ok(igrad_engine_sync(warm, 2, G.g));
+    for (size_t t = 0; t < G.T; t++) expect_bits(G.g[t], H.g[t], G.n[t], "warm-up again", 2, t);
+    assert_int_equal(igrad_engine_predict_payload(warm, 2), total * 4);
+    igrad_step_stats_t again;
+    assert_ok(igrad_engine_last_stats(warm, &again));
+    assert_int_equal(again.dataplane_nbytes, warm_bytes);
     remove(path);
+    remove(early);
     rmdir(dir);
     grads_free(&G);
     grads_free(&H);
