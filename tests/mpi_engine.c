@@ -24,6 +24,10 @@
  *    warm-up steps and later ones equal the average of per-rank twin
  *    engines, bit-identical on every rank; another momentum on one rank is
  *    IGRAD_E_MISMATCH naming config.momentum.
+ *  - the dense warm-up equals method dense bit for bit with the same
+ *    buckets (sync, two-phase, streamed, across a save/load), then the
+ *    method from zero residuals; another start_iter on one rank fails every
+ *    rank naming config.start_iter.
  *  - one rank with another density or another profile: IGRAD_E_MISMATCH on
  *    every rank naming it; NaN on one rank: IGRAD_E_NONFINITE on every rank,
  *    residuals unchanged; none of it hangs.
@@ -890,6 +894,171 @@ static void test_mismatch(igrad_comm_t *comm, const igrad_layout_t *L, const igr
               igrad_last_error());
 }
 
+/* ---- the dense warm-up is method dense ----------------------------------------- */
+
+/* Runs bucket list bk (nb) with MPI here, as a caller of begin / ready does. */
+static void run_buckets(const igrad_bucket_t *bk, size_t nb)
+{
+    for (size_t j = 0; j < nb; j++) {
+        if (bk[j].kind == IGRAD_BUCKET_GATHER)
+            MPI_Allgather(bk[j].send, (int)bk[j].send_nbytes, MPI_BYTE, bk[j].recv,
+                          (int)bk[j].send_nbytes, MPI_BYTE, MPI_COMM_WORLD);
+        else
+            MPI_Allreduce(MPI_IN_PLACE, bk[j].recv, (int)bk[j].count, MPI_FLOAT, MPI_SUM,
+                          MPI_COMM_WORLD);
+    }
+}
+
+/* The two engines' buckets are the same collectives (kind, number, sizes). */
+static void same_buckets(const igrad_bucket_t *a, size_t na, const igrad_bucket_t *b, size_t nb,
+                         const char *what, int64_t s)
+{
+    CHECK(na == nb, "%s step %lld: %zu buckets, method dense %zu", what, (long long)s, na, nb);
+    for (size_t j = 0; j < na && j < nb; j++)
+        CHECK(a[j].kind == b[j].kind && a[j].index == b[j].index && a[j].count == b[j].count &&
+                  a[j].send_nbytes == b[j].send_nbytes && a[j].recv_nbytes == b[j].recv_nbytes,
+              "%s step %lld bucket %zu: kind %d index %d count %zu, method dense: %d %d %zu", what,
+              (long long)s, j, (int)a[j].kind, a[j].index, a[j].count, (int)b[j].kind,
+              b[j].index, b[j].count);
+}
+
+/* ig with momentum and start_iter 4: steps 0-3 (sync, begin/end, a
+ * streamed step, sync after a save/load into a fresh engine) equal a method
+ * dense engine's bit for bit with the same buckets (cut, count, sizes: the
+ * all-reduce's summation order depends on them), payload 4 B/parameter and
+ * residuals and velocities zero; steps 4-7 equal an engine without
+ * warm-up started at step 4 (zero residuals); another start_iter on one
+ * rank fails every rank's create naming config.start_iter. */
+static void test_warmup_is_dense(igrad_comm_t *comm, const igrad_layout_t *L,
+                                 const igrad_profile_t *P)
+{
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
+    c.density = 0.05;
+    c.block_entries = 30;
+    c.buckets = 3;
+    c.momentum = 0.9;
+    c.start_iter = 4;
+    igrad_config_t d = IGRAD_CONFIG_INIT;
+    d.method = IGRAD_METHOD_DENSE;
+    d.dense_below = 0;
+    d.block_entries = 30;
+    d.buckets = 3;
+    igrad_config_t r = c;
+    r.start_iter = 0;
+    igrad_engine_t *w = create(L, P, &c, comm), *de = create(L, NULL, &d, comm);
+    igrad_engine_t *ref = create(L, P, &r, comm);
+    grads_t G = grads_new(L), H = grads_new(L);
+    size_t T = G.T;
+    size_t *order = calloc(T, sizeof *order);
+    REQUIRE(order);
+    for (size_t t = 0; t < T; t++) order[t] = T - 1 - t;
+    int64_t total = igrad_layout_total_count(L);
+    char dir[] = "/tmp/igrad_mpi_warm_XXXXXX", path[96];
+    if (me == 0) REQUIRE(mkdtemp(dir) != NULL);
+    MPI_Bcast(dir, (int)sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    snprintf(path, sizeof path, "%s/state_%d.bin", dir, me);
+    for (int64_t s = 0; s < 4; s++) {
+        grads_fill(&G, me, s);
+        grads_copy(&H, &G);
+        const igrad_bucket_t *ba = NULL, *bb = NULL;
+        size_t na = 0, nb = 0;
+        if (s == 1) { /* two-phase */
+            CHECK_OK(igrad_engine_begin(w, s, G.g, &ba, &na));
+            CHECK_OK(igrad_engine_begin(de, s, H.g, &bb, &nb));
+            same_buckets(ba, na, bb, nb, "warm-up begin", s);
+            run_buckets(ba, na);
+            run_buckets(bb, nb);
+            CHECK_OK(igrad_engine_end(w, s, G.g));
+            CHECK_OK(igrad_engine_end(de, s, H.g));
+        } else if (s == 2) { /* streamed, every tensor in one ready call */
+            CHECK_OK(igrad_engine_open(w, s));
+            CHECK_OK(igrad_engine_open(de, s));
+            float **ga = calloc(T, sizeof *ga), **gb = calloc(T, sizeof *gb);
+            REQUIRE(ga && gb);
+            for (size_t k = 0; k < T; k++) {
+                ga[k] = G.g[order[k]];
+                gb[k] = H.g[order[k]];
+            }
+            CHECK_OK(igrad_engine_ready(w, s, order, T, ga, &ba, &na));
+            CHECK_OK(igrad_engine_ready(de, s, order, T, gb, &bb, &nb));
+            same_buckets(ba, na, bb, nb, "warm-up streamed", s);
+            run_buckets(ba, na);
+            run_buckets(bb, nb);
+            CHECK_OK(igrad_engine_close(w, s));
+            CHECK_OK(igrad_engine_close(de, s));
+            free(ga);
+            free(gb);
+        } else {
+            if (s == 3) { /* the state of the warm-up into a fresh engine */
+                CHECK_OK(igrad_engine_save_state(w, path));
+                igrad_engine_free(w);
+                w = create(L, P, &c, comm);
+                CHECK_OK(igrad_engine_load_state(w, path));
+                CHECK(igrad_engine_step(w) == 2, "loaded step %lld", (long long)igrad_engine_step(w));
+            }
+            CHECK_OK(igrad_engine_sync(w, s, G.g));
+            CHECK_OK(igrad_engine_sync(de, s, H.g));
+            igrad_step_stats_t sa, sb;
+            CHECK_OK(igrad_engine_last_stats(w, &sa));
+            CHECK_OK(igrad_engine_last_stats(de, &sb));
+            CHECK(sa.buckets == sb.buckets && sa.bucket_count == sb.bucket_count &&
+                      sa.reduce_buckets == sb.reduce_buckets,
+                  "warm-up sync step %lld: %d buckets (%d reduce), method dense %d (%d)",
+                  (long long)s, sa.buckets, sa.reduce_buckets, sb.buckets, sb.reduce_buckets);
+            for (int j = 0; j < sa.bucket_count && j < sb.bucket_count; j++)
+                CHECK(sa.bucket_loads[j] == sb.bucket_loads[j],
+                      "warm-up sync step %lld: bucket %d holds %lld, method dense %lld",
+                      (long long)s, j, (long long)sa.bucket_loads[j],
+                      (long long)sb.bucket_loads[j]);
+        }
+        igrad_step_stats_t st;
+        CHECK_OK(igrad_engine_last_stats(w, &st));
+        CHECK(st.payload_nbytes == 4 * total && igrad_engine_predict_payload(w, s) == 4 * total,
+              "warm-up step %lld: payload %lld", (long long)s, (long long)st.payload_nbytes);
+        for (size_t t = 0; t < T; t++) {
+            CHECK(memcmp(G.g[t], H.g[t], (size_t)G.n[t] * sizeof(float)) == 0,
+                  "warm-up step %lld tensor %zu differs from method dense", (long long)s, t);
+            const float *rv = igrad_engine_residual(w, t), *vv = igrad_engine_velocity(w, t);
+            for (int64_t i = 0; i < G.n[t]; i++)
+                if (rv[i] != 0.0f || vv[i] != 0.0f) {
+                    CHECK(0, "warm-up step %lld tensor %zu: residual or velocity not 0",
+                          (long long)s, t);
+                    break;
+                }
+        }
+        check_identical(&G, "warm-up");
+    }
+    for (int64_t s = 4; s < 8; s++) {
+        grads_fill(&G, me, s);
+        grads_copy(&H, &G);
+        CHECK_OK(igrad_engine_sync(w, s, G.g));
+        CHECK_OK(igrad_engine_sync(ref, s, H.g));
+        for (size_t t = 0; t < T; t++)
+            CHECK(memcmp(G.g[t], H.g[t], (size_t)G.n[t] * sizeof(float)) == 0 &&
+                      memcmp(igrad_engine_residual(w, t), igrad_engine_residual(ref, t),
+                             (size_t)G.n[t] * sizeof(float)) == 0,
+                  "after the warm-up, step %lld tensor %zu: not the method from zero residuals",
+                  (long long)s, t);
+    }
+    unlink(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me == 0) rmdir(dir);
+    free(order);
+    grads_free(&G);
+    grads_free(&H);
+    igrad_engine_free(w);
+    igrad_engine_free(de);
+    igrad_engine_free(ref);
+
+    igrad_config_t x = c;
+    if (me == np - 1) x.start_iter = 5;
+    igrad_engine_t *e = (igrad_engine_t *)(uintptr_t)1;
+    CHECK_STATUS(igrad_engine_create(L, P, &x, comm, &e), IGRAD_E_MISMATCH);
+    CHECK(e == NULL && strstr(igrad_last_error(), "config.start_iter"), "message: %s",
+          igrad_last_error());
+}
+
 /* ---- error-feedback remedies across ranks ---------------------------------- */
 
 /* ig with momentum correction, residual decay and a dense warm-up: every
@@ -1290,6 +1459,7 @@ int main(int argc, char **argv)
     test_reprofile(comm, L);
     test_mismatch(comm, L, P);
     test_remedies(comm, L, P);
+    test_warmup_is_dense(comm, L, P);
     test_nonfinite(comm, L, P);
     test_step_skew(comm, L, P);
     test_bad_peer_bytes(L, P);

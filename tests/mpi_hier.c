@@ -25,6 +25,8 @@
  *  - agreement: a NaN on one rank, a NULL gradient, ranks at different
  *    steps, a config or topology that differs on one rank: the same error
  *    on every rank, nothing changed, the next step runs;
+ *  - the dense warm-up (start_iter): method dense's steps and bytes, then
+ *    the method as an engine without warm-up;
  *  - resume: state saved after step 5 and loaded into a new engine replays
  *    steps 6.. bit for bit;
  *  - the entry points it does not have are refused by name.
@@ -591,6 +593,49 @@ static void check_resume(const mpi_model_t *m, int rpn)
     igrad_comm_free(comm);
 }
 
+/* The dense warm-up of a two-level engine (start_iter 3, adtopk_sync):
+ * steps 0-2 equal a two-level method dense engine's bit for bit with its
+ * statistics' bytes and buckets, steps 3-5 equal a two-level engine
+ * without warm-up started at step 3. */
+static void check_warmup(const mpi_model_t *m, int rpn)
+{
+    igrad_config_t c = config_of(IGRAD_METHOD_ADTOPK_SYNC, rpn);
+    c.start_iter = 3;
+    igrad_config_t d = config_of(IGRAD_METHOD_DENSE, rpn), r = c;
+    r.start_iter = 0;
+    igrad_comm_t *comm = NULL;
+    REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
+    igrad_engine_t *w = NULL, *de = NULL, *ref = NULL;
+    REQUIRE(igrad_engine_create(m->L, m->prof, &c, comm, &w) == IGRAD_OK);
+    REQUIRE(igrad_engine_create(m->L, m->prof, &d, comm, &de) == IGRAD_OK);
+    REQUIRE(igrad_engine_create(m->L, m->prof, &r, comm, &ref) == IGRAD_OK);
+    float **g = mpi_grads_alloc(m), **h = mpi_grads_alloc(m);
+    for (int64_t s = 0; s < 6; s++) {
+        mpi_grads_fill(m, g, me, s);
+        mpi_grads_fill(m, h, me, s);
+        igrad_engine_t *other = s < 3 ? de : ref;
+        CHECK_OK(igrad_engine_sync(w, s, g));
+        CHECK_OK(igrad_engine_sync(other, s, h));
+        for (size_t t = 0; t < m->T; t++)
+            CHECK(same_floats(g[t], h[t], m->n[t]), "warm-up rpn %d step %lld: tensor %zu differs",
+                  rpn, (long long)s, t);
+        igrad_step_stats_t a, b;
+        CHECK_OK(igrad_engine_last_stats(w, &a));
+        CHECK_OK(igrad_engine_last_stats(other, &b));
+        CHECK(a.payload_nbytes == b.payload_nbytes && a.buckets == b.buckets &&
+                  a.inter_wire_nbytes == b.inter_wire_nbytes,
+              "warm-up rpn %d step %lld: payload %lld, %d buckets; the other %lld, %d", rpn,
+              (long long)s, (long long)a.payload_nbytes, a.buckets, (long long)b.payload_nbytes,
+              b.buckets);
+    }
+    mpi_grads_free(m, g);
+    mpi_grads_free(m, h);
+    igrad_engine_free(w);
+    igrad_engine_free(de);
+    igrad_engine_free(ref);
+    igrad_comm_free(comm);
+}
+
 /* A state file of a split layout (the dominant model at ranks_per_node 2)
  * does not load into another split of it (ranks_per_node 4: other row
  * ranges): refused alike on every rank, the engine usable after. */
@@ -642,6 +687,7 @@ int main(int argc, char **argv)
     }
     check_agreement(&m, 2);
     check_resume(&m, 2);
+    check_warmup(&m, 2);
     /* a dominant embedding (61 % of the entries): split at L = 2 and 4 */
     mpi_model_t big;
     mpi_model_init_vocab(&big, 900);

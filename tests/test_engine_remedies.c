@@ -338,7 +338,13 @@ static void test_start_iter(void **state)
     assert_ok(igrad_engine_create(L, P, &plain, comm, &ref));
     grads_t G = grads_new(L), H = grads_new(L);
     int64_t total = igrad_layout_total_count(L);
+    char dir[] = "/tmp/igrad_warm_XXXXXX", path[64], early[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/state.bin", dir);
+    snprintf(early, sizeof early, "%s/early.bin", dir);
+    int64_t warm_bytes = 0;
     for (int64_t s = 0; s < 3; s++) {
+        if (s == 2) assert_ok(igrad_engine_save_state(warm, early));
         fill(&G, 9, s);
         copy_bufs(&H, &G);
         /* two-phase on the first, sync on the others */
@@ -361,17 +367,32 @@ static void test_start_iter(void **state)
         assert_ok(igrad_engine_last_stats(warm, &st));
         assert_int_equal(st.payload_nbytes, total * 4);
         assert_int_equal(igrad_engine_predict_payload(warm, s), total * 4);
+        if (s == 0) warm_bytes = st.dataplane_nbytes;
+        assert_int_equal(st.dataplane_nbytes, warm_bytes);
         assert_int_equal(igrad_engine_step(warm), s);
     }
     assert_true(igrad_engine_predict_payload(warm, 3) < total * 4);
-    /* the velocity and the warm-up engine's dense arena are counted */
-    assert_true(igrad_engine_workspace_nbytes(warm) >=
-                igrad_engine_workspace_nbytes(ref) + (size_t)total * sizeof(float));
+    assert_int_equal(igrad_engine_predict_payload(warm, 2), total * 4);
+    /* the warm-up's dense all-reduce room is counted, and freed after it */
+    size_t during = igrad_engine_workspace_nbytes(warm);
+    assert_true(during >= igrad_engine_workspace_nbytes(ref) + (size_t)total * sizeof(float) / 2);
     for (int64_t s = 3; s < 12; s++) {
         fill(&G, 9, s);
         copy_bufs(&H, &G);
+        if (s == 6) { /* a state after the warm-up, into a fresh engine */
+            assert_ok(igrad_engine_save_state(warm, path));
+            igrad_engine_free(warm);
+            assert_ok(igrad_engine_create(L, P, &c, comm, &warm));
+            assert_ok(igrad_engine_load_state(warm, path));
+            assert_int_equal(igrad_engine_step(warm), 5);
+        }
         assert_ok(igrad_engine_sync(warm, s, G.g));
         assert_ok(igrad_engine_sync(ref, s, H.g));
+        if (s == 3) assert_true(igrad_engine_workspace_nbytes(warm) + (size_t)total < during);
+        igrad_step_stats_t sw, sr;
+        assert_ok(igrad_engine_last_stats(warm, &sw));
+        assert_ok(igrad_engine_last_stats(ref, &sr));
+        assert_int_equal(sw.dataplane_nbytes, sr.dataplane_nbytes); /* the room is gone */
         for (size_t t = 0; t < G.T; t++) {
             expect_bits(G.g[t], H.g[t], G.n[t], "after warm-up vs fresh", s, t);
             expect_bits(igrad_engine_residual(warm, t), igrad_engine_residual(ref, t), G.n[t],
@@ -380,6 +401,19 @@ static void test_start_iter(void **state)
                         "velocity", s, t);
         }
     }
+    /* a state of the warm-up loaded after it: dense again (the room regrown) */
+    assert_ok(igrad_engine_load_state(warm, early));
+    fill(&G, 9, 2);
+    copy_bufs(&H, &G);
+    assert_ok(igrad_engine_sync(warm, 2, G.g));
+    for (size_t t = 0; t < G.T; t++) expect_bits(G.g[t], H.g[t], G.n[t], "warm-up again", 2, t);
+    assert_int_equal(igrad_engine_predict_payload(warm, 2), total * 4);
+    igrad_step_stats_t again;
+    assert_ok(igrad_engine_last_stats(warm, &again));
+    assert_int_equal(again.dataplane_nbytes, warm_bytes);
+    remove(path);
+    remove(early);
+    rmdir(dir);
     grads_free(&G);
     grads_free(&H);
     igrad_engine_free(warm);

@@ -30,6 +30,11 @@
  *    collectives without talking about it.
  *  - Every buffer is sized at create for the largest step of the release
  *    cycle; a step allocates nothing (selection workspaces grow once).
+ *  - The dense warm-up (cfg.start_iter) is a plan, not an engine: steps
+ *    below start_iter run with method dense's plan (e->warm) over this
+ *    engine's step, memory, agreement and statistics, whose arenas are
+ *    sized for both plans until the first step after it, which frees the
+ *    warm-up's room (igrad__engine_room).
  *  - Buckets are unpacked in bucket order and ranks in rank order, so every
  *    rank computes bit-identical averages.
  */
@@ -58,6 +63,28 @@
 /* ------------------------------------------------------------------------ */
 /* Building the plan                                                        */
 /* ------------------------------------------------------------------------ */
+
+/* The data-plane memory's residual and velocity lists for the warm-up's
+ * plan (`on`: none, as a method dense engine has) or the method's. */
+static void warm_switch(igrad_engine_t *e, int on)
+{
+    if (on == e->warm_on) return;
+    float **r = e->mem.residual, **v = e->mem.velocity;
+    e->mem.residual = e->warm_keep[0];
+    e->mem.velocity = e->warm_keep[1];
+    e->warm_keep[0] = r;
+    e->warm_keep[1] = v;
+    e->warm_on = on;
+}
+
+/* The arenas' sizes for the method's plan, or with `warm` for both it
+ * and the warm-up's (the larger of each). */
+static void arenas_for(const igrad_engine_t *e, int warm, size_t *send, size_t *recv)
+{
+    const size_t(*a)[2] = e->arena_nbytes;
+    *send = warm && a[1][0] > a[0][0] ? a[1][0] : a[0][0];
+    *recv = warm && a[1][1] > a[0][1] ? a[1][1] : a[0][1];
+}
 
 igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layout,
                                    const igrad_profile_t *profile,
@@ -106,24 +133,37 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
     const igrad__route_dp_t rdp = igrad__engine_route_dp(e);
     if (!e->plan.plan_only) IGRAD_CHECK(igrad__route_check_engine(c, dense, &rdp, e->comm));
     e->plan.auto_sar = igrad__route_auto_sar(c, dense, e->plan.plan_only, &rdp, e->comm);
-    IGRAD_CHECK(igrad__plan_build(&e->plan, layout, profile, e->shard));
-    size_t P = (size_t)e->plan.nranks;
-    size_t slack = (size_t)e->plan.nb_max * 8; /* each bucket's offset is 8-aligned */
-    igrad__route_arenas(c->collective, dense, e->plan.auto_sar, e->plan.max_gather_nbytes,
-                        e->plan.max_dense_count, P, slack, &e->mem.send_arena_nbytes,
-                        &e->mem.recv_arena_nbytes);
-
-    int sar = !dense && !e->plan.plan_only &&
-              (c->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE || e->plan.auto_sar);
-    IGRAD_CHECK(igrad__step_alloc(&e->step, &e->plan, sar));
-    if (!e->plan.plan_only) IGRAD_CHECK(igrad__dp_mem_alloc(&e->mem, &e->plan, &e->step));
-
 #ifdef _OPENMP
     e->plan.nthreads = c->threads > 0 ? c->threads : omp_get_max_threads();
 #else
     e->plan.nthreads = 1;
 #endif
     if (e->plan.nthreads < 1) e->plan.nthreads = 1;
+    IGRAD_CHECK(igrad__plan_build(&e->plan, layout, profile, e->shard));
+    if (!dense && c->start_iter > 0 && !e->plan.plan_only) { /* the dense warm-up's plan */
+        e->warm = calloc(1, sizeof *e->warm);
+        IGRAD_FAIL_IF(!e->warm, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+        IGRAD_CHECK(igrad__plan_warm(e->warm, &e->plan, layout, e->shard));
+        IGRAD_CHECK(igrad__route_check_engine(&e->warm->cfg, 1, &rdp, e->comm));
+        e->warm_room = 1;
+    }
+    for (int w = 0; w < 1 + (e->warm != NULL); w++) { /* the arenas each plan needs */
+        const igrad__plan_t *p = w ? e->warm : &e->plan;
+        size_t slack = (size_t)p->nb_max * 8; /* each bucket's offset is 8-aligned */
+        igrad__route_arenas(p->cfg.collective, p->sp == IGRAD_SPARSIFIER_NONE, p->auto_sar,
+                            p->max_gather_nbytes, p->max_dense_count, (size_t)e->plan.nranks,
+                            slack, &e->arena_nbytes[w][0], &e->arena_nbytes[w][1]);
+    }
+    arenas_for(e, e->warm_room, &e->mem.send_arena_nbytes, &e->mem.recv_arena_nbytes);
+
+    int sar = !dense && !e->plan.plan_only &&
+              (c->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE || e->plan.auto_sar);
+    IGRAD_CHECK(igrad__step_alloc(&e->step, &e->plan, e->warm, sar));
+    if (!e->plan.plan_only) IGRAD_CHECK(igrad__dp_mem_alloc(&e->mem, &e->plan, &e->step));
+    if (e->warm) { /* what the data plane sees in a warm-up step (igrad__engine_room) */
+        e->warm_keep[0] = e->warm_keep[1] = calloc(e->plan.ntensors, sizeof(float *));
+        IGRAD_FAIL_IF(!e->warm_keep[0], IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
+    }
     e->mem.ws = calloc((size_t)e->plan.nthreads, sizeof *e->mem.ws);
     IGRAD_FAIL_IF(!e->mem.ws, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     for (int i = 0; i < e->plan.nthreads; i++) IGRAD_CHECK(igrad_select_ws_create(&e->mem.ws[i]));
@@ -139,21 +179,15 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
 
 void igrad__flat_free(igrad_engine_t *e)
 {
-    igrad_engine_free(e->warmup);
     if (e->mem.ws)
         for (int i = 0; i < e->plan.nthreads; i++) igrad_select_ws_free(e->mem.ws[i]);
     free(e->mem.ws);
-    igrad__pack_map_free(&e->plan.map);
-    igrad__pack_history_free(&e->plan.hist);
-    free(e->plan.t);
-    free(e->plan.names);
-    free(e->plan.tensor_hash);
-    free(e->plan.comp_layer);
-    free(e->plan.comp_kind);
-    free(e->plan.comp_count);
-    free(e->plan.comp_important);
-    free(e->plan.comp_phase);
     if (e->mem.dp && e->mem.dp->release) e->mem.dp->release(IGRAD__PARTS(e));
+    if (e->warm_on) warm_switch(e, 0); /* the method's residual and velocity lists back */
+    free(e->warm_keep[0]);
+    igrad__plan_free(&e->plan);
+    if (e->warm) igrad__plan_free(e->warm);
+    free(e->warm);
     if (e->mem.dp) { /* set first thing at build: without it, nothing below was allocated */
         e->mem.dp->free(e->mem.residual_mem);
         e->mem.dp->free(e->mem.velocity_mem);
@@ -244,24 +278,7 @@ static igrad_status_t create_engine(const igrad_layout_t *layout, const igrad_pr
         if (igrad__comm_split(comm, IGRAD__SPLIT_NODE, e->plan.rank, &node) == IGRAD_OK)
             e->plan.node_ranks = igrad_comm_size(node);
         igrad_comm_free(node);
-    }
-    if (e->plan.sp != IGRAD_SPARSIFIER_NONE && e->plan.cfg.start_iter > 0) {
-        /* Collective, after the agreement: every rank gets here. Its own
-         * agreement fails every rank if one rank cannot build it. */
-        igrad_config_t dc = e->plan.cfg;
-        dc.method = IGRAD_METHOD_DENSE;
-        dc.momentum = 0.0;
-        dc.start_iter = 0;
-        dc.profile_steps = 0; /* online profiling is the method's, after the warm-up */
-        dc.reprofile_every = 0;
-        dc.target_ratio = 0.0;
-        dc.value_dtype = IGRAD_DTYPE_F32; /* as method dense requires */
-        st = create_engine(layout, NULL, &dc, comm, e->mem.dp, e->mem.dp_stream, avg_ranks,
-                           &e->warmup);
-        if (st != IGRAD_OK) {
-            igrad_engine_free(e);
-            return st;
-        }
+        if (e->warm) e->warm->node_ranks = e->plan.node_ranks;
     }
     *out = e;
     return IGRAD_OK;
@@ -366,12 +383,16 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
                                    int zero)
 {
     double t0 = igrad__engine_step_reset(e, step);
-    if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
+    /* online profiling is the method's: a warm-up step neither re-plans nor records */
+    if (e->online && IGRAD__RUN(e) == &e->plan)
+        IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
+    igrad_status_t st = igrad__engine_room(e);
+    igrad__plan_t *p = IGRAD__RUN(e);
     igrad__engine_stats_memory(e, &e->stats);
-    igrad__plan_gate(&e->plan, &e->step, step);
+    igrad__plan_gate(p, &e->step, step);
 
     int64_t bad = -1;
-    igrad_status_t st = local_checks(e, step, grads, &bad);
+    if (st == IGRAD_OK) st = local_checks(e, step, grads, &bad);
     double t1 = igrad__now_ms();
     igrad_status_t ag = igrad__engine_agree_step(e, step, st, bad);
     double t2 = igrad__now_ms();
@@ -385,7 +406,7 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
 
     /* From here on the other ranks go on to this step's collectives: a
      * failure leaves this engine out of step with them. */
-    if (e->plan.sp != IGRAD_SPARSIFIER_NONE) {
+    if (p->sp != IGRAD_SPARSIFIER_NONE) {
         st = select_all(e, grads, zero);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);
     }
@@ -397,23 +418,60 @@ static igrad_status_t step_prepare(igrad_engine_t *e, int64_t step, float *const
     return IGRAD_OK;
 }
 
+igrad_status_t igrad__engine_room(igrad_engine_t *e)
+{
+    if (!e->warm) return IGRAD_OK;
+    int w = IGRAD__RUN(e) == e->warm;
+    if (w != e->warm_on) {
+        if (e->mem.dp->release) /* made for the other plan: the next stage makes it anew */
+            e->mem.dp->release(e->warm_on ? e->warm : &e->plan, &e->step, &e->mem);
+        warm_switch(e, w);
+    }
+    if (w == e->warm_room) return IGRAD_OK;
+    size_t send, recv;
+    arenas_for(e, w, &send, &recv);
+    igrad__dp_mem_t *m = &e->mem;
+    int grow = send > m->send_arena_nbytes || recv > m->recv_arena_nbytes;
+    if (grow || (!w && (send < m->send_arena_nbytes || recv < m->recv_arena_nbytes))) {
+        unsigned char *sa = m->dp->alloc(send, 0), *ra = sa ? m->dp->alloc(recv, 0) : NULL;
+        if (!ra) {
+            m->dp->free(sa);
+            /* leaving the warm-up: the larger arenas serve */
+            IGRAD_FAIL_IF(w, IGRAD_E_NOMEM,
+                          "step %lld: out of memory for the dense warm-up's %zu + %zu bytes "
+                          "of buckets",
+                          (long long)e->step.cur_step, send, recv);
+        } else {
+            m->dp->free(m->send_arena);
+            m->dp->free(m->recv_arena);
+            m->send_arena = sa;
+            m->recv_arena = ra;
+            m->send_arena_nbytes = send;
+            m->recv_arena_nbytes = recv;
+        }
+    }
+    e->warm_room = w;
+    return IGRAD_OK;
+}
+
 /* Statistics and the trace, once the step's result is in grads. */
 igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
 {
     igrad_step_stats_t *s = &e->stats;
-    int par = igrad__step_parity(e, e->step.cur_step);
-    double P = (double)e->plan.nranks;
-    for (size_t t = 0; t < e->plan.ntensors; t++) {
+    const igrad__plan_t *p = IGRAD__RUN(e); /* the warm-up's below start_iter */
+    int par = igrad__plan_parity(p, e->step.cur_step);
+    double P = (double)p->nranks;
+    for (size_t t = 0; t < p->ntensors; t++) {
         if (!e->step.sent[t]) continue;
         s->tensors_sent++;
-        if (e->plan.sp != IGRAD_SPARSIFIER_NONE && e->plan.t[t].n < e->plan.cfg.dense_below)
+        if (p->sp != IGRAD_SPARSIFIER_NONE && p->t[t].n < p->cfg.dense_below)
             s->dense_small_tensors++;
-        s->entries_sent += e->plan.t[t].spec[e->step.rel[t]][par].count;
+        s->entries_sent += p->t[t].spec[e->step.rel[t]][par].count;
     }
-    for (size_t c = 0; c < e->plan.ncomp; c++) {
-        int ph = e->plan.comp_phase[c];
+    for (size_t c = 0; c < p->ncomp; c++) {
+        int ph = p->comp_phase[c];
         if (ph < 0) continue;
-        if (igrad__schedule_sent(ph, e->plan.cfg.release_period, e->step.cur_step))
+        if (igrad__schedule_sent(ph, p->cfg.release_period, e->step.cur_step))
             s->released_components++;
         else s->deferred_components++;
     }
@@ -424,8 +482,8 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
         s->wire_nbytes += bk->route->wire_nbytes(bk, P);
     }
     /* levels: the share of this rank's peers on its own node */
-    if (e->plan.nranks > 1) {
-        s->intra_wire_nbytes = s->wire_nbytes * (double)(e->plan.node_ranks - 1) / (P - 1.0);
+    if (p->nranks > 1) {
+        s->intra_wire_nbytes = s->wire_nbytes * (double)(p->node_ranks - 1) / (P - 1.0);
         s->inter_wire_nbytes = s->wire_nbytes - s->intra_wire_nbytes;
     }
     s->buckets = (int)e->step.nbk;
@@ -441,8 +499,8 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
         s->imbalance = 1.0;
     }
     double norm = 0.0, dropped = 0.0;
-    if (e->plan.sp != IGRAD_SPARSIFIER_NONE)
-        for (size_t t = 0; t < e->plan.ntensors; t++) {
+    if (p->sp != IGRAD_SPARSIFIER_NONE)
+        for (size_t t = 0; t < p->ntensors; t++) {
             norm += e->step.tnorm[t];
             dropped += e->step.tdropped[t];
         }
@@ -451,35 +509,13 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
     e->last_step = e->step.cur_step;
     e->state = IGRAD__ENGINE_IDLE;
     s->total_ms = igrad__now_ms() - e->t_start;
-    if (e->online) igrad__online_record(e);
-    if (e->trace && e->plan.sp != IGRAD_SPARSIFIER_NONE)
-        for (size_t t = 0; t < e->plan.ntensors; t++)
+    if (e->online && p == &e->plan) igrad__online_record(e);
+    if (e->trace && p->sp != IGRAD_SPARSIFIER_NONE)
+        for (size_t t = 0; t < p->ntensors; t++)
             if (e->step.sent[t])
                 IGRAD_CHECK(igrad_trace_record(e->trace, e->step.cur_step, t, e->step.tsumsq[t],
-                                               e->plan.t[t].spec[e->step.rel[t]][par].count));
+                                               p->t[t].spec[e->step.rel[t]][par].count));
     return IGRAD_OK;
-}
-
-/* Dense warm-up (cfg.start_iter): a step below it runs on e->warmup, a
- * method dense engine over the same comm. This engine takes its statistics
- * and last step, and its failure if it broke; its own step count, residuals
- * and velocities are untouched. */
-int igrad__engine_warmup_step(const igrad_engine_t *e, int64_t step)
-{
-    return e->warmup && step < e->plan.cfg.start_iter;
-}
-
-igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st)
-{
-    const igrad_engine_t *w = e->warmup;
-    e->stats = w->stats;
-    igrad__engine_stats_memory(e, &e->stats);
-    e->last_step = w->last_step;
-    if (w->broken != IGRAD_OK && e->broken == IGRAD_OK) {
-        e->broken = w->broken;
-        snprintf(e->broken_msg, sizeof e->broken_msg, "%s", w->broken_msg);
-    }
-    return st;
 }
 
 igrad_status_t igrad__flat_begin(igrad_engine_t *e, int64_t step, float *const *grads,
@@ -495,14 +531,6 @@ igrad_status_t igrad__flat_begin(igrad_engine_t *e, int64_t step, float *const *
                   "igrad_engine_begin: buckets or nbuckets is NULL");
     *buckets = NULL;
     *nbuckets = 0;
-    if (igrad__engine_warmup_step(e, step)) {
-        IGRAD_CHECK(igrad__engine_warmup_done(
-            e, igrad_engine_begin(e->warmup, step, grads, buckets, nbuckets)));
-        e->state = IGRAD__ENGINE_BEGUN;
-        e->warm_open = 1;
-        e->step.cur_step = step;
-        return IGRAD_OK;
-    }
     IGRAD_CHECK(step_prepare(e, step, grads, 0));
     double t0 = igrad__now_ms();
     for (size_t j = 0; j < e->step.nbk; j++) pack_bucket(e, j, grads);
@@ -521,11 +549,6 @@ igrad_status_t igrad__flat_end(igrad_engine_t *e, int64_t step, float *const *gr
     IGRAD_FAIL_IF(step != e->step.cur_step, IGRAD_E_STATE,
                   "igrad_engine_end: step %lld, but step %lld is open", (long long)step,
                   (long long)e->step.cur_step);
-    if (e->warm_open) {
-        e->state = IGRAD__ENGINE_IDLE;
-        e->warm_open = 0;
-        return igrad__engine_warmup_done(e, igrad_engine_end(e->warmup, step, grads));
-    }
     IGRAD_FAIL_IF(!grads, IGRAD_E_INVALID, "igrad_engine_end: grads is NULL");
     for (size_t t = 0; t < e->plan.ntensors; t++)
         IGRAD_FAIL_IF(!grads[t], IGRAD_E_INVALID, "igrad_engine_end: grads[%zu] (%s) is NULL", t,
@@ -655,11 +678,10 @@ igrad_status_t igrad__flat_sync(igrad_engine_t *e, int64_t step, float *const *g
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_sync: step %lld is open (call igrad_engine_end first)",
                   (long long)e->step.cur_step);
-    if (igrad__engine_warmup_step(e, step))
-        return igrad__engine_warmup_done(e, igrad_engine_sync(e->warmup, step, grads));
     double saved = igrad_comm_timeout(e->comm);
     igrad_comm_set_timeout(e->comm, e->plan.cfg.timeout_s);
-    e->step.step_sar = e->plan.auto_sar; /* only this entry point runs the sparse all-reduce */
+    /* only this entry point runs the sparse all-reduce (never a warm-up step's plan) */
+    e->step.step_sar = IGRAD__PLAN_OF(e, step)->auto_sar;
     igrad_status_t st = sync_step(e, step, grads);
     e->step.step_sar = 0;
     igrad_comm_set_timeout(e->comm, saved);

@@ -60,7 +60,6 @@ void igrad__engine_link_world(igrad_engine_t *e,
 {
     e->after_agree = after_agree;
     e->world = world;
-    if (e->warmup) igrad__engine_link_world(e->warmup, after_agree, world);
 }
 
 /* ---- the public entry points ------------------------------------------------ */

@@ -47,8 +47,9 @@ static igrad_status_t cuda_engine_create(const igrad_layout_t *layout,
         return igrad__hier_create(layout, profile, config, comm, &igrad__dp_cuda, stream, out);
     igrad_engine_t *e = NULL;
     IGRAD_CHECK(igrad__engine_create(layout, profile, config, comm, &igrad__dp_cuda, stream, &e));
-    /* The device state now, so that running out of memory is said here;
-     * the warm-up engine makes its own on first use. */
+    /* The device state now, so that running out of memory is said here
+     * (a plan change, e.g. the end of the dense warm-up, remakes it on
+     * first use). */
     igrad_status_t st = igrad__flat_prepare(e);
     if (st != IGRAD_OK) {
         igrad_engine_free(e);
@@ -62,7 +63,7 @@ static igrad_status_t cuda_engine_set_stream(igrad_engine_t *engine,
                                              struct CUstream_st *stream)
 {
     IGRAD_FAIL_IF(!engine, IGRAD_E_INVALID, "igrad_engine_set_stream_cuda: engine is NULL");
-    /* the engine's row: flat sets its own (and its warm-up's), hier its shard's */
+    /* the engine's row: flat sets its own, hier its shard's */
     return engine->ops->set_stream(engine, &igrad__dp_cuda, stream);
 }
 

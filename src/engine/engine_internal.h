@@ -130,9 +130,22 @@ struct igrad_engine {
 
     uint64_t items[IGRAD__NITEMS];      /* static items (step/calls/history
                                            filled when exchanged) */
-    igrad_engine_t *warmup;             /* method dense engine for steps below
-                                           cfg.start_iter (NULL if none) */
-    int warm_open;                      /* begin of a warm-up step is open */
+    /* Dense warm-up (cfg.start_iter > 0 with a sparse method; NULL
+     * otherwise): method dense's plan (igrad__plan_warm), which the steps
+     * below start_iter run with (IGRAD__RUN) over this engine's step and
+     * data-plane memory, under its agreement, statistics and state. Its
+     * room, the arenas' bytes beyond the method's, is held while
+     * warm_room is set (from create to the first step past the warm-up;
+     * igrad__engine_room). arena_nbytes: what each plan's steps need,
+     * [method, warm-up][send, recv]. warm_on: the data-plane memory is
+     * set for the warm-up's plan: its stages see no residual and no
+     * velocity, as a method dense engine's (mem.residual and
+     * mem.velocity point at a list of NULLs; warm_keep holds the
+     * method's lists; swapped back when it is not set). */
+    igrad__plan_t *warm;
+    int warm_room, warm_on;
+    size_t arena_nbytes[2][2];
+    float **warm_keep[2];
     uint64_t *agree_buf;                /* nranks * (2 + IGRAD__NITEMS) */
 
     /* the step in progress / last step */
@@ -224,11 +237,12 @@ igrad_status_t igrad__engine_plan_only_step(igrad_engine_t *e, int64_t step);
  * it with IGRAD_E_STATE) and handed out in *out (engine_plan.c). */
 void igrad__engine_plan_only_done(igrad_engine_t *e, igrad_engine_t **out);
 
-/* Odd steps select with spec[.][1] when interleaving. */
-static inline int igrad__step_parity(const igrad_engine_t *e, int64_t step)
-{
-    return igrad__plan_parity(&e->plan, step);
-}
+/* The plan step `step` runs with: the dense warm-up's below
+ * cfg.start_iter, else the engine's own. IGRAD__RUN(e): that of the step
+ * in progress or last run (e->step.cur_step). Macros, so that a const
+ * engine gives a const plan. */
+#define IGRAD__PLAN_OF(e, s) ((e)->warm && (s) < (e)->plan.cfg.start_iter ? (e)->warm : &(e)->plan)
+#define IGRAD__RUN(e) IGRAD__PLAN_OF(e, (e)->step.cur_step)
 
 /* What the route table (route.h) needs of the engine's data plane, and
  * where its collectives run. */
@@ -247,23 +261,25 @@ static inline igrad__route_io_t igrad__engine_route_io(const igrad_engine_t *e)
     return io;
 }
 
-/* The step's blocks and buckets (plan/plan_step.c) in this engine's arenas. */
+/* The step's blocks and buckets (plan/plan_step.c) in this engine's
+ * arenas, with the plan of the step (IGRAD__RUN). */
 static inline igrad_status_t igrad__engine_plan_step(igrad_engine_t *e, int update_history)
 {
-    return igrad__plan_step(&e->plan, &e->step, update_history, e->mem.send_arena,
+    return igrad__plan_step(IGRAD__RUN(e), &e->step, update_history, e->mem.send_arena,
                             e->mem.send_arena_nbytes, e->mem.recv_arena,
                             e->mem.recv_arena_nbytes);
 }
 
-/* The three parts the data-plane stages take (dp.h). */
-#define IGRAD__PARTS(e) &(e)->plan, &(e)->step, &(e)->mem
+/* The three parts the data-plane stages take (dp.h): the plan of the
+ * step (the warm-up's below start_iter), its step, the memory. */
+#define IGRAD__PARTS(e) IGRAD__RUN(e), &(e)->step, &(e)->mem
 
 /* ---- engine.c / engine_online.c ----------------------------------------- */
 
 
 /* igrad_engine_create on data plane `dp` with queue `stream` (the CPU one
  * and NULL for igrad_engine_create; igrad_engine_create_cuda for the
- * device one). The warm-up engine gets the same data plane. */
+ * device one). */
 igrad_status_t igrad__engine_create(const igrad_layout_t *layout, const igrad_profile_t *profile,
                                     const igrad_config_t *config, igrad_comm_t *comm,
                                     const struct igrad__dp_ops *dp, void *stream,
@@ -333,12 +349,17 @@ double igrad__engine_step_reset(igrad_engine_t *e, int64_t step);
 /* Statistics, online record and trace of a step whose result is in grads;
  * the engine is idle after it. */
 igrad_status_t igrad__engine_finish_step(igrad_engine_t *e);
-/* Dense warm-up (cfg.start_iter): whether `step` runs on e->warmup, and
- * taking its statistics, last step and broken state after a call. */
-int igrad__engine_warmup_step(const igrad_engine_t *e, int64_t step);
 /* The memory statistics (dataplane_nbytes and per parameter) into *s. */
 void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s);
-igrad_status_t igrad__engine_warmup_done(igrad_engine_t *e, igrad_status_t st);
+/* Dense warm-up: the data-plane memory made ready for the plan of step
+ * e->step.cur_step (IGRAD__RUN), at the start of a step (engine.c). When
+ * it changes plan, the backend's per-engine state (made for the other
+ * plan) is released and the arenas are resized: to the method's after
+ * the warm-up (the warm-up's room freed; if the smaller ones cannot be
+ * had, the larger stay), to both plans' largest for a warm-up step after
+ * that (a state file of the warm-up loaded later; IGRAD_E_NOMEM if that
+ * fails). Local. */
+igrad_status_t igrad__engine_room(igrad_engine_t *e);
 
 /* ---- the engine table (engine_api.c) ---------------------------------------
  *
@@ -387,7 +408,7 @@ extern const igrad__engine_ops_t igrad__engine_hier;
 /* A zeroed engine of row `ops` (NULL: out of memory), its after_agree the
  * flat one. */
 igrad_engine_t *igrad__engine_alloc(const igrad__engine_ops_t *ops);
-/* Sets e's after_agree hook and its context (and its warm-up engine's). */
+/* Sets e's after_agree hook and its context. */
 void igrad__engine_link_world(igrad_engine_t *e,
                               igrad_status_t (*after_agree)(igrad_engine_t *, int64_t,
                                                             igrad_status_t, int64_t,

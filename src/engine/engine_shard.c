@@ -56,8 +56,7 @@ igrad_status_t igrad__flat_prepare(igrad_engine_t *e)
 
 struct igrad__world_link *igrad__flat_world(const igrad_engine_t *e) { return e->world; }
 
-/* The engine's and its warm-up engine's queue (the warm-up runs on the
- * same data plane). */
+/* The engine's queue (its dense warm-up runs on the same data plane). */
 igrad_status_t igrad__flat_set_stream(igrad_engine_t *e, const igrad__dp_ops_t *dp, void *stream)
 {
     IGRAD_FAIL_IF(e->mem.dp != dp, IGRAD_E_INVALID,
@@ -67,6 +66,6 @@ igrad_status_t igrad__flat_set_stream(igrad_engine_t *e, const igrad__dp_ops_t *
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
                   "igrad_engine_set_stream_%s: step %lld is open", dp->name,
                   (long long)e->step.cur_step);
-    for (; e; e = e->warmup) e->mem.dp_stream = stream;
+    e->mem.dp_stream = stream;
     return IGRAD_OK;
 }

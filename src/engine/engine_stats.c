@@ -16,10 +16,10 @@
 #include <string.h>
 
 /* Bytes in the data plane's memory (stats.dataplane_nbytes): every
- * dp->alloc of the engine and of its warm-up engine. */
+ * dp->alloc of the engine (the arenas as large as they are: during the
+ * dense warm-up, large enough for its plan too). */
 static int64_t dataplane_nbytes(const igrad_engine_t *e)
 {
-    if (!e) return 0;
     int64_t n = (e->mem.residual_count + e->mem.velocity_count) * (int64_t)sizeof(float);
     n += (int64_t)(e->plan.max_entries * (sizeof *e->step.stage_idx + sizeof *e->step.stage_val));
     n += (int64_t)(e->mem.send_arena_nbytes + e->mem.recv_arena_nbytes);
@@ -30,7 +30,7 @@ static int64_t dataplane_nbytes(const igrad_engine_t *e)
             if (e->plan.t[t].n > most) most = e->plan.t[t].n;
         n += (int64_t)e->plan.nthreads * most * (int64_t)sizeof(float);
     }
-    return n + dataplane_nbytes(e->warmup);
+    return n;
 }
 
 /* The memory statistics, on every step (skipped ones too). */
@@ -68,25 +68,29 @@ igrad_status_t igrad__flat_tensor_plan(const igrad_engine_t *e, size_t t,
 
 int64_t igrad__flat_predict_payload(const igrad_engine_t *e, int64_t step)
 {
-    if (igrad__engine_warmup_step(e, step)) return igrad_engine_predict_payload(e->warmup, step);
-    int par = igrad__step_parity(e, step);
+    const igrad__plan_t *p = IGRAD__PLAN_OF(e, step); /* the warm-up's below start_iter */
+    int par = igrad__plan_parity(p, step);
     int64_t total = 0;
-    for (size_t t = 0; t < e->plan.ntensors; t++) {
-        const igrad__plan_tensor_t *tp = &e->plan.t[t];
-        if (!igrad__schedule_sent(tp->phase, e->plan.cfg.release_period, step)) continue;
-        total += igrad__plan_tensor_nbytes(&e->plan, tp, tp->phase >= 0, par);
+    for (size_t t = 0; t < p->ntensors; t++) {
+        const igrad__plan_tensor_t *tp = &p->t[t];
+        if (!igrad__schedule_sent(tp->phase, p->cfg.release_period, step)) continue;
+        total += igrad__plan_tensor_nbytes(p, tp, tp->phase >= 0, par);
     }
     return total;
 }
 
+/* During the warm-up the data plane's lists are empty (engine.c): the
+ * method's are in warm_keep. */
 const float *igrad__flat_residual(const igrad_engine_t *e, size_t t)
 {
-    return e->mem.residual ? e->mem.residual[t] : NULL;
+    float *const *r = e->warm_on ? e->warm_keep[0] : e->mem.residual;
+    return r ? r[t] : NULL;
 }
 
 const float *igrad__flat_velocity(const igrad_engine_t *e, size_t t)
 {
-    return e->mem.velocity ? e->mem.velocity[t] : NULL;
+    float *const *v = e->warm_on ? e->warm_keep[1] : e->mem.velocity;
+    return v ? v[t] : NULL;
 }
 
 igrad_status_t igrad__flat_set_trace(igrad_engine_t *e, igrad_trace_t *trace)
@@ -117,12 +121,16 @@ int64_t igrad_engine_step(const igrad_engine_t *e) { return e ? e->last_step : -
 
 size_t igrad__flat_workspace_nbytes(const igrad_engine_t *e)
 {
-    size_t T = e->plan.ntensors, mb = e->plan.max_blocks, nb = (size_t)e->plan.nb_max;
+    size_t T = e->plan.ntensors, mb = e->step.blk_cap, nb = e->step.nb_cap;
     size_t n = sizeof *e +
                T * (sizeof *e->plan.t + sizeof *e->plan.tensor_hash + sizeof *e->step.stage_off +
                     2 + sizeof *e->step.work + sizeof *e->step.tstatus + 3 * sizeof(double));
     n += (size_t)(e->mem.residual_count + e->mem.velocity_count) * sizeof(float);
-    n += igrad_engine_workspace_nbytes(e->warmup);
+    if (e->warm) /* the dense warm-up's plan (its arenas' room is in the arenas) */
+        n += sizeof *e->warm +
+             T * (sizeof *e->warm->t + sizeof *e->warm->tensor_hash) +
+             e->warm->map.count * (sizeof(uint64_t) + sizeof(int)) +
+             e->warm->hist.count * (sizeof(uint64_t) + sizeof(int64_t) + 2 * sizeof(double));
     n += e->plan.max_entries * (sizeof(uint32_t) + sizeof(float));
     n += mb * (sizeof *e->step.blocks + sizeof *e->step.binfo + sizeof *e->step.bucket_of +
                sizeof *e->step.order);

@@ -71,7 +71,7 @@ int64_t igrad__stream_nbytes(const igrad_engine_t *e)
 static igrad_status_t stream_create(igrad_engine_t *e)
 {
     if (e->stream) return IGRAD_OK;
-    size_t T = e->plan.ntensors, nb = (size_t)e->plan.nb_max;
+    size_t T = e->plan.ntensors, nb = e->step.nb_cap; /* either plan's buckets */
     igrad__stream_t *s = calloc(1, sizeof *s);
     IGRAD_FAIL_IF(!s, IGRAD_E_NOMEM, "igrad_engine_open: out of memory");
     e->stream = s;
@@ -111,7 +111,7 @@ static void stream_plan(igrad_engine_t *e)
     memset(s->tnblk, 0, T * sizeof *s->tnblk);
     s->ngiven = 0;
     s->next = 0;
-    for (int j = 0; j < e->plan.nb_max; j++) s->compact[j] = -1;
+    for (int j = 0; j < IGRAD__RUN(e)->nb_max; j++) s->compact[j] = -1;
     for (size_t j = 0; j < e->step.nbk; j++) {
         s->compact[e->step.bk[j].index] = (int)j;
         s->missing[j] = e->step.bk[j].nblocks;
@@ -139,23 +139,20 @@ igrad_status_t igrad__flat_open(igrad_engine_t *e, int64_t step)
                   "igrad_engine_open: the %s data plane has no streamed step (use "
                   "igrad_engine_begin/end or igrad_engine_sync)",
                   e->mem.dp->name);
-    if (igrad__engine_warmup_step(e, step)) {
-        IGRAD_CHECK(igrad__engine_warmup_done(e, igrad_engine_open(e->warmup, step)));
-        e->state = IGRAD__ENGINE_STREAM;
-        e->warm_open = 1;
-        e->step.cur_step = step;
-        return IGRAD_OK;
-    }
     double t0 = igrad__engine_step_reset(e, step);
-    /* collective like the whole step's (every rank opens the same step) */
-    if (e->online) IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
+    /* collective like the whole step's (every rank opens the same step);
+     * online profiling is the method's, not a warm-up step's */
+    if (e->online && IGRAD__RUN(e) == &e->plan)
+        IGRAD_CHECK(igrad__online_before_step(e, step)); /* may re-plan */
     /* after it: a re-plan swaps in a new engine, whose stream state is new */
     IGRAD_CHECK(stream_create(e));
+    igrad_status_t st = igrad__engine_room(e); /* the dense warm-up's below start_iter */
+    if (st != IGRAD_OK) return igrad__engine_break(e, st); /* the others go on */
     igrad__engine_stats_memory(e, &e->stats);
 
-    igrad__plan_gate(&e->plan, &e->step, step);
+    igrad__plan_gate(IGRAD__RUN(e), &e->step, step);
     /* The history learns this step's blocks at close, if the step counts. */
-    igrad_status_t st = igrad__engine_plan_step(e, 0);
+    st = igrad__engine_plan_step(e, 0);
     if (st != IGRAD_OK) return igrad__engine_break(e, st); /* the others go on */
     stream_plan(e);
     e->stats.pack_ms = igrad__now_ms() - t0;
@@ -235,15 +232,12 @@ igrad_status_t igrad__flat_ready(igrad_engine_t *e, int64_t step, const size_t *
     *buckets = NULL;
     *nbuckets = 0;
     IGRAD_CHECK(check_open(e, step, "igrad_engine_ready"));
-    if (e->warm_open)
-        return igrad__engine_warmup_done(
-            e, igrad_engine_ready(e->warmup, step, tensors, n, grads, buckets, nbuckets));
     IGRAD_FAIL_IF(n > 0 && (!tensors || !grads), IGRAD_E_INVALID,
                   "igrad_engine_ready: step %lld: tensors or grads is NULL", (long long)step);
     IGRAD_CHECK(check_tensors(e, tensors, n));
 
     igrad__stream_t *s = e->stream;
-    int dense = e->plan.sp == IGRAD_SPARSIFIER_NONE;
+    int dense = IGRAD__RUN(e)->sp == IGRAD_SPARSIFIER_NONE; /* a warm-up step's too */
     for (size_t i = 0; i < n; i++) {
         size_t t = tensors[i];
         s->given[t] = 1;
@@ -291,15 +285,8 @@ igrad_status_t igrad__flat_close(igrad_engine_t *e, int64_t step)
 {
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_close"));
     IGRAD_CHECK(check_open(e, step, "igrad_engine_close"));
-    if (e->warm_open) {
-        igrad_status_t st = igrad_engine_close(e->warmup, step);
-        if (e->warmup->state == IGRAD__ENGINE_IDLE) {
-            e->state = IGRAD__ENGINE_IDLE;
-            e->warm_open = 0;
-        }
-        return igrad__engine_warmup_done(e, st);
-    }
     igrad__stream_t *s = e->stream;
+    igrad__plan_t *p = IGRAD__RUN(e); /* the warm-up's below start_iter */
     if (s->ngiven < e->plan.ntensors) {
         size_t t = 0;
         while (s->given[t]) t++;
@@ -325,11 +312,11 @@ igrad_status_t igrad__flat_close(igrad_engine_t *e, int64_t step)
 
     /* From here on the step counts on every rank. */
     e->state = IGRAD__ENGINE_IDLE; /* a failure below breaks the engine */
-    if (e->plan.hist.count) {
-        st = igrad__pack_history_update(&e->plan.hist, e->step.blocks, e->step.nblk);
+    if (p->hist.count) {
+        st = igrad__pack_history_update(&p->hist, e->step.blocks, e->step.nblk);
         if (st != IGRAD_OK) return igrad__engine_break(e, st);
     }
-    if (e->plan.sp != IGRAD_SPARSIFIER_NONE)
+    if (p->sp != IGRAD_SPARSIFIER_NONE)
         e->mem.dp->stream_commit(IGRAD__PARTS(e), s->grads);
     else
         e->mem.dp->zero(IGRAD__PARTS(e), s->grads);

@@ -105,6 +105,19 @@ static inline int igrad__plan_parity(const igrad__plan_t *p, int64_t step)
 igrad_status_t igrad__plan_build(igrad__plan_t *p, const igrad_layout_t *layout,
                                  const igrad_profile_t *profile, int shard);
 
+/* The dense warm-up's plan (config.start_iter > 0 with a sparse method):
+ * into zeroed *w, method dense's plan of the layout `p` was built for,
+ * made by igrad__plan_build from p's config with method dense (momentum,
+ * warm-up, online profiling, re-profiling and payload target off, F32
+ * values) and without a profile, exactly as a method dense engine makes
+ * its own, so that its blocks, bucket cuts and routes (and with them the
+ * all-reduce's summation order) are dense's. Ranks, levels and threads
+ * are p's. */
+igrad_status_t igrad__plan_warm(igrad__plan_t *w, const igrad__plan_t *p,
+                                const igrad_layout_t *layout, int shard);
+/* Frees what igrad__plan_build made (not p itself). */
+void igrad__plan_free(igrad__plan_t *p);
+
 /* The profile's components against the layout's (all of them, or with
  * `subset` a subset: a shard's). IGRAD_E_MISMATCH naming the first
  * difference. */
@@ -133,11 +146,14 @@ void igrad__plan_sort_work(const igrad__plan_t *p, uint32_t *work);
 
 /* ---- plan_step.c: the per-step plan ---------------------------------------- */
 
-/* The step's scratch for plan p, sized for its largest step (with `sar`,
- * the sparse all-reduce's workspaces per bucket slot); the staged
- * selection (stage_idx, stage_val) is the data plane's to allocate.
- * igrad__step_free frees what igrad__step_alloc made. */
-igrad_status_t igrad__step_alloc(igrad__step_t *s, const igrad__plan_t *p, int sar);
+/* The step's scratch for plan p, sized for its largest step and, when w
+ * is not NULL (the dense warm-up's plan), for w's too: the blocks and
+ * bucket slots of either (with `sar`, the sparse all-reduce's workspaces
+ * per bucket slot of p); the staged selection (stage_idx, stage_val) is
+ * the data plane's to allocate. igrad__step_free frees what
+ * igrad__step_alloc made. */
+igrad_status_t igrad__step_alloc(igrad__step_t *s, const igrad__plan_t *p,
+                                 const igrad__plan_t *w, int sar);
 void igrad__step_free(igrad__step_t *s, int nb_max);
 
 /* The gate of `step` (s->sent, s->rel), each sent tensor's offset in the

@@ -433,3 +433,39 @@ igrad_status_t igrad__plan_build(igrad__plan_t *p, const igrad_layout_t *layout,
     p->max_dense_count = mx[3];
     return IGRAD_OK;
 }
+
+igrad_status_t igrad__plan_warm(igrad__plan_t *w, const igrad__plan_t *p,
+                                const igrad_layout_t *layout, int shard)
+{
+    w->cfg = p->cfg;
+    w->cfg.method = IGRAD_METHOD_DENSE;
+    w->cfg.momentum = 0.0;
+    w->cfg.start_iter = 0;
+    w->cfg.profile_steps = 0; /* online profiling is the method's, after the warm-up */
+    w->cfg.reprofile_every = 0;
+    w->cfg.target_ratio = 0.0;
+    w->cfg.value_dtype = IGRAD_DTYPE_F32; /* as method dense requires */
+    w->sp = IGRAD_SPARSIFIER_NONE;
+    w->value_nbytes = (int)igrad_dtype_nbytes(w->cfg.value_dtype);
+    w->nthreads = p->nthreads;
+    w->rank = p->rank;
+    w->nranks = p->nranks;
+    w->node_ranks = p->node_ranks;
+    w->avg_ranks = p->avg_ranks;
+    w->auto_sar = 0; /* the sparse all-reduce is for sparse methods only (route.c) */
+    return igrad__plan_build(w, layout, NULL, shard);
+}
+
+void igrad__plan_free(igrad__plan_t *p)
+{
+    igrad__pack_map_free(&p->map);
+    igrad__pack_history_free(&p->hist);
+    free(p->t);
+    free(p->names);
+    free(p->tensor_hash);
+    free(p->comp_layer);
+    free(p->comp_kind);
+    free(p->comp_count);
+    free(p->comp_important);
+    free(p->comp_phase);
+}

@@ -165,10 +165,16 @@ igrad_status_t igrad__plan_step(igrad__plan_t *p, igrad__step_t *s, int update_h
     return IGRAD_OK;
 }
 
-igrad_status_t igrad__step_alloc(igrad__step_t *s, const igrad__plan_t *p, int sar)
+igrad_status_t igrad__step_alloc(igrad__step_t *s, const igrad__plan_t *p,
+                                const igrad__plan_t *w, int sar)
 {
     size_t T = p->ntensors;
-    size_t nbm = (size_t)p->nb_max, mb = p->max_blocks ? p->max_blocks : 1;
+    size_t nbm = (size_t)p->nb_max, mb = p->max_blocks;
+    if (w && (size_t)w->nb_max > nbm) nbm = (size_t)w->nb_max;
+    if (w && w->max_blocks > mb) mb = w->max_blocks;
+    if (!mb) mb = 1;
+    s->nb_cap = nbm;
+    s->blk_cap = mb;
     s->stage_off = calloc(T, sizeof *s->stage_off);
     s->sent = calloc(T, 1);
     s->rel = calloc(T, 1);
@@ -190,12 +196,13 @@ igrad_status_t igrad__step_alloc(igrad__step_t *s, const igrad__plan_t *p, int s
                       !s->order || !s->start || !s->loads || !s->bk || !s->desc,
                   IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     if (sar) {
-        s->sar = calloc(nbm, sizeof *s->sar);
+        s->sar = calloc((size_t)p->nb_max, sizeof *s->sar); /* p's buckets only */
         IGRAD_FAIL_IF(!s->sar, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     }
     igrad__plan_sort_work(p, s->work);
-    if (!p->per_tensor_buckets) {
-        s->pack_scratch_nbytes = igrad__pack_scratch_nbytes(mb, p->cfg.buckets);
+    if (!p->per_tensor_buckets || (w && !w->per_tensor_buckets)) {
+        int nbk = w && w->cfg.buckets > p->cfg.buckets ? w->cfg.buckets : p->cfg.buckets;
+        s->pack_scratch_nbytes = igrad__pack_scratch_nbytes(mb, nbk);
         s->pack_scratch = malloc(s->pack_scratch_nbytes);
         IGRAD_FAIL_IF(!s->pack_scratch, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     }

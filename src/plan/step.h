@@ -63,17 +63,19 @@ typedef struct igrad__step {
     double *tsumsq;                     /* (ntensors) selection sum of squares */
     double *tnorm;                      /* (ntensors) residual sum of squares */
     double *tdropped;                   /* (ntensors) dropped sum of squares */
-    igrad__pack_block_t *blocks;        /* (max_blocks) */
-    igrad__step_block_t *binfo;         /* (max_blocks) */
-    int *bucket_of;                     /* (max_blocks) */
-    size_t *order;                      /* (max_blocks) */
-    size_t *start;                      /* (nb_max + 1) */
-    int64_t *loads;                     /* (nb_max) */
-    igrad__step_bucket_t *bk;           /* (nb_max) */
-    igrad_bucket_t *desc;               /* (nb_max) */
+    igrad__pack_block_t *blocks;        /* (blk_cap) */
+    igrad__step_block_t *binfo;         /* (blk_cap) */
+    int *bucket_of;                     /* (blk_cap) */
+    size_t *order;                      /* (blk_cap) */
+    size_t *start;                      /* (nb_cap + 1) */
+    int64_t *loads;                     /* (nb_cap) */
+    igrad__step_bucket_t *bk;           /* (nb_cap) */
+    igrad_bucket_t *desc;               /* (nb_cap) */
     struct igrad__sar *sar;             /* (nb_max) collective sparse_reduce: the sparse
                                            all-reduce's workspace per bucket slot, whose
                                            result and remainder unpack reads; else NULL */
+    size_t nb_cap, blk_cap;             /* bucket slots and blocks allocated: the
+                                           largest of the engine's plans (plan.h) */
     void *pack_scratch;
     size_t pack_scratch_nbytes;
     size_t nblk;                        /* blocks this step */
