@@ -37,10 +37,10 @@ WORKLOADS = "brown:news,fortunes:,lodash:,task:recall:size=1:test=200"
 # scripts/demo's post-train settings (text and task legs)
 POST = ["--val-fraction", "0.1", "--lr", "1e-3", "--min-lr", "1e-4", "--warmup", "10",
         "--eval-batches", "8", "--density", "0.01", "--seq-len", "64", "--batch", "16",
-        "--threads", "1", "--progress", "none"]
+        "--threads", "1", "--progress", "quiet"]
 TASK = ["--response-only", "--lr", "3e-3", "--min-lr", "1e-4", "--warmup", "10",
         "--eval-batches", "8", "--density", "0.01", "--seq-len", "128", "--batch", "8",
-        "--threads", "1", "--progress", "none"]
+        "--threads", "1", "--progress", "quiet"]
 
 
 def label(w):
@@ -77,7 +77,7 @@ def read_run(d):
         prof = json.load(f)
     with open(os.path.join(d, "summary.json")) as f:
         summ = json.load(f)
-    tgt = summ.get("sync", {}).get("target") or summ.get("target") or {}
+    tgt = summ["config"]["sync"].get("target") or {}
     tau = tgt.get("tau", prof["tau"])
     comps = []
     for c in prof["components"]:
@@ -92,7 +92,80 @@ def read_run(d):
         comps[i]["rank"] = r + 1
     return {"components": comps, "tau": tau, "f_imp": tgt.get("f_imp"),
             "planned_ratio": tgt.get("planned_ratio"), "n_important": tgt.get("n_important"),
+            "target_ratio": tgt.get("ratio"), "release_keep": tgt.get("release_keep"),
             "alpha": prof["alpha"]}
+
+
+def read_trace(path):
+    """Rank 0's trace: {(layer, kind): [(raw, d, numel, retained) per step]}."""
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#") or line.startswith("step,"):
+                continue
+            step, layer, kind, raw, d, numel, ret = line.strip().split(",")
+            rows.setdefault((int(layer), kind), []).append(
+                (float(raw), float(d), int(numel), int(ret)))
+    return rows
+
+
+def score_of(per_step, alpha):
+    """profile.c's score of per-step activities {comp: [a_s]}: alpha times
+    the min-max normalized mean plus (1 - alpha) times the share of steps
+    above the per-step median over components."""
+    names = list(per_step)
+    ns = len(per_step[names[0]])
+    mean = {c: sum(v) / ns for c, v in per_step.items()}
+    lo, hi = min(mean.values()), max(mean.values())
+    above = dict.fromkeys(names, 0)
+    for s in range(ns):
+        col = sorted(per_step[c][s] for c in names)
+        n = len(col)
+        med = col[n // 2] if n % 2 else 0.5 * (col[n // 2 - 1] + col[n // 2])
+        for c in names:
+            above[c] += per_step[c][s] > med
+    return {c: alpha * ((mean[c] - lo) / (hi - lo) if hi > lo else 1.0) +
+            (1 - alpha) * above[c] / ns for c in names}
+
+
+# Scores of the same trace under other normalizations of a[s,c] (the sum
+# of retained v^2 of component c at step s, its numel n and retained count k).
+VARIANTS = {
+    "sqrt(sum v^2 / n) (today)": lambda raw, d, n, k: d,
+    "sqrt(sum v^2) (none)": lambda raw, d, n, k: raw,
+    "sqrt(sum v^2 / k) (per retained entry)": lambda raw, d, n, k: raw / math.sqrt(max(k, 1)),
+    "sum v^2 / n (energy per entry)": lambda raw, d, n, k: raw * raw / n,
+}
+
+
+def fit_set(scores, numel, f_cap):
+    """The largest prefix by score whose numel share is at most f_cap (the
+    target fit's rule with bytes approximated by numel); ties are one class."""
+    order = sorted(scores, key=lambda c: -scores[c])
+    total = sum(numel.values())
+    best, used = 0, 0
+    for i, c in enumerate(order):
+        used += numel[c]
+        tie = i + 1 < len(order) and scores[order[i + 1]] == scores[c]
+        if used / total <= f_cap and not tie:
+            best = i + 1
+        elif used / total > f_cap:
+            break
+    return set(order[:best])
+
+
+def fit_skip(scores, numel, f_cap):
+    """The same cap without the prefix rule: down the score order, every
+    component that still fits (a greedy knapsack by score, which is already
+    a per-entry density)."""
+    order = sorted(scores, key=lambda c: -scores[c])
+    total = sum(numel.values())
+    chosen, used = set(), 0
+    for c in order:
+        if (used + numel[c]) / total <= f_cap:
+            chosen.add(c)
+            used += numel[c]
+    return chosen
 
 
 def corr(x, y):
@@ -147,13 +220,52 @@ def main():
                 k: corr([c[k] for c in c1], [c[k] for c in c2]) for k in ("score", "a")}
     res["within"] = within
     # variance of log a: between components vs between workloads
-    la = {w: [math.log(x) for x in per[w]["a"]] for w in workloads}
+    # centered per workload: the score is invariant to a workload's overall
+    # gradient scale (min-max magnitude, median-relative persistence)
+    la = {}
+    for w in workloads:
+        logs = [math.log(x) for x in per[w]["a"]]
+        mu = sum(logs) / len(logs)
+        la[w] = [x - mu for x in logs]
     n, m = len(names), len(workloads)
     grand = sum(sum(v) for v in la.values()) / (n * m)
     comp_mean = [sum(la[w][i] for w in workloads) / m for i in range(n)]
     between = sum((cm - grand) ** 2 for cm in comp_mean) / n
     inside = sum((la[w][i] - comp_mean[i]) ** 2 for w in workloads for i in range(n)) / (n * m)
     res["log_a_variance"] = {"between_components": between, "across_workloads": inside}
+
+    # the same traces under other normalizations (rank 0's trace, seed 1)
+    var = {}
+    for w in workloads:
+        tr = read_trace(os.path.join(a.out, "runs", label(w), f"seed{seeds[0]}", "trace.csv"))
+        r = res["runs"][f"{w}|{seeds[0]}"]
+        key = {(c["name"]): c for c in r["components"]}
+        numel = {}
+        for (layer, kind), v in tr.items():
+            numel[kind if layer < 0 else f"{layer}.{kind}"] = v[0][2]
+        # the cap the run's own fit met: its f_imp share of numel
+        chosen = [n for n in key if key[n]["chosen"]]
+        f_cap = sum(numel[n] for n in chosen) / sum(numel.values())
+        var[w] = {"f_cap_numel": f_cap}
+        for vn, fn in VARIANTS.items():
+            per_step = {(k if l < 0 else f"{l}.{k}"): [fn(*x) for x in v]
+                        for (l, k), v in tr.items()}
+            sc = score_of(per_step, r["alpha"])
+            var[w][vn] = {"scores": [sc[n] for n in names],
+                          "set": sorted(fit_set(sc, numel, f_cap)),
+                          "set_skip": sorted(fit_skip(sc, numel, f_cap))}
+        # the cap the target could reach with kappa at its floor: f + k(1 - f) <= X
+        x, k = r["target_ratio"], r["release_keep"]
+        var[w]["f_cap_target"] = (x - k) / (1 - k)
+        sc = dict(zip(names, per[w]["score"]))
+        var[w]["set_skip_target"] = sorted(fit_skip(sc, numel, var[w]["f_cap_target"]))
+    vpairs = {}
+    for vn in VARIANTS:
+        for w1, w2 in itertools.combinations(workloads, 2):
+            vpairs.setdefault(vn, {})[f"{w1} vs {w2}"] = corr(var[w1][vn]["scores"],
+                                                               var[w2][vn]["scores"])
+    res["variants"] = var
+    res["variant_pairs"] = vpairs
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "importance.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -186,6 +298,33 @@ def main():
     md.append("")
     md.append(f"variance of log a_c: between components {between:.4f}, across workloads "
               f"(same component) {inside:.4f}")
+    md.append("")
+    md.append("Other normalizations of a[s,c], same traces (rank 0, seed "
+              f"{seeds[0]}); set: the largest score prefix within the run's own numel share")
+    md.append("")
+    md.append("| normalization | " + " | ".join(f"{label(w)}: set" for w in workloads) +
+              " | Spearman / Kendall of scores, mean over pairs (min) |")
+    md.append("|---|" + "---|" * len(workloads) + "---|")
+    for vn in VARIANTS:
+        ps = list(vpairs.get(vn, {}).values()) or [(float("nan"), float("nan"))]
+        sp = sum(p[0] for p in ps) / len(ps)
+        kt = sum(p[1] for p in ps) / len(ps)
+        md.append(f"| {vn} | " + " | ".join(
+            " ".join(var[w][vn]["set"]) + f" ({len(var[w][vn]['set'])})" for w in workloads) +
+            f" | {sp:.3f} / {kt:.3f} ({min(p[0] for p in ps):.3f}) |")
+    md.append("")
+    md.append("Without the prefix rule (today's score, seed-mean): every component that "
+              "still fits, down the score order")
+    md.append("")
+    md.append("| workload | cap: run's numel share | set | cap at kappa's floor "
+              "(X - k)/(1 - k) | set |")
+    md.append("|---|---|---|---|---|")
+    today = next(iter(VARIANTS))
+    for w in workloads:
+        md.append(f"| {w} | {var[w]['f_cap_numel']:.4f} | "
+                  f"{' '.join(var[w][today]['set_skip'])} ({len(var[w][today]['set_skip'])}) | "
+                  f"{var[w]['f_cap_target']:.4f} | {' '.join(var[w]['set_skip_target'])} "
+                  f"({len(var[w]['set_skip_target'])}) |")
     with open(os.path.join(a.out, "importance.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
