@@ -487,8 +487,9 @@ class Experiment:
                 names = part[9:]
                 d = os.path.join(self.data_dir, "fortunes")
                 need += [os.path.join(d, n + ".txt") for n in names.split("+")] if names else [d]
-            elif part.startswith("kjv:"):
-                need.append(os.path.join(self.data_dir, "kjv", "kjv.txt"))
+            elif part.startswith("kjv:") or part.startswith("lodash:"):
+                name = part.split(":")[0]
+                need.append(os.path.join(self.data_dir, name, name + ".txt"))
             else:
                 for prefix in ("text:", "jsonl:", "alpaca:"):
                     if part.startswith(prefix):
@@ -500,7 +501,7 @@ class Experiment:
         for path in self.corpus_files(spec):
             if not os.path.exists(path):
                 corpus = spec.split(":")[0] if ":" in spec else None
-                hint = (f"run scripts/fetch-corpus {corpus}" if corpus in ("brown", "fortunes", "kjv")
+                hint = (f"run scripts/fetch-corpus {corpus}" if corpus in ("brown", "fortunes", "kjv", "lodash")
                         else "check the path")
                 raise ExperimentError(
                     f"corpus for --data {spec} not found: {path} is missing ({hint}; data "

@@ -726,6 +726,8 @@ static void test_corpus_specs(void **state)
     write_text("fake/fortunes/computers.txt", "Bugs.\n%\nMore bugs.\n%\n");
     write_text("fake/fortunes/science.txt", "E = mc^2\r\n%\r\n");
     write_text("fake/kjv/kjv.txt", "Genesis\n1:1 In the beginning.\n%\nExodus\n1:1 Names.\n");
+    write_text("fake/lodash/lodash.txt",
+               "function id(x) {\n  return x % 2;\n}\n%\nmodule.exports = id;\n");
     data_options_t o = opts_with(2, 0.0);
     o.data_dir = tmp_path("fake");
     dataset_t ds;
@@ -763,6 +765,10 @@ static void test_corpus_specs(void **state)
     assert_int_equal(dataset_load(&ds, "kjv:", &o, &err), DATA_OK);
     assert_stream(&ds.train, kjv, 2);
     dataset_free(&ds);
+    const char *js[] = {"function id(x) {\n  return x % 2;\n}", "module.exports = id;"};
+    assert_int_equal(dataset_load(&ds, "lodash:", &o, &err), DATA_OK);
+    assert_stream(&ds.train, js, 2);
+    dataset_free(&ds);
     /* a list mixing corpora */
     const char *mix[] = {"Genesis\n1:1 In the beginning.", "Exodus\n1:1 Names.", "E = mc^2\r"};
     assert_int_equal(dataset_load(&ds, "kjv:,fortunes:science", &o, &err), DATA_OK);
@@ -773,12 +779,14 @@ static void test_corpus_specs(void **state)
                  "brown:news+sports: unknown genre 'sports'; valid: news, humor");
     expect_error("fortunes:nope", &o, DATA_E_ARG, "valid: computers, science");
     expect_error("kjv:Genesis", &o, DATA_E_ARG, "kjv takes no argument");
+    expect_error("lodash:map", &o, DATA_E_ARG, "lodash takes no argument (use 'lodash:')");
 
     /* not prepared: say how to prepare it */
     o.data_dir = tmp_path("nodata");
     expect_error("brown:news", &o, DATA_E_CORPUS, "run scripts/fetch-corpus");
     expect_error("fortunes:", &o, DATA_E_CORPUS, "run scripts/fetch-corpus");
     expect_error("kjv:", &o, DATA_E_CORPUS, "nodata/kjv/kjv.txt is missing");
+    expect_error("lodash:", &o, DATA_E_CORPUS, "nodata/lodash/lodash.txt is missing");
 
     /* data_dir_resolve: option, then IGRAD_DATA_DIR, then the source tree */
     char dir[512];
@@ -888,6 +896,45 @@ static void test_real_fortunes_kjv(void **state)
     dataset_free(&ds);
 }
 
+/* scripts/fetch-corpus lodash: npm lodash 4.17.21's 629 one-function
+ * modules, one document each, JavaScript and nothing of Brown's prose. */
+static void test_real_lodash(void **state)
+{
+    (void)state;
+    char dir[512];
+    if (!real_data_dir(dir, sizeof dir, "lodash/lodash.txt")) {
+        print_message("note: lodash not prepared under %s (run scripts/fetch-corpus "
+                      "or set IGRAD_DATA_DIR); skipping\n", dir);
+        skip();
+    }
+    g_corpus_ran++;
+    data_options_t o = opts_with(256, 0.05);
+    o.data_dir = dir;
+    dataset_t ds;
+    data_error_t err;
+    if (dataset_load(&ds, "lodash:", &o, &err) != DATA_OK)
+        print_error("lodash: %s\n", err.message);
+    assert_int_equal(err.status, DATA_OK);
+    assert_int_equal(ds.ndocs, 629);
+    assert_true(ds.train.ndocs >= 1 && ds.val.ndocs >= 1);
+    size_t total = ds.train.count + ds.val.count;
+    assert_in_range(total, 500000, 650000);
+    /* every module is CommonJS: the text holds one export per document */
+    size_t exports = 0;
+    for (int half = 0; half < 2; half++) {
+        const data_split_t *sp = half ? &ds.val : &ds.train;
+        static const char needle[] = "module.exports = ";
+        size_t n = sizeof needle - 1;
+        for (size_t i = 0; i + n <= sp->count; i++) {
+            size_t k = 0;
+            while (k < n && sp->tokens[i + k] == (unsigned char)needle[k]) k++;
+            exports += k == n;
+        }
+    }
+    assert_int_equal(exports, 629);
+    dataset_free(&ds);
+}
+
 /* CTest's SKIP_RETURN_CODE for test_data_corpus */
 #define EXIT_SKIPPED 77
 
@@ -897,6 +944,7 @@ int main(int argc, char **argv)
         const struct CMUnitTest corpus[] = {
             cmocka_unit_test(test_real_brown),
             cmocka_unit_test(test_real_fortunes_kjv),
+            cmocka_unit_test(test_real_lodash),
         };
         int failed = cmocka_run_group_tests_name("real corpora", corpus, setup, teardown);
         if (failed == 0 && g_corpus_ran == 0) {

@@ -663,14 +663,17 @@ cleanup:
     return st;
 }
 
-static int load_kjv(const char *element, const char *arg, const char *data_dir,
-                    doclist_t *docs, data_error_t *err)
+/* kjv: / lodash: — a corpus that is one prepared file, <corpus>/<corpus>.txt,
+ * read whole; it takes no argument. */
+static int load_single(const char *element, const char *corpus, const char *arg,
+                       const char *data_dir, doclist_t *docs, data_error_t *err)
 {
     if (arg[0])
-        return fail(err, DATA_E_ARG, "%s: kjv takes no argument (use 'kjv:')", element);
-    char *file = malloc(strlen(data_dir) + sizeof "/kjv/kjv.txt");
+        return fail(err, DATA_E_ARG, "%s: %s takes no argument (use '%s:')", element, corpus,
+                    corpus);
+    char *file = malloc(strlen(data_dir) + 2 * strlen(corpus) + sizeof "//.txt");
     if (!file) return fail_nomem(err, element);
-    sprintf(file, "%s/kjv/kjv.txt", data_dir);
+    sprintf(file, "%s/%s/%s.txt", data_dir, corpus, corpus);
     struct stat sb;
     int st = stat(file, &sb) != 0 ? corpus_missing(err, element, file, data_dir)
                                   : load_separated(file, docs, err);
@@ -751,9 +754,12 @@ static int load_element(const char *element, const data_options_t *opts, doclist
                           opts->response_only, docs, err);
     }
     if (PREFIX_IS("task")) return load_task(element, arg, opts->response_only, docs, err);
-    if (PREFIX_IS("brown") || PREFIX_IS("fortunes") || PREFIX_IS("kjv")) {
+    if (PREFIX_IS("brown") || PREFIX_IS("fortunes") || PREFIX_IS("kjv") ||
+        PREFIX_IS("lodash")) {
         data_dir_resolve(opts->data_dir, data_dir, sizeof data_dir);
-        if (PREFIX_IS("kjv")) return load_kjv(element, arg, data_dir, docs, err);
+        if (PREFIX_IS("kjv")) return load_single(element, "kjv", arg, data_dir, docs, err);
+        if (PREFIX_IS("lodash"))
+            return load_single(element, "lodash", arg, data_dir, docs, err);
         return load_named(element, PREFIX_IS("brown") ? "brown" : "fortunes", arg, data_dir,
                           docs, err);
     }

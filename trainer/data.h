@@ -35,6 +35,8 @@
  *   brown:G[+G...]  Brown corpus genres (brown: or brown:all = all 15);
  *   fortunes:[N+N...]  fortune files by name (fortunes: = all);
  *   kjv:            the King James Bible, one document per book.
+ *   lodash:         JavaScript source, npm lodash's one-function modules, one
+ *                   document per module file.
  *   task:KINDS[:train=N][:test=N]
  *                   synthetic instruction problems (task.h: arith, sort,
  *                   reverse, copy, recall, or mix for all five), as alpaca
