@@ -174,3 +174,75 @@ double plan_engine_sar_s(double wire_nbytes, int64_t P, const plan_link_t *l)
     if (P <= 1) return 0.0;
     return 4.0 * (double)(P - 1) * l->latency_s + wire_nbytes / l->bytes_per_s;
 }
+
+double plan_time_s(plan_time_t t) { return t.lat_s + t.bw_s; }
+
+/* The bandwidth term of V bytes per rank through a node's NICs and its
+ * NVLink: NCCL's channels cross each node boundary once per ring, so a
+ * node's NICs together carry what one rank sends, V, split over its K NICs
+ * (docs/plan.md §2a); every rank sends at most V on intra. */
+static plan_time_t fabric_bw(double v, const plan_fabric_t *f)
+{
+    plan_time_t t = {0, v / f->intra->bytes_per_s, 0};
+    if (f->N > 1) {
+        t.nic_nbytes = v / (double)f->K;
+        double e = t.nic_nbytes / f->inter->bytes_per_s;
+        if (e > t.bw_s) t.bw_s = e;
+    }
+    return t;
+}
+
+/* NCCL src/graph/tuning.cc: a ring's latency is (nsteps - nInterSteps)
+ * intra-node hops and nInterSteps inter-node ones, nInterSteps =
+ * 2(nNodes-1) for all-reduce and nNodes-1 for all-gather. */
+static double ring_lat(int64_t steps, int64_t inter_steps, const plan_fabric_t *f)
+{
+    return (double)(steps - inter_steps) * f->intra->latency_s +
+           (double)inter_steps * f->inter->latency_s;
+}
+
+plan_time_t plan_nccl_ring_allreduce(double n, const plan_fabric_t *f)
+{
+    plan_time_t t = {0, 0, 0};
+    if (f->P <= 1) return t;
+    t = fabric_bw(2.0 * (double)(f->P - 1) / (double)f->P * n, f);
+    t.lat_s = ring_lat(2 * (f->P - 1), 2 * (f->N - 1), f);
+    return t;
+}
+
+plan_time_t plan_nccl_tree_allreduce(double n, const plan_fabric_t *f)
+{
+    plan_time_t t = {0, 0, 0};
+    if (f->P <= 1) return t;
+    t = fabric_bw(2.0 * n, f);
+    int64_t log2n = 0; /* NCCL's log2i: floor */
+    for (int64_t v = f->N; v > 1; v >>= 1) log2n++;
+    t.lat_s = 2.0 * ((double)(f->L - 1) * f->intra->latency_s +
+                     (double)log2n * f->inter->latency_s);
+    return t;
+}
+
+plan_time_t plan_nccl_allreduce(double n, const plan_fabric_t *f, int *tree)
+{
+    plan_time_t r = plan_nccl_ring_allreduce(n, f), t = plan_nccl_tree_allreduce(n, f);
+    int use_tree = plan_time_s(t) < plan_time_s(r);
+    if (tree) *tree = use_tree;
+    return use_tree ? t : r;
+}
+
+plan_time_t plan_nccl_allgather(double m, const plan_fabric_t *f)
+{
+    plan_time_t t = {0, 0, 0};
+    if (f->P <= 1) return t;
+    t = fabric_bw((double)(f->P - 1) * m, f);
+    t.lat_s = ring_lat(f->P - 1, f->N - 1, f);
+    return t;
+}
+
+plan_link_t plan_fabric_p2p_link(const plan_fabric_t *f)
+{
+    if (f->N <= 1) return *f->intra;
+    plan_link_t l = *f->inter;
+    l.bytes_per_s *= (double)f->K / (double)f->L;
+    return l;
+}
