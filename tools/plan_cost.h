@@ -92,7 +92,8 @@ typedef struct plan_fabric {
 plan_time_t plan_nccl_ring_allreduce(double n, const plan_fabric_t *f);
 /* NCCL's double binary tree all-reduce of n bytes: latency
  * 2((L-1) alpha_intra + floor(log2 N) alpha_inter) (tuning.cc), bandwidth
- * max(2n / (K B_inter), 2n / B_intra) (tuning.cc's tree ratio 1/2). */
+ * max(2n / (K B_inter), 2n / B_intra) / 0.92 (tuning.cc: the tree ratio
+ * 1/2, its bus bandwidth 0.92 of the ring's). */
 plan_time_t plan_nccl_tree_allreduce(double n, const plan_fabric_t *f);
 /* The faster of the two (what NCCL's tuner picks on its own estimates);
  * *tree (may be NULL) is set to 1 when the tree is. */
