@@ -7,9 +7,13 @@
  * Every method runs on two engine routes: flat (one ring over all P ranks)
  * and hier (config.topology hier: node sums onto the owners, the shard
  * engines' buckets among the N owners, node broadcasts), both planned by
- * the engine, bytes per level from its statistics. The sparse all-reduce
- * (not in the engine yet) and the dense bf16 reference are priced by
- * formula from the same per-bucket payload and labelled "projected".
+ * the engine, bytes per level from its statistics. The published sparse
+ * all-reduce and the dense bf16 baseline are priced by formula from the
+ * same per-bucket payload and labelled "projected". Flat collectives and
+ * the baseline are priced as NCCL runs them over the node's
+ * --nics-per-node NICs (plan_cost.h); --overlap prices what backward
+ * hides: DDP's buckets for the baseline, the streamed step for the flat
+ * route, nothing for hier and the sparse all-reduce.
  * --map FILE remaps the layout's names first, as igrad train --map does.
  * docs/plan.md says what every number means and where its formula comes
  * from.

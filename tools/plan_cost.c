@@ -125,8 +125,10 @@ double plan_node_collectives_s(double n, int64_t L, const plan_link_t *l)
 
 /* Ok-Topk / SparCML family (Li & Hoefler, PPoPP 2022): split and reduce by
  * index range, re-sparsify each partial sum to the budget, all-gather the
- * reduced result. Ideal balance: 2(P-1)/P payload bytes per rank (the
- * lower bound Ok-Topk cites; its own bound is 3x that); latency: P-1
+ * reduced result. Ideal balance: 2(P-1)/P payload bytes per rank, the
+ * payload counting index and value, so in the paper's units (values) 2x
+ * the lower bound 2k(P-1)/P it cites; Ok-Topk's own bound, 6k(P-1)/P, is
+ * 1.5x this (docs/plan.md §2). Latency: P-1
  * messages for the split plus ceil(log2 P) for the recursive-doubling
  * all-gather. */
 plan_level_cost_t plan_sparse_allreduce(double payload, int64_t P, const plan_link_t *link)

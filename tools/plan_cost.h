@@ -2,10 +2,11 @@
  * plan_cost.h — the α-β time model of `igrad plan` (docs/plan.md): link
  * presets, parsing "NAME" or "GBITS,LAT_US", the links of one level per
  * collective (a fit of `igrad bench comm` may give each collective its own
- * α and β), and the time of one collective by its formula. Pure
+ * α and β), the time of one collective by its formula, and NCCL's
+ * collectives over a node's NICs (plan_fabric_t, docs/plan.md §2a). Pure
  * arithmetic; the bytes come from the engine's plan
- * (igrad_engine_plan_step) or, for the sparse all-reduce (not in the
- * engine yet), from the formula in plan_cost.c.
+ * (igrad_engine_plan_step) or, for the published sparse all-reduce row,
+ * from the formula in plan_cost.c.
  */
 #ifndef IGRAD_PLAN_COST_H
 #define IGRAD_PLAN_COST_H
@@ -107,8 +108,9 @@ plan_link_t plan_fabric_p2p_link(const plan_fabric_t *f);
 /* Total seconds of a plan_time_t. */
 double plan_time_s(plan_time_t t);
 
-/* Sparse all-reduce (not in the engine yet): bytes per rank and the time
- * of one collective of `payload` bytes over P ranks. */
+/* The published sparse all-reduce (Ok-Topk family) at ideal balance:
+ * bytes per rank and the time of one collective of `payload` bytes over
+ * P ranks. */
 typedef struct plan_level_cost {
     double wire_nbytes, seconds;
 } plan_level_cost_t;
