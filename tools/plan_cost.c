@@ -220,7 +220,8 @@ plan_time_t plan_nccl_tree_allreduce(double n, const plan_fabric_t *f)
 {
     plan_time_t t = {0, 0, 0};
     if (f->P <= 1) return t;
-    t = fabric_bw(2.0 * n / PLAN_NCCL_TREE_BW, f);
+    t = fabric_bw(2.0 * n, f);
+    t.bw_s /= PLAN_NCCL_TREE_BW; /* slower, not more bytes */
     int64_t log2n = 0; /* NCCL's log2i: floor */
     for (int64_t v = f->N; v > 1; v >>= 1) log2n++;
     t.lat_s = 2.0 * ((double)(f->L - 1) * f->intra->latency_s +

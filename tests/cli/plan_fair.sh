@@ -72,6 +72,9 @@ for path in sys.argv[1:]:
     want = tree if P == 1024 else ring
     assert trees == (B if P == 1024 else 0), (P, trees)
     assert abs(r["sync_ms"]["mean"] - 1e3 * want) <= 1e-9 * 1e3 * want, (P, r["sync_ms"], ring, tree)
+    # the tree moves 2n per node over its L NICs (0.92 makes it slower, not bigger)
+    nic = 2 * 2 * n / L if P == 1024 else 2 * (P - 1) / P * 2 * n / L
+    assert abs(r["nic_nbytes"]["mean"] - nic) <= 1e-9 * nic, (P, r["nic_nbytes"], nic)
 PY
 
 # hier shards share NICs: 4 nodes x 4, forced gather, --latency overlap, so
