@@ -16,9 +16,16 @@ projected sparse all-reduce formula is kept in the JSON, not in the map.
 Latency per link as the presets of docs/plan.md §3 assume: 25 us up to
 10 Gbit/s, 15 us at 25, 8 us at 50-100, 5 us above.
 
+A cell "wins" when its speed-up is at least 1.005 (ties within 0.5 % are
+ties); the crossover per P is the highest bandwidth at and below which
+every sampled bandwidth wins.
+
 Usage: experiments/win_map/run.py IGRAD_BINARY [--penalty X] [--out DIR]
+       experiments/win_map/run.py --from-json win_map.json [--penalty X] [--out DIR]
 (writes win_map.json and win_map.png to DIR, default docs/results, and
-prints the Markdown tables; about 150 `igrad plan` calls)"""
+prints the Markdown tables; 144 `igrad plan` calls, about 15 minutes on a
+shared 2-core machine; --from-json redraws from a previous run's JSON,
+applying --penalty to its step speed-ups)"""
 import argparse
 import json
 import os
@@ -28,6 +35,7 @@ MODELS = [("LLaMA-2-7B", "configs/llama-2-7b.json"), ("LLaMA-2-70B", "configs/ll
 GBITS = [1, 2, 5, 10, 25, 50, 100, 200, 400]
 RANKS = [8, 16, 32, 64, 128, 256, 512, 1024]
 METHODS = ["ig", "adtopk_sync"]
+WIN = 1.005
 
 
 def latency_us(gbit):
@@ -54,23 +62,31 @@ def run(igrad, src, cfg, P, gbit):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("igrad")
+    ap.add_argument("igrad", nargs="?")
+    ap.add_argument("--from-json", default=None, help="redraw from this win_map.json")
     ap.add_argument("--penalty", type=float, default=1.0,
                     help="steps to dense's quality / dense's steps (default 1.0)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out_dir = a.out or os.path.join(src, "docs", "results")
-    igrad = os.path.abspath(a.igrad)
-    data = {"penalty": a.penalty, "gbit_per_gpu": GBITS, "ranks": RANKS, "ranks_per_node": 8,
-            "latency_us": {str(g): latency_us(g) for g in GBITS}, "cells": {}}
-    for name, cfg in MODELS:
-        for g in GBITS:
-            for P in RANKS:
-                c = run(igrad, src, cfg, P, g)
-                for m in METHODS:
-                    c[m]["time_to_quality_speedup"] = c[m]["best_step_speedup"] / a.penalty
-                data["cells"][f"{name}|{g}|{P}"] = c
+    if a.from_json:
+        with open(a.from_json) as f:
+            data = json.load(f)
+    elif a.igrad:
+        igrad = os.path.abspath(a.igrad)
+        data = {"gbit_per_gpu": GBITS, "ranks": RANKS, "ranks_per_node": 8,
+                "latency_us": {str(g): latency_us(g) for g in GBITS}, "cells": {}}
+        for name, cfg in MODELS:
+            for g in GBITS:
+                for P in RANKS:
+                    data["cells"][f"{name}|{g}|{P}"] = run(igrad, src, cfg, P, g)
+    else:
+        ap.error("give IGRAD_BINARY or --from-json")
+    data["penalty"] = a.penalty
+    for c in data["cells"].values():
+        for m in METHODS:
+            c[m]["time_to_quality_speedup"] = c[m]["best_step_speedup"] / a.penalty
     with open(os.path.join(out_dir, "win_map.json"), "w") as f:
         json.dump(data, f, separators=(",", ":"))
 
@@ -89,31 +105,34 @@ def main():
                 for P in RANKS:
                     c = data["cells"][f"{name}|{g}|{P}"][m]
                     v = c["time_to_quality_speedup"]
-                    cells.append(f"{'**' if v >= 1.0 else ''}{v:.2f}{c['best_route'][0]}"
-                                 f"{'**' if v >= 1.0 else ''}")
+                    b = "**" if v >= WIN else ""
+                    cells.append(f"{b}{v:.2f}{c['best_route'][0]}{b}")
                 lines.append(f"| {g} | " + " | ".join(cells) + " |")
             lines.append("")
             cross = []
             for P in RANKS:
-                wins = [g for g in GBITS if ttq(name, g, P, m) >= 1.0]
-                cross.append(f"P={P}: " + (f"<= {max(wins)}" if wins else "never"))
-            lines.append("Wins (speed-up >= 1) up to Gbit/s per GPU: " + "; ".join(cross) + "\n")
+                top = None
+                for g in GBITS:  # ascending: the last bandwidth of an unbroken run of wins
+                    if ttq(name, g, P, m) < WIN:
+                        break
+                    top = g
+                cross.append(f"P={P}: " + (f"≤ {top}" if top else "never"))
+            lines.append("Wins (bold, ≥ 1.005) at every sampled bandwidth up to, Gbit/s per "
+                         "GPU: " + "; ".join(cross) + "\n")
     print("\n".join(lines))
 
     import matplotlib
     matplotlib.use("Agg")
+    import math
     import matplotlib.pyplot as plt
-    from matplotlib.colors import TwoSlopeNorm
     fig, axes = plt.subplots(len(MODELS), len(METHODS), figsize=(12, 9), sharex=True, sharey=True)
     for i, (name, _) in enumerate(MODELS):
         for j, m in enumerate(METHODS):
             ax = axes[i][j]
             z = [[ttq(name, g, P, m) for P in RANKS] for g in GBITS]
-            lo = min(min(r) for r in z)
-            hi = max(max(r) for r in z)
-            norm = TwoSlopeNorm(vmin=min(lo, 0.99), vcenter=1.0, vmax=max(hi, 1.01))
-            im = ax.pcolormesh(range(len(RANKS) + 1), range(len(GBITS) + 1), z, cmap="RdBu",
-                               norm=norm, shading="flat")
+            zc = [[math.log2(v) for v in r] for r in z]  # colour: log2, 0.25x red .. 4x blue
+            im = ax.pcolormesh(range(len(RANKS) + 1), range(len(GBITS) + 1), zc, cmap="RdBu",
+                               vmin=-2, vmax=2, shading="flat")
             for gi in range(len(GBITS)):
                 for pi in range(len(RANKS)):
                     ax.text(pi + 0.5, gi + 0.5, f"{z[gi][pi]:.2f}", ha="center", va="center",
@@ -125,7 +144,7 @@ def main():
                 ax.set_ylabel("inter-node Gbit/s per GPU")
             if i == len(MODELS) - 1:
                 ax.set_xlabel("GPUs (8 per node)")
-            fig.colorbar(im, ax=ax, shrink=0.8)
+            fig.colorbar(im, ax=ax, shrink=0.8, label="log2 speed-up")
     fig.suptitle(f"Projected time-to-quality speed-up (igrad plan --overlap, fair NCCL baseline, "
                  f"step-count penalty {a.penalty:g}); blue: igrad faster")
     fig.tight_layout()
