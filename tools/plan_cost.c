@@ -96,20 +96,6 @@ bad:
     return -1;
 }
 
-double plan_ring_allgather_s(double m, int64_t P, const plan_link_t *l)
-{
-    if (P <= 1) return 0.0;
-    double p1 = (double)(P - 1);
-    return p1 * l->latency_s + p1 * m / l->bytes_per_s;
-}
-
-double plan_ring_allreduce_s(double n, int64_t P, const plan_link_t *l)
-{
-    if (P <= 1) return 0.0;
-    double p1 = (double)(P - 1);
-    return 2.0 * p1 * l->latency_s + 2.0 * p1 / (double)P * n / l->bytes_per_s;
-}
-
 /* The hier route's node sums and broadcasts (engine_hier.c): one
  * MPI_Ireduce (MPI_Ibcast) per tensor, all in flight, owners balanced by
  * entries over the L ranks. Together they move what one ring

@@ -62,10 +62,6 @@ int plan_level_parse(const char *text, plan_level_t levels[2]);
 /* Prints the presets (name, figures, what they assume) to fp. */
 void plan_link_print_presets(void *fp);
 
-/* Ring all-gather of m bytes per rank over P ranks: (P-1) alpha + (P-1) m beta. */
-double plan_ring_allgather_s(double m, int64_t P, const plan_link_t *l);
-/* Ring all-reduce of n bytes: 2(P-1) alpha + 2(P-1)/P n beta. */
-double plan_ring_allreduce_s(double n, int64_t P, const plan_link_t *l);
 /* Reduces (or broadcasts) of n bytes in all inside a node of L ranks, one
  * per tensor, all in flight, their roots (owners) balanced over the L
  * ranks: priced as one reduce-scatter (all-gather) of n bytes,
