@@ -7,13 +7,18 @@
  * Every method runs on two engine routes: flat (one ring over all P ranks)
  * and hier (config.topology hier: node sums onto the owners, the shard
  * engines' buckets among the N owners, node broadcasts), both planned by
- * the engine, bytes per level from its statistics. The sparse all-reduce
- * (not in the engine yet) and the dense bf16 reference are priced by
- * formula from the same per-bucket payload and labelled "projected".
+ * the engine, bytes per level from its statistics. The published sparse
+ * all-reduce and the dense bf16 baseline are priced by formula from the
+ * same per-bucket payload and labelled "projected". Flat collectives and
+ * the baseline are priced as NCCL runs them over the node's
+ * --nics-per-node NICs (plan_cost.h); --overlap prices what backward
+ * hides: DDP's buckets for the baseline, the streamed step for the flat
+ * route, nothing for hier and the sparse all-reduce.
  * --map FILE remaps the layout's names first, as igrad train --map does.
  * docs/plan.md says what every number means and where its formula comes
  * from.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +43,9 @@ typedef struct plan_opts {
     igrad_collective_t collective;
     int auto_sparse_reduce;   /* config.auto_sparse_reduce of the sparse methods */
     int latency_overlap;      /* --latency overlap: a step's buckets' latencies overlap */
+    int64_t nics;             /* --nics-per-node K; 0: one per GPU (L) */
+    int overlap;              /* --overlap: sync hidden behind backward where it can be */
+    double backward_share;    /* backward's share of compute (--backward-share) */
     int json;
 } plan_opts_t;
 
@@ -53,7 +61,11 @@ typedef struct plan_row {
     const char *method, *route;
     int projected;
     plan_series_t payload, wire, intra, inter, intra_ms, inter_ms, sync_ms, collectives;
+    plan_series_t nic;        /* bytes through the busiest NIC of a node */
+    plan_series_t exposed_ms; /* the part of sync_ms not hidden behind backward */
     plan_series_t gather, reduce, sar; /* the engine's routes: buckets per step */
+    plan_series_t tree;       /* dense_bf16: all-reduces NCCL would run as trees */
+    const char *overlap_model; /* how exposed_ms was priced (docs/plan.md §2b) */
     double step_payload[PLAN_CYCLE_LISTED], step_sync_ms[PLAN_CYCLE_LISTED];
     double *shard_sum; /* (2 L) hier: per local rank, Σ over the cycle of its
                           buckets' payload and wire bytes; owned */
@@ -88,12 +100,22 @@ static void usage(FILE *fp)
             "  --ranks P              data-parallel ranks (GPUs)\n"
             "  --ranks-per-node L     ranks per node (8; P must be a multiple, or P < L)\n"
             "  --link intra=SPEC      link inside a node (nvlink)\n"
-            "  --link inter=SPEC      link between nodes, per GPU (100g)\n"
+            "  --link inter=SPEC      link between nodes: one NIC (100g; per GPU with the\n"
+            "                         default one NIC per GPU)\n"
+            "  --nics-per-node K      NICs per node (default L, one per GPU as on HGX/DGX\n"
+            "                         nodes; 1 for a node with one NIC); K divides L. NCCL's\n"
+            "                         rings spread over all K; hier shards share them\n"
             "                         SPEC: a preset or GBITS,LAT_US (e.g. 100,8)\n"
             "  --link LEVEL.COLL=SPEC one collective's own alpha-beta on a level (a fit of\n"
             "                         igrad bench comm); COLL: allgather, allreduce, reduce,\n"
             "                         bcast; wins over LEVEL=SPEC in any order\n"
             "  --compute-ms MS        compute time per step (default: 6 N tokens / (MFU peak))\n"
+            "  --overlap              hide sync behind backward where the route can: dense\n"
+            "                         bf16 as DDP (25 MiB buckets as backward fills them),\n"
+            "                         igrad's flat route as its streamed step; hier and\n"
+            "                         sparse all-reduce rows sync after backward\n"
+            "  --backward-share X     backward's share of compute for --overlap (0.667: 4 of\n"
+            "                         the 6 N FLOPs per token)\n"
             "  --tokens-per-rank T    tokens per rank per step for the default (16384)\n"
             "  --mfu X                model FLOP utilisation for the default (0.40)\n"
             "  --peak-tflops X        peak bf16 TFLOP/s per GPU for the default (989, H100)\n"
@@ -188,6 +210,22 @@ static int parse_args(int argc, char **argv, plan_opts_t *o)
                 fprintf(stderr, "igrad plan: --compute-ms is %g (must be >= 0)\n", o->compute_ms);
                 return -1;
             }
+        } else if (OPT("--nics-per-node")) {
+            if (r < 0 || cli_parse_i64("nics-per-node", v, &o->nics)) return -1;
+            if (o->nics < 1) {
+                fprintf(stderr, "igrad plan: --nics-per-node is %lld (must be >= 1)\n",
+                        (long long)o->nics);
+                return -1;
+            }
+        } else if (!strcmp(a, "--overlap")) {
+            o->overlap = 1;
+        } else if (OPT("--backward-share")) {
+            if (r < 0 || cli_parse_f64("backward-share", v, &o->backward_share)) return -1;
+            if (!(o->backward_share > 0.0 && o->backward_share <= 1.0)) {
+                fprintf(stderr, "igrad plan: --backward-share is %g (must be in (0, 1])\n",
+                        o->backward_share);
+                return -1;
+            }
         } else if (OPT("--tokens-per-rank")) {
             if (r < 0 || cli_parse_i64("tokens-per-rank", v, &o->tokens_per_rank)) return -1;
         } else if (OPT("--mfu")) {
@@ -249,7 +287,16 @@ static int parse_args(int argc, char **argv, plan_opts_t *o)
                 (long long)o->per_node);
         return -1;
     }
-    if (o->per_node > o->ranks) o->per_node = o->ranks; /* one partly filled node */
+    if (o->per_node > o->ranks) { /* one partly filled node */
+        o->per_node = o->ranks;
+        if (o->nics > o->per_node) o->nics = o->per_node;
+    }
+    if (o->nics == 0) o->nics = o->per_node; /* one NIC per GPU */
+    if (o->nics > o->per_node || o->per_node % o->nics != 0) {
+        fprintf(stderr, "igrad plan: --nics-per-node %lld does not divide --ranks-per-node %lld\n",
+                (long long)o->nics, (long long)o->per_node);
+        return -1;
+    }
     if (o->ranks % o->per_node != 0) {
         fprintf(stderr, "igrad plan: --ranks %lld is not a multiple of --ranks-per-node %lld\n",
                 (long long)o->ranks, (long long)o->per_node);
@@ -304,6 +351,12 @@ typedef struct plan_ctx {
     int synthetic;
     int64_t N, L;
     const plan_level_t *flat; /* the flat ring's slowest level */
+    plan_fabric_t fab[PLAN_NCOLL];  /* flat: P ranks in N nodes of L, K NICs */
+    plan_fabric_t hfab[PLAN_NCOLL]; /* hier shard exchange: N ranks, one per node */
+    double compute_s, backward_s;
+    plan_time_t ddp;                /* --overlap: dense bf16 as DDP's buckets, whole step */
+    double ddp_exposed_s, ddp_tree;
+    int64_t ddp_buckets;
     plan_row_t rows[PLAN_MAX_METHODS * 3 + 1];
     int nrows;
     int64_t cycle;
@@ -330,9 +383,9 @@ typedef struct plan_targets {
     plan_row_t *engine, *bf16, *sar;
 } plan_targets_t;
 
-/* One step's values of one row. */
+/* One step's values of one row. exposed_s < 0: all of the sync is exposed. */
 typedef struct plan_point {
-    double payload, wire, intra, inter, intra_s, inter_s;
+    double payload, wire, intra, inter, intra_s, inter_s, nic, exposed_s, tree;
 } plan_point_t;
 
 static void row_add(plan_row_t *r, int64_t step, const plan_point_t *p, int64_t buckets,
@@ -354,6 +407,9 @@ static void row_add(plan_row_t *r, int64_t step, const plan_point_t *p, int64_t 
     series_add(&r->intra_ms, 1e3 * p->intra_s);
     series_add(&r->inter_ms, 1e3 * p->inter_s);
     series_add(&r->sync_ms, ms);
+    series_add(&r->nic, p->nic);
+    series_add(&r->exposed_ms, p->exposed_s < 0 ? ms : 1e3 * p->exposed_s);
+    series_add(&r->tree, p->tree);
     series_add(&r->collectives, (double)buckets);
 }
 
@@ -362,7 +418,7 @@ static void row_add(plan_row_t *r, int64_t step, const plan_point_t *p, int64_t 
 static plan_point_t flat_point(const plan_ctx_t *x, double payload, double wire, double seconds)
 {
     int64_t P = x->o->ranks;
-    plan_point_t p = {payload, wire, 0, 0, 0, 0};
+    plan_point_t p = {payload, wire, 0, 0, 0, 0, 0, -1.0, 0};
     p.intra = P > 1 ? wire * (double)(x->L - 1) / (double)(P - 1) : 0.0;
     p.inter = wire - p.intra;
     if (x->N > 1) p.inter_s = seconds;
@@ -370,83 +426,173 @@ static plan_point_t flat_point(const plan_ctx_t *x, double payload, double wire,
     return p;
 }
 
-/* A bucket's collective: ring all-gather of its payload, ring all-reduce
- * of its dense values, or the engine's sparse all-reduce (its planned wire
- * bytes, 4(P-1) messages, on the all-reduce link), over `ranks` ranks on
- * `level`'s link for that collective. */
-static double bucket_seconds(const igrad_planned_bucket_t *b, int64_t ranks,
-                             const plan_level_t *level)
+/* The engine's sparse all-reduce bucket on fabric f: its point-to-point
+ * traffic leaves through the rank's share of a NIC (plan_fabric_p2p_link). */
+static plan_time_t sar_time(double wire_nbytes, const plan_fabric_t *f)
+{
+    plan_time_t t = {0, 0, 0};
+    if (f->P <= 1) return t;
+    plan_link_t l = plan_fabric_p2p_link(f);
+    t.bw_s = wire_nbytes / l.bytes_per_s;
+    t.lat_s = plan_engine_sar_s(wire_nbytes, f->P, &l) - t.bw_s;
+    t.nic_nbytes = f->N > 1 ? wire_nbytes * (double)f->L / (double)f->K : 0.0;
+    return t;
+}
+
+/* A bucket's collective on the fabrics `fab` (one per collective): NCCL's
+ * all-gather of its payload, NCCL's all-reduce (ring or tree) of its dense
+ * values, or the engine's sparse all-reduce (its planned wire bytes, 4(P-1)
+ * messages, on the all-reduce link). */
+static plan_time_t bucket_time(const igrad_planned_bucket_t *b, const plan_fabric_t *fab)
 {
     double pay = (double)b->payload_nbytes;
     if (b->kind == IGRAD_BUCKET_SPARSE_REDUCE)
-        return plan_engine_sar_s(b->wire_nbytes, ranks, &level->coll[PLAN_ALLREDUCE]);
-    return b->kind == IGRAD_BUCKET_GATHER
-               ? plan_ring_allgather_s(pay, ranks, &level->coll[PLAN_ALLGATHER])
-               : plan_ring_allreduce_s(pay, ranks, &level->coll[PLAN_ALLREDUCE]);
+        return sar_time(b->wire_nbytes, &fab[PLAN_ALLREDUCE]);
+    return b->kind == IGRAD_BUCKET_GATHER ? plan_nccl_allgather(pay, &fab[PLAN_ALLGATHER])
+                                          : plan_nccl_allreduce(pay, &fab[PLAN_ALLREDUCE], NULL);
 }
 
 /* A step's bucket collectives on one level: bandwidth terms add up (the
  * buckets share the link); latency terms add up too (--latency sum) or,
  * all in flight at once, the largest counts (overlap). */
 typedef struct step_time {
-    double bw_s, lat_sum_s, lat_max_s;
+    double bw_s, lat_sum_s, lat_max_s, nic_nbytes;
 } step_time_t;
 
-/* Adds a collective of `total_s` seconds, `bw_s` of them its bandwidth term. */
-static void step_time_add(step_time_t *t, double total_s, double bw_s)
+static void step_time_add(step_time_t *t, plan_time_t c)
 {
-    double lat = total_s - bw_s;
-    t->bw_s += bw_s;
-    t->lat_sum_s += lat;
-    if (lat > t->lat_max_s) t->lat_max_s = lat;
+    t->bw_s += c.bw_s;
+    t->lat_sum_s += c.lat_s;
+    if (c.lat_s > t->lat_max_s) t->lat_max_s = c.lat_s;
+    t->nic_nbytes += c.nic_nbytes;
+}
+
+static double step_latency_s(const step_time_t *t, int overlap)
+{
+    return overlap ? t->lat_max_s : t->lat_sum_s;
 }
 
 static double step_time_s(const step_time_t *t, int overlap)
 {
-    return t->bw_s + (overlap ? t->lat_max_s : t->lat_sum_s);
+    return t->bw_s + step_latency_s(t, overlap);
 }
 
-/* The level with every collective's latency 0: its bandwidth terms alone. */
-static plan_level_t level_bandwidth_only(const plan_level_t *level)
+/* Collectives issued in order on one stream as backward makes them ready:
+ * collective j (dur[j] seconds) is ready at ready[j] and starts when it is
+ * ready and its predecessor done. Returns how long the last one ends after
+ * backward (backward_s) does, at least 0. */
+static double exposed_after_backward(const double *ready, const double *dur, size_t n,
+                                     double backward_s)
 {
-    plan_level_t z = *level;
-    for (int k = 0; k < PLAN_NCOLL; k++) z.coll[k].latency_s = 0.0;
-    return z;
+    double end = 0.0;
+    for (size_t j = 0; j < n; j++) end = (ready[j] > end ? ready[j] : end) + dur[j];
+    return end > backward_s ? end - backward_s : 0.0;
 }
 
-/* Adds bucket b on `level`; bw_only: level_bandwidth_only(level). */
-static void step_time_bucket(step_time_t *t, const igrad_planned_bucket_t *b, int64_t ranks,
-                             const plan_level_t *level, const plan_level_t *bw_only)
+/* The flat route's streamed step (--overlap; engine_stream.c): bucket j
+ * goes out once its tensors are given, after buckets < j. The default
+ * contiguous packing gives bucket j the j-th run of the readiness order,
+ * so it is ready when backward has produced the bytes of buckets 0..j
+ * (backward's gradients taken to appear at a steady rate per byte of
+ * payload). The engine has no streamed sparse all-reduce: a step with one
+ * syncs after backward. dur: scratch of nb. */
+static double streamed_exposed_s(const plan_ctx_t *x, const igrad_planned_bucket_t *bk, size_t nb,
+                                 double *dur, double *ready, double sync_s)
 {
-    step_time_add(t, bucket_seconds(b, ranks, level), bucket_seconds(b, ranks, bw_only));
+    double total = 0.0;
+    for (size_t j = 0; j < nb; j++) {
+        if (bk[j].kind == IGRAD_BUCKET_SPARSE_REDUCE) return sync_s;
+        total += (double)bk[j].payload_nbytes;
+    }
+    double cum = 0.0;
+    for (size_t j = 0; j < nb; j++) {
+        cum += (double)bk[j].payload_nbytes;
+        ready[j] = total > 0 ? x->backward_s * cum / total : x->backward_s;
+        dur[j] = plan_time_s(bucket_time(&bk[j], x->fab));
+    }
+    double e = exposed_after_backward(ready, dur, nb, x->backward_s);
+    return e < sync_s ? e : sync_s;
+}
+
+/* PyTorch DDP's dense bf16 sync (--overlap): gradients bucketed in
+ * backward's order, the first bucket 1 MiB and the others 25 MiB
+ * (bucket_cap_mb), each all-reduced by NCCL as soon as it is full, one
+ * after another; backward's bytes appear at a steady rate. Fills x->ddp
+ * (the sum of its all-reduces), x->ddp_exposed_s, x->ddp_buckets and
+ * x->ddp_tree (how many NCCL would run as trees). */
+static int ddp_price(plan_ctx_t *x)
+{
+    const double first = 1048576.0, cap = 25.0 * 1048576.0;
+    double total = 2.0 * (double)x->nparams;
+    int64_t nb = total <= first ? 1 : 1 + (int64_t)ceil((total - first) / cap);
+    double *ready = malloc((size_t)nb * sizeof *ready), *dur = malloc((size_t)nb * sizeof *dur);
+    if (!ready || !dur) {
+        free(ready);
+        free(dur);
+        fprintf(stderr, "igrad plan: out of memory\n");
+        return 1;
+    }
+    double done = 0.0;
+    x->ddp = (plan_time_t){0, 0, 0};
+    x->ddp_tree = 0;
+    for (int64_t j = 0; j < nb; j++) {
+        double size = j == 0 ? first : cap;
+        if (size > total - done) size = total - done;
+        done += size;
+        int tree = 0;
+        plan_time_t t = plan_nccl_allreduce(size, &x->fab[PLAN_ALLREDUCE], &tree);
+        x->ddp.lat_s += t.lat_s;
+        x->ddp.bw_s += t.bw_s;
+        x->ddp.nic_nbytes += t.nic_nbytes;
+        x->ddp_tree += tree;
+        ready[j] = x->backward_s * done / total;
+        dur[j] = plan_time_s(t);
+    }
+    x->ddp_buckets = nb;
+    x->ddp_exposed_s = exposed_after_backward(ready, dur, (size_t)nb, x->backward_s);
+    free(ready);
+    free(dur);
+    return 0;
 }
 
 /* One step of a hier plan: the node sums and broadcasts of every parameter
  * on intra, then every local rank's shard buckets among the N owners on
- * inter; the step waits for the slowest shard. inter_s[] has L slots;
- * shard_sum (2 L) accumulates every shard's payload and wire bytes. */
+ * inter. Shard l leaves through NIC l K / L: the shards of one NIC share
+ * its bandwidth (their bandwidth terms add up, their latencies overlap)
+ * and the step waits for the slowest NIC. inter_s[] has L slots, nic_s[]
+ * K; shard_sum (2 L) accumulates every shard's payload and wire bytes. */
 static plan_point_t hier_point(const plan_ctx_t *x, const igrad_step_stats_t *s,
                                const igrad_planned_bucket_t *bk, size_t nb, step_time_t *inter_s,
-                               double *shard_sum)
+                               step_time_t *nic_s, double *shard_sum)
 {
-    const plan_level_t *intra = &x->o->net[0], *inter = &x->o->net[1];
+    const plan_level_t *intra = &x->o->net[0];
     double n = 4.0 * (double)x->nparams;
+    int64_t K = x->o->nics;
     plan_point_t p = {(double)s->payload_nbytes, s->wire_nbytes, s->intra_wire_nbytes,
-                      s->inter_wire_nbytes, 0, 0};
+                      s->inter_wire_nbytes, 0, 0, 0, -1.0, 0};
     if (!s->skipped)
         p.intra_s = plan_node_collectives_s(n, x->L, &intra->coll[PLAN_REDUCE]) +
                     plan_node_collectives_s(n, x->L, &intra->coll[PLAN_BCAST]);
-    plan_level_t inter0 = level_bandwidth_only(inter);
-    for (int64_t l = 0; l < x->L; l++) inter_s[l] = (step_time_t){0, 0, 0};
+    for (int64_t l = 0; l < x->L; l++) inter_s[l] = (step_time_t){0, 0, 0, 0};
+    for (int64_t k = 0; k < K; k++) nic_s[k] = (step_time_t){0, 0, 0, 0};
     for (size_t j = 0; j < nb; j++) {
         int l = bk[j].local_rank;
-        step_time_bucket(&inter_s[l], &bk[j], x->N, inter, &inter0);
+        step_time_add(&inter_s[l], bucket_time(&bk[j], x->hfab));
         shard_sum[2 * l] += (double)bk[j].payload_nbytes;
         shard_sum[2 * l + 1] += bk[j].wire_nbytes;
     }
+    int ov = x->o->latency_overlap;
     for (int64_t l = 0; l < x->L; l++) {
-        double t = step_time_s(&inter_s[l], x->o->latency_overlap);
+        step_time_t *k = &nic_s[l * K / x->L];
+        double lat = step_latency_s(&inter_s[l], ov);
+        k->bw_s += inter_s[l].bw_s;
+        if (lat > k->lat_max_s) k->lat_max_s = lat;
+        k->nic_nbytes += inter_s[l].nic_nbytes;
+    }
+    for (int64_t k = 0; k < K; k++) {
+        double t = nic_s[k].bw_s + nic_s[k].lat_max_s;
         if (t > p.inter_s) p.inter_s = t;
+        if (nic_s[k].nic_nbytes > p.nic) p.nic = nic_s[k].nic_nbytes;
     }
     return p;
 }
@@ -456,18 +602,29 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
                       const plan_targets_t *to)
 {
     int hier = c->topology == IGRAD_TOPOLOGY_HIER;
-    igrad_planned_bucket_t *bk = calloc(cap ? cap : 1, sizeof *bk);
+    size_t nscratch = cap ? cap : 1;
+    igrad_planned_bucket_t *bk = calloc(nscratch, sizeof *bk);
     step_time_t *inter_s = calloc((size_t)x->L, sizeof *inter_s);
+    step_time_t *nic_s = calloc((size_t)x->o->nics, sizeof *nic_s);
+    double *dur = calloc(2 * nscratch, sizeof *dur);
     if (hier && to->engine && !to->engine->shard_sum)
         to->engine->shard_sum = calloc(2 * (size_t)x->L, sizeof(double));
-    if (!bk || !inter_s || (hier && (!to->engine || !to->engine->shard_sum))) {
+    if (!bk || !inter_s || !nic_s || !dur ||
+        (hier && (!to->engine || !to->engine->shard_sum))) {
         free(bk);
         free(inter_s);
+        free(nic_s);
+        free(dur);
         fprintf(stderr, "igrad plan: out of memory\n");
         return 1;
     }
     int64_t C = cycle_steps(c), P = x->o->ranks;
     if (C > x->cycle) x->cycle = C;
+    int ov = x->o->latency_overlap, streamed = x->o->overlap;
+    const char *last = "after backward (last bucket)";
+    if (to->engine) to->engine->overlap_model = !streamed ? "none" : hier ? last : "streamed step";
+    if (to->bf16) to->bf16->overlap_model = streamed ? "DDP buckets" : "none";
+    if (to->sar) to->sar->overlap_model = streamed ? last : "none";
     igrad_status_t st = IGRAD_OK;
     for (int64_t step = 0; step < C; step++) {
         igrad_step_stats_t s;
@@ -476,39 +633,56 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
         if (st != IGRAD_OK) break;
         if (nb > cap) nb = cap;
         if (hier) {
-            plan_point_t p = hier_point(x, &s, bk, nb, inter_s, to->engine->shard_sum);
+            plan_point_t p = hier_point(x, &s, bk, nb, inter_s, nic_s, to->engine->shard_sum);
             row_add(to->engine, step, &p, s.buckets, &s);
             continue;
         }
-        const plan_link_t *ar = &x->flat->coll[PLAN_ALLREDUCE];
-        plan_level_t z = level_bandwidth_only(x->flat);
-        const plan_link_t *ar0 = &z.coll[PLAN_ALLREDUCE];
-        step_time_t t_flat = {0, 0, 0}, t_bf16 = {0, 0, 0}, t_sar = {0, 0, 0};
-        double sar_wire = 0, bf16_wire = 0;
+        const plan_fabric_t *ar = &x->fab[PLAN_ALLREDUCE];
+        plan_link_t p2p = plan_fabric_p2p_link(ar);
+        step_time_t t_flat = {0, 0, 0, 0}, t_bf16 = {0, 0, 0, 0}, t_sar = {0, 0, 0, 0};
+        double sar_wire = 0, bf16_wire = 0, trees = 0;
         for (size_t j = 0; j < nb; j++) {
-            step_time_bucket(&t_flat, &bk[j], P, x->flat, &z);
+            step_time_add(&t_flat, bucket_time(&bk[j], x->fab));
             double half = 2.0 * (double)bk[j].dense_count;
-            step_time_add(&t_bf16, plan_ring_allreduce_s(half, P, ar),
-                          plan_ring_allreduce_s(half, P, ar0));
-            bf16_wire += P > 1 ? 2.0 * (double)(P - 1) / (double)P * half : 0.0;
+            int tree = 0;
+            step_time_add(&t_bf16, plan_nccl_allreduce(half, ar, &tree));
+            trees += tree;
+            bf16_wire += P <= 1 ? 0.0 : tree ? 2.0 * half : 2.0 * (double)(P - 1) / (double)P * half;
             double pay_j = (double)bk[j].payload_nbytes;
-            plan_level_cost_t a = plan_sparse_allreduce(pay_j, P, ar);
-            step_time_add(&t_sar, a.seconds, plan_sparse_allreduce(pay_j, P, ar0).seconds);
+            plan_level_cost_t a = plan_sparse_allreduce(pay_j, P, &p2p);
+            plan_time_t ta = {0, a.wire_nbytes / p2p.bytes_per_s, 0};
+            ta.lat_s = a.seconds - ta.bw_s;
+            if (x->N > 1) ta.nic_nbytes = a.wire_nbytes * (double)x->L / (double)x->o->nics;
+            step_time_add(&t_sar, ta);
             sar_wire += a.wire_nbytes;
         }
         double pay = (double)s.payload_nbytes;
-        int ov = x->o->latency_overlap;
         plan_point_t pf = flat_point(x, pay, s.wire_nbytes, step_time_s(&t_flat, ov));
         pf.intra = s.intra_wire_nbytes; /* the engine's own split */
         pf.inter = s.inter_wire_nbytes;
+        pf.nic = t_flat.nic_nbytes;
+        if (streamed)
+            pf.exposed_s = streamed_exposed_s(x, bk, nb, dur, dur + nscratch,
+                                              step_time_s(&t_flat, ov));
         plan_point_t pb = flat_point(x, pay / 2.0, bf16_wire, step_time_s(&t_bf16, ov));
+        pb.nic = t_bf16.nic_nbytes;
+        pb.tree = trees;
+        if (streamed) { /* DDP's buckets, not the plan's */
+            pb = flat_point(x, pay / 2.0, bf16_wire, plan_time_s(x->ddp));
+            pb.nic = x->ddp.nic_nbytes;
+            pb.tree = x->ddp_tree;
+            pb.exposed_s = x->ddp_exposed_s;
+        }
         plan_point_t pa = flat_point(x, pay, sar_wire, step_time_s(&t_sar, ov));
+        pa.nic = t_sar.nic_nbytes;
         row_add(to->engine, step, &pf, s.buckets, &s);
-        row_add(to->bf16, step, &pb, s.buckets, NULL);
+        row_add(to->bf16, step, &pb, streamed ? x->ddp_buckets : s.buckets, NULL);
         row_add(to->sar, step, &pa, s.buckets, NULL);
     }
     free(bk);
     free(inter_s);
+    free(nic_s);
+    free(dur);
     return st == IGRAD_OK ? 0 : cli_fail("plan step", st);
 }
 
@@ -650,7 +824,7 @@ static void print_level(const char *key, const plan_level_t *lv)
 static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const char *csrc)
 {
     const plan_opts_t *o = x->o;
-    double base = series_mean(&x->rows[0].sync_ms);
+    double base = series_mean(&x->rows[0].exposed_ms);
     printf("{\"config\": \"%s\", \"params\": %lld, \"ranks\": %lld, \"ranks_per_node\": %lld, "
            "\"nodes\": %lld, ",
            o->config_path, (long long)nparams, (long long)o->ranks, (long long)x->L,
@@ -658,7 +832,14 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
     json_level("intra", &o->net[0]);
     printf(", ");
     json_level("inter", &o->net[1]);
-    printf(", \"compute_ms\": %.17g, \"compute_source\": \"%s\", \"cycle_steps\": %lld, "
+    printf(", \"nics_per_node\": %lld, \"overlap\": %s, \"backward_share\": %.17g, "
+           "\"backward_ms\": %.17g, ",
+           (long long)o->nics, o->overlap ? "true" : "false", o->backward_share,
+           1e3 * x->backward_s);
+    if (o->overlap)
+        printf("\"ddp_buckets\": %lld, \"ddp_bucket_nbytes\": %d, ", (long long)x->ddp_buckets,
+               25 * 1048576);
+    printf("\"compute_ms\": %.17g, \"compute_source\": \"%s\", \"cycle_steps\": %lld, "
            "\"density\": %.17g, \"release_period\": %lld, \"buckets\": %lld, "
            "\"latency\": \"%s\", \"profile\": \"%s\", \"ig_planned_ratio\": %.17g, "
            "\"rows\": [",
@@ -667,14 +848,16 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
            o->profile_path ? o->profile_path : x->profile ? "synthetic" : "none", x->ig_ratio);
     for (int i = 0; i < x->nrows; i++) {
         const plan_row_t *r = &x->rows[i];
-        double step = cms + series_mean(&r->sync_ms);
-        printf("%s{\"method\": \"%s\", \"route\": \"%s\", \"projected\": %s, \"steps\": %lld, ",
+        double step = cms + series_mean(&r->exposed_ms);
+        printf("%s{\"method\": \"%s\", \"route\": \"%s\", \"projected\": %s, \"steps\": %lld, "
+               "\"overlap_model\": \"%s\", ",
                i ? ", " : "", r->method, r->route, r->projected ? "true" : "false",
-               (long long)r->payload.n);
+               (long long)r->payload.n, r->overlap_model ? r->overlap_model : "none");
         json_series("payload_nbytes", &r->payload, 0);
         json_series("wire_nbytes", &r->wire, 0);
         json_series("intra_nbytes", &r->intra, 0);
         json_series("inter_nbytes", &r->inter, 0);
+        json_series("nic_nbytes", &r->nic, 0);
         json_series("intra_ms", &r->intra_ms, 0);
         json_series("inter_ms", &r->inter_ms, 0);
         if (r->payload.n <= PLAN_CYCLE_LISTED) {
@@ -699,7 +882,9 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
             json_series("reduce_buckets", &r->reduce, 0);
             json_series("sparse_reduce_buckets", &r->sar, 0);
         }
+        if (!strcmp(r->method, "dense_bf16")) json_series("nccl_tree_collectives", &r->tree, 0);
         json_series("sync_ms", &r->sync_ms, 0);
+        json_series("exposed_ms", &r->exposed_ms, 0);
         printf("\"step_ms\": %.17g, \"step_speedup_vs_dense_bf16\": %.17g}", step,
                (cms + base) / step);
     }
@@ -717,7 +902,8 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
     print_level("intra", &o->net[0]);
     printf(", ");
     print_level("inter", &o->net[1]);
-    printf("%s\n", x->N == 1 ? " (one node: the flat ring runs on intra)" : "");
+    printf("%s; %lld NIC%s per node\n", x->N == 1 ? " (one node: the flat ring runs on intra)" : "",
+           (long long)o->nics, o->nics == 1 ? "" : "s");
     {
         int64_t fl, fb, hl, hb;
         plan_link_to_engine(&x->flat->coll[PLAN_ALLGATHER], &fl, &fb);
@@ -737,28 +923,38 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
     if (x->profile)
         printf("; ig profile %s, planned payload %.3f x adtopk_sync",
                o->profile_path ? o->profile_path : "synthetic", x->ig_ratio);
+    if (o->overlap)
+        printf("\n# --overlap: backward %.1f ms (%.3f of compute); dense_bf16 as DDP's %lld "
+               "buckets (25 MiB), flat engine rows as the streamed step, hier and sparse "
+               "all-reduce rows after backward; step = compute + exposed sync",
+               1e3 * x->backward_s, o->backward_share, (long long)x->ddp_buckets);
+    else
+        printf("\n# no overlap: step = compute + sync (--overlap hides sync behind backward)");
     printf("\n# bytes per rank per step (min / mean / max over the cycle); 'engine' rows are the "
            "engine's plan (hier: the busiest shard's payload and inter bytes), 'proj' rows are "
-           "formulas (docs/plan.md)\n");
-    printf("%-12s %-16s %-6s %28s %11s %11s %11s %10s %27s %10s %8s  %s\n", "method", "route",
-           "source", "payload min/mean/max", "wire mean", "intra mean", "inter mean", "colls",
-           "sync ms min/mean/max", "step ms", "speedup", "auto g/r/s");
-    double base = series_mean(&x->rows[0].sync_ms);
+           "formulas (docs/plan.md); 'NIC mean': bytes through a node's busiest NIC\n");
+    printf("%-12s %-16s %-6s %28s %11s %11s %11s %11s %10s %27s %11s %10s %8s  %s\n", "method",
+           "route", "source", "payload min/mean/max", "wire mean", "intra mean", "inter mean",
+           "NIC mean", "colls", "sync ms min/mean/max", "exposed ms", "step ms", "speedup",
+           "auto g/r/s");
+    double base = series_mean(&x->rows[0].exposed_ms);
     for (int i = 0; i < x->nrows; i++) {
         const plan_row_t *r = &x->rows[i];
-        double step = cms + series_mean(&r->sync_ms);
+        double step = cms + series_mean(&r->exposed_ms);
         char pay[64], sync[64];
         snprintf(pay, sizeof pay, "%s/%s/%s", cli_human_bytes(r->payload.min, b1, sizeof b1),
                  cli_human_bytes(series_mean(&r->payload), b2, sizeof b2),
                  cli_human_bytes(r->payload.max, b3, sizeof b3));
         snprintf(sync, sizeof sync, "%.2f/%.2f/%.2f", r->sync_ms.min, series_mean(&r->sync_ms),
                  r->sync_ms.max);
-        printf("%-12s %-16s %-6s %28s %11s %11s %11s %10.1f %27s %10.1f %7.2fx", r->method,
-               r->route, r->projected ? "proj" : "engine", pay,
+        printf("%-12s %-16s %-6s %28s %11s %11s %11s %11s %10.1f %27s %11.2f %10.1f %7.2fx",
+               r->method, r->route, r->projected ? "proj" : "engine", pay,
                cli_human_bytes(series_mean(&r->wire), b4, sizeof b4),
                cli_human_bytes(series_mean(&r->intra), b1, sizeof b1),
                cli_human_bytes(series_mean(&r->inter), b2, sizeof b2),
-               series_mean(&r->collectives), sync, step, (cms + base) / step);
+               cli_human_bytes(series_mean(&r->nic), b3, sizeof b3),
+               series_mean(&r->collectives), sync, series_mean(&r->exposed_ms), step,
+               (cms + base) / step);
         if (r->projected) printf("  -\n");
         else printf("  %.1f/%.1f/%.1f\n", series_mean(&r->gather), series_mean(&r->reduce),
                     series_mean(&r->sar));
@@ -779,6 +975,7 @@ int cmd_plan(int argc, char **argv)
     o.buckets = 4;
     o.value_dtype = IGRAD_DTYPE_F32;
     o.collective = IGRAD_COLLECTIVE_AUTO;
+    o.backward_share = 2.0 / 3.0;
     plan_level_parse("intra=nvlink", o.net);
     plan_level_parse("inter=100g", o.net);
     parse_methods("dense,topk_sync,adtopk_sync,ig", &o);
@@ -804,11 +1001,21 @@ int cmd_plan(int argc, char **argv)
     x->N = o.ranks / o.per_node;
     x->flat = &o.net[x->N > 1 ? 1 : 0];
     x->nparams = igrad_layout_total_count(layout);
-    int rc = 0;
+    for (int k = 0; k < PLAN_NCOLL; k++) {
+        x->fab[k] = (plan_fabric_t){o.ranks, x->N, x->L, o.nics, &o.net[0].coll[k],
+                                    &o.net[1].coll[k]};
+        /* one owner per node: every hop crosses nodes, one NIC per shard */
+        x->hfab[k] = (plan_fabric_t){x->N, x->N, 1, 1, &o.net[1].coll[k], &o.net[1].coll[k]};
+    }
+    char csrc[160];
+    double cms = compute_ms(&o, x->nparams, csrc, sizeof csrc);
+    x->compute_s = cms / 1e3;
+    x->backward_s = o.backward_share * x->compute_s;
+    int rc = o.overlap ? ddp_price(x) : 0;
     /* the reference every speed-up is against: dense bf16 on the dense plan's buckets */
     igrad_config_t dc;
     const igrad_profile_t *none = NULL;
-    rc = method_config(x, IGRAD_METHOD_DENSE, &dc, &none);
+    if (!rc) rc = method_config(x, IGRAD_METHOD_DENSE, &dc, &none);
     if (!rc) {
         plan_targets_t ref = {NULL, new_row(x, "dense_bf16", "ring_allreduce", 1), NULL};
         rc = plan_walk(x, &dc, NULL, &ref);
@@ -816,8 +1023,6 @@ int cmd_plan(int argc, char **argv)
     for (int i = 0; !rc && i < o.nmethods; i++) rc = plan_method(x, o.methods[i]);
     if (!rc) {
         int64_t nparams = x->nparams;
-        char csrc[160];
-        double cms = compute_ms(&o, nparams, csrc, sizeof csrc);
         if (o.json) print_json(x, nparams, cms, csrc);
         else print_table(x, nparams, cms, csrc);
         if (fflush(stdout) != 0) {

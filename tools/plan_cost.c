@@ -96,20 +96,6 @@ bad:
     return -1;
 }
 
-double plan_ring_allgather_s(double m, int64_t P, const plan_link_t *l)
-{
-    if (P <= 1) return 0.0;
-    double p1 = (double)(P - 1);
-    return p1 * l->latency_s + p1 * m / l->bytes_per_s;
-}
-
-double plan_ring_allreduce_s(double n, int64_t P, const plan_link_t *l)
-{
-    if (P <= 1) return 0.0;
-    double p1 = (double)(P - 1);
-    return 2.0 * p1 * l->latency_s + 2.0 * p1 / (double)P * n / l->bytes_per_s;
-}
-
 /* The hier route's node sums and broadcasts (engine_hier.c): one
  * MPI_Ireduce (MPI_Ibcast) per tensor, all in flight, owners balanced by
  * entries over the L ranks. Together they move what one ring
@@ -125,8 +111,10 @@ double plan_node_collectives_s(double n, int64_t L, const plan_link_t *l)
 
 /* Ok-Topk / SparCML family (Li & Hoefler, PPoPP 2022): split and reduce by
  * index range, re-sparsify each partial sum to the budget, all-gather the
- * reduced result. Ideal balance: 2(P-1)/P payload bytes per rank (the
- * lower bound Ok-Topk cites; its own bound is 3x that); latency: P-1
+ * reduced result. Ideal balance: 2(P-1)/P payload bytes per rank, the
+ * payload counting index and value, so in the paper's units (values) 2x
+ * the lower bound 2k(P-1)/P it cites; Ok-Topk's own bound, 6k(P-1)/P, is
+ * 1.5x this (docs/plan.md §2). Latency: P-1
  * messages for the split plus ceil(log2 P) for the recursive-doubling
  * all-gather. */
 plan_level_cost_t plan_sparse_allreduce(double payload, int64_t P, const plan_link_t *link)
@@ -173,4 +161,81 @@ double plan_engine_sar_s(double wire_nbytes, int64_t P, const plan_link_t *l)
 {
     if (P <= 1) return 0.0;
     return 4.0 * (double)(P - 1) * l->latency_s + wire_nbytes / l->bytes_per_s;
+}
+
+double plan_time_s(plan_time_t t) { return t.lat_s + t.bw_s; }
+
+/* The bandwidth term of V bytes per rank through a node's NICs and its
+ * NVLink: NCCL's channels cross each node boundary once per ring, so a
+ * node's NICs together carry what one rank sends, V, split over its K NICs
+ * (docs/plan.md §2a); every rank sends at most V on intra. */
+static plan_time_t fabric_bw(double v, const plan_fabric_t *f)
+{
+    plan_time_t t = {0, v / f->intra->bytes_per_s, 0};
+    if (f->N > 1) {
+        t.nic_nbytes = v / (double)f->K;
+        double e = t.nic_nbytes / f->inter->bytes_per_s;
+        if (e > t.bw_s) t.bw_s = e;
+    }
+    return t;
+}
+
+/* NCCL src/graph/tuning.cc: a ring's latency is (nsteps - nInterSteps)
+ * intra-node hops and nInterSteps inter-node ones, nInterSteps =
+ * 2(nNodes-1) for all-reduce and nNodes-1 for all-gather. */
+static double ring_lat(int64_t steps, int64_t inter_steps, const plan_fabric_t *f)
+{
+    return (double)(steps - inter_steps) * f->intra->latency_s +
+           (double)inter_steps * f->inter->latency_s;
+}
+
+plan_time_t plan_nccl_ring_allreduce(double n, const plan_fabric_t *f)
+{
+    plan_time_t t = {0, 0, 0};
+    if (f->P <= 1) return t;
+    t = fabric_bw(2.0 * (double)(f->P - 1) / (double)f->P * n, f);
+    t.lat_s = ring_lat(2 * (f->P - 1), 2 * (f->N - 1), f);
+    return t;
+}
+
+/* NCCL's tuner prices a tree all-reduce at 0.92 of the bus bandwidth
+ * (tuning.cc: busBw * .92). */
+#define PLAN_NCCL_TREE_BW 0.92
+
+plan_time_t plan_nccl_tree_allreduce(double n, const plan_fabric_t *f)
+{
+    plan_time_t t = {0, 0, 0};
+    if (f->P <= 1) return t;
+    t = fabric_bw(2.0 * n, f);
+    t.bw_s /= PLAN_NCCL_TREE_BW; /* slower, not more bytes */
+    int64_t log2n = 0; /* NCCL's log2i: floor */
+    for (int64_t v = f->N; v > 1; v >>= 1) log2n++;
+    t.lat_s = 2.0 * ((double)(f->L - 1) * f->intra->latency_s +
+                     (double)log2n * f->inter->latency_s);
+    return t;
+}
+
+plan_time_t plan_nccl_allreduce(double n, const plan_fabric_t *f, int *tree)
+{
+    plan_time_t r = plan_nccl_ring_allreduce(n, f), t = plan_nccl_tree_allreduce(n, f);
+    int use_tree = plan_time_s(t) < plan_time_s(r);
+    if (tree) *tree = use_tree;
+    return use_tree ? t : r;
+}
+
+plan_time_t plan_nccl_allgather(double m, const plan_fabric_t *f)
+{
+    plan_time_t t = {0, 0, 0};
+    if (f->P <= 1) return t;
+    t = fabric_bw((double)(f->P - 1) * m, f);
+    t.lat_s = ring_lat(f->P - 1, f->N - 1, f);
+    return t;
+}
+
+plan_link_t plan_fabric_p2p_link(const plan_fabric_t *f)
+{
+    if (f->N <= 1) return *f->intra;
+    plan_link_t l = *f->inter;
+    l.bytes_per_s *= (double)f->K / (double)f->L;
+    return l;
 }

@@ -2,10 +2,11 @@
  * plan_cost.h — the α-β time model of `igrad plan` (docs/plan.md): link
  * presets, parsing "NAME" or "GBITS,LAT_US", the links of one level per
  * collective (a fit of `igrad bench comm` may give each collective its own
- * α and β), and the time of one collective by its formula. Pure
+ * α and β), the time of one collective by its formula, and NCCL's
+ * collectives over a node's NICs (plan_fabric_t, docs/plan.md §2a). Pure
  * arithmetic; the bytes come from the engine's plan
- * (igrad_engine_plan_step) or, for the sparse all-reduce (not in the
- * engine yet), from the formula in plan_cost.c.
+ * (igrad_engine_plan_step) or, for the published sparse all-reduce row,
+ * from the formula in plan_cost.c.
  */
 #ifndef IGRAD_PLAN_COST_H
 #define IGRAD_PLAN_COST_H
@@ -61,18 +62,51 @@ int plan_level_parse(const char *text, plan_level_t levels[2]);
 /* Prints the presets (name, figures, what they assume) to fp. */
 void plan_link_print_presets(void *fp);
 
-/* Ring all-gather of m bytes per rank over P ranks: (P-1) alpha + (P-1) m beta. */
-double plan_ring_allgather_s(double m, int64_t P, const plan_link_t *l);
-/* Ring all-reduce of n bytes: 2(P-1) alpha + 2(P-1)/P n beta. */
-double plan_ring_allreduce_s(double n, int64_t P, const plan_link_t *l);
 /* Reduces (or broadcasts) of n bytes in all inside a node of L ranks, one
  * per tensor, all in flight, their roots (owners) balanced over the L
  * ranks: priced as one reduce-scatter (all-gather) of n bytes,
  * (L-1) alpha + (L-1)/L n beta. */
 double plan_node_collectives_s(double n, int64_t L, const plan_link_t *l);
 
-/* Sparse all-reduce (not in the engine yet): bytes per rank and the time
- * of one collective of `payload` bytes over P ranks. */
+/* A collective's time split into its latency and bandwidth terms, and the
+ * bytes it puts through the busiest NIC of a node (0 inside one node). */
+typedef struct plan_time {
+    double lat_s, bw_s, nic_nbytes;
+} plan_time_t;
+
+/* P ranks in N nodes of L, K NICs per node (1 <= K <= L, K divides L),
+ * each NIC of the inter link's bandwidth; intra the per-GPU link inside a
+ * node. The collectives below price one collective as NCCL runs it
+ * (docs/plan.md §2a): rings (channels) spread over the K NICs. */
+typedef struct plan_fabric {
+    int64_t P, N, L, K;
+    const plan_link_t *intra, *inter;
+} plan_fabric_t;
+
+/* NCCL's ring all-reduce of n bytes: latency (2(P-1) - 2(N-1)) alpha_intra
+ * + 2(N-1) alpha_inter (NCCL's tuning.cc: nsteps, nInterSteps), bandwidth
+ * max(V / (K B_inter), V / B_intra) with V = 2(P-1)/P n (N = 1: V / B_intra). */
+plan_time_t plan_nccl_ring_allreduce(double n, const plan_fabric_t *f);
+/* NCCL's double binary tree all-reduce of n bytes: latency
+ * 2((L-1) alpha_intra + floor(log2 N) alpha_inter) (tuning.cc), bandwidth
+ * max(2n / (K B_inter), 2n / B_intra) / 0.92 (tuning.cc: the tree ratio
+ * 1/2, its bus bandwidth 0.92 of the ring's). */
+plan_time_t plan_nccl_tree_allreduce(double n, const plan_fabric_t *f);
+/* The faster of the two (what NCCL's tuner picks on its own estimates);
+ * *tree (may be NULL) is set to 1 when the tree is. */
+plan_time_t plan_nccl_allreduce(double n, const plan_fabric_t *f, int *tree);
+/* NCCL's ring all-gather of m bytes per rank: latency (P-N) alpha_intra +
+ * (N-1) alpha_inter, bandwidth max(V / (K B_inter), V / B_intra), V = (P-1) m. */
+plan_time_t plan_nccl_allgather(double m, const plan_fabric_t *f);
+/* The per-GPU link of point-to-point traffic leaving the node: the inter
+ * link with its bandwidth shared by the L/K GPUs of one NIC (N = 1: intra). */
+plan_link_t plan_fabric_p2p_link(const plan_fabric_t *f);
+/* Total seconds of a plan_time_t. */
+double plan_time_s(plan_time_t t);
+
+/* The published sparse all-reduce (Ok-Topk family) at ideal balance:
+ * bytes per rank and the time of one collective of `payload` bytes over
+ * P ranks. */
 typedef struct plan_level_cost {
     double wire_nbytes, seconds;
 } plan_level_cost_t;

@@ -32,8 +32,12 @@ assert dense["payload_nbytes"]["min"] == dense["payload_nbytes"]["max"] == 4 * n
 wire = 2 * (P - 1) / P * 4 * n
 assert abs(dense["wire_nbytes"]["mean"] - wire) <= 1e-9 * wire, (dense["wire_nbytes"], wire)
 bw, lat = 100e9 / 8, 8e-6
+# NCCL's rings over the 8 NICs of a node (one per GPU): B ring all-reduces,
+# each 2(P-N) NVLink hops and 2(N-1) network hops of latency, the bytes of
+# one rank spread over the node's 8 NICs (tests/cli/plan_fair.sh has more)
 bf16 = rows[("dense_bf16", "ring_allreduce")]
-t = 1e3 * (B * 2 * (P - 1) * lat + 2 * (P - 1) / P * 2 * n / bw)
+assert d["nics_per_node"] == 8 and bf16["nccl_tree_collectives"]["max"] == 0, bf16
+t = 1e3 * (B * (2 * (P - 8) * 3e-6 + 2 * (8 - 1) * lat) + 2 * (P - 1) / P * 2 * n / (8 * bw))
 assert abs(bf16["sync_ms"]["mean"] - t) <= 1e-9 * t, (bf16["sync_ms"], t)
 assert abs(bf16["step_ms"] - (1000 + t)) <= 1e-6 and bf16["step_speedup_vs_dense_bf16"] == 1.0
 ig = rows[("ig", "flat")]
@@ -133,17 +137,20 @@ rs = {(r["method"], r["route"]): r for r in s["rows"]}
 ro = {(r["method"], r["route"]): r for r in o["rows"]}
 lat, bw = 40e-6, 10e9 / 8
 P, N, L, B = 8, 4, 2, s["buckets"]
-# flat topk_sync, forced gather: B all-gathers over P ranks, (P-1) alpha each
+nv = 3e-6 # nvlink's alpha: NCCL's rings cross P - N NVLink hops, N - 1 network ones
+# flat topk_sync, forced gather: B all-gathers over P ranks, (P-N) intra and
+# (N-1) inter alpha each, the bytes over the node's L NICs
 f_s, f_o = rs[("topk_sync", "flat")], ro[("topk_sync", "flat")]
 assert f_s["collectives"]["mean"] == B, f_s["collectives"]
-want = 1e3 * (B - 1) * (P - 1) * lat
+want = 1e3 * (B - 1) * ((P - N) * nv + (N - 1) * lat)
 got = f_s["sync_ms"]["mean"] - f_o["sync_ms"]["mean"]
 assert abs(got - want) <= 1e-9 * f_s["sync_ms"]["mean"], (got, want)
-t = 1e3 * ((P - 1) * lat + (P - 1) * f_o["payload_nbytes"]["mean"] / bw)
+t = 1e3 * ((P - N) * nv + (N - 1) * lat + (P - 1) * f_o["payload_nbytes"]["mean"] / (L * bw))
 assert abs(f_o["sync_ms"]["mean"] - t) <= 1e-9 * t, (f_o["sync_ms"], t)
-# dense_bf16's ring all-reduces: 2(P-1) alpha each
+# dense_bf16's ring all-reduces: 2(P-N) intra and 2(N-1) inter alpha each
 d_s, d_o = rs[("dense_bf16", "ring_allreduce")], ro[("dense_bf16", "ring_allreduce")]
-want = 1e3 * (B - 1) * 2 * (P - 1) * lat
+assert d_o["nccl_tree_collectives"]["max"] == 0, d_o
+want = 1e3 * (B - 1) * (2 * (P - N) * nv + 2 * (N - 1) * lat)
 got = d_s["sync_ms"]["mean"] - d_o["sync_ms"]["mean"]
 assert abs(got - want) <= 1e-9 * d_s["sync_ms"]["mean"], (got, want)
 # hier topk_sync: the node step the same, every shard's buckets one latency
