@@ -258,8 +258,9 @@ def plan_rows(P, L, links, profile, extra=()):
     """igrad plan's rows by (method, route) and the command; profile: the
     one bench sync's runs used (--profile-out), so ig's and iad's plans are
     theirs."""
-    cmd = [IGRAD, "plan", "--config", MODEL, "--ranks", str(P), "--ranks-per-node", str(L)] \
-        + links + list(extra) + ["--method", ",".join(METHODS), "--density", "0.01", "--buckets", "4",
+    # the testbed's node has one veth: one NIC per node, not one per rank
+    cmd = [IGRAD, "plan", "--config", MODEL, "--ranks", str(P), "--ranks-per-node", str(L),
+           "--nics-per-node", "1"] + links + list(extra) + ["--method", ",".join(METHODS), "--density", "0.01", "--buckets", "4",
                    "--release-period", "4", "--profile", profile, "--json"]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
