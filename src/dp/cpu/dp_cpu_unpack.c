@@ -3,8 +3,9 @@
  * received bytes into the caller's gradients, times 1/P (a product: exact
  * for P a power of 2), in a fixed order (bucket, then rank) so that every
  * rank ends with bit-identical gradients. Received bytes are not trusted:
- * every index is checked against its tensor or row first, and a bad one
- * names the rank that sent it. 16-bit values (BF16, F16) are decoded to
+ * every index is checked against its tensor or row first, and every value
+ * for being finite (a rank sends only values its check found finite), and
+ * a bad one names the rank that sent it. 16-bit values (BF16, F16) are decoded to
  * F32 (exact) and added in the same order. 16-bit gradients
  * (config.grad_dtype) are unpacked all at once after the last bucket,
  * tensor by tensor through an F32 copy, and rounded once (unpack16).
@@ -19,6 +20,7 @@
 #include "comm/sparse_allreduce.h"
 #include "core/value16.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Value k of a values area: F32, or the 16-bit code of dt (width 2). */
@@ -75,9 +77,25 @@ static igrad_status_t bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
     return igrad__dp_bad_index(plan, step, mem, bk, bi, r, k, v, bound);
 }
 
+/* Received value k of a block is not finite: no rank sends one (each
+ * checked its values before the step was agreed), so its bytes are bad. */
+static igrad_status_t bad_value(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                const igrad__step_block_t *bi, int r, int64_t k, float v)
+{
+    (void)mem;
+    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                       "step %lld: bucket %d: rank %d sent the non-finite value %g for tensor "
+                       "%s (entry %lld of a block of %lld), which no rank sends (each checked "
+                       "its values finite); its bytes are bad (a corrupt transport, or ranks "
+                       "out of step); nothing more is unpacked and the engine is unusable",
+                       (long long)step->cur_step, bk->index, r, (double)v,
+                       plan->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count);
+}
+
 /* Sparse wire: adds every rank's entries, in rank order, times 1/P into
  * grads. Received indices are checked against their tensor (flat) or row
- * (row-wise) before use; on a bad one the gradients are partly written. */
+ * (row-wise) and values for being finite before use; on a bad one the
+ * gradients are partly written. */
 static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads, int64_t only,
                                     int *hit)
 {
@@ -108,7 +126,9 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
                     for (int64_t c = 0; c < sp->per_row; c++, k++) {
                         uint32_t i = read_index(ip, bi->idx_nbytes, k);
                         if (i >= cols) return bad_index(plan, step, mem, bk, bi, r, ip, sp->cols);
-                        grow[i] += read_value(vp, vw, vt, k) * inv;
+                        float v = read_value(vp, vw, vt, k);
+                        if (!isfinite(v)) return bad_value(plan, step, mem, bk, bi, r, k, v);
+                        grow[i] += v * inv;
                     }
                 }
             } else {
@@ -116,7 +136,9 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
                 for (int64_t k = 0; k < bi->count; k++) {
                     uint32_t i = read_index(ip, bi->idx_nbytes, k);
                     if (i >= n) return bad_index(plan, step, mem, bk, bi, r, ip, tp->n);
-                    g[i] += read_value(vp, vw, vt, k) * inv;
+                    float v = read_value(vp, vw, vt, k);
+                    if (!isfinite(v)) return bad_value(plan, step, mem, bk, bi, r, k, v);
+                    g[i] += v * inv;
                 }
             }
         }
