@@ -369,8 +369,21 @@ static igrad_status_t agree(igrad_engine_t *e, igrad_comm_t *comm, int nranks, u
     }
 
     int failed = -1, check = 0;
+    char what[256];
+    snprintf(what, sizeof what, "%s: agreement", context);
     for (int r = 0; r < nranks; r++) {
         const uint64_t *w = buf + (size_t)r * IGRAD__AGREE_WORDS;
+        /* bad bytes, not a failure of rank r: named, and the engine broken */
+        st = w[2] > 1 ? igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                                    "%s: rank %d's block is corrupt (its check word is "
+                                    "0x%016llx, not 0 or 1): bad bytes from the transport, or "
+                                    "ranks out of step; the engine is unusable",
+                                    what, r, (unsigned long long)w[2])
+                      : igrad__engine_peer_word(what, r, w[0]);
+        if (st != IGRAD_OK) {
+            *comm_failed = 1;
+            return st;
+        }
         if (w[0] != 0 && failed < 0) failed = r;
         check |= w[2] != 0;
     }

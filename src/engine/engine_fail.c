@@ -2,7 +2,8 @@
  * engine_fail.c — a step's failures as the whole step reports them: the
  * local checks' (a NULL gradient, a non-finite tensor with its first bad
  * entry), and a bucket's or the bucket group's failed collective, with
- * the step and bucket named; the first failure's message is kept.
+ * the step and bucket named; the first failure's message is kept; a
+ * peer's status word that is no status (corrupt bytes) named as such.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -92,6 +93,16 @@ igrad_status_t igrad__engine_group_failed(const igrad_engine_t *e, const char *w
     snprintf(msg, sizeof msg, "%s", igrad_last_error());
     return igrad__fail(st, __FILE__, __LINE__, "step %lld: %s of the step's %zu buckets: %s",
                        (long long)e->step.cur_step, what, e->step.nbk, msg);
+}
+
+igrad_status_t igrad__engine_peer_word(const char *what, int rank, uint64_t word)
+{
+    if (word <= (uint64_t)IGRAD_E_TIMEOUT) return IGRAD_OK; /* the last status */
+    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                       "%s: rank %d's block is corrupt (its status word is 0x%016llx, which is "
+                       "no igrad status): bad bytes from the transport, or ranks out of step; "
+                       "the engine is unusable",
+                       what, rank, (unsigned long long)word);
 }
 
 /* Keeps the message of a step's first failure in buf: waiting out the

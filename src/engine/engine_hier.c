@@ -31,6 +31,7 @@
  * route (tools/plan_cost.c).
  */
 #include "engine/engine_internal.h"
+#include "engine/engine_state.h"
 
 #include "comm/comm_internal.h"
 #include "dp/dp.h"
@@ -418,6 +419,8 @@ static igrad_status_t world_verdict(igrad_engine_t *e, igrad_status_t st, const 
     for (int r = 0; r < e->plan.nranks; r++) {
         igrad_status_t s = (igrad_status_t)h->status_buf[r];
         if (s == IGRAD_OK) continue;
+        xs = igrad__engine_peer_word(context, r, h->status_buf[r]);
+        if (xs != IGRAD_OK) return igrad__engine_break(e, xs);
         if (r == e->plan.rank) return igrad__fail(s, __FILE__, __LINE__, "%s", msg);
         return igrad__fail(s, __FILE__, __LINE__, "%s failed on rank %d (%s); every rank fails it",
                            context, r, igrad_status_str(s));
@@ -444,6 +447,10 @@ static igrad_status_t agree_world(igrad_engine_t *shard, int64_t step, igrad_sta
         for (int r = 0; r < P; r++) {
             igrad_status_t s = (igrad_status_t)w->buf[3 * r + (pass ? 2 : 0)];
             if (s == IGRAD_OK) continue;
+            char what[64];
+            snprintf(what, sizeof what, "step %lld: the world's verdict", (long long)step);
+            xs = igrad__engine_peer_word(what, r, w->buf[3 * r + (pass ? 2 : 0)]);
+            if (xs != IGRAD_OK) return igrad__engine_break(shard, xs);
             if (r == me || (pass == 1 && ag != IGRAD_OK))
                 return igrad__fail(s, __FILE__, __LINE__, "%s", msg); /* its own message */
             uint64_t t = w->buf[3 * r + 1];
@@ -796,6 +803,8 @@ static igrad_status_t hier_load_state(igrad_engine_t *e, const char *path)
     double saved = igrad_comm_timeout(e->comm);
     igrad_comm_set_timeout(e->comm, e->plan.cfg.timeout_s);
     igrad_status_t st = igrad_engine_load_state(h->inner, path);
+    if (st == IGRAD_E_MISMATCH || st == IGRAD_E_FORMAT) /* another topology's file? */
+        st = igrad__engine_state_topology(path, e->plan.nranks, h->L, h->N, st);
     if (st != IGRAD_OK && igrad__flat_failure(h->inner, NULL) != IGRAD_OK) {
         igrad_comm_set_timeout(e->comm, saved);
         return igrad__engine_break(e, st);

@@ -334,6 +334,11 @@ igrad_status_t igrad__engine_bucket_failed(const igrad_engine_t *e, size_t j, ig
 igrad_status_t igrad__engine_group_failed(const igrad_engine_t *e, const char *what,
                                           igrad_status_t st);
 igrad_status_t igrad__engine_keep_first(igrad_status_t st, char *buf, size_t nbytes);
+/* engine_fail.c: rank `rank`'s status word of an exchange (`what`: the
+ * agreement, a two-level verdict): IGRAD_OK when it is an igrad status,
+ * else IGRAD_E_COMM naming the rank, the word and bad bytes as the cause
+ * (not a failure of that rank's). */
+igrad_status_t igrad__engine_peer_word(const char *what, int rank, uint64_t word);
 /* The step's agreement: this rank's status `st` (its message is
  * igrad_last_error(); `bad` the tensor or -1), the dynamic items and, every
  * verify_every calls, all items (igrad__engine_agree); counts the call. */

@@ -852,3 +852,40 @@ igrad_status_t igrad__flat_load_state(igrad_engine_t *engine, const char *path)
     free(bytes);
     return st;
 }
+
+igrad_status_t igrad__engine_state_topology(const char *path, int nranks, int L, int N,
+                                            igrad_status_t st)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    /* the header only (magic, version, rank, size), from a regular file:
+     * for the message, the load itself read the file once already */
+    FILE *fp = NULL;
+    uint64_t nbytes = 0;
+    unsigned char head[20];
+    int have = 0;
+    if (igrad__open_regular(path, &fp, &nbytes) == IGRAD_OK) {
+        have = fread(head, 1, sizeof head, fp) == sizeof head;
+        fclose(fp);
+    }
+    uint32_t version = 0, size = 0;
+    if (have) {
+        memcpy(&version, head + 8, 4);
+        memcpy(&size, head + 16, 4);
+    }
+    if (!have || memcmp(head, STATE_MAGIC, 8) != 0 || version != STATE_VERSION || size == 0 ||
+        size == (uint32_t)N)
+        return igrad__fail(st, __FILE__, __LINE__, "%s", msg);
+    char theirs[96];
+    if (nranks % (int64_t)size == 0)
+        snprintf(theirs, sizeof theirs, "%u nodes, config.ranks_per_node %lld%s", size,
+                 (long long)(nranks / (int64_t)size),
+                 nranks / (int64_t)size == 1 ? " (or a flat engine)" : "");
+    else snprintf(theirs, sizeof theirs, "%u nodes (not of %d ranks)", size, nranks);
+    return igrad__fail(IGRAD_E_MISMATCH, __FILE__, __LINE__,
+                       "load state: the topology differs: %s holds a shard of %s, this "
+                       "config.topology hier engine has %d nodes, config.ranks_per_node %d (%d "
+                       "ranks); a state file loads only with the ranks per node it was saved "
+                       "with (the shard's check: %s)",
+                       path, theirs, N, L, nranks, msg);
+}

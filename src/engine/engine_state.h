@@ -21,6 +21,14 @@
 igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned char *bytes,
                                               size_t nbytes, const char *name);
 
+/* A two-level engine's (nranks ranks, N nodes of L) shard failed to load
+ * `path` with status st: when the file's header says it was saved with
+ * another number of shards (nodes), IGRAD_E_MISMATCH naming the topology
+ * with both values (ranks per node and nodes), the shard's message
+ * appended; else st with the shard's message as it was. */
+igrad_status_t igrad__engine_state_topology(const char *path, int nranks, int L, int N,
+                                            igrad_status_t st);
+
 /* @return the size in bytes of a state file for this engine. */
 uint64_t igrad__engine_state_nbytes(const igrad_engine_t *e);
 

@@ -26,6 +26,18 @@
  *  - Bucket j is handed out only after buckets < j, so the collectives are
  *    issued in the same order on every rank whatever order and chunks the
  *    ranks give their tensors in.
+ *  - A gradient the caller changes between its ready and close is not
+ *    noticed by default (checking would cost a pass over every gradient).
+ *    What happens is fixed, though: the values sent are those of ready
+ *    (packed then), the finiteness verdict too (a NaN written later is not
+ *    seen), and close recomputes residuals and velocities from the changed
+ *    gradient (sent tensors: the change at the selected entries is lost,
+ *    elsewhere it enters the residual; other tensors: it accumulates); the
+ *    dense method's change is lost under the unpacked average. Every rank
+ *    still ends with the same gradients. With the environment variable
+ *    IGRAD_DEBUG_STREAM set (not "0") at the first open, ready hashes each
+ *    given gradient and close compares: a changed one fails the step on
+ *    every rank, named (IGRAD_E_INVALID).
  *
  * Not here: the whole step (engine.c), the stages' loops (dp_cpu_stream.c).
  */
@@ -49,6 +61,7 @@ void igrad__stream_free(igrad_engine_t *e)
     free(s->tnblk);
     free(s->compact);
     free(s->missing);
+    free(s->sums);
     if (e->mem.dp) {
         e->mem.dp->free(e->mem.stream_scratch);
         e->mem.stream_scratch = NULL;
@@ -85,6 +98,11 @@ static igrad_status_t stream_create(igrad_engine_t *e)
     IGRAD_FAIL_IF(!s->grads || !s->pack_grads || !s->given || !s->tblock0 || !s->tnblk ||
                       !s->compact || !s->missing,
                   IGRAD_E_NOMEM, "igrad_engine_open: out of memory");
+    const char *dbg = getenv("IGRAD_DEBUG_STREAM");
+    if (dbg && dbg[0] && strcmp(dbg, "0") != 0) {
+        s->sums = calloc(T ? T : 1, sizeof *s->sums);
+        IGRAD_FAIL_IF(!s->sums, IGRAD_E_NOMEM, "igrad_engine_open: out of memory");
+    }
     if (e->plan.sp != IGRAD_SPARSIFIER_NONE) {
         int64_t most = 0;
         for (size_t t = 0; t < T; t++)
@@ -126,6 +144,10 @@ static void stream_plan(igrad_engine_t *e)
 igrad_status_t igrad__flat_open(igrad_engine_t *e, int64_t step)
 {
     IGRAD_CHECK(igrad__engine_usable(e, "igrad_engine_open"));
+    IGRAD_FAIL_IF(step < 0, IGRAD_E_INVALID,
+                  "igrad_engine_open: step %lld is negative (steps count from 0, as "
+                  "igrad_engine_sync's)",
+                  (long long)step);
     IGRAD_CHECK(igrad__route_check_caller(&e->plan.cfg, e->plan.sp == IGRAD_SPARSIFIER_NONE,
                                           "igrad_engine_open"));
     IGRAD_FAIL_IF(e->state != IGRAD__ENGINE_IDLE, IGRAD_E_STATE,
@@ -158,6 +180,12 @@ igrad_status_t igrad__flat_open(igrad_engine_t *e, int64_t step)
     e->stats.pack_ms = igrad__now_ms() - t0;
     e->state = IGRAD__ENGINE_STREAM;
     return IGRAD_OK;
+}
+
+/* IGRAD_DEBUG_STREAM's hash of tensor t's gradient bytes. */
+static uint64_t grad_hash(const igrad_engine_t *e, size_t t, const float *g)
+{
+    return igrad__hash_bytes(IGRAD__HASH_SEED, g, (size_t)e->plan.t[t].n * sizeof *g);
 }
 
 /* Checks the tensor list of a ready call: in range, not given before, not
@@ -249,6 +277,9 @@ igrad_status_t igrad__flat_ready(igrad_engine_t *e, int64_t step, const size_t *
         }
     }
     s->ngiven += n;
+    if (s->sums)
+        for (size_t i = 0; i < n; i++)
+            if (grads[i]) s->sums[tensors[i]] = grad_hash(e, tensors[i], grads[i]);
     double t0 = igrad__now_ms();
     e->mem.dp->stream_ready(IGRAD__PARTS(e), s->grads, tensors, n);
     double t1 = igrad__now_ms();
@@ -270,13 +301,31 @@ igrad_status_t igrad__flat_ready(igrad_engine_t *e, int64_t step, const size_t *
     return IGRAD_OK;
 }
 
+/* IGRAD_DEBUG_STREAM: the first gradient whose bytes differ from what
+ * ready hashed, as this rank's failure of the step. */
+static igrad_status_t changed_since_ready(igrad_engine_t *e, int64_t *bad)
+{
+    const igrad__stream_t *s = e->stream;
+    for (size_t t = 0; t < e->plan.ntensors; t++) {
+        if (!s->grads[t] || grad_hash(e, t, s->grads[t]) == s->sums[t]) continue;
+        *bad = (int64_t)t;
+        return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
+                           "igrad_engine_close: step %lld: the gradient of %s changed between "
+                           "igrad_engine_ready and igrad_engine_close (IGRAD_DEBUG_STREAM "
+                           "compares them); the step is skipped on every rank",
+                           (long long)e->step.cur_step, e->plan.t[t].name);
+    }
+    return IGRAD_OK;
+}
+
 /* This rank's failure of the step, as the whole step would report it: a
  * NULL gradient, then per tensor a failed selection or a non-finite
- * value. */
+ * value; with IGRAD_DEBUG_STREAM a gradient changed since ready. */
 static igrad_status_t local_failure(igrad_engine_t *e, int64_t *bad)
 {
     float *const *grads = e->stream->grads;
     IGRAD_CHECK(igrad__engine_null_grads(e, e->step.cur_step, grads, bad));
+    if (e->stream->sums) IGRAD_CHECK(changed_since_ready(e, bad));
     /* a failed selection too (tstatus), as the fused check reports it */
     return igrad__engine_nonfinite(e, e->step.cur_step, grads, bad);
 }

@@ -26,6 +26,9 @@ typedef struct igrad__stream {
     /* the selection scratch: e->mem.stream_scratch (dp.h) */
     float *zeros;            /* method dense, a NULL gradient: zeros to pack (lazy) */
     size_t zeros_count;
+    /* IGRAD_DEBUG_STREAM set (read at the first open): each given
+     * gradient's hash at ready, compared at close */
+    uint64_t *sums;          /* (ntensors), NULL when the check is off */
 } igrad__stream_t;
 
 /* Frees e->stream (NULL: nothing). Called by igrad_engine_free. */

@@ -5,6 +5,7 @@ process without torch.distributed). The CUDA engine's communicators
 (TorchCudaComm, SelfCudaComm) are in igrad.torch.device.
 """
 import ctypes
+import datetime
 
 import torch
 import torch.distributed as dist
@@ -83,11 +84,24 @@ class TorchComm:
         work = dist.all_reduce(rd, op=self._OPS[op], group=self.group, async_op=True)
         return (work, rd, r)
 
-    def wait(self, handle):
+    def wait(self, handle, timeout_s=0.0):
+        """Completes a handle of issue() (the result copied back to the
+        host). timeout_s > 0: returns False, the collective left pending,
+        when it has not completed within timeout_s seconds (a failed one
+        raises as without a timeout); True otherwise."""
         work, dev, host = handle
-        work.wait()
+        if timeout_s > 0:
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+            except RuntimeError:
+                if not work.is_completed():  # timed out, still pending
+                    return False
+                raise
+        else:
+            work.wait()
         if dev is not host:
             host.copy_(dev)
+        return True
 
     def test(self, handle):
         return handle[0].is_completed()
@@ -216,6 +230,6 @@ class _SelfComm:
         self.run_buckets([b])
 
     @staticmethod
-    def wait(handle):
-        pass
+    def wait(handle, timeout_s=0.0):
+        return True
 

@@ -146,9 +146,9 @@ class TorchCudaComm(TorchComm):
         with self._on_stream():
             return self._issue_device_allreduce(send, recv, count, dtype, op)
 
-    def wait(self, handle):
+    def wait(self, handle, timeout_s=0.0):
         with self._on_stream():  # the stream waits for NCCL; the host does not
-            super().wait(handle)
+            return super().wait(handle, timeout_s)
 
     # The two-level sync (topology "hier") on the device: the node comms are
     # TorchCudaComms too, and reduce / broadcast take device addresses.

@@ -112,7 +112,13 @@ class DdpHookMixin:
     # the last-bucket path's. A rank that cannot take part (a changed
     # parameter, a bad loss scale, a bucket it cannot map) gives the rest of
     # its tensors as NULL at the last bucket, so its collectives still
-    # match the other ranks' and close fails the step on every rank.
+    # match the other ranks' and close fails the step on every rank. A rank
+    # that never reaches its hook (it raised, or stopped, before backward
+    # got there) leaves the others waiting in the collectives they issued:
+    # each of those waits is bounded by config timeout_s (0: none), and a
+    # wait that runs out raises CommTimeoutError naming the step and the
+    # timeout on every waiting rank. The step stays open in the engine and
+    # its collectives pending, so the state refuses every later step.
 
     def _stream_bucket(self, bucket):
         fut = torch.futures.Future()
@@ -141,6 +147,10 @@ class DdpHookMixin:
         if self._param_names is None:
             raise L.StateError("IgradState has no model: pass it to the constructor or call "
                                "state.attach(model) (also after unpickling)")
+        if getattr(self, "_stream_lost", None):
+            raise L.StateError("IgradState is unusable: %s (its collectives are still "
+                               "pending; make a new state and process group)"
+                               % self._stream_lost)
         step = self.iter
         s = {"step": step, "given": set(), "views": {}, "handles": [], "back": [],
              "keep": [], "scale": 1.0, "early": 0}
@@ -207,8 +217,16 @@ class DdpHookMixin:
         if missing:  # NULL: the agreement at close fails the step on every rank
             self._stream_ready(s, missing, [None] * len(missing))
         t0 = time.perf_counter()
-        for h in s["handles"]:
-            coll.wait(h)
+        timeout = float(self.config.get("timeout_s") or 0.0)
+        for k, h in enumerate(s["handles"]):
+            if not coll.wait(h, timeout):
+                self._stream_lost = (
+                    "step %d: igrad bucket %d of %d did not complete within timeout_s = %g s"
+                    % (step, k + 1, len(s["handles"]), timeout))
+                raise L.CommTimeoutError(
+                    "%s (the overlapped DDP hook's wait): a rank has not taken part in this "
+                    "step's collectives (it raised or stopped before its backward reached "
+                    "that bucket)" % self._stream_lost)
         t1 = time.perf_counter()
         bad = s["refused"]
         try:

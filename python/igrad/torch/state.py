@@ -109,7 +109,10 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
                     with the engine's own collectives over the group (no
                     overlap). timeout_s bounds igrad's own MPI collectives;
                     over a process group the group's timeout bounds each
-                    collective instead (CommError).
+                    collective instead (CommError), and with overlap=True
+                    timeout_s bounds each wait of the hook too
+                    (CommTimeoutError naming the step; the state is then
+                    unusable).
 
     The binding's own options:
     grad_scaler:    AMP: a torch GradScaler (its get_scale()) or a callable
@@ -127,7 +130,10 @@ class IgradState(CheckpointMixin, DdpHookMixin, StatsMixin):
                     ready/close): each igrad bucket's collective is issued
                     as soon as backward has delivered its tensors; bit for
                     bit the default (False) last-bucket step. last_stats
-                    adds "early_buckets" and "close_ms".
+                    adds "early_buckets" and "close_ms". A gradient changed
+                    by the caller after its DDP bucket was handed over is
+                    not seen by the step (IGRAD_DEBUG_STREAM=1 fails such a
+                    step by name).
     grads_in_place: True (default): when every trainable parameter is
                     bfloat16 (or every one float16), on the CPU, without
                     grad_scaler or overlap, the engine reads and writes the

@@ -3,8 +3,9 @@
  * received bytes into the caller's gradients, times 1/P (a product: exact
  * for P a power of 2), in a fixed order (bucket, then rank) so that every
  * rank ends with bit-identical gradients. Received bytes are not trusted:
- * every index is checked against its tensor or row first, and a bad one
- * names the rank that sent it. 16-bit values (BF16, F16) are decoded to
+ * every index is checked against its tensor or row first, and every value
+ * for being finite (a rank sends only values its check found finite), and
+ * a bad one names the rank that sent it. 16-bit values (BF16, F16) are decoded to
  * F32 (exact) and added in the same order. 16-bit gradients
  * (config.grad_dtype) are unpacked all at once after the last bucket,
  * tensor by tensor through an F32 copy, and rounded once (unpack16).
@@ -19,6 +20,7 @@
 #include "comm/sparse_allreduce.h"
 #include "core/value16.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Value k of a values area: F32, or the 16-bit code of dt (width 2). */
@@ -77,21 +79,40 @@ static igrad_status_t bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
 
 /* count received entries (indices of width iw at ip, values of width vw
  * at vp: F32 or the 16-bit codes of vt) added times inv into g, each
- * index checked against bound first: -1, or the first bad entry. */
+ * index checked against bound and each value for being finite first: -1,
+ * or the first bad entry. */
 static int64_t add_entries(float *g, const unsigned char *ip, int iw, const unsigned char *vp,
                            int vw, igrad_dtype_t vt, int64_t count, uint64_t bound, float inv)
 {
     for (int64_t k = 0; k < count; k++) {
         uint32_t i = read_index(ip, iw, k);
         if (i >= bound) return k;
-        g[i] += read_value(vp, vw, vt, k) * inv;
+        float v = read_value(vp, vw, vt, k);
+        if (!isfinite(v)) return k;
+        g[i] += v * inv;
     }
     return -1;
 }
 
+/* Received value k of a block is not finite: no rank sends one (each
+ * checked its values before the step was agreed), so its bytes are bad. */
+static igrad_status_t bad_value(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                const igrad__step_block_t *bi, int r, int64_t k, float v)
+{
+    (void)mem;
+    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                       "step %lld: bucket %d: rank %d sent the non-finite value %g for tensor "
+                       "%s (entry %lld of a block of %lld), which no rank sends (each checked "
+                       "its values finite); its bytes are bad (a corrupt transport, or ranks "
+                       "out of step); nothing more is unpacked and the engine is unusable",
+                       (long long)step->cur_step, bk->index, r, (double)v,
+                       plan->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count);
+}
+
 /* Sparse wire: adds every rank's entries, in rank order, times 1/P into
  * grads. Received indices are checked against their tensor (flat) or row
- * (row-wise) before use; on a bad one the gradients are partly written. */
+ * (row-wise) and values for being finite before use; on a bad one the
+ * gradients are partly written. */
 static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads, int64_t only,
                                     int *hit)
 {
@@ -117,13 +138,21 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
             if (bi->row_wise) {
                 const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
                 int64_t rows = bi->count / sp->per_row, per = sp->per_row;
-                for (int64_t rr = 0; rr < rows; rr++)
-                    if (add_entries(g + (bi->row0 + rr) * sp->cols, ip + rr * per * iw, iw,
-                                    vp + rr * per * vw, vw, vt, per, (uint64_t)sp->cols, inv) >= 0)
+                for (int64_t rr = 0; rr < rows; rr++) {
+                    const unsigned char *rip = ip + rr * per * iw, *rvp = vp + rr * per * vw;
+                    int64_t k = add_entries(g + (bi->row0 + rr) * sp->cols, rip, iw, rvp, vw, vt,
+                                            per, (uint64_t)sp->cols, inv);
+                    if (k < 0) continue;
+                    if (read_index(rip, iw, k) >= (uint32_t)sp->cols)
                         return bad_index(plan, step, mem, bk, bi, r, ip, sp->cols);
+                    return bad_value(plan, step, mem, bk, bi, r, rr * per + k,
+                                     read_value(rvp, vw, vt, k));
+                }
             } else {
-                if (add_entries(g, ip, iw, vp, vw, vt, bi->count, (uint64_t)tp->n, inv) >= 0)
+                int64_t k = add_entries(g, ip, iw, vp, vw, vt, bi->count, (uint64_t)tp->n, inv);
+                if (k >= 0 && read_index(ip, iw, k) >= (uint64_t)tp->n)
                     return bad_index(plan, step, mem, bk, bi, r, ip, tp->n);
+                if (k >= 0) return bad_value(plan, step, mem, bk, bi, r, k, read_value(vp, vw, vt, k));
             }
         }
     }
