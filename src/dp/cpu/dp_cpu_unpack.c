@@ -89,18 +89,22 @@ static inline int iter_next(idx_iter_t *it, uint32_t *x)
     return igrad__code_next(&it->rd, x);
 }
 
+/* The run the last iter_next or iter_end looked at. */
+static inline int64_t iter_run(const idx_iter_t *it)
+{
+    return (it->k > 0 ? it->k - 1 : 0) / it->bi->code_k;
+}
+
 /* After the block's last entry: the last run's trailing bits. */
 static inline int iter_end(const idx_iter_t *it)
 {
     return it->bi->idx_code && it->k > 0 ? igrad__code_finish(&it->rd) : 0;
 }
 
-/* A compact block's bad code, reported: bucket, rank, tensor, run. */
-static igrad_status_t bad_code(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
-                               const igrad__step_block_t *bi, int r, int64_t k, int err)
+igrad_status_t igrad__dp_bad_code(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                  const igrad__step_block_t *bi, int r, int64_t run, int err)
 {
     (void)mem;
-    int64_t run = (k > 0 ? k - 1 : 0) / bi->code_k;
     return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
                        "step %lld: bucket %d: rank %d sent a bad %s index code for tensor %s "
                        "(%s %lld: %lld indices in [0, %lld)): %s; its bytes are bad (a "
@@ -172,12 +176,12 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
                 for (int64_t k = 0; k < bi->count; k++) {
                     uint32_t i = 0;
                     int e = iter_next(&it, &i);
-                    if (e) return bad_code(plan, step, mem, bk, bi, r, it.k, e);
+                    if (e) return igrad__dp_bad_code(plan, step, mem, bk, bi, r, iter_run(&it), e);
                     float *gr = bi->row_wise ? g + (bi->row0 + k / sp->per_row) * sp->cols : g;
                     gr[i] += read_value(vp, vw, vt, k) * inv;
                 }
                 int e = iter_end(&it);
-                if (e) return bad_code(plan, step, mem, bk, bi, r, it.k, e);
+                if (e) return igrad__dp_bad_code(plan, step, mem, bk, bi, r, iter_run(&it), e);
             } else if (bi->row_wise) {
                 const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
                 const uint32_t cols = (uint32_t)sp->cols;
