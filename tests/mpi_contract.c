@@ -103,7 +103,7 @@ static void check_step(model_t *M, igrad_engine_t *eng, igrad_comm_t *comm, int6
     for (int q = 0; q < st.bucket_count; q++) {
         size_t first = pos;
         int64_t load = 0;
-        while (pos < nb && load < st.bucket_loads[q]) load += b[pos++].cost;
+        while (pos < nb && load < st.bucket_loads[q]) load += b[pos++].wire; /* coded bytes */
         CHECK(load == st.bucket_loads[q], "step %lld bucket %d: planned %lld bytes, blocks give "
               "%lld", (long long)step, q, (long long)st.bucket_loads[q], (long long)load);
         size_t n = pos - first;

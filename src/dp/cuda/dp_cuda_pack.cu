@@ -258,7 +258,7 @@ igrad_status_t igrad__dp_cuda_unpack_sparse(IGRAD__DP_ARGS, size_t j, float *con
                 igrad__code_start(&rd, b->code, run, b->code_k, b->code_u);
                 int e = 0;
                 uint32_t x = 0;
-                for (int64_t j = 0; j < b->code_k && !e; j++) e = igrad__code_next(&rd, &x);
+                for (int64_t n = 0; n < b->code_k && !e; n++) e = igrad__code_next(&rd, &x);
                 if (!e) e = igrad__code_finish(&rd);
                 free(run);
                 return igrad__dp_bad_code(plan, step, mem, bk, bi, (int)r, (int64_t)k,
