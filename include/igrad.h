@@ -1124,6 +1124,18 @@ IGRAD_API const char *igrad_residual_policy_name(igrad_residual_policy_t policy)
 IGRAD_API igrad_status_t igrad_residual_policy_from_name(const char *name,
                                                          igrad_residual_policy_t *policy);
 
+/** How a gather bucket codes its indices (config.index_code). */
+typedef enum igrad_index_code {
+    IGRAD_INDEX_CODE_FIXED = 0,  /**< index_dtype's fixed widths (16 or 32 bits) */
+    IGRAD_INDEX_CODE_COMPACT = 1 /**< per row: Elias-Fano, a bitmap or the fixed
+                                      width, whichever is smallest (formats.md §8) */
+} igrad_index_code_t;
+
+/** @return "fixed" or "compact" ("unknown" for other values). */
+IGRAD_API const char *igrad_index_code_name(igrad_index_code_t code);
+/** Parses "fixed" or "compact" (case-insensitive). */
+IGRAD_API igrad_status_t igrad_index_code_from_name(const char *name, igrad_index_code_t *code);
+
 /** Which collective carries a bucket of a sparse method. */
 typedef enum igrad_collective {
     IGRAD_COLLECTIVE_AUTO = 0,   /**< per bucket and step, the smaller modelled wire
@@ -1370,6 +1382,15 @@ typedef struct igrad_config {
                                            reduce only). Opt-in because its
                                            result is not the mean of what the
                                            ranks selected (§5.7a) (0) */
+    igrad_index_code_t index_code;    /**< how gather buckets code their indices:
+                                           COMPACT (each row, or flat block, in
+                                           the fewest bytes of Elias-Fano, a
+                                           bitmap or index_dtype's fixed width,
+                                           chosen from its size alone;
+                                           formats.md §8) or FIXED (index_dtype
+                                           widths, the wire before 0.2). Lossless
+                                           either way: results are the same bits
+                                           (COMPACT) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1384,7 +1405,7 @@ typedef struct igrad_config {
       100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,                                        \
       IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 0.0, 0, 0.0,  \
       0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0, IGRAD_DEFAULT_DENSE_BELOW,         \
-      0, 100000, 0 }
+      0, 100000, 0, IGRAD_INDEX_CODE_COMPACT }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or

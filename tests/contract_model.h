@@ -1,6 +1,7 @@
 /*
  * contract_model.h — what a step of topk_sync / adtopk_sync must put on the
- * wire, modelled from docs/formats.md §8 and docs/architecture.md §5.1,
+ * wire, modelled from docs/formats.md §8 (index codes: wire_code_ref.h)
+ * and docs/architecture.md §5.1,
  * §5.6, §5.7 (never from src/), and a decoder of bucket bytes that checks
  * them. Shared by test_contract_wire.c (cmocka, one process) and
  * mpi_contract.c (MPI ranks). The includer defines CT_REQUIRE(cond) (a
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "igrad.h"
+#include "wire_code_ref.h"
 
 
 typedef struct tensor {
@@ -131,8 +133,23 @@ static void model_select(model_t *M, int64_t step)
 typedef struct block {
     size_t t;
     int64_t first, entries; /* entries [first, first + entries) of the selection */
-    int64_t cost;           /* entries x (4 + index bytes) */
+    int64_t cost;           /* entries x (4 + index bytes): what the packing policy
+                               weighs (the fixed widths, whatever the index code) */
+    int64_t wire;           /* its bytes on the gather wire: = cost with index_code
+                               fixed; compact: 4 x entries + its coded runs */
 } block_t;
+
+static int model_compact(const model_t *M)
+{
+    return M->cfg.index_code == IGRAD_INDEX_CODE_COMPACT;
+}
+
+/* A block's index bytes on the wire (formats.md §8). */
+static int64_t model_idx_bytes(const model_t *M, const tensor_t *x, int64_t entries)
+{
+    if (!model_compact(M)) return entries * x->ib;
+    return ref_block_idx_nbytes(x->row_wise, entries, x->per_row, x->cols, x->n, x->ib);
+}
 
 /* Blocks in readiness order: last tensor first, a tensor's blocks in order;
  * flat selections cut every block_entries, row-wise ones into whole rows
@@ -158,7 +175,7 @@ static size_t model_blocks(const model_t *M, block_t **out)
                 CT_REQUIRE(b);
             }
             int64_t m = x->count - f < E ? x->count - f : E;
-            b[nb++] = (block_t){t, f, m, m * (4 + x->ib)};
+            b[nb++] = (block_t){t, f, m, m * (4 + x->ib), 4 * m + model_idx_bytes(M, x, m)};
         }
     }
     *out = b;
@@ -219,7 +236,50 @@ static int same_bits(float a, float b)
 
 typedef struct seen {
     int gather, reduce, mixed_widths, u16_blocks, u32_blocks, rowwise_blocks, flat_blocks;
+    int runs[5]; /* compact: coded runs decoded, by code (1 fixed16 .. 4 bitmap) */
 } seen_t;
+
+/* A compact block's runs at bytes + *off: each decoded bit by bit
+ * (wire_code_ref.h) and compared with the model's selection. */
+static int decode_runs(const model_t *M, const block_t *b, const unsigned char *bytes,
+                       size_t nbytes, size_t *off, const char *where, seen_t *seen)
+{
+    const tensor_t *x = &M->t[b->t];
+    int64_t k = x->row_wise ? x->per_row : b->entries, u = x->row_wise ? x->cols : x->n;
+    int code = ref_choose(k, u, x->ib == 2);
+    int64_t nb = ref_nbytes(code, k, u);
+    uint32_t *got = malloc((size_t)k * sizeof *got);
+    CT_REQUIRE(got);
+    for (int64_t r = 0; r < b->entries / k; r++, *off += (size_t)nb) {
+        if (*off + (size_t)nb > nbytes) {
+            CT_REPORT("%s: tensor %zu run %lld ends past the bucket's %zu bytes\n", where,
+                      b->t, (long long)r, nbytes);
+            free(got);
+            return 1;
+        }
+        if (ref_decode(code, bytes + *off, k, u, got) != 0) {
+            CT_REPORT("%s: tensor %zu run %lld (code %d, k %lld, u %lld, byte %zu) does not "
+                      "decode\n", where, b->t, (long long)r, code, (long long)k, (long long)u,
+                      *off);
+            free(got);
+            return 1;
+        }
+        for (int64_t j = 0; j < k; j++) {
+            uint32_t want = x->idx[b->first + r * k + j];
+            if (got[j] != want) {
+                CT_REPORT("%s: tensor %zu entry %lld of its selection: index %u decoded, %u "
+                          "expected (code %d, run at byte %zu)\n",
+                          where, b->t, (long long)(b->first + r * k + j), got[j], want, code,
+                          *off);
+                free(got);
+                return 1;
+            }
+        }
+        if (seen) seen->runs[code]++;
+    }
+    free(got);
+    return 0;
+}
 
 /* One rank's bytes of a gather bucket holding blocks b[0..nb). */
 static int decode_gather(const model_t *M, const block_t *b, size_t nb,
@@ -242,7 +302,7 @@ static int decode_gather(const model_t *M, const block_t *b, size_t nb,
         }
         if (x->ib == 2) has2 = 1; else has4 = 1;
     }
-    for (int width = 4; width >= 2; width -= 2) /* u32 indices, then u16 */
+    for (int width = 4; width >= 2 && !model_compact(M); width -= 2) /* u32, then u16 */
         for (size_t i = 0; i < nb; i++) {
             const tensor_t *x = &M->t[b[i].t];
             if (x->ib != width) continue;
@@ -259,6 +319,8 @@ static int decode_gather(const model_t *M, const block_t *b, size_t nb,
                 }
             }
         }
+    for (size_t i = 0; i < nb && model_compact(M); i++) /* coded runs, block order */
+        if (decode_runs(M, &b[i], bytes, nbytes, &off, where, seen)) return 1;
     if (off != nbytes) {
         CT_REPORT("%s: decoded %zu bytes of %zu\n", where, off, nbytes);
         return 1;

@@ -103,7 +103,7 @@ static void check_step(model_t *M, igrad_engine_t *eng, igrad_comm_t *comm, int6
     for (int q = 0; q < st.bucket_count; q++) {
         size_t first = pos;
         int64_t load = 0;
-        while (pos < nb && load < st.bucket_loads[q]) load += b[pos++].cost;
+        while (pos < nb && load < st.bucket_loads[q]) load += b[pos++].wire; /* coded bytes */
         CHECK(load == st.bucket_loads[q], "step %lld bucket %d: planned %lld bytes, blocks give "
               "%lld", (long long)step, q, (long long)st.bucket_loads[q], (long long)load);
         size_t n = pos - first;
@@ -276,7 +276,9 @@ int main(int argc, char **argv)
     /* auto at density 0.3: per tensor P·s/(8·d) = P·0.3·(4 + index bytes)/8,
      * so at P = 4 u32-only buckets reduce (1.2) and u16-only ones gather
      * (0.9); at P = 2 everything gathers */
-    c = run_case("topk_sync, auto, rho 0.3", config(IGRAD_METHOD_TOPK_SYNC, 8, 1 << 20, 0.3), 2);
+    r = config(IGRAD_METHOD_TOPK_SYNC, 8, 1 << 20, 0.3);
+    r.index_code = IGRAD_INDEX_CODE_FIXED; /* the widths counted above */
+    c = run_case("topk_sync, auto, rho 0.3", r, 2);
     if (np == 4) CHECK(c.reduce > 0 && c.gather > 0, "%d gather, %d reduce", c.gather, c.reduce);
     if (np == 2) CHECK(c.reduce == 0, "%d reduce", c.reduce);
 

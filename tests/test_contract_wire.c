@@ -8,7 +8,9 @@
  *    and readiness order (§5.6), index widths (formats.md §8), the `auto`
  *    rule (§5.7);
  *  - a decoder of the bytes igrad_engine_begin exposes: per gather bucket
- *    [values f32 of every block][u32 indices][u16 indices], every rank's
+ *    [values f32 of every block][u32 indices][u16 indices] (index_code
+ *    fixed) or [values][each block's coded runs] (compact: Elias–Fano,
+ *    bitmap or fixed per run, decoded bit by bit), every rank's
  *    copy in recv at offset r * send_nbytes; per reduce bucket the dense
  *    segments (rows of row-wise blocks, the whole tensor for flat blocks,
  *    consecutive flat blocks of one tensor sharing one segment);
@@ -176,7 +178,7 @@ static void run_step(model_t *M, igrad_engine_t *eng, igrad_comm_t *comm, int64_
     for (int q = 0; q < st.bucket_count; q++) {
         start[q] = pos;
         int64_t load = 0;
-        while (pos < nb && load < st.bucket_loads[q]) load += b[pos++].cost;
+        while (pos < nb && load < st.bucket_loads[q]) load += b[pos++].wire;
         if (load != st.bucket_loads[q]) {
             print_error("step %lld: planned bucket %d has %lld bytes; the readiness order "
                         "of the model's blocks gives %lld at that cut\n",
@@ -350,8 +352,18 @@ static seen_t run_case(igrad_config_t cfg, int P, int steps)
         assert_int_equal(tp.index_nbytes, M.t[t].ib);
         assert_int_equal(tp.count, M.t[t].count);
         assert_int_equal(tp.row_wise, M.t[t].row_wise);
-        assert_int_equal(tp.step_nbytes, M.t[t].count * (4 + M.t[t].ib));
     }
+    block_t *blk = NULL;
+    size_t nblk = model_blocks(&M, &blk);
+    for (size_t t = 0; t < WIRE_T; t++) {
+        igrad_tensor_plan_t tp;
+        assert_ok(igrad_engine_tensor_plan(eng, t, &tp));
+        int64_t want = 0;
+        for (size_t i = 0; i < nblk; i++)
+            if (blk[i].t == t) want += blk[i].wire;
+        assert_int_equal(tp.step_nbytes, want);
+    }
+    free(blk);
     seen_t seen;
     memset(&seen, 0, sizeof seen);
     for (int64_t s = 0; s < steps; s++) run_step(&M, eng, comm, s, &seen);
@@ -371,6 +383,7 @@ static igrad_config_t wire_config(igrad_method_t method, int buckets, int64_t bl
     c.buckets = buckets;
     c.block_entries = block_entries;
     c.verify_every = 0;
+    c.index_code = IGRAD_INDEX_CODE_FIXED; /* the compact tests set it */
     return c;
 }
 
@@ -464,6 +477,54 @@ static void test_wire_ranks(void **state)
     assert_true(s.gather > 0);
 }
 
+/* index_code compact (the default): every run decoded bit by bit from
+ * formats.md §8 (contract_model.h, wire_code_ref.h). The wire layout's
+ * tensors give EF rows (32 and 65536 columns at 1 %), EF flat blocks, and
+ * with a high density bitmaps; U32 makes 70000-column rows' fixed width
+ * 32 bits. */
+static void test_wire_compact(void **state)
+{
+    (void)state;
+    igrad_config_t c = wire_config(IGRAD_METHOD_TOPK_SYNC, 1, 16384);
+    c.index_code = IGRAD_INDEX_CODE_COMPACT;
+    seen_t s = run_case(c, 1, 3);
+    assert_int_equal(s.gather, 3);
+    assert_true(s.runs[3] > 0);
+    c = wire_config(IGRAD_METHOD_TOPK_SYNC, 3, 200);
+    c.index_code = IGRAD_INDEX_CODE_COMPACT;
+    s = run_case(c, 1, 3);
+    assert_true(s.gather >= 6 && s.runs[3] > 0);
+    c = wire_config(IGRAD_METHOD_ADTOPK_SYNC, 4, 200);
+    c.index_code = IGRAD_INDEX_CODE_COMPACT;
+    s = run_case(c, 1, 3);
+    assert_true(s.rowwise_blocks == 0 || s.runs[3] > 0);
+    c.interleave = 1;
+    s = run_case(c, 1, 4);
+    assert_true(s.runs[3] > 0);
+    /* dense rows: bitmaps (k = u/2: EF 2k bits > u bits) */
+    c = wire_config(IGRAD_METHOD_ADTOPK_SYNC, 2, 16384);
+    c.index_code = IGRAD_INDEX_CODE_COMPACT;
+    c.density = 0.5;
+    s = run_case(c, 1, 2);
+    assert_true(s.runs[4] > 0);
+    /* several ranks, gather and `auto` at P = 8 */
+    c = wire_config(IGRAD_METHOD_TOPK_SYNC, 3, 400);
+    c.index_code = IGRAD_INDEX_CODE_COMPACT;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    s = run_case(c, 4, 2);
+    assert_true(s.gather >= 6 && s.reduce == 0);
+    c = wire_config(IGRAD_METHOD_TOPK_SYNC, 10, 1 << 20);
+    c.index_code = IGRAD_INDEX_CODE_COMPACT;
+    c.density = 0.15;
+    s = run_case(c, 8, 1);
+    assert_true(s.gather > 0);
+    c = wire_config(IGRAD_METHOD_ADTOPK_SYNC, 3, 500);
+    c.index_code = IGRAD_INDEX_CODE_COMPACT;
+    c.index_dtype = IGRAD_DTYPE_U32;
+    s = run_case(c, 1, 2);
+    assert_true(s.runs[3] > 0);
+}
+
 /* ---- pinned `auto` decisions ---------------------------------------------- */
 
 /* One tensor, one bucket, block_entries above its count. s = the gather
@@ -480,6 +541,7 @@ typedef struct auto_case {
     int P;
     int64_t s, d;      /* computed by hand below */
     int reduce;        /* pinned decision */
+    igrad_index_code_t code; /* FIXED unless given */
 } auto_case_t;
 
 static const auto_case_t AUTO_CASES[] = {
@@ -487,38 +549,67 @@ static const auto_case_t AUTO_CASES[] = {
      * 8d = 8000. P = 5: P·s = 7500 < 8000 → gather (ratio 0.94);
      * P = 6: 9000 > 8000 → reduce (ratio 1.125). */
     {"topk [1000] u16 P5", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U16, 0.25, 1, {1000, 1}, 5,
-     1500, 1000, 0},
+     1500, 1000, 0, IGRAD_INDEX_CODE_FIXED},
     {"topk [1000] u16 P6", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U16, 0.25, 1, {1000, 1}, 6,
-     1500, 1000, 1},
+     1500, 1000, 1, IGRAD_INDEX_CODE_FIXED},
     /* same with u32: s = 250·8 = 2000. P = 4: P·s = 8000 = 8d, a tie →
      * gather; P = 5: 10000 → reduce (ratio 1.25). */
     {"topk [1000] u32 P4 tie", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U32, 0.25, 1, {1000, 1}, 4,
-     2000, 1000, 0},
+     2000, 1000, 0, IGRAD_INDEX_CODE_FIXED},
     {"topk [1000] u32 P5", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U32, 0.25, 1, {1000, 1}, 5,
-     2000, 1000, 1},
+     2000, 1000, 1, IGRAD_INDEX_CODE_FIXED},
     /* row-wise [8, 100], rho 0.25: per_row 25, s = 8·25·6 = 1200, d = 800
      * (the rows), 8d = 6400. P = 5: 6000 → gather; P = 6: 7200 → reduce. */
     {"adtopk [8,100] P5", IGRAD_METHOD_ADTOPK_SYNC, IGRAD_DTYPE_U16, 0.25, 2, {8, 100}, 5,
-     1200, 800, 0},
+     1200, 800, 0, IGRAD_INDEX_CODE_FIXED},
     {"adtopk [8,100] P6", IGRAD_METHOD_ADTOPK_SYNC, IGRAD_DTYPE_U16, 0.25, 2, {8, 100}, 6,
-     1200, 800, 1},
+     1200, 800, 1, IGRAD_INDEX_CODE_FIXED},
     /* the default density: flat [65536], rho 0.01: k = ceil(655.36) = 656,
      * u16 (65536 entries fit): s = 3936, d = 65536, 8d = 524288.
      * P = 133: 523488 → gather (ratio 0.9985); P = 134: 527424 → reduce. */
     {"topk [65536] rho 0.01 P133", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U16, 0.01, 1,
-     {65536, 1}, 133, 3936, 65536, 0},
+     {65536, 1}, 133, 3936, 65536, 0, IGRAD_INDEX_CODE_FIXED},
     {"topk [65536] rho 0.01 P134", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U16, 0.01, 1,
-     {65536, 1}, 134, 3936, 65536, 1},
+     {65536, 1}, 134, 3936, 65536, 1, IGRAD_INDEX_CODE_FIXED},
     /* row-wise [64, 2048], rho 0.01: per_row = ceil(20.48) = 21, s = 64·21·6
      * = 8064, d = 131072, 8d = 1048576. P = 130: 1048320 → gather;
      * P = 131: 1056384 → reduce. */
     {"adtopk [64,2048] P130", IGRAD_METHOD_ADTOPK_SYNC, IGRAD_DTYPE_U16, 0.01, 2, {64, 2048},
-     130, 8064, 131072, 0},
+     130, 8064, 131072, 0, IGRAD_INDEX_CODE_FIXED},
     {"adtopk [64,2048] P131", IGRAD_METHOD_ADTOPK_SYNC, IGRAD_DTYPE_U16, 0.01, 2, {64, 2048},
-     131, 8064, 131072, 1},
+     131, 8064, 131072, 1, IGRAD_INDEX_CODE_FIXED},
+    /* index_code compact (formats.md §8): the same tensors, their runs
+     * coded. flat [1000], k 250: EF l = 2, 500 + 250 + 250 bits = 125
+     * bytes (the bitmap ties at 125: EF), s = 1000 + 125 = 1125, 8d =
+     * 8000. P = 7: 7875 → gather; P = 8: 9000 → reduce. */
+    {"compact topk [1000] P7", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U16, 0.25, 1, {1000, 1}, 7,
+     1125, 1000, 0, IGRAD_INDEX_CODE_COMPACT},
+    {"compact topk [1000] P8", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U16, 0.25, 1, {1000, 1}, 8,
+     1125, 1000, 1, IGRAD_INDEX_CODE_COMPACT},
+    /* rows [8, 100], 25 per row: EF l = 2, 50 + 25 + 25 bits = 13 bytes a
+     * row (bitmap 13 too), s = 800 + 104 = 904, 8d = 6400. P = 7: 6328 →
+     * gather; P = 8: 7232 → reduce. */
+    {"compact adtopk [8,100] P7", IGRAD_METHOD_ADTOPK_SYNC, IGRAD_DTYPE_U16, 0.25, 2, {8, 100},
+     7, 904, 800, 0, IGRAD_INDEX_CODE_COMPACT},
+    {"compact adtopk [8,100] P8", IGRAD_METHOD_ADTOPK_SYNC, IGRAD_DTYPE_U16, 0.25, 2, {8, 100},
+     8, 904, 800, 1, IGRAD_INDEX_CODE_COMPACT},
+    /* flat [65536], k 656: l = 6, 3936 + 656 + 1024 bits = 702 bytes
+     * (fixed16 1312), s = 2624 + 702 = 3326, 8d = 524288. P = 157: 522182
+     * → gather; P = 158: 525508 → reduce. */
+    {"compact topk [65536] P157", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U16, 0.01, 1, {65536, 1},
+     157, 3326, 65536, 0, IGRAD_INDEX_CODE_COMPACT},
+    {"compact topk [65536] P158", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U16, 0.01, 1, {65536, 1},
+     158, 3326, 65536, 1, IGRAD_INDEX_CODE_COMPACT},
+    /* rows [64, 2048], 21 per row: l = 6, 126 + 21 + 32 bits = 23 bytes a
+     * row (fixed16 42), s = 5376 + 1472 = 6848, 8d = 1048576. P = 153:
+     * 1047744 → gather; P = 154: 1054592 → reduce. */
+    {"compact adtopk [64,2048] P153", IGRAD_METHOD_ADTOPK_SYNC, IGRAD_DTYPE_U16, 0.01, 2,
+     {64, 2048}, 153, 6848, 131072, 0, IGRAD_INDEX_CODE_COMPACT},
+    {"compact adtopk [64,2048] P154", IGRAD_METHOD_ADTOPK_SYNC, IGRAD_DTYPE_U16, 0.01, 2,
+     {64, 2048}, 154, 6848, 131072, 1, IGRAD_INDEX_CODE_COMPACT},
     /* far from the boundary, for orientation: P = 2 gathers, 8d ≫ 2s */
     {"topk [1000] u16 P2", IGRAD_METHOD_TOPK_SYNC, IGRAD_DTYPE_U16, 0.25, 1, {1000, 1}, 2,
-     1500, 1000, 0},
+     1500, 1000, 0, IGRAD_INDEX_CODE_FIXED},
 };
 
 static void test_auto_pinned(void **state)
@@ -532,6 +623,7 @@ static void test_auto_pinned(void **state)
         igrad_config_t cfg = wire_config(k->method, 1, 1 << 20);
         cfg.density = k->density;
         cfg.index_dtype = k->index_dtype;
+        cfg.index_code = k->code;
         replica_t rep;
         igrad_comm_t *comm = comm_new(&rep, k->P);
         igrad_layout_t *L = layout_of(&def, 1);
@@ -589,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_wire_adtopk_interleave),
         cmocka_unit_test(test_wire_u32_only),
         cmocka_unit_test(test_wire_ranks),
+        cmocka_unit_test(test_wire_compact),
         cmocka_unit_test(test_auto_pinned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

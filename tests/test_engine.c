@@ -38,6 +38,7 @@
 
 #include "igrad.h"
 #include "test_util.h"
+#include "wire_code_ref.h"
 #include "core/internal.h" /* igrad__fail */
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -374,6 +375,30 @@ static void expect_tensor(const igrad_tensor_info_t *ti, const igrad_config_t *c
     *idxb = (c->index_dtype == IGRAD_DTYPE_U16 && range <= 65536) ? 2 : 4;
 }
 
+/* The wire bytes of what expect_tensor gives (F32 values): with
+ * config.index_code compact each block's indices coded as formats.md §8
+ * says (wire_code_ref.h), blocks cut as §5.6 of architecture.md. */
+static int64_t expect_wire(const igrad_tensor_info_t *ti, const igrad_config_t *c, int par,
+                           int release)
+{
+    int64_t cnt;
+    int idxb;
+    expect_tensor(ti, c, par, release, &cnt, &idxb);
+    if (c->index_code != IGRAD_INDEX_CODE_COMPACT) return cnt * (4 + idxb);
+    igrad_sparsifier_t sp = c->method == IGRAD_METHOD_TOPK_SYNC     ? IGRAD_SPARSIFIER_TOPK
+                            : c->method == IGRAD_METHOD_ADTOPK_SYNC ? IGRAD_SPARSIFIER_ADTOPK
+                                                                    : c->sparsifier;
+    int row_wise = sp == IGRAD_SPARSIFIER_ADTOPK && ti->ndim >= 2 && !(c->interleave && par);
+    int64_t rows = row_wise ? ti->shape[0] : 1, cols = ti->count / rows;
+    int64_t per_row = cnt / rows, blk = c->block_entries, total = 4 * cnt;
+    if (row_wise) blk = per_row * (blk / per_row > 0 ? blk / per_row : 1);
+    for (int64_t f = 0; f < cnt; f += blk) {
+        int64_t m = cnt - f < blk ? cnt - f : blk;
+        total += ref_block_idx_nbytes(row_wise, m, per_row, cols, ti->count, idxb);
+    }
+    return total;
+}
+
 /* Phases per tensor: a component's weight is its release bytes, the sum
  * over its tensors of the release count times the wire bytes of an entry
  * at an even step. */
@@ -477,12 +502,8 @@ static void run_invariants(const igrad_config_t *c, int steps)
         for (size_t t = 0; t < T; t++) {
             igrad_tensor_info_t ti;
             assert_ok(igrad_layout_tensor(L, t, &ti));
-            int64_t cnt;
-            int idxb;
-            expect_tensor(&ti, c, par, 0, &cnt, &idxb);
-            pstep[t] = cnt * (4 + idxb);
-            expect_tensor(&ti, c, par, 1, &cnt, &idxb);
-            prel[t] = cnt * (4 + idxb);
+            pstep[t] = expect_wire(&ti, c, par, 0);
+            prel[t] = expect_wire(&ti, c, par, 1);
         }
         int64_t predicted = 0;
         for (size_t t = 0; t < T; t++)
@@ -1270,6 +1291,11 @@ static igrad_comm_t *poke_comm_create(poke_comm_t *pc)
 
 /* One tensor of `ndim` dims, one block, one gather bucket; the first
  * received index is replaced by `poke`. @return the sync's status. */
+/* The index code and poke offset (4-byte units into a rank's bytes) of
+ * sync_with_poke: fixed widths, the first index after 20 values. */
+static igrad_index_code_t poke_code = IGRAD_INDEX_CODE_FIXED;
+static size_t poke_at = 20;
+
 static igrad_status_t sync_with_poke(int ndim, uint16_t poke, igrad_method_t method,
                                      igrad_status_t fail, igrad_engine_t **keep)
 {
@@ -1283,7 +1309,8 @@ static igrad_status_t sync_with_poke(int ndim, uint16_t poke, igrad_method_t met
     c.method = method;
     c.density = 0.02; /* flat: 20 entries; row-wise: 2 per row */
     c.buckets = 1;
-    poke_comm_t pc = {0, 20, poke, fail};
+    c.index_code = poke_code;
+    poke_comm_t pc = {0, poke_at, poke, fail};
     igrad_comm_t *comm = poke_comm_create(&pc);
     igrad_engine_t *e = NULL;
     assert_ok(igrad_engine_create(L, NULL, &c, comm, &e));
@@ -1333,6 +1360,17 @@ static void test_peer_index_bounds(void **state)
     assert_status(sync_with_poke(2, 100, IGRAD_METHOD_ADTOPK_SYNC, IGRAD_OK, NULL), IGRAD_E_COMM);
     assert_error_has("rank 0 sent index 100 for tensor model.norm.weight");
     assert_error_has("outside [0, 100) (a column of its row)");
+    /* compact: 20 of 1000 flat is an Elias–Fano run (l 5: 100 low bits,
+     * then 51 high bits); 16 ones poked into its high part (bytes 16–17 of
+     * the code, after 80 bytes of values) are refused, naming the code */
+    poke_code = IGRAD_INDEX_CODE_COMPACT;
+    poke_at = 24;
+    assert_status(sync_with_poke(1, 0xffff, IGRAD_METHOD_TOPK_SYNC, IGRAD_OK, NULL),
+                  IGRAD_E_COMM);
+    assert_error_has("step 1: bucket 0: rank 0 sent a bad elias-fano index code for tensor "
+                     "model.norm.weight");
+    poke_code = IGRAD_INDEX_CODE_FIXED;
+    poke_at = 20;
 }
 
 /* A collective that fails after the agreement (here a custom comm's

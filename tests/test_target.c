@@ -102,6 +102,9 @@ static double engine_ratio(const igrad_layout_t *l, igrad_profile_t *p, double t
     assert_ok(igrad_profile_set_threshold(p, tau));
     igrad_config_t c = IGRAD_CONFIG_INIT;
     c.release_keep = keep;
+    /* the target is a ratio of fixed-width bytes (decision 0056): the
+     * same kappa and phases under either index code */
+    c.index_code = IGRAD_INDEX_CODE_FIXED;
     return mean_payload(l, p, &c) / base;
 }
 
@@ -117,6 +120,7 @@ static void check_against_brute_force(double target)
     igrad_profile_t *p = target_profile(l);
     igrad_config_t sync = IGRAD_CONFIG_INIT;
     sync.method = IGRAD_METHOD_ADTOPK_SYNC;
+    sync.index_code = IGRAD_INDEX_CODE_FIXED;
     double base = mean_payload(l, NULL, &sync);
 
     /* the distinct scores of the gated components, highest first */

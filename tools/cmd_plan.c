@@ -40,6 +40,7 @@ typedef struct plan_opts {
     double density, target_ratio; /* target_ratio 0: ig uses the profile as it is */
     int64_t release_period, buckets;
     igrad_dtype_t value_dtype;
+    igrad_index_code_t index_code; /* config.index_code of the sparse methods */
     igrad_collective_t collective;
     int auto_sparse_reduce;   /* config.auto_sparse_reduce of the sparse methods */
     int latency_overlap;      /* --latency overlap: a step's buckets' latencies overlap */
@@ -126,6 +127,8 @@ static void usage(FILE *fp)
             "  --release-period R     (%d)\n"
             "  --buckets B            (4)\n"
             "  --value-dtype D        f32, bf16 or fp16 (f32)\n"
+            "  --index-code C         compact or fixed: how indices are coded (compact;\n"
+            "                         docs/formats.md section 8)\n"
             "  --collective C         auto, gather, reduce or sparse_reduce (auto); auto\n"
             "                         prices every bucket with the link its collectives\n"
             "                         cross (inter with more than one node, else intra):\n"
@@ -249,6 +252,12 @@ static int parse_args(int argc, char **argv, plan_opts_t *o)
             if (r < 0 || cli_parse_i64("buckets", v, &o->buckets)) return -1;
         } else if (OPT("--value-dtype")) {
             if (r < 0 || cli_parse_value_dtype("value-dtype", v, &o->value_dtype)) return -1;
+        } else if (OPT("--index-code")) {
+            if (r < 0) return -1;
+            if (igrad_index_code_from_name(v, &o->index_code) != IGRAD_OK) {
+                fprintf(stderr, "igrad plan: --index-code is '%s' (compact or fixed)\n", v);
+                return -1;
+            }
         } else if (!strcmp(a, "--auto-sparse-reduce")) {
             o->auto_sparse_reduce = 1;
         } else if (OPT("--latency")) {
@@ -699,6 +708,7 @@ static int method_config(plan_ctx_t *x, igrad_method_t m, igrad_config_t *c,
     c->buckets = (int)o->buckets;
     c->value_dtype = m == IGRAD_METHOD_DENSE ? IGRAD_DTYPE_F32 : o->value_dtype;
     c->collective = o->collective;
+    c->index_code = o->index_code;
     c->auto_sparse_reduce = m == IGRAD_METHOD_DENSE ? 0 : o->auto_sparse_reduce;
     /* auto prices with the link the buckets cross: the flat ring's slowest
      * level (plan_method sets inter for hier, whose shard engines' buckets
@@ -974,6 +984,7 @@ int cmd_plan(int argc, char **argv)
     o.release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
     o.buckets = 4;
     o.value_dtype = IGRAD_DTYPE_F32;
+    o.index_code = IGRAD_INDEX_CODE_COMPACT;
     o.collective = IGRAD_COLLECTIVE_AUTO;
     o.backward_share = 2.0 / 3.0;
     plan_level_parse("intra=nvlink", o.net);

@@ -121,6 +121,7 @@ PACK_POLICIES = {}       # igrad_pack_policy_name
 RESIDUAL_POLICIES = {}   # igrad_residual_policy_name
 COLLECTIVES = {}         # igrad_collective_name
 TOPOLOGIES = {}          # igrad_topology_name
+INDEX_CODES = {}         # igrad_index_code_name
 # (table, C function, what the function returns past the last value)
 NAME_TABLES = {
     "dtype": (DTYPE, "igrad_dtype_name", "?"),
@@ -132,6 +133,7 @@ NAME_TABLES = {
     "residual_policy": (RESIDUAL_POLICIES, "igrad_residual_policy_name", "unknown"),
     "collective": (COLLECTIVES, "igrad_collective_name", "unknown"),
     "topology": (TOPOLOGIES, "igrad_topology_name", "unknown"),
+    "index_code": (INDEX_CODES, "igrad_index_code_name", "unknown"),
 }
 # Enums without a name function in the library: tests/python/test_binding.py
 # checks these (and STATUS_NAMES) against include/igrad.h.
@@ -261,7 +263,7 @@ class Config(ctypes.Structure):
                 ("topology", c_enum), ("ranks_per_node", ctypes.c_int),
                 ("dense_below", ctypes.c_int64),
                 ("link_latency_ns", ctypes.c_int64), ("link_bandwidth_mbps", ctypes.c_int64),
-                ("auto_sparse_reduce", ctypes.c_int)]
+                ("auto_sparse_reduce", ctypes.c_int), ("index_code", c_enum)]
 
 
 class Bucket(ctypes.Structure):
@@ -432,6 +434,8 @@ SIGNATURES = {
     "igrad_link_to_config": (None, [dbl, dbl, ctypes.POINTER(i64), ctypes.POINTER(i64)]),
     "igrad_topology_from_name": (S, [cstr, ctypes.POINTER(c_enum)]),
     "igrad_topology_name": (cstr, [c_enum]),
+    "igrad_index_code_from_name": (S, [cstr, ctypes.POINTER(c_enum)]),
+    "igrad_index_code_name": (cstr, [c_enum]),
     "igrad_sparsifier_name": (cstr, [c_enum]),
     "igrad_dtype_name": (cstr, [c_enum]),
     # engine

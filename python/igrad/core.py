@@ -769,8 +769,8 @@ OPTIONS = ("method", "sparsifier", "interleave", "density", "release_period",
            "profile_steps", "profile_alpha", "profile_partition", "momentum", "start_iter",
            "target_ratio", "reprofile_every", "reprofile_margin", "topology",
            "ranks_per_node", "dense_below", "link_latency_ns", "link_bandwidth_mbps",
-           "auto_sparse_reduce")
-_ENUM_KINDS = {"method": "method", "sparsifier": "sparsifier", "schedule": "schedule",
+           "auto_sparse_reduce", "index_code")
+_ENUM_KINDS = {"index_code": "index_code", "method": "method", "sparsifier": "sparsifier", "schedule": "schedule",
                "residual": "residual_policy", "pack": "pack_policy", "value_dtype": "dtype",
                "index_dtype": "dtype", "collective": "collective", "topology": "topology",
                "grad_dtype": "dtype"}
@@ -850,7 +850,9 @@ class Config:
     topology, ranks_per_node   "flat" or "hier" (two-level sync)
     dense_below     tensors of fewer entries are sent whole
     link_latency_ns, link_bandwidth_mbps   the link collective "auto" prices
-    auto_sparse_reduce   "auto" may choose the sparse all-reduce"""
+    auto_sparse_reduce   "auto" may choose the sparse all-reduce
+    index_code      "compact" (Elias-Fano, bitmap or fixed per row, the
+                    smallest) or "fixed" (index_dtype's widths) indices"""
 
     method: str = _DEFAULTS["method"]
     sparsifier: str = _DEFAULTS["sparsifier"]
@@ -883,6 +885,7 @@ class Config:
     link_latency_ns: int = _DEFAULTS["link_latency_ns"]
     link_bandwidth_mbps: int = _DEFAULTS["link_bandwidth_mbps"]
     auto_sparse_reduce: bool = _DEFAULTS["auto_sparse_reduce"]
+    index_code: str = _DEFAULTS["index_code"]
 
     def __post_init__(self):
         self.to_struct()  # the library checks every value now

@@ -20,6 +20,7 @@ TABLE(residual, "residual policy", "on", "drop");
 TABLE(pack, "packing policy", "direct", "sequential", "greedy", "risk", "contiguous");
 TABLE(collective, "collective", "auto", "gather", "reduce", "sparse_reduce");
 TABLE(topology, "topology", "flat", "hier");
+TABLE(index_code, "index code", "fixed", "compact");
 
 /* The sparsifiers' names are their rows' (sparsifier.c). */
 const igrad__names_t igrad__sparsifier_names = {"sparsifier", &igrad__sparsifiers[0].name,
@@ -86,3 +87,4 @@ PUBLIC(residual_policy, residual, igrad_residual_policy_t)
 PUBLIC(pack_policy, pack, igrad_pack_policy_t)
 PUBLIC(collective, collective, igrad_collective_t)
 PUBLIC(topology, topology, igrad_topology_t)
+PUBLIC(index_code, index_code, igrad_index_code_t)

@@ -32,6 +32,7 @@ extern const igrad__names_t igrad__residual_names;
 extern const igrad__names_t igrad__pack_names;
 extern const igrad__names_t igrad__collective_names;
 extern const igrad__names_t igrad__topology_names;
+extern const igrad__names_t igrad__index_code_names;
 
 /* The name of value v, "unknown" outside the table. */
 const char *igrad__names_of(const igrad__names_t *t, int v);

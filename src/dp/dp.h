@@ -186,6 +186,11 @@ typedef struct igrad__dp_ops {
 igrad_status_t igrad__dp_bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
                                    const igrad__step_block_t *bi, int r, int64_t k,
                                    uint32_t v, int64_t bound);
+/* A compact block's run `run` of rank r's bytes that does not decode (err: a
+ * core/wire_code.h reader error), reported naming the step, bucket, rank,
+ * tensor, row (or block) and code (dp_cpu_unpack.c; the CUDA unpack too). */
+igrad_status_t igrad__dp_bad_code(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                  const igrad__step_block_t *bi, int r, int64_t run, int err);
 
 /* The CPU backend (dp_cpu.c). */
 extern const igrad__dp_ops_t igrad__dp_cpu;

@@ -35,7 +35,8 @@ typedef enum igrad__item_type {
     IGRAD__ITEM_PACK,
     IGRAD__ITEM_DTYPE,
     IGRAD__ITEM_COLLECTIVE,
-    IGRAD__ITEM_TOPOLOGY
+    IGRAD__ITEM_TOPOLOGY,
+    IGRAD__ITEM_INDEX_CODE
 } igrad__item_type_t;
 
 /* Item indices, in the order a mismatch is looked for: the first differing
@@ -92,6 +93,7 @@ enum {
     IGRAD__ITEM_CFG_LINK_LATENCY,    /* the link auto prices (route.c) */
     IGRAD__ITEM_CFG_LINK_BANDWIDTH,
     IGRAD__ITEM_CFG_AUTO_SPARSE_REDUCE,
+    IGRAD__ITEM_CFG_INDEX_CODE,      /* the wire's index code (formats.md §8) */
     IGRAD__NITEMS
 };
 #define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP

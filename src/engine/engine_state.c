@@ -35,7 +35,7 @@
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 7u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
+#define STATE_VERSION 8u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
                             online profiling, remedies), the velocity section and
                             the online profiling section; 4: 38 items
                             (reprofile_every, reprofile_margin) and the
@@ -44,7 +44,8 @@
                             items (link_latency_ns, link_bandwidth_mbps,
                             auto_sparse_reduce); 7: 40 items (risk_lambda,
                             gate_other, momentum_masking, residual_decay
-                            removed, the later items renumbered) */
+                            removed, the later items renumbered); 8: 41 items
+                            (index_code) */
 /* online section modes */
 #define ONLINE_NONE 0u      /* no online state (or the create-time profile) */
 #define ONLINE_WINDOW 1u    /* recording: the window's records follow */

@@ -61,8 +61,9 @@ igrad_status_t igrad__flat_tensor_plan(const igrad_engine_t *e, size_t t,
     out->release_count = tp->phase >= 0 ? tp->spec[1][0].count : 0;
     out->row_wise = tp->spec[0][0].row_wise;
     out->index_nbytes = tp->idx_nbytes[0][0];
-    out->step_nbytes = igrad__plan_tensor_nbytes(&e->plan, tp, 0, 0);
-    out->release_nbytes = tp->phase >= 0 ? igrad__plan_tensor_nbytes(&e->plan, tp, 1, 0) : 0;
+    out->step_nbytes = igrad__plan_tensor_wire_nbytes(&e->plan, tp, 0, 0);
+    out->release_nbytes =
+        tp->phase >= 0 ? igrad__plan_tensor_wire_nbytes(&e->plan, tp, 1, 0) : 0;
     return IGRAD_OK;
 }
 
@@ -74,7 +75,7 @@ int64_t igrad__flat_predict_payload(const igrad_engine_t *e, int64_t step)
     for (size_t t = 0; t < p->ntensors; t++) {
         const igrad__plan_tensor_t *tp = &p->t[t];
         if (!igrad__schedule_sent(tp->phase, p->cfg.release_period, step)) continue;
-        total += igrad__plan_tensor_nbytes(p, tp, tp->phase >= 0, par);
+        total += igrad__plan_tensor_wire_nbytes(p, tp, tp->phase >= 0, par);
     }
     return total;
 }

@@ -103,6 +103,9 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
                   (long long)c->link_bandwidth_mbps);
     IGRAD_FAIL_IF(c->auto_sparse_reduce != 0 && c->auto_sparse_reduce != 1, IGRAD_E_INVALID,
                   "config.auto_sparse_reduce is %d (0 or 1)", c->auto_sparse_reduce);
+    IGRAD_FAIL_IF(c->index_code != IGRAD_INDEX_CODE_FIXED &&
+                      c->index_code != IGRAD_INDEX_CODE_COMPACT,
+                  IGRAD_E_INVALID, "config.index_code is %d (fixed, compact)", (int)c->index_code);
     IGRAD_FAIL_IF(c->threads < 0 || c->threads > 4096, IGRAD_E_INVALID,
                   "config.threads is %d (must be in [0, 4096]; 0 = OpenMP default)", c->threads);
     IGRAD_FAIL_IF(!(c->timeout_s >= 0.0 && c->timeout_s <= DBL_MAX), IGRAD_E_INVALID,

@@ -127,9 +127,22 @@ igrad_status_t igrad__plan_check_profile(const igrad_profile_t *profile,
 igrad_status_t igrad__plan_copy_layout(igrad__plan_t *p, const igrad_layout_t *layout);
 /* Every tensor's select specs, wire index widths and block sizes. */
 igrad_status_t igrad__plan_tensors(igrad__plan_t *p);
-/* Sparse wire bytes of tensor tp's selection at release `rel`, parity `par`. */
+/* Sparse wire bytes of tensor tp's selection at release `rel`, parity `par`,
+ * with the fixed index widths: the release phases' weights and the arenas'
+ * bound (a compact code is never larger), so neither depends on
+ * config.index_code. */
 int64_t igrad__plan_tensor_nbytes(const igrad__plan_t *p, const igrad__plan_tensor_t *tp,
                                   int rel, int par);
+/* The bytes the same selection takes on the gather wire: its blocks'
+ * values and indices as config.index_code codes them (the payload). */
+int64_t igrad__plan_tensor_wire_nbytes(const igrad__plan_t *p, const igrad__plan_tensor_t *tp,
+                                       int rel, int par);
+/* The index code of block bi (its tensor, row_wise, count and idx_nbytes
+ * set) of a selection `sp` under config.index_code: idx_code, code_k,
+ * code_u, code_nbytes (all 0 for the fixed widths or a block without
+ * indices). A function of the plan alone (core/wire_code.h). */
+void igrad__plan_block_code(const igrad__plan_t *p, const igrad_select_spec_t *sp,
+                            igrad__step_block_t *bi);
 /* The components' important flags and release phases from the profile. */
 igrad_status_t igrad__plan_phases(igrad__plan_t *p, const igrad_profile_t *profile);
 /* The largest step: entries, blocks, gather bytes, dense floats. */

@@ -13,6 +13,8 @@
 #include "profile/profile_internal.h"
 #include "model/layout_internal.h"
 
+#include "core/wire_code.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -171,11 +173,44 @@ igrad_status_t igrad__plan_tensors(igrad__plan_t *p)
     return IGRAD_OK;
 }
 
-/* Bytes a tensor sends at a step kind. */
+/* Bytes a tensor sends at a step kind with the fixed index widths. */
 int64_t igrad__plan_tensor_nbytes(const igrad__plan_t *p, const igrad__plan_tensor_t *tp, int rel,
                              int par)
 {
     return tp->spec[rel][par].count * (p->value_nbytes + tp->idx_nbytes[rel][par]);
+}
+
+/* The bytes its blocks take on the gather wire (config.index_code). */
+int64_t igrad__plan_tensor_wire_nbytes(const igrad__plan_t *p, const igrad__plan_tensor_t *tp,
+                                       int rel, int par)
+{
+    const igrad_select_spec_t *sp = &tp->spec[rel][par];
+    int64_t blk = tp->blk_entries[rel][par], total = 0;
+    if (blk <= 0) blk = sp->count;
+    igrad__step_block_t bi;
+    memset(&bi, 0, sizeof bi);
+    bi.tensor = (uint32_t)(tp - p->t);
+    bi.idx_nbytes = tp->idx_nbytes[rel][par];
+    bi.row_wise = sp->row_wise;
+    for (int64_t f = 0; f < sp->count; f += blk) {
+        bi.count = sp->count - f < blk ? sp->count - f : blk;
+        igrad__plan_block_code(p, sp, &bi);
+        total += bi.count * p->value_nbytes + igrad__step_block_idx_bytes(&bi);
+    }
+    return total;
+}
+
+void igrad__plan_block_code(const igrad__plan_t *p, const igrad_select_spec_t *sp,
+                            igrad__step_block_t *bi)
+{
+    bi->idx_code = IGRAD__CODE_NONE;
+    bi->code_k = bi->code_u = bi->code_nbytes = 0;
+    if (p->cfg.index_code != IGRAD_INDEX_CODE_COMPACT || bi->idx_nbytes == 0 || bi->count <= 0)
+        return;
+    bi->code_k = sp->row_wise ? sp->per_row : bi->count;
+    bi->code_u = sp->row_wise ? sp->cols : p->t[bi->tensor].n;
+    bi->idx_code = igrad__code_choose(bi->code_k, bi->code_u, bi->idx_nbytes);
+    bi->code_nbytes = igrad__code_nbytes(bi->idx_code, bi->code_k, bi->code_u);
 }
 
 /* Floats a tensor needs in reduce buckets (its dense segments). */

@@ -67,6 +67,7 @@ igrad_status_t igrad__plan_step(igrad__plan_t *p, igrad__step_t *s, int update_h
             bi->row_wise = sp->row_wise;
             bi->first = b * blk;
             bi->count = s->blocks[m + (size_t)b].entries;
+            igrad__plan_block_code(p, sp, bi);
             if (dense) {
                 bi->seg_begin = bi->first;
                 bi->seg_count = bi->count;
@@ -125,7 +126,7 @@ igrad_status_t igrad__plan_step(igrad__plan_t *p, igrad__step_t *s, int update_h
         for (size_t q = 0; q < cnt; q++) {
             igrad__step_block_t *bi = &s->binfo[s->order[first + q]];
             entries += bi->count;
-            gbytes += bi->count * (p->value_nbytes + bi->idx_nbytes);
+            gbytes += bi->count * p->value_nbytes + igrad__step_block_idx_bytes(bi);
             /* flat blocks of one tensor share its whole-tensor segment */
             int shares = !dense && !bi->row_wise && prev && prev->tensor == bi->tensor;
             bi->seg_owner = !shares;
@@ -138,6 +139,7 @@ igrad_status_t igrad__plan_step(igrad__plan_t *p, igrad__step_t *s, int update_h
             prev = bi;
         }
         bk->entries = entries;
+        s->loads[j] = gbytes; /* the wire's bytes (the policy saw the fixed widths') */
         bk->dense_count = (size_t)dcount;
         igrad__route_bucket_t rb = {(int64_t)P, gbytes, dcount, entries};
         bk->route = igrad__route_choose(p->cfg.collective, dense, &rb, &link);

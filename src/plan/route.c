@@ -44,7 +44,8 @@ static void gather_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_
     *recv = P * (size_t)smax + slack;
 }
 
-/* [values of every block][32-bit indices][16-bit indices] (formats.md §8) */
+/* [values of every block][32-bit indices][16-bit indices][coded indices]
+ * (formats.md §8; a block has fixed widths or codes, by config.index_code) */
 static void gather_layout(igrad__step_t *s, int nranks, int value_nbytes, igrad__step_bucket_t *bk,
                           size_t *send_off, size_t *recv_off)
 {
@@ -57,10 +58,16 @@ static void gather_layout(igrad__step_t *s, int nranks, int value_nbytes, igrad_
     for (int width = 4; width >= 2; width -= 2)
         for (size_t q = 0; q < bk->nblocks; q++) {
             igrad__step_block_t *bi = &s->binfo[s->order[bk->first + q]];
-            if (bi->idx_nbytes != width) continue;
+            if (bi->idx_code || bi->idx_nbytes != width) continue;
             bi->idx_off = v;
             v += (size_t)bi->count * (size_t)width;
         }
+    for (size_t q = 0; q < bk->nblocks; q++) {
+        igrad__step_block_t *bi = &s->binfo[s->order[bk->first + q]];
+        if (!bi->idx_code) continue;
+        bi->idx_off = v;
+        v += (size_t)igrad__step_block_idx_bytes(bi);
+    }
     bk->send_off = *send_off;
     bk->send_nbytes = v;
     *send_off = align8(*send_off + v);

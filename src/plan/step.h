@@ -28,9 +28,22 @@ typedef struct igrad__step_block {
     int64_t row0;            /* row-wise: first row */
     int64_t seg_begin;       /* dense segment: tensor entries [seg_begin, +seg_count) */
     int64_t seg_count;
+    int idx_code;            /* compact wire (config.index_code): the code of each of
+                                the block's runs (core/wire_code.h); 0: the fixed
+                                widths of idx_nbytes */
+    int64_t code_k, code_u;  /* compact: entries and index range of each run (a row:
+                                per_row, cols; a flat block: count, the tensor's n) */
+    int64_t code_nbytes;     /* compact: bytes of each run; count / code_k runs */
     size_t val_off, idx_off; /* gather: offsets in a rank's bytes of the bucket */
     size_t dense_off;        /* reduce: offset (floats) of the segment in the bucket */
 } igrad__step_block_t;
+
+/* Bytes of a block's indices on the gather wire. */
+static inline int64_t igrad__step_block_idx_bytes(const igrad__step_block_t *bi)
+{
+    return bi->idx_code ? bi->count / bi->code_k * bi->code_nbytes
+                        : bi->count * (int64_t)bi->idx_nbytes;
+}
 
 /* One bucket of a step. */
 typedef struct igrad__step_bucket {

@@ -143,7 +143,10 @@ def w_resume(rank, world):
 
 def w_target(rank, world):
     R = 4
-    model, ddp, state = make_ddp(**dict(KW, target_ratio=0.5, release_period=R))
+    # the fitted ratio is one of fixed-width bytes (decision 0056): measure
+    # the payload in them
+    model, ddp, state = make_ddp(**dict(KW, target_ratio=0.5, release_period=R,
+                                        index_code="fixed"))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     pay = []
     for step in range(W + 2 * R):

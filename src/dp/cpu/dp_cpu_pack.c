@@ -4,7 +4,10 @@
  * into the values area, its indices (32-bit, or 16-bit narrowed) into the
  * index areas, at the offsets the route laid out (formats.md §8). Dense:
  * the selected entries scattered into zeros over the blocks' dense
- * segments, or for the dense method the gradients copied. Which blocks a
+ * segments, or for the dense method the gradients copied. With
+ * config.index_code compact a block's indices are its runs (rows, or the
+ * flat block) each coded as the plan chose (core/wire_code.h): the staged
+ * indices of a run are ascending already (the selection's order). Which blocks a
  * bucket holds is the control plane's (pack.c, engine.c). 16-bit wire
  * values (value_nbytes 2) are the staged values' 16-bit codes: the
  * selection already rounded them (dp_cpu_select.c), so this is exact. The
@@ -17,6 +20,7 @@
 #include "core/sparsifier.h"
 #include "comm/sparse_allreduce.h"
 #include "core/value16.h"
+#include "core/wire_code.h"
 
 #include <string.h>
 
@@ -66,7 +70,13 @@ void igrad__dp_cpu_pack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads)
         else
             put_values16(dst + bi->val_off, step->stage_val + src, bi->count,
                          plan->kargs.value_dtype);
-        if (bi->idx_nbytes == 4)
+        if (bi->idx_code) { /* compact: each run coded (core/wire_code.h) */
+            const uint32_t *in = step->stage_idx + src;
+            unsigned char *o = dst + bi->idx_off;
+            for (int64_t r = 0; r < bi->count / bi->code_k; r++)
+                igrad__code_encode(bi->idx_code, in + r * bi->code_k, bi->code_k, bi->code_u,
+                                   o + r * bi->code_nbytes);
+        } else if (bi->idx_nbytes == 4)
             memcpy(dst + bi->idx_off, step->stage_idx + src, (size_t)bi->count * 4);
         else
             put_index16(dst + bi->idx_off, step->stage_idx + src, bi->count);

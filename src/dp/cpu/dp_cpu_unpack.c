@@ -5,7 +5,10 @@
  * rank ends with bit-identical gradients. Received bytes are not trusted:
  * every index is checked against its tensor or row first, and every value
  * for being finite (a rank sends only values its check found finite), and
- * a bad one names the rank that sent it. 16-bit values (BF16, F16) are decoded to
+ * a bad one names the rank that sent it; compact index codes are decoded
+ * and checked run by run (core/wire_code.h: range, strict order, the
+ * code's ones and padding), a bad one naming the bucket, rank, tensor and
+ * row. 16-bit values (BF16, F16) are decoded to
  * F32 (exact) and added in the same order. 16-bit gradients
  * (config.grad_dtype) are unpacked all at once after the last bucket,
  * tensor by tensor through an F32 copy, and rounded once (unpack16).
@@ -19,6 +22,7 @@
 #include "core/sparsifier.h"
 #include "comm/sparse_allreduce.h"
 #include "core/value16.h"
+#include "core/wire_code.h"
 
 #include <math.h>
 #include <string.h>
@@ -46,6 +50,73 @@ static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
     uint16_t s;
     memcpy(&s, p + 2 * k, 2);
     return s;
+}
+
+/* The indices of one block of a rank's received bytes, entry by entry:
+ * fixed widths as they are, or compact runs decoded and checked (range,
+ * order, the code's ones and padding; core/wire_code.h). */
+typedef struct idx_iter {
+    const igrad__step_block_t *bi;
+    const unsigned char *ip;
+    int64_t k;
+    igrad__code_rd_t rd;
+} idx_iter_t;
+
+static inline void iter_start(idx_iter_t *it, const igrad__step_block_t *bi,
+                              const unsigned char *ip)
+{
+    it->bi = bi;
+    it->ip = ip;
+    it->k = 0;
+}
+
+/* Entry it->k's index into *x (then k + 1): 0, or a wire_code.h error of
+ * the run holding it (a fixed width: never an error here). */
+static inline int iter_next(idx_iter_t *it, uint32_t *x)
+{
+    const igrad__step_block_t *bi = it->bi;
+    if (!bi->idx_code) {
+        *x = read_index(it->ip, bi->idx_nbytes, it->k++);
+        return 0;
+    }
+    int64_t run = it->k / bi->code_k;
+    if (it->k % bi->code_k == 0) {
+        if (it->k > 0) {
+            int e = igrad__code_finish(&it->rd);
+            if (e) return e;
+        }
+        igrad__code_start(&it->rd, bi->idx_code, it->ip + run * bi->code_nbytes, bi->code_k,
+                          bi->code_u);
+    }
+    it->k++;
+    return igrad__code_next(&it->rd, x);
+}
+
+/* The run the last iter_next or iter_end looked at. */
+static inline int64_t iter_run(const idx_iter_t *it)
+{
+    return (it->k > 0 ? it->k - 1 : 0) / it->bi->code_k;
+}
+
+/* After the block's last entry: the last run's trailing bits. */
+static inline int iter_end(const idx_iter_t *it)
+{
+    return it->bi->idx_code && it->k > 0 ? igrad__code_finish(&it->rd) : 0;
+}
+
+igrad_status_t igrad__dp_bad_code(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                  const igrad__step_block_t *bi, int r, int64_t run, int err)
+{
+    (void)mem;
+    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                       "step %lld: bucket %d: rank %d sent a bad %s index code for tensor %s "
+                       "(%s %lld: %lld indices in [0, %lld)): %s; its bytes are bad (a "
+                       "corrupt transport, or ranks out of step); nothing more is unpacked "
+                       "and the engine is unusable",
+                       (long long)step->cur_step, bk->index, r, igrad__code_name(bi->idx_code),
+                       plan->t[bi->tensor].name, bi->row_wise ? "row" : "block entry",
+                       bi->row_wise ? (long long)(bi->row0 + run) : (long long)bi->first,
+                       (long long)bi->code_k, (long long)bi->code_u, igrad__code_error(err));
 }
 
 igrad_status_t igrad__dp_bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
@@ -135,7 +206,22 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
             /* A rank's bytes start at r * send_nbytes, which need not be
              * 4-aligned: read through memcpy. */
             const int iw = bi->idx_nbytes;
-            if (bi->row_wise) {
+            if (bi->idx_code) { /* compact: the decoder checks every index */
+                const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
+                idx_iter_t it;
+                iter_start(&it, bi, ip);
+                for (int64_t k = 0; k < bi->count; k++) {
+                    uint32_t i = 0;
+                    int e = iter_next(&it, &i);
+                    if (e) return igrad__dp_bad_code(plan, step, mem, bk, bi, r, iter_run(&it), e);
+                    float *gr = bi->row_wise ? g + (bi->row0 + k / sp->per_row) * sp->cols : g;
+                    float v = read_value(vp, vw, vt, k);
+                    if (!isfinite(v)) return bad_value(plan, step, mem, bk, bi, r, k, v);
+                    gr[i] += v * inv;
+                }
+                int e = iter_end(&it);
+                if (e) return igrad__dp_bad_code(plan, step, mem, bk, bi, r, iter_run(&it), e);
+            } else if (bi->row_wise) {
                 const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
                 int64_t rows = bi->count / sp->per_row, per = sp->per_row;
                 for (int64_t rr = 0; rr < rows; rr++) {
@@ -291,8 +377,12 @@ static void sweep_received(IGRAD__DP_CARGS, size_t t, float *acc, uint16_t *g16)
                 const unsigned char *ip = base + bi->idx_off;
                 const igrad_select_spec_t *sp = &plan->t[t].spec[step->rel[t]][par];
                 int64_t per = bi->row_wise ? sp->per_row : bi->count;
+                idx_iter_t it;
+                iter_start(&it, bi, ip);
                 for (int64_t k = 0; k < bi->count; k++) {
-                    int64_t i = read_index(ip, bi->idx_nbytes, k);
+                    uint32_t x = 0;
+                    (void)iter_next(&it, &x); /* checked by unpack_sparse */
+                    int64_t i = x;
                     if (bi->row_wise) i += (bi->row0 + k / per) * sp->cols;
                     if (g16) g16[i] = igrad__to16(gt, acc[i]);
                     else acc[i] = 0.0f;

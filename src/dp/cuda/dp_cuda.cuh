@@ -31,6 +31,8 @@ typedef struct igrad__cuda_blk {
     int64_t per_row, row0, cols; /* row-wise */
     int width;              /* index bytes: 2 or 4 */
     int row_wise;
+    int code;               /* compact: each run's code (core/wire_code.h); 0: width */
+    int64_t code_k, code_u, code_nbytes; /* compact: entries, range, bytes of a run */
 } igrad__cuda_blk_t;
 
 /* One dense segment of a sparse all-reduce bucket (a block that opens its

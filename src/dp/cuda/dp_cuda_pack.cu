@@ -14,12 +14,17 @@
  *    indices within a bucket are distinct, so the threads of one launch
  *    never touch the same entry, and each entry receives its P adds in
  *    rank order: the CPU backend's order, so the same bits on every rank.
+ *  compact index codes (config.index_code): each run (a row, or a flat
+ *    block) is coded and decoded by one thread with core/wire_code.h, the
+ *    functions the CPU backend runs; the check decodes every run first
+ *    (the first bad run per rank and block), then the adds decode again.
  *  unpack, dense wire: the summed segments times 1/P (the dense method
  *    assigns them).
  * The block descriptions travel to the device per bucket (O(blocks)).
  */
 #include "dp/cuda/dp_cuda.cuh"
 #include "core/sparsifier.h"
+#include "core/wire_code.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +36,34 @@ __global__ void narrow_kernel(unsigned char *dst, const uint32_t *idx, int64_t c
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < count; k += stride)
         igrad__write_index16(dst, k, idx[k]);
+}
+
+/* Compact: run r of a block (k indices of [0, u)) coded into its bytes,
+ * one thread per run (runs are byte-aligned: no two threads share a byte). */
+__global__ void encode_kernel(unsigned char *dst, const uint32_t *idx, int64_t runs, int code,
+                              int64_t k, int64_t u, int64_t nbytes)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < runs; r += stride)
+        igrad__code_encode(code, idx + r * k, k, u, dst + r * nbytes);
+}
+
+/* Compact: 0 when run `run` of block b at ip decodes (range, order, the
+ * code's ones and padding), else the reader's error; with add, each entry
+ * added times inv into its row (or the flat tensor). */
+__device__ int run_decode(const igrad__cuda_blk_t &b, const unsigned char *ip,
+                          const unsigned char *vp, int64_t run, int add, float inv)
+{
+    igrad__code_rd_t rd;
+    igrad__code_start(&rd, b.code, ip + run * b.code_nbytes, b.code_k, b.code_u);
+    float *g = b.row_wise ? b.g + (b.row0 + run) * b.cols : b.g;
+    for (int64_t j = 0; j < b.code_k; j++) {
+        uint32_t i = 0;
+        int e = igrad__code_next(&rd, &i);
+        if (e) return e;
+        if (add) g[i] = igrad__unpack_add(g[i], igrad__read_value(vp, run * b.code_k + j), inv);
+    }
+    return igrad__code_finish(&rd);
 }
 
 __global__ void scatter_kernel(float *d, const uint32_t *idx, const float *val, int64_t count,
@@ -50,6 +83,12 @@ __global__ void check_kernel(const igrad__cuda_blk_t *blk, const unsigned char *
     int r = (int)blockIdx.y;
     const igrad__cuda_blk_t b = blk[q];
     const unsigned char *ip = recv + (size_t)r * rank_nbytes + b.idx_off;
+    if (b.code) { /* compact: the first bad run */
+        for (int64_t run = threadIdx.x; run < b.count / b.code_k; run += blockDim.x)
+            if (run_decode(b, ip, NULL, run, 0, 0.0f))
+                atomicMin(&bad[(int64_t)r * nb + q], (uint32_t)run);
+        return;
+    }
     for (int64_t k = threadIdx.x; k < b.count; k += blockDim.x)
         if ((int64_t)igrad__read_index(ip, b.width, k) >= b.bound)
             atomicMin(&bad[(int64_t)r * nb + q], (uint32_t)k);
@@ -60,6 +99,11 @@ __global__ void add_kernel(const igrad__cuda_blk_t *blk, const unsigned char *ba
 {
     const igrad__cuda_blk_t b = blk[blockIdx.x];
     const unsigned char *vp = base + b.val_off, *ip = base + b.idx_off;
+    if (b.code) { /* compact: a thread per run (checked already) */
+        for (int64_t run = threadIdx.x; run < b.count / b.code_k; run += blockDim.x)
+            (void)run_decode(b, ip, vp, run, 1, inv);
+        return;
+    }
     for (int64_t k = threadIdx.x; k < b.count; k += blockDim.x) {
         uint32_t i = igrad__read_index(ip, b.width, k);
         float *g = b.row_wise ? b.g + (b.row0 + k / b.per_row) * b.cols : b.g;
@@ -117,7 +161,12 @@ void igrad__dp_cuda_pack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads)
         int64_t src = step->stage_off[bi->tensor] + bi->first;
         cudaMemcpyAsync(dst + bi->val_off, step->stage_val + src, (size_t)bi->count * sizeof(float),
                         cudaMemcpyDeviceToDevice, s);
-        if (bi->idx_nbytes == 4)
+        if (bi->idx_code) {
+            int64_t runs = bi->count / bi->code_k;
+            encode_kernel<<<igrad__cuda_grid(runs), IGRAD__CUDA_THREADS, 0, s>>>(
+                dst + bi->idx_off, step->stage_idx + src, runs, bi->idx_code, bi->code_k,
+                bi->code_u, bi->code_nbytes);
+        } else if (bi->idx_nbytes == 4)
             cudaMemcpyAsync(dst + bi->idx_off, step->stage_idx + src, (size_t)bi->count * 4,
                             cudaMemcpyDeviceToDevice, s);
         else
@@ -177,6 +226,10 @@ igrad_status_t igrad__dp_cuda_unpack_sparse(IGRAD__DP_ARGS, size_t j, float *con
         b->cols = sp->cols;
         b->width = bi->idx_nbytes;
         b->row_wise = bi->row_wise;
+        b->code = bi->idx_code;
+        b->code_k = bi->code_k;
+        b->code_u = bi->code_u;
+        b->code_nbytes = bi->code_nbytes;
     }
     const unsigned char *recv = mem->recv_arena + bk->recv_off;
     cudaError_t err = cudaMemcpyAsync(st->d_blk, st->h_blk, nb * sizeof *st->h_blk,
@@ -195,6 +248,22 @@ igrad_status_t igrad__dp_cuda_unpack_sparse(IGRAD__DP_ARGS, size_t j, float *con
             uint32_t k = st->h_bad[r * nb + q];
             if (k == UINT32_MAX) continue;
             const igrad__cuda_blk_t *b = &st->h_blk[q];
+            const igrad__step_block_t *bi = &step->binfo[step->order[bk->first + q]];
+            if (b->code) { /* the bad run's bytes, decoded here for its error */
+                unsigned char *run = (unsigned char *)malloc((size_t)b->code_nbytes);
+                IGRAD_FAIL_IF(!run, IGRAD_E_NOMEM, "CUDA unpack: out of memory");
+                cudaMemcpy(run, recv + r * bk->send_nbytes + b->idx_off + (size_t)k * b->code_nbytes,
+                           (size_t)b->code_nbytes, cudaMemcpyDeviceToHost);
+                igrad__code_rd_t rd;
+                igrad__code_start(&rd, b->code, run, b->code_k, b->code_u);
+                int e = 0;
+                uint32_t x = 0;
+                for (int64_t n = 0; n < b->code_k && !e; n++) e = igrad__code_next(&rd, &x);
+                if (!e) e = igrad__code_finish(&rd);
+                free(run);
+                return igrad__dp_bad_code(plan, step, mem, bk, bi, (int)r, (int64_t)k,
+                                          e ? e : IGRAD__CODE_E_FEW);
+            }
             unsigned char bytes[4] = {0, 0, 0, 0};
             cudaMemcpy(bytes, recv + r * bk->send_nbytes + b->idx_off + (size_t)b->width * k,
                        (size_t)b->width, cudaMemcpyDeviceToHost);
