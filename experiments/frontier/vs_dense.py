@@ -51,7 +51,8 @@ def steady_payload(rd, s):
 
 def record(rd, source):
     s = json.load(open(os.path.join(rd, "summary.json")))
-    return {"val_loss": s["final"]["val_loss"], "task_accuracy": s["final"].get("task_accuracy"),
+    return {"val_loss": s["final"]["val_loss"], "val_acc": s["final"]["val_acc"],
+            "task_accuracy": s["final"].get("task_accuracy"),
             "payload_bytes_per_step": steady_payload(rd, s), "steps": s["steps"],
             "complete": s["complete"], "source": source,
             "profile": s["config"].get("profile")}
