@@ -12,7 +12,8 @@ PREFIX-s<seed>/summary.json; the table marks them). The table pairs
 by seed: per workload and method, val loss per seed and mean, the mean of
 the per-seed ratios to dense and to adtopk_sync, payload bytes per step
 (ig with an online profile: after its switch) and, on task workloads,
-exact-match accuracy. Writes OUT/vs_dense.md and OUT/vs_dense.json.
+exact-match accuracy; the whole run's payload (ig's 30 profiling steps
+send what adtopk_sync sends) beside it. Writes OUT/vs_dense.md and OUT/vs_dense.json.
 
 Usage: /usr/bin/python3 experiments/frontier/vs_dense.py
        [--out runs/vs_dense] [--workloads lodash:,fortunes:] [--seeds 1337,7,42]
@@ -35,6 +36,8 @@ METHODS = {
     "dense": ["--method", "dense"],
     "adtopk_sync": ["--method", "adtopk_sync"],
     "ig": ["--method", "ig", "--profile", "auto", "--target-ratio", "0.25"],
+    # a probe, not a default: part 7's dense warm-up (30 plain dense steps)
+    "adtopk_sync+start30": ["--method", "adtopk_sync", "--start-iter", "30"],
 }
 
 
@@ -53,7 +56,8 @@ def record(rd, source):
     s = json.load(open(os.path.join(rd, "summary.json")))
     return {"val_loss": s["final"]["val_loss"], "val_acc": s["final"]["val_acc"],
             "task_accuracy": s["final"].get("task_accuracy"),
-            "payload_bytes_per_step": steady_payload(rd, s), "steps": s["steps"],
+            "payload_bytes_per_step": steady_payload(rd, s),
+            "payload_bytes_per_step_run": float(s["payload_bytes_per_step"]), "steps": s["steps"],
             "complete": s["complete"], "source": source,
             "profile": s["config"].get("profile")}
 
@@ -94,6 +98,8 @@ def main():
     for seed in seeds:  # seed outermost: a partial set is still paired
         for w in workloads:
             for m in methods:
+                if m not in METHODS and (w, m) not in reuse:
+                    continue  # a name only --reuse gives (e.g. another script's variant)
                 if (w, m) in reuse:
                     rd, src = f"{reuse[(w, m)]}-s{seed}", "reused"
                 else:
@@ -118,9 +124,9 @@ def table(a, workloads, methods, seeds, runs):
                                   "task": I.TASK, "methods": METHODS}, "workloads": {}}
     head = ["workload", "method", "seeds", "val loss per seed", "val loss mean",
             "÷ dense (paired)", "÷ adtopk_sync (paired)", "payload B/step",
-            "payload ÷ adtopk_sync", "exact match"]
+            "payload ÷ adtopk_sync", "whole run's payload ÷ adtopk_sync", "exact match"]
     rows.append("| " + " | ".join(head) + " |")
-    rows.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    rows.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for w in workloads:
         ow = out["workloads"][w] = {}
         for m in methods:
@@ -138,6 +144,8 @@ def table(a, workloads, methods, seeds, runs):
                               / runs[(w, ref, s)]["payload_bytes_per_step"] for s in ps]), ps)
             vd, _, pd = paired("dense")
             va, pa, ps = paired("adtopk_sync")
+            pw = mean([r[s]["payload_bytes_per_step_run"]
+                       / runs[(w, "adtopk_sync", s)]["payload_bytes_per_step_run"] for s in ps])
             acc = [r[s]["task_accuracy"] for s in have if r[s]["task_accuracy"] is not None]
             ow[m] = {"per_seed": {str(s): r[s] for s in have},
                      "val_loss_mean": mean([r[s]["val_loss"] for s in have]),
@@ -153,7 +161,7 @@ def table(a, workloads, methods, seeds, runs):
                 f" | {', '.join(map(str, have))} | "
                 f"{', '.join(format(r[s]['val_loss'], '.4f') for s in have)} | "
                 f"{g['val_loss_mean']:.4f} | {fmt(vd, '.4f')} | {fmt(va, '.4f')} | "
-                f"{g['payload_bytes_per_step']:.0f} | {fmt(pa, '.4f')} | "
+                f"{g['payload_bytes_per_step']:.0f} | {fmt(pa, '.4f')} | {fmt(pw, '.4f')} | "
                 f"{fmt(g['task_accuracy_mean'], '.3f')} |")
     os.makedirs(a.out, exist_ok=True)
     text = "\n".join(rows)
