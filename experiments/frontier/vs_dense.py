@@ -1,0 +1,176 @@
+#!/usr/bin/python3
+"""vs_dense.py — the default sparse methods against dense (issue 27, part 7).
+
+Post-trains the demo's base with `igrad train`'s defaults and the demo's
+post-train settings (importance.py's POST / TASK: 2 ranks, 120 steps,
+density 1 %, 16 x 64 tokens, lr 1e-3 -> 1e-4, warm-up 10) with `dense`,
+`adtopk_sync` and `ig --profile auto --target-ratio 0.25`, per workload
+and seed, one run at a time; a run whose summary.json exists is read, not
+run again (--run none only reads). Runs that another script made at the
+same settings can be reused with --reuse METHOD@W=PREFIX (the runs are
+PREFIX-s<seed>/summary.json; the table marks them). The table pairs
+by seed: per workload and method, val loss per seed and mean, the mean of
+the per-seed ratios to dense and to adtopk_sync, payload bytes per step
+(ig with an online profile: after its switch) and, on task workloads,
+exact-match accuracy; the whole run's payload (ig's 30 profiling steps
+send what adtopk_sync sends) beside it. Writes OUT/vs_dense.md and OUT/vs_dense.json.
+
+Usage: /usr/bin/python3 experiments/frontier/vs_dense.py
+       [--out runs/vs_dense] [--workloads lodash:,fortunes:] [--seeds 1337,7,42]
+       [--methods dense,adtopk_sync,ig] [--steps 120]
+       [--base runs/demo/base/checkpoint] [--igrad build/igrad]
+       [--reuse adtopk_sync@fortunes:=runs/importance/skip/adtopk_sync] [--run all|none]
+"""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import importance as I  # noqa: E402
+
+METHODS = {
+    "dense": ["--method", "dense"],
+    "adtopk_sync": ["--method", "adtopk_sync"],
+    "ig": ["--method", "ig", "--profile", "auto", "--target-ratio", "0.25"],
+    # a probe, not a default: part 7's dense warm-up (30 plain dense steps)
+    "adtopk_sync+start30": ["--method", "adtopk_sync", "--start-iter", "30"],
+}
+
+
+def steady_payload(rd, s):
+    """Payload bytes per step after an online profile's switch (before it
+    the run sends what adtopk_sync sends); otherwise the run's mean."""
+    sw = (s.get("online_profile") or {}).get("switch_step")
+    if sw is None:
+        return float(s["payload_bytes_per_step"])
+    with open(os.path.join(rd, "metrics.csv")) as f:
+        after = [float(r["payload_bytes"]) for r in csv.DictReader(f) if int(r["step"]) >= sw]
+    return sum(after) / len(after) if after else float(s["payload_bytes_per_step"])
+
+
+def record(rd, source):
+    s = json.load(open(os.path.join(rd, "summary.json")))
+    return {"val_loss": s["final"]["val_loss"], "val_acc": s["final"]["val_acc"],
+            "task_accuracy": s["final"].get("task_accuracy"),
+            "payload_bytes_per_step": steady_payload(rd, s),
+            "payload_bytes_per_step_run": float(s["payload_bytes_per_step"]), "steps": s["steps"],
+            "complete": s["complete"], "source": source,
+            "profile": s["config"].get("profile")}
+
+
+def mean(v):
+    return sum(v) / len(v) if v else None
+
+
+def fmt(x, f):
+    return "–" if x is None else format(x, f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="runs/vs_dense")
+    ap.add_argument("--workloads", default="lodash:,fortunes:")
+    ap.add_argument("--seeds", default="1337,7,42")
+    ap.add_argument("--methods", default="dense,adtopk_sync,ig")
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--base", default="runs/demo/base/checkpoint")
+    ap.add_argument("--igrad", default="build/igrad")
+    ap.add_argument("--reuse", action="append", default=[],
+                    help="METHOD@W=PREFIX: read METHOD's runs on workload W from "
+                    "PREFIX-s<seed> (made elsewhere at the same settings), run none")
+    ap.add_argument("--run", choices=("all", "none"), default="all")
+    a = ap.parse_args()
+    os.chdir(REPO)  # relative paths, as the runs record them
+    seeds = [int(s) for s in a.seeds.split(",") if s]
+    workloads = [w for w in a.workloads.split(",") if w]
+    methods = [m for m in a.methods.split(",") if m]
+    reuse = {}
+    for r in a.reuse:
+        key, d = r.split("=", 1)
+        m, w = key.split("@", 1)
+        reuse[(w, m)] = d
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    runs = {}
+    for seed in seeds:  # seed outermost: a partial set is still paired
+        for w in workloads:
+            for m in methods:
+                if m not in METHODS and (w, m) not in reuse:
+                    continue  # a name only --reuse gives (e.g. another script's variant)
+                if (w, m) in reuse:
+                    rd, src = f"{reuse[(w, m)]}-s{seed}", "reused"
+                else:
+                    rd, src = os.path.join(a.out, I.label(w), f"{m}-s{seed}"), "this script"
+                done = os.path.exists(os.path.join(rd, "summary.json"))
+                if not done and a.run == "all" and src == "this script":
+                    cmd = ["nice", "-n", "10", "mpirun", "--oversubscribe", "--bind-to", "none",
+                           "-np", "2", a.igrad, "train", "--init", a.base, "--data", w,
+                           *(I.TASK if w.startswith("task:") else I.POST), *METHODS[m],
+                           "--steps", str(a.steps), "--eval-every", "0", "--seed", str(seed),
+                           "--out", rd]
+                    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+                    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+                    done = True
+                if done:
+                    runs[(w, m, seed)] = record(rd, src)
+    table(a, workloads, methods, seeds, runs)
+
+
+def table(a, workloads, methods, seeds, runs):
+    rows, out = [], {"settings": {"steps": a.steps, "seeds": seeds, "post": I.POST,
+                                  "task": I.TASK, "methods": METHODS}, "workloads": {}}
+    head = ["workload", "method", "seeds", "val loss per seed", "val loss mean",
+            "÷ dense (paired)", "÷ adtopk_sync (paired)", "payload B/step",
+            "payload ÷ adtopk_sync", "whole run's payload ÷ adtopk_sync", "exact match"]
+    rows.append("| " + " | ".join(head) + " |")
+    rows.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for w in workloads:
+        ow = out["workloads"][w] = {}
+        for m in methods:
+            have = [s for s in seeds if (w, m, s) in runs]
+            if not have:
+                continue
+            r = {s: runs[(w, m, s)] for s in have}
+
+            def paired(ref):
+                ps = [s for s in have if (w, ref, s) in runs]
+                if not ps:
+                    return None, None, []
+                return (mean([r[s]["val_loss"] / runs[(w, ref, s)]["val_loss"] for s in ps]),
+                        mean([r[s]["payload_bytes_per_step"]
+                              / runs[(w, ref, s)]["payload_bytes_per_step"] for s in ps]), ps)
+            vd, _, pd = paired("dense")
+            va, pa, ps = paired("adtopk_sync")
+            pw = mean([r[s]["payload_bytes_per_step_run"]
+                       / runs[(w, "adtopk_sync", s)]["payload_bytes_per_step_run"] for s in ps])
+            acc = [r[s]["task_accuracy"] for s in have if r[s]["task_accuracy"] is not None]
+            ow[m] = {"per_seed": {str(s): r[s] for s in have},
+                     "val_loss_mean": mean([r[s]["val_loss"] for s in have]),
+                     "val_loss_ratio_dense": vd, "paired_dense_seeds": pd,
+                     "val_loss_ratio_adtopk_sync": va, "payload_ratio_adtopk_sync": pa,
+                     "paired_adtopk_sync_seeds": ps,
+                     "payload_bytes_per_step": mean([r[s]["payload_bytes_per_step"]
+                                                     for s in have]),
+                     "task_accuracy_mean": mean(acc) if acc else None}
+            g = ow[m]
+            rows.append(
+                f"| {w} | {m}{' (reused)' if any(r[s]['source'] == 'reused' for s in have) else ''}"
+                f" | {', '.join(map(str, have))} | "
+                f"{', '.join(format(r[s]['val_loss'], '.4f') for s in have)} | "
+                f"{g['val_loss_mean']:.4f} | {fmt(vd, '.4f')} | {fmt(va, '.4f')} | "
+                f"{g['payload_bytes_per_step']:.0f} | {fmt(pa, '.4f')} | {fmt(pw, '.4f')} | "
+                f"{fmt(g['task_accuracy_mean'], '.3f')} |")
+    os.makedirs(a.out, exist_ok=True)
+    text = "\n".join(rows)
+    with open(os.path.join(a.out, "vs_dense.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(a.out, "vs_dense.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
