@@ -38,6 +38,10 @@ METHODS = {
     "ig": ["--method", "ig", "--profile", "auto", "--target-ratio", "0.25"],
     # a probe, not a default: part 7's dense warm-up (30 plain dense steps)
     "adtopk_sync+start30": ["--method", "adtopk_sync", "--start-iter", "30"],
+    # probes: a higher density (the last --density given wins over the
+    # settings' 0.01)
+    "adtopk_sync@rho0.05": ["--method", "adtopk_sync", "--density", "0.05"],
+    "adtopk_sync@rho0.2": ["--method", "adtopk_sync", "--density", "0.2"],
 }
 
 
