@@ -5,7 +5,10 @@
 # 2-rank `igrad bench comm --json` sweep there returns one row per
 # (collective, size) for all four collectives (allgather, allreduce, and
 # the hier node step's reduce and bcast); the testbed's namespaces are gone afterwards; bad
-# testbed options exit 2 and bad bench comm input exits 2 with a message.
+# testbed options exit 2 and bad bench comm input exits 2 with a message;
+# --subnet puts the nodes in the /24 asked for, a malformed one exits 2,
+# and a second testbed on a subnet already in use is refused (exit 2)
+# while one on another subnet runs.
 # Without root / CAP_NET_ADMIN or mpirun it exits 77 (CTest: skipped).
 # Usage: testbed.sh path/to/igrad   (CTest passes the built binary)
 set -euo pipefail
@@ -76,6 +79,48 @@ assert got == [(op, b) for op in ("allgather", "allreduce", "reduce", "bcast")
                for b in (4096, 65536)], got
 assert all(r["ms"] > 0 for r in d["rows"]), d["rows"]
 PY
+# --subnet: the nodes live in the /24 asked for, and while a testbed holds a
+# subnet a second one on it is refused (exit 2) -- so two run at once only
+# on different subnets. 10.252.0 / 10.253.0: not the default, so a testbed
+# another job runs with the default does not collide with this check.
+sub=10.252.0
+set +e
+"$testbed" --nodes 1 --subnet 10.300.0 -- true >/dev/null 2>"$tmp/badsub"; rc_bad=$?
+set -e
+check "testbed --subnet 10.300.0 exits 2 naming it" \
+  bash -c "[ $rc_bad -eq 2 ] && grep -q 'subnet must be three octets' '$tmp/badsub'"
+timeout 120 "$testbed" --nodes 2 --ranks-per-node 1 --rate 1gbit --subnet "$sub" -- \
+  sh -c 'echo "rank $OMPI_COMM_WORLD_RANK $(ip -4 -o addr show | awk "{print \$4}" | tr "\n" " ")"' \
+  >"$tmp/sub" 2>/dev/null
+check "testbed --subnet $sub: rank i has $sub.(i+1)/24" python3 - "$tmp/sub" "$sub" <<'PY'
+import sys
+sub = sys.argv[2]
+rows = {l.split()[1]: l.split()[2:] for l in open(sys.argv[1]) if l.startswith("rank ")}
+assert sorted(rows) == ["0", "1"], rows
+for r, addrs in rows.items():
+    assert f"{sub}.{int(r) + 1}/24" in addrs, (r, addrs)
+    assert not any(a.startswith("10.231.0.") for a in addrs), (r, addrs)
+PY
+# a testbed holding $sub (its rank waits for a file), then a second one on it
+held=10.253.0
+timeout 120 "$testbed" --nodes 1 --subnet "$held" -- \
+  sh -c "touch '$tmp/up'; i=0; while [ ! -e '$tmp/go' ] && [ \$i -lt 600 ]; do sleep 0.1; i=\$((i+1)); done" \
+  >/dev/null 2>&1 &
+holder=$!
+for _ in $(seq 600); do [ -e "$tmp/up" ] && break; sleep 0.1; done
+set +e
+"$testbed" --nodes 1 --subnet "$held" -- true >/dev/null 2>"$tmp/busy"; rc_busy=$?
+"$testbed" --nodes 1 --subnet 10.254.0 -- true >/dev/null 2>&1; rc_free=$?
+set -e
+touch "$tmp/go"
+set +e
+wait "$holder"; rc_holder=$?
+set -e
+check "a second testbed on a subnet in use exits 2 naming it" \
+  bash -c "[ -e '$tmp/up' ] && [ $rc_busy -eq 2 ] && grep -q 'subnet $held.0/24 is already on an interface' '$tmp/busy'"
+check "meanwhile a testbed on another subnet runs" [ $rc_free -eq 0 ]
+check "the holding testbed ends normally" [ $rc_holder -eq 0 ]
+
 after=$(ip netns list | awk '{print $1}' | sort)
 check "no testbed namespace left" bash -c "! comm -13 <(echo '$before') <(echo '$after') | grep -q '^igtb'"
 

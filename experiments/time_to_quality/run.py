@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Time to quality on shaped links (issue 28 part 4).
+
+Post-trains the demo's base checkpoint on the netns testbed
+(experiments/netem/testbed: 2 nodes x 1 rank, MPI over TCP on veths shaped
+to RATE each way) with `dense`, `adtopk_sync` and `ig` (trainer defaults,
+the demo's settings) at several link rates and seeds, evaluating every
+--eval-every steps, and writes docs/results/time_to_quality.{json,md,png}.
+
+Per (rate, seed) the target is dense's final validation loss at that same
+rate and seed. For each run:
+  steps_to_target   the first evaluated step whose val loss <= target (null
+                    if none); wall_s_to_target the training time up to it
+  wall_s            training time of the whole run: the sum of the per-step
+                    `step_ms` of metrics.csv (forward, backward, sync,
+                    optimizer), so evaluation, checkpoint saving and start-up
+                    are excluded; wall_s_with_eval is summary.json's wall_s
+                    (everything from start-up to the end)
+  dense_steps_to_final / dense_wall_s_to_final
+                    when dense (same rate and seed) first reached this run's
+                    final val loss: the step-count penalty at the quality
+                    the method does reach is steps / dense_steps_to_final,
+                    and the measured time-to-quality speed-up there is
+                    dense_wall_s_to_final / wall_s
+  load_before/after the 1-minute load average when the run started / ended
+                    (the machine is shared: the three methods of a (seed,
+                    rate) run back to back so they see similar load)
+
+Runs are kept under --runs (default runs/time_to_quality) and reused when
+their summary.json says complete, so an interrupted sweep resumes.
+
+Usage: experiments/time_to_quality/run.py IGRAD_BINARY [--rates 1000,200,50]
+           [--seeds 1337,7,42] [--subnet 10.251.0] [--report-only] ...
+Needs root / CAP_NET_ADMIN for the testbed (exit 3 where it refuses)."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402
+
+METHODS = ["dense", "adtopk_sync", "ig"]
+COLORS = {"dense": "tab:gray", "adtopk_sync": "tab:orange", "ig": "tab:blue"}
+
+
+def run_dir(a, rate, method, seed):
+    return os.path.join(a.runs, f"r{rate}", f"{method}-s{seed}")
+
+
+def complete(d):
+    try:
+        with open(os.path.join(d, "summary.json")) as f:
+            return json.load(f).get("complete") is True
+    except (OSError, ValueError):
+        return False
+
+
+def train(a, rate, method, seed):
+    d = run_dir(a, rate, method, seed)
+    if complete(d):
+        return
+    os.makedirs(d, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    if common.blas_coretype():
+        env["OPENBLAS_CORETYPE"] = common.blas_coretype()
+    cmd = [os.path.join(common.REPO, "experiments", "netem", "testbed"), "--nodes", "2",
+           "--ranks-per-node", "1", "--rate", f"{rate}mbit",
+           # the tbf bucket holds 1 ms at the rate (at least the testbed's 4 packets): with
+           # 4 packets a loaded 2-core machine's timers cannot pace 1 Gbit/s
+           "--burst", str(max(6000, rate * 125)), "--subnet", a.subnet, "--",
+           "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS"]
+    for v in ("OPENBLAS_CORETYPE", "IGRAD_DATA_DIR"):
+        if v in env:
+            cmd += ["-x", v]
+    cmd += [a.igrad, "train", "--method", method, "--init", os.path.abspath(a.base), "--data", a.data,
+            "--steps", str(a.steps), "--density", "0.01", "--seq-len", "64", "--batch", "16",
+            "--lr", "1e-3", "--min-lr", "1e-4", "--warmup", "10", "--threads", "1",
+            "--val-fraction", "0.1", "--eval-batches", "8", "--seed", str(seed),
+            "--eval-every", str(a.eval_every), "--progress", "plain", "--out", d]
+    if method == "ig":
+        cmd += ["--profile", "auto"]  # as scripts/demo runs it: ig profiles itself online
+    load0 = os.getloadavg()[0]
+    t0 = time.time()
+    with open(os.path.join(d, "log.txt"), "w") as log:
+        p = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if p.returncode == 3:
+        raise common.NetemUnavailable(f"the testbed refused (see {d}/log.txt)")
+    if p.returncode != 0 or not complete(d):
+        raise common.ExperimentError(f"{method} at {rate} Mbit/s seed {seed} failed "
+                                     f"(exit {p.returncode}); see {d}/log.txt")
+    with open(os.path.join(d, "run.json"), "w") as f:
+        json.dump({"cmd": cmd[cmd.index("--") + 1:], "rate_mbps": rate,
+                   "load_before": load0, "load_after": os.getloadavg()[0],
+                   "elapsed_s": time.time() - t0}, f, indent=1)
+    print(f"  {method:12s} {rate:5d} Mbit/s seed {seed}: {time.time() - t0:6.1f} s "
+          f"(load {load0:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
+
+
+def curve(d):
+    """(steps, cumulative training seconds at the end of each step) and
+    the eval rows [(step, val_loss, training seconds at that step)]."""
+    steps = common.read_csv(os.path.join(d, "metrics.csv"))
+    cum, t = [0.0], 0.0
+    for r in steps:
+        t += float(r["step_ms"]) / 1000.0
+        cum.append(t)  # cum[s]: training time of steps 0..s-1
+    ev = [(int(r["step"]), float(r["val_loss"])) for r in
+          common.read_csv(os.path.join(d, "eval.csv"))]
+    return cum, [(s, v, cum[s]) for s, v in ev]
+
+
+def first_at_or_below(ev, target):
+    for s, v, w in ev:
+        if v <= target:
+            return s, w
+    return None, None
+
+
+def collect(a):
+    rows = []
+    for rate in a.rates:
+        for seed in a.seeds:
+            dd = run_dir(a, rate, "dense", seed)
+            if not complete(dd):
+                continue
+            _, dense_ev = curve(dd)
+            target = dense_ev[-1][1]
+            for m in METHODS:
+                d = run_dir(a, rate, m, seed)
+                if not complete(d):
+                    continue
+                cum, ev = curve(d)
+                with open(os.path.join(d, "summary.json")) as f:
+                    summ = json.load(f)
+                try:
+                    with open(os.path.join(d, "run.json")) as f:
+                        info = json.load(f)
+                except OSError:
+                    info = {}
+                s_t, w_t = first_at_or_below(ev, target)
+                final = ev[-1][1]
+                s_d, w_d = first_at_or_below(dense_ev, final)
+                best = min(ev, key=lambda e: e[1])
+                metr = common.read_csv(os.path.join(d, "metrics.csv"))
+                rows.append({
+                    "rate_mbps": rate, "method": m, "seed": seed,
+                    "target_val_loss": target, "steps_to_target": s_t,
+                    "wall_s_to_target": w_t, "final_val_loss": final, "wall_s": cum[-1],
+                    "steps": len(cum) - 1, "eval_every": a.eval_every,
+                    "wall_s_with_eval": summ.get("wall_s"),
+                    "best_val_loss": best[1], "best_step": best[0],
+                    "dense_steps_to_final": s_d, "dense_wall_s_to_final": w_d,
+                    "median_step_ms": common.median([float(r["step_ms"]) for r in metr[1:]]),
+                    "median_sync_ms": common.median([float(r["sync_ms"]) for r in metr[1:]]),
+                    "wire_bytes_per_step": common.median([float(r["wire_bytes"])
+                                                          for r in metr[1:]]),
+                    "load_before": info.get("load_before"), "load_after": info.get("load_after"),
+                    "curve": [[s, v, round(w, 3)] for s, v, w in ev],
+                })
+    return rows
+
+
+def fmt_list(xs, spec):
+    return ", ".join("–" if x is None else format(x, spec) for x in xs)
+
+
+def report(a, rows):
+    out_json = os.path.join(a.out, "time_to_quality.json")
+    meta = {"workload": a.data, "base": "the demo's base checkpoint (runs/demo/base)",
+            "ranks": 2, "testbed": "experiments/netem/testbed --nodes 2 --ranks-per-node 1",
+            "steps": a.steps, "eval_every": a.eval_every, "seeds": a.seeds,
+            "rates_mbps": a.rates, "target": "dense's final val loss at the same rate and seed",
+            "wall_s": "sum of per-step step_ms (evaluation, checkpointing and start-up "
+                      "excluded); wall_s_with_eval: summary.json's wall_s"}
+    with open(out_json, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        f.write("\n")
+
+    by = {(r["rate_mbps"], r["method"], r["seed"]): r for r in rows}
+    lines = []
+    for rate in a.rates:
+        seeds = [s for s in a.seeds if all((rate, m, s) in by for m in METHODS)]
+        if not seeds:
+            continue
+        dense = [by[(rate, "dense", s)] for s in seeds]
+        lines.append(f"### {rate} Mbit/s per direction (seeds {', '.join(map(str, seeds))})\n")
+        lines.append(
+            f"dense per step: {common.mean([r['median_step_ms'] for r in dense]):.0f} ms, of "
+            f"which sync {common.mean([r['median_sync_ms'] for r in dense]):.0f} ms (medians, "
+            f"mean over seeds).\n")
+        table = []
+        for m in METHODS:
+            rs = [by[(rate, m, s)] for s in seeds]
+            wall_ratio = [by[(rate, "dense", s)]["wall_s"] / r["wall_s"] for s, r in zip(seeds, rs)]
+            ttq = [r["dense_wall_s_to_final"] / r["wall_s"] if r["dense_wall_s_to_final"] else None
+                   for r in rs]
+            pen = [r["steps"] / r["dense_steps_to_final"] if r["dense_steps_to_final"] else None
+                   for r in rs]
+            table.append([
+                m, fmt_list([r["final_val_loss"] for r in rs], ".4f"),
+                fmt_list([r["steps_to_target"] for r in rs], "d"),
+                fmt_list([r["wall_s_to_target"] for r in rs], ".1f"),
+                fmt_list([r["wall_s"] for r in rs], ".1f"),
+                f"{common.mean(wall_ratio):.2f}× ({fmt_list(wall_ratio, '.2f')})",
+                fmt_list([r["dense_steps_to_final"] for r in rs], "d"),
+                f"{common.mean(pen):.2f} ({fmt_list(pen, '.2f')})",
+                f"{common.mean(ttq):.2f}× ({fmt_list(ttq, '.2f')})",
+                fmt_list([r["load_before"] for r in rs], ".1f"),
+            ])
+        lines.append(common.md_table(
+            ["method", "final val loss", "steps to target", "s to target", "wall s",
+             "step-time speed-up (paired)", "dense steps to this final",
+             "step penalty (paired)", "time-to-quality speed-up (paired)", "load at start"],
+            table))
+        lines.append("")
+    text = "\n".join(lines)
+    with open(os.path.join(a.out, "time_to_quality_tables.md.part"), "w") as f:
+        f.write(text)
+    print(text)
+
+    plt = common.pyplot()
+    rates = [r for r in a.rates if any(x["rate_mbps"] == r for x in rows)]
+    fig, axes = plt.subplots(1, len(rates), figsize=(4.2 * len(rates), 3.6), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        for r in rows:
+            if r["rate_mbps"] != rate:
+                continue
+            xs = [c[2] for c in r["curve"]]
+            ys = [c[1] for c in r["curve"]]
+            ax.plot(xs, ys, color=COLORS[r["method"]], lw=1, alpha=0.8,
+                    label=r["method"] if r["seed"] == a.seeds[0] else None)
+            if r["method"] == "dense":
+                ax.axhline(r["target_val_loss"], color="tab:gray", lw=0.5, ls=":")
+        ax.set_title(f"{rate} Mbit/s per direction")
+        ax.set_xlabel("training wall time, s (eval excluded)")
+        ax.set_ylabel("val loss")
+        ax.set_ylim(top=min(ax.get_ylim()[1], 2.6))
+        ax.legend()
+    fig.suptitle(f"Val loss vs wall time, {a.data} from the demo base, 2 ranks on the netns "
+                 f"testbed (dotted: dense's final val loss per seed)")
+    common.save_fig(fig, os.path.join(a.out, "time_to_quality.png"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("igrad")
+    ap.add_argument("--rates", default="1000,200,50", help="Mbit/s, comma-separated")
+    ap.add_argument("--seeds", default="1337,7,42")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--data", default="brown:news")
+    ap.add_argument("--base", default=os.path.join("runs", "demo", "base", "checkpoint"))
+    ap.add_argument("--subnet", default="10.251.0")
+    ap.add_argument("--runs", default=os.path.join(common.REPO, "runs", "time_to_quality"))
+    ap.add_argument("--out", default=os.path.join(common.REPO, "docs", "results"))
+    ap.add_argument("--report-only", action="store_true", help="only read the runs there are")
+    a = ap.parse_args()
+    a.igrad = os.path.abspath(a.igrad)
+    a.rates = [int(x) for x in a.rates.split(",")]
+    a.seeds = [int(x) for x in a.seeds.split(",")]
+    methods = a.methods.split(",")
+    if not a.report_only:
+        for seed in a.seeds:           # seed-major: a seed's runs see similar load
+            for rate in a.rates:
+                for m in methods:      # the three methods of a (seed, rate) back to back
+                    train(a, rate, m, seed)
+    report(a, collect(a))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except common.NetemUnavailable as e:
+        print(f"time_to_quality: {e}", file=sys.stderr)
+        sys.exit(common.NETEM_REFUSED)
+    except common.ExperimentError as e:
+        print(f"time_to_quality: {e}", file=sys.stderr)
+        sys.exit(common.EXIT_FAIL)
