@@ -16,12 +16,18 @@ rate and seed. For each run:
                     optimizer), so evaluation, checkpoint saving and start-up
                     are excluded; wall_s_with_eval is summary.json's wall_s
                     (everything from start-up to the end)
-  dense_steps_to_final / dense_wall_s_to_final
-                    when dense (same rate and seed) first reached this run's
-                    final val loss: the step-count penalty at the quality
-                    the method does reach is steps / dense_steps_to_final,
-                    and the measured time-to-quality speed-up there is
-                    dense_wall_s_to_final / wall_s
+  quality_val_loss  Q = the worse of the target and this run's final val
+                    loss: the quality both dense and the method reach
+  steps_to_quality, wall_s_to_quality, dense_steps_to_quality,
+  dense_wall_s_to_quality
+                    the first crossing of Q by the method's and by dense's
+                    eval curve (same rate and seed), linearly interpolated
+                    between the two evaluations around it (steps and
+                    training seconds)
+  step_penalty      steps_to_quality / dense_steps_to_quality
+  time_to_quality_speedup
+                    dense_wall_s_to_quality / wall_s_to_quality
+  compute_ms        median step_ms - sync_ms (forward, backward, optimizer)
   load_before/after the 1-minute load average when the run started / ended
                     (the machine is shared: the three methods of a (seed,
                     rate) run back to back so they see similar load)
@@ -120,6 +126,22 @@ def first_at_or_below(ev, target):
     return None, None
 
 
+def crossing(ev, cum, target):
+    """The first crossing of `target` by the eval curve, linearly
+    interpolated between the two evaluations around it: (fractional step,
+    training seconds there), or (None, None)."""
+    for i, (s, v, _) in enumerate(ev):
+        if v <= target:
+            if i == 0:
+                return float(s), cum[s]
+            s0, v0, _ = ev[i - 1]
+            x = s0 + (v0 - target) / (v0 - v) * (s - s0)
+            k = int(x)
+            w = cum[k] + (x - k) * (cum[min(k + 1, len(cum) - 1)] - cum[k])
+            return x, w
+    return None, None
+
+
 def collect(a):
     rows = []
     for rate in a.rates:
@@ -127,7 +149,7 @@ def collect(a):
             dd = run_dir(a, rate, "dense", seed)
             if not complete(dd):
                 continue
-            _, dense_ev = curve(dd)
+            dense_cum, dense_ev = curve(dd)
             target = dense_ev[-1][1]
             for m in METHODS:
                 d = run_dir(a, rate, m, seed)
@@ -143,7 +165,9 @@ def collect(a):
                     info = {}
                 s_t, w_t = first_at_or_below(ev, target)
                 final = ev[-1][1]
-                s_d, w_d = first_at_or_below(dense_ev, final)
+                q = max(target, final)  # the quality both reach
+                x_m, xw_m = crossing(ev, cum, q)
+                x_d, xw_d = crossing(dense_ev, dense_cum, q)
                 best = min(ev, key=lambda e: e[1])
                 metr = common.read_csv(os.path.join(d, "metrics.csv"))
                 rows.append({
@@ -153,15 +177,33 @@ def collect(a):
                     "steps": len(cum) - 1, "eval_every": a.eval_every,
                     "wall_s_with_eval": summ.get("wall_s"),
                     "best_val_loss": best[1], "best_step": best[0],
-                    "dense_steps_to_final": s_d, "dense_wall_s_to_final": w_d,
+                    "quality_val_loss": q, "steps_to_quality": x_m, "wall_s_to_quality": xw_m,
+                    "dense_steps_to_quality": x_d, "dense_wall_s_to_quality": xw_d,
+                    "step_penalty": x_m / x_d if x_m and x_d else None,
+                    "time_to_quality_speedup": xw_d / xw_m if xw_m and xw_d else None,
                     "median_step_ms": common.median([float(r["step_ms"]) for r in metr[1:]]),
                     "median_sync_ms": common.median([float(r["sync_ms"]) for r in metr[1:]]),
+                    "compute_ms": common.median([float(r["step_ms"]) - float(r["sync_ms"])
+                                                 for r in metr[1:]]),
                     "wire_bytes_per_step": common.median([float(r["wire_bytes"])
                                                           for r in metr[1:]]),
                     "load_before": info.get("load_before"), "load_after": info.get("load_after"),
                     "curve": [[s, v, round(w, 3)] for s, v, w in ev],
                 })
     return rows
+
+
+def same_compute(r, dense, trio):
+    """The time-to-quality speed-up had every method of a (rate, seed) the
+    same compute per step (the mean of the three medians; the machine's
+    load moves compute between runs, not the method): dense's steps to Q
+    x (C + dense's sync) over the method's steps to Q x (C + its sync).
+    An estimate from measured parts, labelled as such."""
+    if not r["step_penalty"]:
+        return None
+    c = common.mean([t["compute_ms"] for t in trio])
+    return (r["dense_steps_to_quality"] * (c + dense["median_sync_ms"])
+            / (r["steps_to_quality"] * (c + r["median_sync_ms"])))
 
 
 def fmt_list(xs, spec):
@@ -196,25 +238,28 @@ def report(a, rows):
         for m in METHODS:
             rs = [by[(rate, m, s)] for s in seeds]
             wall_ratio = [by[(rate, "dense", s)]["wall_s"] / r["wall_s"] for s, r in zip(seeds, rs)]
-            ttq = [r["dense_wall_s_to_final"] / r["wall_s"] if r["dense_wall_s_to_final"] else None
-                   for r in rs]
-            pen = [r["steps"] / r["dense_steps_to_final"] if r["dense_steps_to_final"] else None
-                   for r in rs]
+            ttq = [r["time_to_quality_speedup"] for r in rs]
+            pen = [r["step_penalty"] for r in rs]
+            est = [same_compute(r, by[(rate, "dense", s)], [by[(rate, x, s)] for x in METHODS])
+                   for s, r in zip(seeds, rs)]
             table.append([
                 m, fmt_list([r["final_val_loss"] for r in rs], ".4f"),
                 fmt_list([r["steps_to_target"] for r in rs], "d"),
                 fmt_list([r["wall_s_to_target"] for r in rs], ".1f"),
                 fmt_list([r["wall_s"] for r in rs], ".1f"),
                 f"{common.mean(wall_ratio):.2f}× ({fmt_list(wall_ratio, '.2f')})",
-                fmt_list([r["dense_steps_to_final"] for r in rs], "d"),
+                fmt_list([r["compute_ms"] for r in rs], ".0f"),
+                fmt_list([r["median_sync_ms"] for r in rs], ".0f"),
                 f"{common.mean(pen):.2f} ({fmt_list(pen, '.2f')})",
                 f"{common.mean(ttq):.2f}× ({fmt_list(ttq, '.2f')})",
+                f"{common.mean(est):.2f}× ({fmt_list(est, '.2f')})",
                 fmt_list([r["load_before"] for r in rs], ".1f"),
             ])
         lines.append(common.md_table(
             ["method", "final val loss", "steps to target", "s to target", "wall s",
-             "step-time speed-up (paired)", "dense steps to this final",
-             "step penalty (paired)", "time-to-quality speed-up (paired)", "load at start"],
+             "step-time speed-up (paired)", "compute ms/step", "sync ms/step",
+             "step penalty (paired)", "time-to-quality speed-up (paired)",
+             "same-compute estimate", "load at start"],
             table))
         lines.append("")
     text = "\n".join(lines)

@@ -9,8 +9,14 @@ igrad's flat route, hier after backward).
 
 Speed-up to a quality = step speed-up / step-count penalty, the penalty
 being (steps the method needs to reach dense's quality) / (steps dense
-needs): a parameter (--penalty, default 1.0: as many steps as dense) until
-issue 28 part 4 measures it. Per method the better of the engine's two
+needs): --penalty X for every method, or per method as
+`ig=X,adtopk_sync=Y` (default 1.0: as many steps as dense); the measured
+values come from docs/results/time_to_quality.json (issue 28 part 4).
+--testbed that JSON overlays its measured points (P = 2 on the netns
+testbed): a third row of panels plots every projected cell and every
+testbed (rate, seed) as time-to-quality speed-up against dense's step time
+over its compute time (1 + dense's exposed sync / compute), the quantity
+the two share although their bandwidths and models do not. Per method the better of the engine's two
 routes (flat, hier) under `collective = auto` is taken and named; the
 projected sparse all-reduce formula is kept in the JSON, not in the map.
 Latency per link as the presets of docs/plan.md §3 assume: 25 us up to
@@ -20,8 +26,9 @@ A cell "wins" when its speed-up is at least 1.005 (ties within 0.5 % are
 ties); the crossover per P is the highest bandwidth at and below which
 every sampled bandwidth wins.
 
-Usage: experiments/win_map/run.py IGRAD_BINARY [--penalty X] [--out DIR]
-       experiments/win_map/run.py --from-json win_map.json [--penalty X] [--out DIR]
+Usage: experiments/win_map/run.py IGRAD_BINARY [--penalty X|ig=X,adtopk_sync=Y]
+           [--testbed time_to_quality.json] [--out DIR]
+       experiments/win_map/run.py --from-json win_map.json [--penalty ...] [--testbed ...]
 (writes win_map.json and win_map.png to DIR, default docs/results, and
 prints the Markdown tables; 144 `igrad plan` calls, about 15 minutes on a
 shared 2-core machine; --from-json redraws from a previous run's JSON,
@@ -60,12 +67,49 @@ def run(igrad, src, cfg, P, gbit):
     return cell
 
 
+def parse_penalty(text):
+    """'1.2' (every method) or 'ig=1.2,adtopk_sync=1.05' -> {method: penalty}."""
+    if "=" not in text:
+        return {m: float(text) for m in METHODS}
+    pen = {m: 1.0 for m in METHODS}
+    for part in text.split(","):
+        m, _, v = part.partition("=")
+        if m not in METHODS:
+            raise SystemExit(f"win_map: --penalty names '{m}', not one of {', '.join(METHODS)}")
+        pen[m] = float(v)
+    return pen
+
+
+def testbed_points(path):
+    """The measured points of time_to_quality.json, one per (rate, method,
+    seed) of the sparse methods: time-to-quality speed-up at the quality
+    the method reaches (dense's training time to the method's final val
+    loss over the method's training time) and dense's step time over its
+    compute time at that rate and seed."""
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    dense = {(r["rate_mbps"], r["seed"]): r for r in rows if r["method"] == "dense"}
+    out = []
+    for r in rows:
+        d = dense.get((r["rate_mbps"], r["seed"]))
+        if r["method"] not in METHODS or d is None or not r.get("time_to_quality_speedup"):
+            continue
+        out.append({"rate_mbps": r["rate_mbps"], "method": r["method"], "seed": r["seed"],
+                    "dense_slowdown": d["median_step_ms"] / (d["median_step_ms"] -
+                                                             d["median_sync_ms"]),
+                    "time_to_quality_speedup": r["time_to_quality_speedup"]})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("igrad", nargs="?")
     ap.add_argument("--from-json", default=None, help="redraw from this win_map.json")
-    ap.add_argument("--penalty", type=float, default=1.0,
-                    help="steps to dense's quality / dense's steps (default 1.0)")
+    ap.add_argument("--penalty", default="1.0",
+                    help="steps to dense's quality / dense's steps: X for every method or "
+                         "ig=X,adtopk_sync=Y (default 1.0)")
+    ap.add_argument("--testbed", default=None,
+                    help="docs/results/time_to_quality.json: overlay its measured points")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,10 +127,13 @@ def main():
                     data["cells"][f"{name}|{g}|{P}"] = run(igrad, src, cfg, P, g)
     else:
         ap.error("give IGRAD_BINARY or --from-json")
-    data["penalty"] = a.penalty
+    penalty = parse_penalty(a.penalty)
+    data["penalty"] = penalty
     for c in data["cells"].values():
         for m in METHODS:
-            c[m]["time_to_quality_speedup"] = c[m]["best_step_speedup"] / a.penalty
+            c[m]["time_to_quality_speedup"] = c[m]["best_step_speedup"] / penalty[m]
+    points = testbed_points(a.testbed) if a.testbed else []
+    data["testbed_points"] = points
     with open(os.path.join(out_dir, "win_map.json"), "w") as f:
         json.dump(data, f, separators=(",", ":"))
 
@@ -97,7 +144,7 @@ def main():
     for name, _ in MODELS:
         for m in METHODS:
             lines.append(f"**{name}, {m}** — time-to-quality speed-up over dense bf16 "
-                         f"(penalty {a.penalty:g}; best engine route: f flat, h hier)\n")
+                         f"(penalty {penalty[m]:.3g}; best engine route: f flat, h hier)\n")
             lines.append("| Gbit/s per GPU | " + " | ".join(f"P={P}" for P in RANKS) + " |")
             lines.append("|---|" + "---|" * len(RANKS))
             for g in reversed(GBITS):
@@ -125,7 +172,8 @@ def main():
     matplotlib.use("Agg")
     import math
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(MODELS), len(METHODS), figsize=(12, 9), sharex=True, sharey=True)
+    rows = len(MODELS) + (1 if points else 0)
+    fig, axes = plt.subplots(rows, len(METHODS), figsize=(12, 4.5 * rows), squeeze=False)
     for i, (name, _) in enumerate(MODELS):
         for j, m in enumerate(METHODS):
             ax = axes[i][j]
@@ -145,8 +193,33 @@ def main():
             if i == len(MODELS) - 1:
                 ax.set_xlabel("GPUs (8 per node)")
             fig.colorbar(im, ax=ax, shrink=0.8, label="log2 speed-up")
+    if points:
+        for j, m in enumerate(METHODS):
+            ax = axes[len(MODELS)][j]
+            for (name, _), mk in zip(MODELS, ("o", "s")):
+                xs, ys = [], []
+                for g in GBITS:
+                    for P in RANKS:
+                        c = data["cells"][f"{name}|{g}|{P}"]
+                        xs.append(c["dense_bf16_step_ms"] / c["compute_ms"])
+                        ys.append(c[m]["time_to_quality_speedup"])
+                ax.scatter(xs, ys, s=10, marker=mk, color="0.6", label=f"{name} (projected)")
+            mine = [p for p in points if p["method"] == m]
+            for rate in sorted({p["rate_mbps"] for p in mine}):
+                pr = [p for p in mine if p["rate_mbps"] == rate]
+                ax.scatter([p["dense_slowdown"] for p in pr],
+                           [p["time_to_quality_speedup"] for p in pr], s=40, marker="*",
+                           zorder=3, label=f"testbed P=2, {rate} Mbit/s (measured)")
+            ax.axhline(1.0, color="k", lw=0.5)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("dense step time / compute time")
+            ax.set_ylabel("time-to-quality speed-up")
+            ax.set_title(f"{m} / dense: projected cells and testbed points")
+            ax.legend(fontsize=6)
+    pen = ", ".join(f"{m} {penalty[m]:.3g}" for m in METHODS)
     fig.suptitle(f"Projected time-to-quality speed-up (igrad plan --overlap, fair NCCL baseline, "
-                 f"step-count penalty {a.penalty:g}); blue: igrad faster")
+                 f"step-count penalty {pen}); blue: igrad faster")
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "win_map.png"), dpi=100)
 
