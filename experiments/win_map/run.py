@@ -211,6 +211,9 @@ def main():
                            [p["time_to_quality_speedup"] for p in pr], s=40, marker="*",
                            zorder=3, label=f"testbed P=2, {rate} Mbit/s (measured)")
             ax.axhline(1.0, color="k", lw=0.5)
+            xr = [1.0, max(ax.get_xlim()[1], 2.0)]
+            ax.plot(xr, [x / penalty[m] for x in xr], color="k", lw=0.7, ls="--",
+                    label="dense step/compute / penalty (no overlap, free sparse sync)")
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("dense step time / compute time")
