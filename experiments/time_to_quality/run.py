@@ -5,7 +5,8 @@ Post-trains the demo's base checkpoint on the netns testbed
 (experiments/netem/testbed: 2 nodes x 1 rank, MPI over TCP on veths shaped
 to RATE each way) with `dense`, `adtopk_sync` and `ig` (trainer defaults,
 the demo's settings) at several link rates and seeds, evaluating every
---eval-every steps, and writes docs/results/time_to_quality.{json,md,png}.
+--eval-every steps, and writes docs/results/time_to_quality.{json,png} and
+prints the per-rate Markdown tables of time_to_quality.md.
 
 Per (rate, seed) the target is dense's final validation loss at that same
 rate and seed. For each run:
@@ -263,8 +264,6 @@ def report(a, rows):
             table))
         lines.append("")
     text = "\n".join(lines)
-    with open(os.path.join(a.out, "time_to_quality_tables.md.part"), "w") as f:
-        f.write(text)
     print(text)
 
     plt = common.pyplot()
@@ -297,7 +296,7 @@ def main():
     ap.add_argument("--seeds", default="1337,7,42")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--data", default="brown:news")
     ap.add_argument("--base", default=os.path.join("runs", "demo", "base", "checkpoint"))
     ap.add_argument("--subnet", default="10.251.0")
