@@ -28,6 +28,7 @@
 
 #include "igrad.h"
 #include "core/value8.h"
+#include "core/internal.h" /* igrad__fail */
 #include "test_util.h"
 
 /* ---- the reference ------------------------------------------------------- */
@@ -405,6 +406,138 @@ static void test_engine_momentum_reduce_fixed(void **state)
     run_checked(c, 3, 1);
 }
 
+/* ---- a peer's bad bytes ---------------------------------------------------- */
+
+/* A one-rank custom communicator whose iallgather copies the rank's bytes
+ * and then, when armed, writes nbytes of `poke` at offset `at`. */
+typedef struct poke_comm {
+    int armed;
+    size_t at, nbytes;
+    unsigned char poke[4];
+} poke_comm_t;
+
+static igrad_status_t pc_allgather(void *user, const void *send, size_t nbytes, void *recv)
+{
+    (void)user;
+    if (send != recv) memmove(recv, send, nbytes);
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_allreduce(void *user, const void *send, void *recv, size_t count,
+                                   igrad_dtype_t dtype, igrad_reduce_op_t op)
+{
+    (void)user, (void)op;
+    if (send != recv) memmove(recv, send, count * igrad_dtype_nbytes(dtype));
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_bcast(void *user, void *buf, size_t nbytes, int root)
+{
+    (void)user, (void)buf, (void)nbytes, (void)root;
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_barrier(void *user)
+{
+    (void)user;
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_iallgather(void *user, const void *send, size_t nbytes, void *recv,
+                                    void **handle)
+{
+    poke_comm_t *pc = user;
+    *handle = NULL;
+    pc_allgather(user, send, nbytes, recv);
+    if (pc->armed) {
+        assert_true(nbytes >= pc->at + pc->nbytes);
+        memcpy((unsigned char *)recv + pc->at, pc->poke, pc->nbytes);
+    }
+    return IGRAD_OK;
+}
+
+static igrad_status_t pc_wait(void *user, void *handle)
+{
+    (void)user, (void)handle;
+    return IGRAD_OK;
+}
+
+/* topk_sync of 20 of 1000 entries in one FP8 block and bucket: a rank's
+ * bytes are the scale (0-3), 20 codes (4-23), then the indices; step 1's
+ * received bytes get `poke` at `at`. @return step 1's status. */
+static igrad_status_t sync_poked(size_t at, const void *poke, size_t nbytes)
+{
+    igrad_layout_t *L = NULL;
+    assert_ok(igrad_layout_create(&L));
+    int64_t flat[1] = {1000};
+    assert_ok(igrad_layout_add(L, "model.norm.weight", IGRAD_DTYPE_F32, 1, flat));
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.dense_below = 0;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.density = 0.02;
+    c.buckets = 1;
+    c.collective = IGRAD_COLLECTIVE_GATHER;
+    c.value_dtype = IGRAD_DTYPE_F8_E4M3;
+    poke_comm_t pc = {0, at, nbytes, {0}};
+    memcpy(pc.poke, poke, nbytes);
+    igrad_comm_ops_t ops = {.size = sizeof ops,
+                            .allgather = pc_allgather,
+                            .allreduce = pc_allreduce,
+                            .bcast = pc_bcast,
+                            .barrier = pc_barrier,
+                            .iallgather = pc_iallgather,
+                            .wait = pc_wait};
+    igrad_comm_t *comm = NULL;
+    assert_ok(igrad_comm_create_custom(&ops, &pc, 0, 1, &comm));
+    igrad_engine_t *e = NULL;
+    assert_ok(igrad_engine_create(L, NULL, &c, comm, &e));
+    float *g = malloc(1000 * sizeof *g);
+    assert_non_null(g);
+    for (int i = 0; i < 1000; i++) g[i] = (float)((i * 37) % 101) - 50.0f;
+    assert_ok(igrad_engine_sync(e, 0, &g));
+    for (int i = 0; i < 1000; i++) g[i] = (float)((i * 37) % 101) - 50.0f;
+    pc.armed = 1;
+    igrad_status_t st = igrad_engine_sync(e, 1, &g);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", igrad_last_error());
+    free(g);
+    igrad_engine_free(e);
+    igrad_comm_free(comm);
+    igrad_layout_free(L);
+    igrad__fail(st, __FILE__, __LINE__, "%s", msg); /* the sync's message again */
+    return st;
+}
+
+static void test_peer_bad_bytes(void **state)
+{
+    (void)state;
+    /* a valid other scale and a valid code are taken */
+    const uint32_t two = 0x40000000u, odd = 0x3f800001u, neg = 0xbf800000u, zero = 0,
+                   inf = 0x7f800000u, sub = 0x00400000u;
+    assert_ok(sync_poked(0, &two, 4));
+    const unsigned char code448 = 0x7e, nan = 0x7f, nnan = 0xff;
+    assert_ok(sync_poked(4 + 3, &code448, 1));
+    const uint32_t *bad[] = {&odd, &neg, &zero, &inf, &sub};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_status(sync_poked(0, bad[i], 4), IGRAD_E_COMM);
+        assert_error_has("step 1: bucket 0: rank 0 sent the FP8 block scale ");
+        assert_error_has("for tensor model.norm.weight (the block of 20 entries from entry 0)");
+        assert_error_has("not a positive normal power of two");
+    }
+    assert_status(sync_poked(4 + 3, &nan, 1), IGRAD_E_COMM);
+    assert_error_has("step 1: bucket 0: rank 0 sent the non-finite value nan (an FP8 NaN code");
+    assert_error_has("tensor model.norm.weight (entry 3 of a block of 20)");
+    assert_status(sync_poked(4 + 19, &nnan, 1), IGRAD_E_COMM);
+    assert_error_has("(entry 19 of a block of 20)");
+    /* 448 at a scale of 2^127 is beyond F32 */
+    const uint32_t big = 0x7f000000u;
+    unsigned char both[5];
+    memcpy(both, &big, 4);
+    both[4] = 0x7e;
+    assert_status(sync_poked(0, both, 5), IGRAD_E_COMM);
+    assert_error_has("sent the non-finite value inf");
+}
+
 /* The dtype is named where configs are checked; dense refuses it. */
 static void test_config(void **state)
 {
@@ -433,6 +566,7 @@ int main(void)
         cmocka_unit_test(test_engine_topk),
         cmocka_unit_test(test_engine_adtopk),
         cmocka_unit_test(test_engine_momentum_reduce_fixed),
+        cmocka_unit_test(test_peer_bad_bytes),
         cmocka_unit_test(test_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
