@@ -1075,8 +1075,9 @@ IGRAD_API igrad_status_t igrad_pack_metrics_compute(const double *loads, int nbu
  *
  * Wire format. A gather bucket is one allgather of send_nbytes per rank;
  * recv holds every rank's bytes in rank order (size * send_nbytes). Its
- * bytes are [values (value_dtype: F32, or BF16/F16 codes) of every
- * block][32-bit indices][16-bit indices];
+ * bytes are [values (value_dtype: F32, BF16/F16 codes, or per block an
+ * F32 scale and F8_E4M3 codes) of every block][32-bit indices][16-bit
+ * indices] (compact index codes: docs/formats.md §8);
  * every rank's block of a bucket has the same size because budgets are
  * known to all ranks. Row-wise (adtopk) selections send column indices,
  * 16-bit when the row has at most 65536 entries and index_dtype allows.
@@ -1241,11 +1242,16 @@ typedef struct igrad_config {
     int64_t verify_every;             /**< agreement check every this many steps
                                            (100); 0 = only at create and load */
     igrad_dtype_t value_dtype;        /**< values of gather buckets on the wire:
-                                           F32, BF16 or F16 (2 bytes each). A
+                                           F32, BF16 or F16 (2 bytes each), or
+                                           F8_E4M3 (1 byte each after a 4-byte
+                                           power-of-two scale per block). A
                                            16-bit value is the selected value
                                            rounded to nearest even (F16: clamped
-                                           to +-65504 instead of Inf) and its
-                                           rounding error stays in the residual.
+                                           to +-65504 instead of Inf), an FP8
+                                           one its block-scaled E4M3 rounding
+                                           (docs/formats.md §8); the rounding
+                                           error stays in the residual. The CUDA
+                                           engine takes F32 only.
                                            Reduce buckets sum F32 (of the rounded
                                            values); method dense needs F32
                                            (IGRAD_E_UNSUPPORTED) (F32) */
@@ -1409,7 +1415,7 @@ typedef struct igrad_config {
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or
- *  IGRAD_E_UNSUPPORTED for a 16-bit value_dtype with method dense.
+ *  IGRAD_E_UNSUPPORTED for a 16-bit or FP8 value_dtype with method dense.
  *  A size smaller than this version's struct is IGRAD_E_INVALID; a larger
  *  (newer) one is accepted and its trailing fields ignored. */
 IGRAD_API igrad_status_t igrad_config_validate(const igrad_config_t *config);

@@ -6,7 +6,8 @@
  * and closes; a twin engine runs igrad_engine_sync on a copy of the same
  * gradients. Over 20 steps, for ig (gather, reduce + 16-bit values, risk
  * packing, residual drop, online profiling), iad, topk_sync (with momentum
- * and BF16 values, with a dense warm-up), adtopk_sync (interleave, decay)
+ * and BF16 values, with a dense warm-up), adtopk_sync (interleave, decay;
+ * and with FP8 values)
  * and dense: gradients, residuals and velocities equal the twin's bit for
  * bit after every step, as do the statistics (payload, entries, buckets;
  * the residual norm to 1e-12). At one step the last rank's gradient has a
@@ -393,6 +394,8 @@ int main(int argc, char **argv)
     k.interleave = 1;
     k.momentum = 0.5;
     stream_vs_sync(comm, &M, NULL, k, "adtopk_sync interleave, momentum");
+    k.value_dtype = IGRAD_DTYPE_F8_E4M3; /* a scale per block of 50 */
+    stream_vs_sync(comm, &M, NULL, k, "adtopk_sync interleave, momentum, FP8");
     igrad_config_t d = IGRAD_CONFIG_INIT;
     d.method = IGRAD_METHOD_DENSE;
     d.block_entries = 200;

@@ -1,10 +1,11 @@
 /*
- * mpi_value16.c — 16-bit wire values (config.value_dtype BF16, F16) over
- * MPI (CTest runs it with -np 2 and -np 4). Each rank runs a twin engine
+ * mpi_value16.c — 16-bit and FP8 wire values (config.value_dtype BF16,
+ * F16, F8_E4M3) over MPI (CTest runs it with -np 2 and -np 4). Each rank runs a twin engine
  * on the self communicator with the same gradients: its residuals equal
  * the MPI engine's bit for bit and its output is exactly what this rank
  * sent, so per rank sent + residual = (m*u +) g + old residual is checked
- * exactly, every sent value is 16-bit representable, and the MPI result is
+ * exactly, every sent value is 16-bit representable (FP8: a code times a
+ * power of two, at most 4 significant bits), and the MPI result is
  * (1/P) times the sum over ranks of what they sent (added in rank order
  * here; bit for bit with 2 ranks, within float rounding of the order with
  * more), bit-identical on every rank. Gather and reduce buckets, adtopk_sync
@@ -49,6 +50,11 @@ static float grad_value(int rank, int step, size_t t, int64_t i)
 
 static int representable(igrad_dtype_t dt, float v)
 {
+    if (dt == IGRAD_DTYPE_F8_E4M3) { /* E4M3 code * 2^k: 4 significant bits */
+        int e;
+        float m = frexpf(fabsf(v), &e) * 16.0f;
+        return isfinite(v) && m == floorf(m);
+    }
     uint16_t h;
     float back;
     if (igrad_convert(&v, IGRAD_DTYPE_F32, &h, dt, 1) != IGRAD_OK) return 0;
@@ -120,8 +126,8 @@ static void run(igrad_config_t c, const char *what, int steps)
             MPI_Bcast(root, (int)n[t], MPI_FLOAT, 0, MPI_COMM_WORLD);
             if (memcmp(root, g[t], (size_t)n[t] * sizeof(float)) != 0) bad_same++;
         }
-        CHECK(bad_local == 0, "%s step %d: %d entries with sent + residual != a, or not 16-bit",
-              what, step, bad_local);
+        CHECK(bad_local == 0, "%s %s step %d: %d entries with sent + residual != a, or not on "
+              "the dtype's grid", what, igrad_dtype_name(c.value_dtype), step, bad_local);
         CHECK(bad_avg == 0, "%s step %d: %d entries differ from the average of what was sent",
               what, step, bad_avg);
         CHECK(bad_same == 0, "%s step %d: %d tensors differ from rank 0's", what, step, bad_same);
@@ -149,8 +155,8 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
-    static const igrad_dtype_t dts[2] = {IGRAD_DTYPE_BF16, IGRAD_DTYPE_F16};
-    for (int d = 0; d < 2; d++) {
+    static const igrad_dtype_t dts[3] = {IGRAD_DTYPE_BF16, IGRAD_DTYPE_F16, IGRAD_DTYPE_F8_E4M3};
+    for (int d = 0; d < 3; d++) {
         igrad_config_t c = IGRAD_CONFIG_INIT;
         c.method = IGRAD_METHOD_ADTOPK_SYNC;
         c.density = 0.05;

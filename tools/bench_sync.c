@@ -141,7 +141,7 @@ static void usage(FILE *fp)
             "  --pack POLICY          policy of the ig row: direct, sequential, greedy,\n"
             "                         risk, contiguous (contiguous)\n"
             "  --sparsifier SP        sparsifier of iad and ig: topk, adtopk (adtopk)\n"
-            "  --value-dtype DT       wire values of the sparse methods: f32, bf16, fp16\n"
+            "  --value-dtype DT       wire values of the sparse methods: f32, bf16, fp16, fp8\n"
             "                         (f32; dense always all-reduces f32)\n"
             "  --grad-dtype DT        gradients the engines read and write in place:\n"
             "                         f32, bf16, fp16 (f32; the floor stays f32)\n"

@@ -33,9 +33,9 @@ int cli_parse_f64(const char *name, const char *text, double *out);
 /* "on" -> 1, "off" -> 0; anything else prints "igrad: --name is 'X' (on or
  * off)" and returns -1. */
 int cli_parse_onoff(const char *name, const char *text, int *out);
-/* "f32", "bf16" or "fp16" (also "f16"; any case) -> the value dtype;
- * anything else prints "igrad: --name is 'X' (f32, bf16 or fp16)" and
- * returns -1. */
+/* "f32", "bf16", "fp16" (also "f16") or "fp8" (also "f8_e4m3": E4M3 with
+ * a scale per block; any case) -> the value dtype; anything else prints
+ * "igrad: --name is 'X' (f32, bf16, fp16 or fp8)" and returns -1. */
 int cli_parse_value_dtype(const char *name, const char *text, igrad_dtype_t *out);
 /* Prints "igrad: <what>: <igrad_last_error()>" to stderr and returns 1. */
 int cli_fail(const char *what, igrad_status_t st);

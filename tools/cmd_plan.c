@@ -126,7 +126,7 @@ static void usage(FILE *fp)
             "                         profile; with --profile: the profile as it is unless given)\n"
             "  --release-period R     (%d)\n"
             "  --buckets B            (4)\n"
-            "  --value-dtype D        f32, bf16 or fp16 (f32)\n"
+            "  --value-dtype D        f32, bf16, fp16 or fp8 (f32)\n"
             "  --index-code C         compact or fixed: how indices are coded (compact;\n"
             "                         docs/formats.md section 8)\n"
             "  --collective C         auto, gather, reduce or sparse_reduce (auto); auto\n"

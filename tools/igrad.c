@@ -118,7 +118,9 @@ int cli_parse_value_dtype(const char *name, const char *text, igrad_dtype_t *out
     } names[] = {{"f32", IGRAD_DTYPE_F32},
                  {"bf16", IGRAD_DTYPE_BF16},
                  {"fp16", IGRAD_DTYPE_F16},
-                 {"f16", IGRAD_DTYPE_F16}};
+                 {"f16", IGRAD_DTYPE_F16},
+                 {"fp8", IGRAD_DTYPE_F8_E4M3},
+                 {"f8_e4m3", IGRAD_DTYPE_F8_E4M3}};
     char low[8] = "";
     for (size_t k = 0; text[k] && k + 1 < sizeof low; k++)
         low[k] = (char)tolower((unsigned char)text[k]);
@@ -127,7 +129,7 @@ int cli_parse_value_dtype(const char *name, const char *text, igrad_dtype_t *out
             *out = names[k].dtype;
             return 0;
         }
-    fprintf(stderr, "igrad: %s is '%s' (f32, bf16 or fp16)\n", name, text);
+    fprintf(stderr, "igrad: %s is '%s' (f32, bf16, fp16 or fp8)\n", name, text);
     return -1;
 }
 

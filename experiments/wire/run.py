@@ -2,11 +2,14 @@
 (docs/results/wire.md, decision 0056), per method, from `igrad plan`'s
 exact plan (nothing is trained): entries per step are the difference of
 the F32 and BF16 payloads over 2 (the index bytes do not depend on the
-value type), bytes per entry each code's F32 payload over them.
+value type), bytes per entry each code's F32 payload over them. With
+--values: bytes per entry under the compact index code for F32, BF16 and FP8
+(E4M3 with a 4-byte scale per block) values instead.
 
     build/igrad model init --size small --out runs/wire/small
     build/igrad model init --size tiny --out runs/wire/tiny
     python3 experiments/wire/run.py build/igrad runs/wire/small runs/wire/tiny
+    python3 experiments/wire/run.py --values build/igrad runs/wire/small runs/wire/tiny
 """
 import json
 import subprocess
@@ -41,5 +44,21 @@ def main(igrad, models):
                 bc / bf))
 
 
+def values(igrad, models):
+    print("| model | method | entries/step | F32 B/entry | BF16 B/entry | FP8 B/entry "
+          "| payload BF16 / F32 | payload FP8 / F32 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for m in models:
+        p = {v: payload(igrad, m, "compact", v) for v in ("f32", "bf16", "fp8")}
+        for me in METHODS:
+            ent = (p["f32"][me] - p["bf16"][me]) / 2
+            print("| %s | %s | %.0f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
+                m.rstrip("/").split("/")[-1], me, ent, p["f32"][me] / ent, p["bf16"][me] / ent,
+                p["fp8"][me] / ent, p["bf16"][me] / p["f32"][me], p["fp8"][me] / p["f32"][me]))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    if sys.argv[1] == "--values":
+        values(sys.argv[2], sys.argv[3:])
+    else:
+        main(sys.argv[1], sys.argv[2:])

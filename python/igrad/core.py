@@ -775,6 +775,8 @@ _ENUM_KINDS = {"index_code": "index_code", "method": "method", "sparsifier": "sp
                "index_dtype": "dtype", "collective": "collective", "topology": "topology",
                "grad_dtype": "dtype"}
 _BOOLS = ("interleave", "auto_sparse_reduce")
+# dtype names the trainer's --value-dtype takes besides the library's
+_DTYPE_ALIASES = {"FP8": "F8_E4M3", "FP16": "F16"}
 _FIELD_TYPES = dict(L.Config._fields_)
 
 
@@ -791,7 +793,8 @@ def _set_field(c, name, value):
     if kind == "sparsifier":
         v = _sparsifier_value(value)
     elif kind == "dtype":
-        v = _enum_from_name("dtype", value if isinstance(value, int) else str(value).upper())
+        v = value if isinstance(value, int) else str(value).upper()
+        v = _enum_from_name("dtype", _DTYPE_ALIASES.get(v, v))
     elif kind is not None:
         v = _enum_from_name(kind, value)
     elif name in _BOOLS:
@@ -836,7 +839,8 @@ class Config:
     schedule, pack, buckets, block_entries   release phases, bucket packing
     residual        "on" ("drop": the ablation without error feedback)
     verify_every    the ranks' agreement check every N steps
-    value_dtype     "F32", "BF16" or "F16" values on the wire
+    value_dtype     "F32", "BF16", "F16" or "F8_E4M3" ("FP8": E4M3 codes and
+                    a power-of-two scale per block) values on the wire
     index_dtype     "U16" (16-bit indices where they fit) or "U32"
     collective      "auto", "gather", "reduce" or "sparse_reduce"
     threads, timeout_s   selection threads (0 = OpenMP's); collective timeout

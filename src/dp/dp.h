@@ -29,8 +29,11 @@
  * 16-bit dtype (igrad__round16, value16.h: a value that would be Inf
  * clamped to the largest finite one) and adds the rounding error to that
  * entry's residual; the sparse pack writes the 2-byte codes, the sparse unpack
- * decodes them; the dense wire stays F32. A backend that does not do this
- * must refuse value_dtype != F32.
+ * decodes them; the dense wire stays F32. FP8 wire values (F8_E4M3,
+ * value_nbytes 1, core/value8.h) the same way, each block of the step
+ * rounded at its power-of-two scale; the sparse pack writes the scale and
+ * the codes, the unpack checks both. A backend that does not do this
+ * must refuse value_dtype != F32 (the CUDA one: igrad_engine_create_cuda).
  * 16-bit gradients (kargs.grad_dtype BF16/F16): grads[t] points at
  * uint16_t codes (cast to float *); every stage reads them upcast to F32
  * (exact), the residuals and velocities stay F32, unpack defers to

@@ -64,8 +64,8 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
                   "config.verify_every is %lld (must be >= 0; 0 = only at create)",
                   (long long)c->verify_every);
     IGRAD_FAIL_IF(c->value_dtype != IGRAD_DTYPE_F32 && c->value_dtype != IGRAD_DTYPE_BF16 &&
-                      c->value_dtype != IGRAD_DTYPE_F16,
-                  IGRAD_E_INVALID, "config.value_dtype is %s (F32, BF16 or F16)",
+                      c->value_dtype != IGRAD_DTYPE_F16 && c->value_dtype != IGRAD_DTYPE_F8_E4M3,
+                  IGRAD_E_INVALID, "config.value_dtype is %s (F32, BF16, F16 or F8_E4M3)",
                   igrad_dtype_name(c->value_dtype));
     IGRAD_FAIL_IF(c->value_dtype != IGRAD_DTYPE_F32 && c->method == IGRAD_METHOD_DENSE,
                   IGRAD_E_UNSUPPORTED,

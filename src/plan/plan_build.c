@@ -13,6 +13,7 @@
 #include "profile/profile_internal.h"
 #include "model/layout_internal.h"
 
+#include "core/value8.h"
 #include "core/wire_code.h"
 
 #include <stdlib.h>
@@ -173,11 +174,13 @@ igrad_status_t igrad__plan_tensors(igrad__plan_t *p)
     return IGRAD_OK;
 }
 
-/* Bytes a tensor sends at a step kind with the fixed index widths. */
+/* Bytes a tensor sends at a step kind with the fixed index widths (FP8
+ * values: and a scale per block). */
 int64_t igrad__plan_tensor_nbytes(const igrad__plan_t *p, const igrad__plan_tensor_t *tp, int rel,
                              int par)
 {
-    return tp->spec[rel][par].count * (p->value_nbytes + tp->idx_nbytes[rel][par]);
+    int64_t scales = p->value_nbytes == 1 ? tp->nblocks[rel][par] * IGRAD__FP8_SCALE_NBYTES : 0;
+    return tp->spec[rel][par].count * (p->value_nbytes + tp->idx_nbytes[rel][par]) + scales;
 }
 
 /* The bytes its blocks take on the gather wire (config.index_code). */
@@ -195,7 +198,8 @@ int64_t igrad__plan_tensor_wire_nbytes(const igrad__plan_t *p, const igrad__plan
     for (int64_t f = 0; f < sp->count; f += blk) {
         bi.count = sp->count - f < blk ? sp->count - f : blk;
         igrad__plan_block_code(p, sp, &bi);
-        total += bi.count * p->value_nbytes + igrad__step_block_idx_bytes(&bi);
+        total += igrad__value_area_nbytes(p->value_nbytes, bi.count) +
+                 igrad__step_block_idx_bytes(&bi);
     }
     return total;
 }

@@ -11,6 +11,7 @@
 #include "plan/schedule.h"
 #include "plan/step.h"
 #include "comm/sparse_allreduce.h"
+#include "core/value8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +127,8 @@ igrad_status_t igrad__plan_step(igrad__plan_t *p, igrad__step_t *s, int update_h
         for (size_t q = 0; q < cnt; q++) {
             igrad__step_block_t *bi = &s->binfo[s->order[first + q]];
             entries += bi->count;
-            gbytes += bi->count * p->value_nbytes + igrad__step_block_idx_bytes(bi);
+            gbytes += igrad__value_area_nbytes(p->value_nbytes, bi->count) +
+                      igrad__step_block_idx_bytes(bi);
             /* flat blocks of one tensor share its whole-tensor segment */
             int shares = !dense && !bi->row_wise && prev && prev->tensor == bi->tensor;
             bi->seg_owner = !shares;

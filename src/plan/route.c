@@ -11,6 +11,7 @@
 
 #include "comm/comm_internal.h"
 #include "comm/sparse_allreduce.h"
+#include "core/value8.h"
 
 #include <stddef.h>
 
@@ -53,7 +54,7 @@ static void gather_layout(igrad__step_t *s, int nranks, int value_nbytes, igrad_
     for (size_t q = 0; q < bk->nblocks; q++) {
         igrad__step_block_t *bi = &s->binfo[s->order[bk->first + q]];
         bi->val_off = v;
-        v += (size_t)bi->count * (size_t)value_nbytes;
+        v += (size_t)igrad__value_area_nbytes(value_nbytes, bi->count); /* FP8: + scale */
     }
     for (int width = 4; width >= 2; width -= 2)
         for (size_t q = 0; q < bk->nblocks; q++) {

@@ -54,7 +54,7 @@ expect_error() {
 expect_error missing "no-such-file" "$tmp/o1" -- \
   "$IGRAD" train --data "$tmp/no-such-file" --out "$tmp/o1" "${common[@]}"
 
-expect_error value_dtype_name "--value-dtype is 'f8' (f32, bf16 or fp16)" "$tmp/o1v" -- \
+expect_error value_dtype_name "--value-dtype is 'f8' (f32, bf16, fp16 or fp8)" "$tmp/o1v" -- \
   "$IGRAD" train --data "$tmp/corpus" --out "$tmp/o1v" --value-dtype f8 "${common[@]}"
 expect_error value_dtype_dense "config.value_dtype is BF16, but method dense" "$tmp/o1d" -- \
   "$IGRAD" train --data "$tmp/corpus" --out "$tmp/o1d" --method dense --value-dtype bf16 \

@@ -59,6 +59,29 @@ int64_t igrad__dp_cpu_first_bad(IGRAD__DP_CARGS, float *const *grads, size_t t, 
                                 float *r);
 /* dp_cpu_select.c */
 void igrad__dp_cpu_select_into(IGRAD__DP_ARGS, float *const *grads, int zero);
+/* Position in the tensor of selected entry k of a selection (idx) of spec
+ * sp (a dense spec keeps every entry in place). */
+static inline int64_t igrad__dp_cpu_sel_pos(const igrad_select_spec_t *sp, const uint32_t *idx,
+                                            int64_t k)
+{
+    if (sp->count == sp->n) return k;
+    if (!sp->row_wise) return (int64_t)idx[k];
+    return k / sp->per_row * sp->cols + (int64_t)idx[k];
+}
+/* FP8 wire values (config.value_dtype F8_E4M3, core/value8.h): tensor t's
+ * staged selection (idx, val: sp->count entries, its values a) rounded in
+ * place, block by block as the step cuts it (the tensor's blk_entries),
+ * each at its block's scale; with r (whose selected entries hold 0) each
+ * selected entry's residual becomes a - q (exact). Returns the sum of
+ * (a - q)^2. */
+double igrad__dp_cpu_round8(IGRAD__DP_CARGS, size_t t, const uint32_t *idx, float *val, float *r);
+/* The dtype select.c rounds staged values to: the 16-bit value dtype, or
+ * F32 (no rounding there) for F32 and FP8 (igrad__dp_cpu_round8 after). */
+static inline igrad_dtype_t igrad__dp_cpu_round16_dtype(const igrad__plan_t *plan)
+{
+    igrad_dtype_t vt = plan->kargs.value_dtype;
+    return vt == IGRAD_DTYPE_BF16 || vt == IGRAD_DTYPE_F16 ? vt : IGRAD_DTYPE_F32;
+}
 /* A tensor not sent: accumulated or dropped, g zeroed with `zero`
  * (dp_cpu_select.c; the streamed step's commit too). */
 void igrad__dp_cpu_accumulate(IGRAD__DP_ARGS, size_t t, float *g, int zero);

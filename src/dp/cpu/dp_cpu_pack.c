@@ -10,7 +10,10 @@
  * indices of a run are ascending already (the selection's order). Which blocks a
  * bucket holds is the control plane's (pack.c, engine.c). 16-bit wire
  * values (value_nbytes 2) are the staged values' 16-bit codes: the
- * selection already rounded them (dp_cpu_select.c), so this is exact. The
+ * selection already rounded them (dp_cpu_select.c), so this is exact; FP8
+ * values (value_nbytes 1) are a block's power-of-two scale and its codes
+ * (core/value8.h), exact too (the selection rounded each block at the
+ * scale its values give). The
  * dense wire carries F32 whatever the value dtype (formats.md §8).
  * Sparse all-reduce: (dense index, F32 value) entries, the index the one
  * the dense wire would put the value at, the value the staged (rounded)
@@ -20,6 +23,7 @@
 #include "core/sparsifier.h"
 #include "comm/sparse_allreduce.h"
 #include "core/value16.h"
+#include "core/value8.h"
 #include "core/wire_code.h"
 
 #include <string.h>
@@ -67,6 +71,8 @@ void igrad__dp_cpu_pack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grads)
         int64_t src = step->stage_off[bi->tensor] + bi->first;
         if (plan->value_nbytes == 4)
             memcpy(dst + bi->val_off, step->stage_val + src, (size_t)bi->count * sizeof(float));
+        else if (plan->value_nbytes == 1) /* FP8: the scale, then the codes (exact) */
+            igrad__fp8_pack(step->stage_val + src, bi->count, dst + bi->val_off);
         else
             put_values16(dst + bi->val_off, step->stage_val + src, bi->count,
                          plan->kargs.value_dtype);

@@ -17,6 +17,7 @@
  */
 #include "dp/cpu/dp_cpu.h"
 #include "dp/cpu/select_internal.h"
+#include "core/value8.h"
 
 #include <string.h>
 
@@ -68,6 +69,29 @@ static igrad_status_t select_velocity(float *restrict u, float *restrict r, floa
     IGRAD_CHECK(igrad__select_ef(u, r, sp, name, ws, sel, 0, vt, rounded));
     mask_sent(u, sp, sel->index);
     return IGRAD_OK;
+}
+
+double igrad__dp_cpu_round8(IGRAD__DP_CARGS, size_t t, const uint32_t *idx, float *val, float *r)
+{
+    (void)mem;
+    const igrad__plan_tensor_t *tp = &plan->t[t];
+    int rel = step->rel[t], par = igrad__plan_parity(plan, step->cur_step);
+    const igrad_select_spec_t *sp = &tp->spec[rel][par];
+    int64_t blk = tp->blk_entries[rel][par];
+    if (blk <= 0) blk = sp->count;
+    double s2 = 0.0;
+    for (int64_t f = 0; f < sp->count; f += blk) {
+        int64_t n = sp->count - f < blk ? sp->count - f : blk;
+        int k = igrad__fp8_block_exp(val + f, n);
+        float s = igrad__fp8_pow2(k), inv = igrad__fp8_pow2(-k);
+        for (int64_t j = f; j < f + n; j++) {
+            float a = val[j], q = igrad__fp8_round(a, inv, s), d = a - q;
+            val[j] = q;
+            if (r) r[igrad__dp_cpu_sel_pos(sp, idx, j)] = d;
+            s2 += (double)d * (double)d;
+        }
+    }
+    return s2;
 }
 
 /* The error-feedback kernels of a tensor not sent, on plain arguments
@@ -138,6 +162,8 @@ void igrad__dp_cpu_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
      * zeroing is then wasted) and the gradient itself is zeroed after */
     int zero16 = zero && plan->kargs.grad_dtype != IGRAD_DTYPE_F32;
     const igrad__dp_cpu_state_t *cs = mem->dp_state;
+    const igrad_dtype_t vt16 = igrad__dp_cpu_round16_dtype(plan);
+    const int fp8 = plan->kargs.value_dtype == IGRAD_DTYPE_F8_E4M3;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(plan->nthreads)
 #endif
@@ -159,16 +185,17 @@ void igrad__dp_cpu_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
             double rounded = 0.0; /* sum of squares of rounding errors kept */
             if (igrad__dp_cpu_fused(plan, step, mem, t)) { /* pass 1 ran in the check */
                 igrad__select_apply(g, r, sp, mem->ws[tid], &sel, cs->bound + cs->bound_off[t],
-                                    zero, plan->kargs.value_dtype, &rounded);
+                                    zero, vt16, &rounded);
             } else {
                 step->tstatus[t] = select_velocity(mem->velocity[t], r, g, plan->kargs.momentum,
-                                                   plan->kargs.value_dtype, sp, tp->name,
-                                                   mem->ws[tid], &sel, zero, &rounded);
+                                                   vt16, sp, tp->name, mem->ws[tid], &sel, zero,
+                                                   &rounded);
                 if (step->tstatus[t] != IGRAD_OK) {
                     if (zero16) igrad__dp_cpu_zero_grad(plan, step, mem, grads, t);
                     continue;
                 }
             }
+            if (fp8) rounded = igrad__dp_cpu_round8(plan, step, mem, t, sel.index, sel.value, r);
             step->tsumsq[t] = sel.sumsq;
             /* the residual is a with the selected entries zeroed (plus their
              * rounding errors) */

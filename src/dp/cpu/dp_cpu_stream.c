@@ -8,7 +8,7 @@
  * untouched. stream_commit, once the ranks agreed that the step counts:
  * per tensor the residual and velocity that dp_cpu_select.c's select_into
  * would have written — sent: e = a with the selected entries 0 (16-bit
- * values: their rounding remainder a - q), momentum masking; not sent:
+ * or FP8 values: their rounding remainder a - q), momentum masking; not sent:
  * accumulate or drop — recomputed from g, u, e and the staged selection,
  * zeroing g in the same pass. Same float operations in the same order as
  * select_into, so the result is bit-identical (tests/mpi_stream.c).
@@ -23,15 +23,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-/* Position in the tensor of selected entry k (a dense spec keeps every
- * entry in place). */
-static inline int64_t sel_pos(const igrad_select_spec_t *sp, const uint32_t *idx, int64_t k)
-{
-    if (sp->count == sp->n) return k;
-    if (!sp->row_wise) return (int64_t)idx[k];
-    return k / sp->per_row * sp->cols + (int64_t)idx[k];
-}
 
 /* A selection the step will never use (this rank fails it at close) but
  * whose buckets must still be packed: valid ascending indices, zeros. */
@@ -114,7 +105,9 @@ void igrad__dp_cpu_stream_ready(IGRAD__DP_ARGS, float *const *grads, const size_
             continue;
         }
         double rounded = 0.0;
-        if (plan->kargs.value_dtype != IGRAD_DTYPE_F32)
+        if (plan->kargs.value_dtype == IGRAD_DTYPE_F8_E4M3)
+            rounded = igrad__dp_cpu_round8(plan, step, mem, t, sel.index, sel.value, NULL);
+        else if (plan->kargs.value_dtype != IGRAD_DTYPE_F32)
             rounded = round_staged(plan->kargs.value_dtype, sel.value, sp->count);
         step->tsumsq[t] = sel.sumsq;
         double kept = a2 - sel.sumsq > 0.0 ? a2 - sel.sumsq : 0.0;
@@ -124,7 +117,7 @@ void igrad__dp_cpu_stream_ready(IGRAD__DP_ARGS, float *const *grads, const size_
 
 /* A sent tensor of n entries: e = a (u = m*u + g first; u NULL without
  * momentum), the selected entries (sp, idx, val: the staged selection) 0
- * or, with 16-bit values (value16), their rounding remainder (and, with
+ * or, with 16-bit or FP8 values (value16), their rounding remainder (and, with
  * momentum, their velocity: DGC's masking); g zeroed. */
 static void commit_sent(float *restrict r, float *restrict u, float *restrict g, float m,
                         int64_t n, const igrad_select_spec_t *sp, const uint32_t *idx,
@@ -145,7 +138,7 @@ static void commit_sent(float *restrict r, float *restrict u, float *restrict g,
         }
     }
     for (int64_t k = 0; k < sp->count; k++) {
-        int64_t i = sel_pos(sp, idx, k);
+        int64_t i = igrad__dp_cpu_sel_pos(sp, idx, k);
         /* r[i] holds a = the selected value; the fused pass zeroes it, then
          * adds the rounding remainder a - q (q the staged value) */
         r[i] = value16 ? 0.0f + (r[i] - val[k]) : 0.0f;

@@ -9,7 +9,9 @@
  * and checked run by run (core/wire_code.h: range, strict order, the
  * code's ones and padding), a bad one naming the bucket, rank, tensor and
  * row. 16-bit values (BF16, F16) are decoded to
- * F32 (exact) and added in the same order. 16-bit gradients
+ * F32 (exact) and added in the same order; FP8 values (core/value8.h) are
+ * a block's scale, refused unless a positive normal power of two, and its
+ * codes, each code times the scale (exact; a NaN code is refused). 16-bit gradients
  * (config.grad_dtype) are unpacked all at once after the last bucket,
  * tensor by tensor through an F32 copy, and rounded once (unpack16).
  * The sparse all-reduce's result is the same on every rank and sorted by
@@ -22,22 +24,50 @@
 #include "core/sparsifier.h"
 #include "comm/sparse_allreduce.h"
 #include "core/value16.h"
+#include "core/value8.h"
 #include "core/wire_code.h"
 
 #include <math.h>
 #include <string.h>
 
-/* Value k of a values area: F32, or the 16-bit code of dt (width 2). */
-static inline float read_value(const unsigned char *p, int width, igrad_dtype_t dt, int64_t k)
+/* A block's values area as received: F32, the 16-bit codes of dt (width
+ * 2), or FP8 (width 1: the block's scale, then its codes; core/value8.h). */
+typedef struct val_rd {
+    const unsigned char *p; /* value 0 */
+    int width;
+    igrad_dtype_t dt;
+    float scale; /* FP8: the block's 2^k */
+} val_rd_t;
+
+/* Starts reading the values area at p: 0, or (FP8) -1 when the block's
+ * scale is not a positive normal power of two (a peer's bad bytes). */
+static inline int val_start(val_rd_t *v, const unsigned char *p, int width, igrad_dtype_t dt)
 {
-    if (width == 4) {
-        float v;
-        memcpy(&v, p + 4 * k, 4);
-        return v;
+    v->p = p;
+    v->width = width;
+    v->dt = dt;
+    v->scale = 1.0f;
+    if (width != 1) return 0;
+    int k = igrad__fp8_scale_read(p);
+    if (k == 0x7fffffff) return -1;
+    v->scale = igrad__fp8_pow2(k);
+    v->p = p + IGRAD__FP8_SCALE_NBYTES;
+    return 0;
+}
+
+/* Value k (FP8: NaN for a NaN code, Inf where code times scale overflows;
+ * the callers refuse both as non-finite). */
+static inline float read_value(const val_rd_t *v, int64_t k)
+{
+    if (v->width == 4) {
+        float f;
+        memcpy(&f, v->p + 4 * k, 4);
+        return f;
     }
+    if (v->width == 1) return igrad__fp8_decode(v->p[k]) * v->scale;
     uint16_t h;
-    memcpy(&h, p + 2 * k, 2);
-    return igrad__from16(dt, h);
+    memcpy(&h, v->p + 2 * k, 2);
+    return igrad__from16(v->dt, h);
 }
 
 static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
@@ -148,17 +178,17 @@ static igrad_status_t bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
     return igrad__dp_bad_index(plan, step, mem, bk, bi, r, k, v, bound);
 }
 
-/* count received entries (indices of width iw at ip, values of width vw
- * at vp: F32 or the 16-bit codes of vt) added times inv into g, each
- * index checked against bound and each value for being finite first: -1,
- * or the first bad entry. */
-static int64_t add_entries(float *g, const unsigned char *ip, int iw, const unsigned char *vp,
-                           int vw, igrad_dtype_t vt, int64_t count, uint64_t bound, float inv)
+/* count received entries (indices of width iw at ip, values read by vr
+ * from entry v0 on) added times inv into g, each index checked against
+ * bound and each value for being finite first: -1, or the first bad
+ * entry. */
+static int64_t add_entries(float *g, const unsigned char *ip, int iw, const val_rd_t *vr,
+                           int64_t v0, int64_t count, uint64_t bound, float inv)
 {
     for (int64_t k = 0; k < count; k++) {
         uint32_t i = read_index(ip, iw, k);
         if (i >= bound) return k;
-        float v = read_value(vp, vw, vt, k);
+        float v = read_value(vr, v0 + k);
         if (!isfinite(v)) return k;
         g[i] += v * inv;
     }
@@ -166,18 +196,42 @@ static int64_t add_entries(float *g, const unsigned char *ip, int iw, const unsi
 }
 
 /* Received value k of a block is not finite: no rank sends one (each
- * checked its values before the step was agreed), so its bytes are bad. */
+ * checked its values before the step was agreed, and an FP8 sender's
+ * codes are never NaN and times its scale never overflow), so its bytes
+ * are bad. */
 static igrad_status_t bad_value(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
                                 const igrad__step_block_t *bi, int r, int64_t k, float v)
 {
     (void)mem;
     return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
-                       "step %lld: bucket %d: rank %d sent the non-finite value %g for tensor "
+                       "step %lld: bucket %d: rank %d sent the non-finite value %g%s for tensor "
                        "%s (entry %lld of a block of %lld), which no rank sends (each checked "
                        "its values finite); its bytes are bad (a corrupt transport, or ranks "
                        "out of step); nothing more is unpacked and the engine is unusable",
                        (long long)step->cur_step, bk->index, r, (double)v,
+                       plan->value_nbytes == 1 ? " (an FP8 NaN code, or a code times the "
+                                                 "block's scale beyond F32)"
+                                               : "",
                        plan->t[bi->tensor].name, (long long)(bi->first + k), (long long)bi->count);
+}
+
+/* An FP8 block's received scale is not a positive normal power of two. */
+static igrad_status_t bad_scale(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                const igrad__step_block_t *bi, int r, const unsigned char *vp)
+{
+    (void)mem;
+    uint32_t u;
+    memcpy(&u, vp, 4);
+    float f;
+    memcpy(&f, vp, 4);
+    return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
+                       "step %lld: bucket %d: rank %d sent the FP8 block scale %g (bits 0x%08lx) "
+                       "for tensor %s (the block of %lld entries from entry %lld), which is not "
+                       "a positive normal power of two as every sender's is; its bytes are bad "
+                       "(a corrupt transport, or ranks out of step); nothing more is unpacked "
+                       "and the engine is unusable",
+                       (long long)step->cur_step, bk->index, r, (double)f, (unsigned long)u,
+                       plan->t[bi->tensor].name, (long long)bi->count, (long long)bi->first);
 }
 
 /* Sparse wire: adds every rank's entries, in rank order, times 1/P into
@@ -206,6 +260,8 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
             /* A rank's bytes start at r * send_nbytes, which need not be
              * 4-aligned: read through memcpy. */
             const int iw = bi->idx_nbytes;
+            val_rd_t vr;
+            if (val_start(&vr, vp, vw, vt)) return bad_scale(plan, step, mem, bk, bi, r, vp);
             if (bi->idx_code) { /* compact: the decoder checks every index */
                 const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
                 idx_iter_t it;
@@ -215,7 +271,7 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
                     int e = iter_next(&it, &i);
                     if (e) return igrad__dp_bad_code(plan, step, mem, bk, bi, r, iter_run(&it), e);
                     float *gr = bi->row_wise ? g + (bi->row0 + k / sp->per_row) * sp->cols : g;
-                    float v = read_value(vp, vw, vt, k);
+                    float v = read_value(&vr, k);
                     if (!isfinite(v)) return bad_value(plan, step, mem, bk, bi, r, k, v);
                     gr[i] += v * inv;
                 }
@@ -225,20 +281,20 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
                 const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
                 int64_t rows = bi->count / sp->per_row, per = sp->per_row;
                 for (int64_t rr = 0; rr < rows; rr++) {
-                    const unsigned char *rip = ip + rr * per * iw, *rvp = vp + rr * per * vw;
-                    int64_t k = add_entries(g + (bi->row0 + rr) * sp->cols, rip, iw, rvp, vw, vt,
+                    const unsigned char *rip = ip + rr * per * iw;
+                    int64_t k = add_entries(g + (bi->row0 + rr) * sp->cols, rip, iw, &vr, rr * per,
                                             per, (uint64_t)sp->cols, inv);
                     if (k < 0) continue;
                     if (read_index(rip, iw, k) >= (uint32_t)sp->cols)
                         return bad_index(plan, step, mem, bk, bi, r, ip, sp->cols);
                     return bad_value(plan, step, mem, bk, bi, r, rr * per + k,
-                                     read_value(rvp, vw, vt, k));
+                                     read_value(&vr, rr * per + k));
                 }
             } else {
-                int64_t k = add_entries(g, ip, iw, vp, vw, vt, bi->count, (uint64_t)tp->n, inv);
+                int64_t k = add_entries(g, ip, iw, &vr, 0, bi->count, (uint64_t)tp->n, inv);
                 if (k >= 0 && read_index(ip, iw, k) >= (uint64_t)tp->n)
                     return bad_index(plan, step, mem, bk, bi, r, ip, tp->n);
-                if (k >= 0) return bad_value(plan, step, mem, bk, bi, r, k, read_value(vp, vw, vt, k));
+                if (k >= 0) return bad_value(plan, step, mem, bk, bi, r, k, read_value(&vr, k));
             }
         }
     }
