@@ -263,7 +263,8 @@ class Config(ctypes.Structure):
                 ("topology", c_enum), ("ranks_per_node", ctypes.c_int),
                 ("dense_below", ctypes.c_int64),
                 ("link_latency_ns", ctypes.c_int64), ("link_bandwidth_mbps", ctypes.c_int64),
-                ("auto_sparse_reduce", ctypes.c_int), ("index_code", c_enum)]
+                ("auto_sparse_reduce", ctypes.c_int), ("index_code", c_enum),
+                ("allocation", c_enum)]
 
 
 class Bucket(ctypes.Structure):
