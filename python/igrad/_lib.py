@@ -137,6 +137,7 @@ NAME_TABLES = {
 }
 # Enums without a name function in the library: tests/python/test_binding.py
 # checks these (and STATUS_NAMES) against include/igrad.h.
+ALLOCATIONS = {"partition": 0, "budget": 1}  # igrad_allocation_t (config.allocation)
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = 0, 1, 2
 BUCKET_GATHER, BUCKET_REDUCE, BUCKET_SPARSE_REDUCE = 0, 1, 2
 MEMORY_HOST, MEMORY_CUDA = 0, 1  # igrad_memory_t (igrad_comm_ops_t.memory)
