@@ -1137,6 +1137,20 @@ IGRAD_API const char *igrad_index_code_name(igrad_index_code_t code);
 /** Parses "fixed" or "compact" (case-insensitive). */
 IGRAD_API igrad_status_t igrad_index_code_from_name(const char *name, igrad_index_code_t *code);
 
+/** How method ig spends a payload target (config.allocation). */
+typedef enum igrad_allocation {
+    IGRAD_ALLOCATION_PARTITION = 0, /**< the profile's partition (knee, otsu, ...)
+                                         or igrad_target_fit's prefix of the score
+                                         order: important components every step,
+                                         every other one deferred at one kappa */
+    IGRAD_ALLOCATION_BUDGET = 1     /**< the target's bytes allocated across
+                                         components: each one every step or
+                                         deferred at its own kappa_c in
+                                         {1, 1/2, ..., 1/(3R)}, chosen by a
+                                         knapsack on score x entries delivered
+                                         (decision 0059) */
+} igrad_allocation_t;
+
 /** Which collective carries a bucket of a sparse method. */
 typedef enum igrad_collective {
     IGRAD_COLLECTIVE_AUTO = 0,   /**< per bucket and step, the smaller modelled wire
@@ -1397,6 +1411,17 @@ typedef struct igrad_config {
                                            widths, the wire before 0.2). Lossless
                                            either way: results are the same bits
                                            (COMPACT) */
+    igrad_allocation_t allocation;    /**< ig with target_ratio > 0 and a profile
+                                           (online, set, or given at create):
+                                           PARTITION (the important set and one
+                                           kappa of igrad_target_fit, or the
+                                           profile's as given) or BUDGET (the
+                                           plan allocates the target's bytes
+                                           across components, every step or
+                                           deferred at a kappa of its own; the
+                                           profile's threshold and release_keep
+                                           are then not used; topology flat
+                                           only) (PARTITION) */
 } igrad_config_t;
 
 /** Default of igrad_config_t.timeout_s: generous enough for a slow rank or a
@@ -1411,7 +1436,7 @@ typedef struct igrad_config {
       100, IGRAD_DTYPE_F32, IGRAD_DTYPE_U16,                                        \
       IGRAD_COLLECTIVE_AUTO, 0, IGRAD_DEFAULT_TIMEOUT_S, 0, 0.7, NULL, 0.0, 0, 0.0,  \
       0, 0.05, IGRAD_DTYPE_F32, IGRAD_TOPOLOGY_FLAT, 0, IGRAD_DEFAULT_DENSE_BELOW,         \
-      0, 100000, 0, IGRAD_INDEX_CODE_COMPACT }
+      0, 100000, 0, IGRAD_INDEX_CODE_COMPACT, IGRAD_ALLOCATION_PARTITION }
 
 /** Checks every field. @return IGRAD_E_INVALID with a message naming the
  *  field and its value ("config.density is 0 (must be in (0, 1])"), or

@@ -3,7 +3,7 @@
  * file or in the agreement exchange: the layout hash (profiles, traces,
  * state files, optimizer files), the profile hash, the plan hash and the
  * risk history hash (agreement items 5, 22 and 25 of the engine state
- * file, formats.md §7) and the state file checksum (version 8).
+ * file, formats.md §7) and the state file checksum (version 9).
  *
  * The constants below were computed once and are part of the file
  * formats: a state file, profile or trace written by one build must be
@@ -51,7 +51,7 @@
 #define GOLDEN_PLAN_IG 0x0cbd7a126f269311ULL          /* ig_config(), item 22 */
 #define GOLDEN_PLAN_ADTOPK 0x0d72d2be6b05cb01ULL      /* adtopk_sync, item 22 */
 #define GOLDEN_HISTORY_RISK 0xc1d0767b70f3d702ULL     /* ig + pack risk, 2 steps, item 25 */
-#define GOLDEN_CHECKSUM_FRESH 0xb8c0fbb601aac3afULL   /* fresh ig engine, state version 8 (7: 0x67138cddda4401bb, before item 41 index_code) */
+#define GOLDEN_CHECKSUM_FRESH 0xdcad59fdd3804ee6ULL   /* fresh ig engine, state version 9 (8: 0xb8c0fbb601aac3af, before item 42 allocation; 7: 0x67138cddda4401bb, before item 41 index_code) */
 
 /* ---- FNV-1a 64 as the docs define it -------------------------------------- */
 
@@ -231,9 +231,9 @@ static igrad_config_t ig_config(void)
 
 /* ---- the state file, read as formats.md §7 lays it out ---------------------- */
 
-/* State file version 8: 41 agreement items, then step, calls, T at
+/* State file version 9: 42 agreement items, then step, calls, T at
  * ITEMS_END and N after them. */
-#define NITEMS 41
+#define NITEMS 42
 #define ITEMS_END (24 + 8 * NITEMS)
 
 typedef struct state_file {
@@ -280,7 +280,7 @@ static state_file_t save_and_read(const igrad_engine_t *eng)
     f.rank = rd_u32(f.bytes + 12);
     f.size = rd_u32(f.bytes + 16);
     f.nitems = rd_u32(f.bytes + 20);
-    assert_int_equal(f.version, 8);
+    assert_int_equal(f.version, 9);
     assert_int_equal(f.nitems, NITEMS);
     for (int i = 0; i < NITEMS; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
     return f;
@@ -378,6 +378,7 @@ static void check_items(const state_file_t *f, const igrad_layout_t *L, const ig
         [38] = (uint64_t)c->link_bandwidth_mbps,
         [39] = (uint64_t)c->auto_sparse_reduce,
         [40] = (uint64_t)c->index_code,
+        [41] = (uint64_t)c->allocation,
     };
     for (int i = 0; i < NITEMS; i++) {
         if (i == 4 || i == 21 || i == 24) continue; /* hashes: pinned by the tests */

@@ -45,7 +45,7 @@ enum {
     ITEM_HISTORY = 24,
     OFF_STEP = 24 + 8 * ITEM_STEP,
     OFF_CALLS = 24 + 8 * ITEM_CALLS,
-    NITEMS = 41,
+    NITEMS = 42,
     OFF_RESIDUALS = 24 + 8 * NITEMS + 32,
 };
 

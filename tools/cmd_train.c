@@ -80,6 +80,10 @@ static void usage(FILE *fp)
 "                              node, owners exchange between nodes, the result is\n"
 "                              broadcast in the node (default flat; needs a profile\n"
 "                              file, not --profile auto)\n"
+"  --allocation partition|budget  how ig spends --target-ratio: the partition's\n"
+"                              important set at one kappa (default) or the budget\n"
+"                              allocated across components, each every step or at\n"
+"                              its own kappa (decision 0059)\n"
 "  --ranks-per-node L          ranks [kL, (k+1)L) form node k (default 0: the nodes\n"
 "                              MPI reports)\n"
 "  --dense-below N             tensors of fewer than N entries (norms, biases) are\n"
@@ -240,6 +244,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         STR_OPT("--residual", residual)
         STR_OPT("--pack", pack)
         STR_OPT("--topology", topology)
+        STR_OPT("--allocation", allocation)
         STR_OPT("--profile", profile)
         STR_OPT("--profile-partition", profile_partition)
         INT_OPT("--profile-steps", 1, profile_steps)

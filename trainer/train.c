@@ -229,6 +229,7 @@ static const struct {
 } opt_absent[] = {
     {"--value-dtype", "F32 (the default)"},
     {"--topology", "flat (the default)"},
+    {"--allocation", "partition (the default)"},
     {"--ranks-per-node", "0 (the default: the nodes MPI reports)"},
     {"--dense-below", "0"},
     {"--link", "the default link (100g's bandwidth, latency 0)"},
@@ -308,6 +309,7 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
         opt_add_str(l, "--value-dtype", igrad_dtype_name(o->value_dtype));
     opt_add_i64(l, "--buckets", o->buckets);
     if (o->topology) opt_add_str(l, "--topology", o->topology); /* only when given, too */
+    if (o->allocation) opt_add_str(l, "--allocation", o->allocation); /* only when given */
     if (o->ranks_per_node) opt_add_i64(l, "--ranks-per-node", o->ranks_per_node);
     if (o->dense_below) opt_add_i64(l, "--dense-below", o->dense_below);
     {
@@ -539,6 +541,12 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
     c.buckets = o->buckets;
     if (o->topology && (st = igrad_topology_from_name(o->topology, &c.topology)) != IGRAD_OK)
         return lib_fail(st, "--topology");
+    if (o->allocation) {
+        if (!strcmp(o->allocation, "budget")) c.allocation = IGRAD_ALLOCATION_BUDGET;
+        else if (strcmp(o->allocation, "partition") != 0)
+            return trainer_fail(IGRAD_E_INVALID, "--allocation %s (partition, budget)",
+                                o->allocation);
+    }
     c.ranks_per_node = o->ranks_per_node;
     c.dense_below = o->dense_below;
     c.link_latency_ns = o->link_latency_ns;
@@ -554,6 +562,9 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
         c.reprofile_every = o->reprofile_every;
         c.reprofile_margin = o->reprofile_margin;
     }
+    /* the budget allocation plans a profile file's bytes at create, too */
+    if (c.allocation == IGRAD_ALLOCATION_BUDGET && c.method == IGRAD_METHOD_IG)
+        c.target_ratio = o->target_ratio > 0.0 ? o->target_ratio : 0.0;
     if (c.method == IGRAD_METHOD_DENSE && (o->momentum > 0.0 || o->start_iter > 0))
         return trainer_fail(IGRAD_E_INVALID,
                             "--momentum and --start-iter act on error "
@@ -1590,6 +1601,8 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     cJSON_AddStringToObject(sync, "pack", igrad_pack_policy_name(r->scfg.pack));
     cJSON_AddNumberToObject(sync, "buckets", r->scfg.buckets);
     cJSON_AddStringToObject(sync, "topology", igrad_topology_name(r->scfg.topology));
+    cJSON_AddStringToObject(sync, "allocation",
+                            r->scfg.allocation == IGRAD_ALLOCATION_BUDGET ? "budget" : "partition");
     cJSON_AddNumberToObject(sync, "ranks_per_node", r->scfg.ranks_per_node);
     cJSON_AddNumberToObject(sync, "dense_below", (double)r->scfg.dense_below);
     cJSON_AddNumberToObject(sync, "link_latency_ns", (double)r->scfg.link_latency_ns);

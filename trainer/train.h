@@ -117,6 +117,8 @@ typedef struct train_options {
     igrad_dtype_t value_dtype; /* wire values of the sparse methods (F32 = 0) */
     int buckets;              /* B buckets */
     const char *topology;     /* flat|hier (NULL = flat): igrad_config_t.topology */
+    const char *allocation;   /* partition|budget (NULL = partition):
+                                 igrad_config_t.allocation */
     int ranks_per_node;       /* igrad_config_t.ranks_per_node (0: MPI's nodes) */
     int64_t dense_below;      /* igrad_config_t.dense_below (0: off) */
     int64_t link_latency_ns;  /* igrad_config_t.link_latency_ns (0) */

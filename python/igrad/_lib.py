@@ -137,6 +137,7 @@ NAME_TABLES = {
 }
 # Enums without a name function in the library: tests/python/test_binding.py
 # checks these (and STATUS_NAMES) against include/igrad.h.
+ALLOCATIONS = {"partition": 0, "budget": 1}  # igrad_allocation_t (config.allocation)
 REDUCE_SUM, REDUCE_MAX, REDUCE_MIN = 0, 1, 2
 BUCKET_GATHER, BUCKET_REDUCE, BUCKET_SPARSE_REDUCE = 0, 1, 2
 MEMORY_HOST, MEMORY_CUDA = 0, 1  # igrad_memory_t (igrad_comm_ops_t.memory)
@@ -263,7 +264,8 @@ class Config(ctypes.Structure):
                 ("topology", c_enum), ("ranks_per_node", ctypes.c_int),
                 ("dense_below", ctypes.c_int64),
                 ("link_latency_ns", ctypes.c_int64), ("link_bandwidth_mbps", ctypes.c_int64),
-                ("auto_sparse_reduce", ctypes.c_int), ("index_code", c_enum)]
+                ("auto_sparse_reduce", ctypes.c_int), ("index_code", c_enum),
+                ("allocation", c_enum)]
 
 
 class Bucket(ctypes.Structure):

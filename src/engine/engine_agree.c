@@ -65,6 +65,7 @@ const igrad__item_desc_t igrad__items[IGRAD__NITEMS] = {
     [IGRAD__ITEM_CFG_LINK_BANDWIDTH] = {"config.link_bandwidth_mbps", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_AUTO_SPARSE_REDUCE] = {"config.auto_sparse_reduce", IGRAD__ITEM_I64, 1},
     [IGRAD__ITEM_CFG_INDEX_CODE] = {"config.index_code", IGRAD__ITEM_INDEX_CODE, 1},
+    [IGRAD__ITEM_CFG_ALLOCATION] = {"config.allocation", IGRAD__ITEM_I64, 1},
 };
 
 static uint64_t f64_bits(double v)
@@ -177,6 +178,7 @@ void igrad__engine_static_items(igrad_engine_t *e, uint64_t layout_hash, uint64_
     v[IGRAD__ITEM_CFG_LINK_BANDWIDTH] = (uint64_t)c->link_bandwidth_mbps;
     v[IGRAD__ITEM_CFG_AUTO_SPARSE_REDUCE] = (uint64_t)(int64_t)c->auto_sparse_reduce;
     v[IGRAD__ITEM_CFG_INDEX_CODE] = (uint64_t)(int64_t)c->index_code;
+    v[IGRAD__ITEM_CFG_ALLOCATION] = (uint64_t)(int64_t)c->allocation;
 }
 
 void igrad__engine_dynamic_items(igrad_engine_t *e, int64_t step)

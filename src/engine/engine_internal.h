@@ -94,6 +94,8 @@ enum {
     IGRAD__ITEM_CFG_LINK_BANDWIDTH,
     IGRAD__ITEM_CFG_AUTO_SPARSE_REDUCE,
     IGRAD__ITEM_CFG_INDEX_CODE,      /* the wire's index code (formats.md §8) */
+    IGRAD__ITEM_CFG_ALLOCATION,      /* ig's partition or budget allocation (the
+                                        allocation's kappas: in the plan item) */
     IGRAD__NITEMS
 };
 #define IGRAD__ITEM_FIRST_DYNAMIC IGRAD__ITEM_STEP

@@ -35,7 +35,7 @@
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 8u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
+#define STATE_VERSION 9u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
                             online profiling, remedies), the velocity section and
                             the online profiling section; 4: 38 items
                             (reprofile_every, reprofile_margin) and the
@@ -45,7 +45,7 @@
                             auto_sparse_reduce); 7: 40 items (risk_lambda,
                             gate_other, momentum_masking, residual_decay
                             removed, the later items renumbered); 8: 41 items
-                            (index_code) */
+                            (index_code); 9: 42 items (allocation) */
 /* online section modes */
 #define ONLINE_NONE 0u      /* no online state (or the create-time profile) */
 #define ONLINE_WINDOW 1u    /* recording: the window's records follow */

@@ -106,6 +106,14 @@ igrad_status_t igrad_config_validate(const igrad_config_t *c)
     IGRAD_FAIL_IF(c->index_code != IGRAD_INDEX_CODE_FIXED &&
                       c->index_code != IGRAD_INDEX_CODE_COMPACT,
                   IGRAD_E_INVALID, "config.index_code is %d (fixed, compact)", (int)c->index_code);
+    IGRAD_FAIL_IF(c->allocation != IGRAD_ALLOCATION_PARTITION &&
+                      c->allocation != IGRAD_ALLOCATION_BUDGET,
+                  IGRAD_E_INVALID, "config.allocation is %d (0 partition, 1 budget)",
+                  (int)c->allocation);
+    IGRAD_FAIL_IF(c->allocation == IGRAD_ALLOCATION_BUDGET && c->topology != IGRAD_TOPOLOGY_FLAT,
+                  IGRAD_E_UNSUPPORTED,
+                  "config.allocation budget needs topology flat (a shard engine would "
+                  "allocate its own shard's bytes)");
     IGRAD_FAIL_IF(c->threads < 0 || c->threads > 4096, IGRAD_E_INVALID,
                   "config.threads is %d (must be in [0, 4096]; 0 = OpenMP default)", c->threads);
     IGRAD_FAIL_IF(!(c->timeout_s >= 0.0 && c->timeout_s <= DBL_MAX), IGRAD_E_INVALID,

@@ -80,6 +80,13 @@ typedef struct igrad__plan {
     int64_t *comp_count;                /* (ncomp) */
     unsigned char *comp_important;      /* (ncomp) */
     int *comp_phase;                    /* (ncomp) */
+    double *comp_keep;                  /* (ncomp) kappa of each component's
+                                           releases: config.release_keep, or
+                                           its own with the budget allocation */
+    int allocated;                      /* config.allocation BUDGET applied:
+                                           comp_important and comp_keep are the
+                                           allocation's (allocate.h) */
+    double alloc_ratio;                 /* its planned payload / *_sync's */
 
     igrad__pack_map_t map;              /* direct policy */
     igrad__pack_history_t hist;         /* risk policy */

@@ -8,6 +8,7 @@
  */
 #include "plan/plan.h"
 #include "core/sparsifier.h"
+#include "plan/allocate.h"
 #include "plan/schedule.h"
 #include "plan/route.h"
 #include "profile/profile_internal.h"
@@ -126,8 +127,9 @@ igrad_status_t igrad__plan_copy_layout(igrad__plan_t *p, const igrad_layout_t *l
     p->comp_count = calloc(Cn, sizeof *p->comp_count);
     p->comp_important = calloc(Cn, 1);
     p->comp_phase = calloc(Cn, sizeof *p->comp_phase);
+    p->comp_keep = calloc(Cn, sizeof *p->comp_keep);
     IGRAD_FAIL_IF(!p->comp_layer || !p->comp_kind || !p->comp_count ||
-                      !p->comp_important || !p->comp_phase,
+                      !p->comp_important || !p->comp_phase || !p->comp_keep,
                   IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
     for (size_t c = 0; c < C; c++) {
         igrad_component_info_t ci;
@@ -136,6 +138,7 @@ igrad_status_t igrad__plan_copy_layout(igrad__plan_t *p, const igrad_layout_t *l
         p->comp_kind[c] = ci.kind;
         p->comp_count[c] = ci.count;
         p->comp_important[c] = 1;
+        p->comp_keep[c] = p->cfg.release_keep;
     }
     return IGRAD_OK;
 }
@@ -144,11 +147,12 @@ igrad_status_t igrad__plan_copy_layout(igrad__plan_t *p, const igrad_layout_t *l
 igrad_status_t igrad__plan_tensors(igrad__plan_t *p)
 {
     const igrad_config_t *c = &p->cfg;
-    double rscale = c->method == IGRAD_METHOD_IG
-                        ? igrad__release_scale(c->release_keep, c->release_period)
-                        : 1.0;
     for (size_t i = 0; i < p->ntensors; i++) {
         igrad__plan_tensor_t *tp = &p->t[i];
+        double keep = tp->comp >= 0 ? p->comp_keep[tp->comp] : c->release_keep;
+        double rscale = c->method == IGRAD_METHOD_IG
+                            ? igrad__release_scale(keep, c->release_period)
+                            : 1.0;
         for (int rel = 0; rel < 2; rel++)
             for (int par = 0; par < 2; par++) {
                 igrad_select_spec_t *sp = &tp->spec[rel][par];
@@ -238,7 +242,8 @@ igrad_status_t igrad__plan_phases(igrad__plan_t *p, const igrad_profile_t *profi
     size_t C = p->ncomp;
     for (size_t c = 0; c < C; c++) p->comp_phase[c] = IGRAD__PHASE_EVERY;
     if (p->deferral) {
-        for (size_t c = 0; c < C && profile; c++) { /* none: all important (online) */
+        /* none: all important (online); the budget allocation: its own */
+        for (size_t c = 0; c < C && profile && !p->allocated; c++) {
             int outer = igrad__kind_is_outer(p->comp_kind[c]);
             int imp =
                 igrad_profile_is_important(profile, p->comp_layer[c], p->comp_kind[c]);
@@ -349,6 +354,12 @@ uint64_t igrad__plan_hash(const igrad__plan_t *p)
     uint64_t h =
         igrad__schedule_hash(IGRAD__HASH_SEED, p->cfg.schedule, p->cfg.release_period,
                              p->cfg.release_keep, p->ncomp, p->comp_phase);
+    if (p->allocated) /* each component's kappa (only then not release_keep) */
+        for (size_t c = 0; c < p->ncomp; c++) {
+            uint64_t u;
+            memcpy(&u, &p->comp_keep[c], sizeof u);
+            h = igrad__hash_i64(h, (int64_t)u);
+        }
     for (size_t i = 0; i < p->ntensors; i++) {
         const igrad__plan_tensor_t *tp = &p->t[i];
         h = igrad__hash_i64(h, tp->phase);
@@ -431,6 +442,14 @@ igrad_status_t igrad__plan_build(igrad__plan_t *p, const igrad_layout_t *layout,
     size_t T = p->ntensors;
     for (size_t i = 0; i < T; i++) p->nparams += p->t[i].n;
     p->nb_max = p->per_tensor_buckets ? (int)(T < INT32_MAX ? T : INT32_MAX) : c->buckets;
+    if (p->deferral && profile && c->method == IGRAD_METHOD_IG && c->target_ratio > 0.0 &&
+        c->allocation == IGRAD_ALLOCATION_BUDGET) {
+        /* a pure function of the agreed profile and config (allocate.h) */
+        int met = 0;
+        IGRAD_CHECK(igrad__allocate(layout, profile, c, c->target_ratio, p->comp_important,
+                                    p->comp_keep, &p->alloc_ratio, &met));
+        p->allocated = 1;
+    }
     IGRAD_CHECK(igrad__plan_tensors(p));
     IGRAD_CHECK(igrad__plan_phases(p, profile));
 
@@ -507,4 +526,5 @@ void igrad__plan_free(igrad__plan_t *p)
     free(p->comp_count);
     free(p->comp_important);
     free(p->comp_phase);
+    free(p->comp_keep);
 }

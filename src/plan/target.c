@@ -17,6 +17,7 @@
  * (engine.c, schedule.c).
  */
 #include "core/internal.h"
+#include "plan/allocate.h"
 #include "plan/schedule.h"
 
 #include <math.h>
@@ -28,17 +29,37 @@ typedef struct comp_cost {
     double release; /* bytes per step when deferred (at the current kappa) */
 } comp_cost_t;
 
-/* Wire bytes of a tensor at one step kind, as the engine plans them. */
-static igrad_status_t spec_nbytes(const igrad_config_t *c, igrad_sparsifier_t sp,
-                                  const igrad_tensor_info_t *ti, double scale, int parity,
-                                  double *out)
+igrad_status_t igrad__target_tensor_spec(const igrad_config_t *c, igrad_sparsifier_t sp,
+                                         const igrad_tensor_info_t *ti, double scale,
+                                         int parity, int64_t *count, int64_t *nbytes)
 {
     igrad_select_spec_t s;
     IGRAD_CHECK(igrad_select_spec(sp, c->density, scale, c->interleave, parity, ti->ndim,
                                   ti->shape, &s));
     int64_t range = s.row_wise ? s.cols : s.n;
-    int ib = c->index_dtype == IGRAD_DTYPE_U16 && range <= 65536 ? 2 : 4;
-    *out = (double)s.count * ((double)igrad_dtype_nbytes(c->value_dtype) + ib);
+    int64_t ib = c->index_dtype == IGRAD_DTYPE_U16 && range <= 65536 ? 2 : 4;
+    *count = s.count;
+    *nbytes = s.count * ((int64_t)igrad_dtype_nbytes(c->value_dtype) + ib);
+    return IGRAD_OK;
+}
+
+igrad_sparsifier_t igrad__target_tensor_sparsifier(const igrad_config_t *c,
+                                                   const igrad_tensor_info_t *ti)
+{
+    /* below config.dense_below the engine sends every entry (engine.c) */
+    return c->sparsifier != IGRAD_SPARSIFIER_NONE && ti->count < c->dense_below
+               ? IGRAD_SPARSIFIER_NONE
+               : c->sparsifier;
+}
+
+/* Wire bytes of a tensor at one step kind, as the engine plans them. */
+static igrad_status_t spec_nbytes(const igrad_config_t *c, igrad_sparsifier_t sp,
+                                  const igrad_tensor_info_t *ti, double scale, int parity,
+                                  double *out)
+{
+    int64_t count, nbytes;
+    IGRAD_CHECK(igrad__target_tensor_spec(c, sp, ti, scale, parity, &count, &nbytes));
+    *out = (double)nbytes;
     return IGRAD_OK;
 }
 
@@ -90,17 +111,13 @@ static int gated(const fit_ctx_t *x, const igrad_component_info_t *ci, double *s
  * on it, so only the release bytes change between calls). */
 static igrad_status_t fill_costs(fit_ctx_t *x, double keep)
 {
-    igrad_sparsifier_t sp = x->cfg->sparsifier;
     for (size_t c = 0; c < x->nc; c++) x->comp[c].every = x->comp[c].release = 0.0;
     x->forced = x->total = 0.0;
     for (size_t t = 0; t < igrad_layout_count(x->layout); t++) {
         igrad_tensor_info_t ti;
         double every, release;
         IGRAD_CHECK(igrad_layout_tensor(x->layout, t, &ti));
-        /* below config.dense_below the engine sends every entry (engine.c) */
-        igrad_sparsifier_t tsp =
-            sp != IGRAD_SPARSIFIER_NONE && ti.count < x->cfg->dense_below ? IGRAD_SPARSIFIER_NONE
-                                                                          : sp;
+        igrad_sparsifier_t tsp = igrad__target_tensor_sparsifier(x->cfg, &ti);
         IGRAD_CHECK(tensor_cost(x->cfg, tsp, &ti, keep, &every, &release));
         x->total += every;
         if (ti.component < 0 || isnan(x->comp[ti.component].score)) {

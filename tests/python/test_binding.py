@@ -144,6 +144,7 @@ class Binding(unittest.TestCase):
         "igrad_collective": (L.COLLECTIVES, "IGRAD_COLLECTIVE_", str.lower),
         "igrad_topology": (L.TOPOLOGIES, "IGRAD_TOPOLOGY_", str.lower),
         "igrad_index_code": (L.INDEX_CODES, "IGRAD_INDEX_CODE_", str.lower),
+        "igrad_allocation": (L.ALLOCATIONS, "IGRAD_ALLOCATION_", str.lower),
         "igrad_bucket_kind": ({n.upper(): v for v, n in L.BUCKET_KINDS.items()},
                               "IGRAD_BUCKET_", str),
         "igrad_memory": ({n: getattr(L, "MEMORY_" + n) for n in ("HOST", "CUDA")},
