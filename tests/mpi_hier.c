@@ -13,7 +13,7 @@
  *    (rule_pieces) and compared with the engine's; the owner's residuals
  *    equal the reference's, the other ranks have none; per shard and
  *    piece Σ node sums = Σ sent + residual (conservation); the busiest
- *    shard within 1.10 x total/L;
+ *    shard within 1.10 x total/L in planned bytes;
  *  - the same on a layout whose embedding is 61 % of the entries (split
  *    into row pieces at ranks_per_node 2 and 4), its resume, and a state
  *    file of one split refused by another;
@@ -87,16 +87,42 @@ static int by_weight(const void *a, const void *b)
     return x->u < y->u ? -1 : x->u > y->u;
 }
 
+/* The tensors' weights for the ownership rule: their planned wire bytes
+ * per step in a flat plan of the whole layout over the N owners (the
+ * shard engines' config: topology flat), through the public
+ * igrad_engine_tensor_plan: step bytes for a tensor sent every step, else
+ * its release bytes over the release period, rounded up; at least 1. */
+static int64_t *rule_weights(const mpi_model_t *m, const igrad_config_t *c, int N)
+{
+    igrad_config_t f = *c;
+    f.topology = IGRAD_TOPOLOGY_FLAT;
+    f.ranks_per_node = 1;
+    igrad_engine_t *whole = NULL;
+    REQUIRE(igrad_engine_create_plan(m->L, m->prof, &f, N, &whole) == IGRAD_OK);
+    int64_t *w = calloc(m->T, sizeof *w);
+    REQUIRE(w);
+    const int64_t R = f.release_period > 0 ? f.release_period : 1;
+    for (size_t t = 0; t < m->T; t++) {
+        igrad_tensor_plan_t tp;
+        REQUIRE(igrad_engine_tensor_plan(whole, t, &tp) == IGRAD_OK);
+        int64_t b = tp.every_step ? tp.step_nbytes : (tp.release_nbytes + R - 1) / R;
+        w[t] = b > 0 ? b : 1;
+    }
+    igrad_engine_free(whole);
+    return w;
+}
+
 /* The ownership rule as docs/architecture.md §5.7b states it, written here
- * again (not the engine's function): LPT over the units (components, OTHER
+ * again (not the engine's function), over the weights wt (planned bytes):
+ * LPT over the units (components, OTHER
  * tensors; heaviest first, ties by unit; least loaded rank, ties lower);
  * while the busiest rank holds more than 1.10 x total/L, the largest
  * unsplit tensor of >= 2 dims and >= L rows is cut into L row ranges
  * [jR/L, (j+1)R/L), piece j on rank j, and the units less their split
  * tensors are placed again by LPT on top. Returns the pieces (layout
  * order, rows ascending); *busiest and *lpt_busiest (whole units only). */
-static piece_t *rule_pieces(const mpi_model_t *m, int L, size_t *np_out, int64_t *busiest,
-                            int64_t *lpt_busiest)
+static piece_t *rule_pieces(const mpi_model_t *m, const int64_t *wt, int L, size_t *np_out,
+                            int64_t *busiest, int64_t *lpt_busiest)
 {
     size_t T = m->T, C = igrad_layout_component_count(m->L), U = C;
     for (size_t t = 0; t < T; t++) U += m->info[t].component < 0;
@@ -108,18 +134,18 @@ static piece_t *rule_pieces(const mpi_model_t *m, int L, size_t *np_out, int64_t
     REQUIRE(unit && split && uw && uown && load);
     for (size_t t = 0, o = C; t < T; t++) {
         unit[t] = m->info[t].component >= 0 ? (size_t)m->info[t].component : o++;
-        total += m->n[t];
+        total += wt[t];
     }
     for (int round = 0;; round++) {
         for (size_t u = 0; u < U; u++) uw[u] = (unit_w_t){0, u};
         for (int l = 0; l < L; l++) load[l] = 0;
         for (size_t t = 0; t < T; t++) {
             if (!split[t]) {
-                uw[unit[t]].w += m->n[t];
+                uw[unit[t]].w += wt[t];
                 continue;
             }
-            int64_t R = m->info[t].shape[0], row = m->n[t] / R;
-            for (int j = 0; j < L; j++) load[j] += ((R * (j + 1)) / L - (R * j) / L) * row;
+            int64_t R = m->info[t].shape[0];
+            for (int j = 0; j < L; j++) load[j] += wt[t] * ((R * (j + 1)) / L - (R * j) / L) / R;
         }
         qsort(uw, U, sizeof *uw, by_weight);
         for (size_t i = 0; i < U; i++) {
@@ -138,7 +164,7 @@ static piece_t *rule_pieces(const mpi_model_t *m, int L, size_t *np_out, int64_t
         size_t pick = T;
         for (size_t t = 0; t < T; t++)
             if (!split[t] && m->info[t].ndim >= 2 && m->info[t].shape[0] >= L && L > 1 &&
-                (pick == T || m->n[t] > m->n[pick]))
+                (pick == T || wt[t] > wt[pick]))
                 pick = t;
         if (pick == T) break;
         split[pick] = 1;
@@ -323,8 +349,10 @@ static void check_method(const mpi_model_t *m, igrad_method_t method, int rpn)
      * per node; the busiest shard within the bound; a split tensor's
      * residual is no rank's whole */
     size_t np_rule = 0;
-    int64_t busiest = 0, lpt_busiest = 0, total = igrad_layout_total_count(m->L);
-    piece_t *pcs = rule_pieces(m, L, &np_rule, &busiest, &lpt_busiest);
+    int64_t busiest = 0, lpt_busiest = 0, total = 0;
+    int64_t *wt = rule_weights(m, &c, N);
+    for (size_t t = 0; t < m->T; t++) total += wt[t];
+    piece_t *pcs = rule_pieces(m, wt, L, &np_rule, &busiest, &lpt_busiest);
     size_t np_engine = 0;
     int64_t *shard = calloc((size_t)L, sizeof *shard);
     REQUIRE(shard);
@@ -342,7 +370,9 @@ static void check_method(const mpi_model_t *m, igrad_method_t method, int rpn)
               "%lld+%lld on %d",
               mn, L, np_engine, t, (long long)r0, (long long)rows, owner, q->t,
               (long long)q->row0, (long long)q->rows, q->owner);
-        shard[q->owner] += q->n;
+        shard[q->owner] += q->rows == (m->info[t].ndim ? m->info[t].shape[0] : 1)
+                               ? wt[t]
+                               : wt[t] * q->rows / m->info[t].shape[0];
         int mine = res != NULL, owners = 0;
         MPI_Allreduce(&mine, &owners, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         if (method != IGRAD_METHOD_DENSE)
@@ -356,16 +386,17 @@ static void check_method(const mpi_model_t *m, igrad_method_t method, int rpn)
           np_engine, np_rule);
     int64_t top = 0;
     for (int l = 0; l < L; l++) top = shard[l] > top ? shard[l] : top;
-    CHECK(top == busiest, "%s L %d: busiest shard %lld entries, the rule's %lld", mn, L,
+    CHECK(top == busiest, "%s L %d: busiest shard %lld bytes, the rule's %lld", mn, L,
           (long long)top, (long long)busiest);
     /* within the bound whenever a split can reach it (this file's layouts:
      * always) */
     CHECK((double)top <= 1.1 * (double)total / L + 1e-9,
-          "%s L %d: busiest shard %lld entries > 1.10 x %lld / %d", mn, L, (long long)top,
+          "%s L %d: busiest shard %lld planned bytes > 1.10 x %lld / %d", mn, L, (long long)top,
           (long long)total, L);
     free(shard);
+    free(wt);
     if (me == 0 && method != IGRAD_METHOD_DENSE)
-        printf("mpi_hier: %s L %d: %zu pieces for %zu tensors; busiest shard %lld entries "
+        printf("mpi_hier: %s L %d: %zu pieces for %zu tensors; busiest shard %lld bytes "
                "(%.3f x total/L; whole units: %.3f)\n",
                mn, L, np_rule, m->T, (long long)top, (double)top * L / (double)total,
                (double)lpt_busiest * L / (double)total);

@@ -164,7 +164,7 @@ static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t 
     for (size_t t = 0; t < T; t++) memset(R->out[t], 0, (size_t)m->n[t] * sizeof(float));
     /* wire: the counts and this rank's entries to every other owner, the
      * status records, the others' reduced blocks */
-    R->wire = (int64_t)(np - 1) * (8 + 40 + 32 + 8 * kout);
+    R->wire = (int64_t)(np - 1) * (8 + 40 + 64 + 8 * kout);
     for (int r = 0; r < np; r++) {
         int64_t lo, hi;
         range_of(D, r, &lo, &hi);

@@ -16,6 +16,15 @@
  * on every rank) and a corrupted phase-3 block (that rank alone), each
  * followed by a clean call to show that no rank was left in a collective.
  * Corruption goes through a comm wrapped around the MPI comm's table.
+ * Balanced split points (igrad__sar_t.balanced): a skewed index
+ * distribution over several calls, each checked against the reference
+ * on the split points the call used (read back from w->bounds and checked
+ * to be those of a linear scan's ownership in the byte counts): equal
+ * ranges on the first call, the same split points on every rank, the
+ * busiest owner (w->balance, against the reference's counts) within 1.1x
+ * the mean from the fourth call, while equal ranges on the same inputs
+ * stay above 1.5x (the check fails without the balancing); then one rank
+ * dropping its split points: every rank redoes phase 1 on equal ranges.
  * Last, a late rank: the alltoallv's timeout and the broken comm.
  */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
@@ -40,7 +49,8 @@ typedef enum input_kind {
     EVEN,      /* only in the even ranks' ranges: the odd ones are empty */
     SAME,      /* every rank sends the same indices */
     TIES,      /* 16 indices, values in {-2..2}: cancellations and ties */
-    TOP_EDGE   /* D = 2^32, indices near both ends */
+    TOP_EDGE,  /* D = 2^32, indices near both ends */
+    SKEWED     /* 3/4 of the indices in the first 1/64 of [0, D), the rest uniform */
 } input_kind_t;
 
 typedef struct sar_case {
@@ -60,7 +70,12 @@ static const sar_case_t cases[] = {
     {"index space smaller than P", UNIFORM, 3, 5},
     {"2^32 index space", TOP_EDGE, UINT64_C(1) << 32, 64},
     {"k = 0", UNIFORM, 100, 0},
+    {"skewed", SKEWED, 1u << 20, 4000},
 };
+enum { SKEWED_CASE = 9 };
+
+/* Mixed into the inputs: the calls of the balanced test differ. */
+static int salt = 0;
 
 static float value_from(uint64_t h)
 {
@@ -72,7 +87,7 @@ static void make_input(const sar_case_t *c, int c_id, int rank, igrad__sar_entry
 {
     const uint64_t D = c->dense_count;
     for (size_t i = 0; i < c->k; i++) {
-        uint64_t h = mix64(((uint64_t)c_id << 48) ^ ((uint64_t)rank << 32) ^ i);
+        uint64_t h = mix64(((uint64_t)(c_id + 64 * salt) << 48) ^ ((uint64_t)rank << 32) ^ i);
         uint64_t lo, hi, idx;
         switch (c->kind) {
         case CLUSTERED:
@@ -88,6 +103,7 @@ static void make_input(const sar_case_t *c, int c_id, int rank, igrad__sar_entry
         case SAME: idx = mix64(((uint64_t)c_id << 48) ^ i) % D; break;
         case TIES: idx = h % 16; break;
         case TOP_EDGE: idx = (h & 1) ? D - 1 - (h >> 1) % 1000 : (h >> 1) % 1000; break;
+        case SKEWED: idx = (h & 3) ? (h >> 2) % (D / 64) : (h >> 2) % D; break;
         default: idx = h % D; break;
         }
         in[i].index = (uint32_t)idx;
@@ -139,18 +155,17 @@ static size_t slot_of(const reference_t *ref, uint32_t index)
     return (size_t)(p - ref->index);
 }
 
-static int owner_in_test(uint64_t D, uint32_t index)
+static int owner_in_test(const uint64_t *bounds, uint32_t index)
 {
-    for (int r = 0; r < np; r++) {
-        uint64_t lo, hi;
-        igrad__sar_range(D, np, r, &lo, &hi);
-        if (index >= lo && index < hi) return r;
-    }
+    for (int r = 0; r < np; r++)
+        if (index >= bounds[r] && index < bounds[r + 1]) return r;
     REQUIRE(0);
     return -1;
 }
 
-static void reference_build(const sar_case_t *c, int c_id, reference_t *ref)
+/* The reference over the split points `bounds` (np + 1). */
+static void reference_build(const sar_case_t *c, int c_id, const uint64_t *bounds,
+                            reference_t *ref)
 {
     const size_t k = c->k, kout = igrad__sar_kout(k, np);
     igrad__sar_entry_t *all = malloc((np * k + 1) * sizeof *all);
@@ -171,7 +186,7 @@ static void reference_build(const sar_case_t *c, int c_id, reference_t *ref)
         for (size_t i = 0; i < k; i++) {
             const igrad__sar_entry_t *e = &all[(size_t)r * k + i];
             ref->sum[slot_of(ref, e->index)] += e->value;
-            ref->count[(size_t)r * np + owner_in_test(c->dense_count, e->index)]++;
+            ref->count[(size_t)r * np + owner_in_test(bounds, e->index)]++;
         }
     /* per range: its sent indices by |sum| desc, index asc; kout kept */
     ref->result = malloc((n + 1) * sizeof *ref->result);
@@ -180,8 +195,7 @@ static void reference_build(const sar_case_t *c, int c_id, reference_t *ref)
     REQUIRE(ref->result && ref->remainder && cand);
     ref->result_count = ref->remainder_count = 0;
     for (int r = 0; r < np; r++) {
-        uint64_t lo, hi;
-        igrad__sar_range(c->dense_count, np, r, &lo, &hi);
+        const uint64_t lo = bounds[r], hi = bounds[r + 1];
         size_t m = 0;
         for (size_t s = 0; s < n; s++)
             if (ref->index[s] >= lo && ref->index[s] < hi)
@@ -240,11 +254,24 @@ static void check_case(igrad_comm_t *comm, igrad__sar_t *w, int c_id, const char
     igrad__sar_entry_t *in = malloc((k + 1) * sizeof *in);
     REQUIRE(in);
     make_input(c, c_id, me, in);
-    reference_t ref;
-    reference_build(c, c_id, &ref);
     igrad_status_t st = igrad__sar_allreduce(w, comm, c->dense_count, k, in);
     CHECK(st == IGRAD_OK, "%s (%s): status %d: %s", c->name, label, (int)st,
           igrad_last_error());
+    /* the split points the call used (equal ones where it failed); the
+     * byte counts below check that the exchanges followed them */
+    uint64_t *bounds = malloc(((size_t)np + 1) * sizeof *bounds);
+    REQUIRE(bounds);
+    igrad__sar_equal_bounds(c->dense_count, np, bounds);
+    if (st == IGRAD_OK) {
+        REQUIRE(w->bounds != NULL);
+        memcpy(bounds, w->bounds, ((size_t)np + 1) * sizeof *bounds);
+        CHECK(bounds[0] == 0 && bounds[np] == c->dense_count, "%s: split points [%" PRIu64
+              ", %" PRIu64 "] do not cover [0, D)", c->name, bounds[0], bounds[np]);
+        for (int r = 0; r < np; r++)
+            CHECK(bounds[r] <= bounds[r + 1], "%s: split points descend at %d", c->name, r);
+    }
+    reference_t ref;
+    reference_build(c, c_id, bounds, &ref);
     if (st == IGRAD_OK) {
         size_t at = 0;
         CHECK(w->result_count == ref.result_count, "%s: %zu result entries, expected %zu",
@@ -267,8 +294,7 @@ static void check_case(igrad_comm_t *comm, igrad__sar_t *w, int c_id, const char
 
         /* conservation over this rank's range: each sent index once, with
          * its full sum, in the result or this rank's remainder */
-        uint64_t lo, hi;
-        igrad__sar_range(c->dense_count, np, me, &lo, &hi);
+        const uint64_t lo = bounds[me], hi = bounds[me + 1];
         unsigned char *seen = calloc(ref.n + 1, 1);
         REQUIRE(seen);
         int bad = 0;
@@ -297,9 +323,14 @@ static void check_case(igrad_comm_t *comm, igrad__sar_t *w, int c_id, const char
             sent += 8 + 8 * ref.count[(size_t)me * np + j];
             recvd += 8 + 8 * ref.count[(size_t)j * np + me];
         }
-        uint64_t gather = (uint64_t)(np - 1) * (32 + 8 * kout);
+        uint64_t gather = (uint64_t)(np - 1) * (64 + 8 * kout);
+        /* phase 1 done twice (split points differed): its counts and
+         * status exchanges once more */
+        const uint64_t twice = (uint64_t)w->resplit;
+        sent += twice * 8 * (uint64_t)(np - 1);
+        recvd += twice * 8 * (uint64_t)(np - 1);
         CHECK(w->bytes.split_sent == sent && w->bytes.split_recv == recvd &&
-                  w->bytes.status_recv == (uint64_t)(np - 1) * 40 &&
+                  w->bytes.status_recv == (uint64_t)(np - 1) * 40 * (1 + twice) &&
                   w->bytes.gather_recv == gather,
               "%s: bytes split %" PRIu64 "/%" PRIu64 " status %" PRIu64 " gather %" PRIu64
               ", expected %" PRIu64 "/%" PRIu64 " %d %" PRIu64,
@@ -311,11 +342,88 @@ static void check_case(igrad_comm_t *comm, igrad__sar_t *w, int c_id, const char
             printf("%s, P %d, k %zu: rank 0 sends %" PRIu64 " entry bytes (phase 1 + phase 3),"
                    " ideal 2*8*k*(P-1)/P = %.0f; metadata %" PRIu64 " bytes\n",
                    c->name, np, k, entries, 16.0 * (double)k * (np - 1) / np,
-                   8 * (uint64_t)(np - 1) + w->bytes.status_recv + 32 * (uint64_t)(np - 1));
+                   8 * (uint64_t)(np - 1) + w->bytes.status_recv + 64 * (uint64_t)(np - 1));
         }
+
+        /* the busiest receiver: each owner's entries from every rank */
+        uint64_t most = 0, total = 0;
+        int busiest = 0;
+        for (int o = 0; o < np; o++) {
+            uint64_t got = 0;
+            for (int j = 0; j < np; j++) got += ref.count[(size_t)j * np + o];
+            total += got;
+            if (got > most) {
+                most = got;
+                busiest = o;
+            }
+        }
+        CHECK(w->balance.recv_max == most && w->balance.recv_total == total &&
+                  w->balance.busiest == busiest,
+              "%s: busiest receiver %d with %" PRIu64 " of %" PRIu64 " entries, expected %d "
+              "with %" PRIu64 " of %" PRIu64, c->name, w->balance.busiest, w->balance.recv_max,
+              w->balance.recv_total, busiest, most, total);
     }
     reference_free(&ref);
+    free(bounds);
     free(in);
+}
+
+/* ---- balanced split points ---------------------------------------------- */
+
+static double max_over_mean(const igrad__sar_t *w)
+{
+    return w->balance.recv_total
+               ? (double)w->balance.recv_max * np / (double)w->balance.recv_total
+               : 0.0;
+}
+
+static void test_balanced(igrad_comm_t *comm)
+{
+    const sar_case_t *c = &cases[SKEWED_CASE];
+    igrad__sar_t eq = {0}, bal = {0};
+    bal.balanced = 1;
+    uint64_t *equal = malloc(((size_t)np + 1) * sizeof *equal);
+    REQUIRE(equal);
+    igrad__sar_equal_bounds(c->dense_count, np, equal);
+    for (int round = 0; round < 6; round++) {
+        salt = round; /* new inputs from the same distribution */
+        check_case(comm, &eq, SKEWED_CASE, "equal ranges");
+        check_case(comm, &bal, SKEWED_CASE, "balanced");
+        if (!bal.bounds || !eq.bounds) break;
+        CHECK(memcmp(eq.bounds, equal, ((size_t)np + 1) * sizeof *equal) == 0,
+              "round %d: equal ranges were not used without balancing", round);
+        if (round == 0)
+            CHECK(memcmp(bal.bounds, equal, ((size_t)np + 1) * sizeof *equal) == 0,
+                  "the first balanced call did not use equal ranges");
+        CHECK(same_everywhere(bal.bounds, ((size_t)np + 1) * sizeof *bal.bounds),
+              "round %d: the split points differ between ranks", round);
+        double r_eq = max_over_mean(&eq), r_bal = max_over_mean(&bal);
+        if (me == 0)
+            printf("skewed, P %d, call %d: busiest receiver / mean = %.3f with equal ranges, "
+                   "%.3f balanced\n", np, round, r_eq, r_bal);
+        if (np > 1) {
+            CHECK(r_eq > 1.5, "round %d: equal ranges at %.3f x the mean, expected > 1.5 "
+                  "(the skew of the test input)", round, r_eq);
+            if (round >= 3)
+                CHECK(r_bal <= 1.1, "round %d: balanced busiest receiver %.3f x the mean, "
+                      "expected <= 1.1", round, r_bal);
+        }
+    }
+    /* one rank drops its split points (as after a call that failed on it
+     * alone): every rank does phase 1 again on equal ranges, and the call
+     * is right */
+    if (me == np - 1) bal.next_valid = 0;
+    salt = 6;
+    check_case(comm, &bal, SKEWED_CASE, "one rank back on equal ranges");
+    CHECK(bal.resplit == (np > 1), "resplit %d after one rank dropped its split points",
+          bal.resplit);
+    if (bal.bounds)
+        CHECK(memcmp(bal.bounds, equal, ((size_t)np + 1) * sizeof *equal) == 0,
+              "the call after the split points differed did not use equal ranges");
+    salt = 0;
+    igrad__sar_clear(&eq);
+    igrad__sar_clear(&bal);
+    free(equal);
 }
 
 /* ---- failures ----------------------------------------------------------- */
@@ -428,6 +536,10 @@ static void check_same_failure(igrad_status_t st, igrad_status_t want, const cha
 static void test_failures(igrad_comm_t *mpi)
 {
     igrad__sar_t w = {0};
+    /* balanced: a call that fails on one rank alone (a corrupt phase-3
+     * block) leaves that rank on equal ranges and the others on balanced
+     * ones; the clean call after it must still succeed (phase 1 again) */
+    w.balanced = 1;
     const int c_id = 0;
     const sar_case_t *c = &cases[c_id];
     igrad__sar_entry_t *in = malloc((c->k + 1) * sizeof *in);
@@ -628,6 +740,7 @@ int main(int argc, char **argv)
     check_case(comm, &w, 2, "pieces of 5 bytes");
     REQUIRE(igrad__comm_mpi_set_max_count(comm, INT_MAX) == IGRAD_OK);
     igrad__sar_clear(&w);
+    test_balanced(comm);
 
     test_failures(comm);
     test_alltoallv_timeout();

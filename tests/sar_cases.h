@@ -3,16 +3,21 @@
  * sparse_allreduce.h's igrad__sar_ops_t) against brute-force references,
  * shared by test_sar_ops.c (the host backend) and cuda_sar.c (the CUDA
  * backend on a GPU, also compared with the host one bit for bit):
- *  split   k entries over P owners: the counts, the grouping (each owner's
- *          entries in input order), the first bad entry (index >= D, NaN,
- *          Inf) with its position and value;
+ *  split   k entries over P owners of equal or skewed split points (some
+ *          ranges empty): the counts, the grouping (each owner's entries
+ *          in input order, owners found by a linear scan of the split
+ *          points), the first bad entry (index >= D, NaN, Inf) with its
+ *          position and value;
  *  reduce  n received entries with many duplicate indices and tied
  *          magnitudes: the sums in received order from 0.0f (a dense
  *          accumulator), the kout kept by an O(m^2) count of the sums that
  *          beat each one (|sum| bits, then the lower index), both lists
- *          ascending; an index outside the range found at its position;
- *  collect P blocks (header + entries): the result in rank order, the
- *          first bad entry (outside its rank's range, not ascending).
+ *          ascending; the receive histogram against a count of each part's
+ *          indices by the part's own bounds; an index outside the range
+ *          found at its position;
+ *  collect P blocks (header + entries) in equal or skewed ranges: the
+ *          result in rank order, the first bad entry (outside its rank's
+ *          range, not ascending).
  * `mem` moves bytes between the host and the backend's memory. Each check
  * prints what differs and counts it in sar_failures.
  */
@@ -133,9 +138,11 @@ static void sar_check_reduce(const igrad__sar_ops_t *ops, const sar_mem_t *mem, 
     void *d_kept = mem->alloc(kcap * sizeof *recv), *d_rem = mem->alloc(ncap * sizeof *recv);
     mem->to(d_recv, recv, n * sizeof *recv);
     size_t nkept = 7, nrem = 7, bad = 0;
+    uint32_t hist[IGRAD__SAR_HIST];
+    memset(hist, 0x5a, sizeof hist);
     SAR_CHECK(ops->reserve(&w, n) == 0, "reserve(%zu) failed", n);
     igrad_status_t st = ops->reduce(&w, NULL, d_recv, n, lo, hi, kout, d_kept, &nkept, d_rem,
-                                    &nrem, &bad);
+                                    &nrem, &bad, hist);
     SAR_CHECK(st == IGRAD_OK, "reduce: %s", igrad_last_error());
     igrad__sar_entry_t *kept = calloc(kcap, sizeof *kept), *rem = calloc(ncap, sizeof *rem);
     mem->from(kept, d_kept, kcap * sizeof *kept);
@@ -147,6 +154,16 @@ static void sar_check_reduce(const igrad__sar_ops_t *ops, const sar_mem_t *mem, 
         SAR_CHECK(bad == bad_at, "%s: bad position %zu, expected %zu", what, bad, bad_at);
     } else {
         SAR_CHECK(bad == SIZE_MAX, "%s: bad position %zu reported", what, bad);
+        /* part j of [lo, hi): lo + ceil(j w / H) <= i < lo + ceil((j+1) w / H) */
+        for (int j = 0; j < IGRAD__SAR_HIST; j++) {
+            uint64_t wd = hi - lo, H = IGRAD__SAR_HIST;
+            uint64_t a = lo + (wd * (uint64_t)j + H - 1) / H;
+            uint64_t b = lo + (wd * (uint64_t)(j + 1) + H - 1) / H;
+            uint32_t want = 0;
+            for (size_t p = 0; p < n; p++) want += recv[p].index >= a && recv[p].index < b;
+            SAR_CHECK(hist[j] == want, "%s: histogram part %d [%llu, %llu) counts %u, expected %u",
+                      what, j, (unsigned long long)a, (unsigned long long)b, hist[j], want);
+        }
         igrad__sar_entry_t *rk = calloc(kcap, sizeof *rk), *rr = calloc(ncap, sizeof *rr);
         size_t rnk = 0, rnr = 0;
         if (n <= 4096) {
@@ -179,13 +196,45 @@ static void sar_check_reduce(const igrad__sar_ops_t *ops, const sar_mem_t *mem, 
     free(rem);
 }
 
-/* One split case: k entries over P owners of [0, D); bad_at < k puts a
- * bad entry there (kind 0: index D, 1: NaN, 2: -Inf). */
+/* P + 1 split points of [0, D): equal (skewed = 0) or drawn at random,
+ * sorted, so that ranges differ widely and some are empty. */
+static uint64_t *sar_bounds(uint64_t D, int P, int skewed, uint64_t seed)
+{
+    uint64_t *b = malloc(((size_t)P + 1) * sizeof *b);
+    igrad__sar_equal_bounds(D, P, b);
+    if (!skewed) return b;
+    uint64_t s = seed ^ 0x5bd1e995u;
+    for (int r = 1; r < P; r++) { /* cubed draws crowd the low end */
+        double u = (double)(sar_rand(&s) >> 11) / (double)(1ULL << 53);
+        b[r] = (uint64_t)(u * u * u * (double)D);
+        if (r % 5 == 3) b[r] = b[r - 1]; /* an empty range */
+    }
+    for (int r = 1; r < P; r++) /* insertion sort */
+        for (int q = r; q > 1 && b[q] < b[q - 1]; q--) {
+            uint64_t t = b[q];
+            b[q] = b[q - 1];
+            b[q - 1] = t;
+        }
+    return b;
+}
+
+/* The owner by a linear scan of the split points. */
+static int sar_owner_scan(const uint64_t *b, int P, uint64_t i)
+{
+    for (int r = 0; r < P; r++)
+        if (b[r] <= i && i < b[r + 1]) return r;
+    return -1;
+}
+
+/* One split case: k entries over P owners of [0, D), equal or skewed
+ * ranges; bad_at < k puts a bad entry there (kind 0: index D, 1: NaN, 2:
+ * -Inf). */
 static void sar_check_split(const igrad__sar_ops_t *ops, const sar_mem_t *mem, uint64_t seed,
                             size_t k, uint64_t D, int P, int ascending, size_t bad_at,
-                            int kind)
+                            int kind, int skewed)
 {
     uint64_t s = seed;
+    uint64_t *bounds = sar_bounds(D, P, skewed, seed);
     igrad__sar_entry_t *in = malloc((k ? k : 1) * sizeof *in);
     for (size_t i = 0; i < k; i++) {
         in[i].index = (uint32_t)(ascending ? (D * i) / k : sar_rand(&s) % D);
@@ -199,14 +248,16 @@ static void sar_check_split(const igrad__sar_ops_t *ops, const sar_mem_t *mem, u
     w.ops = ops;
     void *d_in = mem->alloc((k ? k : 1) * sizeof *in);
     mem->to(d_in, in, k * sizeof *in);
+    void *d_bounds = mem->alloc(((size_t)P + 1) * sizeof *bounds);
+    mem->to(d_bounds, bounds, ((size_t)P + 1) * sizeof *bounds);
     uint64_t *counts = calloc((size_t)P, sizeof *counts);
     igrad__sar_report_t rep = {0};
     igrad__sar_entry_t *send = NULL;
-    igrad_status_t st = ops->split(&w, NULL, D, P, k, d_in, counts, &rep, &send);
+    igrad_status_t st = ops->split(&w, NULL, D, P, d_bounds, k, d_in, counts, &rep, &send);
     char what[160];
-    snprintf(what, sizeof what, "%s split seed %llu k %zu D %llu P %d%s", ops->name,
+    snprintf(what, sizeof what, "%s split seed %llu k %zu D %llu P %d%s%s", ops->name,
              (unsigned long long)seed, k, (unsigned long long)D, P,
-             ascending ? " ascending" : "");
+             ascending ? " ascending" : "", skewed ? " skewed" : "");
     SAR_CHECK(st == IGRAD_OK, "%s: %s", what, igrad_last_error());
     if (bad_at < k) {
         uint32_t vb = igrad__f32_bits(in[bad_at].value);
@@ -220,9 +271,11 @@ static void sar_check_split(const igrad__sar_ops_t *ops, const sar_mem_t *mem, u
         uint64_t *want = calloc((size_t)P, sizeof *want);
         igrad__sar_entry_t *group = malloc((k ? k : 1) * sizeof *group);
         size_t at = 0;
+        int *owner = malloc((k ? k : 1) * sizeof *owner);
+        for (size_t i = 0; i < k; i++) owner[i] = sar_owner_scan(bounds, P, in[i].index);
         for (int o = 0; o < P; o++) /* each owner's entries in input order */
             for (size_t i = 0; i < k; i++)
-                if (igrad__sar_owner(D, P, in[i].index) == o) {
+                if (owner[i] == o) {
                     group[at++] = in[i];
                     want[o]++;
                 }
@@ -236,13 +289,16 @@ static void sar_check_split(const igrad__sar_ops_t *ops, const sar_mem_t *mem, u
             sar_same_entries(got, group, k, what);
         }
         free(want);
+        free(owner);
         free(group);
         free(got);
     }
     mem->free(d_in);
+    mem->free(d_bounds);
     igrad__sar_clear(&w);
     free(counts);
     free(in);
+    free(bounds);
 }
 
 /* One collect case: P blocks of up to kout ascending entries in their
@@ -250,21 +306,23 @@ static void sar_check_split(const igrad__sar_ops_t *ops, const sar_mem_t *mem, u
  * entry bad_q, 2 not ascending there. */
 static void sar_check_collect(const igrad__sar_ops_t *ops, const sar_mem_t *mem, uint64_t seed,
                               int P, uint64_t D, size_t kout, int corrupt, int bad_rank,
-                              uint64_t bad_q)
+                              uint64_t bad_q, int skewed)
 {
     uint64_t s = seed;
+    uint64_t *bounds = sar_bounds(D, P, skewed, seed);
     size_t block_nbytes = sizeof(igrad__sar_header_t) + kout * sizeof(igrad__sar_entry_t);
     unsigned char *blocks = calloc((size_t)P, block_nbytes);
     uint64_t *nkept = calloc((size_t)P, sizeof *nkept);
     igrad__sar_entry_t *want = calloc((size_t)P * kout + 1, sizeof *want);
     size_t nwant = 0;
     for (int r = 0; r < P; r++) {
-        uint64_t lo, hi;
-        igrad__sar_range(D, P, r, &lo, &hi);
+        uint64_t lo = bounds[r], hi = bounds[r + 1];
         size_t room = (size_t)(hi - lo) < kout ? (size_t)(hi - lo) : kout;
         nkept[r] = room ? sar_rand(&s) % (room + 1) : 0;
         if (r == bad_rank && nkept[r] <= bad_q) nkept[r] = bad_q + 1 <= room ? bad_q + 1 : room;
-        igrad__sar_header_t h = {{0, 0, 0, 0}, nkept[r]};
+        igrad__sar_header_t h;
+        memset(&h, 0, sizeof h);
+        h.nkept = nkept[r];
         memcpy(blocks + (size_t)r * block_nbytes, &h, sizeof h);
         igrad__sar_entry_t *e = (igrad__sar_entry_t *)(void *)(blocks + (size_t)r * block_nbytes +
                                                                 sizeof h);
@@ -289,16 +347,19 @@ static void sar_check_collect(const igrad__sar_ops_t *ops, const sar_mem_t *mem,
     void *d_blocks = mem->alloc((size_t)P * block_nbytes);
     void *d_result = mem->alloc(((size_t)P * kout + 1) * sizeof *want);
     mem->to(d_blocks, blocks, (size_t)P * block_nbytes);
+    void *d_bounds = mem->alloc(((size_t)P + 1) * sizeof *bounds);
+    mem->to(d_bounds, bounds, ((size_t)P + 1) * sizeof *bounds);
     igrad__sar_t w = {0};
     w.ops = ops;
     int got_rank = -1;
     uint64_t got_q = 0;
     uint32_t got_index = 0;
-    igrad_status_t st = ops->collect(&w, NULL, d_blocks, block_nbytes, P, nkept, D, d_result,
-                                     &got_rank, &got_q, &got_index);
+    igrad_status_t st = ops->collect(&w, NULL, d_blocks, block_nbytes, P, nkept, d_bounds,
+                                     d_result, &got_rank, &got_q, &got_index);
     char what[160];
-    snprintf(what, sizeof what, "%s collect seed %llu P %d D %llu kout %zu corrupt %d", ops->name,
-             (unsigned long long)seed, P, (unsigned long long)D, kout, corrupt);
+    snprintf(what, sizeof what, "%s collect seed %llu P %d D %llu kout %zu corrupt %d%s",
+             ops->name, (unsigned long long)seed, P, (unsigned long long)D, kout, corrupt,
+             skewed ? " skewed" : "");
     SAR_CHECK(st == IGRAD_OK, "%s: %s", what, igrad_last_error());
     int expect_bad = corrupt && bad_rank < P && bad_q < nkept[bad_rank] &&
                      (corrupt == 1 || bad_q > 0);
@@ -315,7 +376,9 @@ static void sar_check_collect(const igrad__sar_ops_t *ops, const sar_mem_t *mem,
     sar_same_entries(result, want, nwant, what); /* corrupt: the ranks before the bad one */
     mem->free(d_blocks);
     mem->free(d_result);
+    mem->free(d_bounds);
     igrad__sar_clear(&w);
+    free(bounds);
     free(blocks);
     free(nkept);
     free(want);
@@ -353,24 +416,26 @@ static void sar_check_backend(const igrad__sar_ops_t *ops, const sar_mem_t *mem)
         {3000, 1u << 20, 13, 1}, {2000, 5000, 5000, 0}, {2000, 5000, 4096, 0},
         {100, UINT64_C(1) << 32, 7, 0},
     };
-    for (size_t c = 0; c < sizeof split_cases / sizeof split_cases[0]; c++)
-        sar_check_split(ops, mem, 31 + c, split_cases[c].k, split_cases[c].D, split_cases[c].P,
-                        split_cases[c].ascending, SIZE_MAX, 0);
+    for (int skewed = 0; skewed < 2; skewed++)
+        for (size_t c = 0; c < sizeof split_cases / sizeof split_cases[0]; c++)
+            sar_check_split(ops, mem, 31 + c, split_cases[c].k, split_cases[c].D,
+                            split_cases[c].P, split_cases[c].ascending, SIZE_MAX, 0, skewed);
     for (int kind = 0; kind < 3; kind++) {
-        sar_check_split(ops, mem, 91, 700, 9000, 4, 0, 0, kind);
-        sar_check_split(ops, mem, 92, 700, 9000, 4, 0, 345, kind);
-        sar_check_split(ops, mem, 93, 700, 9000, 4, 0, 699, kind);
+        sar_check_split(ops, mem, 91, 700, 9000, 4, 0, 0, kind, 0);
+        sar_check_split(ops, mem, 92, 700, 9000, 4, 0, 345, kind, 1);
+        sar_check_split(ops, mem, 93, 700, 9000, 4, 0, 699, kind, 0);
     }
 
-    for (int P = 1; P <= 9; P += 4)
-        for (uint64_t seed = 1; seed <= 3; seed++) {
-            sar_check_collect(ops, mem, seed, P, 1000, 40, 0, P, 0);
-            sar_check_collect(ops, mem, seed, P, 30, 40, 0, P, 0); /* ranges below kout */
-        }
-    sar_check_collect(ops, mem, 4, 5, 1000, 40, 1, 2, 1);
-    sar_check_collect(ops, mem, 5, 5, 1000, 40, 2, 1, 3);
-    sar_check_collect(ops, mem, 6, 5, 1000, 40, 1, 0, 0);
-    sar_check_collect(ops, mem, 7, 5, 1000, 40, 1, 4, 39);
+    for (int skewed = 0; skewed < 2; skewed++)
+        for (int P = 1; P <= 9; P += 4)
+            for (uint64_t seed = 1; seed <= 3; seed++) {
+                sar_check_collect(ops, mem, seed, P, 1000, 40, 0, P, 0, skewed);
+                sar_check_collect(ops, mem, seed, P, 30, 40, 0, P, 0, skewed); /* below kout */
+            }
+    sar_check_collect(ops, mem, 4, 5, 1000, 40, 1, 2, 1, 0);
+    sar_check_collect(ops, mem, 5, 5, 1000, 40, 2, 1, 3, 0);
+    sar_check_collect(ops, mem, 6, 5, 1000, 40, 1, 0, 0, 1);
+    sar_check_collect(ops, mem, 7, 5, 1000, 40, 1, 4, 39, 0);
 }
 
 #endif /* IGRAD_TESTS_SAR_CASES_H */

@@ -4,7 +4,7 @@
  * over a grid of (s, d, k, P, α, B), ties included: here each route's time
  * is taken as stated — steps·α + wire bytes·8000/B ns, gather (P−1) steps
  * and (P−1)s bytes, reduce 2(P−1) steps and 2(P−1)/P·4d bytes, sparse
- * all-reduce 4(P−1) steps and (P−1)(80 + 8⌈k/P⌉) + 8k(P−1)/P bytes — and
+ * all-reduce 4(P−1) steps and (P−1)(112 + 8⌈k/P⌉) + 8k(P−1)/P bytes — and
  * compared exactly, scaled by B·P (not by B·P/(P−1) as route.c does), the
  * first in table order (gather, reduce, sparse all-reduce) winning ties.
  * Also: α = 0 without the sparse all-reduce is the old bytes rule (reduce
@@ -49,7 +49,7 @@ static wide_t stated(int route, int64_t s, int64_t d, int64_t k, int64_t P, int6
     } else {
         int64_t kout = (k + P - 1) / P;
         steps = 4 * (P - 1);
-        pbytes = (wide_t)(P - 1) * (80 + 8 * kout) * P + (wide_t)8 * k * (P - 1);
+        pbytes = (wide_t)(P - 1) * (112 + 8 * kout) * P + (wide_t)8 * k * (P - 1);
     }
     return steps * a * B * P + 8000 * pbytes;
 }
@@ -137,13 +137,13 @@ static void test_ties_and_old_rule(void **state)
                     assert_int_equal(choose(0, s, d, s / 6, P, 0, B), want);
                 }
     /* an exact gather/sparse all-reduce tie at alpha 0, P 4, k 40: gather
-     * (P-1)s = 3*240 = 720 = 3*(80 + 8*10) + 8*40*3/4 = 480 + 240 */
-    assert_true(stated(0, 240, 1000000, 40, 4, 0, 1) == stated(2, 240, 1000000, 40, 4, 0, 1));
-    assert_int_equal(choose(1, 240, 1000000, 40, 4, 0, 1), IGRAD_BUCKET_GATHER);
-    assert_int_equal(choose(1, 240 + 1, 1000000, 40, 4, 0, 1), IGRAD_BUCKET_SPARSE_REDUCE);
+     * (P-1)s = 3*272 = 816 = 3*(112 + 8*10) + 8*40*3/4 = 576 + 240 */
+    assert_true(stated(0, 272, 1000000, 40, 4, 0, 1) == stated(2, 272, 1000000, 40, 4, 0, 1));
+    assert_int_equal(choose(1, 272, 1000000, 40, 4, 0, 1), IGRAD_BUCKET_GATHER);
+    assert_int_equal(choose(1, 272 + 1, 1000000, 40, 4, 0, 1), IGRAD_BUCKET_SPARSE_REDUCE);
     /* ... and latency makes the four exchanges lose */
-    assert_int_equal(choose(1, 240 + 1, 1000000, 40, 4, 1, 1), IGRAD_BUCKET_SPARSE_REDUCE);
-    assert_int_equal(choose(1, 240 + 1, 1000000, 40, 4, 100000, 1), IGRAD_BUCKET_GATHER);
+    assert_int_equal(choose(1, 272 + 1, 1000000, 40, 4, 1, 1), IGRAD_BUCKET_SPARSE_REDUCE);
+    assert_int_equal(choose(1, 272 + 1, 1000000, 40, 4, 100000, 1), IGRAD_BUCKET_GATHER);
     /* a gather/reduce tie with latency (P 4, alpha 1, B 8000): 12 + 96000 s
      * against 24 + 192000 d, equal for s = 201, d = 100 */
     assert_true(stated(0, 201, 100, 0, 4, 1, 8000) == stated(1, 201, 100, 0, 4, 1, 8000));

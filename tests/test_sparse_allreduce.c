@@ -1,7 +1,8 @@
 /*
  * test_sparse_allreduce.c — the sparse all-reduce (sparse_allreduce.c) on
  * one rank, and the internal alltoallv's argument checks (comm.c) on the
- * self comm: kout and the index ranges, the one-rank result against a
+ * self comm: kout and the index ranges, the next split points from
+ * the owners' histograms (igrad__sar_next_bounds), the one-rank result against a
  * dense sum in input order, every refusal of bad input, a comm without
  * alltoallv (custom) refused, a custom comm with ops->alltoallv running it
  * (directly and as an engine's collective sparse_reduce, equal to the self
@@ -53,6 +54,71 @@ static void test_kout_and_ranges(void **state)
     assert_int_equal(covered, 3);
     igrad__sar_range(UINT64_C(1) << 32, 3, 2, &lo, &hi);
     assert_int_equal(hi, UINT64_C(1) << 32);
+}
+
+/* The next split points from the owners' histograms: hand-computed
+ * cases, the hysteresis, and on random histograms split points that
+ * cover [0, D) without descending, the same on a second call. */
+static void test_next_bounds(void **state)
+{
+    (void)state;
+    enum { H = IGRAD__SAR_HIST };
+    uint64_t next[5];
+    /* P 2, D 160: all 100 entries in [0, 10), owner 0's first part:
+     * split at 0 + 10 * 50 / 100 */
+    uint64_t b2[3] = {0, 80, 160};
+    uint32_t h2[2 * H] = {100};
+    igrad__sar_next_bounds(b2, 2, h2, next);
+    assert_int_equal(next[0], 0);
+    assert_int_equal(next[1], 5);
+    assert_int_equal(next[2], 160);
+    /* within 1.05x the mean (51 of 100): kept; nothing received: kept */
+    memset(h2, 0, sizeof h2);
+    h2[3] = 51;
+    h2[H + 7] = 49;
+    igrad__sar_next_bounds(b2, 2, h2, next);
+    assert_int_equal(next[1], 80);
+    memset(h2, 0, sizeof h2);
+    igrad__sar_next_bounds(b2, 2, h2, next);
+    assert_int_equal(next[1], 80);
+    /* P 4, D 1000, owner 3 with 10 entries per part; its parts start at
+     * 750 + ceil(250 j / 8) = 750, 782, 813, 844, 875, 907, 938, 969: the
+     * cumulative 20, 40, 60 end parts 1, 3, 5 */
+    uint64_t b4[5] = {0, 250, 500, 750, 1000};
+    uint32_t h4[4 * H] = {0};
+    for (int j = 0; j < H; j++) h4[3 * H + j] = 10;
+    igrad__sar_next_bounds(b4, 4, h4, next);
+    static const uint64_t want4[5] = {0, 813, 875, 938, 1000};
+    for (int r = 0; r <= 4; r++) assert_int_equal(next[r], want4[r]);
+    /* random histograms over random split points */
+    uint64_t x = 12345;
+    for (int round = 0; round < 200; round++) {
+        enum { P = 7 };
+        const uint64_t D = 1 + mix64(x++) % 100000;
+        uint64_t b[P + 1], n1[P + 1], n2[P + 1];
+        uint32_t h[P * H];
+        b[0] = 0;
+        b[P] = D;
+        for (int r = 1; r < P; r++) b[r] = mix64(x++) % (D + 1);
+        for (int r = 1; r < P; r++) /* sort */
+            for (int q = r; q > 1 && b[q] < b[q - 1]; q--) {
+                uint64_t t = b[q];
+                b[q] = b[q - 1];
+                b[q - 1] = t;
+            }
+        for (int i = 0; i < P * H; i++) {
+            int r = i / H, j = i % H;
+            uint64_t w = b[r + 1] - b[r];
+            int empty = (w * (uint64_t)(j + 1) + H - 1) / H == (w * (uint64_t)j + H - 1) / H;
+            h[i] = empty || mix64(x++) % 3 == 0 ? 0 : (uint32_t)(mix64(x++) % 1000);
+        }
+        igrad__sar_next_bounds(b, P, h, n1);
+        igrad__sar_next_bounds(b, P, h, n2);
+        assert_memory_equal(n1, n2, sizeof n1);
+        assert_int_equal(n1[0], 0);
+        assert_int_equal(n1[P], D);
+        for (int r = 0; r < P; r++) assert_true(n1[r] <= n1[r + 1]);
+    }
 }
 
 /* One rank: kout = k, so everything is kept; duplicates add up in input
@@ -468,6 +534,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kout_and_ranges),
+        cmocka_unit_test(test_next_bounds),
         cmocka_unit_test(test_one_rank),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_custom_comm_unsupported),

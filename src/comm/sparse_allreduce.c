@@ -7,6 +7,15 @@
  * row (igrad__sar_ops_t): the host's is the second half of this file, the
  * CUDA one is sparse_allreduce_cuda.cu.
  *
+ * Split points: every rank keeps the same P + 1 of them in its workspace
+ * (equal ranges first, then igrad__sar_next_bounds of the last call's
+ * phase-3 headers, which every rank holds alike). Each status record
+ * carries a hash of the ones the rank used; should they ever differ (a
+ * call that failed on some ranks only, after which that rank starts from
+ * equal ranges), every rank sees it alike and does phase 1 again on
+ * equal ranges: one more counts exchange and status all-gather, in that
+ * call only.
+ *
  * Failure handling keeps every rank in the same collectives: everything
  * that can fail locally (the caller's input, memory, the received counts,
  * a backend's device error) is settled before a status all-gather that
@@ -45,6 +54,75 @@ typedef struct sar_status {
     uint64_t dense_count;
 } sar_status_t;
 
+void igrad__sar_equal_bounds(uint64_t dense_count, int P, uint64_t *bounds)
+{
+    for (int r = 0; r < P; r++) {
+        uint64_t hi;
+        igrad__sar_range(dense_count, P, r, &bounds[r], &hi);
+    }
+    bounds[P] = dense_count;
+}
+
+/* floor(N s / P) without overflow (N < 2^64, s <= P < 2^31). */
+static uint64_t share_of(uint64_t N, int s, int P)
+{
+    uint64_t q = N / (uint64_t)P, r = N % (uint64_t)P;
+    return q * (uint64_t)s + r * (uint64_t)s / (uint64_t)P;
+}
+
+void igrad__sar_next_bounds(const uint64_t *bounds, int P, const uint32_t *hist,
+                            uint64_t *next)
+{
+    uint64_t N = 0, most = 0;
+    for (int r = 0; r < P; r++) {
+        uint64_t got = 0; /* one owner's: < 2^32 (MAX_RECV_ENTRIES) */
+        for (int j = 0; j < IGRAD__SAR_HIST; j++) got += hist[(size_t)r * IGRAD__SAR_HIST + j];
+        N += got;
+        if (got > most) most = got;
+    }
+    memcpy(next, bounds, ((size_t)P + 1) * sizeof *next);
+    if (N == 0 || P < 2) return;
+    uint64_t mean = N / (uint64_t)P; /* most >= mean */
+    if ((most - mean) * 20 <= mean) return; /* within 1.05x: keep them */
+    uint64_t before = 0; /* entries in the parts passed */
+    int s = 1;
+    uint64_t target = share_of(N, s, P);
+    for (int r = 0; r < P && s < P; r++) {
+        uint64_t lo = bounds[r], hi = bounds[r + 1];
+        for (int j = 0; j < IGRAD__SAR_HIST && s < P; j++) {
+            uint64_t c = hist[(size_t)r * IGRAD__SAR_HIST + j];
+            if (c == 0) continue;
+            /* the part's indices: igrad__sar_hist_bin(lo, hi, i) == j */
+            uint64_t a = lo + ((hi - lo) * (uint64_t)j + IGRAD__SAR_HIST - 1) / IGRAD__SAR_HIST;
+            uint64_t b = lo + ((hi - lo) * (uint64_t)(j + 1) + IGRAD__SAR_HIST - 1) /
+                                  IGRAD__SAR_HIST;
+            /* (b - a) <= 2^32 and target - before <= c < 2^32: no overflow */
+            while (s < P && target <= before + c) {
+                next[s] = a + (b - a) * (target - before) / c;
+                s++;
+                target = share_of(N, s, P);
+            }
+            before += c;
+        }
+    }
+    for (int t = 1; t < P; t++) /* non-decreasing, inside [0, D] */
+        if (next[t] < next[t - 1]) next[t] = next[t - 1];
+    next[0] = bounds[0];
+    next[P] = bounds[P];
+}
+
+/* A 32-bit hash of the split points (FNV-1a over their bytes). */
+static uint32_t bounds_hash(const uint64_t *bounds, int P)
+{
+    uint32_t h = 2166136261u;
+    for (int r = 0; r <= P; r++)
+        for (int byte = 0; byte < 8; byte++) {
+            h ^= (uint32_t)(bounds[r] >> (8 * byte) & 0xffu);
+            h *= 16777619u;
+        }
+    return h;
+}
+
 size_t igrad__sar_kout(size_t k, int P)
 {
     return P < 1 ? k : k / (size_t)P + (k % (size_t)P != 0);
@@ -82,10 +160,10 @@ void igrad__sar_clear(igrad__sar_t *w)
 
 /* The same message on every rank, from rank `r`'s report. */
 static igrad_status_t report_fail(const igrad__sar_report_t *rep, int r, uint64_t k,
-                                  uint64_t dense_count, int P, const char *backend)
+                                  uint64_t dense_count, const uint64_t *bounds,
+                                  const char *backend)
 {
-    uint64_t lo = 0, hi = 0;
-    if (dense_count <= (UINT64_C(1) << 32)) igrad__sar_range(dense_count, P, r, &lo, &hi);
+    uint64_t lo = bounds ? bounds[r] : 0, hi = bounds ? bounds[r + 1] : 0;
     switch ((igrad__sar_reason_t)rep->reason) {
     case IGRAD__SAR_NO_INPUT:
         return igrad__fail(IGRAD_E_INVALID, __FILE__, __LINE__,
@@ -152,11 +230,11 @@ static void backend_report(igrad__sar_report_t *rep, igrad_status_t st, int phas
 /* Rank r's failure: its own recorded error on rank r when it was the
  * backend's (the message says why), the shared message everywhere else. */
 static igrad_status_t rank_fail(const igrad__sar_report_t *rep, int r, int me,
-                                igrad_status_t mine, uint64_t k, uint64_t dense_count, int P,
-                                const char *backend)
+                                igrad_status_t mine, uint64_t k, uint64_t dense_count,
+                                const uint64_t *bounds, const char *backend)
 {
     if (r == me && rep->reason == IGRAD__SAR_BACKEND && mine != IGRAD_OK) return mine;
-    return report_fail(rep, r, k, dense_count, P, backend);
+    return report_fail(rep, r, k, dense_count, bounds, backend);
 }
 
 /* The counts exchange (phase 1a): host arrays; a device backend's go
@@ -205,7 +283,8 @@ static igrad_status_t gather_blocks(const igrad__sar_t *w, void *stream, igrad_c
  * alike; an inconsistent block is this rank's own finding. */
 static igrad_status_t collect_result(igrad__sar_t *w, void *stream, const unsigned char *blocks,
                                      size_t block_nbytes, int P, int me, igrad_status_t mine,
-                                     size_t k, size_t kout, uint64_t dense_count)
+                                     size_t k, size_t kout, uint64_t dense_count,
+                                     uint64_t *bounds, const uint64_t *dbounds)
 {
     const igrad__sar_ops_t *ops = w->ops;
     igrad__sar_header_t *heads = w->buf[IGRAD__SAR_WS_HEADS];
@@ -213,7 +292,7 @@ static igrad_status_t collect_result(igrad__sar_t *w, void *stream, const unsign
                               (size_t)P));
     for (int r = 0; r < P; r++)
         if (heads[r].report.reason != IGRAD__SAR_OK)
-            return rank_fail(&heads[r].report, r, me, mine, k, dense_count, P, ops->name);
+            return rank_fail(&heads[r].report, r, me, mine, k, dense_count, bounds, ops->name);
     /* the first block that claims too many entries; the ones before it
      * are checked entry by entry (nkept is read as the clamped count) */
     uint64_t *nkept = w->buf[IGRAD__SAR_WS_COUNTS]; /* the counts are spent by now */
@@ -227,11 +306,10 @@ static igrad_status_t collect_result(igrad__sar_t *w, void *stream, const unsign
     int bad_rank = P;
     uint64_t bad_entry = 0;
     uint32_t bad_index = 0;
-    IGRAD_CHECK(ops->collect(w, stream, blocks, block_nbytes, P, nkept, dense_count, result,
+    IGRAD_CHECK(ops->collect(w, stream, blocks, block_nbytes, P, nkept, dbounds, result,
                              &bad_rank, &bad_entry, &bad_index));
     if (bad_rank < over) {
-        uint64_t lo, hi;
-        igrad__sar_range(dense_count, P, bad_rank, &lo, &hi);
+        uint64_t lo = bounds[bad_rank], hi = bounds[bad_rank + 1];
         return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
                            CTX ": rank %d's reduced entry %" PRIu64 " has index %" PRIu32
                            ", not ascending inside its range [%" PRIu64 ", %" PRIu64
@@ -246,6 +324,29 @@ static igrad_status_t collect_result(igrad__sar_t *w, void *stream, const unsign
     for (int r = 0; r < P; r++) n += (size_t)nkept[r];
     w->result = result;
     w->result_count = n;
+    /* the owners' load, and the next split points, from the same bytes
+     * on every rank */
+    uint32_t *hist = (uint32_t *)(void *)(bounds + 2 * ((size_t)P + 1)); /* the slot's tail */
+    igrad__sar_balance_t bal = {0, 0, 0};
+    for (int r = 0; r < P; r++) {
+        uint64_t got = 0;
+        for (int j = 0; j < IGRAD__SAR_HIST; j++) {
+            hist[(size_t)r * IGRAD__SAR_HIST + j] = heads[r].hist[j];
+            got += heads[r].hist[j];
+        }
+        bal.recv_total += got;
+        if (got > bal.recv_max) {
+            bal.recv_max = got;
+            bal.busiest = r;
+        }
+    }
+    w->balance = bal;
+    if (w->balanced) {
+        igrad__sar_next_bounds(bounds, P, hist, bounds + P + 1);
+        w->next_valid = 1;
+        w->next_dense_count = dense_count;
+        w->next_ranks = P;
+    }
     return IGRAD_OK;
 }
 
@@ -262,6 +363,12 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
     w->result = w->remainder = NULL;
     w->result_count = w->remainder_count = 0;
     memset(&w->bytes, 0, sizeof w->bytes);
+    memset(&w->balance, 0, sizeof w->balance);
+    w->bounds = NULL;
+    /* the stored split points serve this call only if it succeeds on every
+     * rank alike (a call that fails drops them: equal ranges next) */
+    const int had_next = w->next_valid && w->balanced;
+    w->next_valid = 0;
     IGRAD_FAIL_IF(!comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
                   CTX ": communicator '%s' has no variable all-to-all (the self, MPI, NCCL "
                   "and self_cuda communicators have one, a custom one with ops->alltoallv)",
@@ -277,12 +384,23 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
                                                  sizeof(sar_status_t));
     igrad__sar_header_t *heads = igrad__sar_workspace(w, IGRAD__SAR_WS_HEADS, Pz,
                                                       sizeof(igrad__sar_header_t));
-    IGRAD_FAIL_IF(!counts || !sizes || !records || !heads, IGRAD_E_NOMEM,
+    /* this call's split points, the next's, the owners' histograms */
+    uint64_t *bounds = igrad__sar_workspace(w, IGRAD__SAR_WS_BOUNDS,
+                                            2 * (Pz + 1) + Pz * IGRAD__SAR_HIST / 2,
+                                            sizeof(uint64_t));
+    IGRAD_FAIL_IF(!counts || !sizes || !records || !heads || !bounds, IGRAD_E_NOMEM,
                   CTX ": out of memory for the count arrays of %d ranks", P);
+    if (had_next && w->next_dense_count == dense_count && w->next_ranks == P)
+        memmove(bounds, bounds + Pz + 1, (Pz + 1) * sizeof *bounds);
+    else
+        igrad__sar_equal_bounds(dense_count, P, bounds);
     uint64_t *send_counts = counts, *recv_counts = counts + P;
     size_t *send_nbytes = sizes, *send_displs = sizes + P;
     size_t *recv_nbytes = sizes + 2 * Pz, *recv_displs = sizes + 3 * Pz;
 
+    int retried = 0; /* phase 1 again, on equal ranges (split points differed) */
+    w->resplit = 0;
+again:;
     /* Phase 1, local: check and group this rank's entries. */
     igrad__sar_report_t rep = {0};
     igrad_status_t mine = IGRAD_OK; /* a backend's own error, kept for this rank */
@@ -293,8 +411,21 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
         rep.value = dense_count;
     } else if (k > 0 && !in) {
         rep.reason = IGRAD__SAR_NO_INPUT;
-    } else if (k > 0) {
-        mine = ops->split(w, stream, dense_count, P, k, in, send_counts, &rep, &send);
+    }
+    const uint64_t *dbounds = bounds; /* in the backend's memory */
+    if (rep.reason == IGRAD__SAR_OK && ops->space != IGRAD__MEM_HOST) {
+        uint64_t *d = igrad__sar_workspace(w, IGRAD__SAR_WS_DBOUNDS, Pz + 1, sizeof(uint64_t));
+        if (!d) {
+            rep.reason = IGRAD__SAR_NOMEM;
+            rep.value = (Pz + 1) * sizeof(uint64_t);
+        } else if ((mine = ops->copy_in(stream, d, bounds, (Pz + 1) * sizeof *d)) !=
+                   IGRAD_OK) {
+            backend_report(&rep, mine, 1);
+        }
+        dbounds = d;
+    }
+    if (rep.reason == IGRAD__SAR_OK && k > 0) {
+        mine = ops->split(w, stream, dense_count, P, dbounds, k, in, send_counts, &rep, &send);
         if (mine != IGRAD_OK) backend_report(&rep, mine, 1);
     }
 
@@ -335,10 +466,11 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
 
     /* Phase 1b: every rank's status; a problem anywhere stops every rank. */
     records[me].report = rep;
+    records[me].report.check = bounds_hash(bounds, P);
     records[me].k = (uint64_t)k;
     records[me].dense_count = dense_count;
     IGRAD_CHECK(igrad_comm_allgather(comm, &records[me], sizeof *records, records));
-    w->bytes.status_recv = (uint64_t)(P - 1) * sizeof *records;
+    w->bytes.status_recv += (uint64_t)(P - 1) * sizeof *records;
     for (int r = 1; r < P; r++) {
         IGRAD_FAIL_IF(records[r].dense_count != records[0].dense_count, IGRAD_E_MISMATCH,
                       CTX ": the index space differs: rank 0 has %" PRIu64 " entries, rank %d "
@@ -350,7 +482,22 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
     for (int r = 0; r < P; r++)
         if (records[r].report.reason != IGRAD__SAR_OK)
             return rank_fail(&records[r].report, r, me, mine, records[r].k,
-                             records[r].dense_count, P, ops->name);
+                             records[r].dense_count, bounds, ops->name);
+    int agree = 1;
+    for (int r = 1; r < P; r++) agree &= records[r].report.check == records[0].report.check;
+    if (!agree) {
+        /* an earlier call failed on some ranks only: every rank sees it
+         * here alike and does phase 1 again on equal ranges */
+        IGRAD_FAIL_IF(retried, IGRAD_E_STATE,
+                      CTX ": the ranks' equal split points differ (hash 0x%08" PRIx32
+                      " on rank 0); every rank fails it",
+                      records[0].report.check);
+        retried = w->resplit = 1;
+        w->bytes.split_sent += (uint64_t)(P - 1) * sizeof(uint64_t);
+        w->bytes.split_recv += (uint64_t)(P - 1) * sizeof(uint64_t);
+        igrad__sar_equal_bounds(dense_count, P, bounds);
+        goto again;
+    }
 
     /* Phase 1c: the entries, to their owners. */
     size_t sat = 0, rat = 0;
@@ -371,15 +518,16 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
 
     /* Phase 2: check and reduce what this rank owns. */
     unsigned char *own = blocks + (size_t)me * block_nbytes;
-    igrad__sar_header_t head = {{0}, 0};
-    uint64_t lo, hi;
-    igrad__sar_range(dense_count, P, me, &lo, &hi);
+    igrad__sar_header_t head;
+    memset(&head, 0, sizeof head);
+    const uint64_t lo = bounds[me], hi = bounds[me + 1];
     size_t nkept = 0, nrem = 0, bad = SIZE_MAX;
     mine = ops->reduce(w, stream, recv, n, lo, hi, kout,
                        (igrad__sar_entry_t *)(void *)(own + sizeof head), &nkept, rem, &nrem,
-                       &bad);
+                       &bad, head.hist);
     if (mine != IGRAD_OK) {
         backend_report(&head.report, mine, 2);
+        memset(head.hist, 0, sizeof head.hist);
         nkept = nrem = 0;
     } else if (bad != SIZE_MAX) {
         size_t from = 0;
@@ -393,6 +541,7 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
             head.report.where = (uint64_t)from;
             head.report.value = e.index;
         }
+        memset(head.hist, 0, sizeof head.hist);
         nkept = nrem = 0;
     }
     head.nkept = nkept;
@@ -403,7 +552,8 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
     IGRAD_CHECK(gather_blocks(w, stream, comm, blocks, block_nbytes));
     w->bytes.gather_recv = (uint64_t)(P - 1) * block_nbytes;
     IGRAD_CHECK(collect_result(w, stream, blocks, block_nbytes, P, me, mine, k, kout,
-                               dense_count));
+                               dense_count, bounds, dbounds));
+    w->bounds = bounds;
     w->remainder = rem;
     w->remainder_count = nrem;
     return IGRAD_OK;
@@ -439,8 +589,9 @@ static igrad_status_t host_copy_out(void *stream, void *dst, size_t dpitch, cons
 }
 
 static igrad_status_t host_split(igrad__sar_t *w, void *stream, uint64_t dense_count, int P,
-                                 size_t k, const igrad__sar_entry_t *in, uint64_t *send_counts,
-                                 igrad__sar_report_t *rep, igrad__sar_entry_t **sendp)
+                                 const uint64_t *bounds, size_t k, const igrad__sar_entry_t *in,
+                                 uint64_t *send_counts, igrad__sar_report_t *rep,
+                                 igrad__sar_entry_t **sendp)
 {
     (void)stream;
     for (size_t i = 0; i < k; i++) {
@@ -461,13 +612,13 @@ static igrad_status_t host_split(igrad__sar_t *w, void *stream, uint64_t dense_c
     }
     /* group by owner, each group in input order (`at`: the sizes slot,
      * free until the counts exchange) */
-    for (size_t i = 0; i < k; i++) send_counts[igrad__sar_owner(dense_count, P, in[i].index)]++;
+    for (size_t i = 0; i < k; i++) send_counts[igrad__sar_owner_of(bounds, P, in[i].index)]++;
     size_t sum = 0;
     for (int j = 0; j < P; j++) {
         at[j] = sum;
         sum += (size_t)send_counts[j];
     }
-    for (size_t i = 0; i < k; i++) send[at[igrad__sar_owner(dense_count, P, in[i].index)]++] = in[i];
+    for (size_t i = 0; i < k; i++) send[at[igrad__sar_owner_of(bounds, P, in[i].index)]++] = in[i];
     *sendp = send;
     return IGRAD_OK;
 }
@@ -493,17 +644,20 @@ static uint64_t rank_key(igrad__sar_entry_t s)
 static igrad_status_t host_reduce(igrad__sar_t *w, void *stream, const igrad__sar_entry_t *recv,
                                   size_t n, uint64_t lo, uint64_t hi, size_t kout,
                                   igrad__sar_entry_t *kept, size_t *nkept,
-                                  igrad__sar_entry_t *rem, size_t *nrem, size_t *bad)
+                                  igrad__sar_entry_t *rem, size_t *nrem, size_t *bad,
+                                  uint32_t *hist)
 {
     (void)stream;
     *nkept = *nrem = 0;
     *bad = SIZE_MAX;
     memset(kept, 0, kout * sizeof *kept); /* the block's padding */
+    memset(hist, 0, IGRAD__SAR_HIST * sizeof *hist);
     for (size_t p = 0; p < n; p++) {
         if (recv[p].index < lo || recv[p].index >= hi) {
             *bad = p;
             return IGRAD_OK;
         }
+        hist[igrad__sar_hist_bin(lo, hi, recv[p].index)]++;
     }
     uint64_t *keys = w->buf[WS_KEYS];
     igrad__sar_entry_t *sums = w->buf[WS_SUMS];
@@ -535,7 +689,7 @@ static igrad_status_t host_reduce(igrad__sar_t *w, void *stream, const igrad__sa
 
 static igrad_status_t host_collect(igrad__sar_t *w, void *stream, const unsigned char *blocks,
                                    size_t block_nbytes, int P, const uint64_t *nkept,
-                                   uint64_t dense_count, igrad__sar_entry_t *result,
+                                   const uint64_t *bounds, igrad__sar_entry_t *result,
                                    int *bad_rank, uint64_t *bad_entry, uint32_t *bad_index)
 {
     (void)w, (void)stream;
@@ -543,8 +697,7 @@ static igrad_status_t host_collect(igrad__sar_t *w, void *stream, const unsigned
     *bad_rank = P;
     for (int r = 0; r < P; r++) {
         const unsigned char *b = blocks + (size_t)r * block_nbytes + sizeof(igrad__sar_header_t);
-        uint64_t lo, hi;
-        igrad__sar_range(dense_count, P, r, &lo, &hi);
+        const uint64_t lo = bounds[r], hi = bounds[r + 1];
         for (uint64_t q = 0; q < nkept[r]; q++) {
             igrad__sar_entry_t e;
             memcpy(&e, b + q * sizeof e, sizeof e);

@@ -11,13 +11,23 @@
  * Phases, over igrad_comm_t (igrad__comm_alltoallv and allgather), the
  * data steps in one memory space through a backend table (igrad__sar_ops_t:
  * the host's here, CUDA's in sparse_allreduce_cuda.cu):
- *  1. split: [0, D) is cut into P equal index ranges (igrad__sar_range);
+ *  1. split: [0, D) is cut into P index ranges at P + 1 split points
+ *     agreed on every rank (igrad__sar_t.bounds): equal ranges
+ *     (igrad__sar_range), or, where the caller asks for it (balanced),
+ *     equal on the first call and then the balanced ones the previous
+ *     call's receive histogram gives (igrad__sar_next_bounds);
  *     the counts, then the entries, go to their range's owner;
  *  2. reduce: the owner sums what it received in rank order (then the
  *     sender's input order), keeps the top kout = ceil(k/P) sums by |sum|
  *     (ties: the lower index) and returns the rest as its remainder;
  *  3. gather: an all-gather of exactly kout entries per rank (padded), so
  *     the result is the owners' kept entries in rank order = index order.
+ *     Each block's header also carries a histogram of what its owner
+ *     received (IGRAD__SAR_HIST counts over equal parts of its range), so
+ *     every rank holds the same bytes, measures the busiest receiver
+ *     (igrad__sar_t.balance) and derives the same next split points
+ *     (Ok-Topk's balanced split, S. Li and T. Hoefler, PPoPP 2022, from
+ *     the previous step's distribution instead of a sampled one).
  * Received bytes are untrusted: counts and indices are checked; a local
  * failure, a bad count or a bad index found by an owner becomes the same
  * error on every rank, because it travels in the exchanges that follow
@@ -50,6 +60,11 @@ typedef struct igrad__sar_bytes {
     uint64_t gather_recv;   /* phase 3: (P-1) blocks of header + kout entries */
 } igrad__sar_bytes_t;
 
+/* Counts per owner in the receive histogram of a phase-3 header: the
+ * owner's range [lo, hi) in IGRAD__SAR_HIST equal parts
+ * (igrad__sar_hist_bin). */
+#define IGRAD__SAR_HIST 8
+
 /* Why a rank cannot go on. Travels in the status records and the phase-3
  * headers, so the numbers are fixed. */
 typedef enum igrad__sar_reason {
@@ -68,7 +83,8 @@ typedef enum igrad__sar_reason {
 
 typedef struct igrad__sar_report {
     uint32_t reason; /* igrad__sar_reason_t */
-    uint32_t pad;
+    uint32_t check;  /* status records: a hash of the split points this rank
+                        used (they must agree); phase-3 headers: 0 */
     uint64_t where;
     uint64_t value;
 } igrad__sar_report_t;
@@ -77,8 +93,19 @@ typedef struct igrad__sar_report {
  * zero padding). */
 typedef struct igrad__sar_header {
     igrad__sar_report_t report;
-    uint64_t nkept; /* real entries */
+    uint64_t nkept;                 /* real entries */
+    uint32_t hist[IGRAD__SAR_HIST]; /* entries this owner received (phase 1),
+                                       per part of its range */
 } igrad__sar_header_t;
+
+/* The owners' load in one call, from the phase-3 headers (the same on
+ * every rank): entries received in phase 1, counted at their owner
+ * (this rank's own entries to itself included; 8 bytes each). */
+typedef struct igrad__sar_balance {
+    uint64_t recv_max;   /* the busiest owner's entries */
+    uint64_t recv_total; /* all owners' (= P k); mean = recv_total / P */
+    int busiest;         /* the lowest rank with recv_max */
+} igrad__sar_balance_t;
 
 /* Workspace slots of igrad__sar_t: the first IGRAD__SAR_HOST_SLOTS are
  * host memory (the protocol's own arrays), the others the backend's
@@ -89,15 +116,17 @@ enum {
     IGRAD__SAR_WS_SIZES,   /* host: 4P size_t, the alltoallv's bytes and displacements */
     IGRAD__SAR_WS_RECORDS, /* host: P status records */
     IGRAD__SAR_WS_HEADS,   /* host: P phase-3 headers, as received */
+    IGRAD__SAR_WS_BOUNDS,  /* host: 2(P+1) u64, this call's split points, the next's */
     IGRAD__SAR_HOST_SLOTS,
     IGRAD__SAR_WS_DCOUNTS = IGRAD__SAR_HOST_SLOTS, /* 2P u64 counts (device backends) */
+    IGRAD__SAR_WS_DBOUNDS,   /* P+1 u64 split points (device backends) */
     IGRAD__SAR_WS_SEND,      /* k entries, grouped by owner */
     IGRAD__SAR_WS_RECV,      /* the entries received, in rank order */
     IGRAD__SAR_WS_REMAINDER, /* this rank's remainder */
     IGRAD__SAR_WS_BLOCKS,    /* P phase-3 blocks */
     IGRAD__SAR_WS_RESULT,    /* the reduced result */
     IGRAD__SAR_SCRATCH,
-    IGRAD__SAR_SLOTS = 24
+    IGRAD__SAR_SLOTS = 28
 };
 
 struct igrad__sar_ops;
@@ -114,6 +143,18 @@ typedef struct igrad__sar {
                                             ascending index */
     size_t remainder_count;
     igrad__sar_bytes_t bytes;
+    const uint64_t *bounds;       /* the P + 1 split points the last call used
+                                     (host; owner r had [bounds[r], bounds[r+1])) */
+    igrad__sar_balance_t balance; /* the owners' load in the last call */
+    int balanced;                 /* set by the caller: split points from the
+                                     last call's histograms (0: always equal
+                                     ranges, the algorithm before issue 28) */
+    int resplit;                  /* the last call did phase 1 twice: the ranks'
+                                     split points differed, equal ranges then */
+    int next_valid;               /* the next split points are stored (for
+                                     next_dense_count over next_ranks) */
+    uint64_t next_dense_count;
+    int next_ranks;
     const struct igrad__sar_ops *ops; /* the backend holding the workspace */
     /* workspace (grown as needed) */
     void *buf[IGRAD__SAR_SLOTS];
@@ -145,13 +186,15 @@ typedef struct igrad__sar_ops {
     /* Phase 1, local: the first of the k entries `in` whose index is >= D
      * or whose value is not finite into *rep (IGRAD__SAR_INPUT_INDEX /
      * _VALUE; D <= 2^32 and in != NULL are checked before); else the
-     * entries counted per owner (igrad__sar_owner) into send_counts (host,
-     * P) and grouped by owner, each group in input order, into *send
-     * (slot IGRAD__SAR_WS_SEND; IGRAD__SAR_NOMEM into *rep when it cannot
-     * be had). */
-    igrad_status_t (*split)(igrad__sar_t *w, void *stream, uint64_t D, int P, size_t k,
-                            const igrad__sar_entry_t *in, uint64_t *send_counts,
-                            igrad__sar_report_t *rep, igrad__sar_entry_t **send);
+     * entries counted per owner (igrad__sar_owner_of the P + 1 split
+     * points `bounds`, in `space`) into send_counts (host, P) and grouped
+     * by owner, each group in input order, into *send (slot
+     * IGRAD__SAR_WS_SEND; IGRAD__SAR_NOMEM into *rep when it cannot be
+     * had). */
+    igrad_status_t (*split)(igrad__sar_t *w, void *stream, uint64_t D, int P,
+                            const uint64_t *bounds, size_t k, const igrad__sar_entry_t *in,
+                            uint64_t *send_counts, igrad__sar_report_t *rep,
+                            igrad__sar_entry_t **send);
     /* The backend's scratch (slots from IGRAD__SAR_SCRATCH) to reduce n
      * received entries: 0, or the bytes it could not get. */
     uint64_t (*reserve)(igrad__sar_t *w, size_t n);
@@ -160,19 +203,22 @@ typedef struct igrad__sar_ops {
      * nothing else is done); else the sums per index in the order received
      * (from 0.0f), the kout largest |sum| (by the bits of |sum|; ties: the
      * lower index) into kept and the rest into rem, both ascending by
-     * index, their counts into *nkept, *nrem. kept has room for kout
-     * entries, rem for n. */
+     * index, their counts into *nkept, *nrem, and the n entries counted
+     * per igrad__sar_hist_bin into hist (host, IGRAD__SAR_HIST). kept has
+     * room for kout entries, rem for n. */
     igrad_status_t (*reduce)(igrad__sar_t *w, void *stream, const igrad__sar_entry_t *recv,
                              size_t n, uint64_t lo, uint64_t hi, size_t kout,
                              igrad__sar_entry_t *kept, size_t *nkept, igrad__sar_entry_t *rem,
-                             size_t *nrem, size_t *bad);
+                             size_t *nrem, size_t *bad, uint32_t *hist);
     /* Phase 3: rank r's block (at blocks + r * block_nbytes, its nkept[r]
      * <= kout entries after the header) must have indices ascending inside
-     * r's range of [0, D): the first rank and entry that do not into
-     * *bad_rank, *bad_entry, *bad_index (*bad_rank = P: none); the entries
-     * of every rank before it, in rank order, into result. */
+     * r's range [bounds[r], bounds[r+1]) (bounds in `space`): the first
+     * rank and entry that do not into *bad_rank, *bad_entry, *bad_index
+     * (*bad_rank = P: none); the entries of every rank before it, in rank
+     * order, into result. */
     igrad_status_t (*collect)(igrad__sar_t *w, void *stream, const unsigned char *blocks,
-                              size_t block_nbytes, int P, const uint64_t *nkept, uint64_t D,
+                              size_t block_nbytes, int P, const uint64_t *nkept,
+                              const uint64_t *bounds,
                               igrad__sar_entry_t *result, int *bad_rank, uint64_t *bad_entry,
                               uint32_t *bad_index);
 } igrad__sar_ops_t;
@@ -215,6 +261,26 @@ IGRAD__SAR_HD int igrad__sar_owner(uint64_t dense_count, int P, uint64_t i)
     }
 }
 
+/* The rank whose range [bounds[r], bounds[r+1]) holds index i: the last
+ * r with bounds[r] <= i (bounds non-decreasing, bounds[0] = 0, i <
+ * bounds[P]; empty ranges are skipped). */
+IGRAD__SAR_HD int igrad__sar_owner_of(const uint64_t *bounds, int P, uint64_t i)
+{
+    int lo = 0, hi = P - 1;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (bounds[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The histogram part of index i in [lo, hi): floor((i - lo) H / (hi - lo)). */
+IGRAD__SAR_HD int igrad__sar_hist_bin(uint64_t lo, uint64_t hi, uint64_t i)
+{
+    return (int)((i - lo) * IGRAD__SAR_HIST / (hi - lo));
+}
+
 /* The rank key of a sum: larger |sum| first (by the bits of |sum|, a
  * total order), then the lower index; the owner keeps the kout smallest. */
 IGRAD__SAR_HD uint64_t igrad__sar_rank_key(uint32_t index, uint32_t value_bits)
@@ -251,6 +317,24 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
 /* The same on the host backend. */
 igrad_status_t igrad__sar_allreduce(igrad__sar_t *w, igrad_comm_t *comm, uint64_t dense_count,
                                     size_t k, const igrad__sar_entry_t *in);
+
+/* The P + 1 equal split points: bounds[r] = floor(D r / P). */
+void igrad__sar_equal_bounds(uint64_t dense_count, int P, uint64_t *bounds);
+
+/* The next call's split points from this call's (`bounds`) and the P
+ * owners' receive histograms (hist[r * IGRAD__SAR_HIST + j]: entries owner
+ * r received in part j of its range): with N entries in all, split point
+ * s (0 < s < P) is where the histogram's cumulative count reaches
+ * floor(N s / P), read linearly inside the part that holds it, so each
+ * owner would have received ~N / P (as balanced as whole parts and single
+ * indices allow; the next call refines inside the parts). Hysteresis:
+ * while the busiest owner has at most 1.05x the mean (or N = 0), `bounds`
+ * are kept, so that good split points do not chase noise (Ok-Topk reuses
+ * its boundaries over iterations). Integer arithmetic only: the same
+ * bytes in, the same split points out, on every rank. next may not alias
+ * bounds. */
+void igrad__sar_next_bounds(const uint64_t *bounds, int P, const uint32_t *hist,
+                            uint64_t *next);
 
 /* Frees the workspace; w is zeroed (ready for reuse). NULL is a no-op. */
 void igrad__sar_clear(igrad__sar_t *w);

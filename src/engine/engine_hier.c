@@ -70,7 +70,7 @@ typedef struct igrad__hier {
     size_t npieces;
     igrad__piece_t *pieces;     /* (npieces) every tensor's, layout order */
     size_t *first;              /* (T + 1) tensor t's pieces: [first[t], first[t+1]) */
-    int64_t busiest;            /* the busiest shard's entries */
+    int64_t busiest;            /* the busiest shard's planned bytes per step */
     igrad_engine_t **plans;     /* (L) plan-only shard engines, N ranks each */
     igrad_engine_t *inner;      /* this rank's shard engine (NULL: plan-only) */
     igrad__world_link_t link;
@@ -116,14 +116,28 @@ static igrad_status_t refuse(const char *what)
  * selection spec is over the whole vector (a flat budget), and they are
  * norms and biases, never the dominant unit.
  *
+ *
+ * The weights are the tensors' entries (igrad__hier_ownership) or, as
+ * the engine uses it, their planned wire bytes per step
+ * (igrad__hier_ownership_weighted with hier_weights; a split piece weighs
+ * its rows' share): the slowest shard sets the node's time, and a sparse
+ * method's bytes are not its entries (issue 28: ig at P = 256 had shard
+ * payloads 1.28x the mean by entries, 1.00x by bytes). The same bound,
+ * 1.10, for both: a split changes the selection (top-k per piece), so
+ * LPT over whole units is preferred wherever it is good enough.
+ *
  * owner[t]: the local rank of a whole tensor (for a split one: -1);
  * parts[t]: 1 for a whole tensor, L for a split one. *busiest: the busiest
- * rank's entries. */
+ * rank's weight. */
 #define IGRAD__HIER_BOUND_NUM 11
 #define IGRAD__HIER_BOUND_DEN 10
 
 igrad_status_t igrad__hier_ownership(const igrad_layout_t *layout, int L, int *owner,
                                      int *parts, int64_t *busiest);
+igrad_status_t igrad__hier_ownership_weighted(const igrad_layout_t *layout, int L,
+                                              const int64_t *weight, int bound_num,
+                                              int bound_den, int *owner, int *parts,
+                                              int64_t *busiest);
 
 static int64_t piece_rows(int64_t R, int k, int j)
 {
@@ -134,6 +148,17 @@ static int64_t piece_row0(int64_t R, int k, int j) { return (int64_t)(((__int128
 
 igrad_status_t igrad__hier_ownership(const igrad_layout_t *layout, int L, int *owner,
                                      int *parts, int64_t *busiest)
+{
+    return igrad__hier_ownership_weighted(layout, L, NULL, IGRAD__HIER_BOUND_NUM,
+                                          IGRAD__HIER_BOUND_DEN, owner, parts, busiest);
+}
+
+/* weight: (T) each tensor's weight, NULL for its entries; the bound
+ * bound_num / bound_den of the mean. */
+igrad_status_t igrad__hier_ownership_weighted(const igrad_layout_t *layout, int L,
+                                              const int64_t *weight, int bound_num,
+                                              int bound_den, int *owner, int *parts,
+                                              int64_t *busiest)
 {
     size_t T = igrad_layout_count(layout), C = igrad_layout_component_count(layout);
     size_t U = C;
@@ -162,7 +187,7 @@ igrad_status_t igrad__hier_ownership(const igrad_layout_t *layout, int L, int *o
         igrad_layout_tensor(layout, t, &ti);
         unit[t] = ti.component >= 0 ? (size_t)ti.component : u_other++;
         parts[t] = 1;
-        total += ti.count;
+        total += weight ? weight[t] : ti.count;
     }
     for (;;) {
         /* the units' weights without their split tensors; the pieces' loads */
@@ -172,11 +197,15 @@ igrad_status_t igrad__hier_ownership(const igrad_layout_t *layout, int L, int *o
             igrad_tensor_info_t ti;
             igrad_layout_tensor(layout, t, &ti);
             if (parts[t] == 1) {
-                w[unit[t]] += ti.count;
+                w[unit[t]] += weight ? weight[t] : ti.count;
                 continue;
             }
             int64_t row = ti.count / ti.shape[0];
-            for (int j = 0; j < parts[t]; j++) load[j] += piece_rows(ti.shape[0], parts[t], j) * row;
+            for (int j = 0; j < parts[t]; j++) {
+                int64_t rows = piece_rows(ti.shape[0], parts[t], j);
+                load[j] += weight ? (int64_t)((__int128)weight[t] * rows / ti.shape[0])
+                                  : rows * row;
+            }
         }
         for (size_t u = 0; u < U; u++) order[u] = u;
         for (size_t i = 1; i < U; i++) { /* insertion sort: weight down, unit up */
@@ -198,8 +227,7 @@ igrad_status_t igrad__hier_ownership(const igrad_layout_t *layout, int L, int *o
         int64_t top = 0;
         for (int l = 0; l < L; l++) top = load[l] > top ? load[l] : top;
         *busiest = top;
-        if ((__int128)top * IGRAD__HIER_BOUND_DEN * L <= (__int128)total * IGRAD__HIER_BOUND_NUM)
-            break;
+        if ((__int128)top * bound_den * L <= (__int128)total * bound_num) break;
         /* the next tensor to split */
         size_t pick = T;
         int64_t pick_n = -1;
@@ -207,9 +235,10 @@ igrad_status_t igrad__hier_ownership(const igrad_layout_t *layout, int L, int *o
             igrad_tensor_info_t ti;
             igrad_layout_tensor(layout, t, &ti);
             if (parts[t] != 1 || ti.ndim < 2 || ti.shape[0] < L || L < 2) continue;
-            if (ti.count > pick_n) {
+            int64_t wt = weight ? weight[t] : ti.count;
+            if (wt > pick_n) {
                 pick = t;
-                pick_n = ti.count;
+                pick_n = wt;
             }
         }
         if (pick == T) break;
@@ -228,7 +257,8 @@ done:
 /* The pieces of every tensor from the rule: a whole tensor is one piece
  * (its rows all), a split one k; pieces in layout order, each tensor's by
  * rows; each with its index in its owner's shard. */
-static igrad_status_t make_pieces(igrad__hier_t *h, const igrad_layout_t *layout)
+static igrad_status_t make_pieces(igrad__hier_t *h, const igrad_layout_t *layout,
+                                  const int64_t *weight)
 {
     size_t T = igrad_layout_count(layout);
     int *owner = calloc(T ? T : 1, sizeof *owner), *parts = calloc(T ? T : 1, sizeof *parts);
@@ -237,7 +267,9 @@ static igrad_status_t make_pieces(igrad__hier_t *h, const igrad_layout_t *layout
     igrad_status_t st = IGRAD_OK;
     if (!owner || !parts || !next || !h->first)
         st = igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__, "igrad_engine_create: out of memory");
-    if (st == IGRAD_OK) st = igrad__hier_ownership(layout, h->L, owner, parts, &h->busiest);
+    if (st == IGRAD_OK)
+        st = igrad__hier_ownership_weighted(layout, h->L, weight, IGRAD__HIER_BOUND_NUM,
+                                            IGRAD__HIER_BOUND_DEN, owner, parts, &h->busiest);
     size_t np = 0;
     for (size_t t = 0; t < T && st == IGRAD_OK; t++) np += (size_t)parts[t];
     if (st == IGRAD_OK) {
@@ -336,6 +368,40 @@ static igrad_config_t shard_config(const igrad_config_t *c)
     return s;
 }
 
+/* Each tensor's planned wire bytes per step, from a plan-only flat engine
+ * of the whole layout over the N owners (the shard engines' config): a
+ * tensor sent every step weighs its step bytes, a deferred one its
+ * release bytes over the release period (it is sent once per period); at
+ * least 1, so that an empty selection still counts. *out: (T), the
+ * caller frees it. */
+static igrad_status_t hier_weights(const igrad_layout_t *layout, const igrad_profile_t *profile,
+                                   const igrad_config_t *sc, int N, int64_t **out)
+{
+    *out = NULL;
+    size_t T = igrad_layout_count(layout);
+    igrad_engine_t *whole = NULL;
+    IGRAD_CHECK(igrad__flat_create_shard_plan(layout, profile, sc, N, &whole));
+    int64_t *weight = calloc(T ? T : 1, sizeof *weight);
+    igrad_status_t st = weight ? IGRAD_OK
+                               : igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
+                                             "igrad_engine_create: out of memory");
+    const int R = sc->release_period > 0 ? sc->release_period : 1;
+    for (size_t t = 0; t < T && st == IGRAD_OK; t++) {
+        igrad_tensor_plan_t tp;
+        st = igrad__flat_tensor_plan(whole, t, &tp);
+        if (st != IGRAD_OK) break;
+        int64_t b = tp.every_step ? tp.step_nbytes : (tp.release_nbytes + R - 1) / R;
+        weight[t] = b > 0 ? b : 1;
+    }
+    igrad_engine_free(whole);
+    if (st != IGRAD_OK) {
+        free(weight);
+        return st;
+    }
+    *out = weight;
+    return IGRAD_OK;
+}
+
 /* Everything both kinds of engine share: owners, indices, the L plan-only
  * shard engines (for N ranks). */
 static igrad_status_t hier_plans(igrad__hier_t *h, const igrad_layout_t *layout,
@@ -343,8 +409,12 @@ static igrad_status_t hier_plans(igrad__hier_t *h, const igrad_layout_t *layout,
 {
     h->plans = calloc((size_t)h->L, sizeof *h->plans);
     IGRAD_FAIL_IF(!h->plans, IGRAD_E_NOMEM, "igrad_engine_create: out of memory");
-    IGRAD_CHECK(make_pieces(h, layout));
     igrad_config_t sc = shard_config(config);
+    int64_t *weight = NULL;
+    IGRAD_CHECK(hier_weights(layout, profile, &sc, h->N, &weight));
+    igrad_status_t made = make_pieces(h, layout, weight);
+    free(weight);
+    IGRAD_CHECK(made);
     for (int l = 0; l < h->L; l++) {
         igrad_layout_t *sl = NULL;
         IGRAD_CHECK(shard_layout(layout, h, l, &sl));

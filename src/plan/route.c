@@ -173,12 +173,12 @@ static igrad_status_t reduce_issue(const igrad__route_io_t *io, igrad__step_t *s
  * rest going to the owners' residuals, so choosing it per bucket changes
  * the method's result with P and the link (docs/architecture.md §5.7).
  * Priced as sar_wire's balanced model: two alltoallv of P−1 messages and
- * two ring all-gathers, 4(P−1) steps; (P−1)(80 + 8·kout) + 8k(P−1)/P
- * bytes; over P−1: 4 steps, (P(80 + 8·kout) + 8k)/P bytes. */
+ * two ring all-gathers, 4(P−1) steps; (P−1)(112 + 8·kout) + 8k(P−1)/P
+ * bytes; over P−1: 4 steps, (P(112 + 8·kout) + 8k)/P bytes. */
 static igrad__cost_t sar_cost(const igrad__route_bucket_t *b, const igrad__route_link_t *l)
 {
     igrad__cost_t kout = (igrad__cost_t)igrad__sar_kout((size_t)b->k, (int)b->P);
-    return ab_cost(l, b->P, 4, (igrad__cost_t)b->P * (80 + 8 * kout) + (igrad__cost_t)8 * b->k);
+    return ab_cost(l, b->P, 4, (igrad__cost_t)b->P * (112 + 8 * kout) + (igrad__cost_t)8 * b->k);
 }
 
 /* The send arena holds its entries, 8 bytes each: at most twice the gather
@@ -220,7 +220,7 @@ static double sar_wire(const igrad__step_bucket_t *bk, double P)
     if (P <= 1.0) return 0.0;
     double k = (double)bk->entries;
     double kout = (double)igrad__sar_kout((size_t)bk->entries, (int)P);
-    return (P - 1.0) * (8.0 + 40.0 + 32.0 + 8.0 * kout) + 8.0 * k * (P - 1.0) / P;
+    return (P - 1.0) * (8.0 + 40.0 + 64.0 + 8.0 * kout) + 8.0 * k * (P - 1.0) / P;
 }
 
 /* Blocking: the module runs its exchanges here and the request is done. */

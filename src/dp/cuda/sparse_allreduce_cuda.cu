@@ -63,6 +63,7 @@ typedef struct sar_small {
     unsigned long long first_bad; /* split: input position; reduce: received position */
     unsigned int descending;      /* split: some owner below the one before it */
     unsigned int nruns;           /* reduce: distinct indices */
+    unsigned int hist[IGRAD__SAR_HIST]; /* reduce: received entries per part of the range */
 } sar_small_t;
 
 #define NO_POSITION (~0ULL)
@@ -84,11 +85,12 @@ __device__ bool entry_bad(igrad__sar_entry_t e, uint64_t D)
     return e.index >= D || !isfinite(e.value);
 }
 
-/* Checks, counts per owner and looks for a descending owner. hist: P
- * counters of shared memory when P <= HIST_MAX (dynamic), else the global
- * counts directly. */
+/* Checks, counts per owner (of the split points `bounds`) and looks for a
+ * descending owner. hist: P counters of shared memory when P <= HIST_MAX
+ * (dynamic), else the global counts directly. */
 __global__ void split_kernel(const igrad__sar_entry_t *in, int64_t k, uint64_t D, int P,
-                             uint32_t *owners, unsigned long long *counts, sar_small_t *small)
+                             const uint64_t *bounds, uint32_t *owners,
+                             unsigned long long *counts, sar_small_t *small)
 {
     extern __shared__ unsigned int hist[];
     const bool shared = P <= HIST_MAX;
@@ -102,13 +104,14 @@ __global__ void split_kernel(const igrad__sar_entry_t *in, int64_t k, uint64_t D
             atomicMin(&small->first_bad, (unsigned long long)i);
             continue;
         }
-        int o = igrad__sar_owner(D, P, e.index);
+        int o = igrad__sar_owner_of(bounds, P, e.index);
         owners[i] = (uint32_t)o;
         if (shared) atomicAdd(&hist[o], 1u);
         else atomicAdd(&counts[o], 1ULL);
         if (i > 0) {
             igrad__sar_entry_t p = in[i - 1];
-            if (!entry_bad(p, D) && igrad__sar_owner(D, P, p.index) > o) small->descending = 1;
+            if (!entry_bad(p, D) && igrad__sar_owner_of(bounds, P, p.index) > o)
+                small->descending = 1;
         }
     }
     __syncthreads();
@@ -118,17 +121,25 @@ __global__ void split_kernel(const igrad__sar_entry_t *in, int64_t k, uint64_t D
 }
 
 /* The first received position outside [lo, hi); the indices and values
- * apart, for the sort. */
+ * apart, for the sort; the entries inside counted per part of the range
+ * (igrad__sar_hist_bin; per block in shared memory, then added). */
 __global__ void range_kernel(const igrad__sar_entry_t *recv, int64_t n, uint64_t lo,
                              uint64_t hi, uint32_t *keys, float *vals, sar_small_t *small)
 {
+    __shared__ unsigned int hist[IGRAD__SAR_HIST];
+    for (int j = threadIdx.x; j < IGRAD__SAR_HIST; j += blockDim.x) hist[j] = 0;
+    __syncthreads();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < n; p += stride) {
         igrad__sar_entry_t e = recv[p];
         if (e.index < lo || e.index >= hi) atomicMin(&small->first_bad, (unsigned long long)p);
+        else atomicAdd(&hist[igrad__sar_hist_bin(lo, hi, e.index)], 1u);
         keys[p] = e.index;
         vals[p] = e.value;
     }
+    __syncthreads();
+    for (int j = threadIdx.x; j < IGRAD__SAR_HIST; j += blockDim.x)
+        if (hist[j]) atomicAdd(&small->hist[j], hist[j]);
 }
 
 /* One thread per distinct index: its run added from 0.0f in the order
@@ -173,12 +184,11 @@ __global__ void place_kernel(const igrad__sar_entry_t *sums, const uint32_t *kee
 /* Block r: rank r's nkept entries checked (ascending inside r's range;
  * the first that is not into marks[r]) and copied to result + off[r]. */
 __global__ void collect_kernel(const unsigned char *blocks, size_t block_nbytes, int P,
-                               uint64_t D, const unsigned long long *nkept_off,
+                               const uint64_t *bounds, const unsigned long long *nkept_off,
                                igrad__sar_entry_t *result, unsigned long long *marks)
 {
     int r = (int)blockIdx.x;
-    uint64_t lo, hi;
-    igrad__sar_range(D, P, r, &lo, &hi);
+    const uint64_t lo = bounds[r], hi = bounds[r + 1];
     const igrad__sar_entry_t *b = (const igrad__sar_entry_t *)(const void *)(
         blocks + (size_t)r * block_nbytes + sizeof(igrad__sar_header_t));
     unsigned long long n = nkept_off[r], off = nkept_off[P + r];
@@ -247,9 +257,10 @@ unsigned bits_for(int P)
 
 /* ---- the data steps ---- */
 
-igrad_status_t dev_split(igrad__sar_t *w, void *stream, uint64_t D, int P, size_t k,
-                         const igrad__sar_entry_t *in, uint64_t *send_counts,
-                         igrad__sar_report_t *rep, igrad__sar_entry_t **send)
+igrad_status_t dev_split(igrad__sar_t *w, void *stream, uint64_t D, int P,
+                         const uint64_t *bounds, size_t k, const igrad__sar_entry_t *in,
+                         uint64_t *send_counts, igrad__sar_report_t *rep,
+                         igrad__sar_entry_t **send)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const size_t Pz = (size_t)P;
@@ -262,13 +273,15 @@ igrad_status_t dev_split(igrad__sar_t *w, void *stream, uint64_t D, int P, size_
         rep->value = (uint64_t)k * 4 + 16 * Pz + sizeof(sar_small_t);
         return IGRAD_OK;
     }
-    sar_small_t h = {NO_POSITION, 0, 0};
+    sar_small_t h;
+    memset(&h, 0, sizeof h);
+    h.first_bad = NO_POSITION;
     cudaError_t err = cudaMemcpyAsync(small, &h, sizeof h, cudaMemcpyHostToDevice, s);
     if (err == cudaSuccess) err = cudaMemsetAsync(counts, 0, Pz * sizeof *counts, s);
     if (err != cudaSuccess) return fail(err, "split");
     size_t shmem = P <= HIST_MAX ? Pz * sizeof(unsigned int) : 0;
     split_kernel<<<igrad__cuda_grid((int64_t)k), IGRAD__CUDA_THREADS, shmem, s>>>(
-        in, (int64_t)k, D, P, owners, counts, small);
+        in, (int64_t)k, D, P, bounds, owners, counts, small);
     err = cudaGetLastError();
     if (err == cudaSuccess) err = cudaMemcpyAsync(&h, small, sizeof h, cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess)
@@ -325,11 +338,12 @@ uint64_t dev_reserve(igrad__sar_t *w, size_t n)
 igrad_status_t dev_reduce(igrad__sar_t *w, void *stream, const igrad__sar_entry_t *recv,
                           size_t n, uint64_t lo, uint64_t hi, size_t kout,
                           igrad__sar_entry_t *kept, size_t *nkept, igrad__sar_entry_t *rem,
-                          size_t *nrem, size_t *bad)
+                          size_t *nrem, size_t *bad, uint32_t *hist)
 {
     cudaStream_t s = (cudaStream_t)stream;
     *nkept = *nrem = 0;
     *bad = SIZE_MAX;
+    memset(hist, 0, IGRAD__SAR_HIST * sizeof *hist);
     cudaError_t err = cudaMemsetAsync(kept, 0, kout * sizeof *kept, s); /* the padding */
     if (err != cudaSuccess) return fail(err, "reduce");
     if (n == 0) return IGRAD_OK;
@@ -343,7 +357,9 @@ igrad_status_t dev_reduce(igrad__sar_t *w, void *stream, const igrad__sar_entry_
     const int64_t nn = (int64_t)n;
     const unsigned grid = igrad__cuda_grid(nn);
 
-    sar_small_t h = {NO_POSITION, 0, 0};
+    sar_small_t h;
+    memset(&h, 0, sizeof h);
+    h.first_bad = NO_POSITION;
     err = cudaMemcpyAsync(small, &h, sizeof h, cudaMemcpyHostToDevice, s);
     if (err != cudaSuccess) return fail(err, "reduce");
     range_kernel<<<grid, IGRAD__CUDA_THREADS, 0, s>>>(recv, nn, lo, hi, keys, vals, small);
@@ -366,6 +382,7 @@ igrad_status_t dev_reduce(igrad__sar_t *w, void *stream, const igrad__sar_entry_
         *bad = (size_t)h.first_bad;
         return IGRAD_OK;
     }
+    memcpy(hist, h.hist, IGRAD__SAR_HIST * sizeof *hist);
     const int64_t m = (int64_t)h.nruns;
     const unsigned mgrid = igrad__cuda_grid(m);
     const bool select = (size_t)m > kout; /* kout >= 1 here: n > 0 means k > 0 */
@@ -403,8 +420,9 @@ igrad_status_t dev_reduce(igrad__sar_t *w, void *stream, const igrad__sar_entry_
 }
 
 igrad_status_t dev_collect(igrad__sar_t *w, void *stream, const unsigned char *blocks,
-                           size_t block_nbytes, int P, const uint64_t *nkept, uint64_t D,
-                           igrad__sar_entry_t *result, int *bad_rank, uint64_t *bad_entry,
+                           size_t block_nbytes, int P, const uint64_t *nkept,
+                           const uint64_t *bounds, igrad__sar_entry_t *result, int *bad_rank,
+                           uint64_t *bad_entry,
                            uint32_t *bad_index)
 {
     cudaStream_t s = (cudaStream_t)stream;
@@ -428,8 +446,9 @@ igrad_status_t dev_collect(igrad__sar_t *w, void *stream, const unsigned char *b
                                       cudaMemcpyHostToDevice, s);
     if (err == cudaSuccess) err = cudaMemsetAsync(marks, 0xff, Pz * sizeof *marks, s);
     if (err == cudaSuccess) {
-        collect_kernel<<<(unsigned)P, IGRAD__CUDA_THREADS, 0, s>>>(blocks, block_nbytes, P, D,
-                                                                   d_meta, result, marks);
+        collect_kernel<<<(unsigned)P, IGRAD__CUDA_THREADS, 0, s>>>(blocks, block_nbytes, P,
+                                                                   bounds, d_meta, result,
+                                                                   marks);
         err = cudaGetLastError();
     }
     uint64_t *h_marks = meta; /* the host copy is spent once the copy above is queued */
