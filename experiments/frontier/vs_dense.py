@@ -172,8 +172,8 @@ def table(a, workloads, methods, seeds, runs):
             same = f"adtopk_sync@rho{rho.group(1)}" if rho and m != f"adtopk_sync@rho{rho.group(1)}" \
                 else None
             vs, _, ss = paired(same) if same else (None, None, [])
-            ps = mean([r[s]["payload_bytes_per_step_run"]
-                       / runs[(w, same, s)]["payload_bytes_per_step_run"] for s in ss]) \
+            psame = mean([r[s]["payload_bytes_per_step_run"]
+                          / runs[(w, same, s)]["payload_bytes_per_step_run"] for s in ss]) \
                 if ss else None
             va, pa, ps = paired("adtopk_sync")
             pw = mean([r[s]["payload_bytes_per_step_run"]
@@ -188,7 +188,7 @@ def table(a, workloads, methods, seeds, runs):
                                                      for s in have]),
                      "task_accuracy_mean": mean(acc) if acc else None,
                      "same_density_reference": same, "val_loss_ratio_same_density": vs,
-                     "whole_run_payload_ratio_same_density": ps,
+                     "whole_run_payload_ratio_same_density": psame,
                      "paired_same_density_seeds": ss}
             g = ow[m]
             rows.append(
@@ -198,7 +198,7 @@ def table(a, workloads, methods, seeds, runs):
                 f"{g['val_loss_mean']:.4f} | {fmt(vd, '.4f')} | {fmt(va, '.4f')} | "
                 f"{g['payload_bytes_per_step']:.0f} | {fmt(pa, '.4f')} | {fmt(pw, '.4f')} | "
                 f"{fmt(g['task_accuracy_mean'], '.3f')} | "
-                + (f"{vs:.4f}; {ps:.4f} ({same})" if vs is not None else "–") + " |")
+                + (f"{vs:.4f}; {psame:.4f} ({same})" if vs is not None else "–") + " |")
     os.makedirs(a.out, exist_ok=True)
     text = "\n".join(rows)
     with open(os.path.join(a.out, "vs_dense.md"), "w") as f:
