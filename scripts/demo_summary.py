@@ -20,7 +20,11 @@ the whole run. With --task-out, the same methods and seeds were also
 post-trained on a task workload (exact-match accuracy on held-out
 problems): each method gets a "task" block (val loss and task accuracy
 per seed, paired ratios and accuracy differences to dense and to *_sync)
-and its task_accuracy is that leg's. Needs only the standard library. Not here: running
+and its task_accuracy is that leg's. A row named "baseline" (adtopk_sync
+at density 0.01, F32: issue 27's yardstick) gets every other sparse row's
+paired payload and val-loss ratios to it, and the "verdict" block says met
+or not for issue 27's part 6 (ig against the baseline) and part 7 (the
+default adtopk_sync against dense), with the numbers. Needs only the standard library. Not here: running
 anything (scripts/demo), plots (scripts/plot_run.py).
 """
 import argparse
@@ -33,6 +37,9 @@ SYNC_OF = {"topk": "topk_sync", "adtopk": "adtopk_sync"}
 # The promise and its thresholds (docs/architecture.md, README).
 TARGET = {"ig_payload_ratio_max": 0.25, "ig_val_loss_ratio_max": 1.00,
           "sparse_val_loss_ratio_to_dense_max": 1.01}
+# Issue 27's parts 6 and 7 (the "verdict" block).
+V6 = {"payload_ratio_max": 0.25, "val_loss_ratio_max": 1.005}
+V7 = {"val_loss_ratio_to_dense_max": 1.01}
 
 
 def mean(xs):
@@ -172,7 +179,13 @@ def summarize(out, methods, seeds, workload, ranks, steps, task=None):
             r["val_loss_ratio_to_sync"] = paired(runs, m, ref, seeds, val_loss)
         if "dense" in methods and m != "dense":
             r["val_loss_ratio_to_dense"] = paired(runs, m, "dense", seeds, val_loss)
+        if "baseline" in methods and m not in ("baseline", "dense"):
+            r["ratio_to_baseline"] = paired(runs, m, "baseline", seeds, payload)
+            r["ratio_to_baseline_whole_run"] = paired(runs, m, "baseline", seeds,
+                                                      whole_run_payload)
+            r["val_loss_ratio_to_baseline"] = paired(runs, m, "baseline", seeds, val_loss)
         res[m] = r
+    task_runs = load_runs(task["out"], methods, seeds) if task else None
     if task:
         for m, tr in summarize_task(task["out"], methods, seeds, task["workload"],
                                     task["steps"]).items():
@@ -205,7 +218,95 @@ def summarize(out, methods, seeds, workload, ranks, steps, task=None):
             t["ig_task_accuracy_diff_to_sync_seeds"] = it["seeds"]
         t["met"] = all(v for k, v in t.items() if k.endswith("_met"))
         summary["target"] = t
+    summary["verdict"] = verdict(summary, runs, seeds, task_runs)
     return summary
+
+
+def se(xs):
+    """Standard error of the mean of xs (None below 2 values)."""
+    if len(xs) < 2:
+        return None
+    m = mean(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5
+
+
+def verdict(summary, runs, seeds, task_runs=None):
+    """Issue 27's parts 6 and 7 against the yardstick row "baseline"
+    (adtopk_sync at density 0.01, F32 values): part 6, ig at <= 0.25 x its
+    payload (after ig's online window; the whole run beside it) at <= 1.005
+    x its val loss (means of per-seed ratios) with task accuracy within
+    noise (the mean paired difference ig - baseline is not below -2 x the
+    standard error of the per-seed differences; the task leg's, else the
+    main runs' when they have task accuracy; None when not measured or
+    fewer than 2 seeds); part 7, the default sparse method (the row
+    adtopk_sync, run with the trainer's defaults) within 1 % of dense's val
+    loss. None when a row it needs is missing."""
+    res = summary["methods"]
+    v = {"baseline": "adtopk_sync --density 0.01 --value-dtype f32 (the row baseline)",
+         "ratios": "means of per-seed ratios (paired by seed)",
+         "noise": "2 x the standard error of the paired per-seed differences"}
+    p6 = None
+    if "ig" in res and "baseline" in res:
+        p6 = dict(V6)
+        pr = paired(runs, "ig", "baseline", seeds, payload)
+        pw = paired(runs, "ig", "baseline", seeds, whole_run_payload)
+        vl = paired(runs, "ig", "baseline", seeds, val_loss)
+        p6.update({"payload_ratio": pr["mean"], "payload_ratio_seeds": pr["seeds"],
+                   "payload_ratio_whole_run": pw["mean"],
+                   "val_loss_ratio": vl["mean"], "val_loss_ratio_seeds": vl["seeds"]})
+        p6["payload_met"] = p6["payload_ratio"] <= p6["payload_ratio_max"]
+        p6["val_loss_met"] = p6["val_loss_ratio"] <= p6["val_loss_ratio_max"]
+        src = task_runs if task_runs is not None else runs
+        accs = [(task_acc(src[("ig", s)]), task_acc(src[("baseline", s)])) for s in seeds]
+        if all(a is not None and b is not None for a, b in accs):
+            d = [a - b for a, b in accs]
+            e = se(d)
+            p6.update({"task_accuracy_diff": mean(d), "task_accuracy_diff_seeds": d,
+                       "task_accuracy_noise": None if e is None else 2 * e,
+                       "task_accuracy_met": None if e is None else mean(d) >= -2 * e})
+        else:
+            p6.update({"task_accuracy_diff": None, "task_accuracy_met": None})
+        p6["met"] = (p6["payload_met"] and p6["val_loss_met"]
+                     and p6["task_accuracy_met"] is not False)
+    v["part6"] = p6
+    p7 = None
+    if "adtopk_sync" in res and "dense" in res:
+        p7 = dict(V7)
+        first = runs[("adtopk_sync", seeds[0])]["config"]["sync"]
+        vd = paired(runs, "adtopk_sync", "dense", seeds, val_loss)
+        p7.update({"default": "adtopk_sync", "density": first.get("density"),
+                   "early_density": first.get("early_density"),
+                   "val_loss_ratio_to_dense": vd["mean"],
+                   "val_loss_ratio_to_dense_seeds": vd["seeds"],
+                   "payload_ratio_to_baseline": (paired(runs, "adtopk_sync", "baseline", seeds,
+                                                        whole_run_payload)["mean"]
+                                                 if "baseline" in res else None)})
+        p7["met"] = p7["val_loss_ratio_to_dense"] <= p7["val_loss_ratio_to_dense_max"]
+        p7["others"] = {m: r["val_loss_ratio_to_dense"]["mean"] for m, r in res.items()
+                        if m not in ("adtopk_sync", "dense") and "val_loss_ratio_to_dense" in r}
+    v["part7"] = p7
+    v["met"] = bool(p6 and p6["met"] and p7 and p7["met"])
+    return v
+
+
+def verdict_line(v):
+    parts = []
+    p6, p7 = v.get("part6"), v.get("part7")
+    if p6:
+        t = ("not measured" if p6["task_accuracy_diff"] is None else
+             f"{p6['task_accuracy_diff']:+.3f}" + (
+                 "" if p6["task_accuracy_noise"] is None
+                 else f" (noise +/-{p6['task_accuracy_noise']:.3f})"))
+        parts.append(f"part 6: ig {p6['payload_ratio']:.3f} x baseline bytes (<= "
+                     f"{p6['payload_ratio_max']}), {p6['val_loss_ratio']:.4f} x its val loss "
+                     f"(<= {p6['val_loss_ratio_max']}), task accuracy {t}: "
+                     + ("met" if p6["met"] else "NOT met"))
+    if p7:
+        parts.append(f"part 7: adtopk_sync at its default density {p7['density']} "
+                     f"{p7['val_loss_ratio_to_dense']:.4f} x dense (<= "
+                     f"{p7['val_loss_ratio_to_dense_max']}): "
+                     + ("met" if p7["met"] else "NOT met"))
+    return "Verdict (issue 27) " + "; ".join(parts) if parts else ""
 
 
 def fmt_bytes(b):
@@ -331,6 +432,10 @@ def main(argv=None):
         md += ["", what + ".", ""] + md_table(th, tr)
     if "target" in summary:
         line = target_line(summary["target"])
+        print(line)
+        md += ["", line]
+    line = verdict_line(summary["verdict"])
+    if line:
         print(line)
         md += ["", line]
     write_atomic(os.path.join(a.out, "summary.md"), "\n".join(md) + "\n")

@@ -32,11 +32,16 @@ def as_float(text):
 
 
 def label_of(run_dir):
+    """The run's method, with its density for a sparse method (the demo's
+    baseline and adtopk_sync differ only there)."""
     try:
         with open(os.path.join(run_dir, "summary.json")) as f:
-            return json.load(f).get("method") or os.path.basename(run_dir.rstrip("/"))
+            s = json.load(f)
     except (OSError, ValueError):
         return os.path.basename(run_dir.rstrip("/"))
+    m = s.get("method") or os.path.basename(run_dir.rstrip("/"))
+    d = ((s.get("config") or {}).get("sync") or {}).get("density")
+    return m if m == "dense" or not isinstance(d, (int, float)) else f"{m} ρ {d:g}"
 
 
 def main():

@@ -73,7 +73,12 @@ static void usage(FILE *fp)
     fprintf(fp,
 "  --method %s   (default dense)\n"
 "  --sparsifier %-14s for iad/ig (default adtopk)\n"
-"  --density RHO (0.01)  --release-period R (4)  --release-keep KAPPA (0.25)\n"
+"  --density RHO               entries sent per step / entries (default: "
+TRAIN_STR(TRAIN_SPARSE_DENSITY) " for the\n"
+"                              sparse methods, the fewest bytes within 1 %% of dense\n"
+"                              on the suite, docs/results/vs_dense.md; the yardstick\n"
+"                              adtopk_sync at 0.01 is --density 0.01)\n"
+"  --release-period R (4)  --release-keep KAPPA (0.25)\n"
 "  --schedule %s  --residual %s  --buckets B (4)\n"
 "  --pack %s  --verify-every N (100)\n"
 "  --topology %-16s hier: each tensor is summed onto its owner inside the\n"
@@ -109,6 +114,9 @@ static void usage(FILE *fp)
 "  --start-iter N              the first N steps are plain dense averages (default 0)\n"
 "                              The two above act on error feedback: sparse methods\n"
 "                              only. summary.json records what they resolved to\n"
+"  --early-density R:N         topk_sync/adtopk_sync: density R for the first N\n"
+"                              steps, then --density (the engine is re-created at\n"
+"                              step N; its residuals join that step's gradients)\n"
 "  --map FILE                  user name rules ('PATTERN KIND LAYER' per line, tried\n"
 "                              before the built-in ones; docs/formats.md). The same on\n"
 "                              every rank; a profile is tied to the rules it was made with\n"
@@ -309,6 +317,21 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         }
         F64_OPT("--momentum", momentum)
         INT_OPT("--start-iter", 0, start_iter)
+        if ((r = cli_opt(argc, argv, &i, "--early-density", &v)) != 0) {
+            if (r < 0) return -1;
+            const char *colon = strchr(v, ':');
+            char *end = NULL;
+            double rho = colon ? strtod(v, &end) : NAN;
+            long long steps = colon && end == colon ? strtoll(colon + 1, &end, 10) : 0;
+            if (!colon || *end || !(rho > 0.0 && rho <= 1.0) || steps < 1) {
+                fprintf(stderr, "igrad: --early-density: '%s' is not R:N (a density in (0, 1] "
+                        "and a step count >= 1)\n", v);
+                return -1;
+            }
+            o->early_density = rho;
+            o->early_steps = (int64_t)steps;
+            continue;
+        }
         F64_OPT("--beta2", optim.beta2)
         F64_OPT("--density", density)
         F64_OPT("--comm-timeout", comm_timeout_s)

@@ -235,6 +235,7 @@ static const struct {
     {"--link", "the default link (100g's bandwidth, latency 0)"},
     {"--auto-sparse-reduce", "0 (the default)"},
     {"--ef-on", "grad (the default)"},
+    {"--early-density", "not given (--density from step 0)"},
 };
 
 static const char *opt_absent_value(const char *name)
@@ -332,6 +333,11 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     else opt_add_i64(l, "--start-iter", o->start_iter);
     /* only when given: checkpoints of runs before the option resume */
     if (o->ef_on_update) opt_add_str(l, "--ef-on", "update");
+    if (o->early_steps > 0) { /* only when given, too */
+        char b[64];
+        snprintf(b, sizeof b, "%.17g:%lld", o->early_density, (long long)o->early_steps);
+        opt_add(l, "--early-density", b);
+    }
     if (!o->profile || train_profile_auto(o)) {
         opt_add_str(l, "--profile", o->profile);
         opt_add_i64(l, "--profile-steps", o->profile_steps);
@@ -436,7 +442,7 @@ void train_options_default(train_options_t *o)
     o->optim.min_lr = 1e-4;
     o->seed = 1337;
     o->method = "dense";
-    o->density = 0.01;
+    o->density = NAN; /* auto: by method (train_options_resolve) */
     o->release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
     o->dense_below = IGRAD_DEFAULT_DENSE_BELOW;
     o->release_keep = IGRAD_DEFAULT_RELEASE_KEEP;
@@ -467,6 +473,7 @@ void train_options_resolve(train_options_t *o)
     o->beta1_auto = 0;
     if (isnan(o->momentum)) o->momentum = dense ? 0.0 : TRAIN_SPARSE_MOMENTUM;
     if (o->start_iter < 0) o->start_iter = dense ? 0 : TRAIN_SPARSE_START_ITER;
+    if (isnan(o->density)) o->density = dense ? TRAIN_DENSE_DENSITY : TRAIN_SPARSE_DENSITY;
     if (isnan(o->target_ratio)) {
         /* --target-ratio not given: ig aims at the library's default share of
          * its sparsifier's *_sync payload (the method's promise; the Python
@@ -494,6 +501,9 @@ typedef struct run {
     igrad_profile_t *profile;
     igrad_config_t scfg;
     igrad_engine_t *engine;
+    igrad_engine_t *early_engine; /* --early-density: the early phase's engine, between
+                                 the switch and the next sync (its residuals) */
+    double early_switch_ms;   /* --early-density: the switch's engine create (NaN: none) */
     igrad_trace_t *trace;     /* rank 0 only, with opts->trace */
     char *trace_prefix;       /* rows of an earlier invocation's trace (resume) */
     metrics_t *metrics;       /* rank 0 only */
@@ -569,6 +579,24 @@ static igrad_status_t sync_config(const train_options_t *o, igrad_config_t *cfg)
         return trainer_fail(IGRAD_E_INVALID,
                             "--momentum and --start-iter act on error "
                             "feedback: method dense has none (use a sparse --method)");
+    if (o->early_steps > 0) {
+        /* The residuals move to the new engine through the gradients; a
+         * velocity or a profile's plan would not (iad/ig fit their plan,
+         * --profile auto its window, to one density). */
+        if (c.method != IGRAD_METHOD_TOPK_SYNC && c.method != IGRAD_METHOD_ADTOPK_SYNC)
+            return trainer_fail(IGRAD_E_INVALID, "--early-density is for topk_sync and "
+                                "adtopk_sync, not --method %s", o->method);
+        if (!(o->early_density > 0.0 && o->early_density <= 1.0))
+            return trainer_fail(IGRAD_E_INVALID, "--early-density: the density %g is not in "
+                                "(0, 1]", o->early_density);
+        if (o->momentum > 0.0)
+            return trainer_fail(IGRAD_E_INVALID, "--early-density with --momentum: the "
+                                "velocities would be lost at the switch");
+        if (o->early_steps >= o->steps)
+            return trainer_fail(IGRAD_E_INVALID, "--early-density %g:%lld: the switch step is "
+                                "not before --steps %lld", o->early_density,
+                                (long long)o->early_steps, (long long)o->steps);
+    }
     c.momentum = o->momentum;
     c.start_iter = o->start_iter;
     c.value_dtype = o->value_dtype;
@@ -1148,6 +1176,7 @@ static igrad_status_t setup_rank0(run_t *r)
 static void run_free(run_t *r)
 {
     cJSON_Delete(r->reprofile_log);
+    igrad_engine_free(r->early_engine);
     igrad_engine_free(r->engine);
     igrad_trace_free(r->trace);
     igrad_profile_free(r->profile);
@@ -1473,6 +1502,25 @@ static igrad_status_t forward_backward(run_t *r, int64_t step, double *loss)
     return IGRAD_OK;
 }
 
+/* --early-density's switch (collective, the same step on every rank): a
+ * new engine at --density; the early one is kept until train_step has
+ * added its residuals into the gradients. */
+static igrad_status_t early_switch(run_t *r)
+{
+    double t0 = now_ms();
+    igrad_engine_t *n = NULL;
+    igrad_status_t st = igrad_engine_create(r->layout, r->profile, &r->scfg, r->comm, &n);
+    if (st != IGRAD_OK) return lib_fail(st, "sync engine (--early-density's switch)");
+    if (r->trace && (st = igrad_engine_set_trace(n, r->trace)) != IGRAD_OK) {
+        igrad_engine_free(n);
+        return lib_fail(st, "--trace");
+    }
+    r->early_engine = r->engine;
+    r->engine = n;
+    r->early_switch_ms = now_ms() - t0;
+    return IGRAD_OK;
+}
+
 static igrad_status_t train_step(run_t *r, int64_t step, metrics_row_t *row)
 {
     model_t *m = r->model;
@@ -1490,6 +1538,18 @@ static igrad_status_t train_step(run_t *r, int64_t step, metrics_row_t *row)
     if (r->o->ef_on_update) {
         optim_clip_grad_norm(m->grads, m->num_params, r->ocfg.grad_clip);
         optim_update_delta(r->opt, m->params, m->grads, optim_lr(&r->ocfg, step), m->grads);
+    }
+
+    /* --early-density's first step at the final density: the early
+     * engine's residuals join this step's gradients (what error feedback
+     * adds before selecting), then that engine goes. */
+    if (r->early_engine) {
+        for (int t = 0; t < m->n_tensors; t++) {
+            const float *res = igrad_engine_residual(r->early_engine, (size_t)t);
+            if (res) cblas_saxpy((int)m->tensors[t].count, 1.0f, res, 1, r->grad_ptrs[t], 1);
+        }
+        igrad_engine_free(r->early_engine);
+        r->early_engine = NULL;
     }
 
     /* The engine fails a step on every rank at once (NaN/Inf on any rank,
@@ -1621,6 +1681,12 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
     }
     cJSON_AddNumberToObject(sync, "momentum", r->scfg.momentum);
     cJSON_AddNumberToObject(sync, "start_iter", (double)r->scfg.start_iter);
+    if (o->early_steps > 0) {
+        cJSON *ed = cJSON_AddObjectToObject(sync, "early_density");
+        cJSON_AddNumberToObject(ed, "density", o->early_density);
+        cJSON_AddNumberToObject(ed, "steps", (double)o->early_steps);
+        metrics_json_number(ed, "switch_ms", r->early_switch_ms);
+    }
     cJSON_AddStringToObject(sync, "value_dtype", igrad_dtype_name(r->scfg.value_dtype));
     igrad_step_stats_t ss;
     if (igrad_engine_last_stats(r->engine, &ss) == IGRAD_OK) {
@@ -1768,6 +1834,7 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
     r.M = o->micro_batch > 0 ? o->micro_batch : r.B;
     r.last_val[0] = r.last_val[1] = r.last_val[2] = r.last_val[3] = NAN;
     r.last_val[4] = 0;
+    r.early_switch_ms = NAN;
     r.t_start_ms = now_ms();
     r.tty = o->progress == TRAIN_PROGRESS_LINE ||
             (o->progress == TRAIN_PROGRESS_AUTO && isatty(STDOUT_FILENO));
@@ -1804,7 +1871,11 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
     if (r.rank == 0 && r.profile) warn_profile(&r);
 
     /* Collective from here on: every rank reached this point. */
-    st = igrad_engine_create(r.layout, r.profile, &r.scfg, comm, &r.engine);
+    {
+        igrad_config_t c0 = r.scfg; /* --early-density before its switch step */
+        if (r.start_step < o->early_steps) c0.density = o->early_density;
+        st = igrad_engine_create(r.layout, r.profile, &c0, comm, &r.engine);
+    }
     if (st != IGRAD_OK) {
         st = lib_fail(st, "sync engine");
         goto cleanup;
@@ -1852,6 +1923,8 @@ igrad_status_t train_run(const train_options_t *opts, igrad_comm_t *comm, train_
     int64_t step = r.start_step;
     for (; step < last; step++) {
         metrics_row_t row;
+        if (step == o->early_steps && step > r.start_step && (st = early_switch(&r)) != IGRAD_OK)
+            break;
         if ((st = train_step(&r, step, &row)) != IGRAD_OK) break;
         /* the same step on every rank: the engines switch together */
         if (train_profile_auto(o) && !r.online_written && igrad_engine_profile(r.engine))

@@ -167,15 +167,21 @@ typedef struct train_options {
     const char *profile_partition; /* partition method of the built profile (knee) */
     int64_t reprofile_every;  /* W': re-profile every W' steps after the switch (0 = off) */
     double reprofile_margin;  /* the hysteresis margin of re-profiling (0.05) */
+
+    /* --early-density R:N: density R for steps [0, N), then --density; the
+     * trainer re-creates the engine at step N and adds the old engine's
+     * residuals into that step's gradients (0: off). */
+    double early_density;
+    int64_t early_steps;
 } train_options_t;
 
 /* Defaults: tiny model, T 64, G 8, 100 steps, optim_config_default() with
- * lr 1e-3, method dense, density 0.01, R 4, kappa 0.25, 4 buckets,
+ * lr 1e-3, method dense, density auto (NaN: train_options_resolve), R 4, kappa 0.25, 4 buckets,
  * verify every 100 steps, collectives bounded by IGRAD_DEFAULT_TIMEOUT_S, val_fraction 0.05, eval every 50 steps over 4
  * batches, save only at the end, seed 1337. */
 void train_options_default(train_options_t *o);
 
-/* What the auto values (--beta1, --momentum, --start-iter
+/* What the auto values (--beta1, --momentum, --start-iter, --density
  * not given) resolve to: dense keeps AdamW's beta1 0.9 and no remedy; a
  * sparse method gets TRAIN_SPARSE_* (measured, docs/results/remedies.md;
  * with --ef-on update too: beta1 0.9 there measured 1.03 x dense).
@@ -184,6 +190,15 @@ void train_options_default(train_options_t *o);
 #define TRAIN_SPARSE_BETA1 0.0
 #define TRAIN_SPARSE_MOMENTUM 0.0
 #define TRAIN_SPARSE_START_ITER 0
+/* --density not given (NaN): the sparse methods' density, the fewest bytes
+ * that kept adtopk_sync within 1 % of dense on the suite's workloads
+ * (docs/results/vs_dense.md, decision 0062); dense keeps 0.01 (unused).
+ * adtopk_sync at 0.01 stays the yardstick, reached with --density 0.01. */
+#define TRAIN_SPARSE_DENSITY 0.04
+#define TRAIN_DENSE_DENSITY 0.01
+/* Spelled for train --help. */
+#define TRAIN_STR_(x) #x
+#define TRAIN_STR(x) TRAIN_STR_(x)
 void train_options_resolve(train_options_t *o);
 
 /* What a finished run measured (the same on every rank). */

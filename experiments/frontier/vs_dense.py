@@ -20,8 +20,10 @@ Usage: /usr/bin/python3 experiments/frontier/vs_dense.py
        [--methods dense,adtopk_sync,ig] [--steps 120]
        [--base runs/demo/base/checkpoint] [--igrad build/igrad]
        [--reuse adtopk_sync@fortunes:=runs/importance/skip/adtopk_sync] [--run all|none]
+       [--nice 10]
 """
 import argparse
+import re
 import csv
 import json
 import os
@@ -43,6 +45,22 @@ METHODS = {
     "adtopk_sync@rho0.05": ["--method", "adtopk_sync", "--density", "0.05"],
     "adtopk_sync@rho0.2": ["--method", "adtopk_sync", "--density", "0.2"],
 }
+
+
+def method_args(m):
+    """A row's flags: METHODS' name, or BASE followed by modifiers — a
+    method of METHODS with +startN (N dense warm-up steps, --start-iter N),
+    @rhoR (density R: the last --density given wins over the settings'
+    0.01) and/or +earlyR:N (density R for the first N steps, then the
+    row's density: --early-density R:N); None if the name is not one."""
+    if m in METHODS:
+        return METHODS[m]
+    mods = re.findall(r"([+@])(start|rho|early)([0-9.:]+)", m)
+    base = re.split(r"[+@](?:start|rho|early)", m, maxsplit=1)[0]
+    if base not in METHODS or not mods or base + "".join("".join(x) for x in mods) != m:
+        return None
+    flags = {"start": "--start-iter", "rho": "--density", "early": "--early-density"}
+    return METHODS[base] + [a for _, k, v in mods for a in (flags[k], v)]
 
 
 def steady_payload(rd, s):
@@ -87,6 +105,7 @@ def main():
                     help="METHOD@W=PREFIX: read METHOD's runs on workload W from "
                     "PREFIX-s<seed> (made elsewhere at the same settings), run none")
     ap.add_argument("--run", choices=("all", "none"), default="all")
+    ap.add_argument("--nice", type=int, default=10, help="the runs' niceness (10)")
     a = ap.parse_args()
     os.chdir(REPO)  # relative paths, as the runs record them
     seeds = [int(s) for s in a.seeds.split(",") if s]
@@ -102,7 +121,7 @@ def main():
     for seed in seeds:  # seed outermost: a partial set is still paired
         for w in workloads:
             for m in methods:
-                if m not in METHODS and (w, m) not in reuse:
+                if method_args(m) is None and (w, m) not in reuse:
                     continue  # a name only --reuse gives (e.g. another script's variant)
                 if (w, m) in reuse:
                     rd, src = f"{reuse[(w, m)]}-s{seed}", "reused"
@@ -110,9 +129,9 @@ def main():
                     rd, src = os.path.join(a.out, I.label(w), f"{m}-s{seed}"), "this script"
                 done = os.path.exists(os.path.join(rd, "summary.json"))
                 if not done and a.run == "all" and src == "this script":
-                    cmd = ["nice", "-n", "10", "mpirun", "--oversubscribe", "--bind-to", "none",
+                    cmd = ["nice", "-n", str(a.nice), "mpirun", "--oversubscribe", "--bind-to", "none",
                            "-np", "2", a.igrad, "train", "--init", a.base, "--data", w,
-                           *(I.TASK if w.startswith("task:") else I.POST), *METHODS[m],
+                           *(I.TASK if w.startswith("task:") else I.POST), *method_args(m),
                            "--steps", str(a.steps), "--eval-every", "0", "--seed", str(seed),
                            "--out", rd]
                     print("+", " ".join(cmd), file=sys.stderr, flush=True)
@@ -128,9 +147,10 @@ def table(a, workloads, methods, seeds, runs):
                                   "task": I.TASK, "methods": METHODS}, "workloads": {}}
     head = ["workload", "method", "seeds", "val loss per seed", "val loss mean",
             "÷ dense (paired)", "÷ adtopk_sync (paired)", "payload B/step",
-            "payload ÷ adtopk_sync", "whole run's payload ÷ adtopk_sync", "exact match"]
+            "payload ÷ adtopk_sync", "whole run's payload ÷ adtopk_sync", "exact match",
+            "÷ adtopk_sync at its ρ (val loss; whole run's payload)"]
     rows.append("| " + " | ".join(head) + " |")
-    rows.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for w in workloads:
         ow = out["workloads"][w] = {}
         for m in methods:
@@ -147,6 +167,14 @@ def table(a, workloads, methods, seeds, runs):
                         mean([r[s]["payload_bytes_per_step"]
                               / runs[(w, ref, s)]["payload_bytes_per_step"] for s in ps]), ps)
             vd, _, pd = paired("dense")
+            # a row at another density (…@rhoR) against adtopk_sync at the same R
+            rho = re.search(r"@rho([0-9.]+)", m)
+            same = f"adtopk_sync@rho{rho.group(1)}" if rho and m != f"adtopk_sync@rho{rho.group(1)}" \
+                else None
+            vs, _, ss = paired(same) if same else (None, None, [])
+            psame = mean([r[s]["payload_bytes_per_step_run"]
+                          / runs[(w, same, s)]["payload_bytes_per_step_run"] for s in ss]) \
+                if ss else None
             va, pa, ps = paired("adtopk_sync")
             pw = mean([r[s]["payload_bytes_per_step_run"]
                        / runs[(w, "adtopk_sync", s)]["payload_bytes_per_step_run"] for s in ps])
@@ -158,7 +186,10 @@ def table(a, workloads, methods, seeds, runs):
                      "paired_adtopk_sync_seeds": ps,
                      "payload_bytes_per_step": mean([r[s]["payload_bytes_per_step"]
                                                      for s in have]),
-                     "task_accuracy_mean": mean(acc) if acc else None}
+                     "task_accuracy_mean": mean(acc) if acc else None,
+                     "same_density_reference": same, "val_loss_ratio_same_density": vs,
+                     "whole_run_payload_ratio_same_density": psame,
+                     "paired_same_density_seeds": ss}
             g = ow[m]
             rows.append(
                 f"| {w} | {m}{' (reused)' if any(r[s]['source'] == 'reused' for s in have) else ''}"
@@ -166,7 +197,8 @@ def table(a, workloads, methods, seeds, runs):
                 f"{', '.join(format(r[s]['val_loss'], '.4f') for s in have)} | "
                 f"{g['val_loss_mean']:.4f} | {fmt(vd, '.4f')} | {fmt(va, '.4f')} | "
                 f"{g['payload_bytes_per_step']:.0f} | {fmt(pa, '.4f')} | {fmt(pw, '.4f')} | "
-                f"{fmt(g['task_accuracy_mean'], '.3f')} |")
+                f"{fmt(g['task_accuracy_mean'], '.3f')} | "
+                + (f"{vs:.4f}; {psame:.4f} ({same})" if vs is not None else "–") + " |")
     os.makedirs(a.out, exist_ok=True)
     text = "\n".join(rows)
     with open(os.path.join(a.out, "vs_dense.md"), "w") as f:

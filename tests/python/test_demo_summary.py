@@ -157,6 +157,67 @@ class DemoSummary(unittest.TestCase):
         self.assertFalse(t["met"])
         self.assertIn("NOT met", p.stdout)
 
+    def test_verdict(self):
+        """The verdict block against a "baseline" row: part 6 (ig vs the
+        baseline: bytes, val loss, task accuracy within 2 standard errors
+        of the paired differences) and part 7 (adtopk_sync vs dense)."""
+        table = dict(RUNS)
+        table["baseline"] = ("adtopk", [2.03, 2.13, 1.93], [100, 100, 100],
+                             [0.45, 0.35, 0.55], None)
+        table["adtopk_sync"] = ("adtopk", [2.01, 2.11, 1.91], [300, 300, 300],
+                                [0.46, 0.36, 0.56], None)
+        table["ig"] = ("adtopk", [2.03, 2.14, 1.93], [20, 22, 24], [0.44, 0.36, 0.53], 0.1)
+        for m in table:
+            for i in range(3):
+                write_run(self.root, m, i, table=table)
+        p = run(self.root, "dense,baseline,adtopk_sync,ig")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = json.load(open(os.path.join(self.root, "summary.json")))
+        v = s["verdict"]
+        p6, p7 = v["part6"], v["part7"]
+        self.assertAlmostEqual(p6["payload_ratio"], (0.20 + 0.22 + 0.24) / 3)
+        self.assertAlmostEqual(p6["val_loss_ratio"], (1 + 2.14 / 2.13 + 1) / 3)
+        d = [-0.01, 0.01, -0.02]
+        dm = sum(d) / 3
+        se = (sum((x - dm) ** 2 for x in d) / 2 / 3) ** 0.5  # 0.00882
+        self.assertAlmostEqual(p6["task_accuracy_diff"], dm)
+        self.assertAlmostEqual(p6["task_accuracy_noise"], 2 * se)
+        self.assertTrue(p6["payload_met"] and p6["val_loss_met"] and p6["task_accuracy_met"])
+        self.assertTrue(p6["met"])
+        self.assertAlmostEqual(p7["val_loss_ratio_to_dense"],
+                               (2.01 / 2.00 + 2.11 / 2.10 + 1.91 / 1.90) / 3)  # 1.0050
+        self.assertAlmostEqual(p7["payload_ratio_to_baseline"], 3.0)
+        self.assertTrue(p7["met"])
+        self.assertTrue(v["met"])
+        ig = s["methods"]["ig"]
+        self.assertAlmostEqual(ig["ratio_to_baseline"]["mean"], 0.22)
+        self.assertAlmostEqual(ig["ratio_to_sync"]["mean"], (20 + 22 + 24) / 3 / 300)
+        self.assertIn("part 6", p.stdout)
+        # ig 0.15 below on every seed: the differences' standard error is 0
+        # and the mean is below it; adtopk_sync 1.0150 x dense: part 7 fails
+        table["ig"] = ("adtopk", [2.03, 2.14, 1.93], [20, 22, 24], [0.30, 0.20, 0.40], 0.1)
+        table["adtopk_sync"] = ("adtopk", [2.03, 2.13, 1.93], [300] * 3, [0.4] * 3, None)
+        for m in ("ig", "adtopk_sync"):
+            for i in range(3):
+                write_run(self.root, m, i, table=table)
+        p = run(self.root, "dense,baseline,adtopk_sync,ig")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        v = json.load(open(os.path.join(self.root, "summary.json")))["verdict"]
+        self.assertAlmostEqual(v["part6"]["task_accuracy_noise"], 0.0)
+        self.assertFalse(v["part6"]["task_accuracy_met"])
+        self.assertTrue(v["part6"]["payload_met"] and v["part6"]["val_loss_met"])
+        self.assertFalse(v["part6"]["met"])
+        self.assertAlmostEqual(v["part7"]["val_loss_ratio_to_dense"],
+                               (2.03 / 2.00 + 2.13 / 2.10 + 1.93 / 1.90) / 3)
+        self.assertFalse(v["part7"]["met"])
+        self.assertFalse(v["met"])
+        self.assertIn("NOT met", p.stdout)
+        # without the rows it needs, no verdict is claimed
+        p = run(self.root, "dense,adtopk_sync,ig")
+        v = json.load(open(os.path.join(self.root, "summary.json")))["verdict"]
+        self.assertIsNone(v["part6"])
+        self.assertFalse(v["met"])
+
     def test_incomplete_or_missing_run_is_refused(self):
         write_run(self.root, "ig", 1, complete=False)
         p = run(self.root)
