@@ -42,8 +42,9 @@ the step time (forward + backward with the hook + clip + AdamW; the median).
 --check compares the PyTorch model's loss on the first global batch with the
 step-0 loss of a 1-step `igrad train` run (build/igrad, 2 ranks under mpirun)
 from the same base on the same data. Finished runs are kept under --out and
-reused (one JSON per run); --report writes <prefix>.md's table, <prefix>.json
-and <prefix>.png (val loss against bytes per step).
+reused (one JSON per run); --report writes <prefix>.json, <prefix>.png (val
+loss against bytes per step) and the table into <prefix>.md between its
+markers.
 """
 import argparse
 import datetime
@@ -73,6 +74,7 @@ SEQ_LEN, GLOBAL_BATCH, RANKS = 64, 16, 2
 VAL_FRACTION, EVAL_BATCHES = 0.1, 8
 LR, MIN_LR, WARMUP, WEIGHT_DECAY, BETA2, EPS, CLIP = 1e-3, 1e-4, 10, 0.1, 0.95, 1e-8, 1.0
 DENSITY = 0.01
+TABLE_BEGIN, TABLE_END = "<!-- table: run.py --report -->", "<!-- end of table -->"
 METHODS = ("dense", "powersgd_r1", "powersgd_r2", "powersgd_r4", "adtopk_sync", "ig")
 
 
@@ -514,8 +516,9 @@ def report(a, checks):
                          "start_powerSGD_iter": a.psgd_start, "seeds": seeds},
             "checks": checks, "workloads": {}}
     rows = ["| workload | method | β1 | seeds | val loss per seed | mean | ÷ dense (paired) "
-            "| per seed ÷ dense | B/step | ÷ dense B | ÷ adtopk_sync B | step ms (median) |",
-            "|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|"]
+            "| per seed ÷ dense | B/step | ÷ dense B | ÷ adtopk_sync B | whole run B/step "
+            "| val acc mean | step ms (median, per seed) |",
+            "|---|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     points = {}
     for w in a.workloads.split(","):
         dw = data["workloads"][w] = {}
@@ -550,12 +553,14 @@ def report(a, checks):
                                                      for s in have)
             if m == "ig":
                 e["target_fit"] = runs[(w, m, have[0])].get("target_fit")
-            rows.append("| %s | %s | %g | %s | %s | %.4f | %s | %s | %.0f | %.4f | %s | %s |" % (
+            rows.append("| %s | %s | %g | %s | %s | %.4f | %s | %s | %.0f | %.4f | %s | %.0f "
+                        "| %.4f | %s |" % (
                 w, m, e["beta1"], ", ".join(map(str, have)),
                 ", ".join("%.4f" % sm[s]["val_loss"] for s in have), e["val_loss_mean"],
                 "%.4f" % e["ratio_to_dense_mean"] if ratios else "–",
                 ", ".join("%.4f" % ratios[s] for s in paired) or "–", byts,
                 e["bytes_to_dense"], "%.4f" % e["bytes_to_adtopk_sync"] if ad_b else "–",
+                e["bytes_per_step_whole_run"], statistics.mean(sm[s]["val_acc"] for s in have),
                 ", ".join("%.0f" % sm[s]["step_ms"] for s in have)))
             if ratios:
                 points.setdefault(w, []).append((m, byts, e["ratio_to_dense_mean"]))
@@ -564,12 +569,19 @@ def report(a, checks):
         json.dump(data, f, indent=1)
     table = "\n".join(rows) + "\n"
     print(table)
-    with open(prefix + ".table.md", "w") as f:
-        f.write(table)
-    plot(points, prefix + ".png")
+    md = prefix + ".md"  # the table goes between the markers of PREFIX.md
+    if os.path.exists(md):
+        with open(md) as f:
+            text = f.read()
+        a0, a1 = text.find(TABLE_BEGIN), text.find(TABLE_END)
+        if a0 >= 0 and a1 > a0:
+            text = text[:a0 + len(TABLE_BEGIN)] + "\n" + table + text[a1:]
+            with open(md, "w") as f:
+                f.write(text)
+    plot(points, prefix + ".png", a.steps)
 
 
-def plot(points, path):
+def plot(points, path, steps):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -590,7 +602,7 @@ def plot(points, path):
         ax.set_xscale("log")
         ax.set_xlabel("bytes per step and rank (all-reduce input)")
         ax.set_ylabel("val loss ÷ dense (mean of per-seed ratios)")
-        ax.set_title("%s, 120 steps from the demo's base" % w)
+        ax.set_title("%s, %d steps from the demo's base" % (w, steps))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -613,7 +625,8 @@ def main():
     ap.add_argument("--check", action="store_true",
                     help="compare the forward with igrad train's step-0 loss first")
     ap.add_argument("--run", choices=["all", "none"], default="all")
-    ap.add_argument("--report", help="write PREFIX.json, PREFIX.table.md and PREFIX.png")
+    ap.add_argument("--report", help="write PREFIX.json and PREFIX.png, and the table into "
+                    "PREFIX.md between its table markers")
     a = ap.parse_args()
     a.out = os.path.abspath(a.out)
     checks = []
