@@ -592,7 +592,8 @@ def plot(points, path, steps):
             fam = "tab:blue" if m.startswith("powersgd") else (
                 "black" if m == "dense" else "tab:red")
             ax.scatter([b], [r], color=fam, marker="o" if m != "dense" else "s")
-            ax.annotate(m, (b, r), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.annotate(m, (b, r), textcoords="offset points", fontsize=8,
+                        xytext=(6, -10) if m.startswith("powersgd") else (4, 4))
         ps = sorted((b, r) for m, b, r in points[w] if m.startswith("powersgd"))
         if ps:
             ax.plot(*zip(*ps), color="tab:blue", lw=1, label="PowerSGD rank 1, 2, 4")
@@ -600,7 +601,7 @@ def plot(points, path, steps):
         if ig:
             ax.plot(*zip(*ig), color="tab:red", lw=1, ls="--", label="igrad ig, adtopk_sync")
         ax.set_xscale("log")
-        ax.set_xlabel("bytes per step and rank (all-reduce input)")
+        ax.set_xlabel("bytes per step and rank (the payload handed to the collectives)")
         ax.set_ylabel("val loss ÷ dense (mean of per-seed ratios)")
         ax.set_title("%s, %d steps from the demo's base" % (w, steps))
         ax.grid(True, which="both", alpha=0.3)
