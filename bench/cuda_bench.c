@@ -129,8 +129,10 @@ static int time_sar_reduce(int reps)
         double t[64];
         for (int r = 0; r <= reps; r++) {
             size_t nk, nr, bad;
+            uint32_t hist[IGRAD__SAR_HIST];
             double t0 = igrad__now_ms();
-            if (ops->reduce(&w, NULL, d_recv, n, lo, hi, kout, d_kept, &nk, d_rem, &nr, &bad))
+            if (ops->reduce(&w, NULL, d_recv, n, lo, hi, kout, d_kept, &nk, d_rem, &nr, &bad,
+                            hist))
                 return fail("sparse all-reduce bench: reduce");
             if (b == 0) cudaDeviceSynchronize();
             if (r > 0) t[r - 1] = igrad__now_ms() - t0;
