@@ -28,22 +28,6 @@ void igrad__alloc_table_free(igrad__alloc_table_t *t)
     t->value = NULL;
 }
 
-/* The profile's score of component ci, or 0 when it has no row (an
- * EMB/HEAD/NORM the profile lacks: sent every step, as in the engine). */
-static int comp_score(const igrad_profile_t *p, const igrad_component_info_t *ci, double *score)
-{
-    size_t n = igrad_profile_count(p);
-    for (size_t i = 0; i < n; i++) {
-        igrad_profile_entry_t e;
-        if (igrad_profile_entry(p, i, &e) != IGRAD_OK) return 0;
-        if (e.layer == ci->layer && e.kind == ci->kind) {
-            *score = e.score;
-            return 1;
-        }
-    }
-    return 0;
-}
-
 igrad_status_t igrad__alloc_table(const igrad_layout_t *layout, const igrad_profile_t *profile,
                                   const igrad_config_t *config, igrad__alloc_table_t *t)
 {
@@ -61,7 +45,7 @@ igrad_status_t igrad__alloc_table(const igrad_layout_t *layout, const igrad_prof
     for (size_t c = 0; c < C; c++) {
         igrad_component_info_t ci;
         IGRAD_CHECK_GOTO(igrad_layout_component(layout, c, &ci));
-        t->gated[c] = (unsigned char)comp_score(profile, &ci, &score[c]);
+        t->gated[c] = (unsigned char)igrad__target_comp_score(profile, &ci, &score[c]);
     }
     for (size_t i = 0; i < igrad_layout_count(layout); i++) {
         igrad_tensor_info_t ti;

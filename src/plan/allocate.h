@@ -54,6 +54,11 @@ igrad_status_t igrad__target_tensor_spec(const igrad_config_t *c, igrad_sparsifi
                                          int parity, int64_t *count, int64_t *nbytes);
 igrad_sparsifier_t igrad__target_tensor_sparsifier(const igrad_config_t *c,
                                                    const igrad_tensor_info_t *ti);
+/* Whether component ci is under the gate (the profile has its row: its
+ * score into *score); 0 for an EMB/HEAD/NORM the profile lacks, which is
+ * sent every step as in the engine. */
+int igrad__target_comp_score(const igrad_profile_t *profile, const igrad_component_info_t *ci,
+                             double *score);
 
 /* The levels: J for release period R; kappa of level j >= 1 is 1.0 / j. */
 int igrad__alloc_levels(int period);

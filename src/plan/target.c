@@ -92,13 +92,13 @@ typedef struct fit_ctx {
     double total;      /* the *_sync payload per step */
 } fit_ctx_t;
 
-/* Whether component ci is under the gate, and its score. */
-static int gated(const fit_ctx_t *x, const igrad_component_info_t *ci, double *score)
+int igrad__target_comp_score(const igrad_profile_t *profile, const igrad_component_info_t *ci,
+                             double *score)
 {
-    size_t n = igrad_profile_count(x->profile);
+    size_t n = igrad_profile_count(profile);
     for (size_t i = 0; i < n; i++) {
         igrad_profile_entry_t e;
-        if (igrad_profile_entry(x->profile, i, &e) != IGRAD_OK) return 0;
+        if (igrad_profile_entry(profile, i, &e) != IGRAD_OK) return 0;
         if (e.layer == ci->layer && e.kind == ci->kind) {
             *score = e.score;
             return 1;
@@ -188,7 +188,7 @@ static igrad_status_t fit(const igrad_layout_t *layout, const igrad_profile_t *p
         igrad_component_info_t ci;
         IGRAD_CHECK_GOTO(igrad_layout_component(layout, c, &ci));
         double score = NAN;
-        if (gated(&x, &ci, &score)) x.order[x.ngated++] = c;
+        if (igrad__target_comp_score(x.profile, &ci, &score)) x.order[x.ngated++] = c;
         else score = NAN;
         x.comp[c].score = score;
     }
