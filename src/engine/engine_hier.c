@@ -116,7 +116,6 @@ static igrad_status_t refuse(const char *what)
  * selection spec is over the whole vector (a flat budget), and they are
  * norms and biases, never the dominant unit.
  *
- *
  * The weights are the tensors' entries (igrad__hier_ownership) or, as
  * the engine uses it, their planned wire bytes per step
  * (igrad__hier_ownership_weighted with hier_weights; a split piece weighs
