@@ -100,8 +100,9 @@ TRAIN_STR(TRAIN_SPARSE_DENSITY) " for the\n"
 "                              cheapest on the link (its result is the top of the\n"
 "                              sum; the rest goes to the owners' residuals)\n"
 "  --value-dtype f32|bf16|fp16|fp8\n"
-"                              wire values of the sparse methods (f32): bf16/fp16\n"
-"                              send 2-byte values, fp8 1-byte E4M3 codes and a\n"
+"                              wire values of the sparse methods (default bf16;\n"
+"                              dense sends f32): bf16/fp16 send 2-byte values,\n"
+"                              f32 4 bytes, fp8 1-byte E4M3 codes and a\n"
 "                              power-of-two scale per block; the rounding error is\n"
 "                              kept in the residual (dense all-reduces f32)\n"
 "  --comm-timeout S            a collective that has not completed after S seconds\n"
@@ -303,6 +304,7 @@ static int parse_args(int argc, char **argv, train_options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--value-dtype", &v)) != 0) {
             if (r < 0 || cli_parse_value_dtype("--value-dtype", v, &o->value_dtype) != 0)
                 return -1;
+            o->value_dtype_auto = 0;
             continue;
         }
         if ((r = cli_opt(argc, argv, &i, "--link", &v)) != 0) {

@@ -227,7 +227,7 @@ static void opt_add_f64(opt_list_t *l, const char *name, double v)
 static const struct {
     const char *name, *absent;
 } opt_absent[] = {
-    {"--value-dtype", "F32 (the default)"},
+    {"--value-dtype", "F32"},
     {"--topology", "flat (the default)"},
     {"--allocation", "partition (the default)"},
     {"--ranks-per-node", "0 (the default: the nodes MPI reports)"},
@@ -305,8 +305,12 @@ static void run_defining_options(const train_options_t *o, opt_list_t *l)
     opt_add_str(l, "--schedule", o->schedule);
     opt_add_str(l, "--residual", o->residual);
     opt_add_str(l, "--pack", o->pack);
-    /* only when given: checkpoints of runs before the option resume */
-    if (o->value_dtype != IGRAD_DTYPE_F32)
+    /* only when not F32 (the default before BF16) or left to the sparse
+     * method's default: F32 and dense checkpoints of runs from before the
+     * option resume */
+    if (o->value_dtype_auto && !(o->method && igrad__name_equal(o->method, "dense")))
+        opt_add(l, "--value-dtype", OPT_AUTO);
+    else if (!o->value_dtype_auto && o->value_dtype != IGRAD_DTYPE_F32)
         opt_add_str(l, "--value-dtype", igrad_dtype_name(o->value_dtype));
     opt_add_i64(l, "--buckets", o->buckets);
     if (o->topology) opt_add_str(l, "--topology", o->topology); /* only when given, too */
@@ -443,6 +447,7 @@ void train_options_default(train_options_t *o)
     o->seed = 1337;
     o->method = "dense";
     o->density = NAN; /* auto: by method (train_options_resolve) */
+    o->value_dtype_auto = 1;
     o->release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
     o->dense_below = IGRAD_DEFAULT_DENSE_BELOW;
     o->release_keep = IGRAD_DEFAULT_RELEASE_KEEP;
@@ -474,6 +479,8 @@ void train_options_resolve(train_options_t *o)
     if (isnan(o->momentum)) o->momentum = dense ? 0.0 : TRAIN_SPARSE_MOMENTUM;
     if (o->start_iter < 0) o->start_iter = dense ? 0 : TRAIN_SPARSE_START_ITER;
     if (isnan(o->density)) o->density = dense ? TRAIN_DENSE_DENSITY : TRAIN_SPARSE_DENSITY;
+    if (o->value_dtype_auto) o->value_dtype = dense ? IGRAD_DTYPE_F32 : TRAIN_SPARSE_VALUE_DTYPE;
+    o->value_dtype_auto = 0;
     if (isnan(o->target_ratio)) {
         /* --target-ratio not given: ig aims at the library's default share of
          * its sparsifier's *_sync payload (the method's promise; the Python

@@ -115,6 +115,7 @@ typedef struct train_options {
     const char *residual;     /* on|drop (NULL = default) */
     const char *pack;         /* packing policy (NULL = default) */
     igrad_dtype_t value_dtype; /* wire values of the sparse methods (F32 = 0) */
+    int value_dtype_auto;     /* --value-dtype not given: by method (train_options_resolve) */
     int buckets;              /* B buckets */
     const char *topology;     /* flat|hier (NULL = flat): igrad_config_t.topology */
     const char *allocation;   /* partition|budget (NULL = partition):
@@ -196,6 +197,10 @@ void train_options_default(train_options_t *o);
  * adtopk_sync at 0.01 stays the yardstick, reached with --density 0.01. */
 #define TRAIN_SPARSE_DENSITY 0.04
 #define TRAIN_DENSE_DENSITY 0.01
+/* --value-dtype not given: the sparse methods send BF16 values (loss-neutral
+ * against F32 over 3 seeds on two workloads, 0.62 x the bytes:
+ * docs/results/wire.md, decision 0063); dense all-reduces F32. */
+#define TRAIN_SPARSE_VALUE_DTYPE IGRAD_DTYPE_BF16
 /* Spelled for train --help. */
 #define TRAIN_STR_(x) #x
 #define TRAIN_STR(x) TRAIN_STR_(x)

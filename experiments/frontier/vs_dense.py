@@ -37,6 +37,9 @@ import importance as I  # noqa: E402
 METHODS = {
     "dense": ["--method", "dense"],
     "adtopk_sync": ["--method", "adtopk_sync"],
+    # issue 27's yardstick: adtopk_sync at the settings' 1 % with F32 values
+    # whatever the trainer's default value type
+    "baseline": ["--method", "adtopk_sync", "--value-dtype", "f32"],
     "ig": ["--method", "ig", "--profile", "auto", "--target-ratio", "0.25"],
     # a probe, not a default: part 7's dense warm-up (30 plain dense steps)
     "adtopk_sync+start30": ["--method", "adtopk_sync", "--start-iter", "30"],

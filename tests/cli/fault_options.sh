@@ -65,8 +65,8 @@ differ method "--method differs: rank 0 has dense, rank 1 has topk_sync" -- \
 differ lr "--lr differs: rank 0 has 0.001, rank 1 has 0.002" -- --steps 4 -- --steps 4 --lr 2e-3
 # given on one rank only: named, with what the other has (its default),
 # whether the option is always compared or only when given
-differ value_dtype_one "--value-dtype differs: rank 0 has F32 (the default), rank 1 has BF16" -- \
-  --steps 4 --method topk_sync -- --steps 4 --method topk_sync --value-dtype bf16
+differ value_dtype_one "--value-dtype differs: rank 0 has F32, rank 1 has (not given: the default for the method)" -- \
+  --steps 4 --method topk_sync --value-dtype f32 -- --steps 4 --method topk_sync
 differ momentum_one "--momentum differs: rank 0 has 0.5, rank 1 has (not given: the default for the method)" -- \
   --steps 4 --method topk_sync --momentum 0.5 -- --steps 4 --method topk_sync
 differ ef_on_one "--ef-on differs: rank 0 has update, rank 1 has grad (the default)" -- \
