@@ -37,6 +37,7 @@ import importance as I  # noqa: E402
 METHODS = {
     "dense": ["--method", "dense"],
     "adtopk_sync": ["--method", "adtopk_sync"],
+    "topk_sync": ["--method", "topk_sync"],
     # issue 27's yardstick: adtopk_sync at the settings' 1 % with F32 values
     # whatever the trainer's default value type
     "baseline": ["--method", "adtopk_sync", "--value-dtype", "f32"],
@@ -54,15 +55,17 @@ def method_args(m):
     """A row's flags: METHODS' name, or BASE followed by modifiers — a
     method of METHODS with +startN (N dense warm-up steps, --start-iter N),
     @rhoR (density R: the last --density given wins over the settings'
-    0.01) and/or +earlyR:N (density R for the first N steps, then the
-    row's density: --early-density R:N); None if the name is not one."""
+    0.01), +earlyR:N (density R for the first N steps, then the row's
+    density: --early-density R:N) and/or +trX (ig's payload target X,
+    --target-ratio X); None if the name is not one."""
     if m in METHODS:
         return METHODS[m]
-    mods = re.findall(r"([+@])(start|rho|early)([0-9.:]+)", m)
-    base = re.split(r"[+@](?:start|rho|early)", m, maxsplit=1)[0]
+    mods = re.findall(r"([+@])(start|rho|early|tr)([0-9.:]+)", m)
+    base = re.split(r"[+@](?:start|rho|early|tr)", m, maxsplit=1)[0]
     if base not in METHODS or not mods or base + "".join("".join(x) for x in mods) != m:
         return None
-    flags = {"start": "--start-iter", "rho": "--density", "early": "--early-density"}
+    flags = {"start": "--start-iter", "rho": "--density", "early": "--early-density",
+             "tr": "--target-ratio"}
     return METHODS[base] + [a for _, k, v in mods for a in (flags[k], v)]
 
 
@@ -95,6 +98,36 @@ def fmt(x, f):
     return "–" if x is None else format(x, f)
 
 
+def collect(a, workloads, methods, seeds, reuse):
+    """Runs what is missing (one training at a time, seed outermost: a
+    partial set is still paired) and reads every run: {(w, m, seed): record}.
+    `a` has out, run, nice, igrad, base and steps."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    runs = {}
+    for seed in seeds:
+        for w in workloads:
+            for m in methods:
+                if method_args(m) is None and (w, m) not in reuse:
+                    continue  # a name only --reuse gives (e.g. another script's variant)
+                if (w, m) in reuse:
+                    rd, src = f"{reuse[(w, m)]}-s{seed}", "reused"
+                else:
+                    rd, src = os.path.join(a.out, I.label(w), f"{m}-s{seed}"), "this script"
+                done = os.path.exists(os.path.join(rd, "summary.json"))
+                if not done and a.run == "all" and src == "this script":
+                    cmd = ["nice", "-n", str(a.nice), "mpirun", "--oversubscribe", "--bind-to", "none",
+                           "-np", "2", a.igrad, "train", "--init", a.base, "--data", w,
+                           *(I.TASK if w.startswith("task:") else I.POST), *method_args(m),
+                           "--steps", str(a.steps), "--eval-every", "0", "--seed", str(seed),
+                           "--out", rd]
+                    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+                    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+                    done = True
+                if done:
+                    runs[(w, m, seed)] = record(rd, src)
+    return runs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/vs_dense")
@@ -119,29 +152,7 @@ def main():
         key, d = r.split("=", 1)
         m, w = key.split("@", 1)
         reuse[(w, m)] = d
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    runs = {}
-    for seed in seeds:  # seed outermost: a partial set is still paired
-        for w in workloads:
-            for m in methods:
-                if method_args(m) is None and (w, m) not in reuse:
-                    continue  # a name only --reuse gives (e.g. another script's variant)
-                if (w, m) in reuse:
-                    rd, src = f"{reuse[(w, m)]}-s{seed}", "reused"
-                else:
-                    rd, src = os.path.join(a.out, I.label(w), f"{m}-s{seed}"), "this script"
-                done = os.path.exists(os.path.join(rd, "summary.json"))
-                if not done and a.run == "all" and src == "this script":
-                    cmd = ["nice", "-n", str(a.nice), "mpirun", "--oversubscribe", "--bind-to", "none",
-                           "-np", "2", a.igrad, "train", "--init", a.base, "--data", w,
-                           *(I.TASK if w.startswith("task:") else I.POST), *method_args(m),
-                           "--steps", str(a.steps), "--eval-every", "0", "--seed", str(seed),
-                           "--out", rd]
-                    print("+", " ".join(cmd), file=sys.stderr, flush=True)
-                    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-                    done = True
-                if done:
-                    runs[(w, m, seed)] = record(rd, src)
+    runs = collect(a, workloads, methods, seeds, reuse)
     table(a, workloads, methods, seeds, runs)
 
 
