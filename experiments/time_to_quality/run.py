@@ -84,10 +84,12 @@ def train(a, rate, method, seed):
         if v in env:
             cmd += ["-x", v]
     cmd += [a.igrad, "train", "--method", method, "--init", os.path.abspath(a.base), "--data", a.data,
-            "--steps", str(a.steps), "--density", "0.01", "--seq-len", "64", "--batch", "16",
+            "--steps", str(a.steps), "--seq-len", "64", "--batch", "16",
             "--lr", "1e-3", "--min-lr", "1e-4", "--warmup", "10", "--threads", "1",
             "--val-fraction", "0.1", "--eval-batches", "8", "--seed", str(seed),
             "--eval-every", str(a.eval_every), "--progress", "plain", "--out", d]
+    if a.density:
+        cmd += ["--density", a.density]  # not given: the trainer's default
     if method == "ig":
         cmd += ["--profile", "auto"]  # as scripts/demo runs it: ig profiles itself online
     load0 = os.getloadavg()[0]
@@ -296,6 +298,7 @@ def main():
     ap.add_argument("--seeds", default="1337,7,42")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--density", default=None, help="--density for every run (default: the trainer's)")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--data", default="brown:news")
     ap.add_argument("--base", default=os.path.join("runs", "demo", "base", "checkpoint"))
