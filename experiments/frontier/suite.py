@@ -194,6 +194,9 @@ def main():
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--base", default="runs/demo/base/checkpoint")
     ap.add_argument("--igrad", default="build/igrad")
+    ap.add_argument("--reuse", action="append", default=[],
+                    help="METHOD@W=PATH: read METHOD's runs on W from PATH (with {seed}) or "
+                    "PATH-s<seed>, made elsewhere at the same settings (make demo's, e.g.)")
     ap.add_argument("--run", choices=("all", "none"), default="all")
     ap.add_argument("--nice", type=int, default=10, help="the runs' niceness (10)")
     a = ap.parse_args()
@@ -204,10 +207,15 @@ def main():
     for m in methods:
         if V.method_args(m) is None:
             sys.exit(f"suite.py: --methods: '{m}' is not a method vs_dense.py knows")
+    reuse = {}
+    for r in a.reuse:
+        key, d = r.split("=", 1)
+        m, w = key.rsplit("@", 1)  # a method may have @rhoR in its name
+        reuse[(w, m)] = d
     runs = {}
     for w in workloads:  # workload outermost: a workload is whole before the next starts
         ms = [m for m in methods if not (w.startswith("task:") and m in a.skip_on_task.split(","))]
-        runs.update(V.collect(a, [w], ms, seeds, {}))
+        runs.update(V.collect(a, [w], ms, seeds, reuse))
     res = {"settings": {"steps": a.steps, "seeds": seeds, "post": I.POST, "task": I.TASK,
                         "methods": {m: V.method_args(m) for m in methods}}, "workloads": {}}
     for w in workloads:

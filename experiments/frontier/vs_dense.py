@@ -109,8 +109,9 @@ def collect(a, workloads, methods, seeds, reuse):
             for m in methods:
                 if method_args(m) is None and (w, m) not in reuse:
                     continue  # a name only --reuse gives (e.g. another script's variant)
-                if (w, m) in reuse:
-                    rd, src = f"{reuse[(w, m)]}-s{seed}", "reused"
+                if (w, m) in reuse:  # PREFIX-s<seed>, or a path with {seed} in it
+                    p = reuse[(w, m)]
+                    rd, src = p.format(seed=seed) if "{seed}" in p else f"{p}-s{seed}", "reused"
                 else:
                     rd, src = os.path.join(a.out, I.label(w), f"{m}-s{seed}"), "this script"
                 done = os.path.exists(os.path.join(rd, "summary.json"))
@@ -150,7 +151,7 @@ def main():
     reuse = {}
     for r in a.reuse:
         key, d = r.split("=", 1)
-        m, w = key.split("@", 1)
+        m, w = key.rsplit("@", 1)  # a method may have @rhoR in its name
         reuse[(w, m)] = d
     runs = collect(a, workloads, methods, seeds, reuse)
     table(a, workloads, methods, seeds, runs)

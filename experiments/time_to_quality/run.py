@@ -90,6 +90,8 @@ def train(a, rate, method, seed):
             "--eval-every", str(a.eval_every), "--progress", "plain", "--out", d]
     if a.density:
         cmd += ["--density", a.density]  # not given: the trainer's default
+    if a.value_dtype and method != "dense":
+        cmd += ["--value-dtype", a.value_dtype]
     if method == "ig":
         cmd += ["--profile", "auto"]  # as scripts/demo runs it: ig profiles itself online
     load0 = os.getloadavg()[0]
@@ -299,6 +301,7 @@ def main():
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--density", default=None, help="--density for every run (default: the trainer's)")
+    ap.add_argument("--value-dtype", default=None, help="the sparse runs' --value-dtype (the trainer's)")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--data", default="brown:news")
     ap.add_argument("--base", default=os.path.join("runs", "demo", "base", "checkpoint"))
