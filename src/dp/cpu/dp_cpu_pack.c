@@ -28,13 +28,11 @@
 
 #include <string.h>
 
-/* n values as 16-bit codes of dt into o (2 bytes each, any alignment) */
+/* n values as 16-bit codes of dt into o (2 bytes each, any alignment;
+ * core/value8.h's writer, as the CUDA pack) */
 static void put_values16(unsigned char *o, const float *in, int64_t n, igrad_dtype_t dt)
 {
-    for (int64_t k = 0; k < n; k++) {
-        uint16_t h = igrad__to16(dt, in[k]);
-        memcpy(o + 2 * k, &h, 2);
-    }
+    for (int64_t k = 0; k < n; k++) igrad__value_write16(o, k, igrad__to16(dt, in[k]));
 }
 
 /* n indices narrowed to 16 bits into o (each < 2^16: the plan's width) */
