@@ -198,15 +198,13 @@ IGRAD__V8 void igrad__value_write16(unsigned char *p, int64_t k, uint16_t h)
 /* Starts reading a block's value area at p: *v0 = its first value's
  * bytes, *s = the scale each value is multiplied by (FP8: the head's
  * 2^k; else 1). 0, or -1 when an FP8 head is not a positive normal power
- * of two (a peer's bad bytes; *v0 and *s are then unset). */
+ * of two (a peer's bad bytes; *v0 is then p and *s 1). */
 IGRAD__V8 int igrad__value_start(const unsigned char *p, int vw, const unsigned char **v0,
                                  float *s)
 {
-    if (vw != 1) {
-        *v0 = p;
-        *s = 1.0f;
-        return 0;
-    }
+    *v0 = p;
+    *s = 1.0f;
+    if (vw != 1) return 0;
     int k = igrad__fp8_scale_read(p);
     if (k == 0x7fffffff) return -1;
     *v0 = p + IGRAD__FP8_SCALE_NBYTES;
