@@ -151,10 +151,12 @@ static int same_bits(const float *host, const float *dev, int64_t n, float *scra
     return 0;
 }
 
-/* Runs `steps` steps of cfg on a CPU engine and a CUDA engine over dcomm,
- * comparing after each; step nan_step carries a NaN. */
-static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *dcomm,
-                    cudaStream_t s, int steps, int nan_step)
+/* Runs `steps` steps of cfg (with `profile` given at create, or NULL) on
+ * a CPU engine and a CUDA engine over dcomm, comparing after each; step
+ * nan_step carries a NaN. */
+static void compare_with(const char *name, const igrad_config_t *cfg,
+                         const igrad_profile_t *profile, igrad_comm_t *dcomm, cudaStream_t s,
+                         int steps, int nan_step)
 {
     int failures_before = failures;
     igrad_layout_t *L = make_layout();
@@ -167,8 +169,8 @@ static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *d
     for (size_t t = 0; t < NT; t++) most = count_of(t) > most ? count_of(t) : most;
     scratch = malloc((size_t)most * 4);
     OK(igrad_comm_create_self(&hcomm));
-    OK(igrad_engine_create(L, NULL, cfg, hcomm, &ce));
-    OK(igrad_engine_create_cuda(L, NULL, cfg, dcomm, 0, s, &ge));
+    OK(igrad_engine_create(L, profile, cfg, hcomm, &ce));
+    OK(igrad_engine_create_cuda(L, profile, cfg, dcomm, 0, s, &ge));
     for (size_t t = 0; t < NT; t++) {
         hg[t] = malloc((size_t)count_of(t) * 4);
         CUDA(cudaMalloc((void **)&dg[t], (size_t)count_of(t) * 4));
@@ -233,6 +235,46 @@ static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *d
  * spec), momentum, the dense wire (reduce), the sparse all-reduce, fixed
  * 16/32-bit and compact indices, the two-level sync and ig's deferral.
  * grad_at's tan() entries reach beyond F16's range (its clamp to 65504). */
+static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *dcomm,
+                    cudaStream_t s, int steps, int nan_step)
+{
+    compare_with(name, cfg, NULL, dcomm, s, steps, nan_step);
+}
+
+/* ig's profile from 3 steps of grad_at on a flat CPU engine profiling
+ * online over its first 2 (a two-level engine needs its profile at
+ * create); the engine, which owns it, and its comm into *owner and *comm
+ * (to free, in that order, once the profile is no longer used). */
+static const igrad_profile_t *online_profile(igrad_engine_t **owner, igrad_comm_t **comm)
+{
+    *owner = NULL;
+    *comm = NULL;
+    igrad_layout_t *L = make_layout();
+    igrad_comm_t *hcomm = NULL;
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.profile_steps = 2;
+    c.release_period = 2;
+    float *hg[NT] = {0};
+    const igrad_profile_t *p = NULL;
+    if (L && igrad_comm_create_self(&hcomm) == IGRAD_OK &&
+        igrad_engine_create(L, NULL, &c, hcomm, owner) == IGRAD_OK) {
+        int ok = 1;
+        for (int64_t step = 0; step < 3 && ok; step++) {
+            for (size_t t = 0; t < NT; t++) {
+                if (!hg[t]) hg[t] = malloc((size_t)count_of(t) * 4);
+                for (int64_t i = 0; i < count_of(t); i++) hg[t][i] = grad_at(step, t, i);
+            }
+            ok = igrad_engine_sync(*owner, step, hg) == IGRAD_OK;
+        }
+        p = ok ? igrad_engine_profile(*owner) : NULL;
+    }
+    CHECK(p, "online profile: %s", igrad_last_error());
+    for (size_t t = 0; t < NT; t++) free(hg[t]);
+    *comm = hcomm;
+    igrad_layout_free(L);
+    return p;
+}
+
 static void run_value_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag)
 {
     char name[64];
@@ -357,14 +399,20 @@ static void run_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag, in
     snprintf(name, sizeof name, "%s sar adtopk 3 buckets", tag);
     compare(name, &c, dcomm, s, 4, -1);
 
+    /* a two-level engine needs its profile at create: one made online by
+     * a flat CPU engine */
     c = (igrad_config_t)IGRAD_CONFIG_INIT;
     c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
     c.topology = IGRAD_TOPOLOGY_HIER;
     c.ranks_per_node = 1;
-    c.profile_steps = 2;
     c.release_period = 2;
-    snprintf(name, sizeof name, "%s hier sar ig online", tag);
-    compare(name, &c, dcomm, s, 6, -1);
+    igrad_engine_t *owner = NULL;
+    igrad_comm_t *owner_comm = NULL;
+    const igrad_profile_t *prof = online_profile(&owner, &owner_comm);
+    snprintf(name, sizeof name, "%s hier sar ig profile", tag);
+    if (prof) compare_with(name, &c, prof, dcomm, s, 6, -1);
+    igrad_engine_free(owner);
+    igrad_comm_free(owner_comm);
 
     run_value_configs(dcomm, s, tag);
     if (!all) return;
