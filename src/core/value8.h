@@ -30,7 +30,13 @@
  * receiver's check is simple: a scale that is not a positive normal
  * power of two is a peer's bad byte.
  *
- * Not here: where the rounding error goes (the data plane's select puts
+ * Also here, for every value type: a block's value area entry by entry
+ * (igrad__value_write16, igrad__value_start, igrad__value_read), what the
+ * CPU data plane (dp_cpu_pack.c, dp_cpu_unpack.c) and the CUDA one
+ * (dp_cuda_pack.cu) write and read, and igrad__fp8_scales / _head, the
+ * block scale both derive from a block's largest magnitude.
+ *
+ * Not here: where the rounding error goes (each data plane's select puts
  * v - q into the residual), which entries a block holds (plan_step.c).
  */
 #ifndef IGRAD_VALUE8_H

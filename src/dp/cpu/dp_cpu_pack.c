@@ -13,7 +13,8 @@
  * selection already rounded them (dp_cpu_select.c), so this is exact; FP8
  * values (value_nbytes 1) are a block's power-of-two scale and its codes
  * (core/value8.h), exact too (the selection rounded each block at the
- * scale its values give). The
+ * scale its values give); the CUDA pack (dp_cuda_pack.cu) writes the same
+ * bytes with the same functions. The
  * dense wire carries F32 whatever the value dtype (formats.md §8).
  * Sparse all-reduce: (dense index, F32 value) entries, the index the one
  * the dense wire would put the value at, the value the staged (rounded)
