@@ -11,11 +11,13 @@
  * sparse_reduce, flat and inside hier), momentum correction with masking and
  * residual decay, the warm-up engine (start_iter), deferral with
  * accumulation and the residual-drop ablation (ig with online profiling,
- * whose re-plan builds a new engine on the same data plane). Gradients
+ * whose re-plan builds a new engine on the same data plane), and BF16, F16
+ * and FP8 E4M3 wire values over those paths (run_value_configs). Gradients
  * mix ties (five values), normals and exact zeros; one step carries a NaN
  * and must fail on both with the same message, and corrupt received bytes
- * (begin/end, the caller's own copy) must be refused by both with the same
- * message. State files: a CUDA engine's file is the CPU engine's, byte
+ * (begin/end, the caller's own copy: an index, a value of each dtype, an
+ * FP8 scale and code) must be refused by both with the same message, the
+ * packed bytes being the same on both. State files: a CUDA engine's file is the CPU engine's, byte
  * for byte, and each loads into the other kind (test_state_files). Plus
  * the API's refusals (a streamed step among them).
  * Without a CUDA device it prints "SKIP: ..." and exits 77 (CTest:
@@ -149,10 +151,12 @@ static int same_bits(const float *host, const float *dev, int64_t n, float *scra
     return 0;
 }
 
-/* Runs `steps` steps of cfg on a CPU engine and a CUDA engine over dcomm,
- * comparing after each; step nan_step carries a NaN. */
-static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *dcomm,
-                    cudaStream_t s, int steps, int nan_step)
+/* Runs `steps` steps of cfg (with `profile` given at create, or NULL) on
+ * a CPU engine and a CUDA engine over dcomm, comparing after each; step
+ * nan_step carries a NaN. */
+static void compare_with(const char *name, const igrad_config_t *cfg,
+                         const igrad_profile_t *profile, igrad_comm_t *dcomm, cudaStream_t s,
+                         int steps, int nan_step)
 {
     int failures_before = failures;
     igrad_layout_t *L = make_layout();
@@ -165,8 +169,8 @@ static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *d
     for (size_t t = 0; t < NT; t++) most = count_of(t) > most ? count_of(t) : most;
     scratch = malloc((size_t)most * 4);
     OK(igrad_comm_create_self(&hcomm));
-    OK(igrad_engine_create(L, NULL, cfg, hcomm, &ce));
-    OK(igrad_engine_create_cuda(L, NULL, cfg, dcomm, 0, s, &ge));
+    OK(igrad_engine_create(L, profile, cfg, hcomm, &ce));
+    OK(igrad_engine_create_cuda(L, profile, cfg, dcomm, 0, s, &ge));
     for (size_t t = 0; t < NT; t++) {
         hg[t] = malloc((size_t)count_of(t) * 4);
         CUDA(cudaMalloc((void **)&dg[t], (size_t)count_of(t) * 4));
@@ -223,6 +227,132 @@ static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *d
     igrad_layout_free(L);
 }
 
+/* 16-bit and FP8 wire values (config.value_dtype): the staged values
+ * rounded (round to nearest even; FP8 per block at its power-of-two
+ * scale), the rounding error kept in the residual, the codes and scales
+ * packed and unpacked, over the kernels' shapes: row-wise and flat (one
+ * block and grid-wide), many FP8 blocks per tensor, k = n (the dense
+ * spec), momentum, the dense wire (reduce), the sparse all-reduce, fixed
+ * 16/32-bit and compact indices, the two-level sync and ig's deferral.
+ * grad_at's tan() entries reach beyond F16's range (its clamp to 65504). */
+static void compare(const char *name, const igrad_config_t *cfg, igrad_comm_t *dcomm,
+                    cudaStream_t s, int steps, int nan_step)
+{
+    compare_with(name, cfg, NULL, dcomm, s, steps, nan_step);
+}
+
+/* ig's profile from 3 steps of grad_at on a flat CPU engine profiling
+ * online over its first 2 (a two-level engine needs its profile at
+ * create); the engine, which owns it, and its comm into *owner and *comm
+ * (to free, in that order, once the profile is no longer used). */
+static const igrad_profile_t *online_profile(igrad_engine_t **owner, igrad_comm_t **comm)
+{
+    *owner = NULL;
+    *comm = NULL;
+    igrad_layout_t *L = make_layout();
+    igrad_comm_t *hcomm = NULL;
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.profile_steps = 2;
+    c.release_period = 2;
+    float *hg[NT] = {0};
+    const igrad_profile_t *p = NULL;
+    if (L && igrad_comm_create_self(&hcomm) == IGRAD_OK &&
+        igrad_engine_create(L, NULL, &c, hcomm, owner) == IGRAD_OK) {
+        int ok = 1;
+        for (int64_t step = 0; step < 3 && ok; step++) {
+            for (size_t t = 0; t < NT; t++) {
+                if (!hg[t]) hg[t] = malloc((size_t)count_of(t) * 4);
+                for (int64_t i = 0; i < count_of(t); i++) hg[t][i] = grad_at(step, t, i);
+            }
+            ok = igrad_engine_sync(*owner, step, hg) == IGRAD_OK;
+        }
+        p = ok ? igrad_engine_profile(*owner) : NULL;
+    }
+    CHECK(p, "online profile: %s", igrad_last_error());
+    for (size_t t = 0; t < NT; t++) free(hg[t]);
+    *comm = hcomm;
+    igrad_layout_free(L);
+    return p;
+}
+
+static void run_value_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag)
+{
+    char name[64];
+    igrad_config_t c = IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.value_dtype = IGRAD_DTYPE_BF16;
+    snprintf(name, sizeof name, "%s adtopk bf16", tag);
+    compare(name, &c, dcomm, s, 5, 3);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.value_dtype = IGRAD_DTYPE_F16;
+    c.density = 0.05;
+    c.index_code = IGRAD_INDEX_CODE_FIXED;
+    snprintf(name, sizeof name, "%s topk f16 fixed", tag);
+    compare(name, &c, dcomm, s, 4, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.value_dtype = IGRAD_DTYPE_F8_E4M3;
+    snprintf(name, sizeof name, "%s topk fp8", tag);
+    compare(name, &c, dcomm, s, 5, 3);
+
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.density = 0.05;
+    c.block_entries = 700; /* many FP8 blocks (scales) per tensor */
+    snprintf(name, sizeof name, "%s adtopk fp8 small blocks", tag);
+    compare(name, &c, dcomm, s, 4, -1);
+
+    c.block_entries = 1000;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.index_code = IGRAD_INDEX_CODE_FIXED;
+    c.index_dtype = IGRAD_DTYPE_U32;
+    snprintf(name, sizeof name, "%s topk fp8 fixed u32", tag);
+    compare(name, &c, dcomm, s, 4, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.value_dtype = IGRAD_DTYPE_F8_E4M3;
+    c.density = 1.0;
+    snprintf(name, sizeof name, "%s adtopk fp8 k=n", tag);
+    compare(name, &c, dcomm, s, 3, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.value_dtype = IGRAD_DTYPE_F8_E4M3;
+    c.momentum = 0.9;
+    c.collective = IGRAD_COLLECTIVE_REDUCE;
+    snprintf(name, sizeof name, "%s adtopk fp8 momentum reduce", tag);
+    compare(name, &c, dcomm, s, 4, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_TOPK_SYNC;
+    c.value_dtype = IGRAD_DTYPE_BF16;
+    c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
+    snprintf(name, sizeof name, "%s sar topk bf16", tag);
+    compare(name, &c, dcomm, s, 4, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT;
+    c.method = IGRAD_METHOD_ADTOPK_SYNC;
+    c.value_dtype = IGRAD_DTYPE_F8_E4M3;
+    c.topology = IGRAD_TOPOLOGY_HIER;
+    c.ranks_per_node = 1;
+    snprintf(name, sizeof name, "%s hier adtopk fp8", tag);
+    compare(name, &c, dcomm, s, 4, -1);
+
+    c = (igrad_config_t)IGRAD_CONFIG_INIT; /* ig, online profile, deferral */
+    c.value_dtype = IGRAD_DTYPE_F8_E4M3;
+    c.profile_steps = 2;
+    c.release_period = 2;
+    snprintf(name, sizeof name, "%s ig online fp8", tag);
+    compare(name, &c, dcomm, s, 7, -1);
+
+    c.value_dtype = IGRAD_DTYPE_BF16;
+    snprintf(name, sizeof name, "%s ig online bf16", tag);
+    compare(name, &c, dcomm, s, 7, -1);
+}
+
 static void run_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag, int all)
 {
     char name[64];
@@ -269,14 +399,22 @@ static void run_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag, in
     snprintf(name, sizeof name, "%s sar adtopk 3 buckets", tag);
     compare(name, &c, dcomm, s, 4, -1);
 
+    /* a two-level engine needs its profile at create: one made online by
+     * a flat CPU engine */
     c = (igrad_config_t)IGRAD_CONFIG_INIT;
     c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
     c.topology = IGRAD_TOPOLOGY_HIER;
     c.ranks_per_node = 1;
-    c.profile_steps = 2;
     c.release_period = 2;
-    snprintf(name, sizeof name, "%s hier sar ig online", tag);
-    compare(name, &c, dcomm, s, 6, -1);
+    igrad_engine_t *owner = NULL;
+    igrad_comm_t *owner_comm = NULL;
+    const igrad_profile_t *prof = online_profile(&owner, &owner_comm);
+    snprintf(name, sizeof name, "%s hier sar ig profile", tag);
+    if (prof) compare_with(name, &c, prof, dcomm, s, 6, -1);
+    igrad_engine_free(owner);
+    igrad_comm_free(owner_comm);
+
+    run_value_configs(dcomm, s, tag);
     if (!all) return;
 
     c = (igrad_config_t)IGRAD_CONFIG_INIT;
@@ -322,10 +460,15 @@ static void run_configs(igrad_comm_t *dcomm, cudaStream_t s, const char *tag, in
 }
 
 /* Corrupt received bytes: begin, the caller's own copy of each bucket
- * (one rank: recv = send), the last 4 bytes of the first gather bucket set
- * to 0xff (an index area's last entry: out of every bound here), end. The
- * CPU and CUDA engines must refuse it alike, with the same message. */
-static void test_bad_index(igrad_comm_t *dcomm, cudaStream_t s)
+ * (one rank: recv = send), n bytes of the first gather bucket set to
+ * `byte` (at offset off, or the last n bytes with off < 0), end. The CPU
+ * and CUDA engines must refuse it alike, with the same message, which
+ * must contain `expect`. A gather bucket's bytes start with its first
+ * block's values (formats.md §8): an FP8 scale, or a value; its last
+ * bytes are index bytes. */
+static void test_bad_bytes(igrad_comm_t *dcomm, cudaStream_t s, const char *label,
+                           igrad_dtype_t vt, long off, size_t n, unsigned char byte,
+                           const char *expect)
 {
     igrad_layout_t *L = make_layout();
     igrad_comm_t *hcomm = NULL;
@@ -333,6 +476,7 @@ static void test_bad_index(igrad_comm_t *dcomm, cudaStream_t s)
     igrad_config_t c = IGRAD_CONFIG_INIT;
     c.method = IGRAD_METHOD_ADTOPK_SYNC;
     c.collective = IGRAD_COLLECTIVE_GATHER;
+    c.value_dtype = vt;
     float *hg[NT] = {0}, *dg[NT] = {0};
     OK(igrad_comm_create_self(&hcomm));
     OK(igrad_engine_create(L, NULL, &c, hcomm, &ce));
@@ -348,30 +492,39 @@ static void test_bad_index(igrad_comm_t *dcomm, cudaStream_t s)
     OK(igrad_engine_begin(ce, 0, hg, &cb, &cn));
     OK(igrad_engine_begin(ge, 0, dg, &gb, &gn));
     CUDA(cudaStreamSynchronize(s));
-    CHECK(cn == gn && cn > 0, "buckets: cpu %zu, cuda %zu", cn, gn);
+    CHECK(cn == gn && cn > 0, "%s: buckets: cpu %zu, cuda %zu", label, cn, gn);
     int corrupted = 0;
     for (size_t j = 0; j < cn && j < gn; j++) {
-        CHECK(cb[j].send_nbytes == gb[j].send_nbytes, "bucket %zu: %zu vs %zu bytes", j,
-              cb[j].send_nbytes, gb[j].send_nbytes);
+        CHECK(cb[j].send_nbytes == gb[j].send_nbytes, "%s: bucket %zu: %zu vs %zu bytes", label,
+              j, cb[j].send_nbytes, gb[j].send_nbytes);
         if (cb[j].kind != IGRAD_BUCKET_GATHER) continue;
         memcpy(cb[j].recv, cb[j].send, cb[j].send_nbytes);
         CUDA(cudaMemcpy(gb[j].recv, gb[j].send, gb[j].send_nbytes, cudaMemcpyDeviceToDevice));
-        if (!corrupted && cb[j].send_nbytes >= 4) {
-            memset((unsigned char *)cb[j].recv + cb[j].send_nbytes - 4, 0xff, 4);
-            CUDA(cudaMemset((unsigned char *)gb[j].recv + gb[j].send_nbytes - 4, 0xff, 4));
+        /* the CPU's and CUDA's sent bytes are the same (bit-identical packs) */
+        unsigned char *gsend = malloc(gb[j].send_nbytes);
+        CUDA(cudaMemcpy(gsend, gb[j].send, gb[j].send_nbytes, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(gsend, cb[j].send, cb[j].send_nbytes) == 0,
+              "%s: bucket %zu: the CPU and CUDA engines packed different bytes", label, j);
+        free(gsend);
+        if (!corrupted && cb[j].send_nbytes >= n + (off > 0 ? (size_t)off : 0)) {
+            size_t at = off < 0 ? cb[j].send_nbytes - n : (size_t)off;
+            memset((unsigned char *)cb[j].recv + at, byte, n);
+            CUDA(cudaMemset((unsigned char *)gb[j].recv + at, byte, n));
             corrupted = 1;
         }
     }
-    CHECK(corrupted, "no gather bucket to corrupt");
+    CHECK(corrupted, "%s: no gather bucket to corrupt", label);
     igrad_status_t sc = igrad_engine_end(ce, 0, hg);
     char cmsg[1024];
     snprintf(cmsg, sizeof cmsg, "%s", igrad_last_error());
     igrad_status_t sg = igrad_engine_end(ge, 0, dg);
-    CHECK(sc == IGRAD_E_COMM, "cpu end: %s (%s)", igrad_status_str(sc), cmsg);
-    CHECK(sg == sc, "cuda end: %s, cpu %s", igrad_status_str(sg), igrad_status_str(sc));
-    CHECK(strcmp(cmsg, igrad_last_error()) == 0, "bad-index messages differ:\n cpu  %s\n cuda %s",
-          cmsg, igrad_last_error());
-    printf("%-32s %s\n", "bad index", sg == sc ? "same refusal" : "DIFFERS");
+    CHECK(sc == IGRAD_E_COMM, "%s: cpu end: %s (%s)", label, igrad_status_str(sc), cmsg);
+    CHECK(strstr(cmsg, expect), "%s: the CPU's message lacks \"%s\": %s", label, expect, cmsg);
+    CHECK(sg == sc, "%s: cuda end: %s, cpu %s", label, igrad_status_str(sg),
+          igrad_status_str(sc));
+    int same = strcmp(cmsg, igrad_last_error()) == 0;
+    CHECK(same, "%s: messages differ:\n cpu  %s\n cuda %s", label, cmsg, igrad_last_error());
+    printf("%-32s %s\n", label, sg == sc && same ? "same refusal" : "DIFFERS");
     for (size_t t = 0; t < NT; t++) {
         free(hg[t]);
         cudaFree(dg[t]);
@@ -380,6 +533,27 @@ static void test_bad_index(igrad_comm_t *dcomm, cudaStream_t s)
     igrad_engine_free(ge);
     igrad_comm_free(hcomm);
     igrad_layout_free(L);
+}
+
+static void test_bad_bytes_all(igrad_comm_t *dcomm, cudaStream_t s)
+{
+    /* the last 4 bytes: an index area's last entry (compact: a run's end) */
+    test_bad_bytes(dcomm, s, "bad index", IGRAD_DTYPE_F32, -1, 4, 0xff, "index");
+    /* the first value of the first block */
+    test_bad_bytes(dcomm, s, "bad f32 value (NaN)", IGRAD_DTYPE_F32, 0, 4, 0xff,
+                   "non-finite value");
+    test_bad_bytes(dcomm, s, "bad bf16 value (NaN)", IGRAD_DTYPE_BF16, 0, 2, 0xff,
+                   "non-finite value");
+    test_bad_bytes(dcomm, s, "bad f16 value (NaN)", IGRAD_DTYPE_F16, 0, 2, 0x7c,
+                   "non-finite value");
+    /* FP8: the first block's scale, then its third code */
+    test_bad_bytes(dcomm, s, "bad fp8 scale", IGRAD_DTYPE_F8_E4M3, 0, 4, 0xff,
+                   "FP8 block scale");
+    test_bad_bytes(dcomm, s, "bad fp8 scale (not 2^k)", IGRAD_DTYPE_F8_E4M3, 1, 1, 0x01,
+                   "FP8 block scale");
+    test_bad_bytes(dcomm, s, "bad fp8 code (NaN)", IGRAD_DTYPE_F8_E4M3, 6, 1, 0x7f,
+                   "non-finite value");
+    test_bad_bytes(dcomm, s, "bad fp8 index", IGRAD_DTYPE_F8_E4M3, -1, 4, 0xff, "index");
 }
 
 /* Step `step` of grad_at on a CPU engine (hg) and a CUDA engine (dg;
@@ -547,7 +721,7 @@ int main(void)
         return 1;
     }
     run_configs(self, s, "self_cuda", 1);
-    test_bad_index(self, s);
+    test_bad_bytes_all(self, s);
     test_state_files(self, s);
     igrad_comm_free(self);
 #ifdef IGRAD_HAVE_NCCL

@@ -12,7 +12,8 @@
  * one rank (the owners' re-sparsification, the remainders into the
  * residuals), the gather route's rank-ordered unpack, and the two-level
  * sync with nodes of 1 and 2 ranks (the comm splits; its node reduce and
- * broadcast copy between the threads too), at P = 2, 3, 4.
+ * broadcast copy between the threads too), at P = 2, 3, 4, with F32, BF16
+ * and FP8 E4M3 wire values.
  * Without a CUDA device the same harness runs with a CPU engine in place
  * of the CUDA one (the rehearsal: it must give the same bits, so the
  * harness, the configs and the comparisons are known to work), then the
@@ -518,6 +519,17 @@ static int run_all(int cuda)
         c.collective = IGRAD_COLLECTIVE_GATHER;
         failures += run("gather topk", &c, P, 3, cuda);
 
+        /* 16-bit and FP8 wire values: every rank unpacks the others'
+         * codes (and FP8 scales) in rank order */
+        c.value_dtype = IGRAD_DTYPE_BF16;
+        failures += run("gather topk bf16", &c, P, 3, cuda);
+        c.method = IGRAD_METHOD_ADTOPK_SYNC;
+        c.value_dtype = IGRAD_DTYPE_F8_E4M3;
+        c.block_entries = 700;
+        failures += run("gather adtopk fp8", &c, P, 3, cuda);
+        c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
+        failures += run("sar adtopk fp8", &c, P, 3, cuda); /* 8-byte entries, 2.x-byte wire */
+
         /* The two-level sync: nodes of 2 ranks (and of 1 at P = 2): the
          * node sums into the owners' device shards, the shard engines'
          * exchange between nodes, the broadcast back. */
@@ -535,6 +547,10 @@ static int run_all(int cuda)
             c.momentum = 0.9;
             failures += run(L == 1 ? "hier L=1 adtopk reduce mom" : "hier L=2 adtopk reduce mom",
                             &c, P, 3, cuda);
+            c.collective = IGRAD_COLLECTIVE_GATHER;
+            c.value_dtype = IGRAD_DTYPE_F8_E4M3;
+            failures += run(L == 1 ? "hier L=1 adtopk fp8 mom" : "hier L=2 adtopk fp8 mom", &c,
+                            P, 3, cuda);
         }
     }
     return failures;

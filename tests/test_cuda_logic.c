@@ -9,7 +9,10 @@
  * by row, on random and adversarial inputs (ties, all equal, +-0,
  * subnormals, huge values, a NaN that must not be chosen, k = 1, k = n,
  * n = 1, sizes around the kernels' block and chunk sizes). Also the wire
- * reads and writes at odd offsets and the rounding of the float helpers.
+ * reads and writes at odd offsets and the rounding of the float helpers,
+ * and the flow of the value kernels (16-bit and FP8 wire values): the FP8
+ * block maximum as the largest key (any order), the rounding and the pack
+ * from it, against the CPU backend's functions (core/value8.h).
  * Runs everywhere: no GPU is involved.
  */
 #include <float.h>
@@ -23,6 +26,7 @@
 #include "test_util.h"
 
 #include "dp/cuda/dp_cuda_logic.h"
+#include "core/value8.h" /* the wire's values: what the CUDA value kernels call */
 
 static float rnd_normal(uint64_t *s)
 {
@@ -360,6 +364,57 @@ static void test_float_ops(void **state)
     }
 }
 
+/* The CUDA value kernels' flow on the host (dp_cuda_select.cu's
+ * round8_kernel and round16_kernel, dp_cuda_pack.cu's values8_kernel and
+ * values16_kernel, the unpack's igrad__value_read), block by block of
+ * every distribution: the largest key is the CPU's igrad__fp8_block_amax
+ * (as a value: +0 for a block of zeros), the rounding at its scale gives
+ * the CPU's igrad__fp8_round values and exact errors, the pack of the
+ * rounded values from their largest key writes igrad__fp8_pack's bytes,
+ * and every byte reads back (at an odd offset) as the rounded value. */
+static void test_values(void **state)
+{
+    (void)state;
+    enum { N = 700 };
+    float v[N], q[N], q16[N];
+    unsigned char cpu[4 + N + 1], gpu[4 + N + 1], w16[2 * N + 1];
+    uint64_t s = 11;
+    for (int d = 0; d < D_NDIST; d++)
+        for (int64_t n = 1; n <= N; n = n * 3 + 1) {
+            for (int64_t i = 0; i < n; i++) v[i] = draw((dist_t)d, &s, i);
+            uint32_t key = 0; /* the kernels' shared-memory atomicMax */
+            for (int64_t i = n - 1; i >= 0; i--) /* another order than the CPU's */
+                key = igrad__key(v[i]) > key ? igrad__key(v[i]) : key;
+            float amax = igrad__f32_from_bits(key);
+            assert_int_equal(bits_of(amax), bits_of(igrad__fp8_block_amax(v, n)));
+            float sc, inv, cs = igrad__fp8_pow2(igrad__fp8_block_exp(v, n));
+            igrad__fp8_scales(amax, &sc, &inv);
+            assert_int_equal(bits_of(sc), bits_of(cs));
+            for (int64_t i = 0; i < n; i++) {
+                q[i] = igrad__fp8_round(v[i], inv, sc);
+                double err = (double)v[i] - (double)q[i];
+                assert_true((double)(v[i] - q[i]) == err); /* exact */
+                q16[i] = igrad__round16(IGRAD_DTYPE_BF16, v[i]);
+                igrad__value_write16(w16 + 1, i, igrad__to16(IGRAD_DTYPE_BF16, q16[i]));
+            }
+            igrad__fp8_pack(q, n, cpu + 1);
+            key = 0;
+            for (int64_t i = 0; i < n; i++) key = igrad__key(q[i]) > key ? igrad__key(q[i]) : key;
+            igrad__fp8_head(gpu + 1, igrad__f32_from_bits(key), &sc, &inv);
+            for (int64_t i = 0; i < n; i++) gpu[1 + 4 + i] = igrad__fp8_code(q[i], inv, sc);
+            assert_memory_equal(cpu + 1, gpu + 1, (size_t)(4 + n));
+            const unsigned char *v0;
+            float rs;
+            assert_int_equal(igrad__value_start(gpu + 1, 1, &v0, &rs), 0);
+            for (int64_t i = 0; i < n; i++) {
+                assert_int_equal(bits_of(igrad__value_read(v0, 1, IGRAD_DTYPE_F32, rs, i)),
+                                 bits_of(q[i]));
+                assert_int_equal(bits_of(igrad__value_read(w16 + 1, 2, IGRAD_DTYPE_BF16, 1.0f, i)),
+                                 bits_of(q16[i]));
+            }
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -370,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_nan_not_selected),
         cmocka_unit_test(test_wire),
         cmocka_unit_test(test_float_ops),
+        cmocka_unit_test(test_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

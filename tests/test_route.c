@@ -176,16 +176,19 @@ static void test_arenas_cover_auto(void **state)
 {
     (void)state;
     size_t send, recv, send_sar, recv_sar;
-    igrad__route_arenas(IGRAD_COLLECTIVE_AUTO, 0, 0, 1000, 5000, 4, 64, &send, &recv);
+    igrad__route_arenas(IGRAD_COLLECTIVE_AUTO, 0, 0, 1000, 400, 5000, 4, 64, &send, &recv);
     assert_int_equal(send, 1000 + 64);
     assert_int_equal(recv, 4 * 1000 + 64);
-    /* with the sparse all-reduce: its entries, <= 2 x the gather bytes */
-    igrad__route_arenas(IGRAD_COLLECTIVE_AUTO, 0, 1, 1000, 5000, 4, 64, &send_sar, &recv_sar);
-    assert_int_equal(send_sar, 2 * 1000 + 64);
+    /* with the sparse all-reduce: its entries, 8 bytes each (400 entries
+     * in 1000 gather bytes: FP8 values, compact indices) */
+    igrad__route_arenas(IGRAD_COLLECTIVE_AUTO, 0, 1, 1000, 400, 5000, 4, 64, &send_sar,
+                        &recv_sar);
+    assert_int_equal(send_sar, 8 * 400 + 64);
     assert_int_equal(recv_sar, recv);
     /* forced: its own */
-    igrad__route_arenas(IGRAD_COLLECTIVE_SPARSE_REDUCE, 0, 0, 1000, 5000, 4, 64, &send, &recv);
-    assert_int_equal(send, 2 * 1000 + 64);
+    igrad__route_arenas(IGRAD_COLLECTIVE_SPARSE_REDUCE, 0, 0, 1000, 400, 5000, 4, 64, &send,
+                        &recv);
+    assert_int_equal(send, 8 * 400 + 64);
     assert_int_equal(recv, 0);
 }
 

@@ -15,6 +15,11 @@
  * hides: DDP's buckets for the baseline, the streamed step for the flat
  * route, nothing for hier and the sparse all-reduce.
  * --map FILE remaps the layout's names first, as igrad train --map does.
+ * --allocation budget prices ig with config.allocation budget (the
+ * target's bytes allocated across components, decision 0059; the flat
+ * route only, as the engine allows) and lists each component's class from
+ * the same igrad__allocate the engine's plan calls; partition (the
+ * default) lists the target fit's.
  * docs/plan.md says what every number means and where its formula comes
  * from.
  */
@@ -24,6 +29,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "plan/allocate.h" /* igrad__allocate: the engine plan's own allocation */
 #include "plan_cost.h"
 
 #define PLAN_MAX_METHODS 8
@@ -41,6 +47,7 @@ typedef struct plan_opts {
     int64_t release_period, buckets;
     igrad_dtype_t value_dtype;
     igrad_index_code_t index_code; /* config.index_code of the sparse methods */
+    igrad_allocation_t allocation; /* config.allocation of ig */
     igrad_collective_t collective;
     int auto_sparse_reduce;   /* config.auto_sparse_reduce of the sparse methods */
     int latency_overlap;      /* --latency overlap: a step's buckets' latencies overlap */
@@ -124,6 +131,11 @@ static void usage(FILE *fp)
             "  --density X            sparsifier density (0.01)\n"
             "  --target-ratio X       ig: payload X times adtopk_sync's (0.5 with the synthetic\n"
             "                         profile; with --profile: the profile as it is unless given)\n"
+            "  --allocation A         ig: partition (the target fit's important set, one\n"
+            "                         kappa for the rest; the default) or budget (the\n"
+            "                         target's bytes allocated across components, each\n"
+            "                         every step or at a kappa of its own; decision 0059;\n"
+            "                         needs a target, flat route only: no hier row)\n"
             "  --release-period R     (%d)\n"
             "  --buckets B            (4)\n"
             "  --value-dtype D        f32, bf16, fp16 or fp8 (f32)\n"
@@ -246,6 +258,14 @@ static int parse_args(int argc, char **argv, plan_opts_t *o)
                         o->target_ratio);
                 return -1;
             }
+        } else if (OPT("--allocation")) {
+            if (r < 0) return -1;
+            if (strcmp(v, "partition") && strcmp(v, "budget")) {
+                fprintf(stderr, "igrad plan: --allocation is '%s' (partition or budget)\n", v);
+                return -1;
+            }
+            o->allocation = strcmp(v, "budget") ? IGRAD_ALLOCATION_PARTITION
+                                                : IGRAD_ALLOCATION_BUDGET;
         } else if (OPT("--release-period")) {
             if (r < 0 || cli_parse_i64("release-period", v, &o->release_period)) return -1;
         } else if (OPT("--buckets")) {
@@ -370,6 +390,10 @@ typedef struct plan_ctx {
     int nrows;
     int64_t cycle;
     double ig_ratio;          /* the fit's planned ratio (ig), 0 if none */
+    int ig_met;               /* the target is met (ig with a target) */
+    size_t ncomp;             /* ig with a target: the layout's components, */
+    unsigned char *comp_every; /* (ncomp) 1: sent every step (the plan's) */
+    double *comp_keep;        /* (ncomp) a deferred one's kappa */
     int64_t nparams;
 } plan_ctx_t;
 
@@ -695,6 +719,43 @@ static int walk_cycle(plan_ctx_t *x, igrad_engine_t *e, const igrad_config_t *c,
     return st == IGRAD_OK ? 0 : cli_fail("plan step", st);
 }
 
+/* The per-component arrays of ig's allocation (x->ncomp entries). */
+static int comp_arrays(plan_ctx_t *x)
+{
+    x->ncomp = igrad_layout_component_count(x->layout);
+    free(x->comp_every);
+    free(x->comp_keep);
+    x->comp_every = calloc(x->ncomp ? x->ncomp : 1, 1);
+    x->comp_keep = calloc(x->ncomp ? x->ncomp : 1, sizeof *x->comp_keep);
+    if (x->comp_every && x->comp_keep) return 0;
+    fprintf(stderr, "igrad plan: out of memory\n");
+    return 1;
+}
+
+/* ig's every-step components as plan engine e planned them (a component
+ * of which any tensor is sent every step). */
+static void comp_every_from_plan(plan_ctx_t *x, const igrad_engine_t *e)
+{
+    if (!x->comp_every) return;
+    memset(x->comp_every, 0, x->ncomp);
+    for (size_t t = 0; t < igrad_layout_count(x->layout); t++) {
+        igrad_tensor_plan_t tp;
+        if (igrad_engine_tensor_plan(e, t, &tp) == IGRAD_OK && tp.every_step &&
+            tp.component >= 0 && (size_t)tp.component < x->ncomp)
+            x->comp_every[tp.component] = 1;
+    }
+}
+
+/* Component k's name: LAYER.KIND, or KIND for a component of no layer. */
+static const char *comp_name(const plan_ctx_t *x, size_t k, char *buf, size_t size)
+{
+    igrad_component_info_t ci;
+    if (igrad_layout_component(x->layout, k, &ci) != IGRAD_OK) snprintf(buf, size, "?");
+    else if (ci.layer < 0) snprintf(buf, size, "%s", igrad_kind_name(ci.kind));
+    else snprintf(buf, size, "%d.%s", ci.layer, igrad_kind_name(ci.kind));
+    return buf;
+}
+
 /* Method m's config (and profile, for ig/iad) as the plan uses it. */
 static int method_config(plan_ctx_t *x, igrad_method_t m, igrad_config_t *c,
                          const igrad_profile_t **profile)
@@ -726,7 +787,21 @@ static int method_config(plan_ctx_t *x, igrad_method_t m, igrad_config_t *c,
         x->synthetic = !o->profile_path;
     }
     double target = o->target_ratio > 0 ? o->target_ratio : x->synthetic ? 0.5 : 0.0;
-    if (m == IGRAD_METHOD_IG && target > 0) {
+    if (m == IGRAD_METHOD_IG && o->allocation == IGRAD_ALLOCATION_BUDGET) {
+        if (!(target > 0)) {
+            fprintf(stderr, "igrad plan: --allocation budget allocates a payload target: give "
+                            "--target-ratio X with --profile\n");
+            return 1;
+        }
+        c->allocation = IGRAD_ALLOCATION_BUDGET;
+        c->target_ratio = target;
+        if (comp_arrays(x)) return 1;
+        int met = 0;
+        igrad_status_t st = igrad__allocate(x->layout, x->profile, c, target, x->comp_every,
+                                            x->comp_keep, &x->ig_ratio, &met);
+        if (st != IGRAD_OK) return cli_fail("ig budget allocation", st);
+        x->ig_met = met;
+    } else if (m == IGRAD_METHOD_IG && target > 0) {
         igrad_target_fit_t fit;
         igrad_status_t st =
             igrad_target_fit(x->layout, x->profile, c, target, IGRAD_TARGET_MIN_KEEP, &fit);
@@ -734,6 +809,9 @@ static int method_config(plan_ctx_t *x, igrad_method_t m, igrad_config_t *c,
         if (st != IGRAD_OK) return cli_fail("ig target fit", st);
         c->release_keep = fit.release_keep;
         x->ig_ratio = fit.ratio;
+        x->ig_met = fit.ratio <= target;
+        if (comp_arrays(x)) return 1;
+        for (size_t k = 0; k < x->ncomp; k++) x->comp_keep[k] = fit.release_keep;
     }
     *profile = x->profile;
     return 0;
@@ -751,6 +829,8 @@ static int plan_walk(plan_ctx_t *x, const igrad_config_t *c, const igrad_profile
     size_t cap = c->method == IGRAD_METHOD_IAD ? igrad_layout_count(x->layout)
                  : c->topology == IGRAD_TOPOLOGY_HIER ? (size_t)c->buckets * (size_t)x->L
                                                       : (size_t)c->buckets;
+    if (c->method == IGRAD_METHOD_IG && c->topology == IGRAD_TOPOLOGY_FLAT && to->engine)
+        comp_every_from_plan(x, e);
     int rc = walk_cycle(x, e, c, cap, to);
     igrad_engine_free(e);
     return rc;
@@ -767,12 +847,14 @@ static int plan_method(plan_ctx_t *x, igrad_method_t m)
     const char *name = igrad_method_name(m);
     plan_targets_t flat = {new_row(x, name, "flat", 0), NULL, NULL};
     if (plan_walk(x, &c, profile, &flat)) return 1;
-    igrad_config_t h = c;
-    h.topology = IGRAD_TOPOLOGY_HIER;
-    plan_link_to_engine(&x->o->net[1].coll[PLAN_ALLGATHER], &h.link_latency_ns,
-                        &h.link_bandwidth_mbps);
-    plan_targets_t hier = {new_row(x, name, "hier", 0), NULL, NULL};
-    if (plan_walk(x, &h, profile, &hier)) return 1;
+    if (c.allocation != IGRAD_ALLOCATION_BUDGET) { /* the engine's budget is flat only */
+        igrad_config_t h = c;
+        h.topology = IGRAD_TOPOLOGY_HIER;
+        plan_link_to_engine(&x->o->net[1].coll[PLAN_ALLGATHER], &h.link_latency_ns,
+                            &h.link_bandwidth_mbps);
+        plan_targets_t hier = {new_row(x, name, "hier", 0), NULL, NULL};
+        if (plan_walk(x, &h, profile, &hier)) return 1;
+    }
     if (m == IGRAD_METHOD_DENSE) return 0;
     c.collective = IGRAD_COLLECTIVE_GATHER;
     plan_targets_t sar = {NULL, NULL, new_row(x, name, "sparse_allreduce", 1)};
@@ -790,6 +872,36 @@ static double compute_ms(const plan_opts_t *o, int64_t nparams, char *src, size_
     snprintf(src, size, "6 N T / (MFU peak): T %lld tokens/rank, MFU %.2f, peak %.0f TFLOP/s",
              (long long)o->tokens_per_rank, o->mfu, o->peak_tflops);
     return 1e3 * flops / (o->mfu * o->peak_tflops * 1e12);
+}
+
+/* ig's allocation per component: JSON members, or text lines (every
+ * step, then the deferred with their kappa, in the layout's order). */
+static void print_components(const plan_ctx_t *x, int json)
+{
+    const char *alloc = x->o->allocation == IGRAD_ALLOCATION_BUDGET ? "budget" : "partition";
+    char nm[64];
+    if (json) {
+        printf("\"ig_allocation\": \"%s\", ", alloc);
+        if (!x->comp_every) return;
+        printf("\"ig_target_met\": %s, \"ig_components\": [", x->ig_met ? "true" : "false");
+        for (size_t k = 0; k < x->ncomp; k++)
+            printf("%s{\"component\": \"%s\", \"every_step\": %s, \"keep\": %.17g}",
+                   k ? ", " : "", comp_name(x, k, nm, sizeof nm),
+                   x->comp_every[k] ? "true" : "false", x->comp_every[k] ? 1.0 : x->comp_keep[k]);
+        printf("], ");
+        return;
+    }
+    if (!x->comp_every) return;
+    size_t every = 0;
+    for (size_t k = 0; k < x->ncomp; k++) every += x->comp_every[k];
+    printf("# ig allocation %s: planned payload %.4f x adtopk_sync (fixed widths; target %s);"
+           " every step (%zu):", alloc, x->ig_ratio, x->ig_met ? "met" : "NOT met", every);
+    for (size_t k = 0; k < x->ncomp; k++)
+        if (x->comp_every[k]) printf(" %s", comp_name(x, k, nm, sizeof nm));
+    printf("; deferred (kappa):");
+    for (size_t k = 0; k < x->ncomp; k++)
+        if (!x->comp_every[k]) printf(" %s %.4g", comp_name(x, k, nm, sizeof nm), x->comp_keep[k]);
+    printf("\n");
 }
 
 static void json_series(const char *key, const plan_series_t *s, int last)
@@ -851,11 +963,12 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
                25 * 1048576);
     printf("\"compute_ms\": %.17g, \"compute_source\": \"%s\", \"cycle_steps\": %lld, "
            "\"density\": %.17g, \"release_period\": %lld, \"buckets\": %lld, "
-           "\"latency\": \"%s\", \"profile\": \"%s\", \"ig_planned_ratio\": %.17g, "
-           "\"rows\": [",
+           "\"latency\": \"%s\", \"profile\": \"%s\", \"ig_planned_ratio\": %.17g, ",
            cms, csrc, (long long)x->cycle, o->density, (long long)o->release_period,
            (long long)o->buckets, o->latency_overlap ? "overlap" : "sum",
            o->profile_path ? o->profile_path : x->profile ? "synthetic" : "none", x->ig_ratio);
+    print_components(x, 1);
+    printf("\"rows\": [");
     for (int i = 0; i < x->nrows; i++) {
         const plan_row_t *r = &x->rows[i];
         double step = cms + series_mean(&r->exposed_ms);
@@ -940,7 +1053,9 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
                1e3 * x->backward_s, o->backward_share, (long long)x->ddp_buckets);
     else
         printf("\n# no overlap: step = compute + sync (--overlap hides sync behind backward)");
-    printf("\n# bytes per rank per step (min / mean / max over the cycle); 'engine' rows are the "
+    printf("\n");
+    print_components(x, 0);
+    printf("# bytes per rank per step (min / mean / max over the cycle); 'engine' rows are the "
            "engine's plan (hier: the busiest shard's payload and inter bytes), 'proj' rows are "
            "formulas (docs/plan.md); 'NIC mean': bytes through a node's busiest NIC\n");
     printf("%-12s %-16s %-6s %28s %11s %11s %11s %11s %10s %27s %11s %10s %8s  %s\n", "method",
@@ -1043,6 +1158,8 @@ int cmd_plan(int argc, char **argv)
     }
     igrad_profile_free(x->profile);
     for (int i = 0; i < x->nrows; i++) free(x->rows[i].shard_sum);
+    free(x->comp_every);
+    free(x->comp_keep);
     free(x);
     igrad_layout_free(layout);
     return rc;

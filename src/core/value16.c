@@ -4,6 +4,7 @@
  * uses for the wire's 16-bit values.
  */
 #include "core/value16.h"
+#include "core/internal.h"
 
 static int is16(igrad_dtype_t d) { return d == IGRAD_DTYPE_F16 || d == IGRAD_DTYPE_BF16; }
 

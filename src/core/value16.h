@@ -14,27 +14,37 @@
 #ifndef IGRAD_VALUE16_H
 #define IGRAD_VALUE16_H
 
-#include "core/internal.h"
+#include "igrad.h"
 
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t igrad__f32_bits(float f)
+/* The scalar conversions compile for the host (a C compiler) and for the
+ * device (nvcc: __host__ __device__), as core/wire_code.h does for the
+ * index codes, so the CUDA data plane (dp_cuda_select.cu, dp_cuda_pack.cu)
+ * rounds, writes and reads the wire's values with the very arithmetic the
+ * CPU backend and tests/test_value16.c run. */
+#ifdef __CUDACC__
+#define IGRAD__V16 static inline __host__ __device__
+#else
+#define IGRAD__V16 static inline
+#endif
+
+IGRAD__V16 uint32_t igrad__f32_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 
-static inline float igrad__f32_from_bits(uint32_t u)
+IGRAD__V16 float igrad__f32_from_bits(uint32_t u)
 {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-static inline uint16_t igrad__f32_to_bf16(float f)
+IGRAD__V16 uint16_t igrad__f32_to_bf16(float f)
 {
     uint32_t u = igrad__f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
@@ -42,19 +52,19 @@ static inline uint16_t igrad__f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-static inline float igrad__bf16_to_f32(uint16_t h)
+IGRAD__V16 float igrad__bf16_to_f32(uint16_t h)
 {
     return igrad__f32_from_bits((uint32_t)h << 16);
 }
 
 /* Shifts m right by s in [1, 31] rounding to nearest, ties to even. */
-static inline uint32_t igrad__shift_rne(uint32_t m, unsigned s)
+IGRAD__V16 uint32_t igrad__shift_rne(uint32_t m, unsigned s)
 {
     uint32_t q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
     return q + (rem > half || (rem == half && (q & 1u)));
 }
 
-static inline uint16_t igrad__f32_to_f16(float f)
+IGRAD__V16 uint16_t igrad__f32_to_f16(float f)
 {
     uint32_t u = igrad__f32_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
@@ -70,7 +80,7 @@ static inline uint16_t igrad__f32_to_f16(float f)
     return sign | (uint16_t)igrad__shift_rne(m, (unsigned)(-(e + 1)));
 }
 
-static inline float igrad__f16_to_f32(uint16_t h)
+IGRAD__V16 float igrad__f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     if (e == 0x1f) return igrad__f32_from_bits(sign | 0x7f800000u | (m << 13));
@@ -80,18 +90,18 @@ static inline float igrad__f16_to_f32(uint16_t h)
 }
 
 /* The value dtype's 16-bit code of f, and back (F16 or BF16). */
-static inline uint16_t igrad__to16(igrad_dtype_t dt, float f)
+IGRAD__V16 uint16_t igrad__to16(igrad_dtype_t dt, float f)
 {
     return dt == IGRAD_DTYPE_BF16 ? igrad__f32_to_bf16(f) : igrad__f32_to_f16(f);
 }
 
-static inline float igrad__from16(igrad_dtype_t dt, uint16_t h)
+IGRAD__V16 float igrad__from16(igrad_dtype_t dt, uint16_t h)
 {
     return dt == IGRAD_DTYPE_BF16 ? igrad__bf16_to_f32(h) : igrad__f16_to_f32(h);
 }
 
 /* The largest finite value of the 16-bit dtype: F16 65504, BF16 (1 - 2^-8) 2^128. */
-static inline float igrad__max16(igrad_dtype_t dt)
+IGRAD__V16 float igrad__max16(igrad_dtype_t dt)
 {
     return dt == IGRAD_DTYPE_BF16 ? 0x1.fep127f : 65504.0f;
 }
@@ -100,13 +110,15 @@ static inline float igrad__max16(igrad_dtype_t dt)
  * finite value that would round to Inf (F16: |v| >= 65520; BF16: within
  * half a step of FLT_MAX) clamped to the largest finite value (65504;
  * 0x1.fep127). Returns the rounded value (exactly representable in dt). */
-static inline float igrad__round16(igrad_dtype_t dt, float v)
+IGRAD__V16 float igrad__round16(igrad_dtype_t dt, float v)
 {
     float q = igrad__from16(dt, igrad__to16(dt, v));
-    if (isinf(q)) q = v > 0.0f ? igrad__max16(dt) : -igrad__max16(dt);
+    if ((igrad__f32_bits(q) & 0x7fffffffu) == 0x7f800000u) /* Inf */
+        q = v > 0.0f ? igrad__max16(dt) : -igrad__max16(dt);
     return q;
 }
 
+#ifndef __cplusplus /* the buffer loops: C only (restrict) */
 /* n 16-bit codes of dt (F16 or BF16) as floats (exact), and n floats
  * rounded to nearest even into codes of dt (beyond the F16 range: Inf, as
  * PyTorch's .half()): how the data plane reads and writes 16-bit
@@ -128,5 +140,7 @@ static inline void igrad__to16_n(igrad_dtype_t dt, const float *restrict src,
     else
         for (int64_t i = 0; i < n; i++) dst[i] = igrad__f32_to_f16(src[i]);
 }
+
+#endif /* !__cplusplus */
 
 #endif /* IGRAD_VALUE16_H */

@@ -30,11 +30,19 @@
  * receiver's check is simple: a scale that is not a positive normal
  * power of two is a peer's bad byte.
  *
- * Not here: where the rounding error goes (the data plane's select puts
+ * Also here, for every value type: a block's value area entry by entry
+ * (igrad__value_write16, igrad__value_start, igrad__value_read), what the
+ * CPU data plane (dp_cpu_pack.c, dp_cpu_unpack.c) and the CUDA one
+ * (dp_cuda_pack.cu) write and read, and igrad__fp8_scales / _head, the
+ * block scale both derive from a block's largest magnitude.
+ *
+ * Not here: where the rounding error goes (each data plane's select puts
  * v - q into the residual), which entries a block holds (plan_step.c).
  */
 #ifndef IGRAD_VALUE8_H
 #define IGRAD_VALUE8_H
+
+#include "core/value16.h" /* the bit helpers, igrad__shift_rne, the 16-bit codes */
 
 #include <stdint.h>
 #include <string.h>
@@ -49,20 +57,6 @@
 #define IGRAD__FP8_CODE_MAX 0x7e /* its code (sign clear) */
 #define IGRAD__FP8_SCALE_NBYTES 4 /* the F32 scale at the head of a block's values */
 #define IGRAD__FP8_KMIN (-126)   /* the smallest scale exponent (a normal F32) */
-
-IGRAD__V8 uint32_t igrad__v8_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-IGRAD__V8 float igrad__v8_float(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* The bytes a block of n values takes on the wire for value bytes vw per
  * value (4 F32, 2 BF16/F16, 1 FP8: n codes after the 4-byte scale). */
@@ -81,41 +75,34 @@ IGRAD__V8 int igrad__fp8_is_nan(uint8_t c)
 IGRAD__V8 float igrad__fp8_decode(uint8_t c)
 {
     uint32_t sign = (uint32_t)(c & 0x80u) << 24, e = (c >> 3) & 0xfu, m = c & 7u;
-    if (e == 0xf && m == 7) return igrad__v8_float(sign | 0x7fc00000u);
-    if (e) return igrad__v8_float(sign | ((e + 120u) << 23) | (m << 20));
+    if (e == 0xf && m == 7) return igrad__f32_from_bits(sign | 0x7fc00000u);
+    if (e) return igrad__f32_from_bits(sign | ((e + 120u) << 23) | (m << 20));
     float v = (float)m * 0x1p-9f; /* subnormal or zero */
     return sign ? -v : v;
-}
-
-/* Shifts m right by s in [1, 31] rounding to nearest, ties to even. */
-IGRAD__V8 uint32_t igrad__v8_shift_rne(uint32_t m, unsigned s)
-{
-    uint32_t q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
-    return q + (rem > half || (rem == half && (q & 1u)));
 }
 
 /* The E4M3 code of x rounded to nearest, ties to even; |x| > 448 (and
  * Inf) saturates to +-448; NaN gives the NaN code (no sender makes one). */
 IGRAD__V8 uint8_t igrad__fp8_encode(float x)
 {
-    uint32_t u = igrad__v8_bits(x);
+    uint32_t u = igrad__f32_bits(x);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint8_t)(sign | 0x7f);           /* NaN */
     if (a > 0x43e00000u) return (uint8_t)(sign | IGRAD__FP8_CODE_MAX); /* > 448 */
     if (a >= 0x3c800000u)                                         /* >= 2^-6: normal */
-        return (uint8_t)(sign | igrad__v8_shift_rne(a - (120u << 23), 20));
+        return (uint8_t)(sign | igrad__shift_rne(a - (120u << 23), 20));
     int e = (int)(a >> 23) - 127; /* below 2^-6: units of 2^-9 */
     if (e < -10) return sign;     /* < 2^-10 (half the smallest subnormal): 0 */
     uint32_t m = (a & 0x7fffffu) | 0x800000u; /* x = m * 2^(e-23) = (m >> (14-e)) 2^-9 */
-    return (uint8_t)(sign | igrad__v8_shift_rne(m, (unsigned)(14 - e)));
+    return (uint8_t)(sign | igrad__shift_rne(m, (unsigned)(14 - e)));
 }
 
 /* The exponent k of a block's scale from its largest magnitude amax (>= 0,
  * finite): the smallest k >= -126 with amax <= 448 * 2^k. */
 IGRAD__V8 int igrad__fp8_scale_exp(float amax)
 {
-    uint32_t a = igrad__v8_bits(amax) & 0x7fffffffu;
+    uint32_t a = igrad__f32_bits(amax) & 0x7fffffffu;
     if ((a >> 23) == 0) return IGRAD__FP8_KMIN; /* zero or subnormal */
     /* amax = M 2^E, M in [1, 2); 448 = 1.75 * 2^8 */
     int k = (int)(a >> 23) - 127 - 8 + ((a & 0x7fffffu) > 0x600000u);
@@ -126,7 +113,7 @@ IGRAD__V8 int igrad__fp8_scale_exp(float amax)
  * <= 448 * 2^120, so its inverse is one too) */
 IGRAD__V8 float igrad__fp8_pow2(int k)
 {
-    return igrad__v8_float((uint32_t)(k + 127) << 23);
+    return igrad__f32_from_bits((uint32_t)(k + 127) << 23);
 }
 
 /* A received scale's exponent k, or 0x7fffffff when its bits are not a
@@ -156,15 +143,40 @@ IGRAD__V8 float igrad__fp8_round(float v, float inv, float s)
     return igrad__fp8_decode(igrad__fp8_code(v, inv, s)) * s;
 }
 
-/* The scale exponent of n values (max |v|). */
-IGRAD__V8 int igrad__fp8_block_exp(const float *v, int64_t n)
+/* The largest magnitude of n values (0 when n = 0). */
+IGRAD__V8 float igrad__fp8_block_amax(const float *v, int64_t n)
 {
     float amax = 0.0f;
     for (int64_t i = 0; i < n; i++) {
         float a = v[i] < 0.0f ? -v[i] : v[i];
         if (a > amax) amax = a;
     }
-    return igrad__fp8_scale_exp(amax);
+    return amax;
+}
+
+/* The scale exponent of n values (max |v|). */
+IGRAD__V8 int igrad__fp8_block_exp(const float *v, int64_t n)
+{
+    return igrad__fp8_scale_exp(igrad__fp8_block_amax(v, n));
+}
+
+/* The scale 2^k and its inverse 2^-k of a block whose largest magnitude
+ * is amax (k = igrad__fp8_scale_exp(amax), in [-126, 120]). */
+IGRAD__V8 void igrad__fp8_scales(float amax, float *s, float *inv)
+{
+    int k = igrad__fp8_scale_exp(amax);
+    *s = igrad__fp8_pow2(k);
+    *inv = igrad__fp8_pow2(-k);
+}
+
+/* The head of a block's value area (its scale, 4 bytes little-endian at
+ * out) from the block's largest magnitude amax; *s and *inv as
+ * igrad__fp8_scales. */
+IGRAD__V8 void igrad__fp8_head(unsigned char *out, float amax, float *s, float *inv)
+{
+    igrad__fp8_scales(amax, s, inv);
+    uint32_t u = igrad__f32_bits(*s);
+    for (int b = 0; b < IGRAD__FP8_SCALE_NBYTES; b++) out[b] = (unsigned char)(u >> (8 * b));
 }
 
 /* A block's value area from n already rounded values (each exactly
@@ -172,10 +184,52 @@ IGRAD__V8 int igrad__fp8_block_exp(const float *v, int64_t n)
  * n codes. */
 IGRAD__V8 void igrad__fp8_pack(const float *v, int64_t n, unsigned char *out)
 {
-    int k = igrad__fp8_block_exp(v, n);
-    float s = igrad__fp8_pow2(k), inv = igrad__fp8_pow2(-k); /* k in [-126, 120] */
-    memcpy(out, &s, 4);
-    for (int64_t i = 0; i < n; i++) out[IGRAD__FP8_SCALE_NBYTES + i] = igrad__fp8_code(v[i], inv, s);
+    float s, inv;
+    igrad__fp8_head(out, igrad__fp8_block_amax(v, n), &s, &inv);
+    for (int64_t i = 0; i < n; i++)
+        out[IGRAD__FP8_SCALE_NBYTES + i] = igrad__fp8_code(v[i], inv, s);
+}
+
+/* ---- a block's value area, entry by entry: what the CPU and CUDA packs
+ * write and their unpacks read (formats.md §8; vw = value bytes: 4 F32, 2
+ * the 16-bit codes of dt, 1 FP8; little-endian at any alignment) ---- */
+
+/* Entry k's 16-bit code h into the area at p. */
+IGRAD__V8 void igrad__value_write16(unsigned char *p, int64_t k, uint16_t h)
+{
+    p[2 * k] = (unsigned char)(h & 0xffu);
+    p[2 * k + 1] = (unsigned char)(h >> 8);
+}
+
+/* Starts reading a block's value area at p: *v0 = its first value's
+ * bytes, *s = the scale each value is multiplied by (FP8: the head's
+ * 2^k; else 1). 0, or -1 when an FP8 head is not a positive normal power
+ * of two (a peer's bad bytes; *v0 is then p and *s 1). */
+IGRAD__V8 int igrad__value_start(const unsigned char *p, int vw, const unsigned char **v0,
+                                 float *s)
+{
+    *v0 = p;
+    *s = 1.0f;
+    if (vw != 1) return 0;
+    int k = igrad__fp8_scale_read(p);
+    if (k == 0x7fffffff) return -1;
+    *v0 = p + IGRAD__FP8_SCALE_NBYTES;
+    *s = igrad__fp8_pow2(k);
+    return 0;
+}
+
+/* Value k of an area whose first value's bytes are v0 (igrad__value_start)
+ * as F32: exact; FP8 gives NaN for a NaN code and Inf where code times s
+ * overflows (a receiver refuses both as non-finite). */
+IGRAD__V8 float igrad__value_read(const unsigned char *v0, int vw, igrad_dtype_t dt, float s,
+                                  int64_t k)
+{
+    if (vw == 1) return igrad__fp8_decode(v0[k]) * s;
+    if (vw == 2)
+        return igrad__from16(dt, (uint16_t)(v0[2 * k] | (unsigned)v0[2 * k + 1] << 8));
+    const unsigned char *q = v0 + 4 * k;
+    return igrad__f32_from_bits((uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
+                                (uint32_t)q[3] << 24);
 }
 
 #endif /* IGRAD_VALUE8_H */

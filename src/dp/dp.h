@@ -32,8 +32,9 @@
  * decodes them; the dense wire stays F32. FP8 wire values (F8_E4M3,
  * value_nbytes 1, core/value8.h) the same way, each block of the step
  * rounded at its power-of-two scale; the sparse pack writes the scale and
- * the codes, the unpack checks both. A backend that does not do this
- * must refuse value_dtype != F32 (the CUDA one: igrad_engine_create_cuda).
+ * the codes, the unpack checks both. Both backends do this (the CUDA one
+ * with core/value16.h's and value8.h's host-device functions); a backend
+ * that does not must refuse value_dtype != F32 at create.
  * 16-bit gradients (kargs.grad_dtype BF16/F16): grads[t] points at
  * uint16_t codes (cast to float *); every stage reads them upcast to F32
  * (exact), the residuals and velocities stay F32, unpack defers to
@@ -194,6 +195,16 @@ igrad_status_t igrad__dp_bad_index(IGRAD__DP_CARGS, const igrad__step_bucket_t *
  * tensor, row (or block) and code (dp_cpu_unpack.c; the CUDA unpack too). */
 igrad_status_t igrad__dp_bad_code(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
                                   const igrad__step_block_t *bi, int r, int64_t run, int err);
+
+/* Received value k of block bi from rank r is not finite (a NaN or Inf
+ * F32 or 16-bit code, an FP8 NaN code, or an FP8 code times its scale
+ * beyond F32), and an FP8 block's received scale (the 4 bytes at vp) that
+ * is not a positive normal power of two: IGRAD_E_COMM as above
+ * (dp_cpu_unpack.c; the CUDA unpack too). */
+igrad_status_t igrad__dp_bad_value(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                   const igrad__step_block_t *bi, int r, int64_t k, float v);
+igrad_status_t igrad__dp_bad_scale(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                   const igrad__step_block_t *bi, int r, const unsigned char *vp);
 
 /* The CPU backend (dp_cpu.c). */
 extern const igrad__dp_ops_t igrad__dp_cpu;

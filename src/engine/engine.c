@@ -151,8 +151,9 @@ igrad_status_t igrad__engine_build(igrad_engine_t *e, const igrad_layout_t *layo
         const igrad__plan_t *p = w ? e->warm : &e->plan;
         size_t slack = (size_t)p->nb_max * 8; /* each bucket's offset is 8-aligned */
         igrad__route_arenas(p->cfg.collective, p->sp == IGRAD_SPARSIFIER_NONE, p->auto_sar,
-                            p->max_gather_nbytes, p->max_dense_count, (size_t)e->plan.nranks,
-                            slack, &e->arena_nbytes[w][0], &e->arena_nbytes[w][1]);
+                            p->max_gather_nbytes, (int64_t)p->max_entries, p->max_dense_count,
+                            (size_t)e->plan.nranks, slack, &e->arena_nbytes[w][0],
+                            &e->arena_nbytes[w][1]);
     }
     arenas_for(e, e->warm_room, &e->mem.send_arena_nbytes, &e->mem.recv_arena_nbytes);
 

@@ -40,14 +40,9 @@ static igrad_status_t cuda_engine_create(const igrad_layout_t *layout,
                   "igrad_engine_create_cuda: device %d outside [0, %d)", device, count);
     err = cudaSetDevice(device);
     if (err != cudaSuccess) return igrad__cuda_fail(err, "igrad_engine_create_cuda: cudaSetDevice");
-    /* The CUDA data plane's select, pack and unpack move F32 values only
-     * (dp.h: a backend that does not round must refuse the others). */
-    IGRAD_FAIL_IF(config && config->size >= sizeof *config &&
-                      config->value_dtype != IGRAD_DTYPE_F32,
-                  IGRAD_E_UNSUPPORTED,
-                  "igrad_engine_create_cuda: config.value_dtype is %s, but the 'cuda' data plane "
-                  "sends F32 values only (use F32)",
-                  igrad_dtype_name(config->value_dtype));
+    /* Every value dtype the config takes (F32, BF16, F16, F8_E4M3): the
+     * CUDA data plane rounds, packs and unpacks them as the CPU one does
+     * (dp_cuda_select.cu, dp_cuda_pack.cu; core/value16.h, value8.h). */
     int hier = config && config->size >= sizeof *config &&
                config->topology == IGRAD_TOPOLOGY_HIER;
     if (hier) /* the two-level engine: its shard engine (whose device state it

@@ -36,9 +36,10 @@ static igrad__cost_t gather_cost(const igrad__route_bucket_t *b, const igrad__ro
     return ab_cost(l, b->P, 1, (igrad__cost_t)b->P * b->s);
 }
 
-static void gather_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
-                         size_t *send, size_t *recv)
+static void gather_arena(int64_t smax, int64_t emax, int64_t dmax, size_t P, int forced,
+                         size_t slack, size_t *send, size_t *recv)
 {
+    (void)emax;
     (void)dmax;
     (void)forced;
     *send = (size_t)smax + slack;
@@ -117,10 +118,11 @@ static igrad__cost_t reduce_cost(const igrad__route_bucket_t *b, const igrad__ro
  * gather's; its α term is twice the gather's, so that implies 8d < P*s,
  * and its 4d bytes fit in the room of the gather it replaces: no room of
  * its own. */
-static void reduce_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
-                         size_t *send, size_t *recv)
+static void reduce_arena(int64_t smax, int64_t emax, int64_t dmax, size_t P, int forced,
+                         size_t slack, size_t *send, size_t *recv)
 {
     (void)smax;
+    (void)emax;
     (void)P;
     *send = 0;
     *recv = forced ? (size_t)dmax * sizeof(float) + slack : 0;
@@ -181,17 +183,19 @@ static igrad__cost_t sar_cost(const igrad__route_bucket_t *b, const igrad__route
     return ab_cost(l, b->P, 4, (igrad__cost_t)b->P * (112 + 8 * kout) + (igrad__cost_t)8 * b->k);
 }
 
-/* The send arena holds its entries, 8 bytes each: at most twice the gather
- * bytes (>= 4 bytes per entry), forced or under auto (where the table's
- * maximum takes it). Nothing in the recv arena: the result and the
- * remainder stay in the bucket slot's workspace (step->sar) until unpack. */
-static void sar_arena(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack,
-                      size_t *send, size_t *recv)
+/* The send arena holds its entries, 8 bytes each (not a multiple of the
+ * gather bytes: an FP8 or 16-bit entry with a compact index takes under 4
+ * of them), forced or under auto (where the table's maximum takes it).
+ * Nothing in the recv arena: the result and the remainder stay in the
+ * bucket slot's workspace (step->sar) until unpack. */
+static void sar_arena(int64_t smax, int64_t emax, int64_t dmax, size_t P, int forced,
+                      size_t slack, size_t *send, size_t *recv)
 {
+    (void)smax;
     (void)dmax;
     (void)P;
     (void)forced;
-    *send = 2 * (size_t)smax + slack;
+    *send = (size_t)emax * sizeof(igrad__sar_entry_t) + slack;
     *recv = 0;
 }
 
@@ -294,7 +298,8 @@ const igrad__route_t *igrad__route_choose(igrad_collective_t collective, int den
 }
 
 void igrad__route_arenas(igrad_collective_t collective, int dense, int sar, int64_t smax,
-                         int64_t dmax, size_t P, size_t slack, size_t *send, size_t *recv)
+                         int64_t emax, int64_t dmax, size_t P, size_t slack, size_t *send,
+                         size_t *recv)
 {
     const igrad__route_t *f = forced_route(collective, dense);
     *send = *recv = 0;
@@ -302,7 +307,7 @@ void igrad__route_arenas(igrad_collective_t collective, int dense, int sar, int6
         if (f && f != &routes[i]) continue;
         if (!f && routes[i].optin && !sar) continue;
         size_t s = 0, r = 0;
-        routes[i].arena(smax, dmax, P, f != NULL, slack, &s, &r);
+        routes[i].arena(smax, emax, dmax, P, f != NULL, slack, &s, &r);
         if (s > *send) *send = s;
         if (r > *recv) *recv = r;
     }

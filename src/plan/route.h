@@ -93,11 +93,11 @@ typedef struct igrad__route {
     igrad__cost_t (*cost)(const igrad__route_bucket_t *b, const igrad__route_link_t *l);
     int optin;
     /* This route's room in the send and recv arenas for the largest step
-     * (largest gather bytes `smax`, dense floats `dmax`, `slack` bytes for
-     * the buckets' 8-byte alignment of an arena it uses), alone when
-     * `forced`, else next to the others under auto. */
-    void (*arena)(int64_t smax, int64_t dmax, size_t P, int forced, size_t slack, size_t *send,
-                  size_t *recv);
+     * (largest gather bytes `smax`, entries `emax`, dense floats `dmax`,
+     * `slack` bytes for the buckets' 8-byte alignment of an arena it
+     * uses), alone when `forced`, else next to the others under auto. */
+    void (*arena)(int64_t smax, int64_t emax, int64_t dmax, size_t P, int forced, size_t slack,
+                  size_t *send, size_t *recv);
     /* Lays bucket bk of step s out at the running arena offsets (its
      * blocks' dense_off are set): block offsets, send/recv bytes for
      * `nranks` ranks and `value_nbytes` per sparse value; advances them. */
@@ -160,6 +160,7 @@ igrad_status_t igrad__route_check_caller(const igrad_config_t *c, int dense, con
  * auto the opt-in ones only with `sar`), the largest room of each arena
  * among them. */
 void igrad__route_arenas(igrad_collective_t collective, int dense, int sar, int64_t smax,
-                         int64_t dmax, size_t P, size_t slack, size_t *send, size_t *recv);
+                         int64_t emax, int64_t dmax, size_t P, size_t slack, size_t *send,
+                         size_t *recv);
 
 #endif /* IGRAD_ROUTE_H */

@@ -7,7 +7,7 @@ self_cuda; a one-rank NCCL process group: TorchCudaComm). Bit for bit
 after every step: gradients and residuals of the CUDA state equal those of
 a CPU state given the same gradients (GradientSynchronizer, and the DDP
 hook with the pre-hook bucket contents recorded; the sparse all-reduce,
-self_cuda and one-rank NCCL); a CUDA state_dict loads
+self_cuda and one-rank NCCL; BF16, F16 and FP8 wire values); a CUDA state_dict loads
 into a CPU state and the reverse, and both continue alike; the memory
 statistics say device >= 4 B per parameter (the residual) and host well
 under 1 B per parameter.
@@ -144,6 +144,23 @@ class TorchCuda(unittest.TestCase):
             if nccl:
                 self.assertIsInstance(sg._group_comm(), igrad.torch.device.TorchCudaComm)
                 dist.destroy_process_group()
+
+    def test_wire_values_same_bits_as_cpu(self):
+        """BF16, F16 and FP8 E4M3 wire values (one process, self_cuda): the
+        CUDA state rounds, packs and unpacks them as the CPU state does."""
+        for vt in ("BF16", "F16", "F8_E4M3"):
+            kw = dict(KW, value_dtype=vt)
+            ref, cpu, gpu = model_on("cpu"), model_on("cpu"), model_on(self.dev)
+            sc, sg = it.IgradState(cpu, **kw), it.IgradState(gpu, **kw)
+            yc = it.GradientSynchronizer(cpu.named_parameters(), sc)
+            yg = it.GradientSynchronizer(gpu.named_parameters(), sg)
+            for step in range(4):
+                step_all(ref, step, [(cpu, yc), (gpu, yg)])
+                self.assert_same([p.grad for p in cpu.parameters()],
+                                 [p.grad for p in gpu.parameters()],
+                                 "%s step %d gradients" % (vt, step))
+            self.assert_same_residuals(sc, sg, "%s after 4 steps" % vt)
+            self.assertEqual(sg.last_stats["payload_nbytes"], sc.last_stats["payload_nbytes"])
 
     def test_host_memory_is_metadata(self):
         """Two 1M-entry tensors: host bytes are the plan's, well under one

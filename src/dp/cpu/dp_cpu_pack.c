@@ -13,7 +13,8 @@
  * selection already rounded them (dp_cpu_select.c), so this is exact; FP8
  * values (value_nbytes 1) are a block's power-of-two scale and its codes
  * (core/value8.h), exact too (the selection rounded each block at the
- * scale its values give). The
+ * scale its values give); the CUDA pack (dp_cuda_pack.cu) writes the same
+ * bytes with the same functions. The
  * dense wire carries F32 whatever the value dtype (formats.md §8).
  * Sparse all-reduce: (dense index, F32 value) entries, the index the one
  * the dense wire would put the value at, the value the staged (rounded)
@@ -28,13 +29,11 @@
 
 #include <string.h>
 
-/* n values as 16-bit codes of dt into o (2 bytes each, any alignment) */
+/* n values as 16-bit codes of dt into o (2 bytes each, any alignment;
+ * core/value8.h's writer, as the CUDA pack) */
 static void put_values16(unsigned char *o, const float *in, int64_t n, igrad_dtype_t dt)
 {
-    for (int64_t k = 0; k < n; k++) {
-        uint16_t h = igrad__to16(dt, in[k]);
-        memcpy(o + 2 * k, &h, 2);
-    }
+    for (int64_t k = 0; k < n; k++) igrad__value_write16(o, k, igrad__to16(dt, in[k]));
 }
 
 /* n indices narrowed to 16 bits into o (each < 2^16: the plan's width) */

@@ -82,8 +82,8 @@ double igrad__dp_cpu_round8(IGRAD__DP_CARGS, size_t t, const uint32_t *idx, floa
     double s2 = 0.0;
     for (int64_t f = 0; f < sp->count; f += blk) {
         int64_t n = sp->count - f < blk ? sp->count - f : blk;
-        int k = igrad__fp8_block_exp(val + f, n);
-        float s = igrad__fp8_pow2(k), inv = igrad__fp8_pow2(-k);
+        float s, inv; /* the block's scale (core/value8.h, as the CUDA select) */
+        igrad__fp8_scales(igrad__fp8_block_amax(val + f, n), &s, &inv);
         for (int64_t j = f; j < f + n; j++) {
             float a = val[j], q = igrad__fp8_round(a, inv, s), d = a - q;
             val[j] = q;

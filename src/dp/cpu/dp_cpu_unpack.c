@@ -31,7 +31,8 @@
 #include <string.h>
 
 /* A block's values area as received: F32, the 16-bit codes of dt (width
- * 2), or FP8 (width 1: the block's scale, then its codes; core/value8.h). */
+ * 2), or FP8 (width 1: the block's scale, then its codes), read with
+ * core/value8.h's functions, as the CUDA unpack reads it. */
 typedef struct val_rd {
     const unsigned char *p; /* value 0 */
     int width;
@@ -43,31 +44,16 @@ typedef struct val_rd {
  * scale is not a positive normal power of two (a peer's bad bytes). */
 static inline int val_start(val_rd_t *v, const unsigned char *p, int width, igrad_dtype_t dt)
 {
-    v->p = p;
     v->width = width;
     v->dt = dt;
-    v->scale = 1.0f;
-    if (width != 1) return 0;
-    int k = igrad__fp8_scale_read(p);
-    if (k == 0x7fffffff) return -1;
-    v->scale = igrad__fp8_pow2(k);
-    v->p = p + IGRAD__FP8_SCALE_NBYTES;
-    return 0;
+    return igrad__value_start(p, width, &v->p, &v->scale);
 }
 
 /* Value k (FP8: NaN for a NaN code, Inf where code times scale overflows;
  * the callers refuse both as non-finite). */
 static inline float read_value(const val_rd_t *v, int64_t k)
 {
-    if (v->width == 4) {
-        float f;
-        memcpy(&f, v->p + 4 * k, 4);
-        return f;
-    }
-    if (v->width == 1) return igrad__fp8_decode(v->p[k]) * v->scale;
-    uint16_t h;
-    memcpy(&h, v->p + 2 * k, 2);
-    return igrad__from16(v->dt, h);
+    return igrad__value_read(v->p, v->width, v->dt, v->scale, k);
 }
 
 static inline uint32_t read_index(const unsigned char *p, int width, int64_t k)
@@ -199,8 +185,8 @@ static int64_t add_entries(float *g, const unsigned char *ip, int iw, const val_
  * checked its values before the step was agreed, and an FP8 sender's
  * codes are never NaN and times its scale never overflow), so its bytes
  * are bad. */
-static igrad_status_t bad_value(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
-                                const igrad__step_block_t *bi, int r, int64_t k, float v)
+igrad_status_t igrad__dp_bad_value(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                   const igrad__step_block_t *bi, int r, int64_t k, float v)
 {
     (void)mem;
     return igrad__fail(IGRAD_E_COMM, __FILE__, __LINE__,
@@ -216,8 +202,8 @@ static igrad_status_t bad_value(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
 }
 
 /* An FP8 block's received scale is not a positive normal power of two. */
-static igrad_status_t bad_scale(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
-                                const igrad__step_block_t *bi, int r, const unsigned char *vp)
+igrad_status_t igrad__dp_bad_scale(IGRAD__DP_CARGS, const igrad__step_bucket_t *bk,
+                                   const igrad__step_block_t *bi, int r, const unsigned char *vp)
 {
     (void)mem;
     uint32_t u;
@@ -261,7 +247,8 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
              * 4-aligned: read through memcpy. */
             const int iw = bi->idx_nbytes;
             val_rd_t vr;
-            if (val_start(&vr, vp, vw, vt)) return bad_scale(plan, step, mem, bk, bi, r, vp);
+            if (val_start(&vr, vp, vw, vt))
+                return igrad__dp_bad_scale(plan, step, mem, bk, bi, r, vp);
             if (bi->idx_code) { /* compact: the decoder checks every index */
                 const igrad_select_spec_t *sp = &tp->spec[step->rel[bi->tensor]][par];
                 idx_iter_t it;
@@ -272,7 +259,8 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
                     if (e) return igrad__dp_bad_code(plan, step, mem, bk, bi, r, iter_run(&it), e);
                     float *gr = bi->row_wise ? g + (bi->row0 + k / sp->per_row) * sp->cols : g;
                     float v = read_value(&vr, k);
-                    if (!isfinite(v)) return bad_value(plan, step, mem, bk, bi, r, k, v);
+                    if (!isfinite(v))
+                        return igrad__dp_bad_value(plan, step, mem, bk, bi, r, k, v);
                     gr[i] += v * inv;
                 }
                 int e = iter_end(&it);
@@ -287,14 +275,15 @@ static igrad_status_t unpack_sparse(IGRAD__DP_ARGS, size_t j, float *const *grad
                     if (k < 0) continue;
                     if (read_index(rip, iw, k) >= (uint32_t)sp->cols)
                         return bad_index(plan, step, mem, bk, bi, r, ip, sp->cols);
-                    return bad_value(plan, step, mem, bk, bi, r, rr * per + k,
+                    return igrad__dp_bad_value(plan, step, mem, bk, bi, r, rr * per + k,
                                      read_value(&vr, rr * per + k));
                 }
             } else {
                 int64_t k = add_entries(g, ip, iw, &vr, 0, bi->count, (uint64_t)tp->n, inv);
                 if (k >= 0 && read_index(ip, iw, k) >= (uint64_t)tp->n)
                     return bad_index(plan, step, mem, bk, bi, r, ip, tp->n);
-                if (k >= 0) return bad_value(plan, step, mem, bk, bi, r, k, read_value(&vr, k));
+                if (k >= 0)
+                    return igrad__dp_bad_value(plan, step, mem, bk, bi, r, k, read_value(&vr, k));
             }
         }
     }

@@ -122,14 +122,14 @@ igrad_status_t igrad__cuda_state_create(IGRAD__DP_ARGS)
     st->ntensors = plan->ntensors;
     st->max_chunks = (size_t)((most + IGRAD__CUDA_CHUNK - 1) / IGRAD__CUDA_CHUNK);
     size_t T = plan->ntensors ? plan->ntensors : 1;
-    st->h_sums = (double *)calloc(T, sizeof *st->h_sums);
+    st->h_sums = (double *)calloc(2 * T, sizeof *st->h_sums);
     if (!st->h_sums) {
         state_free(st);
         return igrad__fail(IGRAD_E_NOMEM, __FILE__, __LINE__,
                            "CUDA data plane: out of memory for its state");
     }
     if (err == cudaSuccess) err = cudaMalloc(&st->d_tnorm, T * sizeof(double));
-    if (err == cudaSuccess) err = cudaMalloc(&st->d_tsumsq, T * sizeof(double));
+    if (err == cudaSuccess) err = cudaMalloc(&st->d_tsumsq, 2 * T * sizeof(double));
     if (err == cudaSuccess) err = cudaMalloc(&st->d_part, IGRAD__CUDA_SUM_BLOCKS * sizeof(double));
     if (err == cudaSuccess) err = cudaMalloc(&st->d_hist, IGRAD__RADIX_BINS_MAX * sizeof(uint32_t));
     if (err == cudaSuccess) err = cudaMalloc(&st->d_radix, 2 * sizeof(uint64_t));

@@ -15,6 +15,7 @@ extern "C" {
 #include "dp/dp.h"
 }
 #include "dp/cuda/dp_cuda_logic.h"
+#include "core/value8.h" /* the wire's values: host-device, as the CPU backend's */
 
 #define IGRAD__CUDA_THREADS 256   /* threads of the streaming kernels */
 #define IGRAD__CUDA_CHUNK 4096    /* entries per block of the flat gather */
@@ -30,6 +31,8 @@ typedef struct igrad__cuda_blk {
     int64_t bound;          /* indices below it: cols (row-wise) or n */
     int64_t per_row, row0, cols; /* row-wise */
     int width;              /* index bytes: 2 or 4 */
+    int vw;                 /* value bytes: 4 F32, 2 (dt's 16-bit codes), 1 FP8 */
+    igrad_dtype_t dt;       /* the value dtype */
     int row_wise;
     int code;               /* compact: each run's code (core/wire_code.h); 0: width */
     int64_t code_k, code_u, code_nbytes; /* compact: entries, range, bytes of a run */
@@ -49,22 +52,23 @@ typedef struct igrad__cuda_state {
     int device;
     size_t ntensors;
     double *d_tnorm;        /* (ntensors) check's sums */
-    double *d_tsumsq;       /* (ntensors) selections' sums */
+    double *d_tsumsq;       /* (2 ntensors) selections' sums, then (16-bit and FP8
+                               values) their rounding errors' */
     double *d_part;         /* (IGRAD__CUDA_SUM_BLOCKS) partial sums */
     uint32_t *d_hist;       /* (IGRAD__RADIX_BINS_MAX) flat radix histogram */
     uint64_t *d_radix;      /* [prefix, rank left] of the flat radix select */
     uint64_t *d_chunks;     /* (2 * max_chunks) greater / tied per chunk, scanned */
     size_t max_chunks;
     unsigned long long *d_first; /* first_bad's index */
-    uint32_t *d_bad;        /* (bad_cap) unpack: first bad entry per (rank, block) */
+    unsigned long long *d_bad; /* (bad_cap) unpack: first bad event per (rank, block) */
     size_t bad_cap;
     igrad__cuda_blk_t *d_blk, *h_blk; /* (blk_cap) a bucket's blocks */
-    uint32_t *h_bad;
+    unsigned long long *h_bad;
     size_t blk_cap;
     igrad__cuda_seg_t *d_seg, *h_seg; /* (seg_cap) a sparse all-reduce bucket's segments */
     double *d_segsum, *h_segsum;      /* (seg_cap) their residual sums */
     size_t seg_cap;
-    double *h_sums;         /* (ntensors) host copy of d_tsumsq */
+    double *h_sums;         /* (2 ntensors) host copy of d_tsumsq */
 } igrad__cuda_state_t;
 
 /* The engine's queue. */

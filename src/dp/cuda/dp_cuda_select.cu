@@ -22,8 +22,13 @@
  *    row one, chunk bases from the scan.
  *  - dense specs (count = n): values = a, residual 0.
  * Nothing is written before every entry has been read: the check stage
- * proved a finite (the engine stops the step otherwise). The per-tensor
- * sums of the selected values come back as one small array. Momentum
+ * proved a finite (the engine stops the step otherwise). With 16-bit or
+ * FP8 wire values (config.value_dtype) each staged value is then rounded
+ * as the CPU backend rounds it (core/value16.h's igrad__round16; FP8 per
+ * block of the step at its power-of-two scale, core/value8.h) and its
+ * rounding error becomes that entry's residual. The per-tensor sums of the
+ * selected values (and of the rounding errors) come back as one small
+ * array. Momentum
  * (DGC's correction and factor masking) runs as elementwise
  * kernels around the selection, in select.c's order.
  */
@@ -291,6 +296,91 @@ struct val_of {
     __device__ float operator()(int64_t i) const { return v[i]; }
 };
 
+/* ---- 16-bit and FP8 wire values: the staged values rounded, the
+ * rounding errors into the residual (select.c's keep_entry, dp_cpu_select.c's
+ * igrad__dp_cpu_round8), with core/value16.h's and value8.h's functions ---- */
+
+/* Where staged entry j of a selection lies in its tensor (dp_cpu.h's
+ * igrad__dp_cpu_sel_pos). */
+struct sel_at {
+    const uint32_t *idx;
+    int all, row_wise; /* all: the dense spec (count = n) */
+    int64_t per_row, cols;
+    __device__ int64_t operator()(int64_t j) const
+    {
+        return all ? j : row_wise ? j / per_row * cols + (int64_t)idx[j] : (int64_t)idx[j];
+    }
+};
+
+/* Entry j's residual (after the rounding: its rounding error). */
+struct resid_of {
+    const float *r;
+    sel_at at;
+    __device__ float operator()(int64_t j) const { return r[at(j)]; }
+};
+
+/* 16-bit: v becomes q = igrad__round16(dt, v), its residual v - q. */
+__global__ void round16_kernel(float *val, float *r, sel_at at, int64_t count, igrad_dtype_t dt)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < count; j += stride) {
+        float v = val[j], q = igrad__round16(dt, v);
+        val[j] = q;
+        r[at(j)] = v - q;
+    }
+}
+
+/* FP8: thread block b rounds the step's block b (staged entries [b*blk,
+ * +blk)) at the scale of its largest magnitude (a max: any order gives
+ * the CPU's), each v to q = igrad__fp8_round(v), its residual v - q. */
+__global__ void round8_kernel(float *val, float *r, sel_at at, int64_t count, int64_t blk)
+{
+    __shared__ unsigned int s_key;
+    int64_t f = (int64_t)blockIdx.x * blk, n = count - f < blk ? count - f : blk;
+    float *v = val + f;
+    if (threadIdx.x == 0) s_key = 0;
+    __syncthreads();
+    unsigned int key = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        uint32_t kj = igrad__key(v[j]);
+        key = kj > key ? kj : key;
+    }
+    atomicMax(&s_key, key);
+    __syncthreads();
+    float sc, inv;
+    igrad__fp8_scales(igrad__f32_from_bits(s_key), &sc, &inv);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        float a = v[j], q = igrad__fp8_round(a, inv, sc);
+        v[j] = q;
+        r[at(f + j)] = a - q;
+    }
+}
+
+/* Tensor t's staged values (selection sp at idx/val, residual r)
+ * rounded for the wire's value dtype, and the sum of the squared errors
+ * into *rsum (fixed order). */
+void round_values(const igrad__plan_t *plan, const igrad__step_t *step, size_t t,
+                  const igrad_select_spec_t *sp, const uint32_t *idx, float *val, float *r,
+                  double *part, double *rsum, cudaStream_t s)
+{
+    const igrad__plan_tensor_t *tp = &plan->t[t];
+    sel_at at = {idx, sp->count == sp->n, sp->row_wise, sp->per_row, sp->cols};
+    if (sp->count == 0) {
+        /* nothing to round; the sum below is 0 */
+    } else if (plan->value_nbytes == 1) {
+        int par = igrad__plan_parity(plan, step->cur_step);
+        int64_t blk = tp->blk_entries[step->rel[t]][par];
+        if (blk <= 0) blk = sp->count;
+        int64_t nblk = (sp->count + blk - 1) / blk;
+        round8_kernel<<<(unsigned)nblk, IGRAD__CUDA_THREADS, 0, s>>>(val, r, at, sp->count, blk);
+    } else {
+        round16_kernel<<<igrad__cuda_grid(sp->count), IGRAD__CUDA_THREADS, 0, s>>>(
+            val, r, at, sp->count, plan->kargs.value_dtype);
+    }
+    resid_of f = {r, at};
+    igrad__cuda_sum_launch(f, sp->count, part, rsum, s);
+}
+
 /* Selection of one sent tensor into idx/val, from x (g, or u with
  * momentum) and r; x zeroed with zero_x. */
 void select_one(igrad__cuda_state_t *st, float *x, float *r, const igrad_select_spec_t *sp,
@@ -337,6 +427,8 @@ void igrad__dp_cuda_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
     int drop = plan->kargs.residual_drop;
     float m = plan->kargs.momentum;
     int par = igrad__plan_parity(plan, step->cur_step);
+    const size_t nt = plan->ntensors;
+    const int rounds = plan->kargs.value_dtype != IGRAD_DTYPE_F32;
     for (size_t t = 0; t < plan->ntensors; t++) {
         igrad__plan_tensor_t *tp = &plan->t[t];
         float *g = grads[t], *r = mem->residual[t], *u = mem->velocity[t];
@@ -359,6 +451,9 @@ void igrad__dp_cuda_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
             }
             val_of f = {val};
             igrad__cuda_sum_launch(f, sp->count, st->d_part, st->d_tsumsq + t, s);
+            if (rounds) /* after the sum: sumsq is the unrounded values' */
+                round_values(plan, step, t, sp, idx, val, r, st->d_part, st->d_tsumsq + nt + t,
+                             s);
         } else if (!drop && !u) {
             accumulate_kernel<<<grid, T, 0, s>>>(g, r, n, zero);
         } else if (!drop) {
@@ -374,7 +469,7 @@ void igrad__dp_cuda_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
     double *sums = st->h_sums;
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess)
-        err = cudaMemcpyAsync(sums, st->d_tsumsq, plan->ntensors * sizeof(double),
+        err = cudaMemcpyAsync(sums, st->d_tsumsq, (rounds ? 2 : 1) * nt * sizeof(double),
                               cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);
     if (err != cudaSuccess) igrad__cuda_fail(err, "CUDA selection");
@@ -386,8 +481,10 @@ void igrad__dp_cuda_select_into(IGRAD__DP_ARGS, float *const *grads, int zero)
             step->tstatus[t] = step->sent[t] ? IGRAD_E_STATE : IGRAD_OK;
         } else if (step->sent[t]) {
             step->tsumsq[t] = sumsq;
-            /* the residual is a with the selected entries zeroed */
-            step->tnorm[t] = a2 - sumsq > 0.0 ? a2 - sumsq : 0.0;
+            /* the residual is a with the selected entries zeroed (plus their
+             * rounding errors) */
+            double kept = a2 - sumsq > 0.0 ? a2 - sumsq : 0.0;
+            step->tnorm[t] = kept + (rounds ? sums[nt + t] : 0.0);
         } else if (drop) {
             step->tdropped[t] = a2;
             step->tnorm[t] = 0.0;
