@@ -223,12 +223,17 @@ static double sar_wire(const igrad__step_bucket_t *bk, double P)
     return (P - 1.0) * (8.0 + 40.0 + 64.0 + 8.0 * kout) + 8.0 * k * (P - 1.0) / P;
 }
 
-/* Blocking: the module runs its exchanges here and the request is done. */
+/* Blocking: the module runs its exchanges here and the request is done.
+ * Balanced split points (decision 0060): each bucket slot's workspace
+ * carries the points its last call derived to its next call over the
+ * same index space and ranks (equal ranges otherwise), the same on every
+ * rank; the engine's saved state keeps them (engine_state.c). */
 static igrad_status_t sar_issue(const igrad__route_io_t *io, igrad__step_t *s, size_t j,
                                 igrad_comm_request_t **req)
 {
     igrad__step_bucket_t *bk = &s->bk[j];
     igrad__sar_t *w = &s->sar[j];
+    w->balanced = 1;
     const igrad__sar_entry_t *in =
         (const igrad__sar_entry_t *)(const void *)(io->send_arena + bk->send_off);
     IGRAD_CHECK(igrad__sar_allreduce_on(w, io->sar_ops, io->stream, io->comm,
