@@ -87,9 +87,11 @@ typedef struct reference {
     int64_t dense_count; /* the bucket's index space */
     int64_t busiest, received; /* the busiest owner's entries, all owners' */
     int balanced_steps;        /* steps on split points other than equal ranges */
-    /* the split points kept per index space: [MEMO] space (0: none),
-     * when stored, np + 1 points */
+    /* the split points kept per index space: [MEMO] space (its size, 0:
+     * none; the set of sent tensors, which here lie in it whole in
+     * readiness order), when stored, np + 1 points */
     int64_t memo_d[MEMO];
+    uint64_t memo_set[MEMO];
     uint64_t memo_stamp[MEMO], stores;
     int64_t *memo_pts[MEMO];
 } reference_t;
@@ -236,8 +238,10 @@ static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t 
     REQUIRE(pts && eq && hist);
     equal_points(D, eq);
     memcpy(pts, eq, (size_t)(np + 1) * sizeof *pts);
+    uint64_t set = 1469598103934665603ULL; /* a hash of the sent tensors */
+    for (size_t t = 0; t < T; t++) set = (set ^ (sent[t] ? t + 1 : 0)) * 1099511628211ULL;
     for (int i = 0; i < MEMO; i++)
-        if (R->memo_d[i] == D && D > 0) {
+        if (R->memo_d[i] == D && R->memo_set[i] == set && D > 0) {
             memcpy(pts, R->memo_pts[i], (size_t)(np + 1) * sizeof *pts);
             R->memo_d[i] = 0;
         }
@@ -284,6 +288,7 @@ static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t 
         REQUIRE(R->memo_pts[at]);
         next_points(pts, hist, R->memo_pts[at]);
         R->memo_d[at] = D;
+        R->memo_set[at] = set;
         R->memo_stamp[at] = ++R->stores;
     }
     free(pts);

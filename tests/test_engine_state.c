@@ -342,8 +342,8 @@ static void test_truncated_and_trailing(void **state)
 }
 
 /* collective sparse_reduce on the self comm (P = 1): the section holds
- * one entry per index space the bucket slots ran (D, its stamp, the
- * points 0 and D); it loads, and points out of order are refused. */
+ * one entry per index space the bucket slots ran (D, its key, its stamp,
+ * the points 0 and D); it loads, and points out of order are refused. */
 static void test_sparse_reduce_split_points(void **state)
 {
     fixture_t *f = *state;
@@ -361,8 +361,8 @@ static void test_sparse_reduce_split_points(void **state)
     assert_non_null(p);
     size_t n = fread(p, 1, 1 << 16, fp);
     fclose(fp);
-    /* the section: S, then S x 8 entries of 16 + 8 (P + 1) bytes */
-    size_t entry = 16 + 8 * 2, sec = 0, S = 0;
+    /* the section: S, then S x 8 entries of 24 + 8 (P + 1) bytes */
+    size_t entry = 24 + 8 * 2, sec = 0, S = 0;
     for (S = 1; S < 64; S++) {
         sec = 8 + S * 8 * entry;
         if (sec + 8 <= n && get_le64(p + n - 8 - sec) == S) break;
@@ -370,9 +370,9 @@ static void test_sparse_reduce_split_points(void **state)
     assert_true(S < 64);
     const unsigned char *e0 = p + n - 8 - sec + 8;
     uint64_t D = get_le64(e0);
-    assert_true(D > 0 && get_le64(e0 + 8) > 0);            /* stored at a stamp */
-    assert_int_equal(get_le64(e0 + 16), 0);                  /* 0 */
-    assert_int_equal(get_le64(e0 + 24), D);                  /* D */
+    assert_true(D > 0 && get_le64(e0 + 16) > 0);           /* stored at a stamp */
+    assert_int_equal(get_le64(e0 + 24), 0);                  /* 0 */
+    assert_int_equal(get_le64(e0 + 32), D);                  /* D */
     igrad_engine_t *b = NULL;
     assert_ok(igrad_engine_create(f->layout, NULL, &c, f->comm, &b));
     assert_ok(igrad_engine_load_state(b, f->path));
@@ -382,7 +382,7 @@ static void test_sparse_reduce_split_points(void **state)
     residuals_of(a, ra);
     residuals_of(b, rb);
     assert_memory_equal(ra, rb, sizeof ra);
-    put_le64(p + (size_t)(e0 - p) + 24, D + 1); /* the last point past D */
+    put_le64(p + (size_t)(e0 - p) + 32, D + 1); /* the last point past D */
     fix_checksum(p, n);
     write_file(f->path, p, n);
     assert_int_equal(igrad_engine_load_state(b, f->path), IGRAD_E_FORMAT);

@@ -141,12 +141,12 @@ static uint64_t *memo_points(uint64_t *bounds, int P, int i)
     return bounds + 2 * (Pz + 1) + Pz * IGRAD__SAR_HIST / 2 + (size_t)i * (Pz + 1);
 }
 
-/* The entry kept for dense_count over P ranks, or -1. */
+/* The entry kept for dense_count and w->space_key over P ranks, or -1. */
 static int memo_find(const igrad__sar_t *w, int P, uint64_t dense_count)
 {
     if (!w->next_valid || w->next_ranks != P || dense_count == 0) return -1;
     for (int i = 0; i < IGRAD__SAR_MEMO; i++)
-        if (w->memo_dense_count[i] == dense_count) return i;
+        if (w->memo_dense_count[i] == dense_count && w->memo_key[i] == w->space_key) return i;
     return -1;
 }
 
@@ -172,17 +172,19 @@ static void memo_store(igrad__sar_t *w, int P, uint64_t dense_count, const uint6
     uint64_t *bounds = w->buf[IGRAD__SAR_WS_BOUNDS];
     memmove(memo_points(bounds, P, at), points, ((size_t)P + 1) * sizeof *points);
     w->memo_dense_count[at] = dense_count;
+    w->memo_key[at] = w->space_key;
     w->memo_stamp[at] = ++w->stores;
 }
 
 const uint64_t *igrad__sar_memo_get(const igrad__sar_t *w, int P, int i, uint64_t *dense_count,
-                                    uint64_t *stamp)
+                                    uint64_t *key, uint64_t *stamp)
 {
-    *dense_count = *stamp = 0;
+    *dense_count = *key = *stamp = 0;
     if (!w || !w->balanced || !w->next_valid || w->next_ranks != P || P < 1 || i < 0 ||
         i >= IGRAD__SAR_MEMO || w->memo_dense_count[i] == 0)
         return NULL;
     *dense_count = w->memo_dense_count[i];
+    *key = w->memo_key[i];
     *stamp = w->memo_stamp[i];
     return memo_points(w->buf[IGRAD__SAR_WS_BOUNDS], P, i);
 }
@@ -194,8 +196,8 @@ igrad_status_t igrad__sar_reserve_points(igrad__sar_t *w, int P)
     return IGRAD_OK;
 }
 
-void igrad__sar_memo_set(igrad__sar_t *w, int P, int i, uint64_t dense_count, uint64_t stamp,
-                         const void *points)
+void igrad__sar_memo_set(igrad__sar_t *w, int P, int i, uint64_t dense_count, uint64_t key,
+                         uint64_t stamp, const void *points)
 {
     uint64_t *bounds = bounds_slot(w, P); /* reserved: cannot fail */
     if (!bounds) {
@@ -209,6 +211,7 @@ void igrad__sar_memo_set(igrad__sar_t *w, int P, int i, uint64_t dense_count, ui
     }
     if (points) w->balanced = 1; /* kept points are a balanced caller's */
     w->memo_dense_count[i] = points ? dense_count : 0;
+    w->memo_key[i] = points ? key : 0;
     w->memo_stamp[i] = points ? stamp : 0;
     if (points) memcpy(memo_points(bounds, P, i), points, ((size_t)P + 1) * sizeof *bounds);
     if (stamp > w->stores) w->stores = stamp;

@@ -157,15 +157,22 @@ typedef struct igrad__sar {
                                      ranges, the algorithm before issue 28) */
     int resplit;                  /* the last call did phase 1 twice: the ranks'
                                      split points differed, equal ranges then */
+    uint64_t space_key;           /* set by the caller: names the index space
+                                     (with the dense_count) that the kept split
+                                     points are for, e.g. a hash of which
+                                     tensors lie where in it (0: the
+                                     dense_count alone) */
     int next_valid;               /* split points are kept for next_ranks
                                      ranks (memo_*; 0: equal ranges next) */
     int next_ranks;
     /* the split points kept for the next calls, one entry per index space
      * (a bucket slot of the engine alternates between the index spaces of
-     * its steps' tensor sets): the entry's dense_count (0: empty) and when
+     * its steps' tensor sets): the entry's dense_count (0: empty), its
+     * space_key and when
      * it was stored (a count of stores; a full table replaces its least
      * recently stored entry); the points in the WS_BOUNDS slot */
     uint64_t memo_dense_count[IGRAD__SAR_MEMO];
+    uint64_t memo_key[IGRAD__SAR_MEMO];
     uint64_t memo_stamp[IGRAD__SAR_MEMO];
     uint64_t stores;
     const struct igrad__sar_ops *ops; /* the backend holding the workspace */
@@ -351,12 +358,12 @@ void igrad__sar_next_bounds(const uint64_t *bounds, int P, const uint32_t *hist,
 
 /* Entry i (< IGRAD__SAR_MEMO) of the balanced split points w keeps for
  * its next calls: P + 1 points (host memory, valid until the next call)
- * for an index space of *dense_count, stored at *stamp; NULL (*dense_count
- * = *stamp = 0) when the entry is empty, w is not balanced, or it keeps
+ * for an index space of *dense_count and *key (space_key), stored at
+ * *stamp; NULL (*dense_count = *key = *stamp = 0) when the entry is empty, w is not balanced, or it keeps
  * none for P ranks. A caller that saves its state keeps all of them, so
  * that a resumed run splits as the uninterrupted one would. */
 const uint64_t *igrad__sar_memo_get(const igrad__sar_t *w, int P, int i, uint64_t *dense_count,
-                                    uint64_t *stamp);
+                                    uint64_t *key, uint64_t *stamp);
 /* Room for P ranks' split points in w (the only allocation of
  * igrad__sar_memo_set): IGRAD_E_NOMEM, or IGRAD_OK. */
 igrad_status_t igrad__sar_reserve_points(igrad__sar_t *w, int P);
@@ -365,8 +372,8 @@ igrad_status_t igrad__sar_reserve_points(igrad__sar_t *w, int P);
  * another P. After igrad__sar_reserve_points(w, P) it cannot fail; the
  * points are taken as they are (the caller checks them: 0 first,
  * dense_count last, non-decreasing). */
-void igrad__sar_memo_set(igrad__sar_t *w, int P, int i, uint64_t dense_count, uint64_t stamp,
-                         const void *points);
+void igrad__sar_memo_set(igrad__sar_t *w, int P, int i, uint64_t dense_count, uint64_t key,
+                         uint64_t stamp, const void *points);
 
 /* Frees the workspace; w is zeroed (ready for reuse). NULL is a no-op. */
 void igrad__sar_clear(igrad__sar_t *w);

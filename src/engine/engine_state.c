@@ -152,8 +152,9 @@ static void put_reprofile(writer_t *w, const igrad_engine_t *e)
 /* The sparse all-reduce's section, the last before the checksum: the
  * bucket slots S (0 without the sparse all-reduce), then per slot the
  * IGRAD__SAR_MEMO entries of split points it keeps for its next calls:
- * the index space (0: empty), when the entry was stored, the P + 1 points
- * (zeros when empty). A balanced split point depends on the previous step
+ * the index space (its size, 0: empty; its key, route.c's hash of the
+ * bucket's segments), when the entry was stored, the P + 1 points (zeros
+ * when empty). A balanced split point depends on the previous step
  * over the same index space (decision 0060): without them a resumed run
  * would split on equal ranges where the uninterrupted one does not. */
 static uint64_t sar_slots(const igrad_engine_t *e)
@@ -163,7 +164,7 @@ static uint64_t sar_slots(const igrad_engine_t *e)
 
 static uint64_t sar_entry_nbytes(const igrad_engine_t *e)
 {
-    return 16 + 8 * ((uint64_t)e->plan.nranks + 1);
+    return 24 + 8 * ((uint64_t)e->plan.nranks + 1);
 }
 
 static uint64_t sar_nbytes(const igrad_engine_t *e)
@@ -178,9 +179,10 @@ static void put_sar(writer_t *w, const igrad_engine_t *e)
     put_u64(w, S);
     for (uint64_t j = 0; j < S; j++)
         for (int i = 0; i < IGRAD__SAR_MEMO; i++) {
-            uint64_t D = 0, stamp = 0;
-            const uint64_t *pts = igrad__sar_memo_get(&e->step.sar[j], P, i, &D, &stamp);
+            uint64_t D = 0, key = 0, stamp = 0;
+            const uint64_t *pts = igrad__sar_memo_get(&e->step.sar[j], P, i, &D, &key, &stamp);
             put_u64(w, D);
+            put_u64(w, key);
             put_u64(w, stamp);
             for (int r = 0; r <= P; r++) put_u64(w, pts ? pts[r] : 0);
         }
@@ -519,15 +521,15 @@ static igrad_status_t check_sar(const igrad_engine_t *e, const unsigned char *p,
     for (uint64_t j = 0; j < S; j++)
         for (uint64_t i = 0; i < IGRAD__SAR_MEMO; i++) {
             const unsigned char *q = p + 8 + (j * IGRAD__SAR_MEMO + i) * E;
-            uint64_t D = rd64(q), stamp = rd64(q + 8);
-            int ok = D <= (UINT64_C(1) << 32) && (D == 0) == (stamp == 0);
+            uint64_t D = rd64(q), key = rd64(q + 8), stamp = rd64(q + 16);
+            int ok = D <= (UINT64_C(1) << 32) && (D == 0) == (stamp == 0) && (D || !key);
             for (uint64_t r = 0; r <= P && ok; r++) {
-                uint64_t x = rd64(q + 16 + 8 * r);
+                uint64_t x = rd64(q + 24 + 8 * r);
                 ok = D == 0 ? x == 0
-                            : (r == 0 ? x == 0 : x >= rd64(q + 8 + 8 * r)) && (r < P || x == D);
+                            : (r == 0 ? x == 0 : x >= rd64(q + 16 + 8 * r)) && (r < P || x == D);
             }
             for (uint64_t i2 = 0; i2 < i && ok && stamp; i2++)
-                ok = rd64(p + 8 + (j * IGRAD__SAR_MEMO + i2) * E + 8) != stamp;
+                ok = rd64(p + 8 + (j * IGRAD__SAR_MEMO + i2) * E + 16) != stamp;
             IGRAD_FAIL_IF(!ok, IGRAD_E_FORMAT,
                           "%s: the sparse all-reduce's split points of bucket slot %llu, entry "
                           "%llu, are not ordered points of [0, %llu] stored once: corrupt "
@@ -564,8 +566,8 @@ static void apply_sar(igrad_engine_t *e, const unsigned char *p)
         for (uint64_t i = 0; i < IGRAD__SAR_MEMO; i++) {
             const unsigned char *q = p + 8 + (j * IGRAD__SAR_MEMO + i) * E;
             uint64_t D = rd64(q);
-            igrad__sar_memo_set(&e->step.sar[j], (int)P, (int)i, D, rd64(q + 8),
-                                D ? q + 16 : NULL);
+            igrad__sar_memo_set(&e->step.sar[j], (int)P, (int)i, D, rd64(q + 8), rd64(q + 16),
+                                D ? q + 24 : NULL);
         }
     }
 }
