@@ -1604,6 +1604,18 @@ typedef struct igrad_step_stats {
      * joined, without the wait for ranks still selecting (`igrad bench
      * sync`'s comm_window_ms). */
     double comm_window_ms[6];
+    /* Appended after comm_window_ms: the owners' load in the step's
+     * sparse all-reduce buckets (0 without any; from the headers every
+     * rank receives, so the same on every rank). */
+    int64_t sar_busiest_entries; /**< Σ over the buckets of the busiest
+                                    owner's entries received in its split
+                                    (its own included) */
+    int64_t sar_entries;         /**< Σ over the buckets of every owner's
+                                    (P x the entries each rank sent) */
+    double sar_busiest_over_mean; /**< sar_busiest_entries over the mean,
+                                    sar_entries / P: 1 when every owner
+                                    received as much; each bucket waits for
+                                    its busiest owner */
 } igrad_step_stats_t;
 
 /** First half of a step: agrees with the other ranks that every gradient

@@ -9,16 +9,23 @@
  *    its reference residual, the selections laid out in the bucket's dense
  *    index space (sent tensors in readiness order, each over its whole
  *    range), summed per index in rank order, per index range of the P
- *    equal ranges the top ceil(k/P) by |sum| (a sort; ties: the lower
- *    index) times 1/P into the gradients, the rest into the range owner's
+ *    ranges the top ceil(k/P) by |sum| (a sort; ties: the lower index)
+ *    times 1/P into the gradients, the rest into the range owner's
  *    residual; bit for bit (the gradients are multiples of 2^-10, so every
- *    sum is exact). The statistics: the bucket counted as a sparse
- *    all-reduce, payload 8 bytes per entry, wire bytes what this rank's
- *    exchanges moved (from the reference's split);
+ *    sum is exact). The ranges: equal on the first step over an index
+ *    space, then balanced split points (decision 0060) that the reference
+ *    derives itself from the counts of what each owner received, per
+ *    eighth of its range, in the last step over the same index space
+ *    (kept per index space as the engine does); the test requires that
+ *    some step ran on points other than equal ranges. The statistics: the
+ *    bucket counted as a sparse all-reduce, payload 8 bytes per entry,
+ *    wire bytes what this rank's exchanges moved (from the reference's
+ *    split), the busiest owner's entries and all owners';
  *  - three buckets: the same on every rank, and conservation over all
  *    ranks, Σ_r residual_r + P·Σ_steps applied = Σ_r Σ_steps g_r, exact;
  *  - resume: state saved after step 3 and loaded into a new engine gives
- *    the same gradients and residuals from step 4 on, bit for bit;
+ *    the same gradients and residuals from step 4 on, bit for bit (the
+ *    split points travel in the state file);
  *  - refusals: begin and open name the collective (the engine still runs
  *    after them); a comm without alltoallv fails create on every rank;
  *  - topology hier with sparse_reduce runs, the same on every rank, with
@@ -69,12 +76,24 @@ static igrad_engine_t *create(const mpi_model_t *m, const igrad_config_t *c, igr
 
 /* ---- the reference ------------------------------------------------------ */
 
+#define HIST 8 /* parts of an owner's range counted (IGRAD__SAR_HIST) */
+#define MEMO 8 /* index spaces whose points are kept (IGRAD__SAR_MEMO) */
+
 typedef struct reference {
     float ***e;      /* [P][T][n] every rank's residual */
     float **out;     /* [T][n] the averaged result */
     int64_t wire;    /* this rank's bytes in the step's exchanges */
     int64_t entries; /* k: entries per rank */
     int64_t dense_count; /* the bucket's index space */
+    int64_t busiest, received; /* the busiest owner's entries, all owners' */
+    int balanced_steps;        /* steps on split points other than equal ranges */
+    /* the split points kept per index space: [MEMO] space (its size, 0:
+     * none; the set of sent tensors, which here lie in it whole in
+     * readiness order), when stored, np + 1 points */
+    int64_t memo_d[MEMO];
+    uint64_t memo_set[MEMO];
+    uint64_t memo_stamp[MEMO], stores;
+    int64_t *memo_pts[MEMO];
 } reference_t;
 
 typedef struct cand {
@@ -90,11 +109,62 @@ static int by_magnitude(const void *pa, const void *pb)
     return (a->index > b->index) - (a->index < b->index);
 }
 
-/* The index range [lo, hi) rank r owns in a space of D (sparse_allreduce.h). */
-static void range_of(int64_t D, int r, int64_t *lo, int64_t *hi)
+/* The reference's gradients: mpi_value_2p10 times 8 in the first eighth
+ * of each tensor, so that the selection crowds into those parts of the
+ * bucket's index space and the split points move (still multiples of
+ * 2^-10, every sum exact). */
+static float skewed(int r, int64_t step, size_t t, int64_t i, int64_t n)
 {
-    *lo = (int64_t)((uint64_t)D * (uint64_t)r / (uint64_t)np);
-    *hi = (int64_t)((uint64_t)D * (uint64_t)(r + 1) / (uint64_t)np);
+    return mpi_value_2p10(r, step, t, i) * (i < n / 8 ? 8.0f : 1.0f);
+}
+
+static void skewed_fill(const mpi_model_t *m, float **g, int r, int64_t step)
+{
+    for (size_t t = 0; t < m->T; t++)
+        for (int64_t i = 0; i < m->n[t]; i++) g[t][i] = skewed(r, step, t, i, m->n[t]);
+}
+
+/* The P + 1 equal split points of a space of D (sparse_allreduce.h). */
+static void equal_points(int64_t D, int64_t *pts)
+{
+    for (int r = 0; r <= np; r++) pts[r] = (int64_t)((uint64_t)D * (uint64_t)r / (uint64_t)np);
+}
+
+/* The next split points from this step's and the owners' counts per part
+ * (decision 0060): unchanged while the busiest owner is within 1.05 x the
+ * mean; else split point s where the cumulative count reaches
+ * floor(N s / P), read linearly inside the part that holds it. */
+static void next_points(const int64_t *pts, const int64_t *hist, int64_t *next)
+{
+    int64_t N = 0, most = 0;
+    for (int r = 0; r < np; r++) {
+        int64_t got = 0;
+        for (int j = 0; j < HIST; j++) got += hist[r * HIST + j];
+        N += got;
+        most = got > most ? got : most;
+    }
+    memcpy(next, pts, (size_t)(np + 1) * sizeof *next);
+    int64_t mean = N / np;
+    if (N == 0 || np < 2 || (most - mean) * 20 <= mean) return;
+    int64_t before = 0;
+    int s = 1;
+    for (int r = 0; r < np && s < np; r++) {
+        int64_t lo = pts[r], hi = pts[r + 1];
+        for (int j = 0; j < HIST && s < np; j++) {
+            int64_t c = hist[r * HIST + j];
+            if (c == 0) continue;
+            int64_t a = lo + ((hi - lo) * j + HIST - 1) / HIST;
+            int64_t b = lo + ((hi - lo) * (j + 1) + HIST - 1) / HIST;
+            for (;;) {
+                int64_t target = N / np * s + N % np * s / np; /* floor(N s / P) */
+                if (s >= np || target > before + c) break;
+                next[s++] = a + (b - a) * (target - before) / c;
+            }
+            before += c;
+        }
+    }
+    for (int t = 1; t < np; t++)
+        if (next[t] < next[t - 1]) next[t] = next[t - 1];
 }
 
 /* One step over one bucket holding every sent tensor (flat selections). */
@@ -135,7 +205,7 @@ static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t 
     for (int r = 0; r < np; r++) {
         int64_t k = 0;
         for (size_t t = 0; t < T; t++) {
-            for (int64_t i = 0; i < m->n[t]; i++) g[i] = mpi_value_2p10(r, step, t, i);
+            for (int64_t i = 0; i < m->n[t]; i++) g[i] = skewed(r, step, t, i, m->n[t]);
             if (!sent[t]) {
                 for (int64_t i = 0; i < m->n[t]; i++) R->e[r][t][i] += g[i];
                 continue;
@@ -150,7 +220,7 @@ static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t 
             for (int64_t j = 0; j < sel.count; j++) {
                 int64_t x = off[t] + idx[j];
                 sum[x] += val[j]; /* in rank order, from 0 (exact here anyway) */
-                hit[x] = 1;
+                hit[x]++;           /* ranks that sent x (< 256 here) */
                 if (r == me) mine[nmine++] = x;
             }
             k += sel.count;
@@ -162,14 +232,34 @@ static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t 
     const int64_t kout = (R->entries + np - 1) / np;
     const float inv = 1.0f / (float)np;
     for (size_t t = 0; t < T; t++) memset(R->out[t], 0, (size_t)m->n[t] * sizeof(float));
+    /* the split points: those kept for this index space (taken out), or equal */
+    int64_t *pts = calloc((size_t)np + 1, sizeof *pts), *eq = calloc((size_t)np + 1, sizeof *eq);
+    int64_t *hist = calloc((size_t)np * HIST, sizeof *hist);
+    REQUIRE(pts && eq && hist);
+    equal_points(D, eq);
+    memcpy(pts, eq, (size_t)(np + 1) * sizeof *pts);
+    uint64_t set = 1469598103934665603ULL; /* a hash of the sent tensors */
+    for (size_t t = 0; t < T; t++) set = (set ^ (sent[t] ? t + 1 : 0)) * 1099511628211ULL;
+    for (int i = 0; i < MEMO; i++)
+        if (R->memo_d[i] == D && R->memo_set[i] == set && D > 0) {
+            memcpy(pts, R->memo_pts[i], (size_t)(np + 1) * sizeof *pts);
+            R->memo_d[i] = 0;
+        }
+    R->balanced_steps += memcmp(pts, eq, (size_t)(np + 1) * sizeof *pts) != 0;
     /* wire: the counts and this rank's entries to every other owner, the
      * status records, the others' reduced blocks */
     R->wire = (int64_t)(np - 1) * (8 + 40 + 64 + 8 * kout);
+    R->busiest = R->received = 0;
     for (int r = 0; r < np; r++) {
-        int64_t lo, hi;
-        range_of(D, r, &lo, &hi);
+        int64_t lo = pts[r], hi = pts[r + 1], got = 0;
         if (r != me)
             for (int64_t q = 0; q < nmine; q++) R->wire += mine[q] >= lo && mine[q] < hi ? 8 : 0;
+        for (int64_t x = lo; x < hi; x++) {
+            got += hit[x];
+            if (hit[x]) hist[r * HIST + (x - lo) * HIST / (hi - lo)] += hit[x];
+        }
+        R->busiest = got > R->busiest ? got : R->busiest;
+        R->received += got;
         size_t nc = 0;
         for (int64_t x = lo; x < hi; x++)
             if (hit[x]) cand[nc++] = (cand_t){(uint32_t)x, sum[x]};
@@ -183,6 +273,27 @@ static void ref_step(reference_t *R, const mpi_model_t *m, const igrad_engine_t 
         }
     }
     R->dense_count = D;
+    /* keep the next points for this space: its entry, an empty one, or
+     * the least recently stored */
+    int at = -1;
+    for (int i = 0; i < MEMO && at < 0; i++)
+        if (R->memo_d[i] == 0) at = i;
+    if (at < 0) {
+        at = 0;
+        for (int i = 1; i < MEMO; i++)
+            if (R->memo_stamp[i] < R->memo_stamp[at]) at = i;
+    }
+    if (D > 0) {
+        if (!R->memo_pts[at]) R->memo_pts[at] = calloc((size_t)np + 1, sizeof(int64_t));
+        REQUIRE(R->memo_pts[at]);
+        next_points(pts, hist, R->memo_pts[at]);
+        R->memo_d[at] = D;
+        R->memo_set[at] = set;
+        R->memo_stamp[at] = ++R->stores;
+    }
+    free(pts);
+    free(eq);
+    free(hist);
     free(cand);
     free(sum);
     free(hit);
@@ -201,8 +312,9 @@ static int same_floats(const float *a, const float *b, int64_t n)
     return memcmp(a, b, (size_t)n * sizeof(float)) == 0;
 }
 
-/* The reference, B = 1: gradients, residuals and statistics per step. */
-static void against_reference(const mpi_model_t *m, igrad_method_t method, igrad_comm_t *comm)
+/* The reference, B = 1: gradients, residuals and statistics per step;
+ * returns the steps on balanced split points. */
+static int against_reference(const mpi_model_t *m, igrad_method_t method, igrad_comm_t *comm)
 {
     igrad_config_t c = config_of(method, 1);
     igrad_engine_t *e = create(m, &c, comm);
@@ -215,7 +327,7 @@ static void against_reference(const mpi_model_t *m, igrad_method_t method, igrad
     const char *name = igrad_method_name(method);
     int remainders = 0; /* steps where some owner kept a remainder */
     for (int64_t step = 0; step < STEPS; step++) {
-        mpi_grads_fill(m, g, me, step);
+        skewed_fill(m, g, me, step);
         CHECK_OK(igrad_engine_sync(e, step, g));
         ref_step(&R, m, e, &c, step);
         for (size_t t = 0; t < m->T; t++) {
@@ -238,14 +350,26 @@ static void against_reference(const mpi_model_t *m, igrad_method_t method, igrad
               (long long)R.entries);
         CHECK(st.wire_nbytes == (double)R.wire, "%s step %lld: wire %.0f bytes, reference %lld",
               name, (long long)step, st.wire_nbytes, (long long)R.wire);
+        CHECK(st.sar_busiest_entries == R.busiest && st.sar_entries == R.received &&
+                  st.sar_busiest_over_mean == (double)R.busiest * np / (double)R.received,
+              "%s step %lld: busiest owner %lld of %lld entries (%.4f x the mean); the "
+              "reference %lld of %lld",
+              name, (long long)step, (long long)st.sar_busiest_entries,
+              (long long)st.sar_entries, st.sar_busiest_over_mean, (long long)R.busiest,
+              (long long)R.received);
         remainders += R.entries * np > ((R.entries + np - 1) / np) * np;
     }
     CHECK(remainders > 0 || np == 1, "%s: no step re-sparsified anything", name);
+    if (me == 0)
+        printf("%s np %d: %d of %d steps on balanced split points\n", name, np,
+               R.balanced_steps, STEPS);
+    for (int i = 0; i < MEMO; i++) free(R.memo_pts[i]);
     for (int r = 0; r < np; r++) mpi_grads_free(m, R.e[r]);
     free(R.e);
     mpi_grads_free(m, R.out);
     mpi_grads_free(m, g);
     igrad_engine_free(e);
+    return R.balanced_steps;
 }
 
 /* The same gradients on every rank (rank 0's bytes broadcast). */
@@ -497,8 +621,11 @@ int main(int argc, char **argv)
     igrad_comm_t *comm = NULL;
     REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
 
-    against_reference(&m, IGRAD_METHOD_TOPK_SYNC, comm);
-    against_reference(&m, IGRAD_METHOD_IG, comm);
+    /* each selects per tensor; ig's released tensors (kappa R more
+     * entries) shift the load between ranges most */
+    int moved = against_reference(&m, IGRAD_METHOD_TOPK_SYNC, comm);
+    moved += against_reference(&m, IGRAD_METHOD_IG, comm);
+    CHECK(moved > 0 || np == 1, "no step ran on balanced split points");
     buckets_and_resume(&m, IGRAD_METHOD_TOPK_SYNC, comm);
     buckets_and_resume(&m, IGRAD_METHOD_IG, comm);
     bytes_against_gather(&m, comm);

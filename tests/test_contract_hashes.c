@@ -51,7 +51,7 @@
 #define GOLDEN_PLAN_IG 0x0cbd7a126f269311ULL          /* ig_config(), item 22 */
 #define GOLDEN_PLAN_ADTOPK 0x0d72d2be6b05cb01ULL      /* adtopk_sync, item 22 */
 #define GOLDEN_HISTORY_RISK 0xc1d0767b70f3d702ULL     /* ig + pack risk, 2 steps, item 25 */
-#define GOLDEN_CHECKSUM_FRESH 0xdcad59fdd3804ee6ULL   /* fresh ig engine, state version 9 (8: 0xb8c0fbb601aac3af, before item 42 allocation; 7: 0x67138cddda4401bb, before item 41 index_code) */
+#define GOLDEN_CHECKSUM_FRESH 0x81d5043507f5da09ULL   /* fresh ig engine, state version 10 (9: 0xdcad59fdd3804ee6, before the sparse all-reduce section; 8: 0xb8c0fbb601aac3af, before item 42 allocation; 7: 0x67138cddda4401bb, before item 41 index_code) */
 
 /* ---- FNV-1a 64 as the docs define it -------------------------------------- */
 
@@ -231,7 +231,7 @@ static igrad_config_t ig_config(void)
 
 /* ---- the state file, read as formats.md §7 lays it out ---------------------- */
 
-/* State file version 9: 42 agreement items, then step, calls, T at
+/* State file version 10: 42 agreement items, then step, calls, T at
  * ITEMS_END and N after them. */
 #define NITEMS 42
 #define ITEMS_END (24 + 8 * NITEMS)
@@ -280,7 +280,7 @@ static state_file_t save_and_read(const igrad_engine_t *eng)
     f.rank = rd_u32(f.bytes + 12);
     f.size = rd_u32(f.bytes + 16);
     f.nitems = rd_u32(f.bytes + 20);
-    assert_int_equal(f.version, 9);
+    assert_int_equal(f.version, 10);
     assert_int_equal(f.nitems, NITEMS);
     for (int i = 0; i < NITEMS; i++) f.items[i] = rd_u64(f.bytes + 24 + 8 * i);
     return f;
@@ -309,8 +309,10 @@ static uint64_t doc_history_hash(const state_file_t *f)
     o += 8 + 4 * (size_t)V + (V % 2 ? 4 : 0);
     uint64_t H = rd_u64(f->bytes + o);
     o += 8;
-    assert_int_equal(o + 32 * H + 8 + 8, f->nbytes); /* + online mode 0 + checksum */
+    /* + online mode 0 + sparse all-reduce slots 0 (version 10) + checksum */
+    assert_int_equal(o + 32 * H + 8 + 8 + 8, f->nbytes);
     assert_int_equal(rd_u64(f->bytes + o + 32 * H), 0);
+    assert_int_equal(rd_u64(f->bytes + o + 32 * H + 8), 0);
     uint64_t h = fnv_str(DOC_FNV_SEED, "igrad-pack-history");
     h = fnv_u64(h, H);
     for (uint64_t i = 0; i < H; i++) {

@@ -604,7 +604,8 @@ static void test_state_resume(void **state)
         assert_ok(igrad_engine_save_state(a, bad));
         igrad_engine_free(a);
         double neg = -1.0;
-        patch_state(bad, 8 + 16 * W * (long)T, &neg, 8); /* record 0, tensor 0 */
+        /* before the checksum: the sparse all-reduce section (8), the window */
+        patch_state(bad, 8 + 8 + 16 * W * (long)T, &neg, 8); /* record 0, tensor 0 */
         igrad_engine_t *b = NULL;
         assert_ok(igrad_engine_create(L, NULL, &c, comm, &b));
         assert_status(igrad_engine_load_state(b, bad), IGRAD_E_FORMAT);
@@ -983,6 +984,7 @@ static void check_reprofile_resume(const igrad_config_t *c)
             size_t C = igrad_layout_component_count(L);
             long Wr = (long)c->reprofile_every, cpad = (long)((C + 7) & ~(size_t)7);
             long rep = 40 + 8 * Wr + 16 * Wr * (long)T + 24 * (long)T + cpad;
+            long sar = 8; /* then the sparse all-reduce's section: no slots here */
             static const struct {
                 int what;
                 uint64_t value;
@@ -998,9 +1000,9 @@ static void check_reprofile_resume(const igrad_config_t *c)
                 fclose(in);
                 fclose(out);
                 unsigned char flag = (unsigned char)cases[q].value;
-                if (cases[q].what == 0) patch_state(bad, 8 + cpad, &flag, 1);
-                else if (cases[q].what == 1) patch_state(bad, 8 + rep, &cases[q].value, 8);
-                else patch_state(bad, 8 + rep - 16, &cases[q].value, 8); /* re-plans > re-profiles */
+                if (cases[q].what == 0) patch_state(bad, 8 + sar + cpad, &flag, 1);
+                else if (cases[q].what == 1) patch_state(bad, 8 + sar + rep, &cases[q].value, 8);
+                else patch_state(bad, 8 + sar + rep - 16, &cases[q].value, 8); /* re-plans > re-profiles */
                 assert_ok(igrad_engine_create(L, NULL, c, comm, &b));
                 assert_status(igrad_engine_load_state(b, bad), IGRAD_E_FORMAT);
                 assert_error_has(cases[q].msg);

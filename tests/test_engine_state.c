@@ -202,8 +202,10 @@ static void make_files(fixture_t *f)
     assert_true(f->nbytes > f->off_history + 16);
     f->hist_count = get_le64(f->file + f->off_history);
     assert_true(f->hist_count > 0);
-    /* + the online section's mode word (0: none) + the checksum */
-    assert_int_equal(f->nbytes, f->off_history + 8 + 32 * f->hist_count + 8 + 8);
+    /* + the online section's mode word (0: none), the sparse all-reduce's
+     * slot count (0: gather route) and the checksum */
+    assert_int_equal(f->nbytes, f->off_history + 8 + 32 * f->hist_count + 8 + 8 + 8);
+    assert_int_equal(get_le64(f->file + f->nbytes - 16), 0);
 
     assert_ok(igrad_engine_create(f->layout, NULL, &f->cfg, f->comm, &f->loader));
     run_steps(f->loader, 0, 3, -0.5f);
@@ -304,6 +306,17 @@ static void test_duplicated_fields_cross_checked(void **state)
     p[OFF_RESIDUALS + 4 * 77 + 2] = 0x7f;
     fix_checksum(p, f->nbytes);
     expect_refused(f, p, f->nbytes, IGRAD_E_FORMAT, "padding is not zero");
+    /* a version 9 file (before the split points) is refused saying why */
+    memcpy(p, f->file, f->nbytes);
+    p[8] = 9;
+    fix_checksum(p, f->nbytes);
+    expect_refused(f, p, f->nbytes, IGRAD_E_FORMAT,
+                   "version 10 added the sparse all-reduce's split points");
+    /* split points for a bucket slot this (gather route) engine does not have */
+    memcpy(p, f->file, f->nbytes);
+    put_le64(p + f->nbytes - 16, 1);
+    fix_checksum(p, f->nbytes);
+    expect_refused(f, p, f->nbytes, IGRAD_E_MISMATCH, "split points of 1 sparse all-reduce");
     /* and the unedited bytes still load (the edits above were the cause) */
     memcpy(p, f->file, f->nbytes);
     fix_checksum(p, f->nbytes);
@@ -326,6 +339,57 @@ static void test_truncated_and_trailing(void **state)
     expect_refused(f, p, f->nbytes + 1, IGRAD_E_FORMAT, "unexpected bytes after the checksum");
     expect_refused(f, p, f->nbytes + 8, IGRAD_E_FORMAT, "unexpected bytes after the checksum");
     free(p);
+}
+
+/* collective sparse_reduce on the self comm (P = 1): the section holds
+ * one entry per index space the bucket slots ran (D, its key, its stamp,
+ * the points 0 and D); it loads, and points out of order are refused. */
+static void test_sparse_reduce_split_points(void **state)
+{
+    fixture_t *f = *state;
+    igrad_config_t c = f->cfg;
+    c.pack = IGRAD_PACK_GREEDY;
+    c.collective = IGRAD_COLLECTIVE_SPARSE_REDUCE;
+    c.buckets = 1;
+    igrad_engine_t *a = NULL;
+    assert_ok(igrad_engine_create(f->layout, NULL, &c, f->comm, &a));
+    run_steps(a, 0, 4, 1.0f);
+    assert_ok(igrad_engine_save_state(a, f->path));
+    FILE *fp = fopen(f->path, "rb");
+    assert_non_null(fp);
+    unsigned char *p = malloc(1 << 16);
+    assert_non_null(p);
+    size_t n = fread(p, 1, 1 << 16, fp);
+    fclose(fp);
+    /* the section: S, then S x 8 entries of 24 + 8 (P + 1) bytes */
+    size_t entry = 24 + 8 * 2, sec = 0, S = 0;
+    for (S = 1; S < 64; S++) {
+        sec = 8 + S * 8 * entry;
+        if (sec + 8 <= n && get_le64(p + n - 8 - sec) == S) break;
+    }
+    assert_true(S < 64);
+    const unsigned char *e0 = p + n - 8 - sec + 8;
+    uint64_t D = get_le64(e0);
+    assert_true(D > 0 && get_le64(e0 + 16) > 0);           /* stored at a stamp */
+    assert_int_equal(get_le64(e0 + 24), 0);                  /* 0 */
+    assert_int_equal(get_le64(e0 + 32), D);                  /* D */
+    igrad_engine_t *b = NULL;
+    assert_ok(igrad_engine_create(f->layout, NULL, &c, f->comm, &b));
+    assert_ok(igrad_engine_load_state(b, f->path));
+    run_steps(a, 4, 6, 1.0f);
+    run_steps(b, 4, 6, 1.0f);
+    float ra[77], rb[77];
+    residuals_of(a, ra);
+    residuals_of(b, rb);
+    assert_memory_equal(ra, rb, sizeof ra);
+    put_le64(p + (size_t)(e0 - p) + 32, D + 1); /* the last point past D */
+    fix_checksum(p, n);
+    write_file(f->path, p, n);
+    assert_int_equal(igrad_engine_load_state(b, f->path), IGRAD_E_FORMAT);
+    assert_non_null(strstr(igrad_last_error(), "are not ordered points"));
+    free(p);
+    igrad_engine_free(a);
+    igrad_engine_free(b);
 }
 
 /* A FIFO hands its first reader the good file; should the loader open it
@@ -503,6 +567,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_checksum_leaves_residuals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicated_fields_cross_checked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncated_and_trailing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sparse_reduce_split_points, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_once_valid_replacement, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_once_corrupt_replacement, setup, teardown),
         cmocka_unit_test_setup_teardown(test_large_sections_chunked, setup, teardown),

@@ -466,8 +466,8 @@ static plan_time_t sar_time(double wire_nbytes, const plan_fabric_t *f)
     plan_time_t t = {0, 0, 0};
     if (f->P <= 1) return t;
     plan_link_t l = plan_fabric_p2p_link(f);
-    t.bw_s = wire_nbytes / l.bytes_per_s;
-    t.lat_s = plan_engine_sar_s(wire_nbytes, f->P, &l) - t.bw_s;
+    t.lat_s = plan_engine_sar_s(0.0, f->P, &l);
+    t.bw_s = plan_engine_sar_s(wire_nbytes, f->P, &l) - t.lat_s;
     t.nic_nbytes = f->N > 1 ? wire_nbytes * (double)f->L / (double)f->K : 0.0;
     return t;
 }

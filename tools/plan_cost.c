@@ -154,13 +154,16 @@ plan_link_t plan_link_of_engine(int64_t latency_ns, int64_t bandwidth_mbps)
     return l;
 }
 
-/* The engine's sparse all-reduce bucket (route.c): two alltoallv of P-1
- * messages and two ring all-gathers, 4(P-1) alpha, and the bytes the
- * engine counts (a plan-only engine: the balanced model). */
+/* The engine's sparse all-reduce bucket (route.c's sar_cost, the same
+ * constants): 17 alpha whatever P (four exchanges, each with every message
+ * in flight at once) and 1.8 x the bytes the engine counts (a plan-only
+ * engine: the balanced model) at the link's rate (the split's all-to-all
+ * meets each receiver's link from P-1 senders at once), fitted to the
+ * namespace testbed at 4 and 8 ranks (docs/results/sparse_allreduce.md). */
 double plan_engine_sar_s(double wire_nbytes, int64_t P, const plan_link_t *l)
 {
     if (P <= 1) return 0.0;
-    return 4.0 * (double)(P - 1) * l->latency_s + wire_nbytes / l->bytes_per_s;
+    return 17.0 * l->latency_s + 1.8 * wire_nbytes / l->bytes_per_s;
 }
 
 double plan_time_s(plan_time_t t) { return t.lat_s + t.bw_s; }

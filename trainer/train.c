@@ -532,6 +532,8 @@ typedef struct run {
     int online_written;       /* --profile auto: out/profile.json written */
     cJSON *reprofile_log;     /* --reprofile-every: one entry per re-profile */
     int64_t reprofiles_seen;
+    cJSON *sar_balance;       /* steps with sparse all-reduce buckets: the busiest
+                                 owner's entries over the mean (stats), per step */
 } run_t;
 
 /* ------------------------------------------------------------------------ */
@@ -1183,6 +1185,7 @@ static igrad_status_t setup_rank0(run_t *r)
 static void run_free(run_t *r)
 {
     cJSON_Delete(r->reprofile_log);
+    cJSON_Delete(r->sar_balance);
     igrad_engine_free(r->early_engine);
     igrad_engine_free(r->engine);
     igrad_trace_free(r->trace);
@@ -1568,6 +1571,16 @@ static igrad_status_t train_step(run_t *r, int64_t step, metrics_row_t *row)
     if (st != IGRAD_OK) return lib_fail(st, "sync");
     igrad_step_stats_t ss;
     igrad_engine_last_stats(r->engine, &ss);
+    if (ss.sar_entries > 0 && r->rank == 0) {
+        if (!r->sar_balance) r->sar_balance = cJSON_CreateArray();
+        cJSON *pt = cJSON_CreateArray();
+        if (pt) {
+            cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)step));
+            cJSON_AddItemToArray(pt, cJSON_CreateNumber(ss.sar_busiest_over_mean));
+        }
+        if (r->sar_balance && pt) cJSON_AddItemToArray(r->sar_balance, pt);
+        else cJSON_Delete(pt);
+    }
 
     /* After the sync every rank holds the same gradient (or update), so the
      * norm and the update agree without communication. */
@@ -1695,6 +1708,20 @@ static igrad_status_t write_summary(run_t *r, int64_t steps_done, double wall_s)
         metrics_json_number(ed, "switch_ms", r->early_switch_ms);
     }
     cJSON_AddStringToObject(sync, "value_dtype", igrad_dtype_name(r->scfg.value_dtype));
+    int nsar = r->sar_balance ? cJSON_GetArraySize(r->sar_balance) : 0;
+    if (nsar > 0) { /* the sparse all-reduce's busiest owner over the mean, per step */
+        cJSON *sb = cJSON_AddObjectToObject(sync, "sar_busiest_over_mean");
+        double sum = 0.0, most = 0.0;
+        for (int i = 0; i < nsar; i++) {
+            double v = cJSON_GetArrayItem(cJSON_GetArrayItem(r->sar_balance, i), 1)->valuedouble;
+            sum += v;
+            most = v > most ? v : most;
+        }
+        cJSON_AddNumberToObject(sb, "mean", sum / nsar);
+        cJSON_AddNumberToObject(sb, "max", most);
+        cJSON_AddNumberToObject(sb, "steps", nsar);
+        cJSON_AddItemReferenceToObject(sb, "per_step", r->sar_balance); /* [step, value] */
+    }
     igrad_step_stats_t ss;
     if (igrad_engine_last_stats(r->engine, &ss) == IGRAD_OK) {
         cJSON *mem = cJSON_AddObjectToObject(sync, "memory");

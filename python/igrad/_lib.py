@@ -295,7 +295,10 @@ class StepStats(ctypes.Structure):
                 ("inter_wire_nbytes", ctypes.c_double),
                 ("sparse_reduce_buckets", ctypes.c_int),
                 ("dense_small_tensors", ctypes.c_int64),
-                ("comm_window_ms", ctypes.c_double * 6)]
+                ("comm_window_ms", ctypes.c_double * 6),
+                ("sar_busiest_entries", ctypes.c_int64),
+                ("sar_entries", ctypes.c_int64),
+                ("sar_busiest_over_mean", ctypes.c_double)]
 
 
 class TensorPlan(ctypes.Structure):

@@ -123,6 +123,100 @@ static uint32_t bounds_hash(const uint64_t *bounds, int P)
     return h;
 }
 
+/* The host slot of the split points: this call's (P + 1), the next's
+ * (P + 1), the owners' histograms (P IGRAD__SAR_HIST u32), then the
+ * IGRAD__SAR_MEMO stored ones (P + 1 each; w->memo_*). Its contents stay
+ * while P does (a host slot grows by realloc). */
+static uint64_t *bounds_slot(igrad__sar_t *w, int P)
+{
+    const size_t Pz = (size_t)P;
+    return igrad__sar_workspace(w, IGRAD__SAR_WS_BOUNDS,
+                                (2 + IGRAD__SAR_MEMO) * (Pz + 1) + Pz * IGRAD__SAR_HIST / 2,
+                                sizeof(uint64_t));
+}
+
+static uint64_t *memo_points(uint64_t *bounds, int P, int i)
+{
+    const size_t Pz = (size_t)P;
+    return bounds + 2 * (Pz + 1) + Pz * IGRAD__SAR_HIST / 2 + (size_t)i * (Pz + 1);
+}
+
+/* The entry kept for dense_count and w->space_key over P ranks, or -1. */
+static int memo_find(const igrad__sar_t *w, int P, uint64_t dense_count)
+{
+    if (!w->next_valid || w->next_ranks != P || dense_count == 0) return -1;
+    for (int i = 0; i < IGRAD__SAR_MEMO; i++)
+        if (w->memo_dense_count[i] == dense_count && w->memo_key[i] == w->space_key) return i;
+    return -1;
+}
+
+/* Keeps `points` (the next call's over dense_count) in the entry of that
+ * index space, else an empty one, else the least recently stored: the
+ * same entries on every rank that made the same calls. */
+static void memo_store(igrad__sar_t *w, int P, uint64_t dense_count, const uint64_t *points)
+{
+    if (dense_count == 0) return;
+    if (!w->next_valid || w->next_ranks != P) {
+        memset(w->memo_dense_count, 0, sizeof w->memo_dense_count);
+        w->next_valid = 1;
+        w->next_ranks = P;
+    }
+    int at = memo_find(w, P, dense_count);
+    for (int i = 0; i < IGRAD__SAR_MEMO && at < 0; i++)
+        if (w->memo_dense_count[i] == 0) at = i;
+    if (at < 0) {
+        at = 0;
+        for (int i = 1; i < IGRAD__SAR_MEMO; i++)
+            if (w->memo_stamp[i] < w->memo_stamp[at]) at = i;
+    }
+    uint64_t *bounds = w->buf[IGRAD__SAR_WS_BOUNDS];
+    memmove(memo_points(bounds, P, at), points, ((size_t)P + 1) * sizeof *points);
+    w->memo_dense_count[at] = dense_count;
+    w->memo_key[at] = w->space_key;
+    w->memo_stamp[at] = ++w->stores;
+}
+
+const uint64_t *igrad__sar_memo_get(const igrad__sar_t *w, int P, int i, uint64_t *dense_count,
+                                    uint64_t *key, uint64_t *stamp)
+{
+    *dense_count = *key = *stamp = 0;
+    if (!w || !w->balanced || !w->next_valid || w->next_ranks != P || P < 1 || i < 0 ||
+        i >= IGRAD__SAR_MEMO || w->memo_dense_count[i] == 0)
+        return NULL;
+    *dense_count = w->memo_dense_count[i];
+    *key = w->memo_key[i];
+    *stamp = w->memo_stamp[i];
+    return memo_points(w->buf[IGRAD__SAR_WS_BOUNDS], P, i);
+}
+
+igrad_status_t igrad__sar_reserve_points(igrad__sar_t *w, int P)
+{
+    IGRAD_FAIL_IF(!bounds_slot(w, P), IGRAD_E_NOMEM,
+                  CTX ": out of memory for the split points of %d ranks", P);
+    return IGRAD_OK;
+}
+
+void igrad__sar_memo_set(igrad__sar_t *w, int P, int i, uint64_t dense_count, uint64_t key,
+                         uint64_t stamp, const void *points)
+{
+    uint64_t *bounds = bounds_slot(w, P); /* reserved: cannot fail */
+    if (!bounds) {
+        w->next_valid = 0;
+        return;
+    }
+    if (!w->next_valid || w->next_ranks != P) {
+        memset(w->memo_dense_count, 0, sizeof w->memo_dense_count);
+        w->next_valid = 1;
+        w->next_ranks = P;
+    }
+    if (points) w->balanced = 1; /* kept points are a balanced caller's */
+    w->memo_dense_count[i] = points ? dense_count : 0;
+    w->memo_key[i] = points ? key : 0;
+    w->memo_stamp[i] = points ? stamp : 0;
+    if (points) memcpy(memo_points(bounds, P, i), points, ((size_t)P + 1) * sizeof *bounds);
+    if (stamp > w->stores) w->stores = stamp;
+}
+
 size_t igrad__sar_kout(size_t k, int P)
 {
     return P < 1 ? k : k / (size_t)P + (k % (size_t)P != 0);
@@ -343,9 +437,7 @@ static igrad_status_t collect_result(igrad__sar_t *w, void *stream, const unsign
     w->balance = bal;
     if (w->balanced) {
         igrad__sar_next_bounds(bounds, P, hist, bounds + P + 1);
-        w->next_valid = 1;
-        w->next_dense_count = dense_count;
-        w->next_ranks = P;
+        memo_store(w, P, dense_count, bounds + P + 1);
     }
     return IGRAD_OK;
 }
@@ -365,10 +457,6 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
     memset(&w->bytes, 0, sizeof w->bytes);
     memset(&w->balance, 0, sizeof w->balance);
     w->bounds = NULL;
-    /* the stored split points serve this call only if it succeeds on every
-     * rank alike (a call that fails drops them: equal ranges next) */
-    const int had_next = w->next_valid && w->balanced;
-    w->next_valid = 0;
     IGRAD_FAIL_IF(!comm->vt->alltoallv, IGRAD_E_UNSUPPORTED,
                   CTX ": communicator '%s' has no variable all-to-all (the self, MPI, NCCL "
                   "and self_cuda communicators have one, a custom one with ops->alltoallv)",
@@ -384,16 +472,19 @@ igrad_status_t igrad__sar_allreduce_on(igrad__sar_t *w, const igrad__sar_ops_t *
                                                  sizeof(sar_status_t));
     igrad__sar_header_t *heads = igrad__sar_workspace(w, IGRAD__SAR_WS_HEADS, Pz,
                                                       sizeof(igrad__sar_header_t));
-    /* this call's split points, the next's, the owners' histograms */
-    uint64_t *bounds = igrad__sar_workspace(w, IGRAD__SAR_WS_BOUNDS,
-                                            2 * (Pz + 1) + Pz * IGRAD__SAR_HIST / 2,
-                                            sizeof(uint64_t));
+    uint64_t *bounds = bounds_slot(w, P);
     IGRAD_FAIL_IF(!counts || !sizes || !records || !heads || !bounds, IGRAD_E_NOMEM,
                   CTX ": out of memory for the count arrays of %d ranks", P);
-    if (had_next && w->next_dense_count == dense_count && w->next_ranks == P)
-        memmove(bounds, bounds + Pz + 1, (Pz + 1) * sizeof *bounds);
-    else
+    /* the stored split points serve this call only if it succeeds on every
+     * rank alike (they are taken out; a call that fails leaves equal
+     * ranges for the next over this index space) */
+    int hit = w->balanced ? memo_find(w, P, dense_count) : -1;
+    if (hit >= 0) {
+        memcpy(bounds, memo_points(bounds, P, hit), (Pz + 1) * sizeof *bounds);
+        w->memo_dense_count[hit] = 0;
+    } else {
         igrad__sar_equal_bounds(dense_count, P, bounds);
+    }
     uint64_t *send_counts = counts, *recv_counts = counts + P;
     size_t *send_nbytes = sizes, *send_displs = sizes + P;
     size_t *recv_nbytes = sizes + 2 * Pz, *recv_displs = sizes + 3 * Pz;

@@ -14,8 +14,10 @@
  *  1. split: [0, D) is cut into P index ranges at P + 1 split points
  *     agreed on every rank (igrad__sar_t.bounds): equal ranges
  *     (igrad__sar_range), or, where the caller asks for it (balanced),
- *     equal on the first call and then the balanced ones the previous
- *     call's receive histogram gives (igrad__sar_next_bounds);
+ *     equal on the first call over an index space and then the balanced
+ *     ones the previous call's receive histogram over the same index
+ *     space gave (igrad__sar_next_bounds; kept for IGRAD__SAR_MEMO index
+ *     spaces at once);
  *     the counts, then the entries, go to their range's owner;
  *  2. reduce: the owner sums what it received in rank order (then the
  *     sender's input order), keeps the top kout = ceil(k/P) sums by |sum|
@@ -64,6 +66,9 @@ typedef struct igrad__sar_bytes {
  * owner's range [lo, hi) in IGRAD__SAR_HIST equal parts
  * (igrad__sar_hist_bin). */
 #define IGRAD__SAR_HIST 8
+
+/* Index spaces whose balanced split points a workspace keeps at once. */
+#define IGRAD__SAR_MEMO 8
 
 /* Why a rank cannot go on. Travels in the status records and the phase-3
  * headers, so the numbers are fixed. */
@@ -116,7 +121,8 @@ enum {
     IGRAD__SAR_WS_SIZES,   /* host: 4P size_t, the alltoallv's bytes and displacements */
     IGRAD__SAR_WS_RECORDS, /* host: P status records */
     IGRAD__SAR_WS_HEADS,   /* host: P phase-3 headers, as received */
-    IGRAD__SAR_WS_BOUNDS,  /* host: 2(P+1) u64, this call's split points, the next's */
+    IGRAD__SAR_WS_BOUNDS,  /* host: 2(P+1) u64, this call's split points, the next's;
+                              the histograms; IGRAD__SAR_MEMO(P+1) kept ones */
     IGRAD__SAR_HOST_SLOTS,
     IGRAD__SAR_WS_DCOUNTS = IGRAD__SAR_HOST_SLOTS, /* 2P u64 counts (device backends) */
     IGRAD__SAR_WS_DBOUNDS,   /* P+1 u64 split points (device backends) */
@@ -151,10 +157,24 @@ typedef struct igrad__sar {
                                      ranges, the algorithm before issue 28) */
     int resplit;                  /* the last call did phase 1 twice: the ranks'
                                      split points differed, equal ranges then */
-    int next_valid;               /* the next split points are stored (for
-                                     next_dense_count over next_ranks) */
-    uint64_t next_dense_count;
+    uint64_t space_key;           /* set by the caller: names the index space
+                                     (with the dense_count) that the kept split
+                                     points are for, e.g. a hash of which
+                                     tensors lie where in it (0: the
+                                     dense_count alone) */
+    int next_valid;               /* split points are kept for next_ranks
+                                     ranks (memo_*; 0: equal ranges next) */
     int next_ranks;
+    /* the split points kept for the next calls, one entry per index space
+     * (a bucket slot of the engine alternates between the index spaces of
+     * its steps' tensor sets): the entry's dense_count (0: empty), its
+     * space_key and when
+     * it was stored (a count of stores; a full table replaces its least
+     * recently stored entry); the points in the WS_BOUNDS slot */
+    uint64_t memo_dense_count[IGRAD__SAR_MEMO];
+    uint64_t memo_key[IGRAD__SAR_MEMO];
+    uint64_t memo_stamp[IGRAD__SAR_MEMO];
+    uint64_t stores;
     const struct igrad__sar_ops *ops; /* the backend holding the workspace */
     /* workspace (grown as needed) */
     void *buf[IGRAD__SAR_SLOTS];
@@ -335,6 +355,25 @@ void igrad__sar_equal_bounds(uint64_t dense_count, int P, uint64_t *bounds);
  * bounds. */
 void igrad__sar_next_bounds(const uint64_t *bounds, int P, const uint32_t *hist,
                             uint64_t *next);
+
+/* Entry i (< IGRAD__SAR_MEMO) of the balanced split points w keeps for
+ * its next calls: P + 1 points (host memory, valid until the next call)
+ * for an index space of *dense_count and *key (space_key), stored at
+ * *stamp; NULL (*dense_count = *key = *stamp = 0) when the entry is empty, w is not balanced, or it keeps
+ * none for P ranks. A caller that saves its state keeps all of them, so
+ * that a resumed run splits as the uninterrupted one would. */
+const uint64_t *igrad__sar_memo_get(const igrad__sar_t *w, int P, int i, uint64_t *dense_count,
+                                    uint64_t *key, uint64_t *stamp);
+/* Room for P ranks' split points in w (the only allocation of
+ * igrad__sar_memo_set): IGRAD_E_NOMEM, or IGRAD_OK. */
+igrad_status_t igrad__sar_reserve_points(igrad__sar_t *w, int P);
+/* Sets entry i as igrad__sar_memo_get gave it (points: P + 1 u64 in host
+ * byte order at any alignment; NULL: empty), dropping what w kept for
+ * another P. After igrad__sar_reserve_points(w, P) it cannot fail; the
+ * points are taken as they are (the caller checks them: 0 first,
+ * dense_count last, non-decreasing). */
+void igrad__sar_memo_set(igrad__sar_t *w, int P, int i, uint64_t dense_count, uint64_t key,
+                         uint64_t stamp, const void *points);
 
 /* Frees the workspace; w is zeroed (ready for reuse). NULL is a no-op. */
 void igrad__sar_clear(igrad__sar_t *w);

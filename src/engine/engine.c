@@ -482,6 +482,7 @@ igrad_status_t igrad__engine_finish_step(igrad_engine_t *e)
         s->payload_nbytes += bk->route->payload(bk);
         s->wire_nbytes += bk->route->wire_nbytes(bk, P);
     }
+    igrad__engine_stats_sar(e, s);
     /* levels: the share of this rank's peers on its own node */
     if (p->nranks > 1) {
         s->intra_wire_nbytes = s->wire_nbytes * (double)(p->node_ranks - 1) / (P - 1.0);

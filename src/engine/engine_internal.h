@@ -360,6 +360,9 @@ double igrad__engine_step_reset(igrad_engine_t *e, int64_t step);
 igrad_status_t igrad__engine_finish_step(igrad_engine_t *e);
 /* The memory statistics (dataplane_nbytes and per parameter) into *s. */
 void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s);
+/* The sparse all-reduce's owner load of the step's buckets into *s
+ * (sar_busiest_entries, sar_entries, sar_busiest_over_mean). */
+void igrad__engine_stats_sar(const igrad_engine_t *e, igrad_step_stats_t *s);
 /* Dense warm-up: the data-plane memory made ready for the plan of step
  * e->step.cur_step (IGRAD__RUN), at the start of a step (engine.c). When
  * it changes plan, the backend's per-engine state (made for the other

@@ -26,6 +26,7 @@
  */
 #include "engine/engine_state.h"
 #include "engine/engine_online.h"
+#include "comm/sparse_allreduce.h"
 #include "dp/dp.h"
 #include "profile/profile_internal.h"
 
@@ -35,7 +36,7 @@
 #include <string.h>
 
 #define STATE_MAGIC "IGRADST"      /* 7 characters + NUL = 8 bytes */
-#define STATE_VERSION 9u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
+#define STATE_VERSION 10u /* 2: 26 items (config.timeout_s); 3: 36 items (gate_other,
                             online profiling, remedies), the velocity section and
                             the online profiling section; 4: 38 items
                             (reprofile_every, reprofile_margin) and the
@@ -45,7 +46,9 @@
                             auto_sparse_reduce); 7: 40 items (risk_lambda,
                             gate_other, momentum_masking, residual_decay
                             removed, the later items renumbered); 8: 41 items
-                            (index_code); 9: 42 items (allocation) */
+                            (index_code); 9: 42 items (allocation); 10: the
+                            sparse all-reduce's split points before the
+                            checksum (decision 0060) */
 /* online section modes */
 #define ONLINE_NONE 0u      /* no online state (or the create-time profile) */
 #define ONLINE_WINDOW 1u    /* recording: the window's records follow */
@@ -146,6 +149,45 @@ static void put_reprofile(writer_t *w, const igrad_engine_t *e)
     }
 }
 
+/* The sparse all-reduce's section, the last before the checksum: the
+ * bucket slots S (0 without the sparse all-reduce), then per slot the
+ * IGRAD__SAR_MEMO entries of split points it keeps for its next calls:
+ * the index space (its size, 0: empty; its key, route.c's hash of the
+ * bucket's segments), when the entry was stored, the P + 1 points (zeros
+ * when empty). A balanced split point depends on the previous step
+ * over the same index space (decision 0060): without them a resumed run
+ * would split on equal ranges where the uninterrupted one does not. */
+static uint64_t sar_slots(const igrad_engine_t *e)
+{
+    return e->step.sar ? (uint64_t)e->plan.nb_max : 0;
+}
+
+static uint64_t sar_entry_nbytes(const igrad_engine_t *e)
+{
+    return 24 + 8 * ((uint64_t)e->plan.nranks + 1);
+}
+
+static uint64_t sar_nbytes(const igrad_engine_t *e)
+{
+    return 8 + sar_slots(e) * IGRAD__SAR_MEMO * sar_entry_nbytes(e);
+}
+
+static void put_sar(writer_t *w, const igrad_engine_t *e)
+{
+    const uint64_t S = sar_slots(e);
+    const int P = e->plan.nranks;
+    put_u64(w, S);
+    for (uint64_t j = 0; j < S; j++)
+        for (int i = 0; i < IGRAD__SAR_MEMO; i++) {
+            uint64_t D = 0, key = 0, stamp = 0;
+            const uint64_t *pts = igrad__sar_memo_get(&e->step.sar[j], P, i, &D, &key, &stamp);
+            put_u64(w, D);
+            put_u64(w, key);
+            put_u64(w, stamp);
+            for (int r = 0; r <= P; r++) put_u64(w, pts ? pts[r] : 0);
+        }
+}
+
 igrad_status_t igrad__flat_save_state(const igrad_engine_t *engine, const char *path)
 {
     IGRAD_CHECK(igrad__engine_usable(engine, "igrad_engine_save_state"));
@@ -235,6 +277,7 @@ igrad_status_t igrad__flat_save_state(const igrad_engine_t *engine, const char *
         free(text);
         if (on->Wr > 0) put_reprofile(&w, e);
     }
+    put_sar(&w, e);
     uint64_t sum = w.h;
     if (!w.err && fwrite(&sum, 1, 8, af.fp) != 8) w.err = 1;
     if (w.err) {
@@ -259,7 +302,7 @@ static uint64_t base_nbytes(const igrad_engine_t *e)
 {
     return HEADER_NBYTES + residual_section_nbytes((uint64_t)e->mem.residual_count) + 8 +
            residual_section_nbytes((uint64_t)e->mem.velocity_count) + 8 +
-           32 * (uint64_t)e->plan.hist.count + 8;
+           32 * (uint64_t)e->plan.hist.count + sar_nbytes(e) + 8;
 }
 
 static uint64_t window_nbytes(const igrad_engine_t *e)
@@ -327,6 +370,7 @@ typedef struct state_view {
     uint64_t ntensors, residual_count, velocity_count, hist_count;
     size_t residual_off;        /* N floats (not necessarily aligned) */
     size_t velocity_off;        /* velocity_count floats */
+    size_t sar_off;             /* the sparse all-reduce's section */
     igrad__pack_history_t hist; /* copies of the file's history (count = H) */
 } state_view_t;
 
@@ -350,8 +394,13 @@ static igrad_status_t parse_header(const igrad_engine_t *e, cursor_t *c, state_v
                   "%s: not an igrad engine state file (bad magic)", c->name);
     IGRAD_CHECK(take(c, pair, 8, "the header"));
     IGRAD_FAIL_IF(pair[0] != STATE_VERSION, IGRAD_E_FORMAT,
-                  "%s: state file version %u (this igrad reads %u)", c->name, pair[0],
-                  STATE_VERSION);
+                  "%s: state file version %u (this igrad reads %u%s)", c->name, pair[0],
+                  STATE_VERSION,
+                  pair[0] == STATE_VERSION - 1
+                      ? ": version 10 added the sparse all-reduce's split points, without "
+                        "which a resumed run could not continue exactly; resume with the igrad "
+                        "that saved it, or start a new run from the model's parameters"
+                      : "");
     v->rank = pair[1];
     IGRAD_CHECK(take(c, pair, 8, "the header"));
     v->size = pair[0];
@@ -450,6 +499,79 @@ static igrad_status_t parse_history(const igrad_engine_t *e, cursor_t *c, state_
     return IGRAD_OK;
 }
 
+static uint64_t rd64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* The sparse all-reduce's section (put_sar) must be what a run of this
+ * engine could have written: its slots, and per entry either zeros or
+ * split points 0 = s_0 <= ... <= s_P = D with 0 < D <= 2^32, stored at a
+ * stamp > 0 that no other entry of the slot has. */
+static igrad_status_t check_sar(const igrad_engine_t *e, const unsigned char *p,
+                                const char *name)
+{
+    const uint64_t S = sar_slots(e), P = (uint64_t)e->plan.nranks, E = sar_entry_nbytes(e);
+    IGRAD_FAIL_IF(rd64(p) != S, IGRAD_E_MISMATCH,
+                  "%s: split points of %llu sparse all-reduce bucket slots, this engine has "
+                  "%llu: corrupt state file",
+                  name, (unsigned long long)rd64(p), (unsigned long long)S);
+    for (uint64_t j = 0; j < S; j++)
+        for (uint64_t i = 0; i < IGRAD__SAR_MEMO; i++) {
+            const unsigned char *q = p + 8 + (j * IGRAD__SAR_MEMO + i) * E;
+            uint64_t D = rd64(q), key = rd64(q + 8), stamp = rd64(q + 16);
+            int ok = D <= (UINT64_C(1) << 32) && (D == 0) == (stamp == 0) && (D || !key);
+            for (uint64_t r = 0; r <= P && ok; r++) {
+                uint64_t x = rd64(q + 24 + 8 * r);
+                ok = D == 0 ? x == 0
+                            : (r == 0 ? x == 0 : x >= rd64(q + 16 + 8 * r)) && (r < P || x == D);
+            }
+            for (uint64_t i2 = 0; i2 < i && ok && stamp; i2++)
+                ok = rd64(p + 8 + (j * IGRAD__SAR_MEMO + i2) * E + 16) != stamp;
+            IGRAD_FAIL_IF(!ok, IGRAD_E_FORMAT,
+                          "%s: the sparse all-reduce's split points of bucket slot %llu, entry "
+                          "%llu, are not ordered points of [0, %llu] stored once: corrupt "
+                          "state file",
+                          name, (unsigned long long)j, (unsigned long long)i,
+                          (unsigned long long)D);
+        }
+    return IGRAD_OK;
+}
+
+/* Room for the split points the section holds, in e's bucket slots (the
+ * workspace only grows; the points are set after the ranks agreed). */
+static igrad_status_t reserve_sar(igrad_engine_t *e, const unsigned char *p)
+{
+    const uint64_t S = sar_slots(e), P = (uint64_t)e->plan.nranks, E = sar_entry_nbytes(e);
+    for (uint64_t j = 0; j < S; j++)
+        for (uint64_t i = 0; i < IGRAD__SAR_MEMO; i++)
+            if (rd64(p + 8 + (j * IGRAD__SAR_MEMO + i) * E) != 0)
+                IGRAD_CHECK(igrad__sar_reserve_points(&e->step.sar[j], (int)P));
+    return IGRAD_OK;
+}
+
+static void apply_sar(igrad_engine_t *e, const unsigned char *p)
+{
+    const uint64_t S = sar_slots(e), P = (uint64_t)e->plan.nranks, E = sar_entry_nbytes(e);
+    for (uint64_t j = 0; j < S; j++) {
+        int any = 0;
+        for (uint64_t i = 0; i < IGRAD__SAR_MEMO; i++)
+            any |= rd64(p + 8 + (j * IGRAD__SAR_MEMO + i) * E) != 0;
+        if (!any) { /* nothing kept: equal ranges next, no memory asked for */
+            e->step.sar[j].next_valid = 0;
+            continue;
+        }
+        for (uint64_t i = 0; i < IGRAD__SAR_MEMO; i++) {
+            const unsigned char *q = p + 8 + (j * IGRAD__SAR_MEMO + i) * E;
+            uint64_t D = rd64(q);
+            igrad__sar_memo_set(&e->step.sar[j], (int)P, (int)i, D, rd64(q + 8), rd64(q + 16),
+                                D ? q + 24 : NULL);
+        }
+    }
+}
+
 /* Verifies all of the bytes; touches nothing of the engine. */
 static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char *bytes,
                                    size_t nbytes, const char *name, uint64_t online_nbytes,
@@ -470,8 +592,10 @@ static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char 
     uint64_t vbytes = residual_section_nbytes(vcount);
     IGRAD_CHECK(need(&c, rbytes + 8 + vbytes, "the velocities"));
     IGRAD_CHECK(need(&c, rbytes + 8 + vbytes + 8, "the history count"));
-    IGRAD_CHECK(need(&c, want - 8 - online_nbytes - c.pos, "the history"));
-    IGRAD_CHECK(need(&c, want - 8 - c.pos, "the online profiling section"));
+    uint64_t sarb = sar_nbytes(e);
+    IGRAD_CHECK(need(&c, want - 8 - sarb - online_nbytes - c.pos, "the history"));
+    IGRAD_CHECK(need(&c, want - 8 - sarb - c.pos, "the online profiling section"));
+    IGRAD_CHECK(need(&c, want - 8 - c.pos, "the sparse all-reduce's split points"));
     IGRAD_CHECK(need(&c, want - c.pos, "the checksum"));
     IGRAD_FAIL_IF(nbytes > want, IGRAD_E_FORMAT, "%s: unexpected bytes after the checksum",
                   name);
@@ -498,7 +622,9 @@ static igrad_status_t verify_state(const igrad_engine_t *e, const unsigned char 
                       "%s: the velocity padding is not zero: corrupt state file", name);
     }
     c.pos += (size_t)vbytes;
-    return parse_history(e, &c, v);
+    IGRAD_CHECK(parse_history(e, &c, v));
+    v->sar_off = (size_t)(want - 8 - sarb);
+    return check_sar(e, bytes + v->sar_off, name);
 }
 
 /* The online section, found without the plan (its offset follows from the
@@ -515,13 +641,6 @@ typedef struct online_view {
     size_t rep_off;               /* PROFILE with re-profiling: offset of its section */
     uint64_t fixed;               /* its classes came from the hysteresis */
 } online_view_t;
-
-static uint64_t rd64(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
 
 static igrad_status_t locate_online(const igrad_engine_t *e, const unsigned char *bytes,
                                     size_t nbytes, const char *name, online_view_t *ov)
@@ -728,6 +847,7 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
                              "%s: the online record count differs from its copy in the items "
                              "(%lld vs %lld): corrupt state file",
                              name, (long long)copy, (long long)v.items[IGRAD__ITEM_ONLINE]);
+        if (st == IGRAD_OK) st = reserve_sar(target, bytes + v.sar_off);
     }
     char msg[1024] = "";
     if (st != IGRAD_OK) snprintf(msg, sizeof msg, "%s", igrad_last_error());
@@ -764,6 +884,7 @@ igrad_status_t igrad__engine_state_load_bytes(igrad_engine_t *e, const unsigned 
         memcpy(on->sumsq, p + W * 8, WT * 8);
         memcpy(on->count, p + W * 8 + WT * 8, WT * 8);
     }
+    apply_sar(e, bytes + v.sar_off); /* e's bucket slots are target's now */
     if (e->mem.residual_count)
         e->mem.dp->copy_in(e->mem.residual_mem, bytes + v.residual_off,
                            4 * (size_t)e->mem.residual_count);

@@ -41,6 +41,22 @@ void igrad__engine_stats_memory(const igrad_engine_t *e, igrad_step_stats_t *s)
         e->plan.nparams > 0 ? (double)s->dataplane_nbytes / (double)e->plan.nparams : 0.0;
 }
 
+void igrad__engine_stats_sar(const igrad_engine_t *e, igrad_step_stats_t *s)
+{
+    s->sar_busiest_entries = s->sar_entries = 0;
+    s->sar_busiest_over_mean = 0.0;
+    if (!e->step.sar) return;
+    for (size_t j = 0; j < e->step.nbk; j++) {
+        const igrad__step_bucket_t *bk = &e->step.bk[j];
+        if (bk->route->kind != IGRAD_BUCKET_SPARSE_REDUCE || bk->wire_counted < 0.0) continue;
+        s->sar_busiest_entries += (int64_t)e->step.sar[j].balance.recv_max;
+        s->sar_entries += (int64_t)e->step.sar[j].balance.recv_total;
+    }
+    if (s->sar_entries > 0)
+        s->sar_busiest_over_mean = (double)s->sar_busiest_entries * (double)e->plan.nranks /
+                                   (double)s->sar_entries;
+}
+
 igrad_status_t igrad_engine_last_stats(const igrad_engine_t *e, igrad_step_stats_t *out)
 {
     IGRAD_FAIL_IF(!e || !out, IGRAD_E_INVALID, "igrad_engine_last_stats: NULL argument");

@@ -176,7 +176,10 @@ static igrad_status_t reduce_issue(const igrad__route_io_t *io, igrad__step_t *s
  * the method's result with P and the link (docs/architecture.md §5.7).
  * Priced as sar_wire's balanced model: two alltoallv of P−1 messages and
  * two ring all-gathers, 4(P−1) steps; (P−1)(112 + 8·kout) + 8k(P−1)/P
- * bytes; over P−1: 4 steps, (P(112 + 8·kout) + 8k)/P bytes. */
+ * bytes; over P−1: 4 steps, (P(112 + 8·kout) + 8k)/P bytes. (Not yet the
+ * constants fitted to the testbed that igrad plan's plan_engine_sar_s
+ * uses, 17 α per bucket and 1.8 x the bytes, docs/plan.md §2: auto's
+ * choice, and the tests that pin it, stay as they were.) */
 static igrad__cost_t sar_cost(const igrad__route_bucket_t *b, const igrad__route_link_t *l)
 {
     igrad__cost_t kout = (igrad__cost_t)igrad__sar_kout((size_t)b->k, (int)b->P);
@@ -227,12 +230,38 @@ static double sar_wire(const igrad__step_bucket_t *bk, double P)
     return (P - 1.0) * (8.0 + 40.0 + 64.0 + 8.0 * kout) + 8.0 * k * (P - 1.0) / P;
 }
 
-/* Blocking: the module runs its exchanges here and the request is done. */
+/* The bucket's index space by what lies where in it: FNV-1a over each
+ * dense segment's tensor, first entry and size, in order (two steps'
+ * buckets of one size but other tensors, e.g. two release phases over
+ * layers of equal shapes, are other spaces). */
+static uint64_t sar_space_key(const igrad__step_t *s, const igrad__step_bucket_t *bk)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t q = 0; q < bk->nblocks; q++) {
+        const igrad__step_block_t *bi = &s->binfo[s->order[bk->first + q]];
+        if (!bi->seg_owner) continue;
+        const uint64_t v[3] = {bi->tensor, (uint64_t)bi->seg_begin, (uint64_t)bi->seg_count};
+        for (int i = 0; i < 3; i++) {
+            h ^= v[i];
+            h *= 0x100000001b3ULL;
+        }
+    }
+    return h;
+}
+
+/* Blocking: the module runs its exchanges here and the request is done.
+ * Balanced split points (decision 0060): each bucket slot's workspace
+ * carries the points its last call over an index space derived to its
+ * next call over the same space and ranks (equal ranges otherwise; a
+ * space is its size and sar_space_key), the same on every rank; the
+ * engine's saved state keeps them (engine_state.c). */
 static igrad_status_t sar_issue(const igrad__route_io_t *io, igrad__step_t *s, size_t j,
                                 igrad_comm_request_t **req)
 {
     igrad__step_bucket_t *bk = &s->bk[j];
     igrad__sar_t *w = &s->sar[j];
+    w->balanced = 1;
+    w->space_key = sar_space_key(s, bk);
     const igrad__sar_entry_t *in =
         (const igrad__sar_entry_t *)(const void *)(io->send_arena + bk->send_off);
     IGRAD_CHECK(igrad__sar_allreduce_on(w, io->sar_ops, io->stream, io->comm,

@@ -9,7 +9,10 @@ TorchComm.alltoallv (dist.all_to_all_single).
     every rank's inputs (a = g + e, top-k per rank; per index range
     owner: sums from 0 in rank order, keep the top ceil(k/P) by |sum|,
     ties to the lower index; result = kept / P; the rest into the owner's
-    residual), and the payload is 8 bytes per selected entry;
+    residual; the ranges equal at the first step, then the balanced split
+    points of decision 0060 that the reference derives from what each owner
+    received, per eighth of its range, in the step before), and the payload
+    is 8 bytes per selected entry;
   - the same under DDP's comm hook (bit for bit against the same reference);
   - collective="auto" with auto_sparse_reduce chooses the sparse all-reduce
     (the bucket counts it), runs it through the engine's sync and gives
@@ -52,25 +55,63 @@ def grads_at(rank, step):
     return torch.randn(ROWS, COLS, generator=g)
 
 
-def sar_reference(grads, res):
+HIST = 8  # parts of an owner's range counted (IGRAD__SAR_HIST)
+
+
+def next_points(pts, hist, P):
+    """Decision 0060's next split points, integer arithmetic: unchanged
+    while the busiest owner is within 1.05 x the mean, else split point s
+    where the cumulative count reaches floor(N s / P), read linearly inside
+    the part that holds it."""
+    got = [sum(hist[r * HIST:(r + 1) * HIST]) for r in range(P)]
+    N, mean = sum(got), sum(got) // P
+    nxt = list(pts)
+    if N == 0 or P < 2 or (max(got) - mean) * 20 <= mean:
+        return nxt
+    before, s = 0, 1
+    for r in range(P):
+        lo, hi = pts[r], pts[r + 1]
+        for j in range(HIST):
+            c = hist[r * HIST + j]
+            if s >= P or c == 0:
+                continue
+            a = lo + ((hi - lo) * j + HIST - 1) // HIST
+            b = lo + ((hi - lo) * (j + 1) + HIST - 1) // HIST
+            while s < P and N * s // P <= before + c:
+                nxt[s] = a + (b - a) * (N * s // P - before) // c
+                s += 1
+            before += c
+    for t in range(1, P):
+        nxt[t] = max(nxt[t], nxt[t - 1])
+    return nxt
+
+
+def sar_reference(grads, res, split):
     """One step of §5.7a for every rank at once: grads[r], res[r] the
-    ranks' gradients and residuals (updated in place); returns the
-    gradient every rank applies."""
+    ranks' gradients and residuals (updated in place); split: the split
+    points this step uses (None: equal ranges), replaced by the next
+    step's; returns the gradient every rank applies."""
     P, D = len(grads), grads[0].numel()
     k = min(D, max(1, math.ceil(DENSITY * D)))
     kout = math.ceil(k / P)
     sums = torch.zeros(D, dtype=torch.float32)
     sent = torch.zeros(D, dtype=torch.bool)
+    count = torch.zeros(D, dtype=torch.int64)
     for r in range(P):
         sel, res[r] = H.ref_select(grads[r], res[r], "topk", DENSITY)
         sel = sel.reshape(-1)
         m = H.stable_topk_mask(sel, k) & (sel != 0)
         sums[m] = sums[m] + sel[m]  # rank order, from 0.0f
         sent |= m
+        count += m.to(torch.int64)
     out = torch.zeros(D, dtype=torch.float32)
+    pts = split[0] if split[0] else [D * o // P for o in range(P + 1)]
+    hist = [0] * (P * HIST)
     for o in range(P):
-        lo, hi = D * o // P, D * (o + 1) // P
+        lo, hi = pts[o], pts[o + 1]
         idx = torch.arange(lo, hi)[sent[lo:hi]]  # ascending
+        for x in idx.tolist():  # one entry per rank that sent x
+            hist[o * HIST + (x - lo) * HIST // (hi - lo)] += int(count[x])
         if idx.numel() == 0:
             continue
         # largest |sum| first, ties to the lower index (a stable sort)
@@ -80,12 +121,13 @@ def sar_reference(grads, res):
         flat = res[o].reshape(-1).clone()
         flat[rest] = flat[rest] + sums[rest]
         res[o] = flat.view(res[o].shape)
+    split[0] = next_points(pts, hist, P)
     return out.view(grads[0].shape), k
 
 
-def check_step(tag, step, model, state, res, st):
+def check_step(tag, step, model, state, res, st, split):
     grads = [grads_at(r, step) for r in range(WORLD)]
-    want, k = sar_reference(grads, res)
+    want, k = sar_reference(grads, res, split)
     assert st["skipped"] == 0, st
     assert st["payload_nbytes"] == 8 * k, (tag, st["payload_nbytes"], k)
     got = model.w.weight.grad
@@ -106,10 +148,11 @@ def w_synchronizer(rank, world):
                           collective="sparse_reduce", buckets=1, threads=1)
     sync = it.GradientSynchronizer(model.named_parameters(), state)
     res = [torch.zeros(ROWS, COLS) for _ in range(WORLD)]
+    split = [None]  # the reference's split points
     for step in range(4):
         model.w.weight.grad = grads_at(rank, step).clone()
         st = sync.synchronize(step)
-        check_step("synchronizer", step, model, state, res, st)
+        check_step("synchronizer", step, model, state, res, st, split)
 
 
 def w_ddp(rank, world):
@@ -120,11 +163,12 @@ def w_ddp(rank, world):
                           collective="sparse_reduce", buckets=1, threads=1)
     ddp.register_comm_hook(state, it.hook)
     res = [torch.zeros(ROWS, COLS) for _ in range(WORLD)]
+    split = [None]  # the reference's split points
     for step in range(3):
         ddp.zero_grad()
         # d sum(W * G) / dW is exactly G: the hook gets the test's inputs
         ddp(grads_at(rank, step)).backward()
-        check_step("ddp", step, model, state, res, state.last_stats)
+        check_step("ddp", step, model, state, res, state.last_stats, split)
 
 
 def w_auto(rank, world):
