@@ -36,6 +36,7 @@ METHODS = ("dense,baseline,adtopk_sync@rho0.0025,adtopk_sync@rho0.005,adtopk_syn
 # the task workload's runs take 3 x as long (8 x 128 tokens, response only)
 SKIP_ON_TASK = "adtopk_sync@rho0.0025,topk_sync@rho0.005,topk_sync,ig@rho0.02"
 FAMILIES = ("adtopk_sync", "topk_sync", "ig")
+NEAR = 1.05  # how far in bytes a uniform family's end point is read beyond its range
 
 
 def family(m):
@@ -92,12 +93,17 @@ def summarize(runs, w, methods, seeds):
 def interp(points, x):
     """A uniform family's frontier at x from its (x, y, 2 se) points: y
     linear in log x between the two measured points around x, and the larger
-    of their 2 se; (None, None) outside their range."""
+    of their 2 se; an end point within NEAR of x; (None, None) otherwise."""
     pts = sorted(points)
     for (x0, y0, e0), (x1, y1, e1) in zip(pts, pts[1:]):
         if x0 <= x <= x1:
             t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) if x1 > x0 else 0
             return y0 + t * (y1 - y0), max(e0, e1)
+    # within 5 % of the bytes of an end point: that point (the loss a uniform
+    # method reaches with up to 5 % more or fewer bytes than x)
+    for xe, ye, ee in pts[:1] + pts[-1:]:
+        if xe / NEAR <= x <= xe * NEAR:
+            return ye, ee
     return None, None
 
 
