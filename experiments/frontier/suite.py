@@ -234,7 +234,7 @@ def main():
             sys.exit(f"suite.py: --methods: '{m}' is not a method vs_dense.py knows")
     reuse = {}
     for r in a.reuse:
-        key, d = r.split("=", 1)
+        key, d = r.rsplit("=", 1)  # a workload may have = in it (task:recall:size=1)
         m, w = key.rsplit("@", 1)  # a method may have @rhoR in its name
         reuse[(w, m)] = d
     runs = {}

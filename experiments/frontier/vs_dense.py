@@ -150,7 +150,7 @@ def main():
     methods = [m for m in a.methods.split(",") if m]
     reuse = {}
     for r in a.reuse:
-        key, d = r.split("=", 1)
+        key, d = r.rsplit("=", 1)  # a workload may have = in it (task:recall:size=1)
         m, w = key.rsplit("@", 1)  # a method may have @rhoR in its name
         reuse[(w, m)] = d
     runs = collect(a, workloads, methods, seeds, reuse)
