@@ -139,7 +139,7 @@ def verdicts(rows):
         known = [c["at_or_below"] for c in cmp if c["at_or_below"] is not None]
         out["part6_" + ("whole_run" if key == "x_run" else "after_switch")] = {
             "ig_rows_at_or_below_0.25x": quarter, "meeting_1.005x": met, "quarter_met": bool(met),
-            "frontier_comparisons": cmp, "frontier_met": bool(known) and all(known)}
+            "frontier_comparisons": cmp, "frontier_met": all(known) if known else None}
     d = rows.get("adtopk_sync@rho0.04")
     out["part7_default_vs_dense"] = None if d is None else {
         "val_loss_ratio_dense": d["y_dense"], "per_seed": d["y_dense_per_seed"],
@@ -205,7 +205,8 @@ def markdown(res):
                             if c["uniform_y"] is not None)
             rowsq = ", ".join(q["ig_rows_at_or_below_0.25x"]) or "no ig row ≤ 0.25 ×"
             out.append(f"| {w} | {name} | {'met' if q['quarter_met'] else 'not met'} ({rowsq}) | "
-                       f"{'met' if q['frontier_met'] else 'not met'}: {cmp or '–'} | {p7s} |")
+                       f"{ {True: 'met', False: 'not met', None: 'not measured'}[q['frontier_met']]}: "
+                       f"{cmp or 'no uniform point within 5 % of its bytes'} | {p7s} |")
     return "\n".join(out) + "\n"
 
 
