@@ -152,7 +152,9 @@ def plot(res, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ws = list(res["workloads"])
-    fig, axs = plt.subplots(1, len(ws), figsize=(4.2 * len(ws), 3.8), squeeze=False)
+    tasks = [w for w in ws if w.startswith("task:")]
+    fig, axs = plt.subplots(1, len(ws) + len(tasks), figsize=(4.2 * (len(ws) + len(tasks)), 3.8),
+                            squeeze=False)
     style = {"adtopk_sync": ("tab:blue", "o"), "topk_sync": ("tab:orange", "s"), "ig": ("tab:green", "^")}
     for ax, w in zip(axs[0], ws):
         rows = res["workloads"][w]["rows"]
@@ -171,6 +173,20 @@ def plot(res, path):
         ax.axvline(0.25, color="grey", lw=0.6, ls=":")
         ax.set_xscale("log")
         ax.set_title(w, fontsize=9)
+        ax.set_xlabel("bytes/step ÷ baseline (F32, ρ 1 %)")
+    for ax, w in zip(axs[0][len(ws):], tasks):  # exact match against the same bytes
+        rows = res["workloads"][w]["rows"]
+        acc = {m: sum(r["task_accuracy"]) / len(r["task_accuracy"]) for m, r in rows.items()
+               if r["task_accuracy"]}
+        for f in FAMILIES:
+            pts = sorted((rows[m]["x_run"], a) for m, a in acc.items() if family(m) == f)
+            if pts:
+                ax.plot(*zip(*pts), marker=style[f][1], color=style[f][0], label=f)
+        for m, mk in (("baseline", "k*"), ("dense", "kD")):
+            if m in acc:
+                ax.plot(rows[m]["x_run"], acc[m], mk, label=m)
+        ax.set_xscale("log")
+        ax.set_title(w + ": exact match", fontsize=9)
         ax.set_xlabel("bytes/step ÷ baseline (F32, ρ 1 %)")
     axs[0][0].set_ylabel("val loss ÷ baseline (mean of seeds)")
     axs[0][0].legend(fontsize=7)
