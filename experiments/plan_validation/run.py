@@ -150,12 +150,11 @@ def ring_coeffs(op, P, nbytes):
     return P - 1, (P - 1) / P * nbytes  # reduce, bcast: the hier node step
 
 
-def fit_alpha_beta(rows, P):
-    """Least squares of t = a α + b β on relative residuals (rows scaled by 1/t)."""
+def lsq_ab(terms):
+    """Least squares of t = x·a + y·b over (a, b, t) on relative residuals
+    (each row scaled by 1/t); x < 0 (a negative latency) refits y alone."""
     s_aa = s_ab = s_bb = s_at = s_bt = 0.0
-    for r in rows:
-        a, b = ring_coeffs(r["op"], P, r["bytes"])
-        t = r["ms"] / 1e3
+    for a, b, t in terms:
         w = 1.0 / (t * t)
         s_aa += w * a * a
         s_ab += w * a * b
@@ -163,10 +162,16 @@ def fit_alpha_beta(rows, P):
         s_at += w * a * t
         s_bt += w * b * t
     det = s_aa * s_bb - s_ab * s_ab
-    alpha = (s_at * s_bb - s_bt * s_ab) / det
-    beta = (s_aa * s_bt - s_ab * s_at) / det
-    if alpha < 0:  # latency cannot be negative: refit β alone
-        alpha, beta = 0.0, s_bt / s_bb
+    x = (s_at * s_bb - s_bt * s_ab) / det
+    y = (s_aa * s_bt - s_ab * s_at) / det
+    if x < 0:
+        x, y = 0.0, s_bt / s_bb
+    return x, y
+
+
+def fit_alpha_beta(rows, P):
+    """Least squares of t = a α + b β on relative residuals (rows scaled by 1/t)."""
+    alpha, beta = lsq_ab([(*ring_coeffs(r["op"], P, r["bytes"]), r["ms"] / 1e3) for r in rows])
     ts = [r["ms"] / 1e3 for r in rows]
     preds = [ring_coeffs(r["op"], P, r["bytes"])[0] * alpha
              + ring_coeffs(r["op"], P, r["bytes"])[1] * beta for r in rows]

@@ -161,21 +161,7 @@ def main():
 
 def fit(points):
     """t = c_a A + c_b B on relative residuals (A, B: the α and β terms)."""
-    s_aa = s_ab = s_bb = s_at = s_bt = 0.0
-    for p in points:
-        w = 1.0 / p["measured_ms"] ** 2
-        a, b, t = p["alpha_term_ms"], p["beta_term_ms"], p["measured_ms"]
-        s_aa += w * a * a
-        s_ab += w * a * b
-        s_bb += w * b * b
-        s_at += w * a * t
-        s_bt += w * b * t
-    det = s_aa * s_bb - s_ab * s_ab
-    c_a = (s_at * s_bb - s_bt * s_ab) / det
-    c_b = (s_aa * s_bt - s_ab * s_at) / det
-    if c_a < 0:
-        c_a, c_b = 0.0, s_bt / s_bb
-    return c_a, c_b
+    return R.lsq_ab([(p["alpha_term_ms"], p["beta_term_ms"], p["measured_ms"]) for p in points])
 
 
 if __name__ == "__main__":
