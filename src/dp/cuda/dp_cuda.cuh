@@ -108,6 +108,23 @@ static __device__ double igrad__cuda_block_sum(double v)
     return sh[0];
 }
 
+/* The largest |v[j]| of v[0, n), called by every thread of one block (a
+ * max of igrad__key: any order gives the CPU's igrad__fp8_block_amax). */
+static __device__ float igrad__cuda_block_amax(const float *v, int64_t n)
+{
+    __shared__ unsigned int s_key;
+    if (threadIdx.x == 0) s_key = 0;
+    __syncthreads();
+    unsigned int key = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        uint32_t kj = igrad__key(v[j]);
+        key = kj > key ? kj : key;
+    }
+    atomicMax(&s_key, key);
+    __syncthreads();
+    return igrad__f32_from_bits(s_key);
+}
+
 /* f(i) gives entry i's a (a float). */
 template <class F>
 __global__ void igrad__cuda_sum_part(F f, int64_t n, double *part)

@@ -65,19 +65,10 @@ __global__ void values16_kernel(unsigned char *dst, const float *val, int64_t co
  * staged (already rounded) value's code. */
 __global__ void values8_kernel(unsigned char *dst, const float *val, int64_t count)
 {
-    __shared__ unsigned int s_key;
-    if (threadIdx.x == 0) s_key = 0;
-    __syncthreads();
-    unsigned int key = 0;
-    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
-        uint32_t kk = igrad__key(val[k]);
-        key = kk > key ? kk : key;
-    }
-    atomicMax(&s_key, key);
-    __syncthreads();
+    float amax = igrad__cuda_block_amax(val, count);
     unsigned char head[IGRAD__FP8_SCALE_NBYTES];
     float sc, inv;
-    igrad__fp8_head(head, igrad__f32_from_bits(s_key), &sc, &inv);
+    igrad__fp8_head(head, amax, &sc, &inv);
     if (threadIdx.x < IGRAD__FP8_SCALE_NBYTES) dst[threadIdx.x] = head[threadIdx.x];
     for (int64_t k = threadIdx.x; k < count; k += blockDim.x)
         dst[IGRAD__FP8_SCALE_NBYTES + k] = igrad__fp8_code(val[k], inv, sc);

@@ -335,20 +335,10 @@ __global__ void round16_kernel(float *val, float *r, sel_at at, int64_t count, i
  * the CPU's), each v to q = igrad__fp8_round(v), its residual v - q. */
 __global__ void round8_kernel(float *val, float *r, sel_at at, int64_t count, int64_t blk)
 {
-    __shared__ unsigned int s_key;
     int64_t f = (int64_t)blockIdx.x * blk, n = count - f < blk ? count - f : blk;
     float *v = val + f;
-    if (threadIdx.x == 0) s_key = 0;
-    __syncthreads();
-    unsigned int key = 0;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        uint32_t kj = igrad__key(v[j]);
-        key = kj > key ? kj : key;
-    }
-    atomicMax(&s_key, key);
-    __syncthreads();
     float sc, inv;
-    igrad__fp8_scales(igrad__f32_from_bits(s_key), &sc, &inv);
+    igrad__fp8_scales(igrad__cuda_block_amax(v, n), &sc, &inv);
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
         float a = v[j], q = igrad__fp8_round(a, inv, sc);
         v[j] = q;
