@@ -249,11 +249,7 @@ def main():
     for m in methods:
         if V.method_args(m) is None:
             sys.exit(f"suite.py: --methods: '{m}' is not a method vs_dense.py knows")
-    reuse = {}
-    for r in a.reuse:
-        key, d = r.rsplit("=", 1)  # a workload may have = in it (task:recall:size=1)
-        m, w = key.rsplit("@", 1)  # a method may have @rhoR in its name
-        reuse[(w, m)] = d
+    reuse = V.parse_reuse(a.reuse)
     runs = {}
     for w in workloads:  # workload outermost: a workload is whole before the next starts
         ms = [m for m in methods if not (w.startswith("task:") and m in a.skip_on_task.split(","))]

@@ -98,6 +98,16 @@ def fmt(x, f):
     return "–" if x is None else format(x, f)
 
 
+def parse_reuse(items):
+    """--reuse METHOD@W=PATH items as {(W, METHOD): PATH}."""
+    reuse = {}
+    for r in items:
+        key, d = r.rsplit("=", 1)  # a workload may have = in it (task:recall:size=1)
+        m, w = key.rsplit("@", 1)  # a method may have @rhoR in its name
+        reuse[(w, m)] = d
+    return reuse
+
+
 def collect(a, workloads, methods, seeds, reuse):
     """Runs what is missing (one training at a time, seed outermost: a
     partial set is still paired) and reads every run: {(w, m, seed): record}.
@@ -148,12 +158,7 @@ def main():
     seeds = [int(s) for s in a.seeds.split(",") if s]
     workloads = [w for w in a.workloads.split(",") if w]
     methods = [m for m in a.methods.split(",") if m]
-    reuse = {}
-    for r in a.reuse:
-        key, d = r.rsplit("=", 1)  # a workload may have = in it (task:recall:size=1)
-        m, w = key.rsplit("@", 1)  # a method may have @rhoR in its name
-        reuse[(w, m)] = d
-    runs = collect(a, workloads, methods, seeds, reuse)
+    runs = collect(a, workloads, methods, seeds, parse_reuse(a.reuse))
     table(a, workloads, methods, seeds, runs)
 
 
