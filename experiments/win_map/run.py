@@ -5,7 +5,8 @@ docs/plan.md §2a: NCCL over one NIC per GPU, ring or tree) for LLaMA-2-7B
 and LLaMA-2-70B (configs/), over the inter-node bandwidth per GPU (1 to
 400 Gbit/s) x P (8 to 1,024 GPUs, 8 per node, NVLink inside), with
 `igrad plan --overlap` (DDP's buckets for dense bf16, the streamed step for
-igrad's flat route, hier after backward).
+igrad's flat route, hier after backward), the sparse methods at igrad
+train's defaults (ρ 4 %, bf16 values) unless --density / --value-dtype say.
 
 Speed-up to a quality = step speed-up / step-count penalty, the penalty
 being (steps the method needs to reach dense's quality) / (steps dense
@@ -27,7 +28,8 @@ ties); the crossover per P is the highest bandwidth at and below which
 every sampled bandwidth wins.
 
 Usage: experiments/win_map/run.py IGRAD_BINARY [--penalty X|ig=X,adtopk_sync=Y]
-           [--testbed time_to_quality.json] [--out DIR]
+           [--testbed time_to_quality.json] [--density 0.04] [--value-dtype bf16]
+           [--out DIR]
        experiments/win_map/run.py --from-json win_map.json [--penalty ...] [--testbed ...]
 (writes win_map.json and win_map.png to DIR, default docs/results, and
 prints the Markdown tables; 144 `igrad plan` calls, about 15 minutes on a
@@ -49,10 +51,11 @@ def latency_us(gbit):
     return 25 if gbit <= 10 else 15 if gbit <= 25 else 8 if gbit <= 100 else 5
 
 
-def run(igrad, src, cfg, P, gbit):
+def run(igrad, src, cfg, P, gbit, density, value_dtype):
     cmd = [igrad, "plan", "--config", cfg, "--ranks", str(P), "--ranks-per-node", "8",
            "--link", "intra=nvlink", "--link", f"inter={gbit},{latency_us(gbit)}",
-           "--method", ",".join(METHODS), "--overlap", "--json"]
+           "--method", ",".join(METHODS), "--density", str(density),
+           "--value-dtype", value_dtype, "--overlap", "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=src).stdout
     d = json.loads(out)
     rows = {(r["method"], r["route"]): r for r in d["rows"]}
@@ -110,6 +113,10 @@ def main():
                          "ig=X,adtopk_sync=Y (default 1.0)")
     ap.add_argument("--testbed", default=None,
                     help="docs/results/time_to_quality.json: overlay its measured points")
+    ap.add_argument("--density", type=float, default=0.04,
+                    help="the sparse methods' density (default 0.04, igrad train's)")
+    ap.add_argument("--value-dtype", default="bf16",
+                    help="their wire values (default bf16, igrad train's)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -120,11 +127,13 @@ def main():
     elif a.igrad:
         igrad = os.path.abspath(a.igrad)
         data = {"gbit_per_gpu": GBITS, "ranks": RANKS, "ranks_per_node": 8,
-                "latency_us": {str(g): latency_us(g) for g in GBITS}, "cells": {}}
+                "latency_us": {str(g): latency_us(g) for g in GBITS},
+                "density": a.density, "value_dtype": a.value_dtype, "cells": {}}
         for name, cfg in MODELS:
             for g in GBITS:
                 for P in RANKS:
-                    data["cells"][f"{name}|{g}|{P}"] = run(igrad, src, cfg, P, g)
+                    data["cells"][f"{name}|{g}|{P}"] = run(igrad, src, cfg, P, g, a.density,
+                                                           a.value_dtype)
     else:
         ap.error("give IGRAD_BINARY or --from-json")
     penalty = parse_penalty(a.penalty)
