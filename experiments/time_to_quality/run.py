@@ -411,9 +411,9 @@ def report(a, rows):
     by = {(r["rate_mbps"], r["method"], r["seed"]): r for r in rows}
     lines = []
     for rate in a.rates:
-        lines += torch_table(a, rate, by)
         seeds = [s for s in a.seeds if all((rate, m, s) in by for m in METHODS)]
         if not seeds:
+            lines += torch_table(a, rate, by)
             continue
         dense = [by[(rate, "dense", s)] for s in seeds]
         lines.append(f"### {rate} Mbit/s per direction (seeds {', '.join(map(str, seeds))})\n")
@@ -449,6 +449,7 @@ def report(a, rows):
              "same-compute estimate", "load at start"],
             table))
         lines.append("")
+        lines += torch_table(a, rate, by)
     text = "\n".join(lines)
     print(text)
 
@@ -496,6 +497,7 @@ def main():
     ap.add_argument("--report-only", action="store_true", help="only read the runs there are")
     a = ap.parse_args()
     a.igrad = os.path.abspath(a.igrad)
+    a.runs = os.path.abspath(a.runs)  # the ranks' working directory is not ours to rely on
     a.rates = [int(x) for x in a.rates.split(",")]
     a.seeds = [int(x) for x in a.seeds.split(",")]
     methods = a.methods.split(",")
