@@ -39,6 +39,21 @@ the step time (forward + backward with the hook + clip + AdamW; the median).
         --workloads fortunes: --check
     ... run.py --workloads fortunes:,lodash: --report docs/results/powersgd
 
+One run as experiments/time_to_quality runs it, a run directory in
+`igrad train`'s format (metrics.csv, eval.csv, summary.json; methods dense
+and powersgd_rR, each as one DDP bucket whose hook is timed):
+    run.py --base B --workloads brown:news --methods powersgd_r4 --seeds 7 \
+        --steps 120 --eval-every 10 --run-dir DIR      # both ranks, mp.spawn
+    run.py ... --prepare-only                          # the batches, once
+    mpirun -np 2 ... run.py ... --rank-from-env --master-addr ADDR --run-dir DIR
+The last is one rank per process (OMPI_COMM_WORLD_RANK/SIZE), gloo on the
+interface holding an address in ADDR's network (or GLOO_SOCKET_IFNAME).
+Checked on 127.0.0.1 (powersgd_r4, brown:news, seed 1337, 3 steps,
+--eval-every 2, OMP_NUM_THREADS=1 for both): the two launchers' metrics.csv
+losses and bytes, eval.csv and final val loss are bit-identical. Give both
+the same OMP_NUM_THREADS: set or unset at torch's import it moves the
+forward's last bits (val loss 2.084016129 vs 2.084016144 at step 0).
+
 --check compares the PyTorch model's loss on the first global batch with the
 step-0 loss of a 1-step `igrad train` run (build/igrad, 2 ranks under mpirun)
 from the same base on the same data. Finished runs are kept under --out and
@@ -58,6 +73,7 @@ import subprocess
 import sys
 import time
 
+T_START = time.time()  # summary.json's wall_s counts from here (start-up included)
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "python"))
@@ -329,8 +345,8 @@ def evaluate(model, val):
     return loss_sum / count, correct / count
 
 
-def worker(rank, world, port, a, workload, method, seed, path, result):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+def worker(rank, world, port, a, workload, method, seed, path, result, addr="127.0.0.1"):
+    os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world,
@@ -356,8 +372,30 @@ def run_rank(rank, world, a, workload, method, seed, path, result):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=LR, betas=(beta1, BETA2), eps=EPS)
     counter, state, predicted, rank_r = None, None, None, None
-    if method == "dense":
+    timed = a.run_dir is not None  # a run directory as `igrad train` writes it
+    hook_start = [None]  # when this step's (one) DDP bucket reached its hook
+
+    def time_hook(hook):
+        """`hook`, noting when DDP first calls it in a step: with one bucket,
+        the moment the last gradient of backward is ready."""
+        def timed_hook(hook_state, bucket):
+            if hook_start[0] is None:
+                hook_start[0] = time.perf_counter()
+            return hook(hook_state, bucket)
+        return timed_hook
+
+    if method == "dense" and not timed:
         ddp = DDP(model)
+    elif method == "dense":
+        # plain all-reduce (torch's allreduce_hook: divide by the world size,
+        # all_reduce) of one bucket after backward, so that sync_ms is its
+        # whole time, as PowerSGD's below (one bucket too) and the C trainer's
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as D
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+        ddp = DDP(model, bucket_cap_mb=1024)
+        counter = CountingDist()
+        D.dist = counter
+        ddp.register_comm_hook(None, time_hook(D.allreduce_hook))
     elif method.startswith("powersgd_r"):
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
         rank_r = int(method[len("powersgd_r"):])
@@ -370,8 +408,10 @@ def run_rank(rank, world, a, workload, method, seed, path, result):
         D.dist = counter  # the dense steps before start_powerSGD_iter
         state = P.PowerSGDState(process_group=None, matrix_approximation_rank=rank_r,
                                 start_powerSGD_iter=a.psgd_start)
-        ddp.register_comm_hook(state, P.powerSGD_hook)
+        ddp.register_comm_hook(state, time_hook(P.powerSGD_hook) if timed else P.powerSGD_hook)
         predicted = powersgd_bytes(model, rank_r)
+    elif timed:
+        raise SystemExit("run.py: --run-dir runs dense and powersgd_rR only (got %s)" % method)
     else:
         import igrad
         import igrad.torch as it
@@ -379,7 +419,21 @@ def run_rank(rank, world, a, workload, method, seed, path, result):
         cfg = igrad.Config(method=method, density=DENSITY)
         state = it.IgradState(ddp, profile="auto" if method == "ig" else None, config=cfg)
         ddp.register_comm_hook(state, it.hook)
-    losses, nbytes, times = [], [], []
+    losses, nbytes, times, syncs, evals = [], [], [], [], []
+
+    def evaluate_at(done):
+        """`igrad train`'s evaluation points: step 0 and every --eval-every
+        steps (when > 0) and the last; rank 0 evaluates, outside step time."""
+        if not timed or not (done == steps or (a.eval_every > 0 and done % a.eval_every == 0)):
+            return
+        if rank == 0:
+            vl, va = evaluate(model, val)
+            evals.append((done, vl, math.exp(vl), va))
+            print("  %s %s s%d eval at step %3d: val loss %.6f" % (workload, method, seed, done,
+                                                                  vl), flush=True)
+        dist.barrier()
+
+    evaluate_at(0)
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps)
@@ -387,13 +441,16 @@ def run_rank(rank, world, a, workload, method, seed, path, result):
         y = train[step, 1, rank * B:(rank + 1) * B]
         if counter is not None:
             counter.nbytes = 0
+        hook_start[0] = None
         t0 = time.perf_counter()
         loss = ddp(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        t_sync_end = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         times.append(time.perf_counter() - t0)
+        syncs.append(t_sync_end - hook_start[0] if hook_start[0] is not None else 0.0)
         if counter is not None:
             nbytes.append(counter.nbytes)
         elif state is not None:
@@ -407,9 +464,13 @@ def run_rank(rank, world, a, workload, method, seed, path, result):
             print("  %s %s s%d step %3d loss %.4f bytes %d  %.0f ms" % (
                 workload, method, seed, step, losses[-1], nbytes[-1], 1e3 * times[-1]),
                 flush=True)
+        evaluate_at(step + 1)
     # every rank holds the same parameters; rank 0 evaluates
     if rank == 0:
-        vl, va = evaluate(model, val)
+        if timed:
+            vl, va = evals[-1][1], evals[-1][3]  # the evaluation at the last step
+        else:
+            vl, va = evaluate(model, val)
         out = {"workload": workload, "method": method, "seed": seed, "steps": steps,
                "val_loss": vl, "val_acc": va, "train_loss": losses, "bytes": nbytes,
                "step_s": times, "beta1": beta1, "num_params": nparams,
@@ -423,7 +484,46 @@ def run_rank(rank, world, a, workload, method, seed, path, result):
         with open(result + ".tmp", "w") as f:
             json.dump(out, f, default=str)
         os.replace(result + ".tmp", result)
+        if timed:
+            write_run_dir(a.run_dir, out, syncs, evals, world)
     dist.barrier()
+
+
+def write_run_dir(d, r, syncs, evals, world):
+    """metrics.csv, eval.csv and summary.json in `igrad train`'s format (the
+    columns experiments/time_to_quality reads). step_ms: forward, backward
+    with the hook, clip and AdamW (evaluation excluded); sync_ms: from the
+    hook's call with the one bucket (every gradient ready) to backward's
+    return: the all-reduces, PowerSGD's compression and decompression and
+    the copy back into the gradients, none of it overlapped with compute;
+    wire_bytes = payload_bytes: the bytes this rank handed to all_reduce."""
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "metrics.csv"), "w") as f:
+        f.write("step,method,loss,payload_bytes,wire_bytes,sync_ms,step_ms\n")
+        for i, (loss, b, sy, st) in enumerate(zip(r["train_loss"], r["bytes"], syncs,
+                                                   r["step_s"])):
+            f.write("%d,%s,%.8f,%d,%d,%.4f,%.3f\n" % (i, r["method"], loss, b, b, 1e3 * sy,
+                                                      1e3 * st))
+    with open(os.path.join(d, "eval.csv"), "w") as f:
+        f.write("step,val_loss,val_ppl,val_acc\n")
+        for s, vl, ppl, va in evals:
+            f.write("%d,%.9g,%.9g,%.9g\n" % (s, vl, ppl, va))
+    summ = {"implementation": "torch (experiments/powersgd/run.py)", "method": r["method"],
+            "ranks": world, "steps": r["steps"], "complete": True, "workload": r["workload"],
+            "seed": r["seed"], "beta1": r["beta1"], "num_params": r["num_params"],
+            "eval": [list(e) for e in evals], "final": {"val_loss": r["val_loss"],
+                                                        "val_acc": r["val_acc"]},
+            "payload_bytes_per_step": statistics.mean(r["bytes"]),
+            "sync_ms_per_step": 1e3 * statistics.mean(syncs),
+            "sync_ms": "from the hook's call with the one DDP bucket (all gradients ready) "
+                       "to backward's return",
+            "wall_s": time.time() - T_START}
+    for k in ("rank", "start_powerSGD_iter", "predicted_bytes"):
+        if k in r:
+            summ[k] = r[k]
+    with open(os.path.join(d, "summary.json.tmp"), "w") as f:
+        json.dump(summ, f, indent=1)
+    os.replace(os.path.join(d, "summary.json.tmp"), os.path.join(d, "summary.json"))
 
 
 def free_port():
@@ -611,6 +711,53 @@ def plot(points, path, steps):
 
 
 # ---------------------------------------------------------------------------
+# One run into a run directory (experiments/time_to_quality)
+# ---------------------------------------------------------------------------
+
+def iface_for(addr):
+    """The interface holding an IPv4 address in the same network as `addr`
+    (in a testbed namespace: the node's veth; for 127.0.0.1: lo)."""
+    import ipaddress
+    target = ipaddress.ip_address(addr)
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], check=True, capture_output=True,
+                         text=True).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[2] == "inet" and target in ipaddress.ip_network(f[3], strict=False):
+            return f[1]
+    raise SystemExit("run.py: no interface here is in %s's network" % addr)
+
+
+def one_run(a):
+    if not a.run_dir and not a.prepare_only:
+        raise SystemExit("run.py: --rank-from-env needs --run-dir")
+    ws, ms, seeds = a.workloads.split(","), a.methods.split(","), a.seeds.split(",")
+    if len(ws) != 1 or len(ms) != 1 or len(seeds) != 1:
+        raise SystemExit("run.py: --run-dir/--prepare-only take one workload, method and seed")
+    w, m, seed = ws[0], ms[0], int(seeds[0])
+    if a.prepare_only:
+        print(data_file(a.out, w, seed, a.steps))
+        return
+    path = os.path.join(a.out, "data", "%s-s%d-n%d.bin" % (label(w), seed, a.steps))
+    a.run_dir = os.path.abspath(a.run_dir)
+    os.makedirs(a.run_dir, exist_ok=True)
+    result = os.path.join(a.run_dir, "result.json")
+    if not a.rank_from_env:
+        path = data_file(a.out, w, seed, a.steps)
+        mp.spawn(worker, args=(RANKS, free_port(), a, w, m, seed, path, result),
+                 nprocs=RANKS, join=True)
+        return
+    if not os.path.exists(path):  # two ranks would race to write it
+        raise SystemExit("run.py: %s is missing (run with --prepare-only first)" % path)
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    if world != RANKS:
+        raise SystemExit("run.py: the data is cut for %d ranks (mpirun gave %d)" % (RANKS, world))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", iface_for(a.master_addr))
+    worker(rank, world, a.master_port, a, w, m, seed, path, result, a.master_addr)
+
+
+# ---------------------------------------------------------------------------
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -628,8 +775,24 @@ def main():
     ap.add_argument("--run", choices=["all", "none"], default="all")
     ap.add_argument("--report", help="write PREFIX.json and PREFIX.png, and the table into "
                     "PREFIX.md between its table markers")
+    ap.add_argument("--run-dir", help="one run (one workload, method and seed) written as "
+                    "`igrad train` writes its --out: metrics.csv, eval.csv, summary.json")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="with --run-dir: evaluate at step 0, every N steps and the last")
+    ap.add_argument("--rank-from-env", action="store_true",
+                    help="with --run-dir: be one rank, rank and world from mpirun's "
+                    "OMPI_COMM_WORLD_RANK/SIZE, instead of spawning both")
+    ap.add_argument("--master-addr", default="127.0.0.1",
+                    help="with --rank-from-env: rank 0's address (gloo's interface is the "
+                    "one holding an address in its subnet unless GLOO_SOCKET_IFNAME is set)")
+    ap.add_argument("--master-port", type=int, default=29500)
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="only write the data file a --rank-from-env run reads, then exit")
     a = ap.parse_args()
     a.out = os.path.abspath(a.out)
+    if a.run_dir or a.rank_from_env or a.prepare_only:
+        one_run(a)
+        return
     checks = []
     seeds = [int(s) for s in a.seeds.split(",")]
     workloads = a.workloads.split(",")
