@@ -33,7 +33,7 @@ rate and seed. For each run:
                     (the machine is shared: the three methods of a (seed,
                     rate) run back to back so they see similar load)
 
-PowerSGD (--methods ...,powersgd_r4; not in the default): torch's PowerSGD
+PowerSGD (powersgd_r4 in the default --methods): torch's PowerSGD
 hook in experiments/powersgd/run.py (the same model, base, batches and
 validation rows in PyTorch; DDP on gloo), launched through the same testbed:
 mpirun starts one rank in each namespace (rank and world from
@@ -51,7 +51,7 @@ penalty is against dense's eval curve like every row's.
 Runs are kept under --runs (default runs/time_to_quality) and reused when
 their summary.json says complete, so an interrupted sweep resumes.
 
-Usage: experiments/time_to_quality/run.py IGRAD_BINARY [--rates 1000,200,50]
+Usage: experiments/time_to_quality/run.py IGRAD_BINARY [--rates 5000,1000,200,50]
            [--seeds 1337,7,42] [--subnet 10.251.0] [--report-only] ...
 Needs root / CAP_NET_ADMIN for the testbed (exit 3 where it refuses)."""
 import argparse
@@ -393,6 +393,8 @@ def report(a, rows):
             "ranks": 2, "testbed": "experiments/netem/testbed --nodes 2 --ranks-per-node 1",
             "steps": a.steps, "eval_every": a.eval_every, "seeds": a.seeds,
             "rates_mbps": a.rates, "target": "dense's final val loss at the same rate and seed",
+            "density": a.density or "igrad train's default (0.04 for the sparse methods)",
+            "value_dtype": a.value_dtype or "igrad train's default (bf16 for the sparse methods)",
             "wall_s": "sum of per-step step_ms (evaluation, checkpointing and start-up "
                       "excluded); wall_s_with_eval: summary.json's wall_s"}
     if a.torch_methods:
@@ -479,9 +481,9 @@ def report(a, rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("igrad")
-    ap.add_argument("--rates", default="1000,200,50", help="Mbit/s, comma-separated")
+    ap.add_argument("--rates", default="5000,1000,200,50", help="Mbit/s, comma-separated")
     ap.add_argument("--seeds", default="1337,7,42")
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=",".join(METHODS + ["powersgd_r4"]))
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--density", default=None, help="--density for every run (default: the trainer's)")
     ap.add_argument("--value-dtype", default=None, help="the sparse runs' --value-dtype (the trainer's)")
