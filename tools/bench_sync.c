@@ -15,7 +15,10 @@
  *     dense, topk_sync, adtopk_sync, iad and ig, and ig once more per
  *     packing policy for the packing table. Every method sees the same
  *     gradients at the same step. A step's time is the slowest rank's;
- *     medians over steps are reported; bytes are means.
+ *     medians over steps are reported; bytes are means (over ranks and
+ *     steps; --topology hier also reports each shard's: its owners' own
+ *     payload and inter-node bytes per step, per local rank, and their
+ *     min, max and max / mean over the shards).
  * The floor: one plain streaming pass per tensor over the same gradient
  * buffers and a residual-sized buffer, e = e + g then g = 0 chunk by chunk
  * (read g and e, write e and g: what any error-feedback step that hands
