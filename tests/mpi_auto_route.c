@@ -5,7 +5,10 @@
  *
  *  - a link (searched in a fixed list, the first that mixes) where auto
  *    takes the sparse all-reduce for some buckets and gather or reduce for
- *    others, by a plan-only engine of the same config; the real engine's
+ *    others (fixed index widths: at 4 ranks the fitted price of the
+ *    sparse all-reduce, route.h, beats the gather only above 7.2 gather
+ *    bytes an entry, i.e. where the indices are 32-bit: the model's
+ *    3,000-row embedding), by a plan-only engine of the same config; the real engine's
  *    statistics count the same routes, its payload equals the plan's;
  *  - bucket by bucket: after step 0 every tensor's gradient and residual
  *    equal those of an engine forcing its bucket's route (gather, reduce or
@@ -44,6 +47,14 @@ static igrad_config_t config_of(int64_t latency_ns, int64_t mbps)
     c.link_latency_ns = latency_ns;
     c.link_bandwidth_mbps = mbps;
     c.auto_sparse_reduce = 1;
+    /* fixed index widths: at 4 ranks auto's fitted price of the sparse
+     * all-reduce (17 alpha + 9/5 of its bytes, 8 an entry, route.h) beats
+     * the gather only above 7.2 gather bytes an entry, i.e. with F32
+     * values only where the indices are 32-bit (the model's embedding of
+     * 3,000 x 24 entries); the other tensors' 16-bit indices (6 bytes an
+     * entry) keep theirs on the gather: the mix this test checks (with
+     * the default compact codes, about 5 bytes an entry, none takes it) */
+    c.index_code = IGRAD_INDEX_CODE_FIXED;
     return c;
 }
 
@@ -231,7 +242,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
     mpi_model_t m;
-    mpi_model_init(&m);
+    mpi_model_init_vocab(&m, 3000); /* an embedding with 32-bit indices */
     igrad_comm_t *comm = NULL;
     REQUIRE(igrad_comm_create_mpi(NULL, &comm) == IGRAD_OK);
 

@@ -14,7 +14,8 @@
  * link_bandwidth_mbps: auto's α-β choice) and, at P = 4, a link latency of
  * 1 s that leaves no reduce bucket where bytes alone chose some. With
  * config.auto_sparse_reduce (igrad_engine_sync, which alone runs the
- * sparse all-reduce): every step's payload, buckets by route (sparse
+ * sparse all-reduce; fixed 32-bit indices, so that its fitted price takes
+ * it at P = 4): every step's payload, buckets by route (sparse
  * all-reduce included) and entries equal the plan's (wire bytes not: the
  * engine counts what its sparse all-reduce moved, the plan gives the
  * balanced model). Also: a plan-only engine refuses to run steps,
@@ -375,6 +376,11 @@ int main(int argc, char **argv)
             c.auto_sparse_reduce = 1;
             c.link_latency_ns = lat;
             c.timeout_s = 60;
+            /* fixed 32-bit indices: at 4 ranks the fitted price of the
+             * sparse all-reduce (route.h) beats the gather only above
+             * 7.2 gather bytes an entry (F32 values: 8 with them) */
+            c.index_code = IGRAD_INDEX_CODE_FIXED;
+            c.index_dtype = IGRAD_DTYPE_U32;
             char what[128];
             snprintf(what, sizeof what, "%s (auto_sparse_reduce, %lld ns)",
                      igrad_method_name(c.method), (long long)lat);

@@ -3,9 +3,10 @@
  * brute-force evaluation of the α-β formulas of docs/architecture.md §5.7
  * over a grid of (s, d, k, P, α, B), ties included: here each route's time
  * is taken as stated — steps·α + wire bytes·8000/B ns, gather (P−1) steps
- * and (P−1)s bytes, reduce 2(P−1) steps and 2(P−1)/P·4d bytes, sparse
- * all-reduce 4(P−1) steps and (P−1)(112 + 8⌈k/P⌉) + 8k(P−1)/P bytes — and
- * compared exactly, scaled by B·P (not by B·P/(P−1) as route.c does), the
+ * and (P−1)s bytes, reduce 2(P−1) steps and 2(P−1)/P·4d bytes; the sparse
+ * all-reduce its fitted time (docs/plan.md §2, decision 0060), 17 α +
+ * 9/5 × its wire bytes (P−1)(112 + 8⌈k/P⌉) + 8k(P−1)/P × 8000/B — and
+ * compared exactly, scaled by 5·B·P (not by B·P/(P−1) as route.c does), the
  * first in table order (gather, reduce, sparse all-reduce) winning ties.
  * Also: α = 0 without the sparse all-reduce is the old bytes rule (reduce
  * iff 8d < P·s); forced routes, the dense method and one rank; the arenas
@@ -36,7 +37,8 @@ static void status_msg(igrad_status_t st, igrad_status_t want, const char *frag)
     assert_error_has(frag);
 }
 
-/* Exact time × B × P of one route as stated. 0 gather, 1 reduce, 2 sar. */
+/* Exact time × 5 × B × P of one route as stated (the 5 makes the sparse
+ * all-reduce's 9/5 an integer). 0 gather, 1 reduce, 2 sar. */
 static wide_t stated(int route, int64_t s, int64_t d, int64_t k, int64_t P, int64_t a, int64_t B)
 {
     wide_t steps, pbytes; /* pbytes = wire bytes × P */
@@ -48,10 +50,11 @@ static wide_t stated(int route, int64_t s, int64_t d, int64_t k, int64_t P, int6
         pbytes = (wide_t)2 * (P - 1) * 4 * d;
     } else {
         int64_t kout = (k + P - 1) / P;
-        steps = 4 * (P - 1);
         pbytes = (wide_t)(P - 1) * (112 + 8 * kout) * P + (wide_t)8 * k * (P - 1);
+        /* 17 α, not (P−1)-dependent steps; 9/5 of the bytes */
+        return (wide_t)5 * 17 * a * B * P + (wide_t)9 * 8000 * pbytes;
     }
-    return steps * a * B * P + 8000 * pbytes;
+    return 5 * (steps * a * B * P + 8000 * pbytes);
 }
 
 static igrad_bucket_kind_t brute(int sar, int64_t s, int64_t d, int64_t k, int64_t P, int64_t a,
@@ -136,14 +139,22 @@ static void test_ties_and_old_rule(void **state)
                         8 * d < P * s ? IGRAD_BUCKET_REDUCE : IGRAD_BUCKET_GATHER;
                     assert_int_equal(choose(0, s, d, s / 6, P, 0, B), want);
                 }
-    /* an exact gather/sparse all-reduce tie at alpha 0, P 4, k 40: gather
-     * (P-1)s = 3*272 = 816 = 3*(112 + 8*10) + 8*40*3/4 = 576 + 240 */
-    assert_true(stated(0, 272, 1000000, 40, 4, 0, 1) == stated(2, 272, 1000000, 40, 4, 0, 1));
-    assert_int_equal(choose(1, 272, 1000000, 40, 4, 0, 1), IGRAD_BUCKET_GATHER);
-    assert_int_equal(choose(1, 272 + 1, 1000000, 40, 4, 0, 1), IGRAD_BUCKET_SPARSE_REDUCE);
-    /* ... and latency makes the four exchanges lose */
-    assert_int_equal(choose(1, 272 + 1, 1000000, 40, 4, 1, 1), IGRAD_BUCKET_SPARSE_REDUCE);
-    assert_int_equal(choose(1, 272 + 1, 1000000, 40, 4, 100000, 1), IGRAD_BUCKET_GATHER);
+    /* an exact gather/sparse all-reduce tie at alpha 0, P 4, k 12: gather
+     * (P-1)s = 3*288 = 864 = 9/5 (3*(112 + 8*3) + 8*12*3/4) = 9/5 * 480 */
+    assert_true(stated(0, 288, 1000000, 12, 4, 0, 1) == stated(2, 288, 1000000, 12, 4, 0, 1));
+    assert_int_equal(choose(1, 288, 1000000, 12, 4, 0, 1), IGRAD_BUCKET_GATHER);
+    assert_int_equal(choose(1, 288 + 1, 1000000, 12, 4, 0, 1), IGRAD_BUCKET_SPARSE_REDUCE);
+    /* ... and enough latency makes its 17 alpha lose to the gather's
+     * P - 1 = 3: the byte more of s costs the gather 3 x 8,000 ns at B 1,
+     * which 14 alpha outweigh from alpha = 1,715 ns on */
+    assert_int_equal(choose(1, 288 + 1, 1000000, 12, 4, 1, 1), IGRAD_BUCKET_SPARSE_REDUCE);
+    assert_int_equal(choose(1, 288 + 1, 1000000, 12, 4, 100000, 1), IGRAD_BUCKET_GATHER);
+    /* the alpha term does not grow with P: at P 64 with a latency that
+     * the old 4(P-1) alpha priced out, the fitted 17 alpha keeps the
+     * sparse all-reduce (k 64000, gather 8 bytes an entry: 63 * 512000
+     * bytes against 9/5 * (63 * (112 + 8000) + 8 * 64000 * 63 / 64)) */
+    assert_int_equal(choose(1, 8 * 64000, 100000000, 64000, 64, 1000000, 100000),
+                     IGRAD_BUCKET_SPARSE_REDUCE);
     /* a gather/reduce tie with latency (P 4, alpha 1, B 8000): 12 + 96000 s
      * against 24 + 192000 d, equal for s = 201, d = 100 */
     assert_true(stated(0, 201, 100, 0, 4, 1, 8000) == stated(1, 201, 100, 0, 4, 1, 8000));

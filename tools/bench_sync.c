@@ -15,7 +15,10 @@
  *     dense, topk_sync, adtopk_sync, iad and ig, and ig once more per
  *     packing policy for the packing table. Every method sees the same
  *     gradients at the same step. A step's time is the slowest rank's;
- *     medians over steps are reported; bytes are means.
+ *     medians over steps are reported; bytes are means (over ranks and
+ *     steps; --topology hier also reports each shard's: its owners' own
+ *     payload and inter-node bytes per step, per local rank, and their
+ *     min, max and max / mean over the shards).
  * The floor: one plain streaming pass per tensor over the same gradient
  * buffers and a residual-sized buffer, e = e + g then g = 0 chunk by chunk
  * (read g and e, write e and g: what any error-feedback step that hands
@@ -98,6 +101,13 @@ typedef struct result {
     double imbalance, cv, overflow;        /* medians; overflow: mean per step */
     double mem_per_param;                  /* stats.dataplane_nbytes_per_param */
     int buckets;                           /* median collectives per step */
+    /* --topology hier: each shard's bytes per step as its owners' engines
+     * sent them (stats.payload_nbytes and inter_wire_nbytes of the shard
+     * engine on each rank, gathered; a shard's: the mean over its N
+     * owners), per local rank (nshards of them), and their spread */
+    int nshards;
+    double *shard_payload, *shard_inter;   /* (nshards) mean bytes per step */
+    bench_shards_t shards_payload, shards_inter;
 } result_t;
 
 /* The synthetic gradients of this rank. */
@@ -357,6 +367,69 @@ static int ranks_on_node(void)
     }
 #endif
     return 1;
+}
+
+/* This rank's shard under --topology hier: its local rank, as the engine
+ * forms nodes (ranks_per_node L: ranks [nL, nL + L), in rank order; 0:
+ * the nodes MPI reports, in rank order); -1 for a flat engine. */
+static int shard_of_rank(const options_t *o)
+{
+    if (o->topology != IGRAD_TOPOLOGY_HIER) return -1;
+    if (o->ranks_per_node > 0) return rank_ % (int)o->ranks_per_node;
+#ifdef IGRAD_HAVE_MPI
+    if (use_mpi_) {
+        MPI_Comm node;
+        int r = 0;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &r);
+        MPI_Comm_free(&node);
+        return r;
+    }
+#endif
+    return 0;
+}
+
+/* Every rank's x, in rank order, into all (nranks_). */
+static void gather_ranks(double x, double *all)
+{
+    all[0] = x;
+#ifdef IGRAD_HAVE_MPI
+    if (use_mpi_) MPI_Allgather(&x, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, MPI_COMM_WORLD);
+#endif
+}
+
+/* res->shard_*: each rank's measured bytes per step (payload, inter) and
+ * shard gathered, summed up per shard. @return 0, or 1 (out of memory). */
+static int shard_bytes(const options_t *o, double payload, double inter, result_t *res)
+{
+    res->nshards = 0;
+    int mine = shard_of_rank(o);
+    if (mine < 0) return 0;
+    double *all = calloc((size_t)nranks_ * 3, sizeof *all);
+    int *shard = calloc((size_t)nranks_, sizeof *shard);
+    res->shard_payload = calloc((size_t)nranks_, sizeof *res->shard_payload);
+    res->shard_inter = calloc((size_t)nranks_, sizeof *res->shard_inter);
+    int rc = any_failed(!all || !shard || !res->shard_payload || !res->shard_inter);
+    if (!rc) {
+        gather_ranks(payload, all);
+        gather_ranks(inter, all + nranks_);
+        gather_ranks((double)mine, all + 2 * nranks_);
+        for (int r = 0; r < nranks_; r++) shard[r] = (int)all[2 * nranks_ + r];
+        rc = bench_shard_bytes(all, shard, nranks_, res->shard_payload, &res->shards_payload) ||
+             bench_shard_bytes(all + nranks_, shard, nranks_, res->shard_inter,
+                               &res->shards_inter);
+        res->nshards = res->shards_payload.n; /* local ranks 0 .. L-1 */
+    }
+    free(all);
+    free(shard);
+    return rc;
+}
+
+static void result_free(result_t *r)
+{
+    free(r->shard_payload);
+    free(r->shard_inter);
+    r->shard_payload = r->shard_inter = NULL;
 }
 
 /* ---- synthetic gradients ------------------------------------------------------------ */
@@ -676,6 +749,7 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
     }
     memset(res, 0, sizeof *res);
     double payload = 0, wire = 0, intra = 0, inter = 0, overflow = 0;
+    double own_payload = 0, own_inter = 0; /* this rank's (its shard's), summed */
     int rc = 0;
     for (int64_t step = 0; step <= S; step++) {
         synth_fill(s, step, (int)o->threads);
@@ -711,6 +785,8 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         col[5][k] = ss.imbalance;
         col[6][k] = ss.cv;
         col[7][k] = (double)ss.buckets;
+        own_payload += (double)ss.payload_nbytes;
+        own_inter += ss.inter_wire_nbytes;
         double bytes[4] = {(double)ss.payload_nbytes, ss.wire_nbytes, ss.intra_wire_nbytes,
                            ss.inter_wire_nbytes};
         mean_over_ranks(bytes, 4);
@@ -738,6 +814,8 @@ static int run_method(const options_t *o, const igrad_layout_t *L, const igrad_p
         res->cv = bench_median(col[6], S);
         res->buckets = (int)bench_median(col[7], S);
         res->overflow = overflow / S;
+        if (shard_bytes(o, own_payload / S, own_inter / S, res))
+            rc = fail("shard bytes: out of memory", IGRAD_E_NOMEM);
     }
     for (int k = 0; k < 12; k++) free(col[k]);
     igrad_engine_free(e);
@@ -856,7 +934,25 @@ static void json_method(const result_t *r)
     json_num("buckets", r->buckets, 0);
     json_num("imbalance", r->imbalance, 0);
     json_num("dataplane_bytes_per_param", r->mem_per_param, 0);
-    json_num("cv", r->cv, 1);
+    json_num("cv", r->cv, 0);
+    if (!r->nshards) {
+        printf("\"shards\": null");
+        return;
+    }
+    /* per shard (local rank): its owners' measured bytes per step */
+    printf("\"shards\": {\"count\": %d, ", r->nshards);
+    const double *v[2] = {r->shard_payload, r->shard_inter};
+    const bench_shards_t *sp[2] = {&r->shards_payload, &r->shards_inter};
+    const char *key[2] = {"payload", "inter_wire"};
+    for (int q = 0; q < 2; q++) {
+        printf("\"%s_bytes_per_step\": [", key[q]);
+        for (int l = 0; l < r->nshards; l++) printf("%s%.12g", l ? ", " : "", v[q][l]);
+        printf("], \"%s_min\": %.12g, \"%s_max\": %.12g, \"%s_mean\": %.12g, ", key[q],
+               sp[q]->min, key[q], sp[q]->max, key[q], sp[q]->mean);
+        json_num(q ? "inter_wire_max_over_mean" : "payload_max_over_mean",
+                 sp[q]->max_over_mean, q == 1);
+    }
+    printf("}");
 }
 
 static const igrad_method_t methods[NMETHODS] = {IGRAD_METHOD_DENSE, IGRAD_METHOD_TOPK_SYNC,
@@ -972,8 +1068,25 @@ static void print_table(const options_t *o, const igrad_layout_t *L, const resul
         printf("%-12s %10.3f %8.3f %10.2f %8.2f\n", igrad_pack_policy_name((igrad_pack_policy_t)p),
                packing[p].imbalance, packing[p].cv, packing[p].overflow, packing[p].sync_ms);
     printf("(imbalance max/min bucket bytes, cv std/mean: medians over steps; overflow: "
-           "buckets > 1.05 x mean per step)\nwall %.1f s\n",
-           wall_s);
+           "buckets > 1.05 x mean per step)\n");
+    if (res[0].nshards) {
+        printf("\nhier shards (%d; each shard's bytes per step as its owners' engines sent "
+               "them):\n%-12s %12s %12s %8s %12s %12s %8s\n",
+               res[0].nshards, "method", "payload min", "max", "max/mean", "inter min", "max",
+               "max/mean");
+        for (int k = 0; k < NMETHODS; k++) {
+            const result_t *r = &res[k];
+            char b3[32], b4[32];
+            printf("%-12s %12s %12s %8.3f %12s %12s %8.3f\n", igrad_method_name(methods[k]),
+                   cli_human_bytes(r->shards_payload.min, b1, sizeof b1),
+                   cli_human_bytes(r->shards_payload.max, b2, sizeof b2),
+                   r->shards_payload.max_over_mean,
+                   cli_human_bytes(r->shards_inter.min, b3, sizeof b3),
+                   cli_human_bytes(r->shards_inter.max, b4, sizeof b4),
+                   r->shards_inter.max_over_mean);
+        }
+    }
+    printf("wall %.1f s\n", wall_s);
 }
 
 /* ---- entry --------------------------------------------------------------------------------- */
@@ -1117,6 +1230,8 @@ int bench_sync(int argc, char **argv)
     }
     rc = 0;
 done:
+    for (int k = 0; k < NMETHODS - 1; k++) result_free(&res[k]); /* res[ig]: packing's */
+    for (int p = 0; p < NPOLICIES; p++) result_free(&packing[p]);
     synth_free(&s);
     igrad_profile_free(P);
     igrad_layout_free(L);

@@ -8,6 +8,7 @@
 #include "plan_cost.h"
 
 #include "igrad.h"
+#include "plan/route.h" /* the sparse all-reduce's fitted constants */
 
 #include <math.h>
 #include <stdio.h>
@@ -154,16 +155,19 @@ plan_link_t plan_link_of_engine(int64_t latency_ns, int64_t bandwidth_mbps)
     return l;
 }
 
-/* The engine's sparse all-reduce bucket (route.c's sar_cost, the same
- * constants): 17 alpha whatever P (four exchanges, each with every message
- * in flight at once) and 1.8 x the bytes the engine counts (a plan-only
- * engine: the balanced model) at the link's rate (the split's all-to-all
- * meets each receiver's link from P-1 senders at once), fitted to the
- * namespace testbed at 4 and 8 ranks (docs/results/sparse_allreduce.md). */
+/* The engine's sparse all-reduce bucket: route.h's fitted time, the
+ * constants auto's price (route.c's sar_cost) reads: 17 alpha whatever P
+ * (four exchanges, each with every message in flight at once) and 9/5 x
+ * the bytes the engine counts (a plan-only engine: the balanced model) at
+ * the link's rate (the split's all-to-all meets each receiver's link from
+ * P-1 senders at once), fitted to the namespace testbed at 4 and 8 ranks
+ * (docs/results/sparse_allreduce.md). */
 double plan_engine_sar_s(double wire_nbytes, int64_t P, const plan_link_t *l)
 {
     if (P <= 1) return 0.0;
-    return 17.0 * l->latency_s + 1.8 * wire_nbytes / l->bytes_per_s;
+    return (double)IGRAD__SAR_FIT_ALPHA * l->latency_s +
+           (double)IGRAD__SAR_FIT_BETA_NUM / (double)IGRAD__SAR_FIT_BETA_DEN * wire_nbytes /
+               l->bytes_per_s;
 }
 
 double plan_time_s(plan_time_t t) { return t.lat_s + t.bw_s; }

@@ -112,8 +112,9 @@ typedef struct plan_level_cost {
 } plan_level_cost_t;
 plan_level_cost_t plan_sparse_allreduce(double payload, int64_t P, const plan_link_t *link);
 /* The engine's sparse all-reduce bucket (config.collective sparse_reduce,
- * or auto with auto_sparse_reduce): 4(P-1) alpha + wire_nbytes beta, the
- * wire bytes the engine's plan gives. */
+ * or auto with auto_sparse_reduce): the fitted time auto prices it by
+ * (plan/route.h: 17 alpha + 9/5 x wire_nbytes beta), on the wire bytes the
+ * engine's plan gives. */
 double plan_engine_sar_s(double wire_nbytes, int64_t P, const plan_link_t *l);
 
 #endif /* IGRAD_PLAN_COST_H */

@@ -174,16 +174,23 @@ static igrad_status_t reduce_issue(const igrad__route_io_t *io, igrad__step_t *s
  * result is not the mean of what the ranks sent but the top of it, the
  * rest going to the owners' residuals, so choosing it per bucket changes
  * the method's result with P and the link (docs/architecture.md §5.7).
- * Priced as sar_wire's balanced model: two alltoallv of P−1 messages and
- * two ring all-gathers, 4(P−1) steps; (P−1)(112 + 8·kout) + 8k(P−1)/P
- * bytes; over P−1: 4 steps, (P(112 + 8·kout) + 8k)/P bytes. (Not yet the
- * constants fitted to the testbed that igrad plan's plan_engine_sar_s
- * uses, 17 α per bucket and 1.8 x the bytes, docs/plan.md §2: auto's
- * choice, and the tests that pin it, stay as they were.) */
+ * Priced by the time fitted to the testbed (route.h: 17 α + 9/5 × the
+ * wire bytes × β) on sar_wire's balanced bytes, (P−1)(112 + 8·kout) +
+ * 8k(P−1)/P. Scaled as every route, × B·P/(P−1): the α term
+ * 17·α·B·P/(P−1), rounded down (the other routes' costs are integers, so
+ * "cheaper than route X" stays exact: floor(y) < x iff y < x for an
+ * integer x), and the bytes term 8000·9/5·(P(112 + 8·kout) + 8k). */
+_Static_assert((8000 * IGRAD__SAR_FIT_BETA_NUM) % IGRAD__SAR_FIT_BETA_DEN == 0,
+               "the sparse all-reduce's scaled bytes term must stay an integer");
+
 static igrad__cost_t sar_cost(const igrad__route_bucket_t *b, const igrad__route_link_t *l)
 {
+    igrad__cost_t P = b->P;
     igrad__cost_t kout = (igrad__cost_t)igrad__sar_kout((size_t)b->k, (int)b->P);
-    return ab_cost(l, b->P, 4, (igrad__cost_t)b->P * (112 + 8 * kout) + (igrad__cost_t)8 * b->k);
+    igrad__cost_t alpha = (igrad__cost_t)IGRAD__SAR_FIT_ALPHA * l->latency_ns *
+                          l->bandwidth_mbps * P / (P - 1);
+    return alpha + (igrad__cost_t)(8000 * IGRAD__SAR_FIT_BETA_NUM / IGRAD__SAR_FIT_BETA_DEN) *
+                       (P * (112 + 8 * kout) + (igrad__cost_t)8 * b->k);
 }
 
 /* The send arena holds its entries, 8 bytes each (not a multiple of the

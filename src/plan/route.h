@@ -70,6 +70,18 @@ typedef struct igrad__route_link {
     int sar;
 } igrad__route_link_t;
 
+/* The sparse all-reduce's time per bucket, fitted to the netns testbed
+ * at 4 and 8 ranks (docs/results/sparse_allreduce.md, decision 0060):
+ * IGRAD__SAR_FIT_ALPHA α whatever P (its four exchanges each put all their
+ * messages in flight at once) + IGRAD__SAR_FIT_BETA_NUM /
+ * IGRAD__SAR_FIT_BETA_DEN × its wire bytes × β (the split's all-to-all
+ * meets each receiver's link from P−1 senders at once). The one
+ * definition: auto's price (route.c) and igrad plan's engine rows
+ * (tools/plan_cost.c, plan_engine_sar_s) both read it. */
+#define IGRAD__SAR_FIT_ALPHA 17
+#define IGRAD__SAR_FIT_BETA_NUM 9
+#define IGRAD__SAR_FIT_BETA_DEN 5
+
 /* A route's cost: (time in ns) × B × P / (P−1), where time = steps·α +
  * wire bytes·8000/B — every route's time has the factor P−1 and the wire
  * bytes × P are integers, so the scaled time is the integer

@@ -15,7 +15,9 @@ TorchComm.alltoallv (dist.all_to_all_single).
     is 8 bytes per selected entry;
   - the same under DDP's comm hook (bit for bit against the same reference);
   - collective="auto" with auto_sparse_reduce chooses the sparse all-reduce
-    (the bucket counts it), runs it through the engine's sync and gives
+    where its fitted price is below the gather's (fixed 32-bit indices;
+    with the default compact ones the same bucket stays a gather; the
+    bucket counts say which), runs it through the engine's sync and gives
     every rank the same gradients;
   - overlap=True with collective="sparse_reduce" is refused by name.
 """
@@ -173,26 +175,38 @@ def w_ddp(rank, world):
 
 def w_auto(rank, world):
     torch.manual_seed(0)
-    model = Net()
-    state = it.IgradState(method="topk_sync", sparsifier="topk", density=DENSITY,
-                          collective="auto", auto_sparse_reduce=True, link=(0, 25000),
-                          buckets=1, threads=1)
-    sync = it.GradientSynchronizer(model.named_parameters(), state)
-    for step in range(3):
-        model.w.weight.grad = grads_at(rank, step).clone()
-        st = sync.synchronize(step)
-        assert st["skipped"] == 0, st
-        # priced by bytes alone (latency 0), P = 4: 2(P-1)/P s < (P-1) s
-        assert st["sparse_reduce_buckets"] == 1, st
-        got = model.w.weight.grad
-        for x in H.gather_flat(got):
-            assert torch.equal(x, got.reshape(-1)), "auto step %d: ranks differ" % step
+    # auto prices the sparse all-reduce by its fitted time (route.h: 17
+    # alpha + 9/5 of its wire bytes, 8 an entry): at latency 0 and P = 4 it
+    # beats the gather's (P-1) s only above 7.2 gather bytes an entry. With
+    # the default compact indices (F32 values: about 5 bytes an entry) the
+    # bucket stays a gather; with fixed 32-bit indices (8) and k = 410
+    # (density 0.1 of 4,096) it is 9/5 (3 (112 + 8 * 103) + 8 * 410 * 3/4)
+    # = 9,482 bytes against 3 * 8 * 410 = 9,840: the sparse all-reduce
+    for fixed in (False, True):
+        extra = dict(index_code="fixed", index_dtype="u32") if fixed else {}
+        model = Net()
+        state = it.IgradState(method="topk_sync", sparsifier="topk", density=0.1,
+                              collective="auto", auto_sparse_reduce=True, link=(0, 25000),
+                              buckets=1, threads=1, **extra)
+        sync = it.GradientSynchronizer(model.named_parameters(), state)
+        auto_steps(rank, model, sync, 1 if fixed else 0)
     try:
         it.IgradState(method="topk_sync", collective="sparse_reduce", overlap=True)
     except L.InvalidArgumentError as e:
         assert "overlap" in str(e) and "sparse" in str(e), e
     else:
         raise AssertionError("overlap with collective sparse_reduce was accepted")
+
+
+def auto_steps(rank, model, sync, want_sar):
+    for step in range(3):
+        model.w.weight.grad = grads_at(rank, step).clone()
+        st = sync.synchronize(step)
+        assert st["skipped"] == 0, st
+        assert st["sparse_reduce_buckets"] == want_sar, st
+        got = model.w.weight.grad
+        for x in H.gather_flat(got):
+            assert torch.equal(x, got.reshape(-1)), "auto step %d: ranks differ" % step
 
 
 class SparseReduceTest(unittest.TestCase):
