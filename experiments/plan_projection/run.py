@@ -42,7 +42,8 @@ BYTES_ROWS = [("dense_bf16", "ring_allreduce"), ("ig", "flat"), ("ig", "hier"),
 def run(igrad, src, cfg, P, link, overlap):
     out = subprocess.run([os.path.abspath(igrad), "plan", "--config", cfg, "--ranks", str(P),
                           "--ranks-per-node", "8", "--link", "intra=nvlink", "--link",
-                          "inter=" + link, "--method", "dense,adtopk_sync,ig", "--json"]
+                          "inter=" + link, "--method", "dense,adtopk_sync,ig", "--density", "0.01",
+                          "--value-dtype", "f32", "--json"]
                          + (["--overlap"] if overlap else []),
                          check=True, capture_output=True, text=True, cwd=src).stdout
     return json.loads(out)
