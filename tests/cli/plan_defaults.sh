@@ -11,45 +11,28 @@
 # bytes, so a plan that ignored train's defaults fails here.
 # Skipped (77) without mpirun or without the trainer in this build.
 # Usage: plan_defaults.sh path/to/igrad   (CTest passes the built binary)
-set -euo pipefail
-igrad=${1:?usage: $0 IGRAD_BINARY}
-command -v mpirun >/dev/null 2>&1 || { echo "SKIP: no mpirun"; exit 77; }
-"$igrad" train --help >/dev/null 2>&1 || { echo "SKIP: this build has no trainer"; exit 77; }
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/igrad-plan-defaults.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$(dirname "$0")/fault_lib.bash" # IGRAD, tmp, corpus, common, mpi, fail, finish
+"$IGRAD" train --help >/dev/null 2>&1 || { echo "SKIP: this build has no trainer"; exit 77; }
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
-fails=0
 check() { # check NAME CONDITION...
   local name=$1; shift
-  if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
+  if "$@"; then echo "ok   $name"; else fail "$name"; fi
 }
 
-mkdir -p "$tmp/corpus"
-words=(the cat sat on a mat and dog ran to red house in sun was big)
-seed=7
-for d in 0 1 2 3; do
-  line=""
-  for w in $(seq 1 300); do
-    seed=$(( (seed * 1103515245 + 12345) % 2147483648 ))
-    line+="${words[$(( (seed / 65536) % 16 ))]} "
-  done
-  echo "$line" >"$tmp/corpus/doc$d.txt"
-done
 for m in topk_sync dense; do
-  mpirun --oversubscribe --bind-to none -np 2 "$igrad" train --data "$tmp/corpus" --seq-len 32 \
-    --batch 4 --steps 3 --eval-every 0 --eval-batches 1 --threads 1 --progress quiet \
-    --method "$m" --out "$tmp/$m" >"$tmp/$m.log" 2>&1 \
+  "${mpi[@]}" "$IGRAD" train "${common[@]}" --eval-batches 1 --steps 3 --method "$m" \
+    --out "$tmp/$m" >"$tmp/$m.log" 2>&1 \
     || { echo "FAIL train --method $m: $(tail -n 3 "$tmp/$m.log")"; exit 1; }
 done
 ckpt="$tmp/topk_sync/checkpoint"
-"$igrad" plan --config "$ckpt" --ranks 2 --method dense,topk_sync --json >"$tmp/plan.json"
-"$igrad" plan --config "$ckpt" --ranks 2 --method dense,topk_sync --density 0.01 \
+"$IGRAD" plan --config "$ckpt" --ranks 2 --method dense,topk_sync --json >"$tmp/plan.json"
+"$IGRAD" plan --config "$ckpt" --ranks 2 --method dense,topk_sync --density 0.01 \
   --value-dtype f32 --json >"$tmp/old.json"
-"$igrad" plan --config "$ckpt" --ranks 2 --method dense,topk_sync >"$tmp/plan.txt"
-"$igrad" plan --help >"$tmp/plan_help.txt"
-"$igrad" train --help >"$tmp/train_help.txt" 2>&1
+"$IGRAD" plan --config "$ckpt" --ranks 2 --method dense,topk_sync >"$tmp/plan.txt"
+"$IGRAD" plan --help >"$tmp/plan_help.txt"
+"$IGRAD" train --help >"$tmp/train_help.txt" 2>&1
 
 check "plan's no-flag defaults are train's: JSON, bytes per step, dense F32" \
   "$PY" - "$tmp" <<'PY'
@@ -100,5 +83,4 @@ check "plan --help: --density's default is train's ($dens)" \
 check "plan --help: --value-dtype's default is train's ($vdt)" \
   grep -q "fp8 ($vdt: igrad train's default" "$tmp/plan_help.txt"
 
-if [ "$fails" -ne 0 ]; then echo "$fails check(s) failed"; exit 1; fi
-echo "all checks passed"
+finish plan_defaults
