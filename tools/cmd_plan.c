@@ -20,6 +20,9 @@
  * route only, as the engine allows) and lists each component's class from
  * the same igrad__allocate the engine's plan calls; partition (the
  * default) lists the target fit's.
+ * The sparse rows default to what igrad train runs without flags
+ * (TRAIN_SPARSE_DENSITY, TRAIN_SPARSE_VALUE_DTYPE of trainer/train_defaults.h,
+ * decision 0064); dense rows stay F32, as train's dense does.
  * docs/plan.md says what every number means and where its formula comes
  * from.
  */
@@ -31,6 +34,7 @@
 #include "cli.h"
 #include "plan/allocate.h" /* igrad__allocate: the engine plan's own allocation */
 #include "plan_cost.h"
+#include "train_defaults.h" /* TRAIN_SPARSE_*: igrad train's defaults */
 
 #define PLAN_MAX_METHODS 8
 
@@ -128,7 +132,8 @@ static void usage(FILE *fp)
             "  --mfu X                model FLOP utilisation for the default (0.40)\n"
             "  --peak-tflops X        peak bf16 TFLOP/s per GPU for the default (989, H100)\n"
             "  --method LIST          comma-separated (dense,topk_sync,adtopk_sync,ig)\n"
-            "  --density X            sparsifier density (0.01)\n"
+            "  --density X            sparsifier density (%g: igrad train's default for the\n"
+            "                         sparse methods, TRAIN_SPARSE_DENSITY)\n"
             "  --target-ratio X       ig: payload X times adtopk_sync's (0.5 with the synthetic\n"
             "                         profile; with --profile: the profile as it is unless given)\n"
             "  --allocation A         ig: partition (the target fit's important set, one\n"
@@ -138,7 +143,9 @@ static void usage(FILE *fp)
             "                         needs a target, flat route only: no hier row)\n"
             "  --release-period R     (%d)\n"
             "  --buckets B            (4)\n"
-            "  --value-dtype D        f32, bf16, fp16 or fp8 (f32)\n"
+            "  --value-dtype D        wire values of the sparse methods: f32, bf16, fp16 or\n"
+            "                         fp8 (%s: igrad train's default, TRAIN_SPARSE_VALUE_DTYPE);\n"
+            "                         dense rows are F32 as train's dense\n"
             "  --index-code C         compact or fixed: how indices are coded (compact;\n"
             "                         docs/formats.md section 8)\n"
             "  --collective C         auto, gather, reduce or sparse_reduce (auto); auto\n"
@@ -156,7 +163,8 @@ static void usage(FILE *fp)
             "  --json                 one JSON object instead of the table\n"
             "  --list-links           print the link presets and exit\n"
             "  -h, --help             this text\n",
-            IGRAD_DEFAULT_RELEASE_PERIOD);
+            TRAIN_SPARSE_DENSITY, IGRAD_DEFAULT_RELEASE_PERIOD,
+            igrad_dtype_name(TRAIN_SPARSE_VALUE_DTYPE));
 }
 
 static int parse_methods(const char *text, plan_opts_t *o)
@@ -962,9 +970,11 @@ static void print_json(const plan_ctx_t *x, int64_t nparams, double cms, const c
         printf("\"ddp_buckets\": %lld, \"ddp_bucket_nbytes\": %d, ", (long long)x->ddp_buckets,
                25 * 1048576);
     printf("\"compute_ms\": %.17g, \"compute_source\": \"%s\", \"cycle_steps\": %lld, "
-           "\"density\": %.17g, \"release_period\": %lld, \"buckets\": %lld, "
+           "\"density\": %.17g, \"value_dtype\": \"%s\", \"release_period\": %lld, "
+           "\"buckets\": %lld, "
            "\"latency\": \"%s\", \"profile\": \"%s\", \"ig_planned_ratio\": %.17g, ",
-           cms, csrc, (long long)x->cycle, o->density, (long long)o->release_period,
+           cms, csrc, (long long)x->cycle, o->density, igrad_dtype_name(o->value_dtype),
+           (long long)o->release_period,
            (long long)o->buckets, o->latency_overlap ? "overlap" : "sum",
            o->profile_path ? o->profile_path : x->profile ? "synthetic" : "none", x->ig_ratio);
     print_components(x, 1);
@@ -1039,9 +1049,10 @@ static void print_table(const plan_ctx_t *x, int64_t nparams, double cms, const 
                o->auto_sparse_reduce ? " with auto_sparse_reduce" : "", (long long)fl,
                (long long)fb, (long long)hl, (long long)hb);
     }
-    printf("# compute %.1f ms/step (%s); cycle %lld steps; density %g, R %lld, B %lld; bucket "
-           "latencies %s",
-           cms, csrc, (long long)x->cycle, o->density, (long long)o->release_period,
+    printf("# compute %.1f ms/step (%s); cycle %lld steps; density %g, %s values (dense "
+           "F32), R %lld, B %lld; bucket latencies %s",
+           cms, csrc, (long long)x->cycle, o->density, igrad_dtype_name(o->value_dtype),
+           (long long)o->release_period,
            (long long)o->buckets, o->latency_overlap ? "overlap" : "summed");
     if (x->profile)
         printf("; ig profile %s, planned payload %.3f x adtopk_sync",
@@ -1095,10 +1106,10 @@ int cmd_plan(int argc, char **argv)
     o.mfu = 0.40;
     o.peak_tflops = 989.0;
     o.tokens_per_rank = 16384;
-    o.density = 0.01;
+    o.density = TRAIN_SPARSE_DENSITY; /* igrad train's defaults: one definition */
     o.release_period = IGRAD_DEFAULT_RELEASE_PERIOD;
     o.buckets = 4;
-    o.value_dtype = IGRAD_DTYPE_F32;
+    o.value_dtype = TRAIN_SPARSE_VALUE_DTYPE;
     o.index_code = IGRAD_INDEX_CODE_COMPACT;
     o.collective = IGRAD_COLLECTIVE_AUTO;
     o.backward_share = 2.0 / 3.0;

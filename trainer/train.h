@@ -66,6 +66,7 @@
 #include "igrad.h"
 #include "model.h"
 #include "optim.h"
+#include "train_defaults.h"
 
 #define TRAIN_CHECKPOINT_DIR "checkpoint"
 /* --profile auto: the profile the engine built, written into --out */
@@ -182,28 +183,10 @@ typedef struct train_options {
  * batches, save only at the end, seed 1337. */
 void train_options_default(train_options_t *o);
 
-/* What the auto values (--beta1, --momentum, --start-iter, --density
- * not given) resolve to: dense keeps AdamW's beta1 0.9 and no remedy; a
- * sparse method gets TRAIN_SPARSE_* (measured, docs/results/remedies.md;
- * with --ef-on update too: beta1 0.9 there measured 1.03 x dense).
+/* What the auto values (--beta1, --momentum, --start-iter, --density,
+ * --value-dtype not given) resolve to: TRAIN_DENSE_* / TRAIN_SPARSE_* of
+ * train_defaults.h (shared with igrad plan, which prices the same default).
  * Given values are kept. train_run() calls it on its own copy. */
-#define TRAIN_DENSE_BETA1 0.9
-#define TRAIN_SPARSE_BETA1 0.0
-#define TRAIN_SPARSE_MOMENTUM 0.0
-#define TRAIN_SPARSE_START_ITER 0
-/* --density not given (NaN): the sparse methods' density, the fewest bytes
- * that kept adtopk_sync within 1 % of dense on the suite's workloads
- * (docs/results/vs_dense.md, decision 0062); dense keeps 0.01 (unused).
- * adtopk_sync at 0.01 stays the yardstick, reached with --density 0.01. */
-#define TRAIN_SPARSE_DENSITY 0.04
-#define TRAIN_DENSE_DENSITY 0.01
-/* --value-dtype not given: the sparse methods send BF16 values (loss-neutral
- * against F32 over 3 seeds on two workloads, 0.62 x the bytes:
- * docs/results/wire.md, decision 0063); dense all-reduces F32. */
-#define TRAIN_SPARSE_VALUE_DTYPE IGRAD_DTYPE_BF16
-/* Spelled for train --help. */
-#define TRAIN_STR_(x) #x
-#define TRAIN_STR(x) TRAIN_STR_(x)
 void train_options_resolve(train_options_t *o);
 
 /* What a finished run measured (the same on every rank). */

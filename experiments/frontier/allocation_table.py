@@ -26,7 +26,7 @@ import sys
 def plan(a, profile, allocation):
     cmd = [a.igrad, "plan", "--config", a.config, "--profile", profile, "--ranks", str(a.ranks),
            "--method", "adtopk_sync,ig", "--target-ratio", str(a.target_ratio),
-           "--allocation", allocation, "--json"]
+           "--allocation", allocation, "--density", "0.01", "--value-dtype", "f32", "--json"]
     d = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     if d.get("ig_allocation") != allocation or "ig_components" not in d:
         sys.exit("igrad plan ignored --allocation %s: %s" % (allocation, " ".join(cmd)))

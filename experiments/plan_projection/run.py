@@ -10,7 +10,10 @@ them over the node's NICs), checked at 4-8 ranks on the namespace testbed
 (docs/results/plan_validation.md), not at scale; the sparse all-reduce row
 is a formula. Compute per step: igrad plan's default, 6 N T / (MFU peak)
 with T = 16384 tokens per GPU per step, MFU 0.40, 989 TFLOP/s (H100 SXM
-bf16 dense); --overlap with backward 2/3 of it.
+bf16 dense); --overlap with backward 2/3 of it. The sparse methods at the
+settings the committed results were made at, density 0.01, F32 values and
+16-bit (fixed) indices, passed as flags (plan's own defaults are igrad
+train's: decision 0064).
 Usage: experiments/plan_projection/run.py IGRAD_BINARY [OUT_DIR]   (writes
 plan_projection.json and plan_projection.png to OUT_DIR, default
 docs/results, and prints the Markdown tables; config paths are recorded
@@ -42,7 +45,8 @@ BYTES_ROWS = [("dense_bf16", "ring_allreduce"), ("ig", "flat"), ("ig", "hier"),
 def run(igrad, src, cfg, P, link, overlap):
     out = subprocess.run([os.path.abspath(igrad), "plan", "--config", cfg, "--ranks", str(P),
                           "--ranks-per-node", "8", "--link", "intra=nvlink", "--link",
-                          "inter=" + link, "--method", "dense,adtopk_sync,ig", "--json"]
+                          "inter=" + link, "--method", "dense,adtopk_sync,ig", "--density", "0.01",
+                          "--value-dtype", "f32", "--index-code", "fixed", "--json"]
                          + (["--overlap"] if overlap else []),
                          check=True, capture_output=True, text=True, cwd=src).stdout
     return json.loads(out)

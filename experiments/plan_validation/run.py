@@ -267,8 +267,9 @@ def plan_rows(P, L, links, profile, extra=()):
     theirs."""
     # the testbed's node has one veth: one NIC per node, not one per rank
     cmd = [IGRAD, "plan", "--config", MODEL, "--ranks", str(P), "--ranks-per-node", str(L),
-           "--nics-per-node", "1"] + links + list(extra) + ["--method", ",".join(METHODS), "--density", "0.01", "--buckets", "4",
-                   "--release-period", "4", "--profile", profile, "--json"]
+           "--nics-per-node", "1"] + links + list(extra) + [
+               "--method", ",".join(METHODS), "--density", "0.01", "--value-dtype", "f32",
+               "--buckets", "4", "--release-period", "4", "--profile", profile, "--json"]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         raise SystemExit(f"run.py: igrad plan failed: {p.stderr.strip()}")

@@ -22,7 +22,7 @@ def payload(igrad, model, code, value_dtype):
     """Mean payload per rank per step over the release cycle, per method
     (the engine's flat plan at P = 2; ig at its default target 0.25)."""
     out = subprocess.run([igrad, "plan", "--config", model, "--ranks", "2",
-                          "--method", ",".join(METHODS), "--target-ratio", "0.25",
+                          "--method", ",".join(METHODS), "--density", "0.01", "--target-ratio", "0.25",
                           "--index-code", code, "--value-dtype", value_dtype, "--json"],
                          check=True, capture_output=True, text=True).stdout
     return {r["method"]: r["payload_nbytes"]["mean"] for r in json.loads(out)["rows"]

@@ -19,8 +19,11 @@ check() { # check NAME CONDITION...
   if "$@"; then echo "ok   $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
 }
 
+# The checks that pin numbers pass the density and values they were made at
+# (0.01, F32), not plan's defaults (train's: tests/cli/plan_defaults.sh).
 "$igrad" plan --config "$src/configs/llama-2-7b.json" --ranks 64 --ranks-per-node 8 \
-  --link intra=nvlink --link inter=100,8 --compute-ms 1000 --json >"$tmp/p64.json"
+  --link intra=nvlink --link inter=100,8 --compute-ms 1000 --density 0.01 --value-dtype f32 \
+  --json >"$tmp/p64.json"
 check "plan JSON: bytes and times follow the formulas" python3 - "$tmp/p64.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -169,7 +172,7 @@ if command -v mpirun >/dev/null 2>&1; then
   mpirun --oversubscribe --bind-to none -np 4 "$igrad" bench sync --config "$tiny" --steps 2 \
     --profile-steps 2 --topology hier --ranks-per-node 2 --threads 1 --json >"$tmp/bs.json"
   "$igrad" plan --config "$tiny" --ranks 4 --ranks-per-node 2 --method dense,topk_sync \
-    --json >"$tmp/bp.json"
+    --density 0.01 --value-dtype f32 --json >"$tmp/bp.json" # bench sync's defaults
   check "plan hier bytes = bench sync --topology hier measured (np 4)" \
     python3 - "$tmp/bs.json" "$tmp/bp.json" <<'PY'
 import json, sys
@@ -195,9 +198,10 @@ check "plan table lists every method" grep -q "^ig  *sparse_allreduce  *proj" "$
 # auto's link and the opt-in: qwen2-0.5b at P 8 over 100g takes the
 # sparse all-reduce for every sparse bucket, without the opt-in none
 "$igrad" plan --config "$src/configs/qwen2-0.5b.json" --ranks 8 --ranks-per-node 1 \
-  --link inter=100g --method topk_sync --auto-sparse-reduce --json >"$tmp/sar.json"
+  --link inter=100g --method topk_sync --density 0.01 --value-dtype f32 --auto-sparse-reduce \
+  --json >"$tmp/sar.json"
 "$igrad" plan --config "$src/configs/qwen2-0.5b.json" --ranks 8 --ranks-per-node 1 \
-  --link inter=100g --method topk_sync --json >"$tmp/nosar.json"
+  --link inter=100g --method topk_sync --density 0.01 --value-dtype f32 --json >"$tmp/nosar.json"
 check "auto prices with the link: sparse all-reduce only with the opt-in, and faster" \
   python3 - "$tmp/sar.json" "$tmp/nosar.json" <<'PY'
 import json, sys

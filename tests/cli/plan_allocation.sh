@@ -21,7 +21,8 @@ check() { # check NAME CONDITION...
 
 for a in partition budget; do
   "$igrad" plan --config "$src/configs/llama-2-7b.json" --ranks 8 --method adtopk_sync,ig \
-    --target-ratio 0.25 --index-code fixed --allocation "$a" --json >"$tmp/$a.json"
+    --target-ratio 0.25 --index-code fixed --density 0.01 --value-dtype f32 --allocation "$a" \
+    --json >"$tmp/$a.json"
 done
 check "plan --allocation: ig priced under the allocation it names" python3 - "$tmp" <<'PY'
 import json, sys
@@ -48,7 +49,7 @@ assert every["budget"] != every["partition"], every
 PY
 
 "$igrad" plan --config "$src/configs/llama-2-7b.json" --ranks 8 --method ig --target-ratio 0.25 \
-  --allocation budget >"$tmp/budget.txt"
+  --density 0.01 --value-dtype f32 --allocation budget >"$tmp/budget.txt"
 check "plan --allocation budget: the table names it" \
   grep -q "^# ig allocation budget: planned payload 0\.249[0-9] x adtopk_sync" "$tmp/budget.txt"
 
