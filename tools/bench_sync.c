@@ -79,6 +79,7 @@ typedef struct options {
     uint64_t seed;
     int json;
     igrad_dtype_t value_dtype; /* config.value_dtype of the sparse methods */
+    igrad_collective_t collective; /* config.collective of the sparse methods */
     igrad_dtype_t grad_dtype;  /* config.grad_dtype of every method */
     igrad_topology_t topology; /* config.topology of every method */
     int64_t ranks_per_node;    /* config.ranks_per_node (0: MPI's nodes) */
@@ -153,6 +154,8 @@ static void usage(FILE *fp)
             "  --sparsifier SP        sparsifier of iad and ig: topk, adtopk (adtopk)\n"
             "  --value-dtype DT       wire values of the sparse methods: f32, bf16, fp16, fp8\n"
             "                         (f32; dense always all-reduces f32)\n"
+            "  --collective C         the sparse methods' buckets: auto, gather, reduce\n"
+            "                         or sparse_reduce (auto)\n"
             "  --grad-dtype DT        gradients the engines read and write in place:\n"
             "                         f32, bf16, fp16 (f32; the floor stays f32)\n"
             "  --threads N            OpenMP threads per rank (cores / ranks on the node)\n"
@@ -218,6 +221,15 @@ static int parse_args(int argc, char **argv, options_t *o)
         if ((r = cli_opt(argc, argv, &i, "--value-dtype", &v)) != 0) {
             if (r < 0 || cli_parse_value_dtype("--value-dtype", v, &o->value_dtype) != 0)
                 return -1;
+            continue;
+        }
+        if ((r = cli_opt(argc, argv, &i, "--collective", &v)) != 0) {
+            if (r < 0) return -1;
+            if (igrad_collective_from_name(v, &o->collective) != IGRAD_OK) {
+                fprintf(stderr, "igrad bench sync: --collective is '%s' (auto, gather, reduce "
+                                "or sparse_reduce)\n", v);
+                return -1;
+            }
             continue;
         }
         if ((r = cli_opt(argc, argv, &i, "--link", &v)) != 0) {
@@ -294,10 +306,12 @@ static int parse_args(int argc, char **argv, options_t *o)
         fprintf(stderr, "igrad: --release-keep must be in (0, 1]\n");
         return -1;
     }
-    if (o->aligned && (o->topology == IGRAD_TOPOLOGY_HIER || o->auto_sparse_reduce)) {
+    if (o->aligned && (o->topology == IGRAD_TOPOLOGY_HIER || o->auto_sparse_reduce ||
+                       o->collective == IGRAD_COLLECTIVE_SPARSE_REDUCE)) {
         fprintf(stderr, "igrad: bench sync: --aligned times the buckets of igrad_engine_begin, "
                         "which the two-level sync and the sparse all-reduce do not have "
-                        "(drop --topology hier / --auto-sparse-reduce)\n");
+                        "(drop --topology hier / --auto-sparse-reduce / --collective "
+                        "sparse_reduce)\n");
         return -1;
     }
     return 0;
@@ -667,7 +681,10 @@ static igrad_config_t make_config(const options_t *o, igrad_method_t m, igrad_pa
     c.block_entries = o->block_entries;
     c.pack = pack;
     c.threads = (int)o->threads;
-    if (m != IGRAD_METHOD_DENSE) c.value_dtype = o->value_dtype;
+    if (m != IGRAD_METHOD_DENSE) {
+        c.value_dtype = o->value_dtype;
+        c.collective = o->collective;
+    }
     c.grad_dtype = o->grad_dtype;
     c.topology = o->topology;
     c.ranks_per_node = (int)o->ranks_per_node;
@@ -973,11 +990,13 @@ static void print_json(const options_t *o, const igrad_layout_t *L, const result
            (long long)o->profile_steps);
     printf("\"knobs\": {\"density\": %g, \"release_period\": %lld, \"release_keep\": %g, "
            "\"buckets\": %lld, \"block_entries\": %lld, \"pack\": \"%s\", \"sparsifier\": "
-           "\"%s\", \"value_dtype\": \"%s\", \"grad_dtype\": \"%s\", \"threads\": %lld, "
-           "\"topology\": \"%s\", \"ranks_per_node\": %lld, \"seed\": %llu, \"aligned\": %s}, ",
+           "\"%s\", \"value_dtype\": \"%s\", \"collective\": \"%s\", \"grad_dtype\": \"%s\", "
+           "\"threads\": %lld, \"topology\": \"%s\", \"ranks_per_node\": %lld, \"seed\": %llu, "
+           "\"aligned\": %s}, ",
            o->density, (long long)o->release_period, o->release_keep, (long long)o->buckets,
            (long long)o->block_entries, igrad_pack_policy_name(o->pack),
            igrad_sparsifier_name(o->sparsifier), igrad_dtype_name(o->value_dtype),
+           igrad_collective_name(o->collective),
            igrad_dtype_name(o->grad_dtype), (long long)o->threads,
            igrad_topology_name(o->topology), (long long)o->ranks_per_node,
            (unsigned long long)o->seed, o->aligned ? "true" : "false");
@@ -1106,6 +1125,7 @@ int bench_sync(int argc, char **argv)
                    .link_bandwidth_mbps = 100000, /* IGRAD_CONFIG_INIT's */
                    .pack = IGRAD_PACK_CONTIGUOUS,
                    .sparsifier = IGRAD_SPARSIFIER_ADTOPK,
+                   .collective = IGRAD_COLLECTIVE_AUTO,
                    .seed = 1,
                    .json = 0};
     int pr = parse_args(argc, argv, &o);

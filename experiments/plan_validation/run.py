@@ -96,6 +96,8 @@ def run_testbed(args, nodes, rpn, cmd, raw_name):
     tb = [TESTBED, "--nodes", str(nodes), "--ranks-per-node", str(rpn), "--rate", args.rate]
     if args.delay:
         tb += ["--delay", args.delay]
+    if getattr(args, "queue", ""):  # the tbf queue limit (testbed --latency; its default 50ms)
+        tb += ["--latency", args.queue]
     if getattr(args, "subnet", ""):  # two testbeds at once need different subnets
         tb += ["--subnet", args.subnet]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

@@ -9,10 +9,10 @@ run beside it):
   1. sweep: `igrad bench comm` all-gather and all-reduce over the sizes
      above the tbf burst, fitted per collective (run.py's fit_alpha_beta):
      the link α, β that plan is given (--link inter.COLL=GBITS,LAT_US);
-  2. measured: `igrad bench sync --auto-sparse-reduce` on llama-tiny at
-     each --densities value (f32 values, latency-0 link: auto takes the
-     sparse all-reduce for every bucket from 4 ranks on; checked against
-     plan's wire bytes), the engine's exchange window per step
+  2. measured: `igrad bench sync --collective sparse_reduce` on llama-tiny at
+     each --densities value (f32 values, every bucket of the sparse
+     methods through the sparse all-reduce by name, --collective
+     sparse_reduce; checked against plan's wire bytes), the engine's exchange window per step
      (comm_window_ms: issue of the first bucket to the end of the last,
      slowest rank once every rank joined; median over steps), for the
      sparse methods;
@@ -33,7 +33,7 @@ run beside it):
      (4 (P-1) α per bucket + W β).
 Writes OUT/sar_fit.json and prints a table (markdown).
 
-Usage: experiments/plan_validation/sar.py [--out DIR] [--rate 200mbit]
+Usage: experiments/plan_validation/sar.py [--out DIR] [--rate 200mbit] [--queue 50ms]
          [--subnet 10.241.0] [--layouts 4x1,8x1] [--densities 0.01,0.04]
          [--steps 8] [--reps 5] [--fresh]
 Needs root/CAP_NET_ADMIN (the testbed exits 3 otherwise; so does this).
@@ -69,6 +69,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(R.REPO, "runs", "sar_fit"))
     ap.add_argument("--rate", default="200mbit")
     ap.add_argument("--delay", default="")
+    ap.add_argument("--queue", default="",
+                    help="tbf queue limit of every veth end as time (the testbed's --latency, "
+                         "default 50ms): a deep queue drops nothing, as a lossless fabric")
     ap.add_argument("--subnet", default="10.241.0")
     ap.add_argument("--layouts", default="4x1,8x1")
     ap.add_argument("--densities", default="0.01,0.04")
@@ -105,7 +108,7 @@ def main():
             out = R.run_testbed(args, N, L, [
                 R.IGRAD, "bench", "sync", "--config", R.MODEL, "--json", "--steps",
                 str(args.steps), "--density", str(d), "--buckets", "4", "--release-period",
-                "4", "--auto-sparse-reduce", "--threads", "1", "--profile-out", prof],
+                "4", "--collective", "sparse_reduce", "--threads", "1", "--profile-out", prof],
                 f"sync-{name}-{d}.json")
             meas = R.last_json(out)["methods"]
             proj, cmd = plan_sar(P, links, prof, d)
@@ -141,7 +144,7 @@ def main():
         p["ratio_old_model"] = p["measured_ms"] / p["old_model_ms"]
         p["ratio"] = p["measured_ms"] / p["projected_ms"]
         p["fitted_ms"] = c_a * p["alpha_term_ms"] + c_b * p["beta_term_ms"]
-    res = {"rate": args.rate, "layouts": args.layouts, "densities": densities,
+    res = {"rate": args.rate, "queue": args.queue or "50ms", "layouts": args.layouts, "densities": densities,
            "steps": args.steps, "link_fits": fits, "c_alpha": c_a, "c_beta": c_b,
            "fit_per_layout": cross, "points": points}
     R.write_text(os.path.join(args.out, "sar_fit.json"), json.dumps(res, indent=1) + "\n")

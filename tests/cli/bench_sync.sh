@@ -119,6 +119,30 @@ set -e
 check "bench sync --aligned --topology hier is refused by name" \
   bash -c "test $rc3 -eq 2 && grep -q -- '--aligned' '$tmp/err3.txt' && grep -q hier '$tmp/err3.txt'"
 
+# --collective sparse_reduce: every sparse bucket through the sparse
+# all-reduce by name (what experiments/plan_validation/sar.py times): the
+# knob in the JSON, dense untouched, the sparse methods' wire is the
+# route's (8-byte entries, not the gather's (P-1) x payload); an unknown
+# name is refused by name
+if [ "$ranks" -gt 1 ]; then
+  OMP_NUM_THREADS=1 "${launch[@]}" "$igrad" bench sync --config "$tmp/tiny.json" --steps 3 \
+    --profile-steps 4 --collective sparse_reduce --json >"$tmp/sar.json"
+  check "bench sync --collective sparse_reduce" python3 - "$tmp/out.json" "$tmp/sar.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["knobs"]["collective"] == "auto" and b["knobs"]["collective"] == "sparse_reduce", b["knobs"]
+assert b["methods"]["dense"]["wire_bytes_per_step"] == a["methods"]["dense"]["wire_bytes_per_step"]
+for name in ("topk_sync", "adtopk_sync"):
+    m, n = a["methods"][name], b["methods"][name]
+    assert n["payload_bytes_per_step"] > 0 and n["wire_bytes_per_step"] != m["wire_bytes_per_step"], (name, m, n)
+PY
+fi
+set +e
+"$igrad" bench sync --collective ring 2>"$tmp/err4.txt"; rc4=$?
+set -e
+check "bench sync --collective ring is refused by name" \
+  bash -c "test $rc4 -ne 0 && grep -q -- \"--collective is 'ring'\" '$tmp/err4.txt'"
+
 # bench comm's in-place all-reduce rows: igrad's call (a copy or the
 # 2-rank swap under Open MPI) and MPI's own MPI_IN_PLACE, side by side
 if [ "$ranks" -gt 1 ]; then
