@@ -190,6 +190,20 @@ def curve(d):
     return cum, [(s, v, cum[s]) for s, v in ev]
 
 
+def read_run(d):
+    """A complete run: its curve (cum, ev), summary.json and run.json
+    (empty when the runner did not write one)."""
+    cum, ev = curve(d)
+    with open(os.path.join(d, "summary.json")) as f:
+        summ = json.load(f)
+    try:
+        with open(os.path.join(d, "run.json")) as f:
+            info = json.load(f)
+    except OSError:
+        info = {}
+    return cum, ev, summ, info
+
+
 def first_at_or_below(ev, target):
     for s, v, w in ev:
         if v <= target:
@@ -226,14 +240,7 @@ def collect(a):
                 d = run_dir(a, rate, m, seed)
                 if not complete(d):
                     continue
-                cum, ev = curve(d)
-                with open(os.path.join(d, "summary.json")) as f:
-                    summ = json.load(f)
-                try:
-                    with open(os.path.join(d, "run.json")) as f:
-                        info = json.load(f)
-                except OSError:
-                    info = {}
+                cum, ev, summ, info = read_run(d)
                 s_t, w_t = first_at_or_below(ev, target)
                 final = ev[-1][1]
                 q = max(target, final)  # the quality both reach
@@ -284,14 +291,7 @@ def torch_rows(a, rate, seed, target, dense_cum, dense_ev):
         d = run_dir(a, rate, m, seed)
         if not complete(d):
             continue
-        cum, ev = curve(d)
-        with open(os.path.join(d, "summary.json")) as f:
-            summ = json.load(f)
-        try:
-            with open(os.path.join(d, "run.json")) as f:
-                info = json.load(f)
-        except OSError:
-            info = {}
+        cum, ev, summ, info = read_run(d)
         metr = common.read_csv(os.path.join(d, "metrics.csv"))
         s_t, w_t = first_at_or_below(ev, target)
         final = ev[-1][1]
